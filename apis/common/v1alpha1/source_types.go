@@ -1,0 +1,174 @@
+package v1alpha1
+
+// Checksum is the expected digest of the source bytes, written "<algorithm>:<hex digest>".
+// The importer computes it while streaming and fails the import, leaving the disk empty, on a
+// mismatch.
+// +kubebuilder:validation:MaxLength=135
+// +kubebuilder:validation:XValidation:rule="self.matches('^(sha256:[0-9a-fA-F]{64}|sha512:[0-9a-fA-F]{128}|sha1:[0-9a-fA-F]{40}|md5:[0-9a-fA-F]{32})$')",message="checksum must be <algorithm>:<hex digest> with sha256 (64 hex digits), sha512 (128), sha1 (40) or md5 (32)"
+type Checksum string
+
+// BucketName is an S3 bucket name.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$')",message="bucketName must be a valid S3 bucket name: 3 to 63 lower-case letters, digits, dots or hyphens, starting and ending with a letter or digit"
+type BucketName string
+
+// ObjectName is the key of an object in a bucket.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=1024
+type ObjectName string
+
+// HTTPURL is an http:// or https:// URL.
+// +kubebuilder:validation:MaxLength=2048
+// +kubebuilder:validation:XValidation:rule="self.matches('^https?://[^/?#\\\\s]+')",message="must be an http:// or https:// URL with a host"
+type HTTPURL string
+
+// LocalName names an object in the namespace of the object that refers to it.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+type LocalName string
+
+// HTTPOptions are the connection settings of an HTTP(S) source.
+type HTTPOptions struct {
+	// secretRef names a Secret in the same namespace with the keys "username" and "password",
+	// sent as HTTP basic authentication.
+	// +optional
+	SecretRef LocalName `json:"secretRef,omitempty"`
+
+	// certConfigMap names a ConfigMap in the same namespace whose key "ca.crt" holds the PEM CA
+	// bundle that verifies the server, in place of the system roots.
+	// +optional
+	CertConfigMap LocalName `json:"certConfigMap,omitempty"`
+
+	// insecureSkipTLSVerify turns off verification of the server's certificate.
+	// +optional
+	InsecureSkipTLSVerify bool `json:"insecureSkipTLSVerify,omitempty"`
+
+	// extraHeaders are sent with every request, each written "Name: value".
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=4096
+	// +kubebuilder:validation:items:XValidation:rule="self.matches('^[A-Za-z0-9-]+: ?.*$')",message="each header must be written \"Name: value\""
+	ExtraHeaders []string `json:"extraHeaders,omitempty"`
+
+	// secretExtraHeaders name Secrets in the same namespace whose values are further headers,
+	// for tokens that must not stand in the spec.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	SecretExtraHeaders []LocalName `json:"secretExtraHeaders,omitempty"`
+}
+
+// HTTPSource imports from an HTTP(S) URL.
+type HTTPSource struct {
+	// url of the image.
+	// +required
+	URL HTTPURL `json:"url"`
+
+	HTTPOptions `json:",inline"`
+}
+
+// ObjectStoreSource names an object in diskpipe's bundled object store.
+type ObjectStoreSource struct {
+	// bucketName is the bucket that holds the object.
+	// +required
+	BucketName BucketName `json:"bucketName"`
+
+	// objectName is the object's key.
+	// +required
+	ObjectName ObjectName `json:"objectName"`
+}
+
+// BucketLookup says how requests address a bucket.
+// +kubebuilder:validation:Enum=Auto;Path;VirtualHost
+type BucketLookup string
+
+const (
+	// BucketLookupAuto lets the client choose by the endpoint.
+	BucketLookupAuto BucketLookup = "Auto"
+	// BucketLookupPath addresses buckets as https://endpoint/bucket/key.
+	BucketLookupPath BucketLookup = "Path"
+	// BucketLookupVirtualHost addresses buckets as https://bucket.endpoint/key.
+	BucketLookupVirtualHost BucketLookup = "VirtualHost"
+)
+
+// S3Source names an object in any S3-compatible store (AWS S3, Ceph RGW, SeaweedFS, MinIO, ...).
+type S3Source struct {
+	// endpoint is the store's URL, e.g. https://s3.eu-west-1.amazonaws.com.
+	// +required
+	Endpoint HTTPURL `json:"endpoint"`
+
+	// region of the bucket; empty lets the client discover it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Region string `json:"region,omitempty"`
+
+	// bucketLookup chooses path-style or virtual-host-style requests.
+	// +optional
+	// +kubebuilder:default=Auto
+	BucketLookup BucketLookup `json:"bucketLookup,omitempty"`
+
+	// bucketName is the bucket that holds the object.
+	// +required
+	BucketName BucketName `json:"bucketName"`
+
+	// objectName is the object's key.
+	// +required
+	ObjectName ObjectName `json:"objectName"`
+
+	// secretRef names a Secret in the same namespace with the keys "accessKeyId" and
+	// "secretAccessKey"; without it requests are anonymous.
+	// +optional
+	SecretRef LocalName `json:"secretRef,omitempty"`
+
+	// certConfigMap names a ConfigMap in the same namespace whose key "ca.crt" holds the PEM CA
+	// bundle that verifies the endpoint.
+	// +optional
+	CertConfigMap LocalName `json:"certConfigMap,omitempty"`
+}
+
+// RegistrySource imports the disk of a container disk image: the single file under /disk/.
+type RegistrySource struct {
+	// url of the image, "docker://registry/repository:tag" or "oci-archive:/path".
+	// +required
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('docker://') || self.startsWith('oci-archive:')",message="url must start with docker:// or oci-archive:"
+	URL string `json:"url"`
+
+	// secretRef names a Secret of type kubernetes.io/dockerconfigjson in the same namespace.
+	// +optional
+	SecretRef LocalName `json:"secretRef,omitempty"`
+
+	// certConfigMap names a ConfigMap in the same namespace whose key "ca.crt" holds the PEM CA
+	// bundle that verifies the registry.
+	// +optional
+	CertConfigMap LocalName `json:"certConfigMap,omitempty"`
+
+	// architecture picks the image from a multi-architecture index; empty means the node's.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Architecture string `json:"architecture,omitempty"`
+
+	// insecureSkipTLSVerify turns off verification of the registry's certificate.
+	// +optional
+	InsecureSkipTLSVerify bool `json:"insecureSkipTLSVerify,omitempty"`
+}
+
+// PVCSource copies the disk of an existing PVC.
+type PVCSource struct {
+	// name of the PVC.
+	// +required
+	Name LocalName `json:"name"`
+
+	// namespace of the PVC; empty means the referring object's own namespace. Reading another
+	// namespace's PVC needs permission to read PVCs there.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace,omitempty"`
+}
+
+// UploadSource marks an image whose bytes come through diskpipe's upload proxy.
+type UploadSource struct{}
+
+// BlankSource makes an empty disk of the requested size.
+type BlankSource struct{}

@@ -1,0 +1,99 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+)
+
+// VirtualMachineImageSource is where an image's bytes come from: exactly one of http,
+// objectStore, s3, registry, pvc or upload.
+// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.objectStore), has(self.s3), has(self.registry), has(self.pvc), has(self.upload)].filter(x, x).size() == 1",message="exactly one of http, objectStore, s3, registry, pvc or upload must be set"
+// +kubebuilder:validation:XValidation:rule="!has(self.httpOptions) || has(self.http)",message="httpOptions needs an http source"
+// +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !has(self.pvc)",message="checksum does not apply to a pvc source"
+type VirtualMachineImageSource struct {
+	// http is the URL of the image.
+	// +optional
+	HTTP common.HTTPURL `json:"http,omitempty"`
+
+	// httpOptions are the credentials, CA and headers used with http.
+	// +optional
+	HTTPOptions *common.HTTPOptions `json:"httpOptions,omitempty"`
+
+	// objectStore names an object in diskpipe's bundled object store.
+	// +optional
+	ObjectStore *common.ObjectStoreSource `json:"objectStore,omitempty"`
+
+	// s3 names an object in an external S3-compatible store.
+	// +optional
+	S3 *common.S3Source `json:"s3,omitempty"`
+
+	// registry names a container disk image.
+	// +optional
+	Registry *common.RegistrySource `json:"registry,omitempty"`
+
+	// pvc copies an existing PVC's disk.
+	// +optional
+	PVC *common.PVCSource `json:"pvc,omitempty"`
+
+	// upload waits for the image's bytes to be uploaded through the upload proxy.
+	// +optional
+	Upload *common.UploadSource `json:"upload,omitempty"`
+
+	// checksum is the expected digest of the source bytes.
+	// +optional
+	Checksum common.Checksum `json:"checksum,omitempty"`
+}
+
+// VirtualMachineImageSpec is a golden image: a source imported once into a read-only PVC.
+type VirtualMachineImageSpec struct {
+	// source of the image's bytes. It cannot change once set.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source is immutable: create a new image instead"
+	Source VirtualMachineImageSource `json:"source"`
+
+	common.VolumeOptions `json:",inline"`
+
+	// retry is how many times a transient import failure is retried (default 3).
+	// +optional
+	// +kubebuilder:default=3
+	Retry *common.RetryLimit `json:"retry,omitempty"`
+}
+
+// VirtualMachineImage imports a disk image into a read-only golden PVC that VirtualMachinePvcs
+// are cloned from.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=vmim,categories=diskpipe
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Progress",type=string,JSONPath=`.status.progress`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.virtualSize`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
+// +kubebuilder:printcolumn:name="Format",type=string,JSONPath=`.status.format`,priority=1
+// +kubebuilder:printcolumn:name="PVC",type=string,JSONPath=`.status.pvcName`,priority=1
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.status.sourceType`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type VirtualMachineImage struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired image.
+	// +required
+	Spec VirtualMachineImageSpec `json:"spec"`
+
+	// status is the observed state of the import.
+	// +optional
+	Status common.ImageStatus `json:"status,omitempty"`
+}
+
+// VirtualMachineImageList is a list of VirtualMachineImages.
+// +kubebuilder:object:root=true
+type VirtualMachineImageList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VirtualMachineImage `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&VirtualMachineImage{}, &VirtualMachineImageList{})
+}

@@ -1,0 +1,34 @@
+// Package v1alpha1 is the virtualmachine.kubesphere.io/v1alpha1 API of KubeSphere's KubeVirt
+// design: ImageTemplate (a golden image) and VirtualMachine (a thin VM bound to DiskVolumes).
+//
+// +kubebuilder:object:generate=true
+// +groupName=virtualmachine.kubesphere.io
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/scheme"
+)
+
+var (
+	// GroupVersion is the group and version of these kinds.
+	GroupVersion = schema.GroupVersion{Group: "virtualmachine.kubesphere.io", Version: "v1alpha1"}
+
+	// SchemeBuilder registers the kinds with a scheme.
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+
+	// AddToScheme adds the kinds to a scheme.
+	AddToScheme = SchemeBuilder.AddToScheme
+)
+
+// Labels of ImageTemplates, as KubeSphere's image catalog uses them.
+const (
+	// LabelImagePublic, set to "yes", lets disks in any namespace be made from the image.
+	LabelImagePublic = "virtualmachine.kubesphere.io/image-public"
+	// LabelOSPlatform is the catalog's OS platform, e.g. "linux".
+	LabelOSPlatform = "virtualmachine.kubesphere.io/os-platform"
+	// LabelOSFamily is the catalog's OS family, e.g. "centos".
+	LabelOSFamily = "virtualmachine.kubesphere.io/os-family"
+	// LabelOSVersion is the catalog's OS version, e.g. "7.5_x86_64".
+	LabelOSVersion = "virtualmachine.kubesphere.io/os-version"
+)

@@ -1,0 +1,110 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+)
+
+// ObjectReference names an object of a known kind, possibly in another namespace.
+type ObjectReference struct {
+	// name of the object.
+	// +required
+	Name common.LocalName `json:"name"`
+
+	// namespace of the object; empty means the referring object's own.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace,omitempty"`
+}
+
+// ImageTemplateSource is where an image's bytes come from: exactly one of http, registry,
+// clone, disk, objectStore, s3 or upload.
+// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.registry), has(self.clone), has(self.disk), has(self.objectStore), has(self.s3), has(self.upload)].filter(x, x).size() == 1",message="exactly one of http, registry, clone, disk, objectStore, s3 or upload must be set"
+// +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !(has(self.clone) || has(self.disk))",message="checksum does not apply to a clone or disk source"
+type ImageTemplateSource struct {
+	// http downloads the image from a URL.
+	// +optional
+	HTTP *common.HTTPSource `json:"http,omitempty"`
+
+	// registry imports a container disk image.
+	// +optional
+	Registry *common.RegistrySource `json:"registry,omitempty"`
+
+	// clone copies another ImageTemplate.
+	// +optional
+	Clone *ObjectReference `json:"clone,omitempty"`
+
+	// disk turns a VM's DiskVolume into an image.
+	// +optional
+	Disk *ObjectReference `json:"disk,omitempty"`
+
+	// objectStore names an object in diskpipe's bundled object store.
+	// +optional
+	ObjectStore *common.ObjectStoreSource `json:"objectStore,omitempty"`
+
+	// s3 names an object in an external S3-compatible store.
+	// +optional
+	S3 *common.S3Source `json:"s3,omitempty"`
+
+	// upload waits for the image's bytes to be uploaded through the upload proxy.
+	// +optional
+	Upload *common.UploadSource `json:"upload,omitempty"`
+
+	// checksum is the expected digest of the source bytes.
+	// +optional
+	Checksum common.Checksum `json:"checksum,omitempty"`
+}
+
+// ImageTemplateSpec is a golden image.
+type ImageTemplateSpec struct {
+	// source of the image's bytes. It cannot change once set.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source is immutable: create a new image instead"
+	Source ImageTemplateSource `json:"source"`
+
+	common.VolumeOptions `json:",inline"`
+
+	// retry is how many times a transient import failure is retried (default 3).
+	// +optional
+	// +kubebuilder:default=3
+	Retry *common.RetryLimit `json:"retry,omitempty"`
+}
+
+// ImageTemplate imports a disk image into a read-only golden PVC that DiskVolumes are made from.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=imt,categories=diskpipe
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Progress",type=string,JSONPath=`.status.progress`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.virtualSize`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
+// +kubebuilder:printcolumn:name="Format",type=string,JSONPath=`.status.format`,priority=1
+// +kubebuilder:printcolumn:name="PVC",type=string,JSONPath=`.status.pvcName`,priority=1
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.status.sourceType`,priority=1
+// +kubebuilder:printcolumn:name="OS",type=string,JSONPath=`.metadata.labels.virtualmachine\.kubesphere\.io/os-family`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ImageTemplate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired image.
+	// +required
+	Spec ImageTemplateSpec `json:"spec"`
+
+	// status is the observed state of the import.
+	// +optional
+	Status common.ImageStatus `json:"status,omitempty"`
+}
+
+// ImageTemplateList is a list of ImageTemplates.
+// +kubebuilder:object:root=true
+type ImageTemplateList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ImageTemplate `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ImageTemplate{}, &ImageTemplateList{})
+}

@@ -1,0 +1,63 @@
+// Package manager builds diskpipe's controller-runtime manager: the scheme, health and
+// readiness probes, the metrics endpoint and leader election. Each kind's controller
+// registers itself with the manager it returns.
+package manager
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// Options configure the manager.
+type Options struct {
+	// MetricsAddr is where Prometheus metrics are served ("0" turns them off).
+	MetricsAddr string
+	// ProbeAddr is where /healthz and /readyz are served.
+	ProbeAddr string
+	// LeaderElection makes only one replica reconcile at a time.
+	LeaderElection bool
+	// LeaderElectionNamespace holds the leader's Lease; empty means the pod's namespace.
+	LeaderElectionNamespace string
+}
+
+// LeaderElectionID is the name of the Lease the manager's replicas contend for.
+const LeaderElectionID = "diskpipe-manager.diskpipe.io"
+
+// New returns a manager for cfg, with health and readiness checks installed.
+func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
+	renew := 10 * time.Second
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        NewScheme(),
+		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
+		HealthProbeBindAddress:        opts.ProbeAddr,
+		LeaderElection:                opts.LeaderElection,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+		RenewDeadline:                 &renew,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding health check: %w", err)
+	}
+	// Ready once the caches have synced, so a fresh replica is not sent traffic (webhooks)
+	// before it can answer from them.
+	if err := mgr.AddReadyzCheck("readyz", func(req *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+			return errors.New("caches have not synced")
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("adding readiness check: %w", err)
+	}
+	return mgr, nil
+}

@@ -1,0 +1,26 @@
+package manager
+
+import (
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	diskvolumev1alpha1 "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloudv1alpha1 "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachinev1alpha1 "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+)
+
+// NewScheme returns a scheme with every kind diskpipe reads or writes: Kubernetes' built-in
+// kinds, diskpipe's three groups, snapshot.storage.k8s.io/v1 and kubevirt.io/v1.
+func NewScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(hypercloudv1alpha1.AddToScheme(s))
+	utilruntime.Must(virtualmachinev1alpha1.AddToScheme(s))
+	utilruntime.Must(diskvolumev1alpha1.AddToScheme(s))
+	utilruntime.Must(snapshotv1.AddToScheme(s))
+	utilruntime.Must(kubevirtv1.AddToScheme(s))
+	return s
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests, benchmarks and demo use, when any is missing.
+# Go tools and the Kubernetes binaries are built from Go modules by the Makefile.
+set -euo pipefail
+
+packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing Debian packages: ${missing[*]} (run as root, or apt-get install them)" >&2
+  exit 1
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
