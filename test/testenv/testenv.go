@@ -27,7 +27,7 @@ type Env struct {
 	env *envtest.Environment
 	// Config reaches the apiserver as an administrator.
 	Config *rest.Config
-	// Client is a direct (uncached) client with diskpipe's scheme.
+	// Client is a direct (uncached) client with diskpipe's scheme; unknown fields are errors.
 	Client client.Client
 	// Kubeconfig is the path of a kubeconfig file for kubectl.
 	Kubeconfig string
@@ -70,7 +70,7 @@ func Start() (*Env, error) {
 	env := &Env{env: e, Config: cfg}
 	stop := func(err error) (*Env, error) { return nil, errors.Join(err, env.Stop()) }
 
-	if env.Client, err = client.New(cfg, client.Options{Scheme: e.Scheme}); err != nil {
+	if env.Client, err = client.New(cfg, client.Options{Scheme: e.Scheme, FieldValidation: metav1.FieldValidationStrict}); err != nil {
 		return stop(fmt.Errorf("creating client: %w", err))
 	}
 	if env.dir, err = os.MkdirTemp("", "diskpipe-testenv-"); err != nil {

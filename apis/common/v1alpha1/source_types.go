@@ -9,7 +9,7 @@ type Checksum string
 
 // BucketName is an S3 bucket name.
 // +kubebuilder:validation:MaxLength=63
-// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$')",message="bucketName must be a valid S3 bucket name: 3 to 63 lower-case letters, digits, dots or hyphens, starting and ending with a letter or digit"
+// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$')",message="bucketName must be a valid S3 bucket name: 3 to 63 lower-case letters, digits, dots or hyphens, starting and ending with a letter or digit",messageExpression="'bucketName \"' + self + '\" is not a valid S3 bucket name: use 3 to 63 lower-case letters, digits, dots or hyphens, starting and ending with a letter or digit'"
 type BucketName string
 
 // ObjectName is the key of an object in a bucket.

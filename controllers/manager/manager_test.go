@@ -1,0 +1,94 @@
+package manager_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	var err error
+	if env, err = testenv.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func get(url string) (int, string, error) {
+	resp, err := http.Get(url) //nolint:gosec // a test URL on loopback
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// TestManagerStarts runs the manager against the real apiserver: its probes answer, its
+// metrics are served, and it takes the leader Lease, which it gives up when stopped.
+func TestManagerStarts(t *testing.T) {
+	g := NewWithT(t)
+	opts := manager.Options{MetricsAddr: freeAddr(t), ProbeAddr: freeAddr(t), LeaderElection: true, LeaderElectionNamespace: "default"}
+	mgr, err := manager.New(env.Config, opts)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+
+	for _, path := range []string{"/healthz", "/readyz"} {
+		g.Eventually(func() (int, error) {
+			code, _, err := get("http://" + opts.ProbeAddr + path)
+			return code, err
+		}, 30*time.Second, 100*time.Millisecond).Should(Equal(http.StatusOK), path)
+	}
+	g.Eventually(func() (string, error) {
+		_, body, err := get("http://" + opts.MetricsAddr + "/metrics")
+		return body, err
+	}, 30*time.Second, 100*time.Millisecond).Should(ContainSubstring("controller_runtime_"))
+
+	lease := &coordinationv1.Lease{}
+	key := client.ObjectKey{Namespace: "default", Name: manager.LeaderElectionID}
+	g.Eventually(func() (string, error) {
+		if err := env.Client.Get(ctx, key, lease); err != nil {
+			return "", err
+		}
+		return *lease.Spec.HolderIdentity, nil
+	}, 30*time.Second, 100*time.Millisecond).ShouldNot(BeEmpty())
+
+	cancel()
+	g.Eventually(done, 30*time.Second).Should(Receive(BeNil()))
+	g.Expect(env.Client.Get(t.Context(), key, lease)).To(Succeed())
+	g.Expect(lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" ||
+		strings.TrimSpace(*lease.Spec.HolderIdentity) == "").To(BeTrue(), "the lease was released on stop")
+}
