@@ -1,27 +1,25 @@
 #!/usr/bin/env bash
 # Fails when anything generated is stale: deepcopy, CRDs, go.mod/go.sum of both modules.
-# It regenerates into the work tree and lets git say whether anything changed.
+# It regenerates in place and compares each generated file with what was there before, so it
+# works on a tree with uncommitted edits too; a stale file is left regenerated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-generated=(apis charts/diskpipe/crds go.mod go.sum test/tools/go.mod test/tools/go.sum)
+snapshot() {
+  find apis charts/diskpipe/crds -type f \( -name 'zz_generated*' -o -name '*.yaml' \) -print0 |
+    sort -z | xargs -0 sha256sum
+  sha256sum go.mod go.sum test/tools/go.mod test/tools/go.sum
+}
 
-before=$(git status --porcelain -- "${generated[@]}")
-if [ -n "$before" ]; then
-  echo "verify: commit or stash these first, so a stale file can be told from your edit:" >&2
-  echo "$before" >&2
-  exit 1
-fi
-
+before=$(snapshot)
 make -s generate manifests
 go mod tidy
 (cd test/tools && go mod tidy)
+after=$(snapshot)
 
-after=$(git status --porcelain -- "${generated[@]}")
-if [ -n "$after" ]; then
-  echo "verify: generated files are stale; run 'make generate manifests' and 'go mod tidy', then commit:" >&2
-  echo "$after" >&2
-  git --no-pager diff --stat -- "${generated[@]}" >&2
+if [ "$before" != "$after" ]; then
+  echo "verify: these generated files were stale and are now regenerated; commit them:" >&2
+  diff <(echo "$before") <(echo "$after") | grep '^>' | awk '{print "  " $3}' >&2
   exit 1
 fi
 echo "verify: generated files are current"

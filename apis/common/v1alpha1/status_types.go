@@ -14,19 +14,19 @@ const ConditionReady = "Ready"
 type Phase string
 
 const (
-	// PhasePending: accepted, waiting for a dependency (a source, a storage class, a volume).
+	// PhasePending means the object is accepted and waits for a dependency (a source, a storage class, a volume).
 	PhasePending Phase = "Pending"
-	// PhaseImporting: an importer is copying the source into the golden PVC.
+	// PhaseImporting means an importer is copying the source into the golden PVC.
 	PhaseImporting Phase = "Importing"
-	// PhaseCloning: a disk is being made from an image or snapshot.
+	// PhaseCloning means a disk is being made from an image or snapshot.
 	PhaseCloning Phase = "Cloning"
-	// PhaseExporting: an exporter is uploading the disk to the object store.
+	// PhaseExporting means an exporter is uploading the disk to the object store.
 	PhaseExporting Phase = "Exporting"
-	// PhaseReady: the result is usable.
+	// PhaseReady means the result is usable.
 	PhaseReady Phase = "Ready"
-	// PhaseFailed: the work failed for good; conditions say why.
+	// PhaseFailed means the work failed for good; conditions say why.
 	PhaseFailed Phase = "Failed"
-	// PhaseDeleting: the object is being deleted and its children cleaned up.
+	// PhaseDeleting means the object is being deleted and its children cleaned up.
 	PhaseDeleting Phase = "Deleting"
 )
 

@@ -8,7 +8,6 @@ import (
 // DefaultRetryLimit is how many times a transient failure is retried when spec.retry is unset.
 const DefaultRetryLimit = 3
 
-
 // StorageList is the storage of a request.
 type StorageList struct {
 	// storage is the size of the volume.

@@ -112,5 +112,5 @@ type DiskVolumeList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&DiskVolume{}, &DiskVolumeList{})
+	knownTypes = append(knownTypes, &DiskVolume{}, &DiskVolumeList{})
 }

@@ -95,5 +95,5 @@ type VirtualMachineImageList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&VirtualMachineImage{}, &VirtualMachineImageList{})
+	knownTypes = append(knownTypes, &VirtualMachineImage{}, &VirtualMachineImageList{})
 }

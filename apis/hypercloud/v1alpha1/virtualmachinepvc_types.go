@@ -64,5 +64,5 @@ type VirtualMachinePvcList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&VirtualMachinePvc{}, &VirtualMachinePvcList{})
+	knownTypes = append(knownTypes, &VirtualMachinePvc{}, &VirtualMachinePvcList{})
 }

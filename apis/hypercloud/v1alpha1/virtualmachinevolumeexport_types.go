@@ -190,5 +190,5 @@ type VirtualMachineVolumeExportList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&VirtualMachineVolumeExport{}, &VirtualMachineVolumeExportList{})
+	knownTypes = append(knownTypes, &VirtualMachineVolumeExport{}, &VirtualMachineVolumeExportList{})
 }

@@ -106,5 +106,5 @@ type ImageTemplateList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&ImageTemplate{}, &ImageTemplateList{})
+	knownTypes = append(knownTypes, &ImageTemplate{}, &ImageTemplateList{})
 }

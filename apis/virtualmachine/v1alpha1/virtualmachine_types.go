@@ -147,5 +147,5 @@ type VirtualMachineList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&VirtualMachine{}, &VirtualMachineList{})
+	knownTypes = append(knownTypes, &VirtualMachine{}, &VirtualMachineList{})
 }
