@@ -1,0 +1,146 @@
+package importer
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// Main runs the importer command with args (without the program name) and returns its exit
+// code: 0 imported, 1 failed for good, 2 failed transiently, 64 bad usage. The result is
+// written as JSON to the termination message path.
+func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	start := time.Now()
+	fs := flag.NewFlagSet("importer", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		sourceType  = fs.String("source", "http", "source kind: http, file or blank")
+		url         = fs.String("url", "", "http: the image's URL")
+		caFile      = fs.String("ca-file", "", "http: PEM CA bundle that verifies the server")
+		insecure    = fs.Bool("insecure", false, "http: skip verification of the server's certificate")
+		authDir     = fs.String("auth-dir", "", "http: directory with the files username and password (a mounted Secret) for basic auth")
+		headerFiles = stringList{}
+		headers     = stringList{}
+		path        = fs.String("path", "", "file: the source disk (a file or block device)")
+		blankSize   = fs.Int64("blank-size", 0, "blank: the disk's size in bytes")
+		target      = fs.String("target", "", "disk.img on a filesystem volume, or a block device")
+		capacity    = fs.Int64("capacity", 0, "the volume's size in bytes (default: the filesystem's or device's)")
+		overhead    = fs.Float64("overhead", DefaultOverhead, "share of a filesystem volume kept for the filesystem")
+		checksum    = fs.String("checksum", "", "expected digest of the source, <sha256|sha512|sha1|md5>:<hex>")
+		format      = fs.String("format", "", "force the format (raw); empty detects it")
+		parallel    = fs.Int("parallel", 8, "ranged requests in flight at once")
+		retries     = fs.Int("retries", DefaultRetryPolicy.Attempts, "attempts of each request before a transient failure ends the import")
+		stall       = fs.Duration("stall-timeout", time.Minute, "how long a response may send nothing before it is retried")
+		metricsAddr = fs.String("metrics-addr", ":8090", "where progress metrics are served (empty: nowhere)")
+		interval    = fs.Duration("progress-interval", 5*time.Second, "how often progress is logged")
+		termPath    = fs.String("termination-message-path", "/dev/termination-log", "where the JSON result is written (empty: nowhere)")
+		memLimit    = fs.Int64("memory-limit", 128<<20, "soft limit of the Go heap in bytes")
+	)
+	fs.Var(&headers, "header", "http: a header sent with every request, \"Name: value\" (repeatable)")
+	fs.Var(&headerFiles, "header-file", "http: a file (a mounted Secret key) holding a header \"Name: value\" (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return transfer.ExitUsage
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	debug.SetMemoryLimit(*memLimit)
+
+	o := Options{
+		Target: *target, Capacity: *capacity, Overhead: *overhead, Checksum: *checksum, Format: Format(*format),
+		Parallel: *parallel, StallTimeout: *stall, Log: log, Progress: transfer.NewProgress(0),
+		Retry: RetryPolicy{Attempts: *retries, Initial: DefaultRetryPolicy.Initial, Max: DefaultRetryPolicy.Max},
+	}
+	res := &transfer.Result{}
+	err := func() error {
+		if *target == "" {
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "--target is required")
+		}
+		switch *sourceType {
+		case "http":
+			s := &HTTPSource{URL: *url, CAFile: *caFile, Insecure: *insecure, Header: http.Header{}}
+			if err := s.loadCredentials(*authDir, headers, headerFiles); err != nil {
+				return err
+			}
+			o.Source = s
+		case "file":
+			o.Source, o.Format = &FileSource{Path: *path}, FormatRaw
+		case "blank":
+			o.Blank, o.BlankSize = true, *blankSize
+		default:
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, file or blank", *sourceType)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if *metricsAddr != "" {
+			if _, err := o.Progress.Serve(ctx, *metricsAddr); err != nil {
+				return transfer.Permanent(transfer.ReasonInvalidArgument, "serving metrics: %w", err)
+			}
+		}
+		go o.Progress.Report(ctx, log, *interval)
+		log.Info("Importing", "source", sourceName(o), "target", *target)
+		var err error
+		res, err = Import(ctx, o)
+		return err
+	}()
+	if err != nil {
+		res.Fail(err)
+		log.Error("Import failed", "reason", res.Reason, "transient", res.Transient, "err", err)
+	} else {
+		log.Info("Imported", "format", res.Format, "virtualSize", res.VirtualSize, "bytesRead", res.BytesRead,
+			"bytesWritten", res.BytesWritten, "digest", res.Digest, "seconds", time.Since(start).Seconds())
+	}
+	if ferr := res.Finish(start, *termPath); ferr != nil {
+		log.Error("Could not write the result", "err", ferr)
+	}
+	return res.ExitCode()
+}
+
+func sourceName(o Options) string {
+	if o.Blank {
+		return fmt.Sprintf("blank %d bytes", o.BlankSize)
+	}
+	return o.Source.String()
+}
+
+// loadCredentials reads basic-auth and header Secrets mounted as files.
+func (s *HTTPSource) loadCredentials(authDir string, headers, headerFiles []string) error {
+	if authDir != "" {
+		user, err1 := os.ReadFile(filepath.Join(authDir, "username"))
+		pass, err2 := os.ReadFile(filepath.Join(authDir, "password"))
+		if err := errors.Join(err1, err2); err != nil {
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "reading basic-auth credentials: %w", err)
+		}
+		s.Username, s.Password = strings.TrimSpace(string(user)), strings.TrimSpace(string(pass))
+	}
+	for _, f := range headerFiles {
+		b, err := os.ReadFile(f) //nolint:gosec // a mounted Secret
+		if err != nil {
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "reading header: %w", err)
+		}
+		headers = append(headers, strings.TrimSpace(string(b)))
+	}
+	for _, h := range headers {
+		name, value, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "header %q must be written \"Name: value\"", strings.SplitN(h, ":", 2)[0])
+		}
+		s.Header.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	return nil
+}
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }

@@ -1,0 +1,131 @@
+package importer
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// qcow2Header is the part of a qcow2 header diskpipe checks before reading an image, so that
+// what it cannot import safely is refused with a clear reason rather than half-read.
+type qcow2Header struct {
+	Version          uint32
+	BackingFile      string
+	ClusterBits      uint32
+	Size             uint64
+	CryptMethod      uint32
+	L1Size           uint32
+	L1TableOffset    uint64
+	RefcountOffset   uint64
+	IncompatFeatures uint64
+	CompressionType  uint8
+}
+
+const (
+	qcow2IncompatDirty        = 1 << 0
+	qcow2IncompatCorrupt      = 1 << 1
+	qcow2IncompatExternalData = 1 << 2
+	qcow2IncompatCompression  = 1 << 3
+	qcow2IncompatExtendedL2   = 1 << 4
+	qcow2IncompatKnown        = qcow2IncompatDirty | qcow2IncompatCorrupt | qcow2IncompatExternalData |
+		qcow2IncompatCompression | qcow2IncompatExtendedL2
+)
+
+// parseQcow2Header parses and checks the header in head against the image's file size
+// (-1 when unknown). Every refusal is a permanent transfer error.
+func parseQcow2Header(head []byte, fileSize int64) (*qcow2Header, error) {
+	malformed := func(format string, args ...any) error {
+		return transfer.Permanent(transfer.ReasonMalformedImage, "malformed qcow2 image: "+format, args...)
+	}
+	if len(head) < 72 {
+		return nil, transfer.Permanent(transfer.ReasonTruncatedImage, "truncated qcow2 image: the header needs 72 bytes, the image has %d", len(head))
+	}
+	be := binary.BigEndian
+	h := &qcow2Header{
+		Version:        be.Uint32(head[4:]),
+		ClusterBits:    be.Uint32(head[20:]),
+		Size:           be.Uint64(head[24:]),
+		CryptMethod:    be.Uint32(head[32:]),
+		L1Size:         be.Uint32(head[36:]),
+		L1TableOffset:  be.Uint64(head[40:]),
+		RefcountOffset: be.Uint64(head[48:]),
+	}
+	backingOff, backingLen := be.Uint64(head[8:]), be.Uint32(head[16:])
+	if h.Version != 2 && h.Version != 3 {
+		return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "qcow2 version %d is not supported (2 and 3 are)", h.Version)
+	}
+	if h.Version == 3 {
+		if len(head) < 104 {
+			return nil, transfer.Permanent(transfer.ReasonTruncatedImage, "truncated qcow2 image: a version 3 header needs 104 bytes, the image has %d", len(head))
+		}
+		h.IncompatFeatures = be.Uint64(head[72:])
+		headerLen := be.Uint32(head[100:])
+		if headerLen < 104 || headerLen%8 != 0 {
+			return nil, malformed("header length %d", headerLen)
+		}
+		if headerLen > 104 && len(head) > 104 {
+			h.CompressionType = head[104]
+		}
+	}
+	if backingOff != 0 {
+		name := "(unreadable)"
+		if end := backingOff + uint64(backingLen); backingLen > 0 && backingLen <= 1023 && end <= uint64(len(head)) {
+			name = fmt.Sprintf("%q", head[backingOff:end])
+		}
+		return nil, transfer.Permanent(transfer.ReasonBackingFile,
+			"the qcow2 image has a backing file %s: diskpipe imports only self-contained images (flatten it with 'qemu-img convert -O qcow2')", name)
+	}
+	if h.CryptMethod != 0 {
+		return nil, transfer.Permanent(transfer.ReasonEncrypted, "the qcow2 image is encrypted (method %d): diskpipe does not import encrypted images", h.CryptMethod)
+	}
+	if h.IncompatFeatures&qcow2IncompatExternalData != 0 {
+		return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "the qcow2 image keeps its data in an external data file: diskpipe imports only self-contained images")
+	}
+	if h.IncompatFeatures&qcow2IncompatCorrupt != 0 {
+		return nil, transfer.Permanent(transfer.ReasonMalformedImage, "the qcow2 image is marked corrupt: repair it with 'qemu-img check -r all'")
+	}
+	if unknown := h.IncompatFeatures &^ qcow2IncompatKnown; unknown != 0 {
+		return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "the qcow2 image uses incompatible features diskpipe does not know (bits %#x)", unknown)
+	}
+	if h.CompressionType > 1 {
+		return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "qcow2 compression type %d is not supported (zlib and zstd are)", h.CompressionType)
+	}
+	if h.ClusterBits < 9 || h.ClusterBits > 21 {
+		return nil, malformed("cluster bits %d (9 to 21 are valid)", h.ClusterBits)
+	}
+	if h.Size == 0 || h.Size > 1<<56 {
+		return nil, malformed("virtual size %d", h.Size)
+	}
+	clusterSize := uint64(1) << h.ClusterBits
+	l2Entries := clusterSize / 8
+	if need := (h.Size + clusterSize*l2Entries - 1) / (clusterSize * l2Entries); uint64(h.L1Size) < need {
+		return nil, malformed("L1 table of %d entries cannot map %d bytes", h.L1Size, h.Size)
+	}
+	if h.L1TableOffset == 0 || h.L1TableOffset%clusterSize != 0 {
+		return nil, malformed("L1 table offset %#x is not cluster-aligned", h.L1TableOffset)
+	}
+	if fileSize >= 0 {
+		if end := h.L1TableOffset + uint64(h.L1Size)*8; end > uint64(fileSize) {
+			return nil, transfer.Permanent(transfer.ReasonTruncatedImage,
+				"truncated qcow2 image: its L1 table ends at byte %d, the file has %d", end, fileSize)
+		}
+	}
+	return h, nil
+}
+
+// boundedReaderAt turns a read past the end of a random-access image, which a well-formed
+// image never asks for, into a TruncatedImage error that names the offset.
+type boundedReaderAt struct {
+	r    io.ReaderAt
+	size int64
+}
+
+func (b boundedReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	if off+int64(len(p)) > b.size {
+		return 0, transfer.Permanent(transfer.ReasonTruncatedImage,
+			"truncated image: it refers to bytes %d to %d, the file has %d", off, off+int64(len(p)), b.size)
+	}
+	return b.r.ReadAt(p, off)
+}

@@ -1,0 +1,217 @@
+package importer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// DefaultOverhead is the share of a filesystem volume kept for the filesystem itself.
+const DefaultOverhead = 0.06
+
+// Target is where an import writes: the file disk.img on a filesystem volume, or a block
+// device. Zeros are never written: a file gets holes, a device is zeroed up front as cheaply
+// as it allows (BLKZEROOUT) and then only non-zero data is written.
+type Target struct {
+	path    string
+	block   bool
+	f       *os.File
+	usable  int64
+	size    int64
+	written atomic.Int64
+}
+
+// OpenTarget opens path: a block device as it is, anything else as the disk file, created if
+// need be. capacity is the volume's size (0: the filesystem's or device's own); on a
+// filesystem, overhead (a fraction) of it is kept free for the filesystem.
+func OpenTarget(path string, capacity int64, overhead float64) (*Target, error) {
+	t := &Target{path: path}
+	if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeDevice != 0 {
+		t.block = true
+	}
+	flags := os.O_RDWR
+	if !t.block {
+		flags |= os.O_CREATE
+	}
+	f, err := os.OpenFile(path, flags, 0o644) //nolint:gosec // the disk is read by the VM's pod
+	if err != nil {
+		return nil, transfer.Permanent(transfer.ReasonTargetError, "opening target: %w", err)
+	}
+	t.f = f
+	switch {
+	case t.block:
+		var size uint64
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); e != 0 {
+			f.Close()
+			return nil, transfer.Permanent(transfer.ReasonTargetError, "reading the size of %s: %w", path, e)
+		}
+		t.usable = int64(size) //nolint:gosec // a device's size fits
+		if capacity > 0 {
+			t.usable = min(t.usable, capacity)
+		}
+	default:
+		if capacity <= 0 {
+			var st unix.Statfs_t
+			if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+				f.Close()
+				return nil, transfer.Permanent(transfer.ReasonTargetError, "reading the size of the target's filesystem: %w", err)
+			}
+			capacity = int64(st.Blocks) * st.Bsize //nolint:gosec // sizes fit
+		}
+		t.usable = int64(float64(capacity) * (1 - overhead))
+	}
+	return t, nil
+}
+
+// Usable is how many bytes of disk the target can hold.
+func (t *Target) Usable() int64 { return t.usable }
+
+// Written is how many bytes were written (holes and skipped zeros excluded).
+func (t *Target) Written() int64 { return t.written.Load() }
+
+// Prepare makes the target an all-zero disk of size bytes (0: not known yet).
+func (t *Target) Prepare(size int64) error {
+	if err := t.fits(size); err != nil {
+		return err
+	}
+	t.size = size
+	if t.block {
+		return t.zero()
+	}
+	if err := t.f.Truncate(0); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "emptying %s: %w", t.path, err)
+	}
+	if err := t.f.Truncate(size); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "sizing %s: %w", t.path, err)
+	}
+	return nil
+}
+
+func (t *Target) fits(size int64) error {
+	if size > t.usable {
+		what := "the volume, less filesystem overhead,"
+		if t.block {
+			what = "the block device"
+		}
+		return transfer.Permanent(transfer.ReasonTooLarge,
+			"the image's virtual size %s is larger than %s (%s): request a larger volume",
+			bytesString(size), what, bytesString(t.usable))
+	}
+	return nil
+}
+
+// zero zeroes the whole device, by BLKZEROOUT where the device supports it, else by writes.
+func (t *Target) zero() error {
+	rng := [2]uint64{0, uint64(t.usable)} //nolint:gosec // positive
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, t.f.Fd(), unix.BLKZEROOUT, uintptr(unsafe.Pointer(&rng[0]))); e == 0 {
+		return nil
+	}
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < t.usable; off += int64(len(buf)) {
+		n := min(int64(len(buf)), t.usable-off)
+		if _, err := t.f.WriteAt(buf[:n], off); err != nil {
+			return transfer.Permanent(transfer.ReasonTargetError, "zeroing %s: %w", t.path, err)
+		}
+	}
+	return nil
+}
+
+// WriteAt writes p at off.
+func (t *Target) WriteAt(p []byte, off int64) (int, error) {
+	if end := off + int64(len(p)); end > t.usable {
+		return 0, t.fits(end)
+	}
+	n, err := t.f.WriteAt(p, off)
+	t.written.Add(int64(n))
+	if err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			return n, transfer.Permanent(transfer.ReasonTargetError, "the target volume is full after %s: %w", bytesString(t.Written()), err)
+		}
+		return n, transfer.Permanent(transfer.ReasonTargetError, "writing %s: %w", t.path, err)
+	}
+	return n, nil
+}
+
+// Finish sets the disk's final size (a file is truncated to it) and flushes it to stable
+// storage.
+func (t *Target) Finish(size int64) error {
+	if !t.block {
+		if err := t.f.Truncate(size); err != nil {
+			return transfer.Permanent(transfer.ReasonTargetError, "sizing %s: %w", t.path, err)
+		}
+	}
+	if err := t.f.Sync(); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", t.path, err)
+	}
+	return t.f.Close()
+}
+
+// Wipe leaves the target empty after a failure, so no half-written disk looks valid: the
+// file is removed, the device zeroed.
+func (t *Target) Wipe() error {
+	defer t.f.Close()
+	if t.block {
+		return t.zero()
+	}
+	return os.Remove(t.path)
+}
+
+// sparseWriter writes a stream at increasing offsets, skipping blocks of zeros.
+type sparseWriter struct {
+	t   *Target
+	off int64
+}
+
+const sparseBlock = 4096
+
+var zeroBlock [sparseBlock]byte
+
+func (w *sparseWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		// Skip leading zero blocks, then write the run of non-zero blocks that follows.
+		skip := 0
+		for skip < len(p) && isZero(p[skip:min(skip+sparseBlock, len(p))]) {
+			skip += min(sparseBlock, len(p)-skip)
+		}
+		run := skip
+		for run < len(p) && !isZero(p[run:min(run+sparseBlock, len(p))]) {
+			run += min(sparseBlock, len(p)-run)
+		}
+		if run > skip {
+			if _, err := w.t.WriteAt(p[skip:run], w.off+int64(skip)); err != nil {
+				return 0, err
+			}
+		} else if end := w.off + int64(run); end > w.t.usable {
+			return 0, w.t.fits(end)
+		}
+		w.off += int64(run)
+		p = p[run:]
+	}
+	return n, nil
+}
+
+func isZero(b []byte) bool { return bytes.Equal(b, zeroBlock[:len(b)]) }
+
+// bytesString prints n bytes for a human, e.g. "4.0 GiB (4294967296 bytes)".
+func bytesString(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB (%d bytes)", float64(n)/float64(div), "KMGTPE"[exp], n)
+}

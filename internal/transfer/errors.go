@@ -1,0 +1,70 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Reason is a stable, machine-readable cause of a failure. Controllers copy it into
+// conditions and decide on retries from Error.Transient, never from the message.
+type Reason string
+
+// Reasons of failures.
+const (
+	ReasonInvalidArgument   Reason = "InvalidArgument"
+	ReasonSourceNotFound    Reason = "SourceNotFound"
+	ReasonSourceForbidden   Reason = "SourceForbidden"
+	ReasonSourceUnavailable Reason = "SourceUnavailable"
+	ReasonTLSError          Reason = "TLSError"
+	ReasonChecksumMismatch  Reason = "ChecksumMismatch"
+	ReasonUnsupportedFormat Reason = "UnsupportedFormat"
+	ReasonBackingFile       Reason = "BackingFile"
+	ReasonEncrypted         Reason = "Encrypted"
+	ReasonMalformedImage    Reason = "MalformedImage"
+	ReasonTruncatedImage    Reason = "TruncatedImage"
+	ReasonTooLarge          Reason = "TooLarge"
+	ReasonNeedsRandomAccess Reason = "NeedsRandomAccess"
+	ReasonTargetError       Reason = "TargetError"
+	ReasonCancelled         Reason = "Cancelled"
+	ReasonInternal          Reason = "Internal"
+)
+
+// Error is a failure with its reason and whether trying again may help.
+type Error struct {
+	Reason    Reason
+	Transient bool
+	Err       error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Permanent returns a failure that trying again will not mend.
+func Permanent(reason Reason, format string, args ...any) error {
+	return &Error{Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+// Transient returns a failure that may pass: a dropped connection, a 503, a timeout.
+func Transient(reason Reason, format string, args ...any) error {
+	return &Error{Reason: reason, Transient: true, Err: fmt.Errorf(format, args...)}
+}
+
+// IsTransient reports whether err is worth trying again.
+func IsTransient(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Transient
+}
+
+// ReasonOf returns err's reason: its own, Cancelled for a cancelled context, else Internal.
+func ReasonOf(err error) Reason {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+		return e.Reason
+	case errors.Is(err, context.Canceled):
+		return ReasonCancelled
+	default:
+		return ReasonInternal
+	}
+}

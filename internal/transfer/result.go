@@ -1,0 +1,100 @@
+package transfer
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Exit codes of the importer and exporter commands.
+const (
+	ExitSucceeded = 0
+	// ExitFailed: a permanent failure; the controller does not retry.
+	ExitFailed = 1
+	// ExitTransient: a transient failure outlasted the command's own retries; the controller
+	// may run it again.
+	ExitTransient = 2
+	// ExitUsage: the command line was wrong.
+	ExitUsage = 64
+)
+
+// Result is what a pod leaves in its termination message, as JSON.
+type Result struct {
+	// Succeeded is true when the copy completed and was verified.
+	Succeeded bool `json:"succeeded"`
+	// Format of the source (qcow2, raw, ...), or of the written object for an export.
+	Format string `json:"format,omitempty"`
+	// Compression wrapping the source stream (gzip, xz, zstd), if any.
+	Compression string `json:"compression,omitempty"`
+	// VirtualSize of the disk in bytes.
+	VirtualSize int64 `json:"virtualSize,omitempty"`
+	// BytesRead from the source.
+	BytesRead int64 `json:"bytesRead,omitempty"`
+	// BytesWritten to the target (non-zero data only; holes are not written).
+	BytesWritten int64 `json:"bytesWritten,omitempty"`
+	// Digest of the source bytes (import) or the written object (export), "<algorithm>:<hex>".
+	Digest string `json:"digest,omitempty"`
+	// URL of the written object, for an export.
+	URL string `json:"url,omitempty"`
+	// DurationSeconds the copy took.
+	DurationSeconds float64 `json:"durationSeconds"`
+	// Reason of a failure.
+	Reason Reason `json:"reason,omitempty"`
+	// Transient is true when trying again may help.
+	Transient bool `json:"transient,omitempty"`
+	// Message says what failed, for a human.
+	Message string `json:"message,omitempty"`
+}
+
+// maxMessage keeps the result within the kubelet's 4096-byte termination message.
+const maxMessage = 2048
+
+// Fail fills the failure fields of r from err.
+func (r *Result) Fail(err error) {
+	r.Succeeded = false
+	r.Reason = ReasonOf(err)
+	r.Transient = IsTransient(err)
+	r.Message = err.Error()
+	if len(r.Message) > maxMessage {
+		r.Message = r.Message[:maxMessage] + "..."
+	}
+}
+
+// ExitCode is the command's exit code for r.
+func (r *Result) ExitCode() int {
+	switch {
+	case r.Succeeded:
+		return ExitSucceeded
+	case r.Transient:
+		return ExitTransient
+	default:
+		return ExitFailed
+	}
+}
+
+// Finish records the duration since start and writes r to path (the termination message
+// path) when path is not empty.
+func (r *Result) Finish(start time.Time, path string) error {
+	r.DurationSeconds = time.Since(start).Seconds()
+	if path == "" {
+		return nil
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encoding result: %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil { //nolint:gosec // read by the kubelet
+		return fmt.Errorf("writing termination message: %w", err)
+	}
+	return nil
+}
+
+// ReadResult parses a termination message.
+func ReadResult(msg string) (*Result, error) {
+	var r Result
+	if err := json.Unmarshal([]byte(msg), &r); err != nil {
+		return nil, fmt.Errorf("parsing result %q: %w", msg, err)
+	}
+	return &r, nil
+}
