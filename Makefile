@@ -65,6 +65,17 @@ tools: $(CONTROLLER_GEN) $(KUBE_BINS) ## Build the pinned tools and the Kubernet
 test: setup tools ## Run every test: unit, envtest integration, end to end.
 	go test $(GO_TEST_FLAGS) ./...
 
+FUZZTIME ?= 10s
+FUZZ_TARGETS := importer:FuzzSniff importer:FuzzQcow2Header importer:FuzzImportQcow2
+
+.PHONY: fuzz
+fuzz: setup ## Run each fuzz target for FUZZTIME (default 10s); found crashers land in testdata/fuzz.
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
+		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) ./$$pkg/ || exit 1; \
+	done
+
 .PHONY: demo
 demo: ## Run the whole pipeline on a local cluster (coming with the local cluster).
 	@echo "make demo: the local cluster and the demo are coming (issue: local cluster, make demo and end-to-end suites)."

@@ -18,7 +18,7 @@ import (
 )
 
 // Main runs the importer command with args (without the program name) and returns its exit
-// code: 0 imported, 1 failed for good, 2 failed transiently, 64 bad usage. The result is
+// code: 0 imported, 1 failed for good, 3 failed transiently, 64 bad usage. The result is
 // written as JSON to the termination message path.
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	start := time.Now()

@@ -13,8 +13,8 @@ const (
 	// ExitFailed: a permanent failure; the controller does not retry.
 	ExitFailed = 1
 	// ExitTransient: a transient failure outlasted the command's own retries; the controller
-	// may run it again.
-	ExitTransient = 2
+	// may run it again. (Not 2, which is what a Go program exits with when it panics.)
+	ExitTransient = 3
 	// ExitUsage: the command line was wrong.
 	ExitUsage = 64
 )

@@ -1,0 +1,153 @@
+package importer
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// runMain runs the importer command and returns its exit code, result and log.
+func runMain(t *testing.T, args ...string) (int, *transfer.Result, string) {
+	t.Helper()
+	term := filepath.Join(t.TempDir(), "termination-log")
+	var log bytes.Buffer
+	code := Main(t.Context(), append([]string{"--termination-message-path", term, "--metrics-addr", "",
+		"--retries", "2"}, args...), &log)
+	msg, err := os.ReadFile(term)
+	if err != nil {
+		t.Fatalf("no termination message (exit %d): %v\n%s", code, err, log.String())
+	}
+	if len(msg) > 4096 {
+		t.Errorf("termination message of %d bytes exceeds the kubelet's 4096", len(msg))
+	}
+	res, err := transfer.ReadResult(string(msg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, res, log.String()
+}
+
+// TestCommand checks the command's contract: exit codes and the JSON result.
+func TestCommand(t *testing.T) {
+	dir := t.TempDir()
+	raw := makeRaw(t, dir)
+	qcow := convertTo(t, raw, "qcow2")
+	url := serve(t, &fileServer{path: qcow})
+
+	target := filepath.Join(t.TempDir(), "disk.img")
+	code, res, log := runMain(t, "--url", url, "--target", target, "--checksum", sha256File(t, qcow))
+	if code != transfer.ExitSucceeded || !res.Succeeded {
+		t.Fatalf("exit %d, result %+v\n%s", code, res, log)
+	}
+	sameDisk(t, raw, target)
+	if res.Format != "qcow2" || res.VirtualSize != fixtureSize || res.Digest != sha256File(t, qcow) ||
+		res.BytesRead == 0 || res.BytesWritten == 0 || res.DurationSeconds <= 0 {
+		t.Errorf("incomplete result: %+v", res)
+	}
+
+	code, res, _ = runMain(t, "--url", serve(t, &fileServer{path: "x", status: 404}), "--target", filepath.Join(t.TempDir(), "disk.img"))
+	if code != transfer.ExitFailed || res.Reason != transfer.ReasonSourceNotFound || res.Transient || res.Message == "" {
+		t.Errorf("404: exit %d, result %+v", code, res)
+	}
+	code, res, _ = runMain(t, "--url", serve(t, &fileServer{path: "x", fail503: 100}), "--target", filepath.Join(t.TempDir(), "disk.img"))
+	if code != transfer.ExitTransient || res.Reason != transfer.ReasonSourceUnavailable || !res.Transient {
+		t.Errorf("503: exit %d, result %+v", code, res)
+	}
+	code, res, _ = runMain(t, "--source", "blank", "--blank-size", "1048576", "--target", filepath.Join(t.TempDir(), "disk.img"))
+	if code != 0 || res.VirtualSize != 1<<20 {
+		t.Errorf("blank: exit %d, result %+v", code, res)
+	}
+	code, res, _ = runMain(t, "--source", "carrier-pigeon", "--target", "x")
+	if code != transfer.ExitFailed || res.Reason != transfer.ReasonInvalidArgument {
+		t.Errorf("unknown source: exit %d, result %+v", code, res)
+	}
+	if code := Main(t.Context(), []string{"--no-such-flag"}, io.Discard); code != transfer.ExitUsage {
+		t.Errorf("bad flag: exit %d, want %d", code, transfer.ExitUsage)
+	}
+}
+
+// TestCommandCredentials sends basic auth and headers read from mounted Secret files.
+func TestCommandCredentials(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	files := &fileServer{path: raw}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, pass, ok := r.BasicAuth()
+		if !ok || user != "alice" || pass != "s3cret" || r.Header.Get("X-Token") != "abc" || r.Header.Get("X-Tenant") != "blue" {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		files.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	secrets := t.TempDir()
+	writeFile(t, filepath.Join(secrets, "username"), []byte("alice\n"))
+	writeFile(t, filepath.Join(secrets, "password"), []byte("s3cret"))
+	writeFile(t, filepath.Join(secrets, "tenant"), []byte("X-Tenant: blue"))
+	target := filepath.Join(t.TempDir(), "disk.img")
+	code, res, log := runMain(t, "--url", srv.URL+"/disk.raw", "--target", target, "--auth-dir", secrets,
+		"--header", "X-Token: abc", "--header-file", filepath.Join(secrets, "tenant"))
+	if code != 0 {
+		t.Fatalf("exit %d, result %+v\n%s", code, res, log)
+	}
+	sameDisk(t, raw, target)
+
+	code, res, _ = runMain(t, "--url", srv.URL+"/disk.raw", "--target", target)
+	if code != transfer.ExitFailed || res.Reason != transfer.ReasonSourceForbidden {
+		t.Errorf("without credentials: exit %d, result %+v", code, res)
+	}
+	code, res, _ = runMain(t, "--url", srv.URL+"/disk.raw", "--target", target, "--header", "X-Token abc")
+	if code != transfer.ExitFailed || !strings.Contains(res.Message, `must be written "Name: value"`) {
+		t.Errorf("malformed header: exit %d, result %+v", code, res)
+	}
+}
+
+// TestCommandMetrics reads the progress metrics while a slow import runs.
+func TestCommandMetrics(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	url := serve(t, &fileServer{path: raw, slow: 5 * time.Millisecond}) // about 5 s for 64 MiB
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(t.Context(), []string{"--url", url, "--target", filepath.Join(t.TempDir(), "disk.img"),
+			"--metrics-addr", addr, "--termination-message-path", "", "--progress-interval", "100ms"}, io.Discard)
+	}()
+	var body string
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + addr + "/metrics") //nolint:gosec // loopback
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+			if strings.Contains(body, "diskpipe_transfer_bytes_total 6.7108864e+07") &&
+				!strings.Contains(body, "diskpipe_transfer_bytes_done 0\n") {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, want := range []string{"diskpipe_transfer_bytes_total 6.7108864e+07", "diskpipe_transfer_bytes_done", "diskpipe_transfer_bytes_per_second"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if code := <-done; code != 0 {
+		t.Errorf("exit %d", code)
+	}
+}

@@ -1,0 +1,113 @@
+package importer
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// memSource is an in-memory source with random access.
+type memSource struct{ data []byte }
+
+func (m *memSource) String() string { return "memory" }
+func (m *memSource) Open(context.Context) (Object, error) {
+	return &memObject{data: m.data}, nil
+}
+
+type memObject struct{ data []byte }
+
+func (o *memObject) Size() int64        { return int64(len(o.data)) }
+func (o *memObject) RandomAccess() bool { return true }
+func (o *memObject) Close() error       { return nil }
+func (o *memObject) ReadRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
+	end := int64(len(o.data))
+	if n >= 0 {
+		end = min(end, off+n)
+	}
+	return io.NopCloser(bytes.NewReader(o.data[off:end])), nil
+}
+
+// qcow2Seeds returns small real images made by qemu-img.
+func qcow2Seeds(f *testing.F) [][]byte {
+	dir := f.TempDir()
+	raw := filepath.Join(dir, "seed.raw")
+	data := bytes.Repeat([]byte("seed"), 16<<10)
+	if err := os.WriteFile(raw, data, 0o600); err != nil {
+		f.Fatal(err)
+	}
+	var seeds [][]byte
+	for _, opts := range [][]string{{"-o", "compat=0.10"}, {"-c"}, {"-o", "cluster_size=512"}} {
+		out := filepath.Join(dir, "seed.qcow2")
+		args := append([]string{"convert", "-f", "raw", "-O", "qcow2"}, opts...)
+		cmdOut, err := execCommand("qemu-img", append(args, raw, out)...)
+		if err != nil {
+			f.Fatalf("qemu-img: %v\n%s", err, cmdOut)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			f.Fatal(err)
+		}
+		seeds = append(seeds, b)
+	}
+	return seeds
+}
+
+// FuzzSniff: detection never panics, and a compressed stream is never also an image.
+func FuzzSniff(f *testing.F) {
+	for _, s := range [][]byte{[]byte("QFI\xfb\x00\x00\x00\x03"), {0x1f, 0x8b}, []byte("vhdxfile"), []byte("conectix"), {}} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, head []byte) {
+		if sniffCompression(head) != CompressionNone && sniffFormat(head) != FormatRaw {
+			t.Errorf("%x is both compressed and an image", head[:min(8, len(head))])
+		}
+	})
+}
+
+// FuzzQcow2Header: the header check never panics, and what it accepts is consistent.
+func FuzzQcow2Header(f *testing.F) {
+	for _, s := range qcow2Seeds(f) {
+		f.Add(s[:min(len(s), 4096)], int64(len(s)))
+	}
+	f.Fuzz(func(t *testing.T, head []byte, size int64) {
+		h, err := parseQcow2Header(head, size)
+		if err != nil {
+			if transfer.ReasonOf(err) == transfer.ReasonInternal {
+				t.Errorf("unclassified error: %v", err)
+			}
+			return
+		}
+		if h.Version != 2 && h.Version != 3 || h.ClusterBits < 9 || h.ClusterBits > 21 || h.CryptMethod != 0 || h.Size == 0 {
+			t.Errorf("accepted an invalid header: %+v", h)
+		}
+	})
+}
+
+// FuzzImportQcow2 imports arbitrary bytes that start like a qcow2 image into a small target:
+// the importer must end with success or a classified error, never a panic or a hang.
+func FuzzImportQcow2(f *testing.F) {
+	for _, s := range qcow2Seeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 4 {
+			return
+		}
+		data = append([]byte("QFI\xfb"), data[4:]...) // spend mutations past the magic
+		target := filepath.Join(t.TempDir(), "disk.img")
+		ctx, cancel := context.WithTimeout(t.Context(), 10e9)
+		defer cancel()
+		res, err := Import(ctx, Options{Source: &memSource{data: data}, Target: target, Capacity: 8 << 20, Retry: fastRetry})
+		if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
+			t.Errorf("unclassified error: %v", err)
+		}
+		if err == nil && res.VirtualSize > 8<<20 {
+			t.Errorf("imported %d bytes into an 8 MiB volume", res.VirtualSize)
+		}
+	})
+}
