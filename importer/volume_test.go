@@ -163,4 +163,3 @@ func sameBytes(t *testing.T, a, b string) {
 		t.Errorf("%s and %s differ", a, b)
 	}
 }
-
