@@ -76,6 +76,13 @@ fuzz: setup ## Run each fuzz target for FUZZTIME (default 10s); found crashers l
 		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) ./$$pkg/ || exit 1; \
 	done
 
+.PHONY: bench-import
+bench-import: setup build ## Import a 4 GiB qcow2 over HTTP beside curl and qemu-img; prints the ratios.
+	go run ./test/bench import
+
+.PHONY: bench
+bench: bench-import ## Run every benchmark.
+
 .PHONY: demo
 demo: ## Run the whole pipeline on a local cluster (coming with the local cluster).
 	@echo "make demo: the local cluster and the demo are coming (issue: local cluster, make demo and end-to-end suites)."

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -46,6 +47,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		interval    = fs.Duration("progress-interval", 5*time.Second, "how often progress is logged")
 		termPath    = fs.String("termination-message-path", "/dev/termination-log", "where the JSON result is written (empty: nowhere)")
 		memLimit    = fs.Int64("memory-limit", 128<<20, "soft limit of the Go heap in bytes")
+		cpuProfile  = fs.String("cpu-profile", "", "write a CPU profile to this file (for performance work)")
 	)
 	fs.Var(&headers, "header", "http: a header sent with every request, \"Name: value\" (repeatable)")
 	fs.Var(&headerFiles, "header-file", "http: a file (a mounted Secret key) holding a header \"Name: value\" (repeatable)")
@@ -54,6 +56,12 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	debug.SetMemoryLimit(*memLimit)
+	if *cpuProfile != "" {
+		if f, err := os.Create(*cpuProfile); err == nil {
+			_ = pprof.StartCPUProfile(f)
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
+	}
 
 	o := Options{
 		Target: *target, Capacity: *capacity, Overhead: *overhead, Checksum: *checksum, Format: Format(*format),
