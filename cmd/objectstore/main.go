@@ -1,0 +1,41 @@
+// Command objectstore runs diskpipe's bundled S3-compatible object store (versitygw, POSIX
+// backend). Credentials come from files (a mounted Secret) or the environment.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/diskpipe/diskpipe/objectstore"
+)
+
+func main() {
+	var cfg objectstore.ServerConfig
+	var access, secret string
+	flag.StringVar(&cfg.Dir, "data-dir", "/data", "directory holding the buckets")
+	flag.StringVar(&cfg.Listen, "listen", ":9000", "address of the S3 API")
+	flag.StringVar(&access, "access-key", "", "root access key, or @file (default $DISKPIPE_S3_ACCESS_KEY)")
+	flag.StringVar(&secret, "secret-key", "", "root secret key, or @file (default $DISKPIPE_S3_SECRET_KEY)")
+	flag.StringVar(&cfg.Region, "region", "us-east-1", "region reported to clients")
+	flag.StringVar(&cfg.CertFile, "tls-cert", "", "TLS certificate (with --tls-key)")
+	flag.StringVar(&cfg.KeyFile, "tls-key", "", "TLS key (with --tls-cert)")
+	flag.StringVar(&cfg.VirtualDomain, "virtual-domain", "", "domain for virtual-host-style requests")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if cfg.AccessKey, err = objectstore.ReadSecret(access, "DISKPIPE_S3_ACCESS_KEY"); err == nil {
+		cfg.SecretKey, err = objectstore.ReadSecret(secret, "DISKPIPE_S3_SECRET_KEY")
+	}
+	if err == nil {
+		err = objectstore.Serve(ctx, cfg)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "objectstore:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,174 @@
+package objectstore
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/minio/minio-go/v7/pkg/s3utils"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// ClientConfig says how to reach an S3-compatible store.
+type ClientConfig struct {
+	// Endpoint is the store's URL, http:// or https://.
+	Endpoint string
+	// Region of the bucket; empty lets the client discover it.
+	Region string
+	// BucketLookup is "Auto" (default), "Path" or "VirtualHost".
+	BucketLookup string
+	// AccessKey and SecretKey sign requests; both empty means anonymous.
+	AccessKey, SecretKey string
+	// CAFile is a PEM bundle that replaces the system roots.
+	CAFile string
+	// Insecure skips verification of the store's certificate.
+	Insecure bool
+}
+
+// LoadCredentials reads the keys "accessKeyId" and "secretAccessKey" of a Secret mounted at
+// dir into c.
+func (c *ClientConfig) LoadCredentials(dir string) error {
+	ak, err1 := os.ReadFile(filepath.Join(dir, "accessKeyId"))    //nolint:gosec // a mounted Secret
+	sk, err2 := os.ReadFile(filepath.Join(dir, "secretAccessKey")) //nolint:gosec // a mounted Secret
+	if err := errors.Join(err1, err2); err != nil {
+		return transfer.Permanent(transfer.ReasonInvalidArgument, "reading S3 credentials: %w", err)
+	}
+	c.AccessKey, c.SecretKey = strings.TrimSpace(string(ak)), strings.TrimSpace(string(sk))
+	return nil
+}
+
+// Client is a minio-go client with diskpipe's error handling.
+type Client struct {
+	*minio.Client
+	endpoint *url.URL
+}
+
+// NewClient returns a client for c.
+func NewClient(c ClientConfig) (*Client, error) {
+	u, err := url.Parse(c.Endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "S3 endpoint %q must be an http:// or https:// URL", c.Endpoint)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "S3 endpoint %q must not have a path", c.Endpoint)
+	}
+	lookup := minio.BucketLookupAuto
+	switch c.BucketLookup {
+	case "", "Auto":
+	case "Path":
+		lookup = minio.BucketLookupPath
+	case "VirtualHost":
+		lookup = minio.BucketLookupDNS
+	default:
+		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "bucket lookup %q must be Auto, Path or VirtualHost", c.BucketLookup)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.Insecure} //nolint:gosec // the user's choice
+	tr.MaxIdleConnsPerHost = 32
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading CA bundle: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "CA bundle %s holds no PEM certificate", c.CAFile)
+		}
+		tr.TLSClientConfig.RootCAs = pool
+	}
+	creds := credentials.NewStaticV4(c.AccessKey, c.SecretKey, "")
+	if c.AccessKey == "" && c.SecretKey == "" {
+		creds = credentials.New(&credentials.Static{}) // anonymous
+	}
+	mc, err := minio.New(u.Host, &minio.Options{
+		Creds: creds, Secure: u.Scheme == "https", Region: c.Region, BucketLookup: lookup, Transport: tr,
+		MaxRetries: 1, // diskpipe retries with its own policy and reasons
+	})
+	if err != nil {
+		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "S3 client for %s: %w", c.Endpoint, err)
+	}
+	return &Client{Client: mc, endpoint: u}, nil
+}
+
+// CheckBucketName says clearly why a bucket name is not valid for S3.
+func CheckBucketName(bucket string) error {
+	if err := s3utils.CheckValidBucketNameStrict(bucket); err != nil {
+		return transfer.Permanent(transfer.ReasonInvalidArgument,
+			"bucket name %q is not valid: %v (S3 bucket names are 3 to 63 lower-case letters, digits, dots or hyphens)", bucket, err)
+	}
+	return nil
+}
+
+// EnsureBucket creates the bucket unless it exists.
+func (c *Client) EnsureBucket(ctx context.Context, bucket string) error {
+	if err := CheckBucketName(bucket); err != nil {
+		return err
+	}
+	exists, err := c.BucketExists(ctx, bucket)
+	if err != nil {
+		return Classify(err, "checking bucket "+bucket)
+	}
+	if exists {
+		return nil
+	}
+	if err := c.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
+		if e := minio.ToErrorResponse(err); e.Code == "BucketAlreadyOwnedByYou" {
+			return nil
+		}
+		return Classify(err, "creating bucket "+bucket)
+	}
+	return nil
+}
+
+// PresignGet returns a URL that downloads the object with a plain HTTP GET until it expires.
+func (c *Client) PresignGet(ctx context.Context, bucket, object string, expiry time.Duration) (*url.URL, error) {
+	u, err := c.PresignedGetObject(ctx, bucket, object, expiry, nil)
+	if err != nil {
+		return nil, Classify(err, fmt.Sprintf("presigning s3://%s/%s", bucket, object))
+	}
+	return u, nil
+}
+
+// ObjectURL is the s3:// URL of an object, for status and logs.
+func ObjectURL(bucket, object string) string { return "s3://" + bucket + "/" + object }
+
+// Classify turns an S3 or transport error into a transfer error with S3's error code kept in
+// the message.
+func Classify(err error, what string) error {
+	var te *transfer.Error
+	if errors.As(err, &te) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	e := minio.ToErrorResponse(err)
+	if e.Code == "" {
+		return transfer.Transient(transfer.ReasonSourceUnavailable, "%s: %w", what, err)
+	}
+	msg := fmt.Sprintf("%s: %s (%s)", what, e.Message, e.Code)
+	switch e.Code {
+	case "NoSuchBucket":
+		return transfer.Permanent(transfer.ReasonSourceNotFound, "%s: bucket %q does not exist (%s)", what, e.BucketName, e.Code)
+	case "NoSuchKey", "NotFound":
+		return transfer.Permanent(transfer.ReasonSourceNotFound, "%s", msg)
+	case "AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId", "AllAccessDisabled", "ExpiredToken":
+		return transfer.Permanent(transfer.ReasonSourceForbidden, "%s", msg)
+	case "InvalidBucketName", "InvalidArgument", "InvalidRange":
+		return transfer.Permanent(transfer.ReasonInvalidArgument, "%s", msg)
+	case "EntityTooLarge", "QuotaExceeded", "XMinioStorageFull", "StorageFull":
+		return transfer.Permanent(transfer.ReasonTargetError, "%s", msg)
+	}
+	if e.StatusCode >= 500 || e.StatusCode == http.StatusTooManyRequests || e.Code == "SlowDown" {
+		return transfer.Transient(transfer.ReasonSourceUnavailable, "%s", msg)
+	}
+	return transfer.Permanent(transfer.ReasonInvalidArgument, "%s", msg)
+}

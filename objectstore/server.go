@@ -1,0 +1,87 @@
+package objectstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/versity/versitygw/backend/meta"
+	"github.com/versity/versitygw/backend/posix"
+	"github.com/versity/versitygw/embedgw"
+)
+
+// HealthPath answers unauthenticated health checks with 200.
+const HealthPath = "/healthz"
+
+// ServerConfig configures the bundled store.
+type ServerConfig struct {
+	// Dir holds the buckets, one directory each, on a filesystem with extended attributes.
+	Dir string
+	// Listen is the S3 API's address, e.g. ":9000".
+	Listen string
+	// AccessKey and SecretKey are the root credentials.
+	AccessKey, SecretKey string
+	// Region reported to clients (default us-east-1).
+	Region string
+	// CertFile and KeyFile serve TLS when both are set.
+	CertFile, KeyFile string
+	// VirtualDomain enables virtual-host-style requests under this domain.
+	VirtualDomain string
+	// MaxConnections bounds concurrent connections (default 256).
+	MaxConnections int
+}
+
+// Serve runs the store until ctx ends, then shuts it down gracefully.
+func Serve(ctx context.Context, cfg ServerConfig) error {
+	switch {
+	case cfg.Dir == "":
+		return errors.New("objectstore: a data directory is required")
+	case cfg.AccessKey == "" || cfg.SecretKey == "":
+		return errors.New("objectstore: root credentials are required")
+	case cfg.Listen == "":
+		return errors.New("objectstore: a listen address is required")
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o750); err != nil {
+		return fmt.Errorf("objectstore: creating the data directory: %w", err)
+	}
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = 256
+	}
+	be, err := posix.New(cfg.Dir, meta.XattrMeta{}, posix.PosixOpts{})
+	if err != nil {
+		return fmt.Errorf("objectstore: opening %s: %w", cfg.Dir, err)
+	}
+	return embedgw.RunVersityGW(ctx, be, &embedgw.Config{
+		RootUserAccess:    cfg.AccessKey,
+		RootUserSecret:    cfg.SecretKey,
+		Region:            cfg.Region,
+		Ports:             []string{cfg.Listen},
+		MaxConnections:    cfg.MaxConnections,
+		MaxRequests:       cfg.MaxConnections,
+		MultipartMaxParts: 10000,
+		CertFile:          cfg.CertFile,
+		KeyFile:           cfg.KeyFile,
+		VirtualDomain:     cfg.VirtualDomain,
+		HealthPath:        HealthPath,
+		KeepAlive:         true,
+		Quiet:             true,
+	})
+}
+
+// ReadSecret returns the value of a flag that may name a file ("@/path") or an environment
+// variable, so credentials come from a mounted Secret rather than the command line.
+func ReadSecret(value, env string) (string, error) {
+	if value == "" {
+		return os.Getenv(env), nil
+	}
+	if path, ok := strings.CutPrefix(value, "@"); ok {
+		b, err := os.ReadFile(path) //nolint:gosec // a mounted Secret
+		if err != nil {
+			return "", fmt.Errorf("reading %s: %w", path, err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	return value, nil
+}
