@@ -39,7 +39,7 @@ type ClientConfig struct {
 // LoadCredentials reads the keys "accessKeyId" and "secretAccessKey" of a Secret mounted at
 // dir into c.
 func (c *ClientConfig) LoadCredentials(dir string) error {
-	ak, err1 := os.ReadFile(filepath.Join(dir, "accessKeyId"))    //nolint:gosec // a mounted Secret
+	ak, err1 := os.ReadFile(filepath.Join(dir, "accessKeyId"))     //nolint:gosec // a mounted Secret
 	sk, err2 := os.ReadFile(filepath.Join(dir, "secretAccessKey")) //nolint:gosec // a mounted Secret
 	if err := errors.Join(err1, err2); err != nil {
 		return transfer.Permanent(transfer.ReasonInvalidArgument, "reading S3 credentials: %w", err)

@@ -26,7 +26,6 @@ func main() {
 	flag.StringVar(&cfg.VirtualDomain, "virtual-domain", "", "domain for virtual-host-style requests")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	var err error
 	if cfg.AccessKey, err = objectstore.ReadSecret(access, "DISKPIPE_S3_ACCESS_KEY"); err == nil {
 		cfg.SecretKey, err = objectstore.ReadSecret(secret, "DISKPIPE_S3_SECRET_KEY")
@@ -34,6 +33,7 @@ func main() {
 	if err == nil {
 		err = objectstore.Serve(ctx, cfg)
 	}
+	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "objectstore:", err)
 		os.Exit(1)
