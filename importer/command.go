@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/objectstore"
 )
 
 // Main runs the importer command with args (without the program name) and returns its exit
@@ -26,13 +27,19 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("importer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		sourceType  = fs.String("source", "http", "source kind: http, file or blank")
+		sourceType  = fs.String("source", "http", "source kind: http, s3, file or blank")
 		url         = fs.String("url", "", "http: the image's URL")
-		caFile      = fs.String("ca-file", "", "http: PEM CA bundle that verifies the server")
-		insecure    = fs.Bool("insecure", false, "http: skip verification of the server's certificate")
+		caFile      = fs.String("ca-file", "", "http, s3: PEM CA bundle that verifies the server")
+		insecure    = fs.Bool("insecure", false, "http, s3: skip verification of the server's certificate")
 		authDir     = fs.String("auth-dir", "", "http: directory with the files username and password (a mounted Secret) for basic auth")
 		headerFiles = stringList{}
 		headers     = stringList{}
+		endpoint    = fs.String("endpoint", "", "s3: the store's URL")
+		region      = fs.String("region", "", "s3: the bucket's region")
+		lookup      = fs.String("bucket-lookup", "Auto", "s3: Auto, Path or VirtualHost")
+		bucket      = fs.String("bucket", "", "s3: the bucket")
+		object      = fs.String("object", "", "s3: the object")
+		s3Creds     = fs.String("s3-credentials-dir", "", "s3: directory with the files accessKeyId and secretAccessKey (a mounted Secret)")
 		path        = fs.String("path", "", "file: the source disk (a file or block device)")
 		blankSize   = fs.Int64("blank-size", 0, "blank: the disk's size in bytes")
 		target      = fs.String("target", "", "disk.img on a filesystem volume, or a block device")
@@ -80,12 +87,20 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				return err
 			}
 			o.Source = s
+		case "s3":
+			cfg := objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure}
+			if *s3Creds != "" {
+				if err := cfg.LoadCredentials(*s3Creds); err != nil {
+					return err
+				}
+			}
+			o.Source = &S3Source{Config: cfg, Bucket: *bucket, Object: *object}
 		case "file":
 			o.Source, o.Format = &FileSource{Path: *path}, FormatRaw
 		case "blank":
 			o.Blank, o.BlankSize = true, *blankSize
 		default:
-			return transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, file or blank", *sourceType)
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, file or blank", *sourceType)
 		}
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
