@@ -48,7 +48,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		checksum    = fs.String("checksum", "", "expected digest of the source, <sha256|sha512|sha1|md5>:<hex>")
 		format      = fs.String("format", "", "force the format (raw); empty detects it")
 		parallel    = fs.Int("parallel", 8, "ranged requests in flight at once")
-		retries     = fs.Int("retries", DefaultRetryPolicy.Attempts, "attempts of each request before a transient failure ends the import")
+		retries     = fs.Int("retries", transfer.DefaultRetryPolicy.Attempts, "attempts of each request before a transient failure ends the import")
 		stall       = fs.Duration("stall-timeout", time.Minute, "how long a response may send nothing before it is retried")
 		metricsAddr = fs.String("metrics-addr", ":8090", "where progress metrics are served (empty: nowhere)")
 		interval    = fs.Duration("progress-interval", 5*time.Second, "how often progress is logged")
@@ -73,7 +73,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	o := Options{
 		Target: *target, Capacity: *capacity, Overhead: *overhead, Checksum: *checksum, Format: Format(*format),
 		Parallel: *parallel, StallTimeout: *stall, Log: log, Progress: transfer.NewProgress(0),
-		Retry: RetryPolicy{Attempts: *retries, Initial: DefaultRetryPolicy.Initial, Max: DefaultRetryPolicy.Max},
+		Retry: transfer.RetryPolicy{Attempts: *retries, Initial: transfer.DefaultRetryPolicy.Initial, Max: transfer.DefaultRetryPolicy.Max},
 	}
 	res := &transfer.Result{}
 	err := func() error {

@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
 // fixtureSize is the virtual size of the test disk.
@@ -242,7 +244,7 @@ func serve(t *testing.T, s *fileServer) string {
 }
 
 // fastRetry keeps the tests' retries quick.
-var fastRetry = RetryPolicy{Attempts: 4, Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}
+var fastRetry = transfer.RetryPolicy{Attempts: 4, Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}
 
 func execCommand(name string, args ...string) ([]byte, error) {
 	return exec.Command(name, args...).CombinedOutput()

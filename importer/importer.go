@@ -35,7 +35,7 @@ type Options struct {
 	// happens to start like an image header is never interpreted.
 	Format Format
 	// Retry bounds the retries of each request.
-	Retry RetryPolicy
+	Retry transfer.RetryPolicy
 	// StallTimeout is how long a response may send nothing before it is retried (default 60s).
 	StallTimeout time.Duration
 	// Parallel is how many ranged requests are in flight at once (default 8).
@@ -59,7 +59,7 @@ func (o *Options) defaults() {
 		o.Overhead = DefaultOverhead
 	}
 	if o.Retry.Attempts == 0 {
-		o.Retry = DefaultRetryPolicy
+		o.Retry = transfer.DefaultRetryPolicy
 	}
 	if o.StallTimeout == 0 {
 		o.StallTimeout = time.Minute
@@ -104,7 +104,7 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 	}
 
 	var obj Object
-	err := o.Retry.do(ctx, o.Log, "open "+o.Source.String(), func() (err error) {
+	err := o.Retry.Do(ctx, o.Log, "open "+o.Source.String(), func() (err error) {
 		obj, err = o.Source.Open(ctx)
 		return err
 	})

@@ -115,17 +115,26 @@ func parseQcow2Header(head []byte, fileSize int64) (*qcow2Header, error) {
 	return h, nil
 }
 
-// boundedReaderAt turns a read past the end of a random-access image, which a well-formed
-// image never asks for, into a TruncatedImage error that names the offset.
+// boundedReaderAt turns a read that starts past the end of a random-access image, which a
+// well-formed image never asks for, into a TruncatedImage error that names the offset. A read
+// that starts inside the image and runs past its end is short, with io.EOF: the reader asks
+// for a compressed cluster's largest possible span, which may pass the end of the file.
 type boundedReaderAt struct {
 	r    io.ReaderAt
 	size int64
 }
 
 func (b boundedReaderAt) ReadAt(p []byte, off int64) (int, error) {
-	if off+int64(len(p)) > b.size {
+	if off >= b.size {
 		return 0, transfer.Permanent(transfer.ReasonTruncatedImage,
 			"truncated image: it refers to bytes %d to %d, the file has %d", off, off+int64(len(p)), b.size)
+	}
+	if off+int64(len(p)) > b.size {
+		n, err := b.r.ReadAt(p[:b.size-off], off)
+		if err == nil {
+			err = io.EOF
+		}
+		return n, err
 	}
 	return b.r.ReadAt(p, off)
 }

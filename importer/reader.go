@@ -18,7 +18,7 @@ type fetcher struct {
 	ctx   context.Context
 	obj   Object
 	name  string
-	retry RetryPolicy
+	retry transfer.RetryPolicy
 	log   *slog.Logger
 	// stall is how long a response may send nothing before it counts as a transient failure.
 	stall time.Duration
@@ -41,7 +41,7 @@ func (f *fetcher) ReadAt(p []byte, off int64) (int, error) {
 		}
 	}
 	got := 0
-	err := f.retry.do(f.ctx, f.log, fmt.Sprintf("read %d bytes at %d", len(p), off), func() error {
+	err := f.retry.Do(f.ctx, f.log, fmt.Sprintf("read %d bytes at %d", len(p), off), func() error {
 		for got < len(p) {
 			n, err := f.readOnce(p[got:], off+int64(got))
 			got += n
@@ -129,7 +129,7 @@ func (f *fetcher) stream() *stream { return &stream{f: f} }
 
 func (s *stream) Read(p []byte) (int, error) {
 	var n int
-	err := s.f.retry.do(s.f.ctx, s.f.log, fmt.Sprintf("stream at %d", s.pos), func() error {
+	err := s.f.retry.Do(s.f.ctx, s.f.log, fmt.Sprintf("stream at %d", s.pos), func() error {
 		if s.rc == nil {
 			if err := s.open(); err != nil {
 				return err

@@ -164,7 +164,7 @@ func Classify(err error, what string) error {
 		return transfer.Permanent(transfer.ReasonSourceForbidden, "%s", msg)
 	case "InvalidBucketName", "InvalidArgument", "InvalidRange":
 		return transfer.Permanent(transfer.ReasonInvalidArgument, "%s", msg)
-	case "EntityTooLarge", "QuotaExceeded", "XMinioStorageFull", "StorageFull":
+	case "EntityTooLarge", "QuotaExceeded", "XMinioStorageFull", "StorageFull", "InsufficientStorage":
 		return transfer.Permanent(transfer.ReasonTargetError, "%s", msg)
 	}
 	if e.StatusCode >= 500 || e.StatusCode == http.StatusTooManyRequests || e.Code == "SlowDown" {

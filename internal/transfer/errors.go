@@ -26,6 +26,9 @@ const (
 	ReasonTooLarge          Reason = "TooLarge"
 	ReasonNeedsRandomAccess Reason = "NeedsRandomAccess"
 	ReasonTargetError       Reason = "TargetError"
+	ReasonTargetNotFound    Reason = "TargetNotFound"
+	ReasonTargetForbidden   Reason = "TargetForbidden"
+	ReasonTargetUnavailable Reason = "TargetUnavailable"
 	ReasonCancelled         Reason = "Cancelled"
 	ReasonInternal          Reason = "Internal"
 )
@@ -54,6 +57,23 @@ func Transient(reason Reason, format string, args ...any) error {
 func IsTransient(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Transient
+}
+
+// AsTarget renames the reasons of a failure met while writing to a remote store rather than
+// reading from it: the store missing, refusing or away is the target's fault, not a source's.
+func AsTarget(err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	r, ok := map[Reason]Reason{
+		ReasonSourceNotFound: ReasonTargetNotFound, ReasonSourceForbidden: ReasonTargetForbidden,
+		ReasonSourceUnavailable: ReasonTargetUnavailable,
+	}[e.Reason]
+	if !ok {
+		return err
+	}
+	return &Error{Reason: r, Transient: e.Transient, Err: e.Err}
 }
 
 // ReasonOf returns err's reason: its own, Cancelled for a cancelled context, else Internal.

@@ -63,6 +63,12 @@ func build() (string, error) {
 // Start runs a store for the test, stopped when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartIn(t, filepath.Join(t.TempDir(), "data"))
+}
+
+// StartIn runs a store whose data lives in dir.
+func StartIn(t testing.TB, dir string) *Server {
+	t.Helper()
 	bin, err := build()
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +81,7 @@ func Start(t testing.TB) *Server {
 	l.Close()
 	s := &Server{
 		Endpoint: "http://" + addr, AccessKey: "diskpipe-test", SecretKey: "diskpipe-test-secret",
-		Dir: filepath.Join(t.TempDir(), "data"), t: t, addr: addr, log: filepath.Join(t.TempDir(), "objectstore.log"),
+		Dir: dir, t: t, addr: addr, log: filepath.Join(t.TempDir(), "objectstore.log"),
 	}
 	s.start(bin)
 	t.Cleanup(s.Stop)

@@ -1,0 +1,130 @@
+package exporter
+
+import (
+	"context"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/objectstore"
+)
+
+// Main runs the exporter command with args (without the program name) and returns its exit
+// code: 0 exported, 1 failed for good, 3 failed transiently, 64 bad usage. The result is
+// written as JSON to the termination message path.
+func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	start := time.Now()
+	fs := flag.NewFlagSet("exporter", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		source      = fs.String("source", "", "disk.img on a filesystem volume, or a block device")
+		declared    = fs.Int64("size", 0, "the disk's expected size in bytes; a shorter disk fails the export")
+		format      = fs.String("format", "qcow2", "qcow2 or raw")
+		compression = fs.String("compression", "none", "qcow2 cluster compression: none, zlib or zstd")
+		output      = fs.String("output", "", "write to this local file instead of an object store")
+		endpoint    = fs.String("endpoint", "", "the store's URL")
+		region      = fs.String("region", "", "the bucket's region")
+		lookup      = fs.String("bucket-lookup", "Auto", "Auto, Path or VirtualHost")
+		bucket      = fs.String("bucket", "", "the bucket")
+		object      = fs.String("object", "", "the object")
+		createBkt   = fs.Bool("create-bucket", false, "create the bucket if it does not exist")
+		s3Creds     = fs.String("s3-credentials-dir", "", "directory with the files accessKeyId and secretAccessKey (a mounted Secret)")
+		caFile      = fs.String("ca-file", "", "PEM CA bundle that verifies the store")
+		insecure    = fs.Bool("insecure", false, "skip verification of the store's certificate")
+		partSize    = fs.Int("part-size", 16<<20, "smallest multipart part in bytes")
+		parallel    = fs.Int("parallel-uploads", 4, "parts uploaded at once")
+		workers     = fs.Int("workers", 4, "goroutines reading and compressing clusters")
+		metricsAddr = fs.String("metrics-addr", ":8090", "where progress metrics are served (empty: nowhere)")
+		interval    = fs.Duration("progress-interval", 5*time.Second, "how often progress is logged")
+		termPath    = fs.String("termination-message-path", "/dev/termination-log", "where the JSON result is written (empty: nowhere)")
+		memLimit    = fs.Int64("memory-limit", 192<<20, "soft limit of the Go heap in bytes")
+	)
+	if err := fs.Parse(args); err != nil {
+		return transfer.ExitUsage
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	debug.SetMemoryLimit(*memLimit)
+	progress := transfer.NewProgress(0)
+	res := &transfer.Result{}
+	err := func() error {
+		if *source == "" {
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "--source is required")
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		sink, where, err := openSink(ctx, sinkFlags{
+			output: *output, bucket: *bucket, object: *object, createBucket: *createBkt, partSize: *partSize, parallel: *parallel,
+			client:   objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure},
+			credsDir: *s3Creds, source: *source, format: *format, compression: *compression, log: log,
+		})
+		if err != nil {
+			return err
+		}
+		if *metricsAddr != "" {
+			if _, err := progress.Serve(ctx, *metricsAddr); err != nil {
+				return transfer.Permanent(transfer.ReasonInvalidArgument, "serving metrics: %w", err)
+			}
+		}
+		go progress.Report(ctx, log, *interval)
+		log.Info("Exporting", "source", *source, "to", where, "format", *format, "compression", *compression)
+		res, err = Export(ctx, Options{Source: *source, DeclaredSize: *declared, Format: Format(*format),
+			Compression: Compression(*compression), Sink: sink, Workers: *workers, Progress: progress, Log: log})
+		res.URL = where
+		return err
+	}()
+	if err != nil {
+		res.Fail(err)
+		log.Error("Export failed", "reason", res.Reason, "transient", res.Transient, "err", err)
+	} else {
+		log.Info("Exported", "url", res.URL, "bytes", res.BytesWritten, "digest", res.Digest, "seconds", time.Since(start).Seconds())
+	}
+	if ferr := res.Finish(start, *termPath); ferr != nil {
+		log.Error("Could not write the result", "err", ferr)
+	}
+	return res.ExitCode()
+}
+
+type sinkFlags struct {
+	output, bucket, object string
+	createBucket           bool
+	partSize, parallel     int
+	client                 objectstore.ClientConfig
+	credsDir               string
+	source, format         string
+	compression            string
+	log                    *slog.Logger
+}
+
+// openSink opens the local file or starts the multipart upload.
+func openSink(ctx context.Context, f sinkFlags) (Sink, string, error) {
+	if f.output != "" {
+		s, err := NewFileSink(f.output)
+		return s, f.output, err
+	}
+	if f.credsDir != "" {
+		if err := f.client.LoadCredentials(f.credsDir); err != nil {
+			return nil, "", err
+		}
+	}
+	c, err := objectstore.NewClient(f.client)
+	if err != nil {
+		return nil, "", err
+	}
+	size := int64(0)
+	if d, err := os.Open(f.source); err == nil {
+		size, _ = d.Seek(0, io.SeekEnd) // a device's size too: an upper bound of the image's, for the part size
+		d.Close()
+	}
+	s, err := NewMultipartSink(ctx, c, SinkOptions{
+		Bucket: f.bucket, Object: f.object, ExpectedSize: size, PartSize: f.partSize, Parallel: f.parallel,
+		Log: f.log, CreateBucket: f.createBucket,
+		Metadata: map[string]string{"diskpipe-format": f.format, "diskpipe-compression": f.compression,
+			"diskpipe-source-size": strconv.FormatInt(size, 10)},
+	})
+	return s, objectstore.ObjectURL(f.bucket, f.object), err
+}
