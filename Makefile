@@ -80,8 +80,12 @@ fuzz: setup ## Run each fuzz target for FUZZTIME (default 10s); found crashers l
 bench-import: setup build ## Import a 4 GiB qcow2 over HTTP beside curl and qemu-img; prints the ratios.
 	go run ./test/bench import
 
+.PHONY: bench-export
+bench-export: setup build ## Export a 4 GiB disk to the bundled store beside qemu-img convert + aws s3 cp.
+	go run ./test/bench export
+
 .PHONY: bench
-bench: bench-import ## Run every benchmark.
+bench: bench-import bench-export ## Run every benchmark.
 
 .PHONY: demo
 demo: ## Run the whole pipeline on a local cluster (coming with the local cluster).

@@ -34,6 +34,7 @@ type MultipartSink struct {
 	cur  []byte
 	part int
 	sem  chan struct{}
+	free chan []byte // part buffers, Parallel+1 of them, reused
 	wg   sync.WaitGroup
 	ctx  context.Context
 
@@ -84,6 +85,7 @@ func NewMultipartSink(ctx context.Context, c *objectstore.Client, o SinkOptions)
 	s := &MultipartSink{
 		client: c, core: minio.Core{Client: c.Client}, bucket: o.Bucket, object: o.Object, partSize: o.PartSize,
 		retry: o.Retry, log: o.Log, sem: make(chan struct{}, o.Parallel), ctx: ctx,
+		free: make(chan []byte, o.Parallel+1),
 	}
 	if o.CreateBucket {
 		if err := c.EnsureBucket(ctx, o.Bucket); err != nil {
@@ -106,7 +108,7 @@ func NewMultipartSink(ctx context.Context, c *objectstore.Client, o SinkOptions)
 	if err != nil {
 		return nil, err
 	}
-	s.cur = make([]byte, 0, s.partSize)
+	s.cur = s.buffer()
 	return s, nil
 }
 
@@ -160,16 +162,32 @@ func (s *MultipartSink) failed() error {
 	return s.err
 }
 
+// buffer returns a free part buffer, or a new one while fewer than Parallel+1 exist.
+func (s *MultipartSink) buffer() []byte {
+	select {
+	case b := <-s.free:
+		return b[:0]
+	default:
+		return make([]byte, 0, s.partSize)
+	}
+}
+
 // flush uploads the current part in the background, once a slot is free.
 func (s *MultipartSink) flush() {
 	s.sem <- struct{}{}
 	s.part++
 	num, data := s.part, s.cur
-	s.cur = make([]byte, 0, s.partSize)
+	s.cur = s.buffer()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer func() { <-s.sem }()
+		defer func() {
+			select {
+			case s.free <- data:
+			default:
+			}
+		}()
 		var part minio.ObjectPart
 		err := s.retry.Do(s.ctx, s.log, fmt.Sprintf("upload part %d", num), func() error {
 			var err error

@@ -26,6 +26,8 @@ func main() {
 	switch os.Args[1] {
 	case "import":
 		err = benchImport(root, work)
+	case "export":
+		err = benchExport(root, work)
 	default:
 		err = fmt.Errorf("unknown benchmark %q", os.Args[1])
 	}
@@ -45,6 +47,7 @@ type measurement struct {
 	wall    time.Duration
 	peakRSS int64 // bytes
 	bytes   int64 // bytes the contender processed, for MB/s
+	written int64 // bytes the process itself wrote to block devices
 }
 
 func (m measurement) String() string {

@@ -12,7 +12,13 @@ import (
 
 // timed runs a command and measures its wall time and peak RSS.
 func timed(name string, bytes int64, cmd string, args ...string) (measurement, error) {
+	return timedEnv(name, bytes, nil, cmd, args...)
+}
+
+// timedEnv is timed with extra environment variables.
+func timedEnv(name string, bytes int64, env []string, cmd string, args ...string) (measurement, error) {
 	c := exec.Command(cmd, args...)
+	c.Env = append(os.Environ(), env...)
 	var out strings.Builder
 	c.Stdout, c.Stderr = &out, &out
 	start := time.Now()
@@ -23,6 +29,7 @@ func timed(name string, bytes int64, cmd string, args ...string) (measurement, e
 	}
 	if ru, ok := c.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		m.peakRSS = ru.Maxrss * 1024
+		m.written = ru.Oublock * 512
 	}
 	return m, nil
 }
