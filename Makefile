@@ -66,7 +66,7 @@ test: setup tools ## Run every test: unit, envtest integration, end to end.
 	go test $(GO_TEST_FLAGS) ./...
 
 FUZZTIME ?= 10s
-FUZZ_TARGETS := importer:FuzzSniff importer:FuzzQcow2Header importer:FuzzImportQcow2
+FUZZ_TARGETS := importer:FuzzSniff importer:FuzzQcow2Header importer:FuzzImportQcow2 importer:FuzzImportMapped
 
 .PHONY: fuzz
 fuzz: setup ## Run each fuzz target for FUZZTIME (default 10s); found crashers land in testdata/fuzz.

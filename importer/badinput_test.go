@@ -144,7 +144,16 @@ func TestBadImages(t *testing.T) {
 	truncatedXz := filepath.Join(dir, "truncated.raw.xz")
 	writeFile(t, truncatedXz, xb[:len(xb)/2])
 
-	vmdk := convertTo(t, raw, "vmdk")
+	vmdkBase := convertTo(t, raw, "vmdk")
+	vmdkChild := filepath.Join(dir, "child.vmdk")
+	runTool(t, "qemu-img", "create", "-f", "vmdk", "-b", vmdkBase, "-F", "vmdk", vmdkChild)
+	vmdkFlat := filepath.Join(dir, "flat.vmdk")
+	runTool(t, "qemu-img", "create", "-f", "vmdk", "-o", "subformat=monolithicFlat", vmdkFlat, "64M")
+	vdi := convertTo(t, raw, "vdi")
+	vb, _ := os.ReadFile(vdi)
+	truncatedVDI := filepath.Join(dir, "truncated.vdi")
+	writeFile(t, truncatedVDI, vb[:300])
+	vhdx := convertTo(t, raw, "vhdx")
 
 	for _, c := range []struct {
 		name, path string
@@ -158,7 +167,10 @@ func TestBadImages(t *testing.T) {
 		{"qcow2 header cut short", headerOnly, transfer.ReasonTruncatedImage, "the header needs 72 bytes"},
 		{"malformed qcow2 header", garbage, transfer.ReasonMalformedImage, "cluster bits 40"},
 		{"truncated xz", truncatedXz, transfer.ReasonMalformedImage, "xz"},
-		{"vmdk", vmdk, transfer.ReasonUnsupportedFormat, "vmdk images are not supported yet"},
+		{"vmdk with a parent", vmdkChild, transfer.ReasonBackingFile, "the vmdk image has a parent"},
+		{"vmdk descriptor only", vmdkFlat, transfer.ReasonUnsupportedFormat, "a descriptor whose data lies in other files"},
+		{"truncated vdi", truncatedVDI, transfer.ReasonTruncatedImage, "the header needs"},
+		{"vhdx", vhdx, transfer.ReasonUnsupportedFormat, "vhdx images are not supported yet"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			url := serve(t, &fileServer{path: c.path})

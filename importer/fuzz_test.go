@@ -111,3 +111,35 @@ func FuzzImportQcow2(f *testing.F) {
 		}
 	})
 }
+
+// FuzzImportMapped imports arbitrary bytes shaped like vmdk, vpc and vdi images.
+func FuzzImportMapped(f *testing.F) {
+	dir := f.TempDir()
+	raw := filepath.Join(dir, "seed.raw")
+	if err := os.WriteFile(raw, bytes.Repeat([]byte("seed"), 512<<10), 0o600); err != nil {
+		f.Fatal(err)
+	}
+	for _, args := range [][]string{{"-O", "vmdk"}, {"-O", "vmdk", "-o", "subformat=streamOptimized"}, {"-O", "vpc"}, {"-O", "vdi"}} {
+		out := filepath.Join(dir, "seed.img")
+		if b, err := execCommand("qemu-img", append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
+			f.Fatalf("qemu-img: %v\n%s", err, b)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		target := filepath.Join(t.TempDir(), "disk.img")
+		ctx, cancel := context.WithTimeout(t.Context(), 10e9)
+		defer cancel()
+		res, err := Import(ctx, Options{Source: &memSource{data: data}, Target: target, Capacity: 8 << 20, Retry: fastRetry})
+		if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
+			t.Errorf("unclassified error: %v", err)
+		}
+		if err == nil && res.VirtualSize > 8<<20 {
+			t.Errorf("imported %d bytes into an 8 MiB volume", res.VirtualSize)
+		}
+	})
+}

@@ -3,6 +3,7 @@ package importer
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 
 	qcow2reader "github.com/lima-vm/go-qcow2reader"
 	"github.com/lima-vm/go-qcow2reader/convert"
+	"github.com/lima-vm/go-qcow2reader/image"
 	"github.com/lima-vm/go-qcow2reader/image/qcow2"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -125,10 +127,14 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 			return err
 		}
 		if sniffCompression(head) == CompressionNone {
-			switch format := sniffFormat(head); format {
-			case FormatQcow2:
-				return importQcow2(ctx, o, f, head, cs, t, res)
-			case FormatVMDK, FormatVHDX, FormatVPC, FormatVDI:
+			format := sniffFormat(head)
+			if format == FormatRaw && isFixedVHD(f) {
+				format = FormatVPC
+			}
+			switch format {
+			case FormatQcow2, FormatVMDK, FormatVPC, FormatVDI:
+				return importRandom(ctx, o, f, format, head, cs, t, res)
+			case FormatVHDX:
 				return unsupported(format)
 			}
 		}
@@ -136,29 +142,64 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 	return importStream(o, f, cs, t, res)
 }
 
+// isFixedVHD reports whether the image ends with the footer of a fixed VHD, the one format
+// whose only mark is at its end (qemu's probing takes such images for raw and keeps the
+// footer as data).
+func isFixedVHD(f *fetcher) bool {
+	size := f.obj.Size()
+	if size < 1024 {
+		return false
+	}
+	tail := make([]byte, 512)
+	if _, err := f.ReadAt(tail, size-512); err != nil && !errors.Is(err, io.EOF) {
+		return false
+	}
+	return string(tail[:8]) == "conectix" && binary.BigEndian.Uint32(tail[60:]) == 2
+}
+
 func unsupported(f Format) error {
 	return transfer.Permanent(transfer.ReasonUnsupportedFormat,
 		"%s images are not supported yet: convert it with 'qemu-img convert -O qcow2' first", f)
 }
 
-// importQcow2 converts a qcow2 image read at random, fetching only its allocated clusters,
-// except when a checksum must be verified: then a hasher reads the whole file in order
-// through the same cache.
-func importQcow2(ctx context.Context, o *Options, f *fetcher, head []byte, cs *checksum, t *Target, res *transfer.Result) error {
+// openImage opens a random-access image of the given format over ra.
+func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Image, error) {
+	switch format {
+	case FormatQcow2:
+		if _, err := parseQcow2Header(head, size); err != nil {
+			return nil, err
+		}
+		img, err := qcow2.Open(ra, qcow2reader.OpenWithType)
+		if err != nil {
+			return nil, imageError(err)
+		}
+		if err := img.Readable(); err != nil {
+			img.Close()
+			return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "the qcow2 image cannot be read: %w", err)
+		}
+		return img, nil
+	case FormatVPC:
+		return openVPC(ra, size)
+	case FormatVDI:
+		return openVDI(ra)
+	case FormatVMDK:
+		return openVMDK(ra, size)
+	}
+	return nil, unsupported(format)
+}
+
+// importRandom converts an image read at random (qcow2, vmdk, vpc, vdi), fetching only its
+// allocated clusters, except when a checksum must be verified: then a hasher reads the whole
+// file in order through the same cache.
+func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, head []byte, cs *checksum, t *Target, res *transfer.Result) error {
 	size := f.obj.Size()
-	if _, err := parseQcow2Header(head, size); err != nil {
+	cache := newBlockCache(f, size, cacheBlockSize, cacheBlocks, o.Parallel, readahead)
+	img, err := openImage(format, head, boundedReaderAt{r: cache, size: size}, size)
+	if err != nil {
 		return err
 	}
-	cache := newBlockCache(f, size, cacheBlockSize, cacheBlocks, o.Parallel, readahead)
-	img, err := qcow2.Open(boundedReaderAt{r: cache, size: size}, qcow2reader.OpenWithType)
-	if err != nil {
-		return imageError(err)
-	}
 	defer img.Close()
-	if err := img.Readable(); err != nil {
-		return transfer.Permanent(transfer.ReasonUnsupportedFormat, "the qcow2 image cannot be read: %w", err)
-	}
-	res.Format, res.VirtualSize = string(FormatQcow2), img.Size()
+	res.Format, res.VirtualSize = string(format), img.Size()
 	o.Progress.SetTotal(img.Size())
 	if err := t.Prepare(img.Size()); err != nil {
 		return err
@@ -244,16 +285,16 @@ func importStream(o *Options, f *fetcher, cs *checksum, t *Target, res *transfer
 		format = sniffFormat(head)
 	}
 	switch format {
-	case FormatQcow2:
+	case FormatQcow2, FormatVMDK, FormatVPC, FormatVDI:
 		why := "the server does not support Range requests"
 		if comp != CompressionNone {
 			why = fmt.Sprintf("it is wrapped in %s", comp)
 		}
 		return transfer.Permanent(transfer.ReasonNeedsRandomAccess,
-			"the source is a qcow2 image and %s, but qcow2 needs random access and diskpipe keeps no scratch copy: "+
+			"the source is a %s image and %s, but %s needs random access and diskpipe keeps no scratch copy: "+
 				"serve it uncompressed from a server that supports Range (compress its clusters with 'qemu-img convert -c' instead), "+
-				"or convert it to raw", why)
-	case FormatVMDK, FormatVHDX, FormatVPC, FormatVDI:
+				"or convert it to raw", format, why, format)
+	case FormatVHDX:
 		return unsupported(format)
 	}
 

@@ -125,20 +125,48 @@ func (t *Target) zero() error {
 	return nil
 }
 
-// WriteAt writes p at off.
+// WriteAt writes p at off, skipping the 4 KiB blocks (aligned to the disk, so that they
+// become holes) that hold only zeros: the target was prepared all-zero, so nothing is lost.
 func (t *Target) WriteAt(p []byte, off int64) (int, error) {
 	if end := off + int64(len(p)); end > t.usable {
 		return 0, t.fits(end)
 	}
+	for done := 0; done < len(p); {
+		// The run of zero blocks, then the run of data blocks, from here.
+		zeros := done
+		for zeros < len(p) && isZero(p[zeros:blockEnd(p, off, zeros)]) {
+			zeros = blockEnd(p, off, zeros)
+		}
+		data := zeros
+		for data < len(p) && !isZero(p[data:blockEnd(p, off, data)]) {
+			data = blockEnd(p, off, data)
+		}
+		if data > zeros {
+			if err := t.write(p[zeros:data], off+int64(zeros)); err != nil {
+				return zeros, err
+			}
+		}
+		done = data
+	}
+	return len(p), nil
+}
+
+// blockEnd is the index in p where the disk block holding p[i] ends.
+func blockEnd(p []byte, off int64, i int) int {
+	abs := off + int64(i)
+	return min(len(p), i+int(sparseBlock-abs%sparseBlock))
+}
+
+func (t *Target) write(p []byte, off int64) error {
 	n, err := t.f.WriteAt(p, off)
 	t.written.Add(int64(n))
 	if err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
-			return n, transfer.Permanent(transfer.ReasonTargetError, "the target volume is full after %s: %w", bytesString(t.Written()), err)
+			return transfer.Permanent(transfer.ReasonTargetError, "the target volume is full after %s: %w", bytesString(t.Written()), err)
 		}
-		return n, transfer.Permanent(transfer.ReasonTargetError, "writing %s: %w", t.path, err)
+		return transfer.Permanent(transfer.ReasonTargetError, "writing %s: %w", t.path, err)
 	}
-	return n, nil
+	return nil
 }
 
 // Finish sets the disk's final size (a file is truncated to it) and flushes it to stable
@@ -165,7 +193,7 @@ func (t *Target) Wipe() error {
 	return os.Remove(t.path)
 }
 
-// sparseWriter writes a stream at increasing offsets, skipping blocks of zeros.
+// sparseWriter writes a stream at increasing offsets; the target skips its zeros.
 type sparseWriter struct {
 	t   *Target
 	off int64
@@ -176,28 +204,11 @@ const sparseBlock = 4096
 var zeroBlock [sparseBlock]byte
 
 func (w *sparseWriter) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		// Skip leading zero blocks, then write the run of non-zero blocks that follows.
-		skip := 0
-		for skip < len(p) && isZero(p[skip:min(skip+sparseBlock, len(p))]) {
-			skip += min(sparseBlock, len(p)-skip)
-		}
-		run := skip
-		for run < len(p) && !isZero(p[run:min(run+sparseBlock, len(p))]) {
-			run += min(sparseBlock, len(p)-run)
-		}
-		if run > skip {
-			if _, err := w.t.WriteAt(p[skip:run], w.off+int64(skip)); err != nil {
-				return 0, err
-			}
-		} else if end := w.off + int64(run); end > w.t.usable {
-			return 0, w.t.fits(end)
-		}
-		w.off += int64(run)
-		p = p[run:]
+	if _, err := w.t.WriteAt(p, w.off); err != nil {
+		return 0, err
 	}
-	return n, nil
+	w.off += int64(len(p))
+	return len(p), nil
 }
 
 func isZero(b []byte) bool { return bytes.Equal(b, zeroBlock[:len(b)]) }
