@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/zlib"
 	"encoding/binary"
+	"errors"
 	"io"
 	"regexp"
 
@@ -109,7 +110,7 @@ func readVMDKGrain(ra io.ReaderAt, host int64, p []byte) error {
 		return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk grain at %d: %w", host, err)
 	}
 	got, err := io.ReadFull(zr, p)
-	if err != nil && err != io.ErrUnexpectedEOF {
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk grain at %d: %w", host, err)
 	}
 	clear(p[got:]) // the last grain of a disk may be short
