@@ -117,7 +117,7 @@ func TestBadImages(t *testing.T) {
 	// LUKS key setup times the CPU and now and then fails on a busy VM ("Unable to get
 	// accurate CPU usage"): try a few times.
 	for attempt := 1; ; attempt++ {
-		out, err := execCommand("qemu-img", "create", "--object", "secret,id=sec0,data=123456", "-f", "qcow2",
+		out, err := qemuImgOutput("create", "--object", "secret,id=sec0,data=123456", "-f", "qcow2",
 			"-o", "encrypt.format=luks,encrypt.key-secret=sec0,encrypt.iter-time=10", encrypted, "64M")
 		if err == nil {
 			break

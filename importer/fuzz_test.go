@@ -11,18 +11,24 @@ import (
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
-// memSource is an in-memory source with random access.
-type memSource struct{ data []byte }
+// memSource is an in-memory source, with random access unless sequential.
+type memSource struct {
+	data       []byte
+	sequential bool
+}
 
 func (m *memSource) String() string { return "memory" }
 func (m *memSource) Open(context.Context) (Object, error) {
-	return &memObject{data: m.data}, nil
+	return &memObject{data: m.data, random: !m.sequential}, nil
 }
 
-type memObject struct{ data []byte }
+type memObject struct {
+	data   []byte
+	random bool
+}
 
 func (o *memObject) Size() int64        { return int64(len(o.data)) }
-func (o *memObject) RandomAccess() bool { return true }
+func (o *memObject) RandomAccess() bool { return o.random }
 func (o *memObject) Close() error       { return nil }
 func (o *memObject) ReadRange(_ context.Context, off, n int64) (io.ReadCloser, error) {
 	end := int64(len(o.data))
@@ -44,7 +50,7 @@ func qcow2Seeds(f *testing.F) [][]byte {
 	for _, opts := range [][]string{{"-o", "compat=0.10"}, {"-c"}, {"-o", "cluster_size=512"}} {
 		out := filepath.Join(dir, "seed.qcow2")
 		args := append([]string{"convert", "-f", "raw", "-O", "qcow2"}, opts...)
-		cmdOut, err := execCommand("qemu-img", append(args, raw, out)...)
+		cmdOut, err := qemuImgOutput(append(args, raw, out)...)
 		if err != nil {
 			f.Fatalf("qemu-img: %v\n%s", err, cmdOut)
 		}
@@ -88,8 +94,9 @@ func FuzzQcow2Header(f *testing.F) {
 	})
 }
 
-// FuzzImportQcow2 imports arbitrary bytes that start like a qcow2 image into a small target:
-// the importer must end with success or a classified error, never a panic or a hang.
+// FuzzImportQcow2 imports arbitrary bytes that start like a qcow2 image into a small target,
+// read at random and as a stream: the importer must end with success or a classified error,
+// never a panic or a hang.
 func FuzzImportQcow2(f *testing.F) {
 	for _, s := range qcow2Seeds(f) {
 		f.Add(s)
@@ -99,15 +106,17 @@ func FuzzImportQcow2(f *testing.F) {
 			return
 		}
 		data = append([]byte("QFI\xfb"), data[4:]...) // spend mutations past the magic
-		target := filepath.Join(t.TempDir(), "disk.img")
-		ctx, cancel := context.WithTimeout(t.Context(), 10e9)
-		defer cancel()
-		res, err := Import(ctx, Options{Source: &memSource{data: data}, Target: target, Capacity: 8 << 20, Retry: fastRetry})
-		if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
-			t.Errorf("unclassified error: %v", err)
-		}
-		if err == nil && res.VirtualSize > 8<<20 {
-			t.Errorf("imported %d bytes into an 8 MiB volume", res.VirtualSize)
+		for _, sequential := range []bool{false, true} {
+			target := filepath.Join(t.TempDir(), "disk.img")
+			ctx, cancel := context.WithTimeout(t.Context(), 10e9)
+			res, err := Import(ctx, Options{Source: &memSource{data: data, sequential: sequential}, Target: target, Capacity: 8 << 20, Retry: fastRetry})
+			cancel()
+			if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
+				t.Errorf("sequential %v: unclassified error: %v", sequential, err)
+			}
+			if err == nil && res.VirtualSize > 8<<20 {
+				t.Errorf("sequential %v: imported %d bytes into an 8 MiB volume", sequential, res.VirtualSize)
+			}
 		}
 	})
 }
@@ -121,7 +130,7 @@ func FuzzImportMapped(f *testing.F) {
 	}
 	for _, args := range [][]string{{"-O", "vmdk"}, {"-O", "vmdk", "-o", "subformat=streamOptimized"}, {"-O", "vpc"}, {"-O", "vdi"}} {
 		out := filepath.Join(dir, "seed.img")
-		if b, err := execCommand("qemu-img", append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
+		if b, err := qemuImgOutput(append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
 			f.Fatalf("qemu-img: %v\n%s", err, b)
 		}
 		b, err := os.ReadFile(out)

@@ -246,6 +246,6 @@ func serve(t *testing.T, s *fileServer) string {
 // fastRetry keeps the tests' retries quick.
 var fastRetry = transfer.RetryPolicy{Attempts: 4, Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}
 
-func execCommand(name string, args ...string) ([]byte, error) {
-	return exec.Command(name, args...).CombinedOutput()
+func qemuImgOutput(args ...string) ([]byte, error) {
+	return exec.Command("qemu-img", args...).CombinedOutput()
 }

@@ -285,15 +285,20 @@ func importStream(o *Options, f *fetcher, cs *checksum, t *Target, res *transfer
 		format = sniffFormat(head)
 	}
 	switch format {
-	case FormatQcow2, FormatVMDK, FormatVPC, FormatVDI:
+	case FormatQcow2:
+		vsize, err := importQcow2Stream(data, head, t, o.Progress)
+		if err != nil {
+			return streamError(comp, err)
+		}
+		return finishStream(src, cs, t, res, format, comp, vsize)
+	case FormatVMDK, FormatVPC, FormatVDI:
 		why := "the server does not support Range requests"
 		if comp != CompressionNone {
 			why = fmt.Sprintf("it is wrapped in %s", comp)
 		}
 		return transfer.Permanent(transfer.ReasonNeedsRandomAccess,
 			"the source is a %s image and %s, but %s needs random access and diskpipe keeps no scratch copy: "+
-				"serve it uncompressed from a server that supports Range (compress its clusters with 'qemu-img convert -c' instead), "+
-				"or convert it to raw", format, why, format)
+				"serve it uncompressed from a server that supports Range, or convert it to qcow2 or raw", format, why, format)
 	case FormatVHDX:
 		return unsupported(format)
 	}
@@ -309,19 +314,24 @@ func importStream(o *Options, f *fetcher, cs *checksum, t *Target, res *transfer
 	if _, err := io.CopyBuffer(w, data, make([]byte, copyBufferSize)); err != nil {
 		return streamError(comp, err)
 	}
-	// Hash what follows the compressed stream's end too: the checksum covers the whole source.
+	if format == FormatISO {
+		format = FormatRaw
+	}
+	return finishStream(src, cs, t, res, format, comp, w.off)
+}
+
+// finishStream reads what follows the image in the source, so the checksum covers all of it,
+// verifies the checksum, and completes the target.
+func finishStream(src io.Reader, cs *checksum, t *Target, res *transfer.Result, format Format, comp Compression, vsize int64) error {
 	if _, err := io.Copy(io.Discard, src); err != nil {
 		return err
 	}
-	res.Format, res.Compression, res.VirtualSize = string(format), string(comp), w.off
-	if format == FormatISO {
-		res.Format = string(FormatRaw)
-	}
+	res.Format, res.Compression, res.VirtualSize = string(format), string(comp), vsize
 	res.Digest = cs.digest()
 	if err := cs.verify(); err != nil {
 		return err
 	}
-	return t.Finish(w.off)
+	return t.Finish(vsize)
 }
 
 func streamError(comp Compression, err error) error {

@@ -119,27 +119,49 @@ func TestFormats(t *testing.T) {
 	}
 }
 
-// TestNoRangeServer streams raw and compressed raw from a server that ignores Range, and
-// refuses a qcow2 from it with the documented reason.
+// TestNoRangeServer streams raw, compressed raw, and qcow2 images (plain, with compressed
+// clusters, inside xz and gzip) from a server that ignores Range, and refuses a vmdk from it
+// with the documented reason.
 func TestNoRangeServer(t *testing.T) {
 	dir := t.TempDir()
 	raw := makeRaw(t, dir)
-	for _, src := range []string{raw, compress(t, raw, "xz")} {
-		t.Run(filepath.Base(src), func(t *testing.T) {
-			s := &fileServer{path: src, noRange: true}
-			target, _ := mustImport(t, t.TempDir(), Options{Source: &HTTPSource{URL: serve(t, s)}})
+	qcow := convertTo(t, raw, "qcow2")
+	for _, c := range []struct {
+		name, path string
+		format     string
+	}{
+		{"raw", raw, "raw"},
+		{"raw.xz", compress(t, raw, "xz"), "raw"},
+		{"qcow2", qcow, "qcow2"},
+		{"qcow2 v2", convertTo(t, raw, "qcow2", "-o", "compat=0.10"), "qcow2"},
+		{"qcow2 zlib clusters", convertTo(t, raw, "qcow2", "-c"), "qcow2"},
+		{"qcow2 zstd clusters", convertTo(t, raw, "qcow2", "-c", "-o", "compression_type=zstd"), "qcow2"},
+		{"qcow2 4k clusters", convertTo(t, raw, "qcow2", "-o", "cluster_size=4096"), "qcow2"},
+		{"qcow2.xz", compress(t, qcow, "xz"), "qcow2"},
+		{"qcow2.gz", compress(t, qcow, "gzip"), "qcow2"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &fileServer{path: c.path, noRange: true}
+			want := sha256File(t, c.path)
+			target, res := mustImport(t, t.TempDir(), Options{Source: &HTTPSource{URL: serve(t, s)}, Checksum: want})
 			sameDisk(t, raw, target)
+			if res.Format != c.format || res.VirtualSize != fixtureSize || res.Digest != want {
+				t.Errorf("result %+v", res)
+			}
 		})
 	}
-	t.Run("qcow2", func(t *testing.T) {
-		s := &fileServer{path: convertTo(t, raw, "qcow2"), noRange: true}
+	t.Run("vmdk", func(t *testing.T) {
+		s := &fileServer{path: convertTo(t, raw, "vmdk"), noRange: true}
 		target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: serve(t, s)}})
 		wantFailure(t, target, err, transfer.ReasonNeedsRandomAccess, false, "the server does not support Range requests")
 	})
-	t.Run("qcow2.xz", func(t *testing.T) {
-		s := &fileServer{path: compress(t, convertTo(t, raw, "qcow2"), "xz")}
+	t.Run("truncated qcow2", func(t *testing.T) {
+		b, _ := os.ReadFile(qcow)
+		cut := filepath.Join(t.TempDir(), "cut.qcow2")
+		writeFile(t, cut, b[:len(b)/2])
+		s := &fileServer{path: cut, noRange: true}
 		target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: serve(t, s)}})
-		wantFailure(t, target, err, transfer.ReasonNeedsRandomAccess, false, "it is wrapped in xz")
+		wantFailure(t, target, err, transfer.ReasonTruncatedImage, false, "missing from the stream")
 	})
 }
 

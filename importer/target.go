@@ -213,6 +213,18 @@ func (w *sparseWriter) Write(p []byte) (int, error) {
 
 func isZero(b []byte) bool { return bytes.Equal(b, zeroBlock[:len(b)]) }
 
+// isZeroBlocks reports whether b, of any length, holds only zeros.
+func isZeroBlocks(b []byte) bool {
+	for len(b) > 0 {
+		n := min(len(b), sparseBlock)
+		if !isZero(b[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
 // bytesString prints n bytes for a human, e.g. "4.0 GiB (4294967296 bytes)".
 func bytesString(n int64) string {
 	const unit = 1024

@@ -48,7 +48,7 @@ func allZero(t *testing.T, path string) bool {
 	buf := make([]byte, 1<<20)
 	for {
 		n, err := f.Read(buf)
-		if !isZero32(buf[:n]) {
+		if !isZeroBlocks(buf[:n]) {
 			return false
 		}
 		if err == io.EOF {
@@ -58,17 +58,6 @@ func allZero(t *testing.T, path string) bool {
 			t.Fatal(err)
 		}
 	}
-}
-
-func isZero32(b []byte) bool {
-	for len(b) > 0 {
-		n := min(len(b), sparseBlock)
-		if !isZero(b[:n]) {
-			return false
-		}
-		b = b[n:]
-	}
-	return true
 }
 
 // TestBlockTarget imports into a block device: the image's bytes, and zeros beyond them
