@@ -3,7 +3,7 @@
 # Go tools and the Kubernetes binaries are built from Go modules by the Makefile.
 set -euo pipefail
 
-packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux)
+packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

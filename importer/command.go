@@ -27,10 +27,10 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("importer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		sourceType  = fs.String("source", "http", "source kind: http, s3, file or blank")
-		url         = fs.String("url", "", "http: the image's URL")
-		caFile      = fs.String("ca-file", "", "http, s3: PEM CA bundle that verifies the server")
-		insecure    = fs.Bool("insecure", false, "http, s3: skip verification of the server's certificate")
+		sourceType  = fs.String("source", "http", "source kind: http, s3, registry, file or blank")
+		url         = fs.String("url", "", "http: the image's URL; registry: docker://registry/repository:tag or oci-archive:/path")
+		caFile      = fs.String("ca-file", "", "http, s3, registry: PEM CA bundle that verifies the server")
+		insecure    = fs.Bool("insecure", false, "http, s3, registry: skip verification of the server's certificate (registry: allow plain HTTP)")
 		authDir     = fs.String("auth-dir", "", "http: directory with the files username and password (a mounted Secret) for basic auth")
 		headerFiles = stringList{}
 		headers     = stringList{}
@@ -40,6 +40,8 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		bucket      = fs.String("bucket", "", "s3: the bucket")
 		object      = fs.String("object", "", "s3: the object")
 		s3Creds     = fs.String("s3-credentials-dir", "", "s3: directory with the files accessKeyId and secretAccessKey (a mounted Secret)")
+		authFile    = fs.String("registry-auth-file", "", "registry: a .dockerconfigjson with the registry's credentials")
+		arch        = fs.String("architecture", "", "registry: the architecture to pick from an index (default: this machine's)")
 		path        = fs.String("path", "", "file: the source disk (a file or block device)")
 		blankSize   = fs.Int64("blank-size", 0, "blank: the disk's size in bytes")
 		target      = fs.String("target", "", "disk.img on a filesystem volume, or a block device")
@@ -95,12 +97,14 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				}
 			}
 			o.Source = &S3Source{Config: cfg, Bucket: *bucket, Object: *object}
+		case "registry":
+			o.Source = &RegistrySource{URL: *url, AuthFile: *authFile, CAFile: *caFile, Insecure: *insecure, Architecture: *arch}
 		case "file":
 			o.Source, o.Format = &FileSource{Path: *path}, FormatRaw
 		case "blank":
 			o.Blank, o.BlankSize = true, *blankSize
 		default:
-			return transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, file or blank", *sourceType)
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, registry, file or blank", *sourceType)
 		}
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
