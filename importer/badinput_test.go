@@ -153,7 +153,9 @@ func TestBadImages(t *testing.T) {
 	vb, _ := os.ReadFile(vdi)
 	truncatedVDI := filepath.Join(dir, "truncated.vdi")
 	writeFile(t, truncatedVDI, vb[:300])
-	vhdx := convertTo(t, raw, "vhdx")
+	hb, _ := os.ReadFile(convertTo(t, raw, "vhdx"))
+	truncatedVHDX := filepath.Join(dir, "truncated.vhdx")
+	writeFile(t, truncatedVHDX, hb[:200<<10])
 
 	for _, c := range []struct {
 		name, path string
@@ -170,7 +172,7 @@ func TestBadImages(t *testing.T) {
 		{"vmdk with a parent", vmdkChild, transfer.ReasonBackingFile, "the vmdk image has a parent"},
 		{"vmdk descriptor only", vmdkFlat, transfer.ReasonUnsupportedFormat, "a descriptor whose data lies in other files"},
 		{"truncated vdi", truncatedVDI, transfer.ReasonTruncatedImage, "the header needs"},
-		{"vhdx", vhdx, transfer.ReasonUnsupportedFormat, "vhdx images are not supported yet"},
+		{"truncated vhdx", truncatedVHDX, transfer.ReasonTruncatedImage, "truncated vhdx image"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			url := serve(t, &fileServer{path: c.path})

@@ -128,7 +128,7 @@ func FuzzImportMapped(f *testing.F) {
 	if err := os.WriteFile(raw, bytes.Repeat([]byte("seed"), 512<<10), 0o600); err != nil {
 		f.Fatal(err)
 	}
-	for _, args := range [][]string{{"-O", "vmdk"}, {"-O", "vmdk", "-o", "subformat=streamOptimized"}, {"-O", "vpc"}, {"-O", "vdi"}} {
+	for _, args := range [][]string{{"-O", "vmdk"}, {"-O", "vmdk", "-o", "subformat=streamOptimized"}, {"-O", "vpc"}, {"-O", "vdi"}, {"-O", "vhdx"}} {
 		out := filepath.Join(dir, "seed.img")
 		if b, err := qemuImgOutput(append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
 			f.Fatalf("qemu-img: %v\n%s", err, b)

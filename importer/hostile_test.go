@@ -26,7 +26,7 @@ func TestHostileImages(t *testing.T) {
 	var images [][]byte
 	for _, args := range [][]string{
 		{"-O", "qcow2"}, {"-O", "qcow2", "-c"}, {"-O", "qcow2", "-o", "compat=0.10,cluster_size=4096"},
-		{"-O", "vmdk"}, {"-O", "vmdk", "-o", "subformat=streamOptimized"}, {"-O", "vpc"}, {"-O", "vdi"},
+		{"-O", "vmdk"}, {"-O", "vmdk", "-o", "subformat=streamOptimized"}, {"-O", "vpc"}, {"-O", "vdi"}, {"-O", "vhdx"},
 	} {
 		out := filepath.Join(dir, "seed.img")
 		if b, err := qemuImgOutput(append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {

@@ -132,10 +132,8 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 				format = FormatVPC
 			}
 			switch format {
-			case FormatQcow2, FormatVMDK, FormatVPC, FormatVDI:
+			case FormatQcow2, FormatVMDK, FormatVPC, FormatVDI, FormatVHDX:
 				return importRandom(ctx, o, f, format, head, cs, t, res)
-			case FormatVHDX:
-				return unsupported(format)
 			}
 		}
 	}
@@ -155,11 +153,6 @@ func isFixedVHD(f *fetcher) bool {
 		return false
 	}
 	return string(tail[:8]) == "conectix" && binary.BigEndian.Uint32(tail[60:]) == 2
-}
-
-func unsupported(f Format) error {
-	return transfer.Permanent(transfer.ReasonUnsupportedFormat,
-		"%s images are not supported yet: convert it with 'qemu-img convert -O qcow2' first", f)
 }
 
 // openImage opens a random-access image of the given format over ra.
@@ -184,11 +177,13 @@ func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Im
 		return openVDI(ra)
 	case FormatVMDK:
 		return openVMDK(ra, size)
+	case FormatVHDX:
+		return openVHDX(ra, size)
 	}
-	return nil, unsupported(format)
+	return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "%s images are not supported", format)
 }
 
-// importRandom converts an image read at random (qcow2, vmdk, vpc, vdi), fetching only its
+// importRandom converts an image read at random (qcow2, vmdk, vpc, vdi, vhdx), fetching only its
 // allocated clusters, except when a checksum must be verified: then a hasher reads the whole
 // file in order through the same cache.
 func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, head []byte, cs *checksum, t *Target, res *transfer.Result) error {
@@ -291,7 +286,7 @@ func importStream(o *Options, f *fetcher, cs *checksum, t *Target, res *transfer
 			return streamError(comp, err)
 		}
 		return finishStream(src, cs, t, res, format, comp, vsize)
-	case FormatVMDK, FormatVPC, FormatVDI:
+	case FormatVMDK, FormatVPC, FormatVDI, FormatVHDX:
 		why := "the server does not support Range requests"
 		if comp != CompressionNone {
 			why = fmt.Sprintf("it is wrapped in %s", comp)
@@ -299,8 +294,6 @@ func importStream(o *Options, f *fetcher, cs *checksum, t *Target, res *transfer
 		return transfer.Permanent(transfer.ReasonNeedsRandomAccess,
 			"the source is a %s image and %s, but %s needs random access and diskpipe keeps no scratch copy: "+
 				"serve it uncompressed from a server that supports Range, or convert it to qcow2 or raw", format, why, format)
-	case FormatVHDX:
-		return unsupported(format)
 	}
 
 	size := int64(0)
