@@ -6,9 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strconv"
-	"time"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -18,9 +16,10 @@ import (
 // code: 0 exported, 1 failed for good, 3 failed transiently, 64 bad usage. The result is
 // written as JSON to the termination message path.
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
-	start := time.Now()
 	fs := flag.NewFlagSet("exporter", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	cmd := transfer.NewCommand(stderr)
+	cmd.Flags(fs, 192<<20)
 	var (
 		source      = fs.String("source", "", "disk.img on a filesystem volume, or a block device")
 		declared    = fs.Int64("size", 0, "the disk's expected size in bytes; a shorter disk fails the export")
@@ -39,54 +38,28 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		partSize    = fs.Int("part-size", 16<<20, "smallest multipart part in bytes")
 		parallel    = fs.Int("parallel-uploads", 4, "parts uploaded at once")
 		workers     = fs.Int("workers", 4, "goroutines reading and compressing clusters")
-		metricsAddr = fs.String("metrics-addr", ":8090", "where progress metrics are served (empty: nowhere)")
-		interval    = fs.Duration("progress-interval", 5*time.Second, "how often progress is logged")
-		termPath    = fs.String("termination-message-path", "/dev/termination-log", "where the JSON result is written (empty: nowhere)")
-		memLimit    = fs.Int64("memory-limit", 192<<20, "soft limit of the Go heap in bytes")
 	)
 	if err := fs.Parse(args); err != nil {
 		return transfer.ExitUsage
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, nil))
-	debug.SetMemoryLimit(*memLimit)
-	progress := transfer.NewProgress(0)
-	res := &transfer.Result{}
-	err := func() error {
+	return cmd.Run(ctx, "Export", func(ctx context.Context) (*transfer.Result, error) {
 		if *source == "" {
-			return transfer.Permanent(transfer.ReasonInvalidArgument, "--source is required")
+			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--source is required")
 		}
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
 		sink, where, err := openSink(ctx, sinkFlags{
 			output: *output, bucket: *bucket, object: *object, createBucket: *createBkt, partSize: *partSize, parallel: *parallel,
 			client:   objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure},
-			credsDir: *s3Creds, source: *source, format: *format, compression: *compression, log: log,
+			credsDir: *s3Creds, source: *source, format: *format, compression: *compression, log: cmd.Log,
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if *metricsAddr != "" {
-			if _, err := progress.Serve(ctx, *metricsAddr); err != nil {
-				return transfer.Permanent(transfer.ReasonInvalidArgument, "serving metrics: %w", err)
-			}
-		}
-		go progress.Report(ctx, log, *interval)
-		log.Info("Exporting", "source", *source, "to", where, "format", *format, "compression", *compression)
-		res, err = Export(ctx, Options{Source: *source, DeclaredSize: *declared, Format: Format(*format),
-			Compression: Compression(*compression), Sink: sink, Workers: *workers, Progress: progress, Log: log})
+		cmd.Log.Info("Exporting", "source", *source, "to", where, "format", *format, "compression", *compression)
+		res, err := Export(ctx, Options{Source: *source, DeclaredSize: *declared, Format: Format(*format),
+			Compression: Compression(*compression), Sink: sink, Workers: *workers, Progress: cmd.Progress, Log: cmd.Log})
 		res.URL = where
-		return err
-	}()
-	if err != nil {
-		res.Fail(err)
-		log.Error("Export failed", "reason", res.Reason, "transient", res.Transient, "err", err)
-	} else {
-		log.Info("Exported", "url", res.URL, "bytes", res.BytesWritten, "digest", res.Digest, "seconds", time.Since(start).Seconds())
-	}
-	if ferr := res.Finish(start, *termPath); ferr != nil {
-		log.Error("Could not write the result", "err", ferr)
-	}
-	return res.ExitCode()
+		return res, err
+	})
 }
 
 type sinkFlags struct {

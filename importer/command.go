@@ -6,11 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"time"
@@ -23,9 +21,10 @@ import (
 // code: 0 imported, 1 failed for good, 3 failed transiently, 64 bad usage. The result is
 // written as JSON to the termination message path.
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
-	start := time.Now()
 	fs := flag.NewFlagSet("importer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	cmd := transfer.NewCommand(stderr)
+	cmd.Flags(fs, 128<<20)
 	var (
 		sourceType  = fs.String("source", "http", "source kind: http, s3, registry, file or blank")
 		url         = fs.String("url", "", "http: the image's URL; registry: docker://registry/repository:tag or oci-archive:/path")
@@ -52,10 +51,6 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		parallel    = fs.Int("parallel", 8, "ranged requests in flight at once")
 		retries     = fs.Int("retries", transfer.DefaultRetryPolicy.Attempts, "attempts of each request before a transient failure ends the import")
 		stall       = fs.Duration("stall-timeout", time.Minute, "how long a response may send nothing before it is retried")
-		metricsAddr = fs.String("metrics-addr", ":8090", "where progress metrics are served (empty: nowhere)")
-		interval    = fs.Duration("progress-interval", 5*time.Second, "how often progress is logged")
-		termPath    = fs.String("termination-message-path", "/dev/termination-log", "where the JSON result is written (empty: nowhere)")
-		memLimit    = fs.Int64("memory-limit", 128<<20, "soft limit of the Go heap in bytes")
 		cpuProfile  = fs.String("cpu-profile", "", "write a CPU profile to this file (for performance work)")
 	)
 	fs.Var(&headers, "header", "http: a header sent with every request, \"Name: value\" (repeatable)")
@@ -63,8 +58,6 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return transfer.ExitUsage
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, nil))
-	debug.SetMemoryLimit(*memLimit)
 	if *cpuProfile != "" {
 		if f, err := os.Create(*cpuProfile); err == nil {
 			_ = pprof.StartCPUProfile(f)
@@ -74,26 +67,25 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 
 	o := Options{
 		Target: *target, Capacity: *capacity, Overhead: *overhead, Checksum: *checksum, Format: Format(*format),
-		Parallel: *parallel, StallTimeout: *stall, Log: log, Progress: transfer.NewProgress(0),
+		Parallel: *parallel, StallTimeout: *stall, Log: cmd.Log, Progress: cmd.Progress,
 		Retry: transfer.RetryPolicy{Attempts: *retries, Initial: transfer.DefaultRetryPolicy.Initial, Max: transfer.DefaultRetryPolicy.Max},
 	}
-	res := &transfer.Result{}
-	err := func() error {
+	return cmd.Run(ctx, "Import", func(ctx context.Context) (*transfer.Result, error) {
 		if *target == "" {
-			return transfer.Permanent(transfer.ReasonInvalidArgument, "--target is required")
+			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--target is required")
 		}
 		switch *sourceType {
 		case "http":
 			s := &HTTPSource{URL: *url, CAFile: *caFile, Insecure: *insecure, Header: http.Header{}}
 			if err := s.loadCredentials(*authDir, headers, headerFiles); err != nil {
-				return err
+				return nil, err
 			}
 			o.Source = s
 		case "s3":
 			cfg := objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure}
 			if *s3Creds != "" {
 				if err := cfg.LoadCredentials(*s3Creds); err != nil {
-					return err
+					return nil, err
 				}
 			}
 			o.Source = &S3Source{Config: cfg, Bucket: *bucket, Object: *object}
@@ -104,32 +96,11 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		case "blank":
 			o.Blank, o.BlankSize = true, *blankSize
 		default:
-			return transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, registry, file or blank", *sourceType)
+			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, registry, file or blank", *sourceType)
 		}
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		if *metricsAddr != "" {
-			if _, err := o.Progress.Serve(ctx, *metricsAddr); err != nil {
-				return transfer.Permanent(transfer.ReasonInvalidArgument, "serving metrics: %w", err)
-			}
-		}
-		go o.Progress.Report(ctx, log, *interval)
-		log.Info("Importing", "source", sourceName(o), "target", *target)
-		var err error
-		res, err = Import(ctx, o)
-		return err
-	}()
-	if err != nil {
-		res.Fail(err)
-		log.Error("Import failed", "reason", res.Reason, "transient", res.Transient, "err", err)
-	} else {
-		log.Info("Imported", "format", res.Format, "virtualSize", res.VirtualSize, "bytesRead", res.BytesRead,
-			"bytesWritten", res.BytesWritten, "digest", res.Digest, "seconds", time.Since(start).Seconds())
-	}
-	if ferr := res.Finish(start, *termPath); ferr != nil {
-		log.Error("Could not write the result", "err", ferr)
-	}
-	return res.ExitCode()
+		cmd.Log.Info("Importing", "source", sourceName(o), "target", *target)
+		return Import(ctx, o)
+	})
 }
 
 func sourceName(o Options) string {

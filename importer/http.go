@@ -2,13 +2,10 @@ package importer
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -48,20 +45,10 @@ func (s *HTTPSource) client() (*http.Client, error) {
 	if s.Transport != nil {
 		return &http.Client{Transport: s.Transport}, nil
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: s.Insecure} //nolint:gosec // the user's choice
-	if s.CAFile != "" {
-		pem, err := os.ReadFile(s.CAFile)
-		if err != nil {
-			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading CA bundle: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "CA bundle %s holds no PEM certificate", s.CAFile)
-		}
-		tr.TLSClientConfig.RootCAs = pool
+	tr, err := transfer.HTTPTransport(s.CAFile, s.Insecure)
+	if err != nil {
+		return nil, err
 	}
-	tr.MaxIdleConnsPerHost = 16
 	tr.ResponseHeaderTimeout = time.Minute
 	return &http.Client{Transport: tr}, nil
 }

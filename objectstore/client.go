@@ -2,8 +2,6 @@ package objectstore
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -73,19 +71,9 @@ func NewClient(c ClientConfig) (*Client, error) {
 	default:
 		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "bucket lookup %q must be Auto, Path or VirtualHost", c.BucketLookup)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.Insecure} //nolint:gosec // the user's choice
-	tr.MaxIdleConnsPerHost = 32
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading CA bundle: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "CA bundle %s holds no PEM certificate", c.CAFile)
-		}
-		tr.TLSClientConfig.RootCAs = pool
+	tr, err := transfer.HTTPTransport(c.CAFile, c.Insecure)
+	if err != nil {
+		return nil, err
 	}
 	creds := credentials.NewStaticV4(c.AccessKey, c.SecretKey, "")
 	if c.AccessKey == "" && c.SecretKey == "" {

@@ -5,8 +5,6 @@ package apis_test
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -19,18 +17,7 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) {
-	var err error
-	if env, err = testenv.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
 
 // TestSeedExamples applies every YAML example of seeds 000 and 003 with kubectl, as written.
 // Accepted examples must be stored with every field they set; rejected ones must fail with

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -129,4 +130,20 @@ func (e *Env) EnsureNamespace(ctx context.Context, name string) error {
 		return fmt.Errorf("creating namespace %s: %w", name, err)
 	}
 	return nil
+}
+
+// RunTests is a package's TestMain: it starts a control plane into *env, runs the tests, stops
+// it, and exits.
+func RunTests(m *testing.M, env **Env) {
+	e, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
 }

@@ -1,0 +1,93 @@
+package transfer
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"time"
+)
+
+// Command is what the importer and exporter commands share around their work: the flags for
+// metrics, progress, the result and memory, the metrics and log lines while the work runs,
+// and the result in the termination message and the exit code after it.
+type Command struct {
+	Log      *slog.Logger
+	Progress *Progress
+
+	metricsAddr string
+	interval    time.Duration
+	termPath    string
+	memLimit    int64
+}
+
+// NewCommand returns a Command that logs JSON lines to stderr.
+func NewCommand(stderr io.Writer) *Command {
+	return &Command{Log: slog.New(slog.NewJSONHandler(stderr, nil)), Progress: NewProgress(0)}
+}
+
+// Flags registers the shared flags; memLimit is the command's default heap limit.
+func (c *Command) Flags(fs *flag.FlagSet, memLimit int64) {
+	fs.StringVar(&c.metricsAddr, "metrics-addr", ":8090", "where progress metrics are served (empty: nowhere)")
+	fs.DurationVar(&c.interval, "progress-interval", 5*time.Second, "how often progress is logged")
+	fs.StringVar(&c.termPath, "termination-message-path", "/dev/termination-log", "where the JSON result is written (empty: nowhere)")
+	fs.Int64Var(&c.memLimit, "memory-limit", memLimit, "soft limit of the Go heap in bytes")
+}
+
+// Run runs work with metrics served and progress logged, records its result and returns the
+// exit code. work may return a nil result with its error.
+func (c *Command) Run(ctx context.Context, what string, work func(ctx context.Context) (*Result, error)) int {
+	start := time.Now()
+	debug.SetMemoryLimit(c.memLimit)
+	res, err := func() (*Result, error) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if c.metricsAddr != "" {
+			if _, err := c.Progress.Serve(ctx, c.metricsAddr); err != nil {
+				return nil, Permanent(ReasonInvalidArgument, "serving metrics: %w", err)
+			}
+		}
+		go c.Progress.Report(ctx, c.Log, c.interval)
+		return work(ctx)
+	}()
+	if res == nil {
+		res = &Result{}
+	}
+	if err != nil {
+		res.Fail(err)
+		c.Log.Error(what+" failed", "reason", res.Reason, "transient", res.Transient, "err", err)
+	} else {
+		c.Log.Info(what+" succeeded", "format", res.Format, "virtualSize", res.VirtualSize, "bytesRead", res.BytesRead,
+			"bytesWritten", res.BytesWritten, "digest", res.Digest, "url", res.URL, "seconds", time.Since(start).Seconds())
+	}
+	if ferr := res.Finish(start, c.termPath); ferr != nil {
+		c.Log.Error("Could not write the result", "err", ferr)
+	}
+	return res.ExitCode()
+}
+
+// HTTPTransport returns a transport with the proxy from the environment, verifying servers
+// with the PEM bundle caFile instead of the system roots when it is set.
+func HTTPTransport(caFile string, insecure bool) (*http.Transport, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: insecure} //nolint:gosec // the user's choice
+	tr.MaxIdleConnsPerHost = 32
+	if caFile == "" {
+		return tr, nil
+	}
+	pem, err := os.ReadFile(caFile) //nolint:gosec // a mounted ConfigMap
+	if err != nil {
+		return nil, Permanent(ReasonInvalidArgument, "reading CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, Permanent(ReasonInvalidArgument, "CA bundle %s holds no PEM certificate", caFile)
+	}
+	tr.TLSClientConfig.RootCAs = pool
+	return tr, nil
+}
