@@ -52,6 +52,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		retries     = fs.Int("retries", transfer.DefaultRetryPolicy.Attempts, "attempts of each request before a transient failure ends the import")
 		stall       = fs.Duration("stall-timeout", time.Minute, "how long a response may send nothing before it is retried")
 		cpuProfile  = fs.String("cpu-profile", "", "write a CPU profile to this file (for performance work)")
+		probe       = fs.Bool("probe", false, "only tell the source's format and virtual size (in the result); write nothing")
 	)
 	fs.Var(&headers, "header", "http: a header sent with every request, \"Name: value\" (repeatable)")
 	fs.Var(&headerFiles, "header-file", "http: a file (a mounted Secret key) holding a header \"Name: value\" (repeatable)")
@@ -71,7 +72,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		Retry: transfer.RetryPolicy{Attempts: *retries, Initial: transfer.DefaultRetryPolicy.Initial, Max: transfer.DefaultRetryPolicy.Max},
 	}
 	return cmd.Run(ctx, "Import", func(ctx context.Context) (*transfer.Result, error) {
-		if *target == "" {
+		if *target == "" && !*probe {
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--target is required")
 		}
 		switch *sourceType {
@@ -97,6 +98,13 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			o.Blank, o.BlankSize = true, *blankSize
 		default:
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, registry, file or blank", *sourceType)
+		}
+		if *probe {
+			if o.Source == nil {
+				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--probe needs a source to read")
+			}
+			cmd.Log.Info("Probing", "source", sourceName(o))
+			return Probe(ctx, o)
 		}
 		cmd.Log.Info("Importing", "source", sourceName(o), "target", *target)
 		return Import(ctx, o)

@@ -244,7 +244,7 @@ func registryError(err error, url string) error {
 	msg := strings.ToLower(err.Error())
 	var unauthorized docker.ErrUnauthorizedForCredentials
 	switch {
-	case errors.As(err, &unauthorized) || strings.Contains(msg, "unauthorized") ||
+	case errors.As(err, &unauthorized) || strings.Contains(msg, "unauthorized") || strings.Contains(msg, "authentication required") ||
 		strings.Contains(msg, "denied"):
 		return transfer.Permanent(transfer.ReasonSourceForbidden, "%s: %w", url, err)
 	case strings.Contains(msg, "manifest unknown") || strings.Contains(msg, "name unknown") ||

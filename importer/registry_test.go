@@ -4,11 +4,20 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +26,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -127,6 +138,12 @@ func ociArchive(t *testing.T, img ociImage, tamper bool) string {
 // registry runs Debian's docker-registry (distribution) on a free loopback port.
 func registry(t *testing.T) string {
 	t.Helper()
+	return registryWith(t, "", http.DefaultClient)
+}
+
+// registryWith runs the registry with extra configuration; client checks that it is up.
+func registryWith(t *testing.T, extra string, client *http.Client) string {
+	t.Helper()
 	bin, err := exec.LookPath("docker-registry")
 	if err != nil {
 		t.Skip("docker-registry is not installed (hack/setup.sh installs it): registry pulls are not tested")
@@ -139,14 +156,19 @@ func registry(t *testing.T) string {
 	l.Close()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "config.yml")
-	writeFile(t, cfg, []byte(fmt.Sprintf("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), addr)))
+	writeFile(t, cfg, []byte(fmt.Sprintf("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n%s",
+		filepath.Join(dir, "data"), addr, extra)))
 	cmd := exec.Command(bin, "serve", cfg)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	scheme := "http://"
+	if strings.Contains(extra, "tls:") {
+		scheme = "https://"
+	}
 	for i := 0; ; i++ {
-		resp, err := http.Get("http://" + addr + "/v2/") //nolint:gosec // loopback
+		resp, err := client.Get(scheme + addr + "/v2/")
 		if err == nil {
 			resp.Body.Close()
 			break
@@ -162,34 +184,50 @@ func registry(t *testing.T) string {
 // push uploads blobs and a manifest (or index) with the distribution API.
 func push(t *testing.T, addr, repo, tag string, manifest blob, mediaType string, blobs []blob) {
 	t.Helper()
+	pushWith(t, http.DefaultClient, "http://"+addr, "", "", repo, tag, manifest, mediaType, blobs)
+}
+
+func pushWith(t *testing.T, c *http.Client, base, user, pass, repo, tag string, manifest blob, mediaType string, blobs []blob) {
+	t.Helper()
+	do := func(method, url string, body []byte, contentType string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, bytes.NewReader(body))
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		if user != "" {
+			req.SetBasicAuth(user, pass)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, url, err)
+		}
+		return resp
+	}
 	for _, b := range blobs {
-		resp, err := http.Post("http://"+addr+"/v2/"+repo+"/blobs/uploads/", "", nil) //nolint:gosec // loopback
-		if err != nil || resp.StatusCode != http.StatusAccepted {
-			t.Fatalf("starting an upload: %v %v", err, resp)
+		resp := do(http.MethodPost, base+"/v2/"+repo+"/blobs/uploads/", nil, "")
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("starting an upload: %v", resp.Status)
 		}
 		resp.Body.Close()
 		loc := resp.Header.Get("Location")
 		if !strings.HasPrefix(loc, "http") {
-			loc = "http://" + addr + loc
+			loc = base + loc
 		}
 		sep := "?"
 		if strings.Contains(loc, "?") {
 			sep = "&"
 		}
-		req, _ := http.NewRequest(http.MethodPut, loc+sep+"digest="+b.digest, bytes.NewReader(b.data))
-		req.Header.Set("Content-Type", "application/octet-stream")
-		resp, err = http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode != http.StatusCreated {
-			t.Fatalf("uploading %s: %v %v", b.digest, err, resp)
+		resp = do(http.MethodPut, loc+sep+"digest="+b.digest, b.data, "application/octet-stream")
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("uploading %s: %v", b.digest, resp.Status)
 		}
 		resp.Body.Close()
 	}
-	req, _ := http.NewRequest(http.MethodPut, "http://"+addr+"/v2/"+repo+"/manifests/"+tag, bytes.NewReader(manifest.data))
-	req.Header.Set("Content-Type", mediaType)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil || resp.StatusCode != http.StatusCreated {
+	resp := do(http.MethodPut, base+"/v2/"+repo+"/manifests/"+tag, manifest.data, mediaType)
+	if resp.StatusCode != http.StatusCreated {
 		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("pushing the manifest: %v %v %s", err, resp, b)
+		t.Fatalf("pushing the manifest: %v %s", resp.Status, b)
 	}
 	resp.Body.Close()
 }
@@ -261,4 +299,65 @@ func TestRegistrySource(t *testing.T) {
 			wantFailure(t, target, err, c.reason, false, c.msg)
 		})
 	}
+}
+
+// TestRegistryCredentials pulls from a registry that serves TLS with a certificate only the
+// given CA bundle trusts and asks for credentials, given as a .dockerconfigjson.
+func TestRegistryCredentials(t *testing.T) {
+	if _, err := exec.LookPath("docker-registry"); err != nil {
+		t.Skip("docker-registry is not installed (hack/setup.sh installs it): registry pulls are not tested")
+	}
+	dir := t.TempDir()
+	raw := makeRaw(t, dir)
+	certPEM, keyPEM := selfSigned(t)
+	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	writeFile(t, cert, certPEM)
+	writeFile(t, key, keyPEM)
+	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	htpasswd := filepath.Join(dir, "htpasswd")
+	writeFile(t, htpasswd, []byte("alice:"+string(hash)+"\n"))
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	addr := registryWith(t, fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\nauth:\n  htpasswd:\n    realm: diskpipe\n    path: %s\n",
+		cert, key, htpasswd), client)
+	img := containerDisk(t, convertTo(t, raw, "qcow2"), "amd64", "disk")
+	pushWith(t, client, "https://"+addr, "alice", "s3cret", "private/disk", "v1", img.manifest,
+		"application/vnd.oci.image.manifest.v1+json", img.blobs)
+
+	auth := filepath.Join(dir, "config.json")
+	writeFile(t, auth, mustJSON(t, map[string]any{"auths": map[string]any{
+		addr: map[string]string{"auth": base64.StdEncoding.EncodeToString([]byte("alice:s3cret"))}}}))
+	url := "docker://" + addr + "/private/disk:v1"
+	target, _ := mustImport(t, t.TempDir(), Options{Source: &RegistrySource{URL: url, CAFile: cert, AuthFile: auth}})
+	sameDisk(t, raw, target)
+
+	target, _, err = importTo(t, t.TempDir(), Options{Source: &RegistrySource{URL: url, CAFile: cert}})
+	wantFailure(t, target, err, transfer.ReasonSourceForbidden, false, "")
+	target, _, err = importTo(t, t.TempDir(), Options{Source: &RegistrySource{URL: url, AuthFile: auth}})
+	wantFailure(t, target, err, transfer.ReasonTLSError, false, "certificate")
+}
+
+// selfSigned makes a certificate for 127.0.0.1 and its key, PEM-encoded.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }

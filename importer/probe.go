@@ -1,0 +1,93 @@
+package importer
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// Probe reads just enough of the source to tell its format and virtual size, so that a
+// controller can size the volume before importing. For a compressed raw stream the virtual
+// size is not known without reading it all: the result says -1.
+func Probe(ctx context.Context, o Options) (*transfer.Result, error) {
+	o.defaults()
+	res := &transfer.Result{VirtualSize: -1}
+	var obj Object
+	err := o.Retry.Do(ctx, o.Log, "open "+o.Source.String(), func() (err error) {
+		obj, err = o.Source.Open(ctx)
+		return err
+	})
+	if err != nil {
+		return res, err
+	}
+	defer obj.Close()
+	f := &fetcher{ctx: ctx, obj: obj, name: o.Source.String(), retry: o.Retry, log: o.Log, stall: o.StallTimeout}
+	defer func() { res.BytesRead = f.read.Load() }()
+
+	if obj.RandomAccess() && o.Format == "" && obj.Size() > 0 {
+		head := make([]byte, min(sniffLen, obj.Size()))
+		if _, err := f.ReadAt(head, 0); err != nil && !errors.Is(err, io.EOF) {
+			return res, err
+		}
+		if sniffCompression(head) == CompressionNone {
+			format := sniffFormat(head)
+			if format == FormatRaw && isFixedVHD(f) {
+				format = FormatVPC
+			}
+			if format != FormatRaw && format != FormatISO {
+				img, err := openImage(format, head, boundedReaderAt{r: f, size: obj.Size()}, obj.Size())
+				if err != nil {
+					return res, err
+				}
+				defer img.Close()
+				res.Format, res.VirtualSize = string(format), img.Size()
+				return res, nil
+			}
+		}
+	}
+	s := f.stream()
+	defer s.Close()
+	src := bufio.NewReaderSize(s, copyBufferSize)
+	head, err := src.Peek(sniffLen)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
+		return res, err
+	}
+	comp := CompressionNone
+	if o.Format == "" {
+		comp = sniffCompression(head)
+	}
+	res.Compression = string(comp)
+	if comp != CompressionNone {
+		dec, err := decompress(comp, src)
+		if err != nil {
+			return res, err
+		}
+		defer dec.Close()
+		if head, err = bufio.NewReaderSize(dec, copyBufferSize).Peek(sniffLen); err != nil && !errors.Is(err, io.EOF) {
+			return res, transfer.Permanent(transfer.ReasonMalformedImage, "malformed %s stream: %w", comp, err)
+		}
+	}
+	format := FormatRaw
+	if o.Format == "" {
+		format = sniffFormat(head)
+	}
+	switch format {
+	case FormatQcow2:
+		h, err := parseQcow2Header(head, -1)
+		if err != nil {
+			return res, err
+		}
+		res.Format, res.VirtualSize = string(format), int64(h.Size) //nolint:gosec // checked by parseQcow2Header
+	case FormatRaw, FormatISO:
+		res.Format = string(FormatRaw)
+		if comp == CompressionNone {
+			res.VirtualSize = obj.Size()
+		}
+	default:
+		res.Format = string(format) // needs random access: the import will say so
+	}
+	return res, nil
+}
