@@ -1,6 +1,5 @@
 // Package manager builds diskpipe's controller-runtime manager: the scheme, health and
-// readiness probes, the metrics endpoint and leader election. Each kind's controller
-// registers itself with the manager it returns.
+// readiness probes, the metrics endpoint, leader election, and the controllers.
 package manager
 
 import (
@@ -13,6 +12,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 )
 
 // Options configure the manager.
@@ -25,6 +27,8 @@ type Options struct {
 	LeaderElection bool
 	// LeaderElectionNamespace holds the leader's Lease; empty means the pod's namespace.
 	LeaderElectionNamespace string
+	// Importer is how importer pods run.
+	Importer importpod.Config
 }
 
 // LeaderElectionID is the name of the Lease the manager's replicas contend for.
@@ -45,6 +49,12 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	if err := image.SetupVirtualMachineImage(mgr, opts.Importer); err != nil {
+		return nil, fmt.Errorf("setting up the VirtualMachineImage controller: %w", err)
+	}
+	if err := image.SetupImageTemplate(mgr, opts.Importer); err != nil {
+		return nil, fmt.Errorf("setting up the ImageTemplate controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding health check: %w", err)

@@ -115,10 +115,16 @@ func (e *Env) Kubectl(ctx context.Context, stdin []byte, args ...string) (stdout
 }
 
 // CreateNamespace creates a namespace with a name generated from prefix and returns its name.
+// Like kube-controller-manager, which envtest does not run, it gives the namespace its default
+// ServiceAccount, without which the apiserver admits no pod.
 func (e *Env) CreateNamespace(ctx context.Context, prefix string) (string, error) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
 	if err := e.Client.Create(ctx, ns); err != nil {
 		return "", fmt.Errorf("creating namespace: %w", err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: ns.Name}}
+	if err := e.Client.Create(ctx, sa); err != nil {
+		return "", fmt.Errorf("creating the default service account: %w", err)
 	}
 	return ns.Name, nil
 }

@@ -1,0 +1,100 @@
+// Package image reconciles golden images — VirtualMachineImage and ImageTemplate — with one
+// core: a golden PVC owned by the image, an importer pod that fills it, and a status computed
+// from what the pod reports. When the spec gives no size, a probe pod reads the source's
+// virtual size first.
+package image
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+)
+
+// Finalizer holds an image until its importer pods and golden PVC are gone.
+const Finalizer = "diskpipe.io/golden-image"
+
+// Labels of the children.
+const (
+	LabelImage  = "diskpipe.io/golden-image"
+	LabelRole   = "diskpipe.io/role"
+	LabelGolden = "diskpipe.io/golden"
+)
+
+// progressInterval is how often a running import's progress is read.
+const progressInterval = 5 * time.Second
+
+// Reconciler reconciles one kind of golden image.
+type Reconciler struct {
+	client.Client
+	// APIReader reads the image itself uncached: a reconcile that acted on a stale copy could
+	// start an import that already finished.
+	APIReader client.Reader
+	Pods      importpod.Config
+	Events    events.EventRecorder
+	// HTTP reads importer metrics.
+	HTTP *http.Client
+
+	newObject func() client.Object
+	adapt     func(client.Object) *goldenImage
+}
+
+// SetupVirtualMachineImage registers the VirtualMachineImage controller.
+func SetupVirtualMachineImage(mgr ctrl.Manager, pods importpod.Config) error {
+	return setup(mgr, pods, "virtualmachineimage", &hypercloud.VirtualMachineImage{},
+		func() client.Object { return &hypercloud.VirtualMachineImage{} }, fromVirtualMachineImage)
+}
+
+// SetupImageTemplate registers the ImageTemplate controller.
+func SetupImageTemplate(mgr ctrl.Manager, pods importpod.Config) error {
+	return setup(mgr, pods, "imagetemplate", &virtualmachine.ImageTemplate{},
+		func() client.Object { return &virtualmachine.ImageTemplate{} }, fromImageTemplate)
+}
+
+func setup(mgr ctrl.Manager, pods importpod.Config, name string, kind client.Object, newObject func() client.Object, adapt func(client.Object) *goldenImage) error {
+	pods.Defaults()
+	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Pods: pods, Events: mgr.GetEventRecorder("diskpipe-" + name),
+		HTTP: &http.Client{Timeout: 2 * time.Second}, newObject: newObject, adapt: adapt}
+	return ctrl.NewControllerManagedBy(mgr).Named(name).For(kind).
+		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Complete(r)
+}
+
+// Reconcile brings one image's import forward.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+	obj := r.newObject()
+	if err := r.APIReader.Get(ctx, req.NamespacedName, obj); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	g := r.adapt(obj)
+	if !obj.GetDeletionTimestamp().IsZero() {
+		return ctrl.Result{}, r.delete(ctx, g)
+	}
+	if controllerutil.AddFinalizer(obj, Finalizer) {
+		if err := r.Update(ctx, obj); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	base := obj.DeepCopyObject().(client.Object)
+	defer func() {
+		if err == nil {
+			g.status.ObservedGeneration = obj.GetGeneration()
+		}
+		// The lock turns a write from a stale view into a conflict, retried, never a lost update.
+		patch := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})
+		if perr := r.Status().Patch(ctx, obj, patch); perr != nil && !apierrors.IsNotFound(perr) {
+			err = fmt.Errorf("patching status: %w", perr)
+		}
+	}()
+	return r.reconcile(ctx, g)
+}

@@ -1,0 +1,302 @@
+package image_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+var (
+	env         *testenv.Env
+	metricsPort int32
+	metricsBody = make(chan string, 1)
+)
+
+func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+
+var managerOnce sync.Once
+
+// startManager runs the controllers (once per test binary: controller names are unique per
+// process) against the test's apiserver; importer pods' metrics are read on 127.0.0.1 from a
+// server the test controls.
+func startManager(t *testing.T) {
+	t.Helper()
+	managerOnce.Do(func() { runManager(t) })
+}
+
+func runManager(t *testing.T) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsPort = int32(l.Addr().(*net.TCPAddr).Port) //nolint:gosec // a port
+	srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case b := <-metricsBody:
+			fmt.Fprint(w, b)
+			metricsBody <- b
+		default:
+		}
+	})}
+	go func() { _ = srv.Serve(l) }()
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: manager.NewScheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := importpod.Config{Image: "diskpipe:test", MetricsPort: metricsPort}
+	if err := image.SetupVirtualMachineImage(mgr, pods); err != nil {
+		t.Fatal(err)
+	}
+	if err := image.SetupImageTemplate(mgr, pods); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = mgr.Start(context.Background()) }() // runs until the test binary exits
+}
+
+// kubelet plays the kubelet's part for an importer pod.
+func kubelet(t *testing.T, ns, name string, phase corev1.PodPhase, res *transfer.Result, exit int32) {
+	t.Helper()
+	g := NewWithT(t)
+	pod := &corev1.Pod{}
+	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pod) }, 20*time.Second).Should(Succeed())
+	pod.Status.Phase, pod.Status.PodIP = phase, "127.0.0.1"
+	if res != nil || exit != 0 { // a killed container leaves no message
+		msg := ""
+		if res != nil {
+			b, _ := json.Marshal(res)
+			msg = string(b)
+		}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "importer", State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Error", Message: msg}}}}
+	}
+	g.Expect(env.Client.Status().Update(t.Context(), pod)).To(Succeed())
+}
+
+func newImage(ns, name string, size string, retry int32) *hypercloud.VirtualMachineImage {
+	v := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{
+			Source: hypercloud.VirtualMachineImageSource{HTTP: "https://images.example.com/ubuntu.qcow2",
+				HTTPOptions: &common.HTTPOptions{SecretRef: "basic", CertConfigMap: "ca"},
+				Checksum:    "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},
+			Retry: ptr.To(common.RetryLimit(retry))}}
+	if size != "" {
+		q := resource.MustParse(size)
+		v.Spec.Resources.Requests.Storage = &q
+	}
+	return v
+}
+
+func status(t *testing.T, obj client.Object, st *common.ImageStatus) func() *common.ImageStatus {
+	return func() *common.ImageStatus {
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(obj), obj)
+		return st
+	}
+}
+
+func phase(st *common.ImageStatus) common.Phase { return st.Phase }
+
+func readyReason(st *common.ImageStatus) string {
+	if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
+}
+
+// TestImport is a VirtualMachineImage's life: golden PVC and a restricted importer pod with
+// the source's arguments and mounts, progress read from the running pod, then the result.
+func TestImport(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "import")
+	g.Expect(err).NotTo(HaveOccurred())
+	vmi := newImage(ns, "ubuntu18.04", "10Gi", 3)
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+
+	pvc := &corev1.PersistentVolumeClaim{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-ubuntu18.04"}, pvc)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(pvc.Spec.Resources.Requests.Storage().String()).To(Equal("10Gi"))
+	g.Expect(metav1.IsControlledBy(pvc, vmi)).To(BeTrue())
+
+	pod := &corev1.Pod{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-ubuntu18.04-import-0"}, pod)
+	}, 20*time.Second).Should(Succeed())
+	c := pod.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"--source http", "--url https://images.example.com/ubuntu.qcow2", "--auth-dir /var/run/diskpipe/auth",
+		"--ca-file /var/run/diskpipe/ca/ca.crt", "--checksum sha256:9f86", "--target /data/disk.img", "--capacity 10737418240"} {
+		g.Expect(args).To(ContainSubstring(want))
+	}
+	g.Expect(pod.Spec.RestartPolicy).To(Equal(corev1.RestartPolicyNever))
+	g.Expect(*pod.Spec.SecurityContext.RunAsNonRoot).To(BeTrue())
+	g.Expect(pod.Spec.SecurityContext.SeccompProfile.Type).To(Equal(corev1.SeccompProfileTypeRuntimeDefault))
+	g.Expect(*c.SecurityContext.AllowPrivilegeEscalation).To(BeFalse())
+	g.Expect(c.SecurityContext.Capabilities.Drop).To(ContainElement(corev1.Capability("ALL")))
+	g.Expect(*pod.Spec.AutomountServiceAccountToken).To(BeFalse())
+	var mounted []string
+	for _, v := range pod.Spec.Volumes {
+		switch {
+		case v.Secret != nil:
+			mounted = append(mounted, "secret/"+v.Secret.SecretName)
+		case v.ConfigMap != nil:
+			mounted = append(mounted, "configmap/"+v.ConfigMap.Name)
+		case v.PersistentVolumeClaim != nil:
+			mounted = append(mounted, "pvc/"+v.PersistentVolumeClaim.ClaimName)
+		}
+	}
+	slices.Sort(mounted)
+	g.Expect(mounted).To(Equal([]string{"configmap/ca", "pvc/vmim-ubuntu18.04", "secret/basic"}))
+
+	// Running: progress comes from the pod's metrics.
+	metricsBody <- "diskpipe_transfer_bytes_done 5.36870912e+08\ndiskpipe_transfer_bytes_total 1.073741824e+09\ndiskpipe_transfer_bytes_per_second 1e+08\n"
+	kubelet(t, ns, pod.Name, corev1.PodRunning, nil, 0)
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
+		return string(st.Phase) + " " + st.Progress + " " + readyReason(st)
+	}, Equal("Importing 50.0% Importing")))
+	<-metricsBody
+
+	kubelet(t, ns, pod.Name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 2361393152,
+		BytesRead: 600 << 20, Digest: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", DurationSeconds: 12}, 0)
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(vmi.Status.Format).To(Equal("qcow2"))
+	g.Expect(vmi.Status.VirtualSize.Value()).To(Equal(int64(2361393152)))
+	g.Expect(vmi.Status.PVCName).To(Equal("vmim-ubuntu18.04"))
+	g.Expect(vmi.Status.Digest).To(HavePrefix("sha256:9f86"))
+	g.Expect(vmi.Status.ObservedGeneration).To(Equal(vmi.Generation))
+	g.Expect(readyReason(&vmi.Status)).To(Equal("Imported"))
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}))
+	}, 20*time.Second).Should(BeTrue(), "the finished importer pod is deleted")
+
+	// Changing only labels never re-imports.
+	vmi.Labels = map[string]string{"team": "a"}
+	g.Expect(env.Client.Update(ctx, vmi)).To(Succeed())
+	g.Consistently(func() int {
+		pods := &corev1.PodList{}
+		_ = env.Client.List(ctx, pods, client.InNamespace(ns))
+		return len(pods.Items)
+	}, 2*time.Second).Should(Equal(0))
+
+	// Deleting a Ready image removes its golden PVC.
+	g.Expect(env.Client.Delete(ctx, vmi)).To(Succeed())
+	g.Eventually(func() bool {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)
+		return err != nil || pvc.DeletionTimestamp != nil
+	}, 20*time.Second).Should(BeTrue())
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi) }, 20*time.Second).ShouldNot(Succeed())
+}
+
+// TestRetries: a transient failure is retried with a new pod, up to the limit; a permanent one
+// ends the import at once.
+func TestRetries(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "retry")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	flaky := newImage(ns, "flaky", "1Gi", 1)
+	g.Expect(env.Client.Create(ctx, flaky)).To(Succeed())
+	kubelet(t, ns, "vmim-flaky-import-0", corev1.PodFailed, &transfer.Result{Reason: transfer.ReasonSourceUnavailable, Transient: true, Message: "503"}, 3)
+	g.Eventually(status(t, flaky, &flaky.Status), 20*time.Second).Should(WithTransform(readyReason, Equal("Retrying")))
+	g.Expect(flaky.Status.Retries).To(Equal(int32(1)))
+	// The next attempt comes after the backoff (2 s), as a new pod.
+	kubelet(t, ns, "vmim-flaky-import-1", corev1.PodFailed, nil, 137) // killed: no result
+	g.Eventually(status(t, flaky, &flaky.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseFailed)))
+	g.Expect(readyReason(&flaky.Status)).To(Equal(string(transfer.ReasonInternal)))
+	g.Expect(meta.FindStatusCondition(flaky.Status.Conditions, common.ConditionReady).Message).To(ContainSubstring("exit code 137"))
+
+	bad := newImage(ns, "bad", "1Gi", 3)
+	g.Expect(env.Client.Create(ctx, bad)).To(Succeed())
+	kubelet(t, ns, "vmim-bad-import-0", corev1.PodFailed, &transfer.Result{Reason: transfer.ReasonChecksumMismatch, Message: "checksum mismatch"}, 1)
+	g.Eventually(status(t, bad, &bad.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseFailed)))
+	g.Expect(readyReason(&bad.Status)).To(Equal("ChecksumMismatch"))
+	g.Expect(bad.Status.Retries).To(Equal(int32(0)))
+	g.Consistently(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-bad-import-1"}, &corev1.Pod{})
+	}, 3*time.Second).ShouldNot(Succeed(), "a permanent failure is not retried")
+}
+
+// TestProbeAndTemplate: an ImageTemplate without a size is probed first, and its PVC sized
+// from the virtual size; its registry source becomes the importer's arguments; deleting it
+// mid-import stops the pod.
+func TestProbeAndTemplate(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "probe")
+	g.Expect(err).NotTo(HaveOccurred())
+	imt := &virtualmachine.ImageTemplate{ObjectMeta: metav1.ObjectMeta{Name: "centos", Namespace: ns},
+		Spec: virtualmachine.ImageTemplateSpec{Source: virtualmachine.ImageTemplateSource{
+			Registry: &common.RegistrySource{URL: "docker://quay.io/containerdisks/centos-stream:9", SecretRef: "pull", Architecture: "arm64"}}}}
+	g.Expect(env.Client.Create(ctx, imt)).To(Succeed())
+
+	probe := &corev1.Pod{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "imt-centos-probe-0"}, probe)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(strings.Join(probe.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source registry --url docker://quay.io/containerdisks/centos-stream:9 --registry-auth-file /var/run/diskpipe/auth/.dockerconfigjson --architecture arm64 --probe"))
+	g.Expect(probe.Spec.Volumes).To(HaveLen(1), "a probe mounts no volume, only the pull secret")
+	kubelet(t, ns, probe.Name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 10 << 30}, 0)
+
+	pvc := &corev1.PersistentVolumeClaim{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "imt-centos"}, pvc)
+	}, 20*time.Second).Should(Succeed())
+	size := pvc.Spec.Resources.Requests.Storage().Value()
+	g.Expect(float64(size)).To(BeNumerically(">=", float64(10<<30)/0.94), "virtual size plus 6 %% filesystem overhead")
+	g.Expect(size % (1 << 20)).To(BeZero())
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "imt-centos-import-0"}, &corev1.Pod{})
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(pvc.Spec.AccessModes).To(Equal([]corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}))
+
+	g.Expect(env.Client.Delete(ctx, imt)).To(Succeed())
+	g.Eventually(func() int {
+		pods := &corev1.PodList{}
+		_ = env.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{image.LabelRole: "importer"})
+		n := 0
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil {
+				n++
+			}
+		}
+		return n
+	}, 20*time.Second).Should(BeZero())
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(imt), imt) }, 20*time.Second).ShouldNot(Succeed())
+}

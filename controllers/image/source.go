@@ -1,0 +1,90 @@
+package image
+
+import (
+	"fmt"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+)
+
+// source is a golden image's source as importer arguments and the Secrets and ConfigMaps the
+// pod mounts for them, all from the image's namespace.
+type source struct {
+	kind   string // for status.sourceType
+	args   []string
+	mounts []importpod.Mount
+	// unsupported says why this source cannot be imported yet; empty when it can.
+	unsupported string
+}
+
+const (
+	authDir     = "/var/run/diskpipe/auth"
+	caDir       = "/var/run/diskpipe/ca"
+	headersBase = "/var/run/diskpipe/headers"
+)
+
+func httpSource(url string, o *common.HTTPOptions) source {
+	s := source{kind: "http", args: []string{"--source", "http", "--url", url}}
+	if o == nil {
+		return s
+	}
+	if o.SecretRef != "" {
+		s.args = append(s.args, "--auth-dir", authDir)
+		s.mounts = append(s.mounts, importpod.Mount{Secret: string(o.SecretRef), Path: authDir})
+	}
+	s.addCA(o.CertConfigMap)
+	if o.InsecureSkipTLSVerify {
+		s.args = append(s.args, "--insecure")
+	}
+	for _, h := range o.ExtraHeaders {
+		s.args = append(s.args, "--header", h)
+	}
+	for i, sec := range o.SecretExtraHeaders {
+		dir := fmt.Sprintf("%s/%d", headersBase, i)
+		s.mounts = append(s.mounts, importpod.Mount{Secret: string(sec), Path: dir})
+		s.args = append(s.args, "--header-file", dir+"/header")
+	}
+	return s
+}
+
+func s3Source(s3 *common.S3Source) source {
+	lookup := s3.BucketLookup
+	if lookup == "" {
+		lookup = common.BucketLookupAuto
+	}
+	s := source{kind: "s3", args: []string{"--source", "s3", "--endpoint", string(s3.Endpoint), "--region", s3.Region,
+		"--bucket-lookup", string(lookup), "--bucket", string(s3.BucketName), "--object", string(s3.ObjectName)}}
+	if s3.SecretRef != "" {
+		s.args = append(s.args, "--s3-credentials-dir", authDir)
+		s.mounts = append(s.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir})
+	}
+	s.addCA(s3.CertConfigMap)
+	return s
+}
+
+func registrySource(r *common.RegistrySource) source {
+	s := source{kind: "registry", args: []string{"--source", "registry", "--url", r.URL}}
+	if r.SecretRef != "" {
+		s.args = append(s.args, "--registry-auth-file", authDir+"/.dockerconfigjson")
+		s.mounts = append(s.mounts, importpod.Mount{Secret: string(r.SecretRef), Path: authDir})
+	}
+	s.addCA(r.CertConfigMap)
+	if r.Architecture != "" {
+		s.args = append(s.args, "--architecture", r.Architecture)
+	}
+	if r.InsecureSkipTLSVerify {
+		s.args = append(s.args, "--insecure")
+	}
+	return s
+}
+
+func (s *source) addCA(cm common.LocalName) {
+	if cm != "" {
+		s.args = append(s.args, "--ca-file", caDir+"/ca.crt")
+		s.mounts = append(s.mounts, importpod.Mount{ConfigMap: string(cm), Path: caDir})
+	}
+}
+
+func notYet(kind string) source {
+	return source{kind: kind, unsupported: fmt.Sprintf("importing from a %s source is not implemented yet", kind)}
+}

@@ -1,0 +1,143 @@
+// Package importpod builds the pods that run diskpipe's importer and reads their results. It
+// serves every controller that imports or copies into a volume.
+package importpod
+
+import (
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// Config is how the manager runs importer pods.
+type Config struct {
+	// Image of the importer (the diskpipe image; the pod runs /importer).
+	Image string
+	// MetricsPort is where importer pods serve their progress.
+	MetricsPort int32
+	// Resources of the importer container.
+	Resources corev1.ResourceRequirements
+	// ServiceAccountName of importer pods: one that can do nothing in the API.
+	ServiceAccountName string
+}
+
+// Defaults fills what is not set.
+func (c *Config) Defaults() {
+	if c.Image == "" {
+		c.Image = "ghcr.io/diskpipe/diskpipe:latest"
+	}
+	if c.MetricsPort == 0 {
+		c.MetricsPort = 8090
+	}
+	if c.Resources.Requests == nil && c.Resources.Limits == nil {
+		c.Resources = corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: mustQ("100m"), corev1.ResourceMemory: mustQ("192Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceCPU: mustQ("2"), corev1.ResourceMemory: mustQ("512Mi")},
+		}
+	}
+}
+
+// Mount is a Secret or ConfigMap of the pod's namespace mounted read-only at Path.
+type Mount struct {
+	Secret, ConfigMap string
+	Path              string
+}
+
+// Spec describes one importer pod.
+type Spec struct {
+	Name, Namespace string
+	Labels          map[string]string
+	// Args of the importer, without the target and result flags, which Build adds.
+	Args []string
+	// PVC is the target volume; none for a probe.
+	PVC   string
+	Block bool
+	// Capacity is the volume's size in bytes.
+	Capacity int64
+	Mounts   []Mount
+}
+
+// Paths inside importer pods.
+const (
+	TargetDir    = "/data"
+	TargetFile   = TargetDir + "/disk.img"
+	TargetDevice = "/dev/diskpipe-target"
+)
+
+// Build returns the pod: restricted security (non-root, no privilege escalation, every
+// capability dropped, RuntimeDefault seccomp, read-only root), never restarted — retries
+// are the controller's.
+func Build(c Config, s Spec) *corev1.Pod {
+	args := append([]string{}, s.Args...)
+	args = append(args, "--metrics-addr", ":"+strconv.Itoa(int(c.MetricsPort)),
+		"--termination-message-path", corev1.TerminationMessagePathDefault)
+	ctr := corev1.Container{
+		Name: "importer", Image: c.Image, Command: []string{"/importer"}, Resources: c.Resources,
+		Ports:                    []corev1.ContainerPort{{Name: "metrics", ContainerPort: c.MetricsPort}},
+		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+		SecurityContext: &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true), RunAsNonRoot: ptr.To(true),
+			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: s.Labels},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                corev1.RestartPolicyNever,
+			ServiceAccountName:           c.ServiceAccountName,
+			AutomountServiceAccountToken: ptr.To(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](107), RunAsGroup: ptr.To[int64](107), FSGroup: ptr.To[int64](107),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+		},
+	}
+	if s.PVC != "" {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "target", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: s.PVC}}})
+		if s.Block {
+			ctr.VolumeDevices = []corev1.VolumeDevice{{Name: "target", DevicePath: TargetDevice}}
+			args = append(args, "--target", TargetDevice)
+		} else {
+			ctr.VolumeMounts = []corev1.VolumeMount{{Name: "target", MountPath: TargetDir}}
+			args = append(args, "--target", TargetFile)
+		}
+		if s.Capacity > 0 {
+			args = append(args, "--capacity", strconv.FormatInt(s.Capacity, 10))
+		}
+	}
+	for i, m := range s.Mounts {
+		name := fmt.Sprintf("m%d", i)
+		v := corev1.Volume{Name: name}
+		if m.Secret != "" {
+			v.Secret = &corev1.SecretVolumeSource{SecretName: m.Secret, DefaultMode: ptr.To[int32](0o440)}
+		} else {
+			v.ConfigMap = &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: m.ConfigMap}}
+		}
+		pod.Spec.Volumes = append(pod.Spec.Volumes, v)
+		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: m.Path, ReadOnly: true})
+	}
+	ctr.Args = args
+	pod.Spec.Containers = []corev1.Container{ctr}
+	return pod
+}
+
+// Result reads the result a finished pod left in its termination message. A pod that ended
+// without one (killed, evicted, crashed) gets a transient failure, so it is retried.
+func Result(pod *corev1.Pod) *transfer.Result {
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			if r, err := transfer.ReadResult(t.Message); err == nil {
+				return r
+			}
+			return &transfer.Result{Reason: transfer.ReasonInternal, Transient: true,
+				Message: fmt.Sprintf("the importer ended with exit code %d (%s) and no result", t.ExitCode, t.Reason)}
+		}
+	}
+	return &transfer.Result{Reason: transfer.ReasonInternal, Transient: true,
+		Message: fmt.Sprintf("the importer pod %s (%s)", pod.Status.Phase, pod.Status.Message)}
+}
