@@ -25,15 +25,12 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 	v := o.(*hypercloud.VirtualMachineImage)
 	g := &goldenImage{obj: v, status: &v.Status, checksum: v.Spec.Source.Checksum, volume: v.Spec.VolumeOptions,
 		retry: retryOf(v.Spec.Retry), prefix: "vmim"}
-	switch src := v.Spec.Source; {
+	src := v.Spec.Source
+	switch shared, ok := sharedSource(src.S3, src.Registry, src.ObjectStore); {
 	case src.HTTP != "":
 		g.source = httpSource(string(src.HTTP), src.HTTPOptions)
-	case src.S3 != nil:
-		g.source = s3Source(src.S3)
-	case src.Registry != nil:
-		g.source = registrySource(src.Registry)
-	case src.ObjectStore != nil:
-		g.source = notYet("objectStore")
+	case ok:
+		g.source = shared
 	case src.PVC != nil:
 		g.source = notYet("pvc")
 	default:
@@ -46,15 +43,12 @@ func fromImageTemplate(o client.Object) *goldenImage {
 	t := o.(*virtualmachine.ImageTemplate)
 	g := &goldenImage{obj: t, status: &t.Status, checksum: t.Spec.Source.Checksum, volume: t.Spec.VolumeOptions,
 		retry: retryOf(t.Spec.Retry), prefix: "imt"}
-	switch src := t.Spec.Source; {
+	src := t.Spec.Source
+	switch shared, ok := sharedSource(src.S3, src.Registry, src.ObjectStore); {
 	case src.HTTP != nil:
 		g.source = httpSource(string(src.HTTP.URL), &src.HTTP.HTTPOptions)
-	case src.S3 != nil:
-		g.source = s3Source(src.S3)
-	case src.Registry != nil:
-		g.source = registrySource(src.Registry)
-	case src.ObjectStore != nil:
-		g.source = notYet("objectStore")
+	case ok:
+		g.source = shared
 	case src.Clone != nil:
 		g.source = notYet("clone")
 	case src.Disk != nil:
@@ -63,6 +57,19 @@ func fromImageTemplate(o client.Object) *goldenImage {
 		g.source = notYet("upload")
 	}
 	return g
+}
+
+// sharedSource is a source that both kinds spell alike, if one is set.
+func sharedSource(s3 *common.S3Source, registry *common.RegistrySource, objectStore *common.ObjectStoreSource) (source, bool) {
+	switch {
+	case s3 != nil:
+		return s3Source(s3), true
+	case registry != nil:
+		return registrySource(registry), true
+	case objectStore != nil:
+		return notYet("objectStore"), true
+	}
+	return source{}, false
 }
 
 func retryOf(r *common.RetryLimit) common.RetryLimit {
