@@ -300,3 +300,30 @@ func TestProbeAndTemplate(t *testing.T) {
 	}, 20*time.Second).Should(BeZero())
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(imt), imt) }, 20*time.Second).ShouldNot(Succeed())
 }
+
+// TestSizeRequired: a source whose size only an import can tell (compressed raw) waits for the
+// user to give a size, without probing again, and imports once the spec has one.
+func TestSizeRequired(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "size")
+	g.Expect(err).NotTo(HaveOccurred())
+	vmi := newImage(ns, "fedora", "", 3)
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+	kubelet(t, ns, "vmim-fedora-probe-0", corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "raw", VirtualSize: -1}, 0)
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(readyReason, Equal("SizeRequired")))
+	g.Consistently(func() int {
+		pods := &corev1.PodList{}
+		_ = env.Client.List(ctx, pods, client.InNamespace(ns))
+		return len(pods.Items)
+	}, 3*time.Second).Should(BeZero(), "no second probe")
+
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)).To(Succeed())
+	q := resource.MustParse("20Gi")
+	vmi.Spec.Resources.Requests.Storage = &q
+	g.Expect(env.Client.Update(ctx, vmi)).To(Succeed())
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-fedora-import-0"}, &corev1.Pod{})
+	}, 20*time.Second).Should(Succeed())
+}

@@ -39,6 +39,9 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 	if s := g.volume.Resources.Requests.Storage; s != nil {
 		capacity = s.Value()
 	} else {
+		if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil && c.Reason == reasonSizeRequired {
+			return ctrl.Result{}, nil // until the spec gives a size
+		}
 		if st.VirtualSize == nil {
 			return r.probe(ctx, g, pvcName)
 		}
