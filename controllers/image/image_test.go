@@ -327,3 +327,33 @@ func TestSizeRequired(t *testing.T) {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-fedora-import-0"}, &corev1.Pod{})
 	}, 20*time.Second).Should(Succeed())
 }
+
+// TestBlockVolume: a Block image's importer gets the PVC as a device and writes to it.
+func TestBlockVolume(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "block")
+	g.Expect(err).NotTo(HaveOccurred())
+	vmi := newImage(ns, "raw-block", "4Gi", 3)
+	vmi.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeBlock)
+	vmi.Spec.StorageClassName = ptr.To("ceph-block")
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+
+	pvc := &corev1.PersistentVolumeClaim{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-raw-block"}, pvc)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(*pvc.Spec.VolumeMode).To(Equal(corev1.PersistentVolumeBlock))
+	g.Expect(*pvc.Spec.StorageClassName).To(Equal("ceph-block"))
+	pod := &corev1.Pod{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-raw-block-import-0"}, pod)
+	}, 20*time.Second).Should(Succeed())
+	c := pod.Spec.Containers[0]
+	g.Expect(c.VolumeDevices).To(Equal([]corev1.VolumeDevice{{Name: "target", DevicePath: importpod.TargetDevice}}))
+	g.Expect(strings.Join(c.Args, " ")).To(ContainSubstring("--target " + importpod.TargetDevice))
+	for _, m := range c.VolumeMounts {
+		g.Expect(m.Name).NotTo(Equal("target"), "a block volume is not mounted as a filesystem")
+	}
+}
