@@ -281,7 +281,7 @@ func importStream(o *Options, f *fetcher, cs *checksum, t *Target, res *transfer
 	}
 	switch format {
 	case FormatQcow2:
-		vsize, err := importQcow2Stream(data, head, t, o.Progress)
+		vsize, err := importQcow2Stream(data, head, t)
 		if err != nil {
 			return streamError(comp, err)
 		}

@@ -41,7 +41,8 @@ type qcow2Stream struct {
 type compressedRef struct{ host, size, guest int64 }
 
 // importQcow2Stream converts the qcow2 image read from r; head is its start.
-func importQcow2Stream(r io.Reader, head []byte, t *Target, p *transfer.Progress) (int64, error) {
+// Progress is the caller's: it counts the source bytes as they are read.
+func importQcow2Stream(r io.Reader, head []byte, t *Target) (int64, error) {
 	h, err := parseQcow2Header(head, -1)
 	if err != nil {
 		return 0, err
@@ -59,7 +60,6 @@ func importQcow2Stream(r io.Reader, head []byte, t *Target, p *transfer.Progress
 	if err := t.Prepare(s.vsize); err != nil {
 		return 0, err
 	}
-	p.SetTotal(s.vsize)
 	l1Off := int64(h.L1TableOffset) //nolint:gosec // checked by parseQcow2Header
 	l1 := make([]byte, 0, int(h.L1Size)*8)
 	for s.pos = 0; ; s.pos += s.cs {
@@ -83,7 +83,6 @@ func importQcow2Stream(r io.Reader, head []byte, t *Target, p *transfer.Progress
 		if err := s.cluster(buf, l1Off); err != nil {
 			return 0, err
 		}
-		p.Add(min(s.cs, max(s.vsize-p.Done(), 0)) / 2) // the stream's length is not known; move on
 		s.prev = buf
 	}
 	s.pos += s.cs
@@ -94,7 +93,6 @@ func importQcow2Stream(r io.Reader, head []byte, t *Target, p *transfer.Progress
 	if missing := len(s.data) + len(s.comp); missing > 0 {
 		return 0, transfer.Permanent(transfer.ReasonTruncatedImage, "truncated qcow2 image: %d clusters it maps are missing from the stream", missing)
 	}
-	p.Add(s.vsize - p.Done())
 	return s.vsize, nil
 }
 

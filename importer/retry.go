@@ -6,10 +6,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"syscall"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -51,14 +49,7 @@ func classifyNetError(err error, what string) error {
 		return transfer.Permanent(transfer.ReasonTLSError, "%s: TLS: %w", what, err)
 	case errors.As(err, &dnsErr) && dnsErr.IsNotFound:
 		return transfer.Permanent(transfer.ReasonSourceNotFound, "%s: %w", what, err)
-	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EPIPE), errors.Is(err, context.DeadlineExceeded):
-		return transfer.Transient(transfer.ReasonSourceUnavailable, "%s: %w", what, err)
-	default:
-		var ne net.Error
-		if errors.As(err, &ne) {
-			return transfer.Transient(transfer.ReasonSourceUnavailable, "%s: %w", what, err)
-		}
+	default: // resets, refusals, timeouts, cut streams
 		return transfer.Transient(transfer.ReasonSourceUnavailable, "%s: %w", what, err)
 	}
 }
