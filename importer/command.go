@@ -53,6 +53,10 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		stall       = fs.Duration("stall-timeout", time.Minute, "how long a response may send nothing before it is retried")
 		cpuProfile  = fs.String("cpu-profile", "", "write a CPU profile to this file (for performance work)")
 		probe       = fs.Bool("probe", false, "only tell the source's format and virtual size (in the result); write nothing")
+		grow        = fs.Bool("grow", false, "make disk.img as large as the volume allows when the image is smaller (blank: size 0 is the whole volume)")
+		growOnly    = fs.Bool("grow-only", false, "import nothing: grow the existing disk at --target to the volume (a disk cloned by the storage system)")
+		serveAddr   = fs.String("serve", "", "import nothing: serve the disk at --path read-only over HTTP on this address, to the bearer of --token-file")
+		tokenFile   = fs.String("token-file", "", "serve: the file (a mounted Secret key) holding the bearer token")
 	)
 	fs.Var(&headers, "header", "http: a header sent with every request, \"Name: value\" (repeatable)")
 	fs.Var(&headerFiles, "header-file", "http: a file (a mounted Secret key) holding a header \"Name: value\" (repeatable)")
@@ -70,6 +74,22 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		Target: *target, Capacity: *capacity, Overhead: *overhead, Checksum: *checksum, Format: Format(*format),
 		Parallel: *parallel, StallTimeout: *stall, Log: cmd.Log, Progress: cmd.Progress,
 		Retry: transfer.RetryPolicy{Attempts: *retries, Initial: transfer.DefaultRetryPolicy.Initial, Max: transfer.DefaultRetryPolicy.Max},
+	}
+	o.Grow = *grow
+	if *serveAddr != "" {
+		return cmd.Run(ctx, "Serve", func(ctx context.Context) (*transfer.Result, error) {
+			token, err := os.ReadFile(*tokenFile)
+			if err != nil {
+				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading the token: %w", err)
+			}
+			cmd.Log.Info("Serving", "path", *path, "addr", *serveAddr)
+			return &transfer.Result{Succeeded: true}, Serve(ctx, *serveAddr, *path, strings.TrimSpace(string(token)))
+		})
+	}
+	if *growOnly {
+		return cmd.Run(ctx, "Grow", func(context.Context) (*transfer.Result, error) {
+			return Grow(*target, *capacity, *overhead)
+		})
 	}
 	return cmd.Run(ctx, "Import", func(ctx context.Context) (*transfer.Result, error) {
 		if *target == "" && !*probe {

@@ -31,6 +31,10 @@ type Options struct {
 	Capacity int64
 	// Overhead is the share of a filesystem volume kept for the filesystem (default 6 %).
 	Overhead float64
+	// Grow makes disk.img as large as the volume allows (rounded down to a MiB) when the
+	// image is smaller: a disk requested larger than its image. A blank disk of size 0 is
+	// the whole usable volume.
+	Grow bool
 	// Checksum is the expected digest of the source bytes, "<algorithm>:<hex>".
 	Checksum string
 	// Format forces a format; empty detects it. PVC copies force raw, so a guest's disk that
@@ -85,11 +89,15 @@ func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 	if err != nil {
 		return res, err
 	}
+	t.grow = o.Grow
 	if err = run(ctx, &o, t, res); err != nil {
 		if werr := t.Wipe(); werr != nil {
 			o.Log.Error("Could not empty the target after a failure", "err", werr)
 		}
 		return res, err
+	}
+	if o.Grow && !t.block {
+		res.VirtualSize = max(res.VirtualSize, t.GrownSize())
 	}
 	res.Succeeded = true
 	return res, nil
@@ -99,10 +107,16 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 	defer func() { res.BytesWritten = t.Written() }()
 	if o.Blank {
 		res.Format, res.VirtualSize = string(FormatRaw), o.BlankSize
-		if err := t.Prepare(o.BlankSize); err != nil {
+		if o.BlankSize == 0 && o.Grow {
+			res.VirtualSize = t.GrownSize()
+			if t.block {
+				res.VirtualSize = t.usable
+			}
+		}
+		if err := t.Prepare(res.VirtualSize); err != nil {
 			return err
 		}
-		return t.Finish(o.BlankSize)
+		return t.Finish(res.VirtualSize)
 	}
 
 	var obj Object

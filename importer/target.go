@@ -28,6 +28,8 @@ type Target struct {
 	usable  int64
 	size    int64
 	written atomic.Int64
+	// grow makes a disk file as large as the volume allows when the image is smaller.
+	grow bool
 }
 
 // OpenTarget opens path: a block device as it is, anything else as the disk file, created if
@@ -70,6 +72,40 @@ func OpenTarget(path string, capacity int64, overhead float64) (*Target, error) 
 		t.usable = int64(float64(capacity) * (1 - overhead))
 	}
 	return t, nil
+}
+
+// GrownSize is the size a grown disk file gets: the usable size, rounded down to a MiB.
+func (t *Target) GrownSize() int64 { return t.usable &^ (1<<20 - 1) }
+
+// Grow extends an existing disk file to GrownSize, keeping what it holds; a block device
+// needs nothing (the disk is the device). It serves disks cloned by the storage system into
+// a volume larger than their image.
+func Grow(path string, capacity int64, overhead float64) (*transfer.Result, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, transfer.Permanent(transfer.ReasonTargetError, "the cloned disk: %w", err)
+	}
+	t, err := OpenTarget(path, capacity, overhead)
+	if err != nil {
+		return nil, err
+	}
+	res := &transfer.Result{Succeeded: true, Format: string(FormatRaw), VirtualSize: fi.Size()}
+	if t.block {
+		res.VirtualSize = t.usable
+		return res, t.f.Close()
+	}
+	if grown := t.GrownSize(); grown > fi.Size() {
+		res.VirtualSize = grown
+		if err := t.f.Truncate(grown); err != nil {
+			t.f.Close()
+			return nil, transfer.Permanent(transfer.ReasonTargetError, "growing %s: %w", path, err)
+		}
+	}
+	if err := t.f.Sync(); err != nil {
+		t.f.Close()
+		return nil, transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", path, err)
+	}
+	return res, t.f.Close()
 }
 
 // Usable is how many bytes of disk the target can hold.
@@ -169,10 +205,13 @@ func (t *Target) write(p []byte, off int64) error {
 	return nil
 }
 
-// Finish sets the disk's final size (a file is truncated to it) and flushes it to stable
-// storage.
+// Finish sets the disk's final size (a file is truncated to it, or grown to the usable size
+// with grow) and flushes it to stable storage.
 func (t *Target) Finish(size int64) error {
 	if !t.block {
+		if t.grow {
+			size = max(size, t.GrownSize())
+		}
 		if err := t.f.Truncate(size); err != nil {
 			return transfer.Permanent(transfer.ReasonTargetError, "sizing %s: %w", t.path, err)
 		}
