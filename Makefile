@@ -36,9 +36,10 @@ generate: $(CONTROLLER_GEN) ## Write the generated deepcopy functions of apis/.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./apis/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/crds.
-	rm -f charts/diskpipe/crds/*.yaml
+manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/crds, and the VolumeSnapshot CRDs tests install into test/crds.
+	rm -f charts/diskpipe/crds/*.yaml test/crds/snapshot/*.yaml
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/diskpipe/crds
+	$(CONTROLLER_GEN) crd paths=github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1 output:crd:dir=test/crds/snapshot
 
 .PHONY: verify
 verify: ## Fail when generated files or go.mod are stale.

@@ -28,6 +28,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	var (
 		sourceType  = fs.String("source", "http", "source kind: http, s3, registry, file or blank")
 		url         = fs.String("url", "", "http: the image's URL; registry: docker://registry/repository:tag or oci-archive:/path")
+		urlFile     = fs.String("url-file", "", "http: a file (a mounted Secret key) holding the URL, for URLs that carry a credential (presigned)")
 		caFile      = fs.String("ca-file", "", "http, s3, registry: PEM CA bundle that verifies the server")
 		insecure    = fs.Bool("insecure", false, "http, s3, registry: skip verification of the server's certificate (registry: allow plain HTTP)")
 		authDir     = fs.String("auth-dir", "", "http: directory with the files username and password (a mounted Secret) for basic auth")
@@ -97,6 +98,13 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		switch *sourceType {
 		case "http":
+			if *urlFile != "" {
+				b, err := os.ReadFile(*urlFile)
+				if err != nil {
+					return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading the URL: %w", err)
+				}
+				*url = strings.TrimSpace(string(b))
+			}
 			s := &HTTPSource{URL: *url, CAFile: *caFile, Insecure: *insecure, Header: http.Header{}}
 			if err := s.loadCredentials(*authDir, headers, headerFiles); err != nil {
 				return nil, err

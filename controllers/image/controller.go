@@ -1,7 +1,8 @@
 // Package image reconciles golden images — VirtualMachineImage and ImageTemplate — with one
 // core: a golden PVC owned by the image, an importer pod that fills it, and a status computed
 // from what the pod reports. When the spec gives no size, a probe pod reads the source's
-// virtual size first.
+// virtual size first. Disks are made from golden images by the disk package, which finds
+// them with Lookup and asks for the golden snapshot with EnsureSnapshot.
 package image
 
 import (
@@ -10,9 +11,9 @@ import (
 	"net/http"
 	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -20,54 +21,64 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/objectstore"
 )
 
-// Finalizer holds an image until its importer pods and golden PVC are gone.
+// Finalizer holds an image until its importer pods, golden PVC and golden snapshot are gone.
 const Finalizer = "diskpipe.io/golden-image"
 
-// Labels of the children.
+// Labels of the children, and of the disks being cloned from an image.
 const (
 	LabelImage  = "diskpipe.io/golden-image"
 	LabelRole   = "diskpipe.io/role"
 	LabelGolden = "diskpipe.io/golden"
+	// LabelCloneOf marks a disk's PVC with the UID of the image it is being made from, until
+	// it is made: the image is not deleted while a clone reads it.
+	LabelCloneOf = "diskpipe.io/clone-of"
 )
 
-// progressInterval is how often a running import's progress is read.
-const progressInterval = 5 * time.Second
+// Options configure the image controllers.
+type Options struct {
+	// Pods is how importer pods run.
+	Pods importpod.Config
+	// ObjectStore is the bundled object store that objectStore sources read; nil when the
+	// installation has none.
+	ObjectStore *objectstore.Client
+}
 
 // Reconciler reconciles one kind of golden image.
 type Reconciler struct {
 	client.Client
 	// APIReader reads the image itself uncached: a reconcile that acted on a stale copy could
 	// start an import that already finished.
-	APIReader client.Reader
-	Pods      importpod.Config
-	Events    events.EventRecorder
-	// HTTP reads importer metrics.
-	HTTP *http.Client
+	APIReader   client.Reader
+	Pods        *importpod.Tracker
+	ObjectStore *objectstore.Client
 
 	newObject func() client.Object
 	adapt     func(client.Object) *goldenImage
 }
 
 // SetupVirtualMachineImage registers the VirtualMachineImage controller.
-func SetupVirtualMachineImage(mgr ctrl.Manager, pods importpod.Config) error {
-	return setup(mgr, pods, "virtualmachineimage", &hypercloud.VirtualMachineImage{},
+func SetupVirtualMachineImage(mgr ctrl.Manager, o Options) error {
+	return setup(mgr, o, "virtualmachineimage", &hypercloud.VirtualMachineImage{},
 		func() client.Object { return &hypercloud.VirtualMachineImage{} }, fromVirtualMachineImage)
 }
 
 // SetupImageTemplate registers the ImageTemplate controller.
-func SetupImageTemplate(mgr ctrl.Manager, pods importpod.Config) error {
-	return setup(mgr, pods, "imagetemplate", &virtualmachine.ImageTemplate{},
+func SetupImageTemplate(mgr ctrl.Manager, o Options) error {
+	return setup(mgr, o, "imagetemplate", &virtualmachine.ImageTemplate{},
 		func() client.Object { return &virtualmachine.ImageTemplate{} }, fromImageTemplate)
 }
 
-func setup(mgr ctrl.Manager, pods importpod.Config, name string, kind client.Object, newObject func() client.Object, adapt func(client.Object) *goldenImage) error {
-	pods.Defaults()
-	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Pods: pods, Events: mgr.GetEventRecorder("diskpipe-" + name),
-		HTTP: &http.Client{Timeout: 2 * time.Second}, newObject: newObject, adapt: adapt}
+func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObject func() client.Object, adapt func(client.Object) *goldenImage) error {
+	o.Pods.Defaults()
+	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ObjectStore: o.ObjectStore,
+		Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: o.Pods, Events: mgr.GetEventRecorder("diskpipe-" + name),
+			HTTP: &http.Client{Timeout: 2 * time.Second}},
+		newObject: newObject, adapt: adapt}
 	return ctrl.NewControllerManagedBy(mgr).Named(name).For(kind).
-		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Complete(r)
+		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Owns(&snapshotv1.VolumeSnapshot{}).Complete(r)
 }
 
 // Reconcile brings one image's import forward.
@@ -77,14 +88,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	g := r.adapt(obj)
-	if !obj.GetDeletionTimestamp().IsZero() {
-		return ctrl.Result{}, r.delete(ctx, g)
-	}
-	if controllerutil.AddFinalizer(obj, Finalizer) {
-		if err := r.Update(ctx, obj); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
 	base := obj.DeepCopyObject().(client.Object)
 	defer func() {
 		if err == nil {
@@ -96,5 +99,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 			err = fmt.Errorf("patching status: %w", perr)
 		}
 	}()
+	if !obj.GetDeletionTimestamp().IsZero() {
+		return r.delete(ctx, g)
+	}
+	if controllerutil.AddFinalizer(obj, Finalizer) {
+		if err := r.Update(ctx, obj); err != nil {
+			return ctrl.Result{}, err
+		}
+		base = obj.DeepCopyObject().(client.Object)
+	}
 	return r.reconcile(ctx, g)
 }

@@ -24,7 +24,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
@@ -71,15 +70,9 @@ func runManager(t *testing.T) {
 	})}
 	go func() { _ = srv.Serve(l) }()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: manager.NewScheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
+	mgr, err := manager.New(env.Config, manager.Options{MetricsAddr: "0", ProbeAddr: "0",
+		Importer: importpod.Config{Image: "diskpipe:test", MetricsPort: metricsPort}})
 	if err != nil {
-		t.Fatal(err)
-	}
-	pods := importpod.Config{Image: "diskpipe:test", MetricsPort: metricsPort}
-	if err := image.SetupVirtualMachineImage(mgr, pods); err != nil {
-		t.Fatal(err)
-	}
-	if err := image.SetupImageTemplate(mgr, pods); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = mgr.Start(context.Background()) }() // runs until the test binary exits
@@ -187,7 +180,7 @@ func TestImport(t *testing.T) {
 	kubelet(t, ns, pod.Name, corev1.PodRunning, nil, 0)
 	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
 		return string(st.Phase) + " " + st.Progress + " " + readyReason(st)
-	}, Equal("Importing 50.0% Importing")))
+	}, Equal("Importing 50.0% Running")))
 	<-metricsBody
 
 	kubelet(t, ns, pod.Name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 2361393152,

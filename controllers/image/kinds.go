@@ -4,8 +4,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 )
 
 // goldenImage is what the reconciler needs of a VirtualMachineImage or an ImageTemplate: the
@@ -21,6 +23,12 @@ type goldenImage struct {
 	prefix string
 }
 
+// tracked is the part of the status an importer pod moves.
+func (g *goldenImage) tracked() importpod.Status {
+	st := g.status
+	return importpod.Status{Phase: &st.Phase, Conditions: &st.Conditions, Retries: &st.Retries, Transfer: &st.Transfer, Progress: &st.Progress}
+}
+
 func fromVirtualMachineImage(o client.Object) *goldenImage {
 	v := o.(*hypercloud.VirtualMachineImage)
 	g := &goldenImage{obj: v, status: &v.Status, checksum: v.Spec.Source.Checksum, volume: v.Spec.VolumeOptions,
@@ -32,7 +40,7 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 	case ok:
 		g.source = shared
 	case src.PVC != nil:
-		g.source = notYet("pvc")
+		g.source = copySource(copyOfPVC, namespaceOr(src.PVC.Namespace, v.Namespace), string(src.PVC.Name))
 	default:
 		g.source = notYet("upload")
 	}
@@ -50,9 +58,9 @@ func fromImageTemplate(o client.Object) *goldenImage {
 	case ok:
 		g.source = shared
 	case src.Clone != nil:
-		g.source = notYet("clone")
+		g.source = copySource(copyOfImage, namespaceOr(src.Clone.Namespace, t.Namespace), string(src.Clone.Name))
 	case src.Disk != nil:
-		g.source = notYet("disk")
+		g.source = copySource(copyOfDisk, namespaceOr(src.Disk.Namespace, t.Namespace), string(src.Disk.Name))
 	default:
 		g.source = notYet("upload")
 	}
@@ -67,9 +75,16 @@ func sharedSource(s3 *common.S3Source, registry *common.RegistrySource, objectSt
 	case registry != nil:
 		return registrySource(registry), true
 	case objectStore != nil:
-		return notYet("objectStore"), true
+		return source{kind: "objectStore", objectStore: objectStore}, true
 	}
 	return source{}, false
+}
+
+func namespaceOr(ns, def string) string {
+	if ns == "" {
+		return def
+	}
+	return ns
 }
 
 func retryOf(r *common.RetryLimit) common.RetryLimit {
@@ -78,3 +93,9 @@ func retryOf(r *common.RetryLimit) common.RetryLimit {
 	}
 	return *r
 }
+
+// Kind of a golden image, as DiskVolume's source.image.kind spells it.
+const (
+	KindVirtualMachineImage = diskvolume.ImageKindVirtualMachineImage
+	KindImageTemplate       = diskvolume.ImageKindImageTemplate
+)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -17,28 +19,51 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
+// presignExpiry is how long an importer may read an objectStore source through its URL.
+const presignExpiry = 24 * time.Hour
+
 func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result, error) {
-	st := g.status
+	st, tr := g.status, g.tracked()
 	if st.Phase == common.PhaseReady || st.Phase == common.PhaseFailed {
-		return ctrl.Result{}, nil // an import's outcome is final; the source cannot change
+		// An import's outcome is final (the source cannot change); only the golden snapshot,
+		// made when a disk first needs it, is noted.
+		return ctrl.Result{}, r.noteSnapshot(ctx, g)
 	}
 	st.SourceType = g.source.kind
 	if g.source.unsupported != "" {
-		setFailed(st, reasonUnsupportedSource, g.source.unsupported)
+		tr.SetFailed(reasonUnsupportedSource, g.source.unsupported)
 		return ctrl.Result{}, nil
 	}
-	if wait := retryWait(st, time.Now()); wait > 0 {
+	if wait := tr.RetryWait(time.Now()); wait > 0 {
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	pvcName := childName(g.prefix, g.obj.GetName())
+	var copyFrom *corev1.PersistentVolumeClaim
+	if ref := g.source.copyOf; ref != nil {
+		pvc, err := copySourcePVC(ctx, r.Client, ref)
+		if nr := (*NotReadyError)(nil); errors.As(err, &nr) {
+			st.Phase = common.PhasePending
+			tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
+			return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
+		} else if err != nil {
+			return ctrl.Result{}, err
+		}
+		copyFrom = pvc
+	}
 	capacity := int64(0)
-	if s := g.volume.Resources.Requests.Storage; s != nil {
-		capacity = s.Value()
-	} else {
+	switch {
+	case g.volume.Resources.Requests.Storage != nil:
+		capacity = g.volume.Resources.Requests.Storage.Value()
+	case copyFrom != nil:
+		q := PVCSize(copyFrom)
+		capacity = q.Value()
+	default:
 		if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil && c.Reason == reasonSizeRequired {
 			return ctrl.Result{}, nil // until the spec gives a size
 		}
@@ -47,90 +72,78 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		}
 		capacity = volumeSizeFor(st.VirtualSize.Value())
 	}
-	if err := r.ensurePVC(ctx, g, pvcName, capacity); err != nil {
+	err := r.ensurePVC(ctx, g, pvcName, capacity)
+	if res, handled := r.childError(g, err); handled {
+		return res, nil
+	} else if err != nil {
 		return ctrl.Result{}, err
 	}
-	args := append([]string{}, g.source.args...)
-	if g.checksum != "" {
-		args = append(args, "--checksum", string(g.checksum))
+	spec := importpod.Spec{Name: fmt.Sprintf("%s-import-%d", pvcName, st.Retries), PVC: pvcName, Capacity: capacity,
+		Block: g.volume.VolumeMode != nil && *g.volume.VolumeMode == corev1.PersistentVolumeBlock}
+	if copyFrom != nil {
+		src := hostcopy.Source{Namespace: copyFrom.Namespace, Name: copyFrom.Name, Block: IsBlock(copyFrom)}
+		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, g.obj, src, &spec); err != nil || !ready {
+			st.Phase = common.PhasePending
+			tr.SetReady(metav1.ConditionFalse, "WaitingForCloneSource", "waiting for the pod that serves "+copyFrom.Namespace+"/"+copyFrom.Name)
+			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
+		}
 	}
-	pod, err := r.ensurePod(ctx, g, importpod.Spec{
-		Name: fmt.Sprintf("%s-import-%d", pvcName, st.Retries), Args: args, PVC: pvcName, Capacity: capacity,
-		Block: g.volume.VolumeMode != nil && *g.volume.VolumeMode == corev1.PersistentVolumeBlock,
-	})
-	if err != nil {
+	pod, err := r.ensurePod(ctx, g, spec)
+	if res, handled := r.childError(g, err); handled {
+		return res, nil
+	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	st.PVCName = pvcName
-	return r.observe(ctx, g, pod, func(res *transfer.Result) {
+	return r.Pods.Observe(ctx, r.work(g), pod, func(res *transfer.Result) {
 		setImported(st, res, pvcName)
-		r.Events.Eventf(g.obj, nil, corev1.EventTypeNormal, reasonImported, "Import",
+		r.Pods.Events.Eventf(g.obj, nil, corev1.EventTypeNormal, reasonImported, "Import",
 			"Imported %s (%s, %d bytes) into %s", g.source.kind, res.Format, res.VirtualSize, pvcName)
+		if copyFrom != nil {
+			if err := hostcopy.Cleanup(ctx, r.Client, g.obj, copyFrom.Namespace); err != nil {
+				ctrl.LoggerFrom(ctx).Error(err, "Could not remove the clone source")
+			}
+		}
 	})
+}
+
+// childError turns the errors a user can act on into status: a child's name taken by
+// another object fails the import; a missing dependency makes it wait.
+func (r *Reconciler) childError(g *goldenImage, err error) (ctrl.Result, bool) {
+	var notOwned *owned.ErrNotOwned
+	var notReady *NotReadyError
+	switch {
+	case errors.As(err, &notOwned):
+		g.tracked().SetFailed("NameTaken", notOwned.Error())
+		return ctrl.Result{}, true
+	case errors.As(err, &notReady):
+		g.status.Phase = common.PhasePending
+		g.tracked().SetReady(metav1.ConditionFalse, notReady.Reason, notReady.Message)
+		return ctrl.Result{RequeueAfter: 30 * time.Second}, true
+	}
+	return ctrl.Result{}, false
+}
+
+func (r *Reconciler) work(g *goldenImage) importpod.Work {
+	return importpod.Work{Obj: g.obj, Status: g.tracked(), Running: common.PhaseImporting, Action: "Import", Retry: g.retry}
 }
 
 // probe runs the importer in probe mode to learn the source's virtual size.
 func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) (ctrl.Result, error) {
-	pod, err := r.ensurePod(ctx, g, importpod.Spec{
-		Name: fmt.Sprintf("%s-probe-%d", pvcName, g.status.Retries), Args: append(append([]string{}, g.source.args...), "--probe"),
-	})
+	pod, err := r.ensurePod(ctx, g, importpod.Spec{Name: fmt.Sprintf("%s-probe-%d", pvcName, g.status.Retries), Args: []string{"--probe"}})
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	st := g.status
-	return r.observe(ctx, g, pod, func(res *transfer.Result) {
+	return r.Pods.Observe(ctx, r.work(g), pod, func(res *transfer.Result) {
 		if res.VirtualSize < 0 {
-			setReady(st, metav1.ConditionFalse, reasonSizeRequired,
+			g.tracked().SetReady(metav1.ConditionFalse, reasonSizeRequired,
 				"the source's size cannot be known without importing it (a compressed raw image): set spec.resources.requests.storage")
 			st.Phase = common.PhasePending
 			return
 		}
 		st.Format, st.VirtualSize = res.Format, resource.NewQuantity(res.VirtualSize, resource.BinarySI)
 	})
-}
-
-// observe turns the pod's state into status; done is called with a successful result.
-func (r *Reconciler) observe(ctx context.Context, g *goldenImage, pod *corev1.Pod, done func(*transfer.Result)) (ctrl.Result, error) {
-	st := g.status
-	switch pod.Status.Phase {
-	case corev1.PodRunning:
-		st.Phase = common.PhaseImporting
-		setReady(st, metav1.ConditionFalse, reasonImporting, "the importer pod "+pod.Name+" is running")
-		if t, err := r.readProgress(ctx, pod); err == nil {
-			st.Transfer, st.Progress = t, percent(t)
-		}
-		return ctrl.Result{RequeueAfter: progressInterval}, nil
-	case corev1.PodSucceeded, corev1.PodFailed:
-		res := importpod.Result(pod)
-		if pod.Status.Phase == corev1.PodSucceeded && res.Succeeded {
-			done(res)
-			// Deleting the pod, an owned child, brings the next pass (after a probe, the import).
-			return ctrl.Result{}, client.IgnoreNotFound(r.Delete(ctx, pod))
-		}
-		return r.failed(ctx, g, pod, res)
-	default:
-		if st.Phase == "" {
-			st.Phase = common.PhasePending
-		}
-		setReady(st, metav1.ConditionFalse, reasonPending, "waiting for the importer pod "+pod.Name+" to start")
-		return ctrl.Result{}, nil
-	}
-}
-
-// failed retries a transient failure with backoff, up to the image's retry limit, and ends
-// the import on any other.
-func (r *Reconciler) failed(ctx context.Context, g *goldenImage, pod *corev1.Pod, res *transfer.Result) (ctrl.Result, error) {
-	st := g.status
-	if res.Transient && st.Retries < int32(g.retry) {
-		st.Retries++
-		setReady(st, metav1.ConditionFalse, reasonRetrying,
-			fmt.Sprintf("attempt %d failed (%s: %s); retrying", st.Retries, res.Reason, res.Message))
-		r.Events.Eventf(g.obj, nil, corev1.EventTypeWarning, reasonRetrying, "Import", "Attempt %d failed: %s", st.Retries, res.Message)
-		return ctrl.Result{RequeueAfter: backoff(st.Retries)}, client.IgnoreNotFound(r.Delete(ctx, pod))
-	}
-	setFailed(st, string(res.Reason), res.Message)
-	r.Events.Eventf(g.obj, nil, corev1.EventTypeWarning, string(res.Reason), "Import", "Import failed: %s", res.Message)
-	return ctrl.Result{}, nil
 }
 
 func (r *Reconciler) ensurePVC(ctx context.Context, g *goldenImage, name string, capacity int64) error {
@@ -141,56 +154,102 @@ func (r *Reconciler) ensurePVC(ctx context.Context, g *goldenImage, name string,
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(capacity, resource.BinarySI)}},
 			StorageClassName: g.volume.StorageClassName, VolumeMode: g.volume.VolumeMode,
 		}}
-	return r.createOwned(ctx, g, pvc)
+	return owned.Create(ctx, r.Client, g.obj, pvc)
 }
 
+// ensurePod creates the importer pod of s unless it exists. The source's arguments come
+// first; an objectStore source gets a fresh presigned URL, in a Secret, for each attempt.
 func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.Spec) (*corev1.Pod, error) {
 	s.Namespace = g.obj.GetNamespace()
 	s.Labels = map[string]string{LabelImage: string(g.obj.GetUID()), LabelRole: "importer"}
-	s.Mounts = g.source.mounts
-	pod := importpod.Build(r.Pods, s)
-	if err := r.createOwned(ctx, g, pod); err != nil {
+	s.Args = append(append([]string{}, g.source.args...), s.Args...)
+	s.Mounts = append(append([]importpod.Mount{}, g.source.mounts...), s.Mounts...)
+	if g.checksum != "" {
+		s.Args = append(s.Args, "--checksum", string(g.checksum))
+	}
+	pod := &corev1.Pod{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: s.Name}, pod)
+	if err == nil {
+		return pod, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	if os := g.source.objectStore; os != nil {
+		if err := r.presign(ctx, g, os, s.Name); err != nil {
+			return nil, err
+		}
+		s.Args = append([]string{"--source", "http", "--url-file", urlDir + "/url"}, s.Args...)
+		s.Mounts = append(s.Mounts, importpod.Mount{Secret: s.Name, Path: urlDir})
+	}
+	pod = importpod.Build(r.Pods.Config, s)
+	if err := owned.Create(ctx, r.Client, g.obj, pod); err != nil {
 		return nil, err
 	}
 	return pod, nil
 }
 
-// createOwned creates obj owned by the image unless it exists, and reads it back; an existing
-// object that the image does not control is an error.
-func (r *Reconciler) createOwned(ctx context.Context, g *goldenImage, obj client.Object) error {
-	if err := controllerutil.SetControllerReference(g.obj, obj, r.Scheme()); err != nil {
+// presign writes a presigned GET URL of the source object into the Secret name: the importer
+// reads the one object, for a day, without the store's keys.
+func (r *Reconciler) presign(ctx context.Context, g *goldenImage, os *common.ObjectStoreSource, name string) error {
+	if r.ObjectStore == nil {
+		return &NotReadyError{"ObjectStoreNotConfigured", "this installation has no bundled object store; use an s3 source"}
+	}
+	u, err := r.ObjectStore.PresignGet(ctx, string(os.BucketName), string(os.ObjectName), presignExpiry)
+	if err != nil {
 		return err
 	}
-	err := r.Create(ctx, obj)
-	if err == nil {
-		return nil
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.obj.GetNamespace(),
+		Labels: map[string]string{LabelImage: string(g.obj.GetUID())}}, StringData: map[string]string{"url": u.String()}}
+	if err := controllerutil.SetControllerReference(g.obj, sec, r.Scheme()); err != nil {
+		return err
 	}
-	if !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating %s: %w", obj.GetName(), err)
-	}
-	if err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-		return err // the cache has not seen it yet: try again
-	}
-	if !metav1.IsControlledBy(obj, g.obj) {
-		return fmt.Errorf("%s exists and does not belong to this image", obj.GetName())
+	if err := r.Create(ctx, sec); apierrors.IsAlreadyExists(err) {
+		return r.Update(ctx, sec)
+	} else if err != nil {
+		return err
 	}
 	return nil
 }
 
-// delete stops the import and removes what the image made, then lets the image go.
-func (r *Reconciler) delete(ctx context.Context, g *goldenImage) error {
+// delete stops the import and removes what the image made, once no disk is being cloned
+// from it, then lets the image go.
+func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, error) {
+	uid := string(g.obj.GetUID())
 	ns := client.InNamespace(g.obj.GetNamespace())
-	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, ns, client.MatchingLabels{LabelImage: string(g.obj.GetUID())}); err != nil {
-		return err
+	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil {
+		return ctrl.Result{}, err
+	}
+	clones := &corev1.PersistentVolumeClaimList{}
+	if err := r.List(ctx, clones, client.MatchingLabels{LabelCloneOf: uid}); err != nil {
+		return ctrl.Result{}, err
+	}
+	if n := len(clones.Items); n > 0 {
+		g.status.Phase = common.PhaseDeleting
+		g.tracked().SetReady(metav1.ConditionFalse, reasonWaitingForClones,
+			fmt.Sprintf("%d disks are being cloned from this image (first: %s/%s); it is deleted when they are made",
+				n, clones.Items[0].Namespace, clones.Items[0].Name))
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+	}
+	if err := r.DeleteAllOf(ctx, &snapshotv1.VolumeSnapshot{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil && !meta.IsNoMatchError(err) {
+		return ctrl.Result{}, err
+	}
+	if err := r.DeleteAllOf(ctx, &corev1.Secret{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil {
+		return ctrl.Result{}, err
 	}
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: childName(g.prefix, g.obj.GetName()), Namespace: g.obj.GetNamespace()}}
 	if err := r.Delete(ctx, pvc); err != nil && !apierrors.IsNotFound(err) {
-		return err
+		return ctrl.Result{}, err
+	}
+	if ref := g.source.copyOf; ref != nil {
+		if err := hostcopy.Cleanup(ctx, r.Client, g.obj, ref.namespace); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if controllerutil.RemoveFinalizer(g.obj, Finalizer) {
-		return r.Update(ctx, g.obj)
+		return ctrl.Result{}, r.Update(ctx, g.obj)
 	}
-	return nil
+	return ctrl.Result{}, nil
 }
 
 // childName names an image's children: prefix and name, shortened with a hash when that
@@ -209,19 +268,4 @@ func childName(prefix, name string) string {
 func volumeSizeFor(v int64) int64 {
 	n := int64(float64(v)/(1-0.06)) + 1
 	return (n + 1<<20 - 1) &^ (1<<20 - 1)
-}
-
-// backoff is the wait before retry n: 2, 4, 8, ... seconds, at most 5 minutes.
-func backoff(n int32) time.Duration {
-	return min(time.Second<<min(n, 9), 5*time.Minute)
-}
-
-// retryWait is how long to wait before the next attempt, derived from when the last one
-// failed.
-func retryWait(st *common.ImageStatus, now time.Time) time.Duration {
-	c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
-	if c == nil || c.Reason != reasonRetrying {
-		return 0
-	}
-	return c.LastTransitionTime.Add(backoff(st.Retries)).Sub(now)
 }

@@ -8,19 +8,43 @@ import (
 )
 
 // source is a golden image's source as importer arguments and the Secrets and ConfigMaps the
-// pod mounts for them, all from the image's namespace.
+// pod mounts for them, all from the image's namespace. Sources that need the API to resolve
+// (the bundled object store, copies of other volumes) are resolved at reconcile time.
 type source struct {
 	kind   string // for status.sourceType
 	args   []string
 	mounts []importpod.Mount
+	// objectStore is an object of the bundled store, read through a presigned URL.
+	objectStore *common.ObjectStoreSource
+	// copyOf is a PVC, image or disk whose disk is copied.
+	copyOf *copyRef
 	// unsupported says why this source cannot be imported yet; empty when it can.
 	unsupported string
+}
+
+// copyRef names what a copy reads.
+type copyRef struct {
+	what            copyKind
+	namespace, name string
+}
+
+type copyKind string
+
+const (
+	copyOfPVC   copyKind = "pvc"
+	copyOfImage copyKind = "clone"
+	copyOfDisk  copyKind = "disk"
+)
+
+func copySource(what copyKind, ns, name string) source {
+	return source{kind: string(what), copyOf: &copyRef{what: what, namespace: ns, name: name}}
 }
 
 const (
 	authDir     = "/var/run/diskpipe/auth"
 	caDir       = "/var/run/diskpipe/ca"
 	headersBase = "/var/run/diskpipe/headers"
+	urlDir      = "/var/run/diskpipe/url"
 )
 
 func httpSource(url string, o *common.HTTPOptions) source {

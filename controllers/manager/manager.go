@@ -8,13 +8,17 @@ import (
 	"net/http"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/objectstore"
 )
 
 // Options configure the manager.
@@ -29,6 +33,8 @@ type Options struct {
 	LeaderElectionNamespace string
 	// Importer is how importer pods run.
 	Importer importpod.Config
+	// ObjectStore is the bundled object store (objectStore sources, exports); nil: none.
+	ObjectStore *objectstore.ClientConfig
 }
 
 // LeaderElectionID is the name of the Lease the manager's replicas contend for.
@@ -46,15 +52,27 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
 		RenewDeadline:                 &renew,
+		// Secrets are read one at a time, uncached: caching them would hold every Secret of
+		// the cluster in memory and need the right to list them.
+		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
-	if err := image.SetupVirtualMachineImage(mgr, opts.Importer); err != nil {
+	imageOpts := image.Options{Pods: opts.Importer}
+	if opts.ObjectStore != nil {
+		if imageOpts.ObjectStore, err = objectstore.NewClient(*opts.ObjectStore); err != nil {
+			return nil, fmt.Errorf("the object store: %w", err)
+		}
+	}
+	if err := image.SetupVirtualMachineImage(mgr, imageOpts); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachineImage controller: %w", err)
 	}
-	if err := image.SetupImageTemplate(mgr, opts.Importer); err != nil {
+	if err := image.SetupImageTemplate(mgr, imageOpts); err != nil {
 		return nil, fmt.Errorf("setting up the ImageTemplate controller: %w", err)
+	}
+	if err := disk.Setup(mgr, opts.Importer); err != nil {
+		return nil, fmt.Errorf("setting up the disk controllers: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding health check: %w", err)

@@ -46,7 +46,8 @@ func Path(elem ...string) string {
 	return filepath.Join(append([]string{RepoRoot()}, elem...)...)
 }
 
-// Start starts etcd and kube-apiserver and installs the CRDs of charts/diskpipe/crds.
+// Start starts etcd and kube-apiserver and installs the CRDs of charts/diskpipe/crds and the
+// VolumeSnapshot CRDs of test/crds/snapshot (generated from external-snapshotter's types).
 func Start() (*Env, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		if err := os.Setenv("KUBEBUILDER_ASSETS", Path("bin")); err != nil {
@@ -59,8 +60,18 @@ func Start() (*Env, error) {
 			return nil, fmt.Errorf("%s is missing: run 'make tools' (or 'make test'), which builds it from Go modules: %w", p, err)
 		}
 	}
+	snapshots := envtest.CRDInstallOptions{Paths: []string{Path("test", "crds", "snapshot")}, ErrorIfPathMissing: true}
+	if err := envtest.ReadCRDFiles(&snapshots); err != nil {
+		return nil, fmt.Errorf("reading the VolumeSnapshot CRDs: %w", err)
+	}
+	for _, crd := range snapshots.CRDs {
+		// snapshot.storage.k8s.io is a protected group: the apiserver wants the approval the
+		// upstream CRDs carry.
+		metav1.SetMetaDataAnnotation(&crd.ObjectMeta, "api-approved.kubernetes.io", "https://github.com/kubernetes-csi/external-snapshotter/pull/814")
+	}
 	e := &envtest.Environment{
 		CRDDirectoryPaths:     []string{Path("charts", "diskpipe", "crds")},
+		CRDs:                  snapshots.CRDs,
 		ErrorIfCRDPathMissing: true,
 		Scheme:                manager.NewScheme(),
 	}

@@ -59,6 +59,12 @@ type Spec struct {
 	// Capacity is the volume's size in bytes.
 	Capacity int64
 	Mounts   []Mount
+	// SourcePVC is a volume of the pod's namespace mounted read-only as the source of a copy,
+	// at SourceFile or SourceDevice.
+	SourcePVC   string
+	SourceBlock bool
+	// ServePort exposes a port for a clone source (Serve).
+	ServePort int32
 }
 
 // Paths inside importer pods.
@@ -66,7 +72,18 @@ const (
 	TargetDir    = "/data"
 	TargetFile   = TargetDir + "/disk.img"
 	TargetDevice = "/dev/diskpipe-target"
+	SourceDir    = "/source"
+	SourceFile   = SourceDir + "/disk.img"
+	SourceDevice = "/dev/diskpipe-source"
 )
+
+// SourcePath is where a pod of s finds its source disk.
+func (s Spec) SourcePath() string {
+	if s.SourceBlock {
+		return SourceDevice
+	}
+	return SourceFile
+}
 
 // Build returns the pod: restricted security (non-root, no privilege escalation, every
 // capability dropped, RuntimeDefault seccomp, read-only root), never restarted — retries
@@ -109,6 +126,18 @@ func Build(c Config, s Spec) *corev1.Pod {
 		if s.Capacity > 0 {
 			args = append(args, "--capacity", strconv.FormatInt(s.Capacity, 10))
 		}
+	}
+	if s.SourcePVC != "" {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "source", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: s.SourcePVC, ReadOnly: true}}})
+		if s.SourceBlock {
+			ctr.VolumeDevices = append(ctr.VolumeDevices, corev1.VolumeDevice{Name: "source", DevicePath: SourceDevice})
+		} else {
+			ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "source", MountPath: SourceDir, ReadOnly: true})
+		}
+	}
+	if s.ServePort != 0 {
+		ctr.Ports = append(ctr.Ports, corev1.ContainerPort{Name: "clone", ContainerPort: s.ServePort})
 	}
 	for i, m := range s.Mounts {
 		name := fmt.Sprintf("m%d", i)

@@ -1,0 +1,149 @@
+// Package disk reconciles VM disks — VirtualMachinePvc and DiskVolume — with one core: a PVC
+// owned by the disk, made from a golden image by the best clone strategy the storage allows
+// (CSI clone, a restore of the image's golden snapshot, or a host-assisted copy by an
+// importer pod), from a VolumeSnapshot, or blank; a disk asked larger than its image has
+// disk.img grown to the volume.
+package disk
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+)
+
+// Finalizer holds a disk until what it made outside its namespace (a clone source) is gone.
+const Finalizer = "diskpipe.io/disk"
+
+// LabelDisk marks a disk's children with its UID.
+const LabelDisk = "diskpipe.io/disk"
+
+// indexImage indexes disks by imageKey.
+const indexImage = "diskpipe.io/image"
+
+// Reconciler reconciles one kind of VM disk.
+type Reconciler struct {
+	client.Client
+	APIReader client.Reader
+	Pods      *importpod.Tracker
+
+	newObject func() client.Object
+	adapt     func(client.Object) *vmDisk
+}
+
+// Setup registers the VirtualMachinePvc and DiskVolume controllers.
+func Setup(mgr ctrl.Manager, pods importpod.Config) error {
+	pods.Defaults()
+	for _, k := range []struct {
+		name  string
+		kind  client.Object
+		list  func() client.ObjectList
+		new   func() client.Object
+		adapt func(client.Object) *vmDisk
+	}{
+		{"virtualmachinepvc", &hypercloud.VirtualMachinePvc{}, func() client.ObjectList { return &hypercloud.VirtualMachinePvcList{} },
+			func() client.Object { return &hypercloud.VirtualMachinePvc{} }, fromVirtualMachinePvc},
+		{"diskvolume", &diskvolume.DiskVolume{}, func() client.ObjectList { return &diskvolume.DiskVolumeList{} },
+			func() client.Object { return &diskvolume.DiskVolume{} }, fromDiskVolume},
+	} {
+		adapt := k.adapt
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), k.kind, indexImage, func(o client.Object) []string {
+			d := adapt(o)
+			if d.image == nil {
+				return nil
+			}
+			return []string{imageKey(d.image.Kind, d.imageNamespace(), string(d.image.Name))}
+		}); err != nil {
+			return err
+		}
+		r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+			Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: pods, Events: mgr.GetEventRecorder("diskpipe-" + k.name),
+				HTTP: &http.Client{Timeout: 2 * time.Second}},
+			newObject: k.new, adapt: adapt}
+		// A disk waiting for its image is woken when the image changes.
+		toDisks := func(kind diskvolume.ImageKind) handler.EventHandler {
+			return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, img client.Object) []reconcile.Request {
+				list := k.list()
+				if err := mgr.GetClient().List(ctx, list, client.MatchingFields{indexImage: imageKey(kind, img.GetNamespace(), img.GetName())}); err != nil {
+					return nil
+				}
+				var reqs []reconcile.Request
+				_ = forEach(list, func(o client.Object) {
+					reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
+				})
+				return reqs
+			})
+		}
+		err := ctrl.NewControllerManagedBy(mgr).Named(k.name).For(k.kind).
+			Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).
+			Watches(&hypercloud.VirtualMachineImage{}, toDisks(image.KindVirtualMachineImage)).
+			Watches(&virtualmachine.ImageTemplate{}, toDisks(image.KindImageTemplate)).
+			Complete(r)
+		if err != nil {
+			return fmt.Errorf("%s: %w", k.name, err)
+		}
+	}
+	return nil
+}
+
+func forEach(list client.ObjectList, f func(client.Object)) error {
+	switch l := list.(type) {
+	case *hypercloud.VirtualMachinePvcList:
+		for i := range l.Items {
+			f(&l.Items[i])
+		}
+	case *diskvolume.DiskVolumeList:
+		for i := range l.Items {
+			f(&l.Items[i])
+		}
+	}
+	return nil
+}
+
+// Reconcile brings one disk forward.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+	obj := r.newObject()
+	if err := r.APIReader.Get(ctx, req.NamespacedName, obj); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	d := r.adapt(obj)
+	if !obj.GetDeletionTimestamp().IsZero() {
+		if err := r.cleanup(ctx, d); err != nil {
+			return ctrl.Result{}, err
+		}
+		if controllerutil.RemoveFinalizer(obj, Finalizer) {
+			return ctrl.Result{}, r.Update(ctx, obj)
+		}
+		return ctrl.Result{}, nil
+	}
+	if d.image != nil && d.imageNamespace() != obj.GetNamespace() && controllerutil.AddFinalizer(obj, Finalizer) {
+		if err := r.Update(ctx, obj); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	base := obj.DeepCopyObject().(client.Object)
+	defer func() {
+		if err == nil {
+			d.status.ObservedGeneration = obj.GetGeneration()
+		}
+		patch := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})
+		if perr := r.Status().Patch(ctx, obj, patch); perr != nil && !apierrors.IsNotFound(perr) {
+			err = fmt.Errorf("patching status: %w", perr)
+		}
+	}()
+	return r.reconcile(ctx, d)
+}

@@ -1,0 +1,72 @@
+package disk
+
+import (
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+)
+
+// vmDisk is what the reconciler needs of a VirtualMachinePvc or a DiskVolume.
+type vmDisk struct {
+	obj    client.Object
+	status *common.DiskStatus
+	pvc    common.PVCTemplate
+	// One of image, snapshot and blank is set.
+	image    *diskvolume.ImageSource
+	snapshot string
+	blank    bool
+	strategy *common.CloneStrategy
+	retry    common.RetryLimit
+}
+
+func (d *vmDisk) tracked() importpod.Status {
+	st := d.status
+	return importpod.Status{Phase: &st.Phase, Conditions: &st.Conditions, Retries: &st.Retries, Transfer: &st.Transfer, Progress: &st.Progress}
+}
+
+// imageNamespace is the namespace of the disk's image source.
+func (d *vmDisk) imageNamespace() string {
+	if d.image == nil || d.image.Namespace == "" {
+		return d.obj.GetNamespace()
+	}
+	return d.image.Namespace
+}
+
+func fromVirtualMachinePvc(o client.Object) *vmDisk {
+	v := o.(*hypercloud.VirtualMachinePvc)
+	return &vmDisk{obj: v, status: &v.Status, pvc: v.Spec.PVC, strategy: v.Spec.CloneStrategy, retry: retryOf(v.Spec.Retry),
+		image: &diskvolume.ImageSource{Name: common.LocalName(v.Spec.VirtualMachineImageName), Kind: image.KindVirtualMachineImage}}
+}
+
+func fromDiskVolume(o client.Object) *vmDisk {
+	v := o.(*diskvolume.DiskVolume)
+	d := &vmDisk{obj: v, status: &v.Status, pvc: v.Spec.PVCTemplate, strategy: v.Spec.CloneStrategy, retry: retryOf(v.Spec.Retry)}
+	switch src := v.Spec.Source; {
+	case src.Image != nil:
+		d.image = src.Image
+	case src.Snap != nil:
+		d.snapshot = string(src.Snap.Name)
+	default:
+		d.blank = true
+	}
+	return d
+}
+
+func retryOf(r *common.RetryLimit) common.RetryLimit {
+	if r == nil {
+		return common.DefaultRetryLimit
+	}
+	return *r
+}
+
+// imageKey indexes disks by the image they are made from: "kind/namespace/name".
+func imageKey(kind diskvolume.ImageKind, ns, name string) string {
+	if kind == "" {
+		kind = image.KindVirtualMachineImage
+	}
+	return string(kind) + "/" + ns + "/" + name
+}

@@ -1,0 +1,308 @@
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// Condition types and reasons of disks, besides Ready and the importer's reasons.
+const (
+	ConditionCloneStrategy = "CloneStrategy"
+
+	reasonMade                  = "Made"
+	reasonWaitingForConsumer    = "WaitingForFirstConsumer"
+	reasonWaitingForBinding     = "WaitingForBinding"
+	reasonTooSmall              = "TooSmall"
+	reasonSizeRequired          = "SizeRequired"
+	reasonNameTaken             = "NameTaken"
+	reasonSnapshotNotFound      = "SnapshotNotFound"
+	reasonWaitingForCloneSource = "WaitingForCloneSource"
+)
+
+// plan is how a disk is made.
+type plan struct {
+	strategy common.CloneStrategy
+	// golden is the image's, for clones; nil for a snapshot or blank disk.
+	golden *image.Golden
+	// dataSource of the PVC, for CSI clones and restores.
+	dataSource *corev1.TypedLocalObjectReference
+	// sourceSize is the size of what the disk is made from (0 for a blank disk).
+	sourceSize resource.Quantity
+	size       resource.Quantity
+	class      *storagev1.StorageClass
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, error) {
+	st, tr := d.status, d.tracked()
+	if st.Phase == common.PhaseFailed {
+		return ctrl.Result{}, nil
+	}
+	pvcName := d.obj.GetName()
+	if st.Phase == common.PhaseReady {
+		return ctrl.Result{}, r.noteCapacity(ctx, d, pvcName)
+	}
+	if wait := tr.RetryWait(time.Now()); wait > 0 {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	p, err := r.plan(ctx, d)
+	var nr *image.NotReadyError
+	switch {
+	case errors.As(err, &nr):
+		st.Phase = common.PhasePending
+		tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
+		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
+	case err != nil:
+		return ctrl.Result{}, err
+	case p == nil:
+		return ctrl.Result{}, nil // failed, with the reason in status
+	}
+	st.CloneStrategy = p.strategy
+	pvc, err := r.ensurePVC(ctx, d, pvcName, p)
+	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
+		tr.SetFailed(reasonNameTaken, nt.Error())
+		return ctrl.Result{}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
+	}
+	st.PVCName = pvcName
+	if st.Phase == "" || st.Phase == common.PhasePending {
+		st.Phase = common.PhaseCloning
+	}
+
+	block := modeOf(d.pvc.VolumeMode) == corev1.PersistentVolumeBlock
+	spec := importpod.Spec{Namespace: d.obj.GetNamespace(), PVC: pvcName, Block: block, Capacity: p.size.Value(),
+		Labels: map[string]string{LabelDisk: string(d.obj.GetUID()), image.LabelRole: "importer"}}
+	switch {
+	case p.dataSource == nil && d.blank:
+		spec.Name = fmt.Sprintf("%s-blank-%d", pvcName, st.Retries)
+		spec.Args = []string{"--source", "blank", "--grow"}
+	case p.dataSource == nil:
+		spec.Name = fmt.Sprintf("%s-clone-%d", pvcName, st.Retries)
+		spec.Args = []string{"--grow"}
+		src := hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC)}
+		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, d.obj, src, &spec); err != nil || !ready {
+			tr.SetReady(metav1.ConditionFalse, reasonWaitingForCloneSource, "waiting for the pod that serves the image from namespace "+src.Namespace)
+			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
+		}
+	case !block && p.size.Cmp(p.sourceSize) > 0:
+		// The storage copied the disk; a larger volume needs disk.img grown to fill it.
+		spec.Name = fmt.Sprintf("%s-grow-%d", pvcName, st.Retries)
+		spec.Args = []string{"--grow-only"}
+	default:
+		return r.waitForBinding(ctx, d, pvc, p)
+	}
+	pod := importpod.Build(r.Pods.Config, spec)
+	if err := owned.Create(ctx, r.Client, d.obj, pod); err != nil {
+		return ctrl.Result{}, err
+	}
+	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry}
+	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) {
+		r.made(ctx, d, pvc, p, resource.NewQuantity(res.VirtualSize, resource.BinarySI),
+			fmt.Sprintf("%s in %.0f s", describe(d, p), res.DurationSeconds))
+	})
+}
+
+// plan resolves the disk's source and chooses how to make it; nil (with the reason in
+// status) when it cannot be made.
+func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
+	tr := d.tracked()
+	class, err := storageClass(ctx, r.Client, ptr.Deref(d.pvc.StorageClassName, ""))
+	if err != nil {
+		return nil, err
+	}
+	p := &plan{class: class}
+	switch {
+	case d.image != nil:
+		g, err := image.Lookup(ctx, r.Client, d.image.Kind, d.imageNamespace(), string(d.image.Name))
+		if err != nil {
+			return nil, err
+		}
+		p.golden, p.sourceSize = g, image.PVCSize(g.PVC)
+	case d.snapshot != "":
+		snap := &snapshotv1.VolumeSnapshot{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: d.snapshot}, snap); err != nil {
+			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+				return nil, &image.NotReadyError{Reason: reasonSnapshotNotFound, Message: "the VolumeSnapshot " + d.snapshot + " does not exist"}
+			}
+			return nil, err
+		}
+		if snap.Status != nil && snap.Status.RestoreSize != nil {
+			p.sourceSize = *snap.Status.RestoreSize
+		}
+		p.dataSource = &corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotv1.GroupName), Kind: "VolumeSnapshot", Name: d.snapshot}
+	}
+
+	switch req := d.pvc.Resources.Requests.Storage; {
+	case req != nil:
+		p.size = *req
+	case d.blank:
+		tr.SetFailed(reasonSizeRequired, "a blank disk needs spec.resources.requests.storage")
+		return nil, nil
+	default:
+		p.size = p.sourceSize
+	}
+	if p.size.Cmp(p.sourceSize) < 0 {
+		tr.SetFailed(reasonTooSmall, fmt.Sprintf("the disk asks for %s but its source needs %s: ask for at least that", p.size.String(), p.sourceSize.String()))
+		return nil, nil
+	}
+	if p.golden == nil {
+		return p, nil
+	}
+
+	preferred := common.CloneStrategyCSIClone
+	if class != nil && class.Annotations[AnnotationCloneStrategy] != "" {
+		preferred = common.CloneStrategy(class.Annotations[AnnotationCloneStrategy])
+	}
+	if d.strategy != nil {
+		preferred = *d.strategy
+	}
+	goldenClass, err := storageClass(ctx, r.Client, ptr.Deref(p.golden.PVC.Spec.StorageClassName, ""))
+	if err != nil {
+		return nil, err
+	}
+	facts := cloneFacts{sourceNamespace: p.golden.PVC.Namespace, targetNamespace: d.obj.GetNamespace(),
+		sourceClass: nameOf(goldenClass), targetClass: nameOf(class),
+		sourceMode: modeOf(p.golden.PVC.Spec.VolumeMode), targetMode: modeOf(d.pvc.VolumeMode),
+		sourceDriver: driverOf(goldenClass), targetDriver: driverOf(class)}
+	if facts.targetDriver != "" && preferred != common.CloneStrategyHostAssisted {
+		if facts.snapshotClass, err = snapshotClassFor(ctx, r.Client, facts.targetDriver); err != nil {
+			return nil, err
+		}
+	}
+	// Once chosen, a strategy stays: a PVC made one way is not made again another.
+	strategy, reason, msg := choose(preferred, facts)
+	if d.status.CloneStrategy != "" {
+		strategy = d.status.CloneStrategy
+	} else {
+		r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeNormal, reason, "ChooseStrategy", "Cloning with %s", msg)
+	}
+	meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: ConditionCloneStrategy, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
+	p.strategy = strategy
+	switch strategy {
+	case common.CloneStrategyCSIClone:
+		p.dataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: p.golden.PVC.Name}
+	case common.CloneStrategySnapshot:
+		snap, err := image.EnsureSnapshot(ctx, r.Client, p.golden, facts.snapshotClass)
+		if err != nil {
+			return nil, err
+		}
+		p.dataSource = &corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotv1.GroupName), Kind: "VolumeSnapshot", Name: snap.Name}
+	}
+	return p, nil
+}
+
+func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *plan) (*corev1.PersistentVolumeClaim, error) {
+	modes := d.pvc.AccessModes
+	if len(modes) == 0 {
+		modes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+	}
+	labels := map[string]string{LabelDisk: string(d.obj.GetUID())}
+	if p.golden != nil {
+		labels[image.LabelCloneOf] = string(p.golden.Obj.GetUID())
+	}
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.obj.GetNamespace(), Labels: labels},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      modes,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: p.size}},
+			StorageClassName: d.pvc.StorageClassName, VolumeMode: d.pvc.VolumeMode, DataSource: p.dataSource,
+		}}
+	if err := owned.Create(ctx, r.Client, d.obj, pvc); err != nil {
+		return nil, err
+	}
+	return pvc, nil
+}
+
+// waitForBinding finishes a disk the storage system makes: Ready once its PVC is bound, or
+// at once on a storage class that binds at the first consumer (the VM's pod).
+func (r *Reconciler) waitForBinding(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim, p *plan) (ctrl.Result, error) {
+	switch {
+	case pvc.Status.Phase == corev1.ClaimBound:
+		r.made(ctx, d, pvc, p, nil, describe(d, p))
+	case waitsForConsumer(p.class):
+		r.made(ctx, d, pvc, p, nil, describe(d, p)+"; the volume is provisioned when the VM's pod is scheduled")
+		meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionTrue,
+			Reason: reasonWaitingForConsumer, Message: "made by " + describe(d, p) + " when the VM's pod is scheduled (WaitForFirstConsumer)"})
+	default:
+		d.tracked().SetReady(metav1.ConditionFalse, reasonWaitingForBinding, "waiting for the storage to bind the PVC "+pvc.Name)
+	}
+	return ctrl.Result{}, nil
+}
+
+// made marks the disk Ready and lets the image go.
+func (r *Reconciler) made(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim, p *plan, vsize *resource.Quantity, how string) {
+	st := d.status
+	st.Phase, st.Progress = common.PhaseReady, "100%"
+	st.VirtualSize = vsize
+	if vsize == nil && p.sourceSize.Sign() > 0 {
+		st.VirtualSize = ptr.To(p.sourceSize)
+	}
+	if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
+		st.Capacity = &q
+	}
+	d.tracked().SetReady(metav1.ConditionTrue, reasonMade, how)
+	r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeNormal, reasonMade, "Clone", "Made the disk %s: %s", pvc.Name, how)
+	if p.golden != nil {
+		if err := hostcopy.Cleanup(ctx, r.Client, d.obj, p.golden.PVC.Namespace); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Could not remove the clone source")
+		}
+		patch := client.MergeFrom(pvc.DeepCopy())
+		delete(pvc.Labels, image.LabelCloneOf)
+		if err := r.Patch(ctx, pvc, patch); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Could not unmark the clone")
+		}
+	}
+}
+
+// noteCapacity records the bound size of a Ready disk's PVC (a WaitForFirstConsumer disk
+// binds after it is Ready).
+func (r *Reconciler) noteCapacity(ctx context.Context, d *vmDisk, name string) error {
+	if d.status.Capacity != nil {
+		return nil
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
+		d.status.Capacity = &q
+	}
+	return nil
+}
+
+func (r *Reconciler) cleanup(ctx context.Context, d *vmDisk) error {
+	if d.image == nil {
+		return nil
+	}
+	return hostcopy.Cleanup(ctx, r.Client, d.obj, d.imageNamespace())
+}
+
+func describe(d *vmDisk, p *plan) string {
+	switch {
+	case p.golden != nil:
+		return fmt.Sprintf("%s of %s/%s", p.strategy, p.golden.PVC.Namespace, p.golden.Obj.GetName())
+	case d.snapshot != "":
+		return "restored from the VolumeSnapshot " + d.snapshot
+	default:
+		return "blank"
+	}
+}

@@ -1,0 +1,173 @@
+package disk
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+)
+
+// AnnotationCloneStrategy on a StorageClass names the clone strategy preferred for disks of
+// that class; a disk's spec.cloneStrategy overrides it.
+const AnnotationCloneStrategy = "diskpipe.io/clone-strategy"
+
+const (
+	annotationDefaultClass         = "storageclass.kubernetes.io/is-default-class"
+	annotationDefaultSnapshotClass = "snapshot.storage.kubernetes.io/is-default-class"
+)
+
+// Reasons of the CloneStrategy condition.
+const (
+	reasonPreferred = "Preferred"
+	reasonFellBack  = "FellBack"
+)
+
+// cloneFacts are what decides which strategies can make a disk from a golden PVC.
+type cloneFacts struct {
+	sourceNamespace, targetNamespace string
+	sourceClass, targetClass         string
+	sourceMode, targetMode           corev1.PersistentVolumeMode
+	// sourceDriver and targetDriver are the classes' provisioners; "" when unknown.
+	sourceDriver, targetDriver string
+	// snapshotClass is a VolumeSnapshotClass of the target's driver; "" when there is none.
+	snapshotClass string
+}
+
+var strategies = []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
+
+// choose returns the first strategy, from preferred down the order CSIClone, Snapshot,
+// HostAssisted, that can make the disk, with the condition reason and a message that says
+// why each one before it could not.
+func choose(preferred common.CloneStrategy, f cloneFacts) (common.CloneStrategy, string, string) {
+	var why []string
+	start := 0
+	for i, s := range strategies {
+		if s == preferred {
+			start = i
+		}
+	}
+	for _, s := range strategies[start:] {
+		reason := f.cannot(s)
+		if reason == "" {
+			msg := fmt.Sprintf("%s, as preferred", s)
+			r := reasonPreferred
+			if len(why) > 0 {
+				msg, r = fmt.Sprintf("%s, because %s", s, strings.Join(why, "; ")), reasonFellBack
+			}
+			return s, r, msg
+		}
+		why = append(why, fmt.Sprintf("%s is not possible: %s", s, reason))
+	}
+	panic("HostAssisted is always possible")
+}
+
+// cannot says why strategy s cannot make the disk; "" when it can.
+func (f cloneFacts) cannot(s common.CloneStrategy) string {
+	if s == common.CloneStrategyHostAssisted {
+		return ""
+	}
+	switch {
+	case f.sourceNamespace != f.targetNamespace:
+		return fmt.Sprintf("the image is in namespace %s and the disk in %s", f.sourceNamespace, f.targetNamespace)
+	case f.sourceMode != f.targetMode:
+		return fmt.Sprintf("the image is a %s volume and the disk a %s volume", f.sourceMode, f.targetMode)
+	case f.targetDriver == "":
+		return fmt.Sprintf("the storage class %q does not exist or names no CSI driver", f.targetClass)
+	}
+	if s == common.CloneStrategyCSIClone {
+		if f.sourceClass != f.targetClass {
+			return fmt.Sprintf("the image's storage class is %q and the disk's %q", f.sourceClass, f.targetClass)
+		}
+		return ""
+	}
+	switch {
+	case f.sourceDriver != f.targetDriver:
+		return fmt.Sprintf("the image's driver is %q and the disk's %q", f.sourceDriver, f.targetDriver)
+	case f.snapshotClass == "":
+		return fmt.Sprintf("no VolumeSnapshotClass for the driver %q", f.targetDriver)
+	}
+	return ""
+}
+
+// storageClass returns the named class, or the cluster's default for ""; nil when there is
+// none.
+func storageClass(ctx context.Context, c client.Reader, name string) (*storagev1.StorageClass, error) {
+	if name != "" {
+		sc := &storagev1.StorageClass{}
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, sc); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, nil
+			}
+			return nil, err
+		}
+		return sc, nil
+	}
+	list := &storagev1.StorageClassList{}
+	if err := c.List(ctx, list); err != nil {
+		return nil, err
+	}
+	for i := range list.Items {
+		if list.Items[i].Annotations[annotationDefaultClass] == "true" {
+			return &list.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// snapshotClassFor returns the VolumeSnapshotClass for driver: the default one, else any;
+// "" when there is none (or the snapshot API is not installed).
+func snapshotClassFor(ctx context.Context, c client.Reader, driver string) (string, error) {
+	list := &snapshotv1.VolumeSnapshotClassList{}
+	if err := c.List(ctx, list); err != nil {
+		if meta.IsNoMatchError(err) {
+			return "", nil
+		}
+		return "", err
+	}
+	found := ""
+	for _, vsc := range list.Items {
+		if vsc.Driver != driver {
+			continue
+		}
+		if vsc.Annotations[annotationDefaultSnapshotClass] == "true" {
+			return vsc.Name, nil
+		}
+		if found == "" {
+			found = vsc.Name
+		}
+	}
+	return found, nil
+}
+
+func modeOf(m *corev1.PersistentVolumeMode) corev1.PersistentVolumeMode {
+	if m == nil {
+		return corev1.PersistentVolumeFilesystem
+	}
+	return *m
+}
+
+func nameOf(sc *storagev1.StorageClass) string {
+	if sc == nil {
+		return ""
+	}
+	return sc.Name
+}
+
+func driverOf(sc *storagev1.StorageClass) string {
+	if sc == nil {
+		return ""
+	}
+	return sc.Provisioner
+}
+
+func waitsForConsumer(sc *storagev1.StorageClass) bool {
+	return sc != nil && sc.VolumeBindingMode != nil && *sc.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
+}

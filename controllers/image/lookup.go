@@ -1,0 +1,121 @@
+package image
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+)
+
+// NotReadyError says why a source cannot be read yet; the reader waits for it.
+type NotReadyError struct{ Reason, Message string }
+
+func (e *NotReadyError) Error() string { return e.Message }
+
+// Golden is a Ready golden image and its PVC.
+type Golden struct {
+	Obj    client.Object
+	Status *common.ImageStatus
+	PVC    *corev1.PersistentVolumeClaim
+}
+
+// NewObject returns an empty image of kind (VirtualMachineImage by default).
+func NewObject(kind diskvolume.ImageKind) (client.Object, *common.ImageStatus) {
+	if kind == KindImageTemplate {
+		t := &virtualmachine.ImageTemplate{}
+		return t, &t.Status
+	}
+	v := &hypercloud.VirtualMachineImage{}
+	return v, &v.Status
+}
+
+// Lookup finds a Ready image and its golden PVC; a missing or unfinished one is a
+// *NotReadyError.
+func Lookup(ctx context.Context, c client.Reader, kind diskvolume.ImageKind, ns, name string) (*Golden, error) {
+	obj, st := NewObject(kind)
+	if kind == "" {
+		kind = KindVirtualMachineImage
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &NotReadyError{"SourceNotFound", fmt.Sprintf("the %s %s/%s does not exist", kind, ns, name)}
+		}
+		return nil, err
+	}
+	if !obj.GetDeletionTimestamp().IsZero() {
+		return nil, &NotReadyError{"SourceDeleting", fmt.Sprintf("the %s %s/%s is being deleted", kind, ns, name)}
+	}
+	if st.Phase != common.PhaseReady || st.PVCName == "" {
+		return nil, &NotReadyError{"SourceNotReady", fmt.Sprintf("the %s %s/%s is %s, not Ready yet", kind, ns, name, phaseOf(st.Phase))}
+	}
+	pvc, err := lookupPVC(ctx, c, ns, st.PVCName)
+	if err != nil {
+		return nil, err
+	}
+	return &Golden{Obj: obj, Status: st, PVC: pvc}, nil
+}
+
+func phaseOf(p common.Phase) string {
+	if p == "" {
+		return "new"
+	}
+	return string(p)
+}
+
+func lookupPVC(ctx context.Context, c client.Reader, ns, name string) (*corev1.PersistentVolumeClaim, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pvc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &NotReadyError{"SourceNotFound", fmt.Sprintf("the PVC %s/%s does not exist", ns, name)}
+		}
+		return nil, err
+	}
+	return pvc, nil
+}
+
+// PVCSize is a PVC's size: its bound capacity, else its request.
+func PVCSize(pvc *corev1.PersistentVolumeClaim) resource.Quantity {
+	if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
+		return q
+	}
+	return pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+}
+
+// IsBlock says whether a PVC is a block volume.
+func IsBlock(pvc *corev1.PersistentVolumeClaim) bool {
+	return pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock
+}
+
+// copySourcePVC finds the PVC a copy reads.
+func copySourcePVC(ctx context.Context, c client.Reader, ref *copyRef) (*corev1.PersistentVolumeClaim, error) {
+	switch ref.what {
+	case copyOfImage:
+		g, err := Lookup(ctx, c, KindImageTemplate, ref.namespace, ref.name)
+		if err != nil {
+			return nil, err
+		}
+		return g.PVC, nil
+	case copyOfDisk:
+		d := &diskvolume.DiskVolume{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ref.namespace, Name: ref.name}, d); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, &NotReadyError{"SourceNotFound", fmt.Sprintf("the DiskVolume %s/%s does not exist", ref.namespace, ref.name)}
+			}
+			return nil, err
+		}
+		if d.Status.Phase != common.PhaseReady || d.Status.PVCName == "" {
+			return nil, &NotReadyError{"SourceNotReady", fmt.Sprintf("the DiskVolume %s/%s is %s, not Ready yet", ref.namespace, ref.name, phaseOf(d.Status.Phase))}
+		}
+		return lookupPVC(ctx, c, ref.namespace, d.Status.PVCName)
+	default:
+		return lookupPVC(ctx, c, ref.namespace, ref.name)
+	}
+}

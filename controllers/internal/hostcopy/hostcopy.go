@@ -1,0 +1,122 @@
+// Package hostcopy sets importer pods up to copy another PVC's disk: host-assisted clones of
+// golden images into VM disks, and images made from PVCs, images or disks.
+//
+// Within a namespace the importer mounts the source read-only. A pod cannot mount another
+// namespace's PVC, so across namespaces a clone-source pod in the source's namespace serves
+// the disk over HTTP (importer --serve), to the bearer of a random token that only the two
+// pods receive, through Secrets; the importer reads it like any HTTP source, with ranged,
+// resumable requests.
+package hostcopy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+)
+
+// Source is the PVC whose disk is copied.
+type Source struct {
+	Namespace, Name string
+	Block           bool
+}
+
+// LabelFor marks a clone source's pod and Secret with the UID of the object it serves.
+const LabelFor = "diskpipe.io/clone-for"
+
+const (
+	servePort = 8091
+	tokenDir  = "/var/run/diskpipe/clone"
+)
+
+// Prepare completes s, the spec of owner's importer pod, to copy src. It returns false while
+// the clone-source pod of a copy across namespaces is not yet serving.
+func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner client.Object, src Source, s *importpod.Spec) (bool, error) {
+	if src.Namespace == owner.GetNamespace() {
+		s.SourcePVC, s.SourceBlock = src.Name, src.Block
+		s.Args = append(s.Args, "--source", "file", "--path", s.SourcePath())
+		return true, nil
+	}
+	if err := ensureToken(ctx, c, owner, src.Namespace); err != nil {
+		return false, err
+	}
+	name := sourceName(owner)
+	serve := importpod.Spec{Name: name, Namespace: src.Namespace, SourcePVC: src.Name, SourceBlock: src.Block, ServePort: servePort,
+		Labels: map[string]string{LabelFor: string(owner.GetUID()), "diskpipe.io/role": "clone-source"},
+		Mounts: []importpod.Mount{{Secret: name, Path: tokenDir}}}
+	serve.Args = []string{"--serve", ":" + strconv.Itoa(servePort), "--path", serve.SourcePath(), "--token-file", tokenDir + "/token"}
+	pod := importpod.Build(cfg, serve)
+	if err := c.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		return false, fmt.Errorf("creating the clone source: %w", err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	switch {
+	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+		// It should serve until deleted: start it again.
+		return false, client.IgnoreNotFound(c.Delete(ctx, pod))
+	case pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "":
+		return false, nil
+	}
+	s.Args = append(s.Args, "--source", "http", "--format", "raw",
+		"--url", "http://"+net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(servePort))+"/disk",
+		"--header-file", tokenDir+"/header")
+	s.Mounts = append(s.Mounts, importpod.Mount{Secret: tokenSecretName(owner), Path: tokenDir})
+	return true, nil
+}
+
+// ensureToken makes the token Secrets: one owned by owner in its namespace holding the
+// header the importer sends, one in the source's namespace holding the token the server
+// expects.
+func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcNamespace string) error {
+	mine := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tokenSecretName(owner), Namespace: owner.GetNamespace()}}
+	err := c.Get(ctx, client.ObjectKeyFromObject(mine), mine)
+	if apierrors.IsNotFound(err) {
+		b := make([]byte, 32)
+		_, _ = rand.Read(b)
+		token := hex.EncodeToString(b)
+		mine.StringData = map[string]string{"token": token, "header": "Authorization: Bearer " + token}
+		if err := owned.Create(ctx, c, owner, mine); err != nil {
+			return err
+		}
+		err = c.Get(ctx, client.ObjectKeyFromObject(mine), mine)
+	}
+	if err != nil {
+		return err
+	}
+	token := string(mine.Data["token"])
+	theirs := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace,
+		Labels: map[string]string{LabelFor: string(owner.GetUID())}}, StringData: map[string]string{"token": token}}
+	if err := c.Create(ctx, theirs); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating the clone source's token: %w", err)
+	}
+	return nil
+}
+
+// Cleanup removes the clone-source pod and Secret that serve owner from srcNamespace.
+func Cleanup(ctx context.Context, c client.Client, owner client.Object, srcNamespace string) error {
+	if srcNamespace == owner.GetNamespace() {
+		return nil
+	}
+	meta := metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace}
+	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}} {
+		if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+func sourceName(owner client.Object) string      { return "clone-source-" + string(owner.GetUID()) }
+func tokenSecretName(owner client.Object) string { return "clone-token-" + string(owner.GetUID()) }

@@ -1,0 +1,182 @@
+package importpod
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// ProgressInterval is how often a running pod's progress is read.
+const ProgressInterval = 5 * time.Second
+
+// Condition reasons the tracker sets.
+const (
+	ReasonPending  = "Pending"
+	ReasonRunning  = "Running"
+	ReasonRetrying = "Retrying"
+)
+
+// Status is the part of an image's or a disk's status that an importer pod moves forward.
+type Status struct {
+	Phase      *common.Phase
+	Conditions *[]metav1.Condition
+	Retries    *int32
+	Transfer   **common.Transfer
+	Progress   *string
+}
+
+// SetReady sets the Ready condition.
+func (s Status) SetReady(status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(s.Conditions, metav1.Condition{Type: common.ConditionReady, Status: status, Reason: reason, Message: msg})
+}
+
+// SetFailed ends the work with reason.
+func (s Status) SetFailed(reason, msg string) {
+	*s.Phase = common.PhaseFailed
+	s.SetReady(metav1.ConditionFalse, reason, msg)
+}
+
+// RetryWait is how long to wait before the next attempt, derived from when the last one
+// failed: the backoff survives a restart of the manager.
+func (s Status) RetryWait(now time.Time) time.Duration {
+	c := meta.FindStatusCondition(*s.Conditions, common.ConditionReady)
+	if c == nil || c.Reason != ReasonRetrying {
+		return 0
+	}
+	return c.LastTransitionTime.Add(Backoff(*s.Retries)).Sub(now)
+}
+
+// Backoff is the wait before retry n: 2, 4, 8, ... seconds, at most 5 minutes.
+func Backoff(n int32) time.Duration {
+	return min(time.Second<<min(n, 9), 5*time.Minute)
+}
+
+// Tracker turns importer pods' state into status.
+type Tracker struct {
+	client.Client
+	Config Config
+	Events events.EventRecorder
+	// HTTP reads importer metrics.
+	HTTP *http.Client
+}
+
+// Work describes what a pod does for an object, for status and Events.
+type Work struct {
+	Obj    client.Object
+	Status Status
+	// Running is the phase while the pod runs (Importing, Cloning).
+	Running common.Phase
+	// Action names the work in Events ("Import", "Clone").
+	Action string
+	// Retry is how many transient failures are retried.
+	Retry common.RetryLimit
+}
+
+// Observe moves status along with pod; done is called with a successful result, after which
+// the pod is deleted (the next pass of the owner's reconcile takes the next step).
+func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done func(*transfer.Result)) (ctrl.Result, error) {
+	st := w.Status
+	switch pod.Status.Phase {
+	case corev1.PodRunning:
+		*st.Phase = w.Running
+		st.SetReady(metav1.ConditionFalse, ReasonRunning, "the pod "+pod.Name+" is running")
+		if tr, err := t.readProgress(ctx, pod); err == nil {
+			*st.Transfer, *st.Progress = tr, percent(tr)
+		}
+		return ctrl.Result{RequeueAfter: ProgressInterval}, nil
+	case corev1.PodSucceeded, corev1.PodFailed:
+		res := Result(pod)
+		if pod.Status.Phase == corev1.PodSucceeded && res.Succeeded {
+			done(res)
+			if tr := *st.Transfer; tr != nil {
+				tr.BytesDone = tr.BytesTotal
+			}
+			return ctrl.Result{}, client.IgnoreNotFound(t.Delete(ctx, pod))
+		}
+		return t.failed(ctx, w, pod, res)
+	default:
+		if *st.Phase == "" {
+			*st.Phase = common.PhasePending
+		}
+		st.SetReady(metav1.ConditionFalse, ReasonPending, "waiting for the pod "+pod.Name+" to start")
+		return ctrl.Result{}, nil
+	}
+}
+
+// failed retries a transient failure with backoff, up to the retry limit, and ends the work
+// on any other.
+func (t *Tracker) failed(ctx context.Context, w Work, pod *corev1.Pod, res *transfer.Result) (ctrl.Result, error) {
+	st := w.Status
+	if res.Transient && *st.Retries < int32(w.Retry) {
+		*st.Retries++
+		st.SetReady(metav1.ConditionFalse, ReasonRetrying,
+			fmt.Sprintf("attempt %d failed (%s: %s); retrying", *st.Retries, res.Reason, res.Message))
+		t.Events.Eventf(w.Obj, nil, corev1.EventTypeWarning, ReasonRetrying, w.Action, "Attempt %d failed: %s", *st.Retries, res.Message)
+		return ctrl.Result{RequeueAfter: Backoff(*st.Retries)}, client.IgnoreNotFound(t.Delete(ctx, pod))
+	}
+	st.SetFailed(string(res.Reason), res.Message)
+	t.Events.Eventf(w.Obj, nil, corev1.EventTypeWarning, string(res.Reason), w.Action, "%s failed: %s", w.Action, res.Message)
+	return ctrl.Result{}, nil
+}
+
+// readProgress reads a running importer's progress metrics from its pod.
+func (t *Tracker) readProgress(ctx context.Context, pod *corev1.Pod) (*common.Transfer, error) {
+	if pod.Status.PodIP == "" {
+		return nil, fmt.Errorf("pod %s has no IP yet", pod.Name)
+	}
+	url := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(int(t.Config.MetricsPort))) + "/metrics"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := t.HTTP.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	now := metav1.Now()
+	tr := &common.Transfer{UpdateTime: &now}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "diskpipe_transfer_bytes_done":
+			tr.BytesDone = int64(v)
+		case "diskpipe_transfer_bytes_total":
+			tr.BytesTotal = int64(v)
+		case "diskpipe_transfer_bytes_per_second":
+			tr.BytesPerSecond = int64(v)
+		}
+	}
+	return tr, sc.Err()
+}
+
+// percent prints a transfer's progress, e.g. "42.5%".
+func percent(t *common.Transfer) string {
+	if t == nil || t.BytesTotal <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(min(t.BytesDone, t.BytesTotal))/float64(t.BytesTotal))
+}

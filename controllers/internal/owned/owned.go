@@ -1,0 +1,42 @@
+// Package owned creates the children that controllers own.
+package owned
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+)
+
+// ErrNotOwned means an object of the child's name exists and another owner controls it.
+type ErrNotOwned struct{ Kind, Name string }
+
+func (e *ErrNotOwned) Error() string {
+	return fmt.Sprintf("a %s named %s already exists and does not belong to this object", e.Kind, e.Name)
+}
+
+// Create creates obj controlled by owner unless it exists, and reads it back into obj; an
+// existing object that owner does not control is an *ErrNotOwned.
+func Create(ctx context.Context, c client.Client, owner, obj client.Object) error {
+	if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
+		return err
+	}
+	err := c.Create(ctx, obj)
+	if err == nil {
+		return nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating %s: %w", obj.GetName(), err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		return err // the cache has not seen it yet: try again
+	}
+	if !metav1.IsControlledBy(obj, owner) {
+		gvk, _ := c.GroupVersionKindFor(obj)
+		return &ErrNotOwned{Kind: gvk.Kind, Name: obj.GetName()}
+	}
+	return nil
+}
