@@ -13,7 +13,9 @@ import (
 
 // grownSize is the disk a volume of capacity bytes holds when grown: 94 %, rounded down to
 // a MiB.
-func grownSize(capacity int64) int64 { return int64(float64(capacity)*(1-DefaultOverhead)) &^ (1<<20 - 1) }
+func grownSize(capacity int64) int64 {
+	return int64(float64(capacity)*(1-DefaultOverhead)) &^ (1<<20 - 1)
+}
 
 // TestGrow imports a 64 MiB image into a 200 MiB volume with --grow: the disk keeps the
 // image's bytes and is as large as the volume allows.

@@ -44,4 +44,3 @@ func (r *Reconciler) noteSnapshot(ctx context.Context, g *goldenImage) error {
 	}
 	return client.IgnoreNotFound(err)
 }
-
