@@ -54,10 +54,10 @@ type plan struct {
 
 func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, error) {
 	st, tr := d.status, d.tracked()
-	if st.Phase == common.PhaseFailed {
-		return ctrl.Result{}, nil
-	}
 	pvcName := d.obj.GetName()
+	if st.Phase == common.PhaseFailed {
+		return ctrl.Result{}, r.unmark(ctx, d.obj.GetNamespace(), pvcName)
+	}
 	if st.Phase == common.PhaseReady {
 		return ctrl.Result{}, r.noteCapacity(ctx, d, pvcName)
 	}
@@ -265,12 +265,24 @@ func (r *Reconciler) made(ctx context.Context, d *vmDisk, pvc *corev1.Persistent
 		if err := hostcopy.Cleanup(ctx, r.Client, d.obj, p.golden.PVC.Namespace); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Could not remove the clone source")
 		}
-		patch := client.MergeFrom(pvc.DeepCopy())
-		delete(pvc.Labels, image.LabelCloneOf)
-		if err := r.Patch(ctx, pvc, patch); err != nil {
+		if err := r.unmark(ctx, pvc.Namespace, pvc.Name); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Could not unmark the clone")
 		}
 	}
+}
+
+// unmark removes the mark that holds the image while its disk is being made.
+func (r *Reconciler) unmark(ctx context.Context, ns, name string) error {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pvc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if _, ok := pvc.Labels[image.LabelCloneOf]; !ok {
+		return nil
+	}
+	patch := client.MergeFrom(pvc.DeepCopy())
+	delete(pvc.Labels, image.LabelCloneOf)
+	return client.IgnoreNotFound(r.Patch(ctx, pvc, patch))
 }
 
 // noteCapacity records the bound size of a Ready disk's PVC (a WaitForFirstConsumer disk

@@ -1,12 +1,6 @@
 package image_test
 
 import (
-	"context"
-	"encoding/json"
-	"fmt"
-	"net"
-	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -14,21 +8,19 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
-	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -36,65 +28,29 @@ import (
 )
 
 var (
-	env         *testenv.Env
-	metricsPort int32
-	metricsBody = make(chan string, 1)
+	env *testenv.Env
+	mgr *ctrltest.Manager
 )
 
 func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
 
 var managerOnce sync.Once
 
-// startManager runs the controllers (once per test binary: controller names are unique per
-// process) against the test's apiserver; importer pods' metrics are read on 127.0.0.1 from a
-// server the test controls.
+// startManager runs the controllers once per test binary against the test's apiserver.
 func startManager(t *testing.T) {
 	t.Helper()
-	managerOnce.Do(func() { runManager(t) })
-}
-
-func runManager(t *testing.T) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsPort = int32(l.Addr().(*net.TCPAddr).Port) //nolint:gosec // a port
-	srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case b := <-metricsBody:
-			fmt.Fprint(w, b)
-			metricsBody <- b
-		default:
+	managerOnce.Do(func() {
+		var err error
+		if mgr, err = ctrltest.StartManager(env, manager.Options{}); err != nil {
+			t.Fatal(err)
 		}
-	})}
-	go func() { _ = srv.Serve(l) }()
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	mgr, err := manager.New(env.Config, manager.Options{MetricsAddr: "0", ProbeAddr: "0",
-		Importer: importpod.Config{Image: "diskpipe:test", MetricsPort: metricsPort}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = mgr.Start(context.Background()) }() // runs until the test binary exits
+	})
 }
 
 // kubelet plays the kubelet's part for an importer pod.
 func kubelet(t *testing.T, ns, name string, phase corev1.PodPhase, res *transfer.Result, exit int32) {
 	t.Helper()
-	g := NewWithT(t)
-	pod := &corev1.Pod{}
-	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pod) }, 20*time.Second).Should(Succeed())
-	pod.Status.Phase, pod.Status.PodIP = phase, "127.0.0.1"
-	if res != nil || exit != 0 { // a killed container leaves no message
-		msg := ""
-		if res != nil {
-			b, _ := json.Marshal(res)
-			msg = string(b)
-		}
-		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "importer", State: corev1.ContainerState{
-			Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Error", Message: msg}}}}
-	}
-	g.Expect(env.Client.Status().Update(t.Context(), pod)).To(Succeed())
+	ctrltest.Kubelet(t, env, ns, name, phase, res, exit)
 }
 
 func newImage(ns, name string, size string, retry int32) *hypercloud.VirtualMachineImage {
@@ -176,12 +132,12 @@ func TestImport(t *testing.T) {
 	g.Expect(mounted).To(Equal([]string{"configmap/ca", "pvc/vmim-ubuntu18.04", "secret/basic"}))
 
 	// Running: progress comes from the pod's metrics.
-	metricsBody <- "diskpipe_transfer_bytes_done 5.36870912e+08\ndiskpipe_transfer_bytes_total 1.073741824e+09\ndiskpipe_transfer_bytes_per_second 1e+08\n"
+	mgr.Metrics <- "diskpipe_transfer_bytes_done 5.36870912e+08\ndiskpipe_transfer_bytes_total 1.073741824e+09\ndiskpipe_transfer_bytes_per_second 1e+08\n"
 	kubelet(t, ns, pod.Name, corev1.PodRunning, nil, 0)
 	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
 		return string(st.Phase) + " " + st.Progress + " " + readyReason(st)
 	}, Equal("Importing 50.0% Running")))
-	<-metricsBody
+	<-mgr.Metrics
 
 	kubelet(t, ns, pod.Name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 2361393152,
 		BytesRead: 600 << 20, Digest: "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", DurationSeconds: 12}, 0)

@@ -177,3 +177,36 @@ func (s *Server) AWS(ctx context.Context, secret string, args ...string) (string
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+// StartShared runs a store for a whole test binary, for a TestMain or a manager shared by its
+// tests: it lives until stop is called. A failure to start panics.
+func StartShared(dir string) (s *Server, stop func()) {
+	tb := &processTB{dir: dir}
+	s = StartIn(tb, filepath.Join(dir, "data"))
+	return s, func() {
+		for i := len(tb.cleanups) - 1; i >= 0; i-- {
+			tb.cleanups[i]()
+		}
+	}
+}
+
+// processTB is the part of testing.TB a store uses, for one that outlives any test.
+type processTB struct {
+	testing.TB
+	dir      string
+	cleanups []func()
+	n        int
+}
+
+func (p *processTB) Helper()                   {}
+func (p *processTB) Cleanup(f func())          { p.cleanups = append(p.cleanups, f) }
+func (p *processTB) Fatal(args ...any)         { panic(fmt.Sprint(args...)) }
+func (p *processTB) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (p *processTB) TempDir() string {
+	p.n++
+	d := filepath.Join(p.dir, fmt.Sprintf("tmp%d", p.n))
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		panic(err)
+	}
+	return d
+}

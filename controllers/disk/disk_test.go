@@ -1,0 +1,288 @@
+package disk_test
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+
+// The storage the tests stand in for: one CSI driver with an Immediate class, a
+// WaitForFirstConsumer class, a class that prefers snapshots, and a VolumeSnapshotClass; and
+// a second driver without snapshots.
+const (
+	driver      = "csi.diskpipe.test"
+	classCSI    = "csi"
+	classWFFC   = "csi-wffc"
+	classSnap   = "csi-snap"
+	classOther  = "other"
+	snapClass   = "csi-snapshots"
+	goldenSize  = "2Gi"
+	goldenBytes = 2 << 30
+)
+
+var setupOnce sync.Once
+
+func setup(t *testing.T) {
+	t.Helper()
+	setupOnce.Do(func() {
+		ctx := t.Context()
+		wffc := storagev1.VolumeBindingWaitForFirstConsumer
+		for _, sc := range []*storagev1.StorageClass{
+			{ObjectMeta: metav1.ObjectMeta{Name: classCSI, Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: driver},
+			{ObjectMeta: metav1.ObjectMeta{Name: classWFFC}, Provisioner: driver, VolumeBindingMode: &wffc},
+			{ObjectMeta: metav1.ObjectMeta{Name: classSnap, Annotations: map[string]string{disk.AnnotationCloneStrategy: "Snapshot"}}, Provisioner: driver},
+			{ObjectMeta: metav1.ObjectMeta{Name: classOther}, Provisioner: "other.diskpipe.test"},
+		} {
+			if err := env.Client.Create(ctx, sc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := env.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: snapClass},
+			Driver: driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ctrltest.StartManager(env, manager.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns, err := env.CreateNamespace(t.Context(), "disk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// readyImage makes a VirtualMachineImage and plays its import to Ready.
+func readyImage(t *testing.T, ns, name, class string, block bool) *hypercloud.VirtualMachineImage {
+	t.Helper()
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://images.example.com/" + name + ".qcow2")}}}
+	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity(goldenSize)
+	vmi.Spec.StorageClassName = &class
+	if block {
+		vmi.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeBlock)
+	}
+	g := NewWithT(t)
+	g.Expect(env.Client.Create(t.Context(), vmi)).To(Succeed())
+	ctrltest.Bind(t, env, ns, "vmim-"+name)
+	ctrltest.Complete(t, env, ns, "vmim-"+name+"-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+	g.Eventually(func() common.Phase {
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(vmi), vmi)
+		return vmi.Status.Phase
+	}, 20*time.Second).Should(Equal(common.PhaseReady))
+	return vmi
+}
+
+func newDiskVolume(ns, name string, src diskvolume.DiskVolumeSource, class, size string) *diskvolume.DiskVolume {
+	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: diskvolume.DiskVolumeSpec{Source: src}}
+	if class != "" {
+		d.Spec.StorageClassName = &class
+	}
+	if size != "" {
+		d.Spec.Resources.Requests.Storage = ctrltest.Quantity(size)
+	}
+	return d
+}
+
+func fromImage(ns, name string) diskvolume.DiskVolumeSource {
+	return diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(name), Namespace: ns, Kind: diskvolume.ImageKindVirtualMachineImage}}
+}
+
+// diskStatus returns a function that reads obj's status, for Eventually.
+func diskStatus(t *testing.T, obj client.Object, st *common.DiskStatus) func() *common.DiskStatus {
+	return func() *common.DiskStatus {
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(obj), obj)
+		return st
+	}
+}
+
+func phase(st *common.DiskStatus) common.Phase { return st.Phase }
+
+func condition(typ string) func(st *common.DiskStatus) string {
+	return func(st *common.DiskStatus) string {
+		if c := meta.FindStatusCondition(st.Conditions, typ); c != nil {
+			return c.Reason + ": " + c.Message
+		}
+		return ""
+	}
+}
+
+func pvcOf(t *testing.T, ns, name string) *corev1.PersistentVolumeClaim {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{}
+	NewWithT(t).Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pvc) },
+		20*time.Second).Should(Succeed())
+	return pvc
+}
+
+// TestCSIClone is the seed's VirtualMachinePvc: a CSI clone of the golden PVC, larger than
+// the image, so disk.img is grown to the volume by a grow pod once the clone is bound.
+func TestCSIClone(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	vmi := readyImage(t, ns, "ubuntu", classCSI, false)
+
+	vmpvc := &hypercloud.VirtualMachinePvc{ObjectMeta: metav1.ObjectMeta{Name: "vm-disk", Namespace: ns},
+		Spec: hypercloud.VirtualMachinePvcSpec{VirtualMachineImageName: "ubuntu",
+			PVC: common.PVCTemplate{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}}}}
+	vmpvc.Spec.PVC.Resources.Requests.Storage = ctrltest.Quantity("10Gi")
+	vmpvc.Spec.PVC.StorageClassName = ptr.To(classCSI)
+	g.Expect(env.Client.Create(t.Context(), vmpvc)).To(Succeed())
+
+	pvc := pvcOf(t, ns, "vm-disk")
+	g.Expect(pvc.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-ubuntu"}))
+	g.Expect(pvc.Spec.Resources.Requests.Storage().String()).To(Equal("10Gi"))
+	g.Expect(pvc.Labels).To(HaveKeyWithValue(image.LabelCloneOf, string(vmi.UID)), "marked while cloning")
+	g.Expect(metav1.IsControlledBy(pvc, vmpvc)).To(BeTrue())
+	g.Eventually(diskStatus(t, vmpvc, &vmpvc.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy),
+		Equal("Preferred: CSIClone, as preferred")))
+	g.Expect(vmpvc.Status.CloneStrategy).To(Equal(common.CloneStrategyCSIClone))
+
+	ctrltest.Bind(t, env, ns, "vm-disk")
+	grow := ctrltest.Pod(t, env, ns, "vm-disk-grow-0")
+	args := strings.Join(grow.Spec.Containers[0].Args, " ")
+	g.Expect(args).To(ContainSubstring("--grow-only"))
+	g.Expect(args).To(ContainSubstring("--target /data/disk.img --capacity 10737418240"))
+	ctrltest.Complete(t, env, ns, "vm-disk-grow-0", transfer.Result{Format: "raw", VirtualSize: 10090985472})
+
+	g.Eventually(diskStatus(t, vmpvc, &vmpvc.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(vmpvc.Status.PVCName).To(Equal("vm-disk"))
+	g.Expect(vmpvc.Status.VirtualSize.Value()).To(Equal(int64(10090985472)))
+	g.Expect(vmpvc.Status.Capacity.String()).To(Equal("10Gi"))
+	g.Eventually(func() map[string]string { return pvcOf(t, ns, "vm-disk").Labels }, 20*time.Second).ShouldNot(HaveKey(image.LabelCloneOf))
+
+	// The same size as the image: nothing to grow; Ready once bound.
+	same := newDiskVolume(ns, "same-size", fromImage("", "ubuntu"), "", "")
+	g.Expect(env.Client.Create(t.Context(), same)).To(Succeed())
+	g.Expect(pvcOf(t, ns, "same-size").Spec.Resources.Requests.Storage().String()).To(Equal(goldenSize))
+	g.Consistently(diskStatus(t, same, &same.Status), 2*time.Second).Should(WithTransform(condition(common.ConditionReady),
+		HavePrefix("WaitingForBinding")))
+	ctrltest.Bind(t, env, ns, "same-size")
+	g.Eventually(diskStatus(t, same, &same.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "same-size-grow-0"}, &corev1.Pod{})).
+		To(WithTransform(apierrors.IsNotFound, BeTrue()))
+
+	// Smaller than the image: refused, with the sizes.
+	small := newDiskVolume(ns, "small", fromImage("", "ubuntu"), "", "1Gi")
+	g.Expect(env.Client.Create(t.Context(), small)).To(Succeed())
+	g.Eventually(diskStatus(t, small, &small.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
+		Equal("TooSmall: the disk asks for 1Gi but its source needs 2Gi: ask for at least that")))
+	g.Expect(small.Status.Phase).To(Equal(common.PhaseFailed))
+}
+
+// TestSnapshotStrategy restores disks from the image's one golden VolumeSnapshot, on a class
+// that prefers snapshots.
+func TestSnapshotStrategy(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	vmi := readyImage(t, ns, "fedora", classSnap, false)
+	for _, name := range []string{"a", "b"} {
+		g.Expect(env.Client.Create(t.Context(), newDiskVolume(ns, name, fromImage("", "fedora"), classSnap, ""))).To(Succeed())
+	}
+	for _, name := range []string{"a", "b"} {
+		pvc := pvcOf(t, ns, name)
+		g.Expect(pvc.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"),
+			Kind: "VolumeSnapshot", Name: "vmim-fedora-golden"}))
+	}
+	snaps := &snapshotv1.VolumeSnapshotList{}
+	g.Expect(env.Client.List(t.Context(), snaps, client.InNamespace(ns))).To(Succeed())
+	g.Expect(snaps.Items).To(HaveLen(1), "one golden snapshot per image")
+	snap := snaps.Items[0]
+	g.Expect(*snap.Spec.Source.PersistentVolumeClaimName).To(Equal("vmim-fedora"))
+	g.Expect(*snap.Spec.VolumeSnapshotClassName).To(Equal(snapClass))
+	g.Expect(metav1.IsControlledBy(&snap, vmi)).To(BeTrue())
+	g.Eventually(func() string {
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(vmi), vmi)
+		return vmi.Status.SnapshotName
+	}, 20*time.Second).Should(Equal("vmim-fedora-golden"))
+
+	a := &diskvolume.DiskVolume{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "a"}, a)).To(Succeed())
+	g.Expect(condition(disk.ConditionCloneStrategy)(&a.Status)).To(Equal("Preferred: Snapshot, as preferred"))
+	ctrltest.Bind(t, env, ns, "a")
+	g.Eventually(diskStatus(t, a, &a.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+}
+
+// TestFallback falls back to a host-assisted copy when the storage cannot clone, says why,
+// and copies with an importer pod that mounts the golden PVC read-only.
+func TestFallback(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	readyImage(t, ns, "debian", classCSI, false)
+	d := newDiskVolume(ns, "other-class", fromImage("", "debian"), classOther, "4Gi")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy), Equal(
+		`FellBack: HostAssisted, because CSIClone is not possible: the image's storage class is "csi" and the disk's "other"; `+
+			`Snapshot is not possible: the image's driver is "csi.diskpipe.test" and the disk's "other.diskpipe.test"`)))
+	pvc := pvcOf(t, ns, "other-class")
+	g.Expect(pvc.Spec.DataSource).To(BeNil())
+
+	pod := ctrltest.Pod(t, env, ns, "other-class-clone-0")
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	g.Expect(args).To(ContainSubstring("--grow --source file --path /source/disk.img"))
+	g.Expect(args).To(ContainSubstring("--target /data/disk.img --capacity 4294967296"))
+	var source *corev1.PersistentVolumeClaimVolumeSource
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == "source" {
+			source = v.PersistentVolumeClaim
+		}
+	}
+	g.Expect(source).To(Equal(&corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vmim-debian", ReadOnly: true}))
+	g.Expect(pod.Spec.Containers[0].VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: "source", MountPath: "/source", ReadOnly: true}))
+
+	// A transient failure is retried as a new pod; then the copy succeeds.
+	ctrltest.Kubelet(t, env, ns, "other-class-clone-0", corev1.PodFailed,
+		&transfer.Result{Reason: transfer.ReasonSourceUnavailable, Transient: true, Message: "read error"}, 3)
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), HavePrefix("Retrying")))
+	ctrltest.Complete(t, env, ns, "other-class-clone-1", transfer.Result{Format: "raw", VirtualSize: 4037017600, DurationSeconds: 3})
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(d.Status.Retries).To(Equal(int32(1)))
+	g.Expect(d.Status.VirtualSize.Value()).To(Equal(int64(4037017600)))
+
+	// A block disk from a filesystem image cannot be a storage clone either.
+	blk := newDiskVolume(ns, "block", fromImage("", "debian"), classCSI, "")
+	blk.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeBlock)
+	g.Expect(env.Client.Create(t.Context(), blk)).To(Succeed())
+	pod = ctrltest.Pod(t, env, ns, "block-clone-0")
+	g.Expect(strings.Join(pod.Spec.Containers[0].Args, " ")).To(ContainSubstring("--target /dev/diskpipe-target"))
+	g.Expect(condition(disk.ConditionCloneStrategy)(diskStatus(t, blk, &blk.Status)())).To(ContainSubstring("Filesystem volume and the disk a Block volume"))
+
+	// A permanent failure ends the disk, and the clone no longer holds the image.
+	ctrltest.Kubelet(t, env, ns, "block-clone-0", corev1.PodFailed,
+		&transfer.Result{Reason: transfer.ReasonTooLarge, Message: "the image's virtual size 2.0 GiB is larger than the block device (1.0 GiB)"}, 1)
+	g.Eventually(diskStatus(t, blk, &blk.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseFailed)))
+	g.Expect(condition(common.ConditionReady)(&blk.Status)).To(HavePrefix("TooLarge: "))
+	g.Eventually(func() map[string]string { return pvcOf(t, ns, "block").Labels }, 20*time.Second).ShouldNot(HaveKey(image.LabelCloneOf))
+}

@@ -1,0 +1,117 @@
+// Package ctrltest runs diskpipe's manager against a test's apiserver and plays the parts
+// that envtest has no process for: the kubelet (pod status, termination messages, a pod IP
+// whose metrics port the test controls) and the CSI driver (binding PVCs). Only tests import
+// it.
+package ctrltest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega" //nolint:revive // gomega's DSL
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// Manager is a running manager and the importer metrics it is served.
+type Manager struct {
+	// Metrics is what importer pods' metrics endpoints answer: send a body to serve it.
+	Metrics chan string
+}
+
+// StartManager starts the manager with opts (its importer pods' metrics port pointed at a
+// server the test controls) until the test binary exits. Call it once per binary: controller
+// names are unique per process.
+func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
+	m := &Manager{Metrics: make(chan string, 1)}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case b := <-m.Metrics:
+			fmt.Fprint(w, b)
+			m.Metrics <- b
+		default:
+		}
+	})}
+	go func() { _ = srv.Serve(l) }()
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
+	opts.Importer = importpod.Config{Image: "diskpipe:test", MetricsPort: int32(l.Addr().(*net.TCPAddr).Port)} //nolint:gosec // a port
+	mgr, err := manager.New(env.Config, opts)
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = mgr.Start(context.Background()) }() // runs until the test binary exits
+	return m, nil
+}
+
+// Pod waits for a pod to exist and returns it.
+func Pod(t *testing.T, env *testenv.Env, ns, name string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{}
+	NewWithT(t).Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pod) },
+		20*time.Second).Should(Succeed(), "pod %s/%s", ns, name)
+	return pod
+}
+
+// Kubelet plays the kubelet's part for a pod: its phase, IP 127.0.0.1, and when it ended, the
+// result in its termination message (none with res nil: a killed container).
+func Kubelet(t *testing.T, env *testenv.Env, ns, name string, phase corev1.PodPhase, res *transfer.Result, exit int32) {
+	t.Helper()
+	pod := Pod(t, env, ns, name)
+	pod.Status.Phase, pod.Status.PodIP = phase, "127.0.0.1"
+	if res != nil || exit != 0 {
+		msg := ""
+		if res != nil {
+			b, _ := json.Marshal(res)
+			msg = string(b)
+		}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "importer", State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Error", Message: msg}}}}
+	}
+	NewWithT(t).Expect(env.Client.Status().Update(t.Context(), pod)).To(Succeed())
+}
+
+// Complete ends a pod with a successful result.
+func Complete(t *testing.T, env *testenv.Env, ns, name string, res transfer.Result) {
+	t.Helper()
+	res.Succeeded = true
+	Kubelet(t, env, ns, name, corev1.PodSucceeded, &res, 0)
+}
+
+// Bind plays the CSI driver: the PVC is bound at its requested size.
+func Bind(t *testing.T, env *testenv.Env, ns, name string) *corev1.PersistentVolumeClaim {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{}
+	g := NewWithT(t)
+	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pvc) },
+		20*time.Second).Should(Succeed(), "PVC %s/%s", ns, name)
+	pvc.Status.Phase = corev1.ClaimBound
+	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: pvc.Spec.Resources.Requests[corev1.ResourceStorage]}
+	g.Expect(env.Client.Status().Update(t.Context(), pvc)).To(Succeed())
+	return pvc
+}
+
+// Quantity parses s.
+func Quantity(s string) *resource.Quantity {
+	q := resource.MustParse(s)
+	return &q
+}
