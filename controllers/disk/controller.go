@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,8 +33,8 @@ const Finalizer = "diskpipe.io/disk"
 // LabelDisk marks a disk's children with its UID.
 const LabelDisk = "diskpipe.io/disk"
 
-// indexImage indexes disks by imageKey.
-const indexImage = "diskpipe.io/image"
+// indexSource indexes disks by what they are made from: imageKey, or snapshotKey.
+const indexSource = "diskpipe.io/source"
 
 // Reconciler reconciles one kind of VM disk.
 type Reconciler struct {
@@ -61,12 +62,14 @@ func Setup(mgr ctrl.Manager, pods importpod.Config) error {
 			func() client.Object { return &diskvolume.DiskVolume{} }, fromDiskVolume},
 	} {
 		adapt := k.adapt
-		if err := mgr.GetFieldIndexer().IndexField(context.Background(), k.kind, indexImage, func(o client.Object) []string {
-			d := adapt(o)
-			if d.image == nil {
-				return nil
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), k.kind, indexSource, func(o client.Object) []string {
+			switch d := adapt(o); {
+			case d.image != nil:
+				return []string{imageKey(d.image.Kind, d.imageNamespace(), string(d.image.Name))}
+			case d.snapshot != "":
+				return []string{snapshotKey(o.GetNamespace(), d.snapshot)}
 			}
-			return []string{imageKey(d.image.Kind, d.imageNamespace(), string(d.image.Name))}
+			return nil
 		}); err != nil {
 			return err
 		}
@@ -74,11 +77,11 @@ func Setup(mgr ctrl.Manager, pods importpod.Config) error {
 			Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: pods, Events: mgr.GetEventRecorder("diskpipe-" + k.name),
 				HTTP: &http.Client{Timeout: 2 * time.Second}},
 			newObject: k.new, adapt: adapt}
-		// A disk waiting for its image is woken when the image changes.
-		toDisks := func(kind diskvolume.ImageKind) handler.EventHandler {
-			return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, img client.Object) []reconcile.Request {
+		// A disk waiting for its image or snapshot is woken when that changes.
+		toDisks := func(key func(client.Object) string) handler.EventHandler {
+			return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, src client.Object) []reconcile.Request {
 				list := k.list()
-				if err := mgr.GetClient().List(ctx, list, client.MatchingFields{indexImage: imageKey(kind, img.GetNamespace(), img.GetName())}); err != nil {
+				if err := mgr.GetClient().List(ctx, list, client.MatchingFields{indexSource: key(src)}); err != nil {
 					return nil
 				}
 				var reqs []reconcile.Request
@@ -90,8 +93,13 @@ func Setup(mgr ctrl.Manager, pods importpod.Config) error {
 		}
 		err := ctrl.NewControllerManagedBy(mgr).Named(k.name).For(k.kind).
 			Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).
-			Watches(&hypercloud.VirtualMachineImage{}, toDisks(image.KindVirtualMachineImage)).
-			Watches(&virtualmachine.ImageTemplate{}, toDisks(image.KindImageTemplate)).
+			Watches(&hypercloud.VirtualMachineImage{}, toDisks(func(o client.Object) string {
+				return imageKey(image.KindVirtualMachineImage, o.GetNamespace(), o.GetName())
+			})).
+			Watches(&virtualmachine.ImageTemplate{}, toDisks(func(o client.Object) string {
+				return imageKey(image.KindImageTemplate, o.GetNamespace(), o.GetName())
+			})).
+			Watches(&snapshotv1.VolumeSnapshot{}, toDisks(func(o client.Object) string { return snapshotKey(o.GetNamespace(), o.GetName()) })).
 			Complete(r)
 		if err != nil {
 			return fmt.Errorf("%s: %w", k.name, err)

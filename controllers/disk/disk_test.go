@@ -286,3 +286,162 @@ func TestFallback(t *testing.T) {
 	g.Expect(condition(common.ConditionReady)(&blk.Status)).To(HavePrefix("TooLarge: "))
 	g.Eventually(func() map[string]string { return pvcOf(t, ns, "block").Labels }, 20*time.Second).ShouldNot(HaveKey(image.LabelCloneOf))
 }
+
+// TestCrossNamespace copies an image of another namespace: a clone-source pod there serves
+// the golden PVC to the importer in the disk's namespace, with a token only the two hold;
+// both go when the disk is made.
+func TestCrossNamespace(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	images, ns := namespace(t), namespace(t)
+	readyImage(t, images, "centos", classCSI, false)
+	d := newDiskVolume(ns, "centos-disk", fromImage(images, "centos"), classCSI, "")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy),
+		ContainSubstring("FellBack: HostAssisted, because CSIClone is not possible: the image is in namespace "+images)))
+	g.Expect(d.Finalizers).To(ContainElement(disk.Finalizer))
+
+	serveName := "clone-source-" + string(d.UID)
+	serve := ctrltest.Pod(t, env, images, serveName)
+	args := strings.Join(serve.Spec.Containers[0].Args, " ")
+	g.Expect(args).To(ContainSubstring("--serve :8091 --path /source/disk.img --token-file /var/run/diskpipe/clone/token"))
+	srcToken := &corev1.Secret{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, srcToken)).To(Succeed())
+	g.Expect(srcToken.Data["token"]).To(HaveLen(64))
+
+	// The importer starts once the source serves.
+	g.Consistently(func() error {
+		return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "centos-disk-clone-0"}, &corev1.Pod{})
+	}, time.Second).ShouldNot(Succeed())
+	ctrltest.Kubelet(t, env, images, serveName, corev1.PodRunning, nil, 0)
+	pod := ctrltest.Pod(t, env, ns, "centos-disk-clone-0")
+	args = strings.Join(pod.Spec.Containers[0].Args, " ")
+	g.Expect(args).To(ContainSubstring("--source http --format raw --url http://127.0.0.1:8091/disk --header-file /var/run/diskpipe/clone/header"))
+	myToken := &corev1.Secret{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "clone-token-" + string(d.UID)}, myToken)).To(Succeed())
+	g.Expect(string(myToken.Data["header"])).To(Equal("Authorization: Bearer " + string(srcToken.Data["token"])))
+	g.Expect(metav1.IsControlledBy(myToken, d)).To(BeTrue())
+
+	ctrltest.Complete(t, env, ns, "centos-disk-clone-0", transfer.Result{Format: "raw", VirtualSize: 2018508800})
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, &corev1.Pod{})) &&
+			apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, &corev1.Secret{}))
+	}, 20*time.Second).Should(BeTrue(), "the clone source is removed")
+
+	// Deleting a disk mid-copy removes its clone source too.
+	mid := newDiskVolume(ns, "mid", fromImage(images, "centos"), classCSI, "")
+	g.Expect(env.Client.Create(t.Context(), mid)).To(Succeed())
+	g.Eventually(diskStatus(t, mid, &mid.Status), 20*time.Second).Should(WithTransform(func(st *common.DiskStatus) string { return string(st.CloneStrategy) }, Equal("HostAssisted")))
+	midSource := "clone-source-" + string(mid.UID)
+	ctrltest.Pod(t, env, images, midSource)
+	g.Expect(env.Client.Delete(t.Context(), mid)).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: midSource}, &corev1.Pod{})) &&
+			apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKeyFromObject(mid), mid))
+	}, 20*time.Second).Should(BeTrue())
+}
+
+// TestBlankAndSnapshotDisks makes a blank disk (sparse disk.img of the volume's usable size)
+// and a disk restored from a user's VolumeSnapshot.
+func TestBlankAndSnapshotDisks(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	blank := newDiskVolume(ns, "data", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, "", "20Gi")
+	g.Expect(env.Client.Create(t.Context(), blank)).To(Succeed())
+	pod := ctrltest.Pod(t, env, ns, "data-blank-0")
+	g.Expect(strings.Join(pod.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source blank --grow --metrics-addr :"))
+	g.Expect(pvcOf(t, ns, "data").Spec.DataSource).To(BeNil())
+	ctrltest.Complete(t, env, ns, "data-blank-0", transfer.Result{Format: "raw", VirtualSize: 20185088000})
+	g.Eventually(diskStatus(t, blank, &blank.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(condition(common.ConditionReady)(&blank.Status)).To(HavePrefix("Made: blank"))
+
+	snap := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "backup", Namespace: ns},
+		Spec: snapshotv1.VolumeSnapshotSpec{Source: snapshotv1.VolumeSnapshotSource{PersistentVolumeClaimName: ptr.To("data")}}}
+	restored := newDiskVolume(ns, "restored", diskvolume.DiskVolumeSource{Snap: &diskvolume.SnapshotSource{Name: "backup"}}, "", "")
+	g.Expect(env.Client.Create(t.Context(), restored)).To(Succeed())
+	g.Eventually(diskStatus(t, restored, &restored.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
+		Equal("SnapshotNotFound: the VolumeSnapshot backup does not exist")))
+	g.Expect(env.Client.Create(t.Context(), snap)).To(Succeed())
+	snap.Status = &snapshotv1.VolumeSnapshotStatus{ReadyToUse: ptr.To(true), RestoreSize: ctrltest.Quantity("20Gi")}
+	g.Expect(env.Client.Status().Update(t.Context(), snap)).To(Succeed())
+	// The snapshot wakes the disk that waits for it.
+	pvc := &corev1.PersistentVolumeClaim{}
+	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "restored"}, pvc) }, 10*time.Second).Should(Succeed())
+	g.Expect(pvc.Spec.DataSource.Kind).To(Equal("VolumeSnapshot"))
+	g.Expect(pvc.Spec.Resources.Requests.Storage().String()).To(Equal("20Gi"), "the snapshot's restore size")
+}
+
+// TestWaitForFirstConsumer: on a class that binds at the first consumer a cloned disk is
+// Ready at once (the VM's pod is that consumer); a disk that needs a grow pod waits for it.
+func TestWaitForFirstConsumer(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	readyImage(t, ns, "wffc", classWFFC, false)
+	d := newDiskVolume(ns, "lazy", fromImage("", "wffc"), classWFFC, "")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(condition(common.ConditionReady)(&d.Status)).To(HavePrefix("WaitingForFirstConsumer: "))
+	g.Expect(d.Status.Capacity).To(BeNil())
+	ctrltest.Bind(t, env, ns, "lazy") // the VM's pod was scheduled
+	// The bound size is noted when the disk is next reconciled (the PVC is its child).
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(func(st *common.DiskStatus) string {
+		if st.Capacity == nil {
+			return ""
+		}
+		return st.Capacity.String()
+	}, Equal(goldenSize)))
+
+	big := newDiskVolume(ns, "big", fromImage("", "wffc"), classWFFC, "8Gi")
+	g.Expect(env.Client.Create(t.Context(), big)).To(Succeed())
+	ctrltest.Pod(t, env, ns, "big-grow-0") // the grow pod is the first consumer
+	g.Eventually(diskStatus(t, big, &big.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseCloning)))
+	g.Consistently(diskStatus(t, big, &big.Status), time.Second).Should(WithTransform(phase, Equal(common.PhaseCloning)))
+}
+
+// TestWaitsForImage: a disk made before its image is Ready waits, and goes on as soon as the
+// image is Ready.
+func TestWaitsForImage(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	d := newDiskVolume(ns, "early", fromImage("", "late"), classCSI, "")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
+		Equal("SourceNotFound: the VirtualMachineImage "+ns+"/late does not exist")))
+	g.Expect(d.Status.Phase).To(Equal(common.PhasePending))
+	start := time.Now()
+	readyImage(t, ns, "late", classCSI, false)
+	pvcOf(t, ns, "early")
+	g.Expect(time.Since(start)).To(BeNumerically("<", 15*time.Second), "woken by the image, not by a periodic retry")
+}
+
+// TestImageDeletionWaitsForClones: an image being cloned is deleted only when the clone is
+// made; then its golden PVC and snapshot go with it.
+func TestImageDeletionWaitsForClones(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	vmi := readyImage(t, ns, "arch", classCSI, false)
+	d := newDiskVolume(ns, "arch-disk", fromImage("", "arch"), classCSI, "")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	pvcOf(t, ns, "arch-disk")
+	g.Expect(env.Client.Delete(t.Context(), vmi)).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(vmi), vmi)
+		return string(vmi.Status.Phase)
+	}, 20*time.Second).Should(Equal("Deleting"))
+	g.Expect(meta.FindStatusCondition(vmi.Status.Conditions, common.ConditionReady).Message).To(
+		Equal("1 disks are being cloned from this image (first: " + ns + "/arch-disk); it is deleted when they are made"))
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vmim-arch"}, &corev1.PersistentVolumeClaim{})).To(Succeed())
+
+	ctrltest.Bind(t, env, ns, "arch-disk")
+	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKeyFromObject(vmi), vmi)) },
+		20*time.Second).Should(BeTrue())
+	golden := &corev1.PersistentVolumeClaim{}
+	err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vmim-arch"}, golden)
+	g.Expect(apierrors.IsNotFound(err) || !golden.DeletionTimestamp.IsZero()).To(BeTrue(), "the golden PVC is deleted")
+	g.Expect(diskStatus(t, d, &d.Status)().Phase).To(Equal(common.PhaseReady))
+}

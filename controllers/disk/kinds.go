@@ -70,3 +70,6 @@ func imageKey(kind diskvolume.ImageKind, ns, name string) string {
 	}
 	return string(kind) + "/" + ns + "/" + name
 }
+
+// snapshotKey indexes disks by the VolumeSnapshot they are restored from.
+func snapshotKey(ns, name string) string { return "VolumeSnapshot/" + ns + "/" + name }

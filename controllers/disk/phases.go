@@ -137,6 +137,9 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		if err != nil {
 			return nil, err
 		}
+		if g.Deleting() && d.status.PVCName == "" {
+			return nil, &image.NotReadyError{Reason: "SourceDeleting", Message: fmt.Sprintf("the image %s/%s is being deleted", g.PVC.Namespace, g.Obj.GetName())}
+		}
 		p.golden, p.sourceSize = g, image.PVCSize(g.PVC)
 	case d.snapshot != "":
 		snap := &snapshotv1.VolumeSnapshot{}

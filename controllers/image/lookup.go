@@ -27,6 +27,10 @@ type Golden struct {
 	PVC    *corev1.PersistentVolumeClaim
 }
 
+// Deleting says whether the image is being deleted: a clone already started from it goes
+// on (the image waits for it), a new one must not start.
+func (g *Golden) Deleting() bool { return !g.Obj.GetDeletionTimestamp().IsZero() }
+
 // NewObject returns an empty image of kind (VirtualMachineImage by default).
 func NewObject(kind diskvolume.ImageKind) (client.Object, *common.ImageStatus) {
 	if kind == KindImageTemplate {
@@ -50,10 +54,8 @@ func Lookup(ctx context.Context, c client.Reader, kind diskvolume.ImageKind, ns,
 		}
 		return nil, err
 	}
-	if !obj.GetDeletionTimestamp().IsZero() {
-		return nil, &NotReadyError{"SourceDeleting", fmt.Sprintf("the %s %s/%s is being deleted", kind, ns, name)}
-	}
-	if st.Phase != common.PhaseReady || st.PVCName == "" {
+	// An image being deleted has phase Deleting; if it was imported, its clones go on.
+	if st.CompletionTime == nil || st.PVCName == "" || st.Phase == common.PhaseFailed {
 		return nil, &NotReadyError{"SourceNotReady", fmt.Sprintf("the %s %s/%s is %s, not Ready yet", kind, ns, name, phaseOf(st.Phase))}
 	}
 	pvc, err := lookupPVC(ctx, c, ns, st.PVCName)
@@ -101,6 +103,9 @@ func copySourcePVC(ctx context.Context, c client.Reader, ref *copyRef) (*corev1.
 		g, err := Lookup(ctx, c, KindImageTemplate, ref.namespace, ref.name)
 		if err != nil {
 			return nil, err
+		}
+		if g.Deleting() {
+			return nil, &NotReadyError{"SourceDeleting", fmt.Sprintf("the ImageTemplate %s/%s is being deleted", ref.namespace, ref.name)}
 		}
 		return g.PVC, nil
 	case copyOfDisk:

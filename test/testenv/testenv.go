@@ -33,7 +33,12 @@ type Env struct {
 	// Kubeconfig is the path of a kubeconfig file for kubectl.
 	Kubeconfig string
 	dir        string
+	onStop     []func()
 }
+
+// OnStop runs f before the control plane stops: for what runs against it for the whole test
+// binary, such as a manager.
+func (e *Env) OnStop(f func()) { e.onStop = append(e.onStop, f) }
 
 // RepoRoot is the root of the diskpipe checkout.
 func RepoRoot() string {
@@ -105,6 +110,9 @@ func Start() (*Env, error) {
 
 // Stop stops the control plane and removes its files.
 func (e *Env) Stop() error {
+	for i := len(e.onStop) - 1; i >= 0; i-- {
+		e.onStop[i]()
+	}
 	err := e.env.Stop()
 	if e.dir != "" {
 		err = errors.Join(err, os.RemoveAll(e.dir))

@@ -35,7 +35,7 @@ type Manager struct {
 }
 
 // StartManager starts the manager with opts (its importer pods' metrics port pointed at a
-// server the test controls) until the test binary exits. Call it once per binary: controller
+// server the test controls) until the control plane stops. Call it once per binary: controller
 // names are unique per process.
 func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
 	m := &Manager{Metrics: make(chan string, 1)}
@@ -59,7 +59,10 @@ func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	go func() { _ = mgr.Start(context.Background()) }() // runs until the test binary exits
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = mgr.Start(ctx); close(done) }()
+	env.OnStop(func() { cancel(); <-done; _ = srv.Close() })
 	return m, nil
 }
 
