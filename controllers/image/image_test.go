@@ -1,6 +1,11 @@
 package image_test
 
 import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -24,12 +29,15 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
 var (
 	env *testenv.Env
 	mgr *ctrltest.Manager
+	// store is the bundled object store the manager presigns objectStore sources for.
+	store *objectstoretest.Server
 )
 
 func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
@@ -40,8 +48,13 @@ var managerOnce sync.Once
 func startManager(t *testing.T) {
 	t.Helper()
 	managerOnce.Do(func() {
+		var stop func()
+		store, stop = objectstoretest.StartShared(env.TempDir())
+		env.OnStop(stop)
+		cfg := store.ClientConfig()
+		cfg.Region = "us-east-1"
 		var err error
-		if mgr, err = ctrltest.StartManager(env, manager.Options{}); err != nil {
+		if mgr, err = ctrltest.StartManager(env, manager.Options{ObjectStore: &cfg}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -305,4 +318,98 @@ func TestBlockVolume(t *testing.T) {
 	for _, m := range c.VolumeMounts {
 		g.Expect(m.Name).NotTo(Equal("target"), "a block volume is not mounted as a filesystem")
 	}
+}
+
+// TestObjectStoreSource imports an object of the bundled store through a presigned URL: the
+// importer gets the one object for a day, never the store's keys. The URL is checked against
+// the real store: it downloads the object uploaded with awscli.
+func TestObjectStoreSource(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "objectstore")
+	g.Expect(err).NotTo(HaveOccurred())
+	obj := filepath.Join(t.TempDir(), "cirros.qcow2")
+	g.Expect(os.WriteFile(obj, []byte("QFI\xfb not really an image, but the URL must fetch exactly these bytes"), 0o600)).To(Succeed())
+	g.Expect(store.Client().EnsureBucket(ctx, "images")).To(Succeed())
+	out, err := store.AWS(ctx, store.SecretKey, "s3", "cp", obj, "s3://images/cirros.qcow2")
+	g.Expect(err).NotTo(HaveOccurred(), out)
+
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "cirros", Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{
+			ObjectStore: &common.ObjectStoreSource{BucketName: "images", ObjectName: "cirros.qcow2"}}}}
+	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+	pod := ctrltest.Pod(t, env, ns, "vmim-cirros-import-0")
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	g.Expect(args).To(HavePrefix("--source http --url-file /var/run/diskpipe/url/url "))
+	g.Expect(args).NotTo(ContainSubstring(store.AccessKey))
+
+	sec := &corev1.Secret{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod.Name}, sec)).To(Succeed())
+	g.Expect(metav1.IsControlledBy(sec, vmi)).To(BeTrue())
+	url := string(sec.Data["url"])
+	g.Expect(url).To(HavePrefix(store.Endpoint + "/images/cirros.qcow2?"))
+	g.Expect(url).NotTo(ContainSubstring(store.SecretKey))
+	resp, err := http.Get(url) //nolint:gosec,noctx // the presigned URL under test
+	g.Expect(err).NotTo(HaveOccurred())
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want, _ := os.ReadFile(obj)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
+	g.Expect(body).To(Equal(want))
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
+		return st.SourceType + " " + string(st.Phase)
+	}, Equal("objectStore Pending")))
+}
+
+// TestCopySources makes images from a PVC of their namespace and from another ImageTemplate:
+// host-assisted copies with the source mounted read-only, sized like the source.
+func TestCopySources(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "copy")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "from-pvc", Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{PVC: &common.PVCSource{Name: "installed"}}}}
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(readyReason, Equal("SourceNotFound")))
+	src := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "installed", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			VolumeMode: ptr.To(corev1.PersistentVolumeBlock),
+			Resources:  corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("3Gi")}}}}
+	g.Expect(env.Client.Create(ctx, src)).To(Succeed())
+	// The image looks again after its wait (nothing watches arbitrary PVCs).
+	pod := &corev1.Pod{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-from-pvc-import-0"}, pod)
+	}, 45*time.Second).Should(Succeed())
+	g.Expect(strings.Join(pod.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source file --path /dev/diskpipe-source"))
+	g.Expect(pod.Spec.Containers[0].VolumeDevices).To(ContainElement(corev1.VolumeDevice{Name: "source", DevicePath: "/dev/diskpipe-source"}))
+	golden := &corev1.PersistentVolumeClaim{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-from-pvc"}, golden)).To(Succeed())
+	g.Expect(golden.Spec.Resources.Requests.Storage().String()).To(Equal("3Gi"))
+	kubelet(t, ns, pod.Name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "raw", VirtualSize: 3 << 30}, 0)
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(vmi.Status.SourceType).To(Equal("pvc"))
+
+	base := &virtualmachine.ImageTemplate{ObjectMeta: metav1.ObjectMeta{Name: "base", Namespace: ns},
+		Spec: virtualmachine.ImageTemplateSpec{Source: virtualmachine.ImageTemplateSource{HTTP: &common.HTTPSource{URL: "https://images.example.com/base.img"}}}}
+	base.Spec.Resources.Requests.Storage = ctrltest.Quantity("5Gi")
+	g.Expect(env.Client.Create(ctx, base)).To(Succeed())
+	kubelet(t, ns, "imt-base-import-0", corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 4 << 30}, 0)
+	clone := &virtualmachine.ImageTemplate{ObjectMeta: metav1.ObjectMeta{Name: "clone", Namespace: ns},
+		Spec: virtualmachine.ImageTemplateSpec{Source: virtualmachine.ImageTemplateSource{Clone: &virtualmachine.ObjectReference{Name: "base"}}}}
+	g.Expect(env.Client.Create(ctx, clone)).To(Succeed())
+	pod = ctrltest.Pod(t, env, ns, "imt-clone-import-0")
+	g.Expect(strings.Join(pod.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source file --path /source/disk.img"))
+	var claims []string
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			claims = append(claims, fmt.Sprintf("%s ro=%t", v.PersistentVolumeClaim.ClaimName, v.PersistentVolumeClaim.ReadOnly))
+		}
+	}
+	g.Expect(claims).To(ConsistOf("imt-clone ro=false", "imt-base ro=true"))
 }

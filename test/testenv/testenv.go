@@ -172,3 +172,14 @@ func RunTests(m *testing.M, env **Env) {
 	}
 	os.Exit(code)
 }
+
+// TempDir returns a new directory removed when the control plane stops, for what lives as
+// long as it (a store shared by a binary's tests).
+func (e *Env) TempDir() string {
+	d, err := os.MkdirTemp("", "diskpipe-test-")
+	if err != nil {
+		panic(err)
+	}
+	e.OnStop(func() { _ = os.RemoveAll(d) })
+	return d
+}
