@@ -19,6 +19,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
@@ -66,7 +67,11 @@ func setup(t *testing.T) {
 			Driver: driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ctrltest.StartManager(env, manager.Options{}); err != nil {
+		host, port, certDir, err := env.InstallWebhooks(admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ctrltest.StartManager(env, manager.Options{Webhook: &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir}}); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -3,6 +3,7 @@
 package manager
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,8 +14,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
@@ -35,6 +38,16 @@ type Options struct {
 	Importer importpod.Config
 	// ObjectStore is the bundled object store (objectStore sources, exports); nil: none.
 	ObjectStore *objectstore.ClientConfig
+	// Webhook serves the admission webhooks; nil serves none.
+	Webhook *WebhookOptions
+}
+
+// WebhookOptions say where the admission webhooks are served.
+type WebhookOptions struct {
+	Host string
+	Port int
+	// CertDir holds tls.crt and tls.key, reloaded when they change (rotation).
+	CertDir string
 }
 
 // LeaderElectionID is the name of the Lease the manager's replicas contend for.
@@ -43,7 +56,12 @@ const LeaderElectionID = "diskpipe-manager.diskpipe.io"
 // New returns a manager for cfg, with health and readiness checks installed.
 func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	renew := 10 * time.Second
+	var hooks webhook.Server
+	if w := opts.Webhook; w != nil {
+		hooks = webhook.NewServer(webhook.Options{Host: w.Host, Port: w.Port, CertDir: w.CertDir})
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		WebhookServer:                 hooks,
 		Scheme:                        NewScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
 		HealthProbeBindAddress:        opts.ProbeAddr,
@@ -73,6 +91,13 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := disk.Setup(mgr, opts.Importer); err != nil {
 		return nil, fmt.Errorf("setting up the disk controllers: %w", err)
+	}
+	if opts.Webhook != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := admission.Register(ctx, mgr); err != nil {
+			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding health check: %w", err)

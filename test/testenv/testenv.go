@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -182,4 +183,24 @@ func (e *Env) TempDir() string {
 	}
 	e.OnStop(func() { _ = os.RemoveAll(d) })
 	return d
+}
+
+// InstallWebhooks installs cfg with its services replaced by a local URL and a serving
+// certificate made for the test, and returns where a manager must serve them.
+func (e *Env) InstallWebhooks(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (host string, port int, certDir string, err error) {
+	o := &envtest.WebhookInstallOptions{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{cfg}}
+	if err := o.Install(e.Config); err != nil {
+		return "", 0, "", fmt.Errorf("installing webhooks: %w", err)
+	}
+	e.OnStop(func() { _ = o.Cleanup() })
+	return o.LocalServingHost, o.LocalServingPort, o.LocalServingCertDir, nil
+}
+
+// User returns a client authenticated as a new user of the given name and groups.
+func (e *Env) User(name string, groups ...string) (client.Client, error) {
+	u, err := e.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return client.New(u.Config(), client.Options{Scheme: e.Client.Scheme()})
 }

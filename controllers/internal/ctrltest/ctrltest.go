@@ -63,6 +63,20 @@ func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
 	done := make(chan struct{})
 	go func() { _ = mgr.Start(ctx); close(done) }()
 	env.OnStop(func() { cancel(); <-done; _ = srv.Close() })
+	if w := opts.Webhook; w != nil {
+		// Requests fail closed until the webhooks answer.
+		addr := net.JoinHostPort(w.Host, fmt.Sprint(w.Port))
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			c, err := net.Dial("tcp", addr)
+			if err == nil {
+				c.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("the webhooks are not served on %s: %w", addr, err)
+			}
+		}
+	}
 	return m, nil
 }
 

@@ -1,0 +1,106 @@
+// Package admission holds diskpipe's validating webhooks, served by the manager:
+//
+//   - golden PVCs are read-only: only diskpipe itself (the manager's identity) may create pods
+//     that mount a PVC labelled diskpipe.io/golden;
+//   - a disk or image made from another namespace's image, disk or PVC needs the creating
+//     user's right to read that source (a SubjectAccessReview as that user), unless the
+//     image is labelled virtualmachine.kubesphere.io/image-public: "yes".
+package admission
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+)
+
+// Paths of the webhooks.
+const (
+	PathPods    = "/validate-pods"
+	PathSources = "/validate-sources"
+)
+
+// ConfigurationName is the ValidatingWebhookConfiguration's name.
+const ConfigurationName = "diskpipe-validating"
+
+// Register serves the webhooks on mgr's webhook server. The manager's own user name, which
+// alone may mount golden PVCs, is learnt from the apiserver (SelfSubjectReview).
+func Register(ctx context.Context, mgr ctrl.Manager) error {
+	self, err := whoAmI(ctx, mgr)
+	if err != nil {
+		return fmt.Errorf("learning the manager's identity: %w", err)
+	}
+	dec := admission.NewDecoder(mgr.GetScheme())
+	srv := mgr.GetWebhookServer()
+	srv.Register(PathPods, &webhook.Admission{Handler: &goldenGuard{reader: mgr.GetClient(), decoder: dec, self: self}})
+	srv.Register(PathSources, &webhook.Admission{Handler: &sourceGuard{client: mgr.GetClient(), decoder: dec}})
+	return nil
+}
+
+func whoAmI(ctx context.Context, mgr ctrl.Manager) (string, error) {
+	c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return "", err
+	}
+	r := &authenticationv1.SelfSubjectReview{}
+	if err := c.Create(ctx, r); err != nil {
+		return "", err
+	}
+	return r.Status.UserInfo.Username, nil
+}
+
+// Configuration is the ValidatingWebhookConfiguration that sends requests to the manager's
+// Service (namespace/name) with caBundle. Pods are sent only when they mount a PVC; only
+// creations are checked (a pod's volumes and a source cannot change).
+func Configuration(namespace, service string, caBundle []byte) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	hook := func(name, path string, rules []admissionregistrationv1.RuleWithOperations, match []admissionregistrationv1.MatchCondition) admissionregistrationv1.ValidatingWebhook {
+		return admissionregistrationv1.ValidatingWebhook{
+			Name: name,
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: caBundle,
+				Service: &admissionregistrationv1.ServiceReference{Namespace: namespace, Name: service, Path: ptr.To(path)}},
+			Rules: rules, MatchConditions: match,
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](10),
+		}
+	}
+	rule := func(group, version string, resources ...string) admissionregistrationv1.RuleWithOperations {
+		return admissionregistrationv1.RuleWithOperations{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{version}, Resources: resources,
+				Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}
+	}
+	return &admissionregistrationv1.ValidatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{
+			hook("golden-pvcs.diskpipe.io", PathPods, []admissionregistrationv1.RuleWithOperations{rule("", "v1", "pods")},
+				[]admissionregistrationv1.MatchCondition{{Name: "mounts-a-pvc",
+					Expression: "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.persistentVolumeClaim))"}}),
+			hook("sources.diskpipe.io", PathSources, []admissionregistrationv1.RuleWithOperations{
+				rule(diskvolume.GroupVersion.Group, diskvolume.GroupVersion.Version, "diskvolumes"),
+				rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "imagetemplates"),
+				rule(hypercloud.GroupVersion.Group, hypercloud.GroupVersion.Version, "virtualmachineimages"),
+			}, nil),
+		},
+	}
+}
+
+// denied is a refusal with a reason for the user, as HTTP 403.
+func denied(format string, args ...any) admission.Response {
+	r := admission.Denied(fmt.Sprintf(format, args...))
+	r.Result.Code = http.StatusForbidden
+	return r
+}

@@ -1,0 +1,117 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+)
+
+// sourceGuard admits a disk or image whose source is in another namespace only when the
+// user creating it may read that source, or the source is a public image. diskpipe copies
+// with its own rights, so without this check a namespace could read any other's disks.
+type sourceGuard struct {
+	client  client.Client
+	decoder admission.Decoder
+}
+
+// source is a cross-namespace source: what the user must be allowed to get.
+type source struct {
+	resource        schema.GroupVersionResource
+	kind            string
+	namespace, name string
+	// image is set for sources that may be public images.
+	image client.Object
+}
+
+func (h *sourceGuard) Handle(ctx context.Context, req admission.Request) admission.Response {
+	src, err := h.crossNamespaceSource(req)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	if src == nil || src.namespace == req.Namespace {
+		return admission.Allowed("")
+	}
+	if src.image != nil {
+		err := h.client.Get(ctx, client.ObjectKey{Namespace: src.namespace, Name: src.name}, src.image)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return admission.Errored(http.StatusInternalServerError, err)
+		}
+		if err == nil && src.image.GetLabels()[virtualmachine.LabelImagePublic] == "yes" {
+			return admission.Allowed("a public image")
+		}
+	}
+	extra := map[string]authorizationv1.ExtraValue{}
+	for k, v := range req.UserInfo.Extra {
+		extra[k] = authorizationv1.ExtraValue(v)
+	}
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: req.UserInfo.Username, Groups: req.UserInfo.Groups, UID: req.UserInfo.UID, Extra: extra,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: src.namespace, Verb: "get",
+			Group: src.resource.Group, Version: src.resource.Version, Resource: src.resource.Resource, Name: src.name},
+	}}
+	if err := h.client.Create(ctx, sar); err != nil {
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("asking whether %s may read the source: %w", req.UserInfo.Username, err))
+	}
+	if !sar.Status.Allowed {
+		return denied("%s may not read the %s %s/%s, so cannot copy it into namespace %s: ask for get on %s in %s, or, for an image, "+
+			"have it labelled %s: \"yes\"", req.UserInfo.Username, src.kind, src.namespace, src.name, req.Namespace,
+			src.resource.Resource, src.namespace, virtualmachine.LabelImagePublic)
+	}
+	return admission.Allowed("the user may read the source")
+}
+
+// crossNamespaceSource is the object's source in another namespace, if it has one.
+func (h *sourceGuard) crossNamespaceSource(req admission.Request) (*source, error) {
+	var (
+		imageTemplates = virtualmachine.GroupVersion.WithResource("imagetemplates")
+		images         = hypercloud.GroupVersion.WithResource("virtualmachineimages")
+		diskVolumes    = diskvolume.GroupVersion.WithResource("diskvolumes")
+		pvcs           = schema.GroupVersionResource{Version: "v1", Resource: "persistentvolumeclaims"}
+	)
+	switch req.Kind.Kind {
+	case "DiskVolume":
+		d := &diskvolume.DiskVolume{}
+		if err := h.decoder.Decode(req, d); err != nil {
+			return nil, err
+		}
+		if img := d.Spec.Source.Image; img != nil && img.Namespace != "" {
+			obj, _ := image.NewObject(img.Kind)
+			s := &source{resource: images, kind: string(diskvolume.ImageKindVirtualMachineImage), namespace: img.Namespace, name: string(img.Name), image: obj}
+			if img.Kind == diskvolume.ImageKindImageTemplate {
+				s.resource, s.kind = imageTemplates, string(img.Kind)
+			}
+			return s, nil
+		}
+	case "ImageTemplate":
+		t := &virtualmachine.ImageTemplate{}
+		if err := h.decoder.Decode(req, t); err != nil {
+			return nil, err
+		}
+		if c := t.Spec.Source.Clone; c != nil && c.Namespace != "" {
+			return &source{resource: imageTemplates, kind: "ImageTemplate", namespace: c.Namespace, name: string(c.Name), image: &virtualmachine.ImageTemplate{}}, nil
+		}
+		if d := t.Spec.Source.Disk; d != nil && d.Namespace != "" {
+			return &source{resource: diskVolumes, kind: "DiskVolume", namespace: d.Namespace, name: string(d.Name)}, nil
+		}
+	case "VirtualMachineImage":
+		v := &hypercloud.VirtualMachineImage{}
+		if err := h.decoder.Decode(req, v); err != nil {
+			return nil, err
+		}
+		if p := v.Spec.Source.PVC; p != nil && p.Namespace != "" {
+			return &source{resource: pvcs, kind: "PersistentVolumeClaim", namespace: p.Namespace, name: string(p.Name)}, nil
+		}
+	}
+	return nil, nil
+}

@@ -1,0 +1,91 @@
+package disk_test
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+)
+
+func podMounting(ns, name, claim string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "vm", Image: "quay.io/kubevirt/virt-launcher",
+			VolumeMounts: []corev1.VolumeMount{{Name: "disk", MountPath: "/disk"}}}},
+		Volumes: []corev1.Volume{{Name: "disk", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}}}
+}
+
+// TestGoldenPVCsAreReadOnly: only diskpipe's own pods (its importers, which every other test
+// here runs through this webhook) may mount a golden PVC; anyone else, an administrator
+// included, is refused with what to do instead, and may mount the disks made from it.
+func TestGoldenPVCsAreReadOnly(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	readyImage(t, ns, "golden", classCSI, false)
+	d := newDiskVolume(ns, "mine", fromImage("", "golden"), classCSI, "")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	pvcOf(t, ns, "mine")
+
+	admin, err := env.User("alice", "system:masters")
+	g.Expect(err).NotTo(HaveOccurred())
+	err = admin.Create(t.Context(), podMounting(ns, "thief", "vmim-golden"))
+	g.Expect(err).To(MatchError(ContainSubstring(
+		"the PVC vmim-golden holds a golden image of diskpipe and is read-only: make a disk from the image with a VirtualMachinePvc or a DiskVolume and mount that")))
+	g.Expect(admin.Create(t.Context(), podMounting(ns, "vm", "mine"))).To(Succeed())
+	g.Expect(admin.Create(t.Context(), podMounting(ns, "unrelated", "no-such-pvc"))).To(Succeed())
+}
+
+// TestCrossNamespaceNeedsReadAccess: a DiskVolume from another namespace's image is admitted
+// only when its creator may get that image, or the image is public.
+func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	images, team := namespace(t), namespace(t)
+	vmi := readyImage(t, images, "private", classCSI, false)
+
+	// bob may manage DiskVolumes in his team's namespace, nothing in the images namespace.
+	g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "disks", Namespace: team},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"diskvolume.kubesphere.io"}, Resources: []string{"diskvolumes"}, Verbs: []string{"*"}}}})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bob", Namespace: team},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "disks"},
+		Subjects: []rbacv1.Subject{{Kind: "User", Name: "bob"}}})).To(Succeed())
+	bob, err := env.User("bob")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	err = bob.Create(ctx, newDiskVolume(team, "stolen", fromImage(images, "private"), classCSI, ""))
+	g.Expect(err).To(MatchError(ContainSubstring("bob may not read the VirtualMachineImage " + images + "/private, so cannot copy it into namespace " + team)))
+
+	// Public: anyone may make disks from it.
+	patch := client.MergeFrom(vmi.DeepCopy())
+	vmi.Labels = map[string]string{virtualmachine.LabelImagePublic: "yes"}
+	g.Expect(env.Client.Patch(ctx, vmi, patch)).To(Succeed())
+	g.Eventually(func() error {
+		return bob.Create(ctx, newDiskVolume(team, "public", fromImage(images, "private"), classCSI, ""))
+	}, 10*time.Second).Should(Succeed())
+
+	// Not public, but bob may read it.
+	private := readyImage(t, images, "shared", classCSI, false)
+	g.Expect(private.Labels).NotTo(HaveKey(virtualmachine.LabelImagePublic))
+	g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "read-images", Namespace: images},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"hypercloud.tmaxanc.com"}, Resources: []string{"virtualmachineimages"}, Verbs: []string{"get"}}}})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bob", Namespace: images},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "read-images"},
+		Subjects: []rbacv1.Subject{{Kind: "User", Name: "bob"}}})).To(Succeed())
+	g.Eventually(func() error {
+		return bob.Create(ctx, newDiskVolume(team, "granted", fromImage(images, "shared"), classCSI, ""))
+	}, 10*time.Second).Should(Succeed())
+
+	// Within its own namespace nothing is asked.
+	own := newDiskVolume(team, "blank", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, "", "1Gi")
+	g.Expect(bob.Create(ctx, own)).To(Succeed())
+}

@@ -1,0 +1,55 @@
+package disk
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+)
+
+// TestChoose is the strategy decision, case by case: each strategy is taken when possible,
+// from the preferred one down, and the message names every reason to fall back.
+func TestChoose(t *testing.T) {
+	fs, blk := corev1.PersistentVolumeFilesystem, corev1.PersistentVolumeBlock
+	same := cloneFacts{sourceNamespace: "a", targetNamespace: "a", sourceClass: "ceph", targetClass: "ceph",
+		sourceMode: fs, targetMode: fs, sourceDriver: "rbd", targetDriver: "rbd", snapshotClass: "rbd-snap"}
+	with := func(f func(*cloneFacts)) cloneFacts { c := same; f(&c); return c }
+	for _, tc := range []struct {
+		name      string
+		preferred common.CloneStrategy
+		facts     cloneFacts
+		want      common.CloneStrategy
+		reason    string
+		msg       string
+	}{
+		{"csi clone", common.CloneStrategyCSIClone, same, common.CloneStrategyCSIClone, reasonPreferred, "CSIClone, as preferred"},
+		{"snapshot preferred", common.CloneStrategySnapshot, same, common.CloneStrategySnapshot, reasonPreferred, "Snapshot, as preferred"},
+		{"host-assisted preferred", common.CloneStrategyHostAssisted, same, common.CloneStrategyHostAssisted, reasonPreferred, "HostAssisted, as preferred"},
+		{"other class, same driver", common.CloneStrategyCSIClone, with(func(c *cloneFacts) { c.targetClass = "ceph-fast" }),
+			common.CloneStrategySnapshot, reasonFellBack,
+			`Snapshot, because CSIClone is not possible: the image's storage class is "ceph" and the disk's "ceph-fast"`},
+		{"no snapshot class", common.CloneStrategySnapshot, with(func(c *cloneFacts) { c.snapshotClass = "" }),
+			common.CloneStrategyHostAssisted, reasonFellBack,
+			`HostAssisted, because Snapshot is not possible: no VolumeSnapshotClass for the driver "rbd"`},
+		{"other namespace", common.CloneStrategyCSIClone, with(func(c *cloneFacts) { c.targetNamespace = "b" }),
+			common.CloneStrategyHostAssisted, reasonFellBack,
+			"HostAssisted, because CSIClone is not possible: the image is in namespace a and the disk in b; " +
+				"Snapshot is not possible: the image is in namespace a and the disk in b"},
+		{"volume modes differ", common.CloneStrategyCSIClone, with(func(c *cloneFacts) { c.targetMode = blk }),
+			common.CloneStrategyHostAssisted, reasonFellBack,
+			"HostAssisted, because CSIClone is not possible: the image is a Filesystem volume and the disk a Block volume; " +
+				"Snapshot is not possible: the image is a Filesystem volume and the disk a Block volume"},
+		{"no CSI driver", common.CloneStrategyCSIClone, with(func(c *cloneFacts) { c.targetDriver, c.targetClass = "", "gone" }),
+			common.CloneStrategyHostAssisted, reasonFellBack,
+			`HostAssisted, because CSIClone is not possible: the storage class "gone" does not exist or names no CSI driver; ` +
+				`Snapshot is not possible: the storage class "gone" does not exist or names no CSI driver`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, reason, msg := choose(tc.preferred, tc.facts)
+			if got != tc.want || reason != tc.reason || msg != tc.msg {
+				t.Errorf("choose(%s) = %s, %s, %q; want %s, %s, %q", tc.preferred, got, reason, msg, tc.want, tc.reason, tc.msg)
+			}
+		})
+	}
+}
