@@ -92,8 +92,12 @@ bench-import: setup build ## Import a 4 GiB qcow2 over HTTP beside curl and qemu
 bench-export: setup build ## Export a 4 GiB disk to the bundled store beside qemu-img convert + aws s3 cp.
 	go run ./test/bench export
 
+.PHONY: bench-controllers
+bench-controllers: tools build ## Create 1,000 images and 5,000 DiskVolumes against envtest; prints objects/s and the manager's peak RSS.
+	go run ./test/bench controllers
+
 .PHONY: bench
-bench: bench-import bench-export ## Run every benchmark.
+bench: bench-import bench-export bench-controllers ## Run every benchmark.
 
 .PHONY: fuzz-imports
 fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.

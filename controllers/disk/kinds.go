@@ -66,7 +66,7 @@ func retryOf(r *common.RetryLimit) common.RetryLimit {
 // imageKey indexes disks by the image they are made from: "kind/namespace/name".
 func imageKey(kind diskvolume.ImageKind, ns, name string) string {
 	if kind == "" {
-		kind = image.KindVirtualMachineImage
+		kind = image.KindImageTemplate // DiskVolume's default
 	}
 	return string(kind) + "/" + ns + "/" + name
 }

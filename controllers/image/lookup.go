@@ -31,14 +31,14 @@ type Golden struct {
 // on (the image waits for it), a new one must not start.
 func (g *Golden) Deleting() bool { return !g.Obj.GetDeletionTimestamp().IsZero() }
 
-// NewObject returns an empty image of kind (VirtualMachineImage by default).
+// NewObject returns an empty image of kind (ImageTemplate by default, as in DiskVolume).
 func NewObject(kind diskvolume.ImageKind) (client.Object, *common.ImageStatus) {
-	if kind == KindImageTemplate {
-		t := &virtualmachine.ImageTemplate{}
-		return t, &t.Status
+	if kind == KindVirtualMachineImage {
+		v := &hypercloud.VirtualMachineImage{}
+		return v, &v.Status
 	}
-	v := &hypercloud.VirtualMachineImage{}
-	return v, &v.Status
+	t := &virtualmachine.ImageTemplate{}
+	return t, &t.Status
 }
 
 // Lookup finds a Ready image and its golden PVC; a missing or unfinished one is a
@@ -46,7 +46,7 @@ func NewObject(kind diskvolume.ImageKind) (client.Object, *common.ImageStatus) {
 func Lookup(ctx context.Context, c client.Reader, kind diskvolume.ImageKind, ns, name string) (*Golden, error) {
 	obj, st := NewObject(kind)
 	if kind == "" {
-		kind = KindVirtualMachineImage
+		kind = KindImageTemplate
 	}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj); err != nil {
 		if apierrors.IsNotFound(err) {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -40,6 +41,8 @@ type Options struct {
 	ObjectStore *objectstore.ClientConfig
 	// Webhook serves the admission webhooks; nil serves none.
 	Webhook *WebhookOptions
+	// Concurrency is how many objects of a kind are reconciled at once (default 8).
+	Concurrency int
 }
 
 // WebhookOptions say where the admission webhooks are served.
@@ -55,6 +58,9 @@ const LeaderElectionID = "diskpipe-manager.diskpipe.io"
 
 // New returns a manager for cfg, with health and readiness checks installed.
 func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
+	if opts.Concurrency == 0 {
+		opts.Concurrency = 8
+	}
 	renew := 10 * time.Second
 	var hooks webhook.Server
 	if w := opts.Webhook; w != nil {
@@ -70,6 +76,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
 		RenewDeadline:                 &renew,
+		Controller: config.Controller{MaxConcurrentReconciles: max(opts.Concurrency, 1)},
 		// Secrets are read one at a time, uncached: caching them would hold every Secret of
 		// the cluster in memory and need the right to list them.
 		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
