@@ -13,6 +13,7 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -147,6 +148,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	defer func() {
 		if err == nil {
 			d.status.ObservedGeneration = obj.GetGeneration()
+		}
+		if equality.Semantic.DeepEqual(r.adapt(base).status, d.status) {
+			return // nothing changed: no write
 		}
 		patch := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})
 		if perr := r.Status().Patch(ctx, obj, patch); perr != nil && !apierrors.IsNotFound(perr) {

@@ -190,6 +190,8 @@ func TestCSIClone(t *testing.T) {
 	same := newDiskVolume(ns, "same-size", fromImage("", "ubuntu"), "", "")
 	g.Expect(env.Client.Create(t.Context(), same)).To(Succeed())
 	g.Expect(pvcOf(t, ns, "same-size").Spec.Resources.Requests.Storage().String()).To(Equal(goldenSize))
+	g.Eventually(diskStatus(t, same, &same.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
+		HavePrefix("WaitingForBinding")))
 	g.Consistently(diskStatus(t, same, &same.Status), 2*time.Second).Should(WithTransform(condition(common.ConditionReady),
 		HavePrefix("WaitingForBinding")))
 	ctrltest.Bind(t, env, ns, "same-size")
@@ -282,7 +284,8 @@ func TestFallback(t *testing.T) {
 	g.Expect(env.Client.Create(t.Context(), blk)).To(Succeed())
 	pod = ctrltest.Pod(t, env, ns, "block-clone-0")
 	g.Expect(strings.Join(pod.Spec.Containers[0].Args, " ")).To(ContainSubstring("--target /dev/diskpipe-target"))
-	g.Expect(condition(disk.ConditionCloneStrategy)(diskStatus(t, blk, &blk.Status)())).To(ContainSubstring("Filesystem volume and the disk a Block volume"))
+	g.Eventually(diskStatus(t, blk, &blk.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy),
+		ContainSubstring("Filesystem volume and the disk a Block volume")))
 
 	// A permanent failure ends the disk, and the clone no longer holds the image.
 	ctrltest.Kubelet(t, env, ns, "block-clone-0", corev1.PodFailed,
@@ -448,5 +451,5 @@ func TestImageDeletionWaitsForClones(t *testing.T) {
 	golden := &corev1.PersistentVolumeClaim{}
 	err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vmim-arch"}, golden)
 	g.Expect(apierrors.IsNotFound(err) || !golden.DeletionTimestamp.IsZero()).To(BeTrue(), "the golden PVC is deleted")
-	g.Expect(diskStatus(t, d, &d.Status)().Phase).To(Equal(common.PhaseReady))
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
 }

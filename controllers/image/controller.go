@@ -13,6 +13,7 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -92,6 +93,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	defer func() {
 		if err == nil {
 			g.status.ObservedGeneration = obj.GetGeneration()
+		}
+		if equality.Semantic.DeepEqual(r.adapt(base).status, g.status) {
+			return // nothing changed: no write
 		}
 		// The lock turns a write from a stale view into a conflict, retried, never a lost update.
 		patch := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})
