@@ -22,6 +22,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
@@ -98,6 +99,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := disk.Setup(mgr, opts.Importer); err != nil {
 		return nil, fmt.Errorf("setting up the disk controllers: %w", err)
+	}
+	if err := virtualmachine.Setup(mgr); err != nil {
+		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)
 	}
 	if opts.Webhook != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -52,7 +52,11 @@ func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
 		}
 	})}
 	go func() { _ = srv.Serve(l) }()
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	level := zapcore.ErrorLevel
+	if os.Getenv("DISKPIPE_TEST_LOG") == "debug" { // the manager's whole log, for a failing test
+		level = zapcore.DebugLevel
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level)))
 	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
 	opts.Importer = importpod.Config{Image: "diskpipe:test", MetricsPort: int32(l.Addr().(*net.TCPAddr).Port)} //nolint:gosec // a port
 	mgr, err := manager.New(env.Config, opts)
@@ -61,7 +65,12 @@ func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { _ = mgr.Start(ctx); close(done) }()
+	go func() {
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "the manager stopped:", err)
+		}
+		close(done)
+	}()
 	env.OnStop(func() { cancel(); <-done; _ = srv.Close() })
 	if w := opts.Webhook; w != nil {
 		// Requests fail closed until the webhooks answer.

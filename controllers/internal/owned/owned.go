@@ -18,21 +18,25 @@ func (e *ErrNotOwned) Error() string {
 	return fmt.Sprintf("a %s named %s already exists and does not belong to this object", e.Kind, e.Name)
 }
 
-// Create creates obj controlled by owner unless it exists, and reads it back into obj; an
-// existing object that owner does not control is an *ErrNotOwned.
+// Create creates obj controlled by owner unless it exists, and reads it into obj; an
+// existing object that owner does not control is an *ErrNotOwned. The cache is read first:
+// most calls find the child made by an earlier pass, without a request to the apiserver.
 func Create(ctx context.Context, c client.Client, owner, obj client.Object) error {
 	if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
 		return err
 	}
-	err := c.Create(ctx, obj)
-	if err == nil {
-		return nil
+	err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	if apierrors.IsNotFound(err) {
+		if err = c.Create(ctx, obj); apierrors.IsAlreadyExists(err) {
+			err = c.Get(ctx, client.ObjectKeyFromObject(obj), obj) // the cache has not seen it yet: try again
+		} else if err != nil {
+			return fmt.Errorf("creating %s: %w", obj.GetName(), err)
+		} else {
+			return nil
+		}
 	}
-	if !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating %s: %w", obj.GetName(), err)
-	}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-		return err // the cache has not seen it yet: try again
+	if err != nil {
+		return err
 	}
 	if !metav1.IsControlledBy(obj, owner) {
 		gvk, _ := c.GroupVersionKindFor(obj)

@@ -1,0 +1,188 @@
+package virtualmachine_test
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	vmv1 "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+
+var once sync.Once
+
+func setup(t *testing.T) string {
+	t.Helper()
+	once.Do(func() {
+		if _, err := ctrltest.StartManager(env, manager.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ns, err := env.CreateNamespace(t.Context(), "vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// seedVM reads seed 000's VirtualMachine into namespace ns.
+func seedVM(t *testing.T, ns string) *vmv1.VirtualMachine {
+	t.Helper()
+	b, err := os.ReadFile(testenv.Path("test", "fixtures", "seeds", "000-virtualmachine.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := &vmv1.VirtualMachine{}
+	if err := yaml.UnmarshalStrict(b, vm); err != nil {
+		t.Fatal(err)
+	}
+	vm.Namespace = ns
+	return vm
+}
+
+func vmStatus(t *testing.T, vm *vmv1.VirtualMachine) func() *vmv1.VirtualMachineStatus {
+	return func() *vmv1.VirtualMachineStatus {
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(vm), vm)
+		return &vm.Status
+	}
+}
+
+func ready(st *vmv1.VirtualMachineStatus) string {
+	if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil {
+		return string(st.Phase) + " " + c.Reason + ": " + c.Message
+	}
+	return string(st.Phase)
+}
+
+// kubeVirtVM reads the KubeVirt VM the apiserver stored and decodes it with KubeVirt's own
+// types, strictly: a field KubeVirt does not know fails the test.
+func kubeVirtVM(t *testing.T, ns, name string) *kubevirtv1.VirtualMachine {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("kubevirt.io/v1")
+	u.SetKind("VirtualMachine")
+	NewWithT(t).Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, u) },
+		20*time.Second).Should(Succeed())
+	b, err := json.Marshal(u.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := &kubevirtv1.VirtualMachine{}
+	if err := virtualmachine.StrictDecode(b, kv); err != nil {
+		t.Fatalf("the KubeVirt VirtualMachine does not decode strictly: %v\n%s", err, b)
+	}
+	return kv
+}
+
+// TestSeedVirtualMachine is seed 000's VM: its blank diskVolumeTemplate becomes a DiskVolume it
+// owns; once that is Ready, a KubeVirt VirtualMachine with the seed's hardware, the template's
+// disk bound to its PVC, the user's own volumes untouched, memory 1024 read as MiB and the IP
+// pool as Calico's annotation. KubeVirt's printable status comes back.
+func TestSeedVirtualMachine(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	vm := seedVM(t, ns)
+	g.Expect(env.Client.Create(t.Context(), vm)).To(Succeed())
+
+	dv := &diskvolume.DiskVolume{}
+	g.Eventually(func() error {
+		return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "disk0-vm-blank"}, dv)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(metav1.IsControlledBy(dv, vm)).To(BeTrue())
+	g.Expect(dv.Spec.Source.Blank).NotTo(BeNil())
+	g.Expect(dv.Spec.Resources.Requests.Storage.String()).To(Equal("4Gi"))
+	g.Eventually(vmStatus(t, vm), 20*time.Second).Should(WithTransform(ready, HavePrefix("Pending WaitingForDisks: waiting for DiskVolumes: disk0-vm-blank (")))
+	g.Expect(vm.Status.DiskVolumes).To(Equal([]string{"disk0-vm-blank"}))
+
+	ctrltest.Complete(t, env, ns, "disk0-vm-blank-blank-0", transfer.Result{Format: "raw", VirtualSize: 4037017600})
+	kv := kubeVirtVM(t, ns, "vm1")
+	g.Expect(metav1.IsControlledBy(kv, vm)).To(BeTrue())
+	g.Expect(*kv.Spec.RunStrategy).To(Equal(kubevirtv1.RunStrategyAlways))
+	g.Expect(kv.Spec.Template.ObjectMeta.Annotations).To(HaveKeyWithValue(virtualmachine.AnnotationIPPool, `["p1"]`))
+	spec := kv.Spec.Template.Spec
+	g.Expect(spec.Hostname).To(Equal("vm-test"))
+	g.Expect(spec.Domain.CPU.Cores).To(Equal(uint32(2)))
+	mem := spec.Domain.Resources.Requests[corev1.ResourceMemory]
+	g.Expect(mem.Cmp(resource.MustParse("1Gi"))).To(Equal(0), "memory: 1024 is 1024 MiB, got %s", mem.String())
+	volumes := map[string]string{}
+	for _, v := range spec.Volumes {
+		switch {
+		case v.PersistentVolumeClaim != nil:
+			volumes[v.Name] = "pvc/" + v.PersistentVolumeClaim.ClaimName
+		case v.CloudInitNoCloud != nil:
+			volumes[v.Name] = "cloudinit:" + strings.SplitN(v.CloudInitNoCloud.UserData, "\n", 2)[0]
+		}
+	}
+	g.Expect(volumes).To(Equal(map[string]string{
+		"disk0-vm-blank": "pvc/disk0-vm-blank",   // the template's disk, bound to its DiskVolume's PVC
+		"disk1":          "pvc/disk1-from-image", // the user's volume, as written
+		"cloudinitdisk":  "cloudinit:#cloud-config",
+	}))
+	g.Eventually(vmStatus(t, vm), 20*time.Second).Should(WithTransform(ready, Equal("Ready VirtualMachineCreated: the KubeVirt VirtualMachine vm1 exists")))
+
+	// KubeVirt reports; the VM mirrors it.
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("kubevirt.io/v1")
+	u.SetKind("VirtualMachine")
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vm1"}, u)).To(Succeed())
+	g.Expect(unstructured.SetNestedField(u.Object, "Running", "status", "printableStatus")).To(Succeed())
+	g.Expect(env.Client.Update(t.Context(), u)).To(Succeed())
+	g.Eventually(func() string { return vmStatus(t, vm)().PrintableStatus }, 20*time.Second).Should(Equal("Running"))
+}
+
+// TestInvalidHardware: a field KubeVirt does not know fails the VM with the field's name,
+// before any disk is made.
+func TestInvalidHardware(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	vm := seedVM(t, ns)
+	vm.Name = "typo"
+	vm.Spec.Hardware.Raw = []byte(`{"domain":{"devices":{},"cpuu":{"cores":2}}}`)
+	g.Expect(env.Client.Create(t.Context(), vm)).To(Succeed())
+	g.Eventually(vmStatus(t, vm), 20*time.Second).Should(WithTransform(ready, And(
+		Equal(`Failed InvalidHardware: spec.hardware is not a KubeVirt VirtualMachineInstance spec: unknown field "domain.cpuu"`))))
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "disk0-vm-blank"}, &diskvolume.DiskVolume{})).NotTo(Succeed())
+}
+
+// TestDiskMadeOutside: a DiskVolume that exists before the VM, named like its template, is
+// used but not taken over: the VM does not own it, so deleting the VM keeps it.
+func TestDiskMadeOutside(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	q := resource.MustParse("1Gi")
+	outside := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: "disk0-vm-blank", Namespace: ns},
+		Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}}}
+	outside.Spec.Resources.Requests.Storage = &q
+	g.Expect(env.Client.Create(t.Context(), outside)).To(Succeed())
+	ctrltest.Complete(t, env, ns, "disk0-vm-blank-blank-0", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
+
+	vm := seedVM(t, ns)
+	g.Expect(env.Client.Create(t.Context(), vm)).To(Succeed())
+	kv := kubeVirtVM(t, ns, "vm1")
+	g.Expect(kv.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", "disk0-vm-blank")))
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(outside), outside)).To(Succeed())
+	g.Expect(metav1.GetControllerOf(outside)).To(BeNil())
+}
