@@ -30,7 +30,7 @@ func TestGoldenPVCsAreReadOnly(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	ns := namespace(t)
-	readyImage(t, ns, "golden", classCSI, false)
+	readyImage(t, ns, "golden", classCSI)
 	d := newDiskVolume(ns, "mine", fromImage("", "golden"), classCSI, "")
 	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
 	pvcOf(t, ns, "mine")
@@ -51,7 +51,7 @@ func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 	images, team := namespace(t), namespace(t)
-	vmi := readyImage(t, images, "private", classCSI, false)
+	vmi := readyImage(t, images, "private", classCSI)
 
 	// bob may manage DiskVolumes in his team's namespace, nothing in the images namespace.
 	g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "disks", Namespace: team},
@@ -74,7 +74,7 @@ func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
 	}, 10*time.Second).Should(Succeed())
 
 	// Not public, but bob may read it.
-	private := readyImage(t, images, "shared", classCSI, false)
+	private := readyImage(t, images, "shared", classCSI)
 	g.Expect(private.Labels).NotTo(HaveKey(virtualmachine.LabelImagePublic))
 	g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "read-images", Namespace: images},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"hypercloud.tmaxanc.com"}, Resources: []string{"virtualmachineimages"}, Verbs: []string{"get"}}}})).To(Succeed())

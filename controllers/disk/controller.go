@@ -86,7 +86,7 @@ func Setup(mgr ctrl.Manager, pods importpod.Config) error {
 					return nil
 				}
 				var reqs []reconcile.Request
-				_ = forEach(list, func(o client.Object) {
+				forEach(list, func(o client.Object) {
 					reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
 				})
 				return reqs
@@ -109,7 +109,7 @@ func Setup(mgr ctrl.Manager, pods importpod.Config) error {
 	return nil
 }
 
-func forEach(list client.ObjectList, f func(client.Object)) error {
+func forEach(list client.ObjectList, f func(client.Object)) {
 	switch l := list.(type) {
 	case *hypercloud.VirtualMachinePvcList:
 		for i := range l.Items {
@@ -120,7 +120,6 @@ func forEach(list client.ObjectList, f func(client.Object)) error {
 			f(&l.Items[i])
 		}
 	}
-	return nil
 }
 
 // Reconcile brings one disk forward.

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/onsi/gomega"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -87,15 +87,12 @@ func namespace(t *testing.T) string {
 }
 
 // readyImage makes a VirtualMachineImage and plays its import to Ready.
-func readyImage(t *testing.T, ns, name, class string, block bool) *hypercloud.VirtualMachineImage {
+func readyImage(t *testing.T, ns, name, class string) *hypercloud.VirtualMachineImage {
 	t.Helper()
 	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://images.example.com/" + name + ".qcow2")}}}
 	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity(goldenSize)
 	vmi.Spec.StorageClassName = &class
-	if block {
-		vmi.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeBlock)
-	}
 	g := NewWithT(t)
 	g.Expect(env.Client.Create(t.Context(), vmi)).To(Succeed())
 	ctrltest.Bind(t, env, ns, "vmim-"+name)
@@ -155,7 +152,7 @@ func TestCSIClone(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	ns := namespace(t)
-	vmi := readyImage(t, ns, "ubuntu", classCSI, false)
+	vmi := readyImage(t, ns, "ubuntu", classCSI)
 
 	vmpvc := &hypercloud.VirtualMachinePvc{ObjectMeta: metav1.ObjectMeta{Name: "vm-disk", Namespace: ns},
 		Spec: hypercloud.VirtualMachinePvcSpec{VirtualMachineImageName: "ubuntu",
@@ -213,7 +210,7 @@ func TestSnapshotStrategy(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	ns := namespace(t)
-	vmi := readyImage(t, ns, "fedora", classSnap, false)
+	vmi := readyImage(t, ns, "fedora", classSnap)
 	for _, name := range []string{"a", "b"} {
 		g.Expect(env.Client.Create(t.Context(), newDiskVolume(ns, name, fromImage("", "fedora"), classSnap, ""))).To(Succeed())
 	}
@@ -247,7 +244,7 @@ func TestFallback(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	ns := namespace(t)
-	readyImage(t, ns, "debian", classCSI, false)
+	readyImage(t, ns, "debian", classCSI)
 	d := newDiskVolume(ns, "other-class", fromImage("", "debian"), classOther, "4Gi")
 	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy), Equal(
@@ -302,7 +299,7 @@ func TestCrossNamespace(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	images, ns := namespace(t), namespace(t)
-	readyImage(t, images, "centos", classCSI, false)
+	readyImage(t, images, "centos", classCSI)
 	d := newDiskVolume(ns, "centos-disk", fromImage(images, "centos"), classCSI, "")
 	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy),
@@ -376,7 +373,9 @@ func TestBlankAndSnapshotDisks(t *testing.T) {
 	g.Expect(env.Client.Status().Update(t.Context(), snap)).To(Succeed())
 	// The snapshot wakes the disk that waits for it.
 	pvc := &corev1.PersistentVolumeClaim{}
-	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "restored"}, pvc) }, 10*time.Second).Should(Succeed())
+	g.Eventually(func() error {
+		return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "restored"}, pvc)
+	}, 10*time.Second).Should(Succeed())
 	g.Expect(pvc.Spec.DataSource.Kind).To(Equal("VolumeSnapshot"))
 	g.Expect(pvc.Spec.Resources.Requests.Storage().String()).To(Equal("20Gi"), "the snapshot's restore size")
 }
@@ -387,7 +386,7 @@ func TestWaitForFirstConsumer(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	ns := namespace(t)
-	readyImage(t, ns, "wffc", classWFFC, false)
+	readyImage(t, ns, "wffc", classWFFC)
 	d := newDiskVolume(ns, "lazy", fromImage("", "wffc"), classWFFC, "")
 	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
@@ -421,7 +420,7 @@ func TestWaitsForImage(t *testing.T) {
 		Equal("SourceNotFound: the VirtualMachineImage "+ns+"/late does not exist")))
 	g.Expect(d.Status.Phase).To(Equal(common.PhasePending))
 	start := time.Now()
-	readyImage(t, ns, "late", classCSI, false)
+	readyImage(t, ns, "late", classCSI)
 	pvcOf(t, ns, "early")
 	g.Expect(time.Since(start)).To(BeNumerically("<", 15*time.Second), "woken by the image, not by a periodic retry")
 }
@@ -432,7 +431,7 @@ func TestImageDeletionWaitsForClones(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	ns := namespace(t)
-	vmi := readyImage(t, ns, "arch", classCSI, false)
+	vmi := readyImage(t, ns, "arch", classCSI)
 	d := newDiskVolume(ns, "arch-disk", fromImage("", "arch"), classCSI, "")
 	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
 	pvcOf(t, ns, "arch-disk")
@@ -446,7 +445,9 @@ func TestImageDeletionWaitsForClones(t *testing.T) {
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vmim-arch"}, &corev1.PersistentVolumeClaim{})).To(Succeed())
 
 	ctrltest.Bind(t, env, ns, "arch-disk")
-	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKeyFromObject(vmi), vmi)) },
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKeyFromObject(vmi), vmi))
+	},
 		20*time.Second).Should(BeTrue())
 	golden := &corev1.PersistentVolumeClaim{}
 	err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vmim-arch"}, golden)

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/onsi/gomega" //nolint:revive // gomega's DSL
+	"github.com/onsi/gomega"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -93,8 +93,8 @@ func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
 func Pod(t *testing.T, env *testenv.Env, ns, name string) *corev1.Pod {
 	t.Helper()
 	pod := &corev1.Pod{}
-	NewWithT(t).Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pod) },
-		20*time.Second).Should(Succeed(), "pod %s/%s", ns, name)
+	gomega.NewWithT(t).Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pod) },
+		20*time.Second).Should(gomega.Succeed(), "pod %s/%s", ns, name)
 	return pod
 }
 
@@ -113,7 +113,7 @@ func Kubelet(t *testing.T, env *testenv.Env, ns, name string, phase corev1.PodPh
 		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "importer", State: corev1.ContainerState{
 			Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Error", Message: msg}}}}
 	}
-	NewWithT(t).Expect(env.Client.Status().Update(t.Context(), pod)).To(Succeed())
+	gomega.NewWithT(t).Expect(env.Client.Status().Update(t.Context(), pod)).To(gomega.Succeed())
 }
 
 // Complete ends a pod with a successful result.
@@ -127,12 +127,12 @@ func Complete(t *testing.T, env *testenv.Env, ns, name string, res transfer.Resu
 func Bind(t *testing.T, env *testenv.Env, ns, name string) *corev1.PersistentVolumeClaim {
 	t.Helper()
 	pvc := &corev1.PersistentVolumeClaim{}
-	g := NewWithT(t)
+	g := gomega.NewWithT(t)
 	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pvc) },
-		20*time.Second).Should(Succeed(), "PVC %s/%s", ns, name)
+		20*time.Second).Should(gomega.Succeed(), "PVC %s/%s", ns, name)
 	pvc.Status.Phase = corev1.ClaimBound
 	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: pvc.Spec.Resources.Requests[corev1.ResourceStorage]}
-	g.Expect(env.Client.Status().Update(t.Context(), pvc)).To(Succeed())
+	g.Expect(env.Client.Status().Update(t.Context(), pvc)).To(gomega.Succeed())
 	return pvc
 }
 
