@@ -22,6 +22,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -126,7 +127,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 // status) when it cannot be made.
 func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	tr := d.tracked()
-	class, err := storageClass(ctx, r.Client, ptr.Deref(d.pvc.StorageClassName, ""))
+	class, err := storage.Class(ctx, r.Client, ptr.Deref(d.pvc.StorageClassName, ""))
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +180,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	if d.strategy != nil {
 		preferred = *d.strategy
 	}
-	goldenClass, err := storageClass(ctx, r.Client, ptr.Deref(p.golden.PVC.Spec.StorageClassName, ""))
+	goldenClass, err := storage.Class(ctx, r.Client, ptr.Deref(p.golden.PVC.Spec.StorageClassName, ""))
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +189,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		sourceMode: modeOf(p.golden.PVC.Spec.VolumeMode), targetMode: modeOf(d.pvc.VolumeMode),
 		sourceDriver: driverOf(goldenClass), targetDriver: driverOf(class)}
 	if facts.targetDriver != "" && preferred != common.CloneStrategyHostAssisted {
-		if facts.snapshotClass, err = snapshotClassFor(ctx, r.Client, facts.targetDriver); err != nil {
+		if facts.snapshotClass, err = storage.SnapshotClassFor(ctx, r.Client, facts.targetDriver); err != nil {
 			return nil, err
 		}
 	}

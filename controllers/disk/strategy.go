@@ -1,16 +1,11 @@
 package disk
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
-	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 )
@@ -18,11 +13,6 @@ import (
 // AnnotationCloneStrategy on a StorageClass names the clone strategy preferred for disks of
 // that class; a disk's spec.cloneStrategy overrides it.
 const AnnotationCloneStrategy = "diskpipe.io/clone-strategy"
-
-const (
-	annotationDefaultClass         = "storageclass.kubernetes.io/is-default-class"
-	annotationDefaultSnapshotClass = "snapshot.storage.kubernetes.io/is-default-class"
-)
 
 // Reasons of the CloneStrategy condition.
 const (
@@ -95,56 +85,6 @@ func (f cloneFacts) cannot(s common.CloneStrategy) string {
 		return fmt.Sprintf("no VolumeSnapshotClass for the driver %q", f.targetDriver)
 	}
 	return ""
-}
-
-// storageClass returns the named class, or the cluster's default for ""; nil when there is
-// none.
-func storageClass(ctx context.Context, c client.Reader, name string) (*storagev1.StorageClass, error) {
-	if name != "" {
-		sc := &storagev1.StorageClass{}
-		if err := c.Get(ctx, client.ObjectKey{Name: name}, sc); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, nil
-			}
-			return nil, err
-		}
-		return sc, nil
-	}
-	list := &storagev1.StorageClassList{}
-	if err := c.List(ctx, list); err != nil {
-		return nil, err
-	}
-	for i := range list.Items {
-		if list.Items[i].Annotations[annotationDefaultClass] == "true" {
-			return &list.Items[i], nil
-		}
-	}
-	return nil, nil
-}
-
-// snapshotClassFor returns the VolumeSnapshotClass for driver: the default one, else any;
-// "" when there is none (or the snapshot API is not installed).
-func snapshotClassFor(ctx context.Context, c client.Reader, driver string) (string, error) {
-	list := &snapshotv1.VolumeSnapshotClassList{}
-	if err := c.List(ctx, list); err != nil {
-		if meta.IsNoMatchError(err) {
-			return "", nil
-		}
-		return "", err
-	}
-	found := ""
-	for _, vsc := range list.Items {
-		if vsc.Driver != driver {
-			continue
-		}
-		if vsc.Annotations[annotationDefaultSnapshotClass] == "true" {
-			return vsc.Name, nil
-		}
-		if found == "" {
-			found = vsc.Name
-		}
-	}
-	return found, nil
 }
 
 func modeOf(m *corev1.PersistentVolumeMode) corev1.PersistentVolumeMode {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/export"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
@@ -99,6 +100,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := disk.Setup(mgr, opts.Importer); err != nil {
 		return nil, fmt.Errorf("setting up the disk controllers: %w", err)
+	}
+	if err := export.Setup(mgr, export.Options{Pods: opts.Importer, Store: imageOpts.ObjectStore, StoreConfig: opts.ObjectStore}); err != nil {
+		return nil, fmt.Errorf("setting up the export controller: %w", err)
 	}
 	if err := virtualmachine.Setup(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)

@@ -5,6 +5,7 @@ package importpod
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,6 +66,8 @@ type Spec struct {
 	SourceBlock bool
 	// ServePort exposes a port for a clone source (Serve).
 	ServePort int32
+	// Command is the program the pod runs: /importer (default) or /exporter.
+	Command string
 }
 
 // Paths inside importer pods.
@@ -92,8 +95,12 @@ func Build(c Config, s Spec) *corev1.Pod {
 	args := append([]string{}, s.Args...)
 	args = append(args, "--metrics-addr", ":"+strconv.Itoa(int(c.MetricsPort)),
 		"--termination-message-path", corev1.TerminationMessagePathDefault)
+	command := s.Command
+	if command == "" {
+		command = "/importer"
+	}
 	ctr := corev1.Container{
-		Name: "importer", Image: c.Image, Command: []string{"/importer"}, Resources: c.Resources,
+		Name: strings.TrimPrefix(command, "/"), Image: c.Image, Command: []string{command}, Resources: c.Resources,
 		Ports:                    []corev1.ContainerPort{{Name: "metrics", ContainerPort: c.MetricsPort}},
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 		SecurityContext: &corev1.SecurityContext{

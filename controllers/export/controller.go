@@ -1,0 +1,113 @@
+// Package export reconciles VirtualMachineVolumeExports: an exporter pod converts a PVC's disk
+// to qcow2 (or raw) and uploads it to the bundled object store or an external S3 store; the
+// status gets a presigned HTTP GET URL that downloads it. A PVC in use by a running pod is
+// never read live: it is snapshotted, the snapshot restored to a temporary PVC, and that is
+// exported.
+package export
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/objectstore"
+)
+
+// Finalizer holds an export until its pods and temporary volumes are gone, and, with
+// retainPolicy Delete, its object.
+const Finalizer = "diskpipe.io/export"
+
+// AnnotationRenewURL, set on a Ready export, asks for a fresh download URL.
+const AnnotationRenewURL = "diskpipe.io/renew-download-url"
+
+// LabelExport marks an export's children with its UID.
+const LabelExport = "diskpipe.io/export"
+
+// Options configure the export controller.
+type Options struct {
+	Pods importpod.Config
+	// Store is the bundled object store, and StoreConfig how exporter pods reach it; nil
+	// when the installation has none (exports then need spec.s3).
+	Store       *objectstore.Client
+	StoreConfig *objectstore.ClientConfig
+}
+
+// Reconciler reconciles VirtualMachineVolumeExports.
+type Reconciler struct {
+	client.Client
+	APIReader client.Reader
+	Pods      *importpod.Tracker
+	Options
+}
+
+// Setup registers the controller.
+func Setup(mgr ctrl.Manager, o Options) error {
+	o.Pods.Defaults()
+	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Options: o,
+		Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: o.Pods, Events: mgr.GetEventRecorder("diskpipe-export"),
+			HTTP: &http.Client{Timeout: 2 * time.Second}}}
+	return ctrl.NewControllerManagedBy(mgr).Named("virtualmachinevolumeexport").For(&hypercloud.VirtualMachineVolumeExport{}).
+		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Owns(&snapshotv1.VolumeSnapshot{}).Complete(r)
+}
+
+// Reconcile brings one export forward.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+	ex := &hypercloud.VirtualMachineVolumeExport{}
+	if err := r.APIReader.Get(ctx, req.NamespacedName, ex); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !ex.DeletionTimestamp.IsZero() {
+		if err := r.delete(ctx, ex); err != nil {
+			return ctrl.Result{}, err
+		}
+		if controllerutil.RemoveFinalizer(ex, Finalizer) {
+			return ctrl.Result{}, r.Update(ctx, ex)
+		}
+		return ctrl.Result{}, nil
+	}
+	if controllerutil.AddFinalizer(ex, Finalizer) {
+		if err := r.Update(ctx, ex); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if _, ok := ex.Annotations[AnnotationRenewURL]; ok && ex.Status.Phase == common.PhaseReady {
+		return ctrl.Result{}, r.renew(ctx, ex)
+	}
+	base := ex.DeepCopy()
+	defer func() {
+		if err == nil {
+			ex.Status.ObservedGeneration = ex.Generation
+		}
+		if equality.Semantic.DeepEqual(base.Status, ex.Status) {
+			return
+		}
+		if perr := r.Status().Patch(ctx, ex, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); perr != nil && !apierrors.IsNotFound(perr) {
+			err = fmt.Errorf("patching status: %w", perr)
+		}
+	}()
+	return r.reconcile(ctx, ex)
+}
+
+func tracked(ex *hypercloud.VirtualMachineVolumeExport) importpod.Status {
+	st := &ex.Status
+	return importpod.Status{Phase: &st.Phase, Conditions: &st.Conditions, Retries: &st.Retries, Transfer: &st.Transfer, Progress: &st.Progress}
+}
+
+func retryOf(r *common.RetryLimit) common.RetryLimit {
+	if r == nil {
+		return common.DefaultRetryLimit
+	}
+	return *r
+}

@@ -1,0 +1,274 @@
+package export_test
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/export"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+var (
+	env   *testenv.Env
+	store *objectstoretest.Server
+	once  sync.Once
+)
+
+func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+
+const driver = "csi.diskpipe.test"
+
+func setup(t *testing.T) string {
+	t.Helper()
+	once.Do(func() {
+		ctx := t.Context()
+		for _, sc := range []*storagev1.StorageClass{
+			{ObjectMeta: metav1.ObjectMeta{Name: "csi"}, Provisioner: driver},
+			{ObjectMeta: metav1.ObjectMeta{Name: "nosnap"}, Provisioner: "nosnap.diskpipe.test"},
+		} {
+			if err := env.Client.Create(ctx, sc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := env.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: "csi-snapshots"},
+			Driver: driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {
+			t.Fatal(err)
+		}
+		var stop func()
+		store, stop = objectstoretest.StartShared(env.TempDir())
+		env.OnStop(stop)
+		cfg := store.ClientConfig()
+		cfg.Region = "us-east-1"
+		if _, err := ctrltest.StartManager(env, manager.Options{ObjectStore: &cfg}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ns, err := env.CreateNamespace(t.Context(), "export")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+func newPVC(t *testing.T, ns, name, class string) {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: &class,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")}}}}
+	NewWithT(t).Expect(env.Client.Create(t.Context(), pvc)).To(Succeed())
+}
+
+// newExport is the seed's export: a PVC to the bundled store's bucket.
+func newExport(ns, name, pvc, object string) *hypercloud.VirtualMachineVolumeExport {
+	return &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: pvc,
+			ObjectStore: &common.ObjectStoreSource{BucketName: "vmexport", ObjectName: common.ObjectName(object)}}}
+}
+
+func exportStatus(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport) func() string {
+	return func() string {
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(ex), ex)
+		c := meta.FindStatusCondition(ex.Status.Conditions, common.ConditionReady)
+		if c == nil {
+			return string(ex.Status.Phase)
+		}
+		return string(ex.Status.Phase) + " " + c.Reason + ": " + c.Message
+	}
+}
+
+// upload plays the exporter's part in the store: the object it would have written.
+func upload(t *testing.T, object string, body []byte) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "export.qcow2")
+	g := NewWithT(t)
+	g.Expect(os.WriteFile(p, body, 0o600)).To(Succeed())
+	g.Expect(store.Client().EnsureBucket(t.Context(), "vmexport")).To(Succeed())
+	out, err := store.AWS(t.Context(), store.SecretKey, "s3", "cp", p, "s3://vmexport/"+object)
+	g.Expect(err).NotTo(HaveOccurred(), out)
+	return p
+}
+
+func get(t *testing.T, url string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(url) //nolint:gosec,noctx // the URL under test
+	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// TestExport is the seed's story: an exporter pod reads the PVC read-only and writes to the
+// bundled store; the status gets a presigned URL that a plain HTTP GET downloads; it can be
+// renewed; deleting the export keeps the object (retainPolicy Retain).
+func TestExport(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	newPVC(t, ns, "vm-disk", "csi")
+	ex := newExport(ns, "backup", "vm-disk", "vm-disk.qcow2")
+	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
+
+	pod := ctrltest.Pod(t, env, ns, "backup-export-0")
+	c := pod.Spec.Containers[0]
+	g.Expect(c.Command).To(Equal([]string{"/exporter"}))
+	args := strings.Join(c.Args, " ")
+	g.Expect(args).To(HavePrefix("--source /source/disk.img --format qcow2 --compression none --endpoint " + store.Endpoint +
+		" --region us-east-1 --bucket-lookup Path --bucket vmexport --object vm-disk.qcow2 --create-bucket --s3-credentials-dir /var/run/diskpipe/auth"))
+	g.Expect(pod.Spec.Volumes).To(ContainElement(HaveField("PersistentVolumeClaim", Equal(&corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-disk", ReadOnly: true}))))
+	creds := &corev1.Secret{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "backup-export-store"}, creds)).To(Succeed())
+	g.Expect(metav1.IsControlledBy(creds, ex)).To(BeTrue())
+
+	body := []byte("QFI\xfb stands in for the exported qcow2")
+	upload(t, "vm-disk.qcow2", body)
+	ctrltest.Complete(t, env, ns, "backup-export-0", transfer.Result{Format: "qcow2", VirtualSize: 10 << 30, BytesWritten: int64(len(body)),
+		Digest: "sha256:0123", URL: "s3://vmexport/vm-disk.qcow2", DurationSeconds: 4})
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported: exported vm-disk as qcow2 to s3://vmexport/vm-disk.qcow2"))
+	g.Expect(ex.Status.ObjectURL).To(Equal("s3://vmexport/vm-disk.qcow2"))
+	g.Expect(ex.Status.Digest).To(Equal("sha256:0123"))
+	g.Expect(time.Until(ex.Status.DownloadURLExpiresAt.Time)).To(BeNumerically("~", 24*time.Hour, time.Minute))
+	code, got := get(t, ex.Status.DownloadURL)
+	g.Expect(code).To(Equal(http.StatusOK))
+	g.Expect(got).To(Equal(body))
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(creds), creds))
+	}, 10*time.Second).Should(BeTrue(), "the store's keys leave the namespace with the exporter")
+
+	// Renewed on request.
+	first := ex.Status.DownloadURL
+	time.Sleep(1100 * time.Millisecond) // a presigned URL carries its signing second
+	patch := client.MergeFrom(ex.DeepCopy())
+	ex.Annotations = map[string]string{export.AnnotationRenewURL: "true"}
+	g.Expect(env.Client.Patch(ctx, ex, patch)).To(Succeed())
+	g.Eventually(func() string { exportStatus(t, ex)(); return ex.Status.DownloadURL }, 10*time.Second).ShouldNot(Equal(first))
+	g.Expect(ex.Annotations).NotTo(HaveKey(export.AnnotationRenewURL))
+	code, got = get(t, ex.Status.DownloadURL)
+	g.Expect(code).To(Equal(http.StatusOK))
+	g.Expect(got).To(Equal(body))
+
+	// Retain: the object outlives the export.
+	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
+	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
+	out, err := store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://vmexport/vm-disk.qcow2")
+	g.Expect(err).NotTo(HaveOccurred(), out)
+}
+
+// TestRetainPolicyDelete deletes the object with the export.
+func TestRetainPolicyDelete(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	newPVC(t, ns, "scratch", "csi")
+	ex := newExport(ns, "temp", "scratch", ns+"-scratch.qcow2")
+	ex.Spec.RetainPolicy = hypercloud.RetainPolicyDelete
+	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
+	upload(t, ns+"-scratch.qcow2", []byte("exported"))
+	ctrltest.Complete(t, env, ns, "temp-export-0", transfer.Result{Format: "qcow2", URL: "s3://vmexport/" + ns + "-scratch.qcow2"})
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
+	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
+	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
+	out, err := store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://vmexport/"+ns+"-scratch.qcow2")
+	g.Expect(err).To(HaveOccurred(), "the object is gone: %s", out)
+}
+
+func runningPodOf(t *testing.T, ns, name, claim string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "compute", Image: "virt-launcher"}},
+		Volumes: []corev1.Volume{{Name: "disk", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}}}
+	g := NewWithT(t)
+	g.Expect(env.Client.Create(t.Context(), pod)).To(Succeed())
+	pod.Status.Phase = corev1.PodRunning
+	g.Expect(env.Client.Status().Update(t.Context(), pod)).To(Succeed())
+	return pod
+}
+
+// TestInUseDiskIsSnapshotted: the PVC of a running VM is never read live: its snapshot is
+// restored to a temporary PVC, exported, and both are removed.
+func TestInUseDiskIsSnapshotted(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	newPVC(t, ns, "busy", "csi")
+	runningPodOf(t, ns, "virt-launcher-vm1", "busy")
+	ex := newExport(ns, "live", "busy", ns+"-busy.qcow2")
+	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
+
+	snap := &snapshotv1.VolumeSnapshot{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "live-export"}, snap) }, 20*time.Second).Should(Succeed())
+	g.Expect(*snap.Spec.Source.PersistentVolumeClaimName).To(Equal("busy"))
+	g.Expect(*snap.Spec.VolumeSnapshotClassName).To(Equal("csi-snapshots"))
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(Equal("Pending WaitingForSnapshot: waiting for the snapshot live-export to be ready"))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "live-export-0"}, &corev1.Pod{})).NotTo(Succeed())
+
+	snap.Status = &snapshotv1.VolumeSnapshotStatus{ReadyToUse: ptr.To(true), RestoreSize: ptr.To(resource.MustParse("10Gi"))}
+	g.Expect(env.Client.Status().Update(ctx, snap)).To(Succeed())
+	pod := ctrltest.Pod(t, env, ns, "live-export-0")
+	g.Expect(pod.Spec.Volumes).To(ContainElement(HaveField("PersistentVolumeClaim", Equal(&corev1.PersistentVolumeClaimVolumeSource{ClaimName: "live-export", ReadOnly: true}))))
+	temp := &corev1.PersistentVolumeClaim{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "live-export"}, temp)).To(Succeed())
+	g.Expect(temp.Spec.DataSource.Kind).To(Equal("VolumeSnapshot"))
+	g.Expect(ex.Status.SnapshotName).To(Equal("live-export"))
+
+	ctrltest.Complete(t, env, ns, "live-export-0", transfer.Result{Format: "qcow2", URL: "s3://vmexport/" + ns + "-busy.qcow2"})
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
+	g.Eventually(func() bool {
+		pvcGone := apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "live-export"}, temp)) || !temp.DeletionTimestamp.IsZero()
+		return pvcGone && apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "live-export"}, snap))
+	}, 10*time.Second).Should(BeTrue(), "the temporary PVC and snapshot are removed")
+}
+
+// TestInUseWithoutSnapshotClass refuses to read an in-use disk it cannot snapshot, says why,
+// and exports once the disk is no longer in use.
+func TestInUseWithoutSnapshotClass(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	newPVC(t, ns, "busy", "nosnap")
+	vm := runningPodOf(t, ns, "virt-launcher-vm2", "busy")
+	ex := newExport(ns, "refused", "busy", ns+"-refused.qcow2")
+	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(Equal("Pending InUseWithoutSnapshot: the PVC busy is in use by the pod virt-launcher-vm2 " +
+		"and its storage has no VolumeSnapshotClass, so it cannot be exported without reading a disk that is being written: " +
+		"stop the VM, or install a VolumeSnapshotClass for its driver"))
+	g.Consistently(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "refused-export-0"}, &corev1.Pod{})
+	}, 2*time.Second).ShouldNot(Succeed())
+
+	vm.Status.Phase = corev1.PodSucceeded // the VM stopped
+	g.Expect(env.Client.Status().Update(ctx, vm)).To(Succeed())
+	pod := &corev1.Pod{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "refused-export-0"}, pod)
+	}, 30*time.Second).Should(Succeed())
+	g.Expect(pod.Spec.Volumes).To(ContainElement(HaveField("PersistentVolumeClaim.ClaimName", "busy")))
+
+	// A permanent failure ends the export with the exporter's reason.
+	ctrltest.Kubelet(t, env, ns, "refused-export-0", corev1.PodFailed,
+		&transfer.Result{Reason: transfer.ReasonTargetForbidden, Message: "the store refused the credentials"}, 1)
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(Equal("Failed TargetForbidden: the store refused the credentials"))
+}

@@ -1,0 +1,351 @@
+package export
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	"github.com/minio/minio-go/v7"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/objectstore"
+)
+
+// Condition reasons of exports.
+const (
+	reasonExported             = "Exported"
+	reasonInUseWithoutSnapshot = "InUseWithoutSnapshot"
+	reasonWaitingForSnapshot   = "WaitingForSnapshot"
+)
+
+const (
+	authDir = "/var/run/diskpipe/auth"
+	caDir   = "/var/run/diskpipe/ca"
+	// defaultExpiry and maxExpiry bound the download URL (SigV4 allows 7 days at most).
+	defaultExpiry = 24 * time.Hour
+	maxExpiry     = 7 * 24 * time.Hour
+)
+
+func (r *Reconciler) reconcile(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) (ctrl.Result, error) {
+	st, tr := &ex.Status, tracked(ex)
+	switch st.Phase {
+	case common.PhaseFailed:
+		return ctrl.Result{}, nil
+	case common.PhaseReady:
+		return ctrl.Result{}, nil
+	}
+	if wait := tr.RetryWait(time.Now()); wait > 0 {
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	dest, err := r.destination(ctx, ex, true)
+	if err == nil {
+		var src *corev1.PersistentVolumeClaim
+		if src, err = r.source(ctx, ex); err == nil && src == nil {
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil // the snapshot is being taken
+		} else if err == nil {
+			return r.export(ctx, ex, src, dest)
+		}
+	}
+	var nr *image.NotReadyError
+	if errors.As(err, &nr) {
+		st.Phase = common.PhasePending
+		tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
+		return ctrl.Result{RequeueAfter: 15 * time.Second}, nil
+	}
+	return ctrl.Result{}, err
+}
+
+// export runs the exporter pod on src and records its result.
+func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, src *corev1.PersistentVolumeClaim, dest *destination) (ctrl.Result, error) {
+	st := &ex.Status
+	format, compression := ex.Spec.Format, ex.Spec.Compression
+	if format == "" {
+		format = hypercloud.ExportFormatQcow2
+	}
+	if compression == "" {
+		compression = hypercloud.ExportCompressionNone
+	}
+	spec := importpod.Spec{Name: fmt.Sprintf("%s-export-%d", ex.Name, st.Retries), Namespace: ex.Namespace, Command: "/exporter",
+		Labels:    map[string]string{LabelExport: string(ex.UID), image.LabelRole: "exporter"},
+		SourcePVC: src.Name, SourceBlock: image.IsBlock(src), Mounts: dest.mounts}
+	spec.Args = append([]string{"--source", spec.SourcePath(), "--format", string(format), "--compression", string(compression)}, dest.args...)
+	pod := importpod.Build(r.Pods.Config, spec)
+	if err := owned.Create(ctx, r.Client, ex, pod); err != nil {
+		return ctrl.Result{}, err
+	}
+	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry)}
+	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) {
+		now := metav1.Now()
+		st.Phase, st.Progress, st.ObjectURL, st.Digest, st.CompletionTime = common.PhaseReady, "100%", res.URL, res.Digest, &now
+		st.VirtualSize = resource.NewQuantity(res.VirtualSize, resource.BinarySI)
+		st.StoredSize = resource.NewQuantity(res.BytesWritten, resource.BinarySI)
+		msg := fmt.Sprintf("exported %s as %s to %s in %.0f s", ex.Spec.PVCName, format, res.URL, res.DurationSeconds)
+		if err := r.presign(ctx, ex, dest); err != nil {
+			msg += "; no download URL: " + err.Error()
+		}
+		tracked(ex).SetReady(metav1.ConditionTrue, reasonExported, msg)
+		r.Pods.Events.Eventf(ex, nil, corev1.EventTypeNormal, reasonExported, "Export", "Exported %s to %s", ex.Spec.PVCName, res.URL)
+		if err := r.cleanupTemp(ctx, ex); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Could not remove the export's snapshot")
+		}
+	})
+}
+
+// source is the PVC to read: the export's own PVC, or, while that is in use by a running pod,
+// a temporary PVC restored from a snapshot of it (nil while the snapshot is not ready).
+func (r *Reconciler) source(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) (*corev1.PersistentVolumeClaim, error) {
+	st := &ex.Status
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ex.Namespace, Name: ex.Spec.PVCName}, pvc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &image.NotReadyError{Reason: "SourceNotFound", Message: "the PVC " + ex.Spec.PVCName + " does not exist"}
+		}
+		return nil, err
+	}
+	if st.SnapshotName == "" {
+		user, err := r.userOf(ctx, ex, pvc.Name)
+		if err != nil || user == "" {
+			return pvc, err
+		}
+		class, err := storage.Class(ctx, r.Client, ptr.Deref(pvc.Spec.StorageClassName, ""))
+		if err != nil {
+			return nil, err
+		}
+		snapClass := ""
+		if class != nil {
+			if snapClass, err = storage.SnapshotClassFor(ctx, r.Client, class.Provisioner); err != nil {
+				return nil, err
+			}
+		}
+		if snapClass == "" {
+			return nil, &image.NotReadyError{Reason: reasonInUseWithoutSnapshot, Message: fmt.Sprintf(
+				"the PVC %s is in use by the pod %s and its storage has no VolumeSnapshotClass, so it cannot be exported "+
+					"without reading a disk that is being written: stop the VM, or install a VolumeSnapshotClass for its driver", pvc.Name, user)}
+		}
+		snap := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export", Namespace: ex.Namespace,
+			Labels: map[string]string{LabelExport: string(ex.UID)}},
+			Spec: snapshotv1.VolumeSnapshotSpec{Source: snapshotv1.VolumeSnapshotSource{PersistentVolumeClaimName: &pvc.Name},
+				VolumeSnapshotClassName: &snapClass}}
+		if err := owned.Create(ctx, r.Client, ex, snap); err != nil {
+			return nil, err
+		}
+		st.SnapshotName = snap.Name
+		tracked(ex).SetReady(metav1.ConditionFalse, reasonWaitingForSnapshot,
+			fmt.Sprintf("the PVC is in use by the pod %s: exporting a snapshot of it, %s", user, snap.Name))
+		r.Pods.Events.Eventf(ex, nil, corev1.EventTypeNormal, reasonWaitingForSnapshot, "Snapshot", "PVC %s is in use by %s: exporting snapshot %s", pvc.Name, user, snap.Name)
+		return nil, nil
+	}
+	snap := &snapshotv1.VolumeSnapshot{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ex.Namespace, Name: st.SnapshotName}, snap); err != nil {
+		return nil, err
+	}
+	if snap.Status == nil || !ptr.Deref(snap.Status.ReadyToUse, false) {
+		st.Phase = common.PhasePending
+		tracked(ex).SetReady(metav1.ConditionFalse, reasonWaitingForSnapshot, "waiting for the snapshot "+snap.Name+" to be ready")
+		return nil, nil
+	}
+	size := image.PVCSize(pvc)
+	if snap.Status.RestoreSize != nil && snap.Status.RestoreSize.Cmp(size) > 0 {
+		size = *snap.Status.RestoreSize
+	}
+	temp := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: snap.Name, Namespace: ex.Namespace,
+		Labels: map[string]string{LabelExport: string(ex.UID)}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
+			StorageClassName: pvc.Spec.StorageClassName, VolumeMode: pvc.Spec.VolumeMode,
+			DataSource: &corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotv1.GroupName), Kind: "VolumeSnapshot", Name: snap.Name}}}
+	if err := owned.Create(ctx, r.Client, ex, temp); err != nil {
+		return nil, err
+	}
+	return temp, nil
+}
+
+// userOf names a running pod, other than the export's own, that mounts the PVC.
+func (r *Reconciler) userOf(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, pvc string) (string, error) {
+	pods := &corev1.PodList{}
+	if err := r.List(ctx, pods, client.InNamespace(ex.Namespace)); err != nil {
+		return "", err
+	}
+	for _, p := range pods.Items {
+		if p.Labels[LabelExport] == string(ex.UID) || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == pvc {
+				return p.Name, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// destination is where the exporter writes, and how the manager reaches it.
+type destination struct {
+	args   []string
+	mounts []importpod.Mount
+	client *objectstore.Client
+	bucket string
+	object string
+}
+
+// destination resolves where the export goes; forPod also prepares what the exporter pod
+// mounts (the manager alone needs no Secret of its own to presign or delete).
+func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, forPod bool) (*destination, error) {
+	if s3 := ex.Spec.S3; s3 != nil {
+		cfg := objectstore.ClientConfig{Endpoint: string(s3.Endpoint), Region: s3.Region, BucketLookup: string(s3.BucketLookup)}
+		d := &destination{bucket: string(s3.BucketName), object: string(s3.ObjectName),
+			args: []string{"--endpoint", cfg.Endpoint, "--region", s3.Region, "--bucket-lookup", string(orAuto(s3.BucketLookup)),
+				"--bucket", string(s3.BucketName), "--object", string(s3.ObjectName)}}
+		if s3.SecretRef != "" {
+			sec := &corev1.Secret{}
+			if err := r.Get(ctx, client.ObjectKey{Namespace: ex.Namespace, Name: string(s3.SecretRef)}, sec); err != nil {
+				if apierrors.IsNotFound(err) {
+					return nil, &image.NotReadyError{Reason: "CredentialsNotFound", Message: "the Secret " + string(s3.SecretRef) + " does not exist"}
+				}
+				return nil, err
+			}
+			cfg.AccessKey, cfg.SecretKey = string(sec.Data["accessKeyId"]), string(sec.Data["secretAccessKey"])
+			d.args = append(d.args, "--s3-credentials-dir", authDir)
+			d.mounts = append(d.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir})
+		}
+		if s3.CertConfigMap != "" {
+			d.args = append(d.args, "--ca-file", caDir+"/ca.crt")
+			d.mounts = append(d.mounts, importpod.Mount{ConfigMap: string(s3.CertConfigMap), Path: caDir})
+			ca, err := r.caFile(ctx, ex, string(s3.CertConfigMap))
+			if err != nil {
+				return nil, err
+			}
+			cfg.CAFile = ca
+		}
+		c, err := objectstore.NewClient(cfg)
+		if err != nil {
+			return nil, err
+		}
+		d.client = c
+		return d, nil
+	}
+	if r.Store == nil || r.StoreConfig == nil {
+		return nil, &image.NotReadyError{Reason: "ObjectStoreNotConfigured", Message: "this installation has no bundled object store: use spec.s3"}
+	}
+	os := ex.Spec.ObjectStore
+	if os == nil {
+		return nil, &image.NotReadyError{Reason: "InvalidSpec", Message: "spec.objectStore or spec.s3 is required"}
+	}
+	d := &destination{client: r.Store, bucket: string(os.BucketName), object: string(os.ObjectName)}
+	if !forPod {
+		return d, nil
+	}
+	// The exporter writes with the store's keys, in a Secret that only its pod mounts and
+	// that goes with the export.
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export-store", Namespace: ex.Namespace,
+		Labels: map[string]string{LabelExport: string(ex.UID)}},
+		StringData: map[string]string{"accessKeyId": r.StoreConfig.AccessKey, "secretAccessKey": r.StoreConfig.SecretKey}}
+	if err := owned.Create(ctx, r.Client, ex, sec); err != nil {
+		return nil, err
+	}
+	d.args = []string{"--endpoint", r.StoreConfig.Endpoint, "--region", "us-east-1", "--bucket-lookup", "Path",
+		"--bucket", d.bucket, "--object", d.object, "--create-bucket", "--s3-credentials-dir", authDir}
+	d.mounts = []importpod.Mount{{Secret: sec.Name, Path: authDir}}
+	return d, nil
+}
+
+// caFile writes the CA bundle of a ConfigMap where the manager's client can read it.
+func (r *Reconciler) caFile(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, name string) (string, error) {
+	cm := &corev1.ConfigMap{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ex.Namespace, Name: name}, cm); err != nil {
+		return "", err
+	}
+	p := filepath.Join(os.TempDir(), "diskpipe-ca-"+string(ex.UID)+".crt")
+	return p, os.WriteFile(p, []byte(cm.Data["ca.crt"]), 0o600)
+}
+
+func orAuto(l common.BucketLookup) common.BucketLookup {
+	if l == "" {
+		return common.BucketLookupAuto
+	}
+	return l
+}
+
+// presign sets the download URL.
+func (r *Reconciler) presign(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination) error {
+	expiry := defaultExpiry
+	if e := ex.Spec.DownloadURLExpiry; e != nil && e.Duration > 0 {
+		expiry = min(e.Duration, maxExpiry)
+	}
+	u, err := d.client.PresignGet(ctx, d.bucket, d.object, expiry)
+	if err != nil {
+		return err
+	}
+	at := metav1.NewTime(time.Now().Add(expiry))
+	ex.Status.DownloadURL, ex.Status.DownloadURLExpiresAt = u.String(), &at
+	return nil
+}
+
+// renew presigns a fresh download URL, writes it, and clears the annotation that asked.
+func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
+	d, err := r.destination(ctx, ex, false)
+	if err != nil {
+		return err
+	}
+	base := ex.DeepCopy()
+	if err := r.presign(ctx, ex, d); err != nil {
+		return err
+	}
+	if err := r.Status().Patch(ctx, ex, client.MergeFrom(base)); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(ex.DeepCopy())
+	delete(ex.Annotations, AnnotationRenewURL)
+	return r.Patch(ctx, ex, patch)
+}
+
+// cleanupTemp removes the snapshot and temporary PVC of an in-use export, and the store
+// credentials.
+func (r *Reconciler) cleanupTemp(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
+	meta := metav1.ObjectMeta{Name: ex.Name + "-export", Namespace: ex.Namespace}
+	for _, obj := range []client.Object{&corev1.PersistentVolumeClaim{ObjectMeta: meta}, &snapshotv1.VolumeSnapshot{ObjectMeta: meta},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export-store", Namespace: ex.Namespace}}} {
+		if err := r.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// delete removes what the export made and, with retainPolicy Delete, the exported object.
+func (r *Reconciler) delete(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
+	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ex.Namespace), client.MatchingLabels{LabelExport: string(ex.UID)}); err != nil {
+		return err
+	}
+	if err := r.cleanupTemp(ctx, ex); err != nil {
+		return err
+	}
+	if ex.Spec.RetainPolicy != hypercloud.RetainPolicyDelete || ex.Status.ObjectURL == "" {
+		return nil
+	}
+	d, err := r.destination(ctx, ex, false)
+	if err != nil {
+		return err
+	}
+	if err := d.client.RemoveObject(ctx, d.bucket, d.object, minio.RemoveObjectOptions{}); err != nil {
+		return objectstore.Classify(err, "deleting "+ex.Status.ObjectURL)
+	}
+	return nil
+}
