@@ -29,7 +29,7 @@ import (
 // retainPolicy Delete, its object.
 const Finalizer = "diskpipe.io/export"
 
-// AnnotationRenewURL, set on a Ready export, asks for a fresh download URL.
+// AnnotationRenewURL on a Ready export asks for a fresh download URL.
 const AnnotationRenewURL = "diskpipe.io/renew-download-url"
 
 // LabelExport marks an export's children with its UID.

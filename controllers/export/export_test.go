@@ -100,7 +100,7 @@ func exportStatus(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport) func(
 }
 
 // upload plays the exporter's part in the store: the object it would have written.
-func upload(t *testing.T, object string, body []byte) string {
+func upload(t *testing.T, object string, body []byte) {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "export.qcow2")
 	g := NewWithT(t)
@@ -108,7 +108,6 @@ func upload(t *testing.T, object string, body []byte) string {
 	g.Expect(store.Client().EnsureBucket(t.Context(), "vmexport")).To(Succeed())
 	out, err := store.AWS(t.Context(), store.SecretKey, "s3", "cp", p, "s3://vmexport/"+object)
 	g.Expect(err).NotTo(HaveOccurred(), out)
-	return p
 }
 
 func get(t *testing.T, url string) (int, []byte) {
