@@ -131,7 +131,7 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 	f := &fetcher{ctx: ctx, obj: obj, name: o.Source.String(), retry: o.Retry, log: o.Log, stall: o.StallTimeout}
 	defer func() { res.BytesRead = f.read.Load() }()
 
-	cs, err := parseChecksum(o.Checksum)
+	cs, err := transfer.ParseChecksum(o.Checksum)
 	if err != nil {
 		return err
 	}
@@ -200,7 +200,7 @@ func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Im
 // importRandom converts an image read at random (qcow2, vmdk, vpc, vdi, vhdx), fetching only its
 // allocated clusters, except when a checksum must be verified: then a hasher reads the whole
 // file in order through the same cache.
-func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, head []byte, cs *checksum, t *Target, res *transfer.Result) error {
+func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, head []byte, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
 	size := f.obj.Size()
 	cache := newBlockCache(f, size, cacheBlockSize, cacheBlocks, o.Parallel, readahead)
 	img, err := openImage(format, head, boundedReaderAt{r: cache, size: size}, size)
@@ -215,7 +215,7 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	}
 
 	hashed := make(chan error, 1)
-	if cs.want != "" {
+	if cs.Want != "" {
 		go func() { hashed <- hashAll(ctx, cache, size, cs) }()
 	} else {
 		hashed <- nil
@@ -227,9 +227,9 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	if err != nil {
 		return imageError(err)
 	}
-	if cs.want != "" {
-		res.Digest = cs.digest()
-		if err := cs.verify(); err != nil {
+	if cs.Want != "" {
+		res.Digest = cs.Digest()
+		if err := cs.Verify(); err != nil {
 			return err
 		}
 	}
@@ -237,7 +237,7 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 }
 
 // hashAll hashes the whole source in order through the cache the converter also reads.
-func hashAll(ctx context.Context, c *blockCache, size int64, cs *checksum) error {
+func hashAll(ctx context.Context, c *blockCache, size int64, cs *transfer.Checksum) error {
 	buf := make([]byte, cacheBlockSize)
 	for off := int64(0); off < size; off += cacheBlockSize {
 		if err := ctx.Err(); err != nil {
@@ -247,7 +247,7 @@ func hashAll(ctx context.Context, c *blockCache, size int64, cs *checksum) error
 		if err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
-		cs.h.Write(buf[:n])
+		cs.Hash.Write(buf[:n])
 	}
 	return nil
 }
@@ -263,11 +263,11 @@ func imageError(err error) error {
 
 // importStream copies a raw image, or a gzip, xz or zstd compressed one, front to back: the
 // source bytes are hashed as they arrive and only non-zero blocks are written.
-func importStream(o *Options, f *fetcher, cs *checksum, t *Target, res *transfer.Result) error {
+func importStream(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
 	s := f.stream()
 	defer s.Close()
 	o.Progress.SetTotal(max(f.obj.Size(), 0))
-	src := bufio.NewReaderSize(io.TeeReader(&countingReader{r: s, p: o.Progress}, cs.h), copyBufferSize)
+	src := bufio.NewReaderSize(io.TeeReader(&countingReader{r: s, p: o.Progress}, cs.Hash), copyBufferSize)
 	head, err := src.Peek(sniffLen)
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
 		return err
@@ -329,13 +329,13 @@ func importStream(o *Options, f *fetcher, cs *checksum, t *Target, res *transfer
 
 // finishStream reads what follows the image in the source, so the checksum covers all of it,
 // verifies the checksum, and completes the target.
-func finishStream(src io.Reader, cs *checksum, t *Target, res *transfer.Result, format Format, comp Compression, vsize int64) error {
+func finishStream(src io.Reader, cs *transfer.Checksum, t *Target, res *transfer.Result, format Format, comp Compression, vsize int64) error {
 	if _, err := io.Copy(io.Discard, src); err != nil {
 		return err
 	}
 	res.Format, res.Compression, res.VirtualSize = string(format), string(comp), vsize
-	res.Digest = cs.digest()
-	if err := cs.verify(); err != nil {
+	res.Digest = cs.Digest()
+	if err := cs.Verify(); err != nil {
 		return err
 	}
 	return t.Finish(vsize)

@@ -1,6 +1,7 @@
 package image_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,6 +33,7 @@ import (
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 var (
@@ -412,4 +415,47 @@ func TestCopySources(t *testing.T) {
 		}
 	}
 	g.Expect(claims).To(ConsistOf("imt-clone ro=false", "imt-base ro=true"))
+}
+
+// TestUploadSource waits for the upload proxy's marker, then imports the uploaded object
+// like an objectStore source.
+func TestUploadSource(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "upload")
+	g.Expect(err).NotTo(HaveOccurred())
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "uploaded", Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}}}}
+	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
+		c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
+		if c == nil {
+			return ""
+		}
+		return string(st.Phase) + " " + c.Reason + ": " + c.Message
+	}, Equal("Pending WaitingForUpload: upload the image: PUT it to the upload proxy at /v1/namespaces/"+ns+"/virtualmachineimages/uploaded")))
+
+	// What the upload proxy leaves: the object and its marker.
+	key := uploadproxy.ObjectKey(ns, "virtualmachineimages", "uploaded", string(vmi.UID))
+	body := []byte("the uploaded image")
+	c := store.Client()
+	g.Expect(c.EnsureBucket(ctx, uploadproxy.Bucket)).To(Succeed())
+	for k, b := range map[string][]byte{key: body, uploadproxy.MarkerKey(key): []byte("sha256:x")} {
+		_, err := c.PutObject(ctx, uploadproxy.Bucket, k, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	pod := &corev1.Pod{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-uploaded-import-0"}, pod)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(strings.Join(pod.Spec.Containers[0].Args, " ")).To(HavePrefix("--source http --url-file /var/run/diskpipe/url/url "))
+	sec := &corev1.Secret{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pod.Name}, sec)).To(Succeed())
+	resp, err := http.Get(string(sec.Data["url"])) //nolint:gosec,noctx // the presigned URL under test
+	g.Expect(err).NotTo(HaveOccurred())
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	g.Expect(got).To(Equal(body))
 }

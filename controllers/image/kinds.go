@@ -42,7 +42,7 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 	case src.PVC != nil:
 		g.source = copySource(copyOfPVC, namespaceOr(src.PVC.Namespace, v.Namespace), string(src.PVC.Name))
 	default:
-		g.source = notYet("upload")
+		g.source = source{kind: "upload", upload: "virtualmachineimages"}
 	}
 	return g
 }
@@ -62,7 +62,7 @@ func fromImageTemplate(o client.Object) *goldenImage {
 	case src.Disk != nil:
 		g.source = copySource(copyOfDisk, namespaceOr(src.Disk.Namespace, t.Namespace), string(src.Disk.Name))
 	default:
-		g.source = notYet("upload")
+		g.source = source{kind: "upload", upload: "imagetemplates"}
 	}
 	return g
 }

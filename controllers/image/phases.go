@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	"github.com/minio/minio-go/v7"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -23,6 +25,8 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // presignExpiry is how long an importer may read an objectStore source through its URL.
@@ -36,12 +40,16 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		return ctrl.Result{}, r.noteSnapshot(ctx, g)
 	}
 	st.SourceType = g.source.kind
-	if g.source.unsupported != "" {
-		tr.SetFailed(reasonUnsupportedSource, g.source.unsupported)
-		return ctrl.Result{}, nil
-	}
 	if wait := tr.RetryWait(time.Now()); wait > 0 {
 		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	if g.source.upload != "" {
+		err := r.uploaded(ctx, g)
+		if res, handled := r.childError(g, err); handled {
+			return res, nil
+		} else if err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	pvcName := childName(g.prefix, g.obj.GetName())
 	var copyFrom *corev1.PersistentVolumeClaim
@@ -107,6 +115,24 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 	})
 }
 
+// uploaded turns an upload source into the object the upload proxy stored, once the proxy has
+// marked it whole; until then the image waits.
+func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
+	if r.ObjectStore == nil {
+		return &NotReadyError{"ObjectStoreNotConfigured", "uploads need the bundled object store, which this installation has not"}
+	}
+	key := uploadproxy.ObjectKey(g.obj.GetNamespace(), g.source.upload, g.obj.GetName(), string(g.obj.GetUID()))
+	if _, err := r.ObjectStore.StatObject(ctx, uploadproxy.Bucket, uploadproxy.MarkerKey(key), minio.StatObjectOptions{}); err != nil {
+		if minio.ToErrorResponse(err).StatusCode == http.StatusNotFound {
+			return &NotReadyError{reasonWaitingForUpload, fmt.Sprintf("upload the image: PUT it to the upload proxy at /v1/namespaces/%s/%s/%s",
+				g.obj.GetNamespace(), g.source.upload, g.obj.GetName())}
+		}
+		return objectstore.Classify(err, "looking for the upload")
+	}
+	g.source.objectStore = &common.ObjectStoreSource{BucketName: uploadproxy.Bucket, ObjectName: common.ObjectName(key)}
+	return nil
+}
+
 // childError turns the errors a user can act on into status: a child's name taken by
 // another object fails the import; a missing dependency makes it wait.
 func (r *Reconciler) childError(g *goldenImage, err error) (ctrl.Result, bool) {
@@ -119,7 +145,7 @@ func (r *Reconciler) childError(g *goldenImage, err error) (ctrl.Result, bool) {
 	case errors.As(err, &notReady):
 		g.status.Phase = common.PhasePending
 		g.tracked().SetReady(metav1.ConditionFalse, notReady.Reason, notReady.Message)
-		return ctrl.Result{RequeueAfter: 30 * time.Second}, true
+		return ctrl.Result{RequeueAfter: 10 * time.Second}, true
 	}
 	return ctrl.Result{}, false
 }

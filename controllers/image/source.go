@@ -18,8 +18,9 @@ type source struct {
 	objectStore *common.ObjectStoreSource
 	// copyOf is a PVC, image or disk whose disk is copied.
 	copyOf *copyRef
-	// unsupported says why this source cannot be imported yet; empty when it can.
-	unsupported string
+	// upload names the image's resource for an upload source: the upload proxy stores the
+	// image in the bundled store, and it is then read like an objectStore source.
+	upload string
 }
 
 // copyRef names what a copy reads.
@@ -107,8 +108,4 @@ func (s *source) addCA(cm common.LocalName) {
 		s.args = append(s.args, "--ca-file", caDir+"/ca.crt")
 		s.mounts = append(s.mounts, importpod.Mount{ConfigMap: string(cm), Path: caDir})
 	}
-}
-
-func notYet(kind string) source {
-	return source{kind: kind, unsupported: fmt.Sprintf("importing from a %s source is not implemented yet", kind)}
 }

@@ -13,10 +13,10 @@ import (
 
 // Condition reasons besides the importer's own (transfer.Reason) and the pod tracker's.
 const (
-	reasonImported          = "Imported"
-	reasonSizeRequired      = "SizeRequired"
-	reasonUnsupportedSource = "UnsupportedSource"
-	reasonWaitingForClones  = "WaitingForClones"
+	reasonImported         = "Imported"
+	reasonSizeRequired     = "SizeRequired"
+	reasonWaitingForUpload = "WaitingForUpload"
+	reasonWaitingForClones = "WaitingForClones"
 )
 
 // setImported records a successful import.

@@ -1,0 +1,78 @@
+// Command uploadproxy receives image uploads for diskpipe and stores them in the bundled
+// object store (see package uploadproxy).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/uploadproxy"
+)
+
+func main() {
+	var (
+		listen    = flag.String("listen", ":8443", "address to serve on")
+		certFile  = flag.String("tls-cert-file", "", "TLS certificate (empty: plain HTTP, for a TLS-terminating ingress)")
+		keyFile   = flag.String("tls-key-file", "", "TLS key")
+		endpoint  = flag.String("objectstore-endpoint", "", "URL of the bundled object store")
+		credsDir  = flag.String("objectstore-credentials-dir", "/var/run/diskpipe/objectstore", "directory with the store's accessKeyId and secretAccessKey")
+		partBytes = flag.Int64("part-size", 16<<20, "bytes per stored part: the granularity of resuming")
+	)
+	flag.Parse()
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if err := run(log, *listen, *certFile, *keyFile, *endpoint, *credsDir, *partBytes); err != nil {
+		log.Error("Upload proxy stopped", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger, listen, certFile, keyFile, endpoint, credsDir string, partSize int64) error {
+	cfg := objectstore.ClientConfig{Endpoint: endpoint, Region: "us-east-1", BucketLookup: "Path"}
+	if err := cfg.LoadCredentials(credsDir); err != nil {
+		return err
+	}
+	store, err := objectstore.NewClient(cfg)
+	if err != nil {
+		return err
+	}
+	restCfg, err := ctrl.GetConfig()
+	if err != nil {
+		return err
+	}
+	kube, err := client.New(restCfg, client.Options{Scheme: manager.NewScheme()})
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Addr: listen, Handler: &uploadproxy.Server{Kube: kube, Store: store, PartSize: partSize, Log: log},
+		ReadHeaderTimeout: 30 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("Serving uploads", "addr", listen)
+	if certFile != "" {
+		err = srv.ListenAndServeTLS(certFile, keyFile)
+	} else {
+		err = srv.ListenAndServe()
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,201 @@
+package uploadproxy_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
+	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+
+const partSize = 5 << 20 // S3's smallest part
+
+// fixture is a namespace with an uploader that may upload and a viewer that may not, their
+// tokens, and the proxy in front of a real store.
+type fixture struct {
+	ns, url          string
+	uploader, viewer string
+	store            *objectstoretest.Server
+	image            []byte
+	digest           string
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "upload")
+	g.Expect(err).NotTo(HaveOccurred())
+	f := &fixture{ns: ns, store: objectstoretest.Start(t), image: make([]byte, 24<<20)}
+	_, _ = rand.Read(f.image)
+	sum := sha256.Sum256(f.image)
+	f.digest = "sha256:" + hex.EncodeToString(sum[:])
+	g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "upload", Namespace: ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"hypercloud.tmaxanc.com"}, Resources: []string{"virtualmachineimages/upload"}, Verbs: []string{"create"}}}})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "uploader", Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "upload"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "uploader", Namespace: ns}}})).To(Succeed())
+	f.uploader, f.viewer = token(t, ns, "uploader"), token(t, ns, "viewer")
+	srv := httptest.NewServer(&uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: partSize})
+	t.Cleanup(srv.Close)
+	f.url = srv.URL
+	return f
+}
+
+// token is a real service-account token from the apiserver's TokenRequest API.
+func token(t *testing.T, ns, sa string) string {
+	t.Helper()
+	g := NewWithT(t)
+	acct := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa, Namespace: ns}}
+	g.Expect(env.Client.Create(t.Context(), acct)).To(Succeed())
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(3600))}}
+	g.Expect(env.Client.SubResource("token").Create(t.Context(), acct, tr)).To(Succeed())
+	return tr.Status.Token
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func (f *fixture) newImage(t *testing.T, name, checksum string) {
+	t.Helper()
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{},
+			Checksum: common.Checksum(checksum)}}}
+	NewWithT(t).Expect(env.Client.Create(t.Context(), vmi)).To(Succeed())
+}
+
+func (f *fixture) path(name string) string {
+	return fmt.Sprintf("%s/v1/namespaces/%s/virtualmachineimages/%s", f.url, f.ns, name)
+}
+
+func (f *fixture) do(t *testing.T, method, name, token string, body []byte, contentRange string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, f.path(name), bytes.NewReader(body))
+	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if contentRange != "" {
+		req.Header.Set("Content-Range", contentRange)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, strings.TrimSpace(string(b))
+}
+
+// TestAuth: no token is 401, a token without the upload right 403, naming what is missing.
+func TestAuth(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	f.newImage(t, "img", "")
+	resp, msg := f.do(t, http.MethodPut, "img", "", f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), msg)
+	resp, msg = f.do(t, http.MethodPut, "img", "not-a-token", f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), msg)
+	resp, msg = f.do(t, http.MethodPut, "img", f.viewer, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusForbidden))
+	g.Expect(msg).To(Equal(fmt.Sprintf("system:serviceaccount:%s:viewer may not upload to virtualmachineimages %s/img: it needs create on virtualmachineimages/upload", f.ns, f.ns)))
+	resp, msg = f.do(t, http.MethodPut, "missing", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusNotFound))
+	g.Expect(msg).To(Equal("virtualmachineimages " + f.ns + "/missing does not exist"))
+}
+
+// TestResume cuts the connection halfway through, resumes from the offset HEAD reports, and
+// checks the stored object is the image, byte for byte (read back with awscli).
+func TestResume(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	f.newImage(t, "big", f.digest)
+
+	// Half the body, then the connection is cut.
+	host := strings.TrimPrefix(f.url, "http://")
+	conn, err := net.Dial("tcp", host)
+	g.Expect(err).NotTo(HaveOccurred())
+	u := strings.TrimPrefix(f.path("big"), f.url)
+	fmt.Fprintf(conn, "PUT %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", u, host, f.uploader, len(f.image))
+	_, err = conn.Write(f.image[:len(f.image)/2])
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func() string {
+		resp, _ := f.do(t, http.MethodHead, "big", f.uploader, nil, "")
+		return resp.Header.Get(uploadproxy.HeaderOffset)
+	}, 10*time.Second).Should(Equal(strconv.Itoa(2*partSize)), "the parts stored before the cut")
+	conn.Close()
+
+	resp, _ := f.do(t, http.MethodHead, "big", f.uploader, nil, "")
+	offset, _ := strconv.Atoi(resp.Header.Get(uploadproxy.HeaderOffset))
+	g.Expect(resp.Header.Get(uploadproxy.HeaderComplete)).To(Equal("false"))
+	resp, msg := f.do(t, http.MethodPut, "big", f.uploader, f.image[offset:], fmt.Sprintf("bytes %d-%d/%d", offset, len(f.image)-1, len(f.image)))
+	g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+	g.Expect(msg).To(Equal(fmt.Sprintf("uploaded %d bytes, %s", len(f.image), f.digest)))
+
+	// The stored object, read back with awscli, is the image.
+	key := objectKey(t, f, "big")
+	out := filepath.Join(t.TempDir(), "back")
+	o, err := f.store.AWS(t.Context(), f.store.SecretKey, "s3", "cp", "s3://"+uploadproxy.Bucket+"/"+key, out)
+	g.Expect(err).NotTo(HaveOccurred(), o)
+	back, err := os.ReadFile(out)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(bytes.Equal(back, f.image)).To(BeTrue(), "the object differs from the upload")
+	_, err = f.store.Client().StatObject(t.Context(), uploadproxy.Bucket, uploadproxy.MarkerKey(key), minio.StatObjectOptions{})
+	g.Expect(err).NotTo(HaveOccurred(), "the upload is marked whole")
+
+	resp, _ = f.do(t, http.MethodHead, "big", f.uploader, nil, "")
+	g.Expect(resp.Header.Get(uploadproxy.HeaderComplete)).To(Equal("true"))
+	resp, msg = f.do(t, http.MethodPut, "big", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusConflict), msg)
+}
+
+// TestWrongChecksum rejects an upload whose bytes do not match the image's checksum and
+// keeps nothing, so nothing is imported.
+func TestWrongChecksum(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	other := sha256.Sum256([]byte("another image"))
+	f.newImage(t, "bad", "sha256:"+hex.EncodeToString(other[:]))
+	resp, msg := f.do(t, http.MethodPut, "bad", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusUnprocessableEntity))
+	g.Expect(msg).To(HavePrefix("checksum mismatch: the source's sha256 is " + strings.TrimPrefix(f.digest, "sha256:")))
+	key := objectKey(t, f, "bad")
+	for _, k := range []string{key, uploadproxy.MarkerKey(key)} {
+		_, err := f.store.Client().StatObject(t.Context(), uploadproxy.Bucket, k, minio.StatObjectOptions{})
+		g.Expect(minio.ToErrorResponse(err).StatusCode).To(Equal(http.StatusNotFound), k)
+	}
+}
+
+func objectKey(t *testing.T, f *fixture, name string) string {
+	t.Helper()
+	vmi := &hypercloud.VirtualMachineImage{}
+	NewWithT(t).Expect(env.Client.Get(t.Context(), clientKey(f.ns, name), vmi)).To(Succeed())
+	return uploadproxy.ObjectKey(f.ns, "virtualmachineimages", name, string(vmi.UID))
+}
+
+func clientKey(ns, name string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: name} }
