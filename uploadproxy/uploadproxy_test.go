@@ -95,7 +95,13 @@ func (f *fixture) path(name string) string {
 	return fmt.Sprintf("%s/v1/namespaces/%s/virtualmachineimages/%s", f.url, f.ns, name)
 }
 
-func (f *fixture) do(t *testing.T, method, name, token string, body []byte, contentRange string) (*http.Response, string) {
+// reply is what the proxy answered.
+type reply struct {
+	StatusCode int
+	Header     http.Header
+}
+
+func (f *fixture) do(t *testing.T, method, name, token string, body []byte, contentRange string) (reply, string) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, f.path(name), bytes.NewReader(body))
 	NewWithT(t).Expect(err).NotTo(HaveOccurred())
@@ -109,7 +115,7 @@ func (f *fixture) do(t *testing.T, method, name, token string, body []byte, cont
 	NewWithT(t).Expect(err).NotTo(HaveOccurred())
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp, strings.TrimSpace(string(b))
+	return reply{resp.StatusCode, resp.Header}, strings.TrimSpace(string(b))
 }
 
 // TestAuth: no token is 401, a token without the upload right 403, naming what is missing.
