@@ -271,3 +271,35 @@ func TestInUseWithoutSnapshotClass(t *testing.T) {
 		&transfer.Result{Reason: transfer.ReasonTargetForbidden, Message: "the store refused the credentials"}, 1)
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(Equal("Failed TargetForbidden: the store refused the credentials"))
 }
+
+// TestExternalStore exports to an S3 store named in the spec, with the user's credentials
+// Secret: the exporter mounts that Secret, and the download URL is signed with those keys.
+func TestExternalStore(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	newPVC(t, ns, "data", "csi")
+	g.Expect(env.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s3-creds", Namespace: ns},
+		StringData: map[string]string{"accessKeyId": store.AccessKey, "secretAccessKey": store.SecretKey}})).To(Succeed())
+	ex := &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: "offsite", Namespace: ns},
+		Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: "data", Format: hypercloud.ExportFormatRaw,
+			Compression: hypercloud.ExportCompressionNone,
+			S3: &common.S3Source{Endpoint: common.HTTPURL(store.Endpoint), Region: "us-east-1", BucketLookup: common.BucketLookupPath,
+				BucketName: "vmexport", ObjectName: common.ObjectName(ns + "-data.raw"), SecretRef: "s3-creds"}}}
+	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
+	pod := ctrltest.Pod(t, env, ns, "offsite-export-0")
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	g.Expect(args).To(ContainSubstring("--format raw"))
+	g.Expect(args).To(ContainSubstring("--bucket vmexport --object " + ns + "-data.raw --s3-credentials-dir /var/run/diskpipe/auth"))
+	g.Expect(args).NotTo(ContainSubstring("--create-bucket"))
+	g.Expect(pod.Spec.Volumes).To(ContainElement(HaveField("Secret.SecretName", "s3-creds")))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "offsite-export-store"}, &corev1.Secret{})).NotTo(Succeed(),
+		"the bundled store's keys are not copied for an external store")
+
+	upload(t, ns+"-data.raw", []byte("raw disk"))
+	ctrltest.Complete(t, env, ns, "offsite-export-0", transfer.Result{Format: "raw", URL: "s3://vmexport/" + ns + "-data.raw"})
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
+	code, got := get(t, ex.Status.DownloadURL)
+	g.Expect(code).To(Equal(http.StatusOK))
+	g.Expect(string(got)).To(Equal("raw disk"))
+}
