@@ -13,8 +13,6 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -26,6 +24,7 @@ import (
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 )
 
 // Finalizer holds a disk until what it made outside its namespace (a clone source) is gone.
@@ -148,12 +147,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if err == nil {
 			d.status.ObservedGeneration = obj.GetGeneration()
 		}
-		if equality.Semantic.DeepEqual(r.adapt(base).status, d.status) {
-			return // nothing changed: no write
-		}
-		patch := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})
-		if perr := r.Status().Patch(ctx, obj, patch); perr != nil && !apierrors.IsNotFound(perr) {
-			err = fmt.Errorf("patching status: %w", perr)
+		if werr := owned.WriteStatus(ctx, r.Client, base, obj, r.adapt(base).status, d.status); werr != nil {
+			err = werr
 		}
 	}()
 	return r.reconcile(ctx, d)

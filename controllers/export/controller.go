@@ -7,14 +7,11 @@ package export
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -22,6 +19,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
@@ -90,11 +88,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if err == nil {
 			ex.Status.ObservedGeneration = ex.Generation
 		}
-		if equality.Semantic.DeepEqual(base.Status, ex.Status) {
-			return
-		}
-		if perr := r.Status().Patch(ctx, ex, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); perr != nil && !apierrors.IsNotFound(perr) {
-			err = fmt.Errorf("patching status: %w", perr)
+		if werr := owned.WriteStatus(ctx, r.Client, base, ex, base.Status, ex.Status); werr != nil {
+			err = werr
 		}
 	}()
 	return r.reconcile(ctx, ex)

@@ -7,14 +7,11 @@ package image
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -22,6 +19,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
@@ -94,13 +92,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if err == nil {
 			g.status.ObservedGeneration = obj.GetGeneration()
 		}
-		if equality.Semantic.DeepEqual(r.adapt(base).status, g.status) {
-			return // nothing changed: no write
-		}
-		// The lock turns a write from a stale view into a conflict, retried, never a lost update.
-		patch := client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})
-		if perr := r.Status().Patch(ctx, obj, patch); perr != nil && !apierrors.IsNotFound(perr) {
-			err = fmt.Errorf("patching status: %w", perr)
+		if werr := owned.WriteStatus(ctx, r.Client, base, obj, r.adapt(base).status, g.status); werr != nil {
+			err = werr
 		}
 	}()
 	if !obj.GetDeletionTimestamp().IsZero() {

@@ -15,7 +15,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -72,11 +71,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if err == nil {
 			vm.Status.ObservedGeneration = vm.Generation
 		}
-		if equality.Semantic.DeepEqual(base.Status, vm.Status) {
-			return
-		}
-		if perr := r.Status().Patch(ctx, vm, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); perr != nil && !apierrors.IsNotFound(perr) {
-			err = fmt.Errorf("patching status: %w", perr)
+		if werr := owned.WriteStatus(ctx, r.Client, base, vm, base.Status, vm.Status); werr != nil {
+			err = werr
 		}
 	}()
 	return r.reconcile(ctx, vm)

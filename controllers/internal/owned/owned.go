@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,6 +42,19 @@ func Create(ctx context.Context, c client.Client, owner, obj client.Object) erro
 	if !metav1.IsControlledBy(obj, owner) {
 		gvk, _ := c.GroupVersionKindFor(obj)
 		return &ErrNotOwned{Kind: gvk.Kind, Name: obj.GetName()}
+	}
+	return nil
+}
+
+// WriteStatus writes obj's status, read as base, when it changed (before and after are the
+// two statuses): with an optimistic lock, so a status computed from a stale view is a
+// conflict, retried, never a lost update. A deleted object needs none.
+func WriteStatus(ctx context.Context, c client.Client, base, obj client.Object, before, after any) error {
+	if equality.Semantic.DeepEqual(before, after) {
+		return nil
+	}
+	if err := c.Status().Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("patching status: %w", err)
 	}
 	return nil
 }
