@@ -107,9 +107,8 @@ fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.
 	$(MAKE) fuzz FUZZ_TARGETS="$(FUZZ_IMPORT_TARGETS)"
 
 .PHONY: demo
-demo: ## Run the whole pipeline on a local cluster (coming with the local cluster).
-	@echo "make demo: the local cluster and the demo are coming (issue: local cluster, make demo and end-to-end suites)."
-	@echo "Until then, 'make test' runs the API against a real kube-apiserver."
+demo: setup tools build ## Run the whole pipeline on a local cluster; DEMO_FLAGS=--keep keeps it running.
+	go run ./test/demo $(DEMO_FLAGS)
 
 ##@ Tools
 

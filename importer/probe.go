@@ -13,6 +13,14 @@ import (
 // controller can size the volume before importing. For a compressed raw stream the virtual
 // size is not known without reading it all: the result says -1.
 func Probe(ctx context.Context, o Options) (*transfer.Result, error) {
+	res, err := probe(ctx, o)
+	if err == nil {
+		res.Succeeded = true
+	}
+	return res, err
+}
+
+func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 	o.defaults()
 	res := &transfer.Result{VirtualSize: -1}
 	var obj Object

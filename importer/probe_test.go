@@ -43,3 +43,13 @@ func TestProbe(t *testing.T) {
 		t.Errorf("404: %v", err)
 	}
 }
+
+// TestProbeCommand: the probe command succeeds, with exit code 0 and the size in its result.
+func TestProbeCommand(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	url := serve(t, &fileServer{path: convertTo(t, raw, "qcow2")})
+	code, res, log := runMain(t, "--url", url, "--probe")
+	if code != transfer.ExitSucceeded || !res.Succeeded || res.Format != "qcow2" || res.VirtualSize != fixtureSize {
+		t.Fatalf("exit %d, result %+v\n%s", code, res, log)
+	}
+}

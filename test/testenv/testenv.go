@@ -150,11 +150,16 @@ func (e *Env) CreateNamespace(ctx context.Context, prefix string) (string, error
 	return ns.Name, nil
 }
 
-// EnsureNamespace creates the namespace name unless it exists.
+// EnsureNamespace creates the namespace name, and its default ServiceAccount, unless they
+// exist.
 func (e *Env) EnsureNamespace(ctx context.Context, name string) error {
 	err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	if client.IgnoreAlreadyExists(err) != nil {
 		return fmt.Errorf("creating namespace %s: %w", name, err)
+	}
+	err = e.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: name}})
+	if client.IgnoreAlreadyExists(err) != nil {
+		return fmt.Errorf("creating the default service account of %s: %w", name, err)
 	}
 	return nil
 }

@@ -168,6 +168,10 @@ func Result(pod *corev1.Pod) *transfer.Result {
 	for _, cs := range pod.Status.ContainerStatuses {
 		if t := cs.State.Terminated; t != nil {
 			if r, err := transfer.ReadResult(t.Message); err == nil {
+				if !r.Succeeded && r.Reason == "" { // a result that says neither: never a silent success
+					r.Reason, r.Transient = transfer.ReasonInternal, true
+					r.Message = fmt.Sprintf("the pod ended with exit code %d and a result that reports neither success nor a reason", t.ExitCode)
+				}
 				return r
 			}
 			return &transfer.Result{Reason: transfer.ReasonInternal, Transient: true,

@@ -1,0 +1,257 @@
+// Command demo is `make demo`: it brings the local cluster up and walks the seed's stories
+// with real tools — awscli into the bundled store, kubectl, curl and qemu-img — on a small
+// image made here (no internet), then prints a summary. With --keep the cluster stays up.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/diskpipe/diskpipe/test/localcluster"
+)
+
+const ns = "demo"
+
+type step struct {
+	name string
+	took time.Duration
+	what string
+}
+
+var steps []step
+
+func main() {
+	keep := flag.Bool("keep", false, "keep the cluster running and print its KUBECONFIG")
+	flag.Parse()
+	root, _ := filepath.Abs(".")
+	dir, err := os.MkdirTemp("", "diskpipe-demo-")
+	if err != nil {
+		fail(err)
+	}
+	ctx := context.Background()
+	start := time.Now()
+	say("Starting the local cluster (etcd, kube-apiserver, object store, manager, upload proxy, node agent, CSI stand-in) in %s", dir)
+	c, err := localcluster.Start(ctx, localcluster.Options{Bin: filepath.Join(root, "bin"), Dir: dir, Log: os.Stdout})
+	if err != nil {
+		fail(err)
+	}
+	done("cluster up", start, c.Config.Host)
+	if err := run(ctx, c, dir); err != nil {
+		fmt.Fprintf(os.Stderr, "\ndemo: %v\nlogs: %s/*.log and %s/pods/*/*/log\n", err, dir, dir)
+		if !*keep {
+			c.Stop()
+			os.Exit(1)
+		}
+	}
+	summary(time.Since(start))
+	if !*keep {
+		c.Stop()
+		_ = os.RemoveAll(dir)
+		return
+	}
+	if *keep {
+		fmt.Printf("\nThe cluster keeps running. In another shell:\n  export KUBECONFIG=%s\n  %s/kubectl get diskpipe -A\nCtrl-C stops it.\n",
+			c.Kubeconfig, filepath.Join(root, "bin"))
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		<-sig
+		c.Stop()
+	}
+}
+
+func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
+	// A small bootable-looking disk: a boot sector with its signature, and data.
+	t := time.Now()
+	raw, image := filepath.Join(dir, "demo.raw"), filepath.Join(dir, "demo.qcow2")
+	if err := tool("qemu-img", "create", "-q", "-f", "raw", raw, "64M"); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(raw, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	boot := make([]byte, 512)
+	copy(boot, "\xeb\x63\x90diskpipe demo boot sector")
+	boot[510], boot[511] = 0x55, 0xaa
+	_, _ = f.WriteAt(boot, 0)
+	_, _ = f.WriteAt([]byte(strings.Repeat("a root filesystem would be here. ", 100000)), 1<<20)
+	f.Close()
+	if err := tool("qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, image); err != nil {
+		return err
+	}
+	done("made demo.qcow2 with qemu-img", t, "64 MiB virtual, a boot sector and 3.3 MB of data")
+
+	// Serve it over HTTP on this machine, and put it in the bundled store with awscli.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go func() { _ = http.Serve(l, http.FileServer(http.Dir(dir))) }() //nolint:gosec // a demo server
+	t = time.Now()
+	if out, err := c.Store.AWS(ctx, c.Store.SecretKey, "s3", "mb", "s3://vmimage"); err != nil {
+		return fmt.Errorf("aws s3 mb: %w: %s", err, out)
+	}
+	if out, err := c.Store.AWS(ctx, c.Store.SecretKey, "s3", "cp", image, "s3://vmimage/bionic-server-cloudimg-amd64.img"); err != nil {
+		return fmt.Errorf("aws s3 cp: %w: %s", err, out)
+	}
+	done("aws s3 cp demo.qcow2 s3://vmimage/bionic-server-cloudimg-amd64.img", t, c.Store.Endpoint)
+
+	if err := c.Namespace(ctx, ns); err != nil {
+		return err
+	}
+	t = time.Now()
+	if err := apply(ctx, c, fmt.Sprintf(images, l.Addr())); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, c, "virtualmachineimage", []string{"ubuntu18.04", "ubuntu-http"}, true); err != nil {
+		return err
+	}
+	done("two VirtualMachineImages imported (objectStore and http)", t, "golden PVCs vmim-ubuntu18.04, vmim-ubuntu-http")
+
+	t = time.Now()
+	if err := apply(ctx, c, disks); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, c, "virtualmachinepvc", []string{"vmrootdisk"}, false); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, c, "diskvolume", []string{"disk1-from-image"}, false); err != nil {
+		return err
+	}
+	show(ctx, c, "get", "virtualmachinepvc,diskvolume", "-n", ns, "-o", "wide")
+	done("a VirtualMachinePvc (CSI clone, grown to 1Gi) and a DiskVolume made from them", t, "PVCs vmrootdisk, disk1-from-image")
+
+	t = time.Now()
+	if err := apply(ctx, c, vm); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, c, "virtualmachines.virtualmachine.kubesphere.io", []string{"vm1"}, false); err != nil {
+		return err
+	}
+	show(ctx, c, "get", "virtualmachines.kubevirt.io", "-n", ns)
+	out, _, err := c.Kubectl(ctx, nil, "get", "virtualmachines.kubevirt.io", "vm1", "-n", ns, "-o",
+		"jsonpath={range .spec.template.spec.volumes[*]}{.name}={.persistentVolumeClaim.claimName} {end}")
+	if err != nil {
+		return err
+	}
+	done("the seed's VirtualMachine made a KubeVirt VirtualMachine", t, "volumes: "+strings.TrimSpace(out))
+
+	t = time.Now()
+	if err := apply(ctx, c, export); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, c, "virtualmachinevolumeexport", []string{"export"}, false); err != nil {
+		return err
+	}
+	url, _, err := c.Kubectl(ctx, nil, "get", "virtualmachinevolumeexport", "export", "-n", ns, "-o", "jsonpath={.status.downloadURL}")
+	if err != nil {
+		return err
+	}
+	got := filepath.Join(dir, "downloaded.qcow2")
+	if err := tool("curl", "-sSf", "-o", got, url); err != nil {
+		return err
+	}
+	if err := tool("qemu-img", "compare", image, got); err != nil {
+		return fmt.Errorf("the downloaded export differs from the original: %w", err)
+	}
+	done("exported vmrootdisk, downloaded it with curl, qemu-img compare: identical", t, got)
+	return nil
+}
+
+func apply(ctx context.Context, c *localcluster.Cluster, yaml string) error {
+	out, errOut, err := c.Kubectl(ctx, []byte(yaml), "apply", "-n", ns, "-f", "-")
+	fmt.Print(indent(out))
+	if err != nil {
+		return fmt.Errorf("kubectl apply: %w: %s", err, errOut)
+	}
+	return nil
+}
+
+func show(ctx context.Context, c *localcluster.Cluster, args ...string) {
+	out, errOut, _ := c.Kubectl(ctx, nil, args...)
+	fmt.Print(indent(out + errOut))
+}
+
+// waitFor polls `kubectl get` until every named object's phase is Ready; progress shows the
+// table while it waits.
+func waitFor(ctx context.Context, c *localcluster.Cluster, resource string, names []string, progress bool) error {
+	const want, limit = "Ready", 3 * time.Minute
+	deadline := time.Now().Add(limit)
+	last := ""
+	for {
+		out, errOut, err := c.Kubectl(ctx, nil, "get", resource, "-n", ns, "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase,PROGRESS:.status.progress,REASON:.status.conditions[?(@.type=='Ready')].reason")
+		if err != nil {
+			return fmt.Errorf("kubectl get %s: %w: %s", resource, err, errOut)
+		}
+		if progress && out != last {
+			fmt.Print(indent("$ kubectl get " + resource + "\n" + out))
+			last = out
+		}
+		ready := 0
+		for _, line := range strings.Split(out, "\n") {
+			fields := strings.Fields(line)
+			for _, n := range names {
+				if len(fields) >= 2 && fields[0] == n && fields[1] == want {
+					ready++
+				}
+				if len(fields) >= 2 && fields[0] == n && fields[1] == "Failed" {
+					return fmt.Errorf("%s %s failed:\n%s", resource, n, out)
+				}
+			}
+		}
+		if ready == len(names) {
+			if !progress {
+				fmt.Print(indent("$ kubectl get " + resource + "\n" + out))
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not %s after %s:\n%s", resource, want, limit, out)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func tool(name string, args ...string) error {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func say(format string, args ...any) { fmt.Printf("\n==> "+format+"\n", args...) }
+
+func done(name string, since time.Time, what string) {
+	steps = append(steps, step{name, time.Since(since), what})
+	fmt.Printf("==> %s (%.1f s): %s\n", name, time.Since(since).Seconds(), what)
+}
+
+func summary(total time.Duration) {
+	fmt.Printf("\n%s\ndiskpipe demo: %d steps in %.0f s\n", strings.Repeat("=", 78), len(steps), total.Seconds())
+	for i, s := range steps {
+		fmt.Printf("%2d. %-72s %6.1f s\n    %s\n", i+1, s.name, s.took.Seconds(), s.what)
+	}
+}
+
+func indent(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "    " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n    ") + "\n"
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "demo:", err)
+	os.Exit(1)
+}

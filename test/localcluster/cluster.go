@@ -1,0 +1,216 @@
+// Package localcluster runs diskpipe on one machine without a container runtime, for the
+// end-to-end tests and `make demo`: etcd and kube-apiserver (built from Go modules), diskpipe's
+// CRDs with the VolumeSnapshot and KubeVirt VirtualMachine CRDs, StorageClasses and a
+// VolumeSnapshotClass of a CSI stand-in, the bundled object store, the manager (with its
+// webhooks) and the upload proxy as real processes, and a node agent that runs diskpipe's
+// pods as processes. It is test infrastructure: production runs on real clusters through the
+// Helm chart.
+package localcluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/diskpipe/diskpipe/controllers/admission"
+	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// Options shape a cluster.
+type Options struct {
+	// Bin holds diskpipe's binaries (make build): manager, importer, exporter, uploadproxy.
+	Bin string
+	// Dir holds the volumes, the store's data and the processes' logs.
+	Dir string
+	// Log receives what the cluster does.
+	Log io.Writer
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	*testenv.Env
+	// Store is the bundled object store; UploadURL the upload proxy's address.
+	Store     *objectstoretest.Server
+	UploadURL string
+	// Classes are the StorageClasses of the CSI stand-in; the first is the default.
+	Classes []string
+
+	opts      Options
+	procs     []*exec.Cmd
+	stopStore func()
+	agent     *agent
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// Start brings the cluster up.
+func Start(ctx context.Context, o Options) (c *Cluster, err error) {
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		_ = os.Setenv("KUBEBUILDER_ASSETS", o.Bin)
+	}
+	env, err := testenv.Start()
+	if err != nil {
+		return nil, err
+	}
+	c = &Cluster{Env: env, opts: o, Classes: []string{"cephrbd", "sc"}}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	for i, name := range c.Classes {
+		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: Driver}
+		if i == 0 {
+			sc.Annotations = map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}
+		}
+		if err := env.Client.Create(ctx, sc); err != nil {
+			return nil, err
+		}
+	}
+	if err := env.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: "local"},
+		Driver: Driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {
+		return nil, err
+	}
+
+	c.Store, c.stopStore = objectstoretest.StartShared(filepath.Join(o.Dir, "objectstore"))
+	creds, err := writeFiles(filepath.Join(o.Dir, "objectstore-credentials"), map[string][]byte{
+		"accessKeyId": []byte(c.Store.AccessKey), "secretAccessKey": []byte(c.Store.SecretKey)})
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(o.Log, "cluster: apiserver %s, object store %s\n", env.Config.Host, c.Store.Endpoint)
+
+	host, port, certDir, err := env.InstallWebhooks(admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
+	if err != nil {
+		return nil, err
+	}
+	if err := c.run("manager", "--importer-image", Image, "--objectstore-endpoint", c.Store.Endpoint,
+		"--objectstore-credentials-dir", creds, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir); err != nil {
+		return nil, err
+	}
+	if err := waitListening(net.JoinHostPort(host, strconv.Itoa(port))); err != nil {
+		return nil, fmt.Errorf("the manager's webhooks: %w", err)
+	}
+	upload, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.run("uploadproxy", "--listen", upload, "--objectstore-endpoint", c.Store.Endpoint, "--objectstore-credentials-dir", creds); err != nil {
+		return nil, err
+	}
+	c.UploadURL = "http://" + upload
+	if err := waitListening(upload); err != nil {
+		return nil, fmt.Errorf("the upload proxy: %w", err)
+	}
+
+	cs := &csi{c: env.Client, dir: o.Dir}
+	c.agent = &agent{c: env.Client, csi: cs, bin: o.Bin, dir: o.Dir, log: o.Log, running: map[types.UID]*process{}}
+	loop, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	c.wg.Go(func() {
+		for loop.Err() == nil {
+			pods := &corev1.PodList{}
+			if err := env.Client.List(loop, pods); err == nil {
+				if err := cs.sync(loop, pods.Items); err != nil {
+					fmt.Fprintf(o.Log, "csi: %v\n", err)
+				}
+				c.agent.sync(loop, pods.Items)
+			}
+			select {
+			case <-loop.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	})
+	return c, nil
+}
+
+// run starts one of diskpipe's binaries against the cluster, logging to Dir/<name>.log.
+func (c *Cluster) run(name string, args ...string) error {
+	logf, err := os.Create(filepath.Join(c.opts.Dir, name+".log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(c.opts.Bin, name), args...) //nolint:gosec // diskpipe's own binaries
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("starting %s (make build): %w", name, err)
+	}
+	c.procs = append(c.procs, cmd)
+	go func() { _ = cmd.Wait(); logf.Close() }()
+	return nil
+}
+
+// Namespace creates a namespace ready for pods.
+func (c *Cluster) Namespace(ctx context.Context, name string) error {
+	return c.EnsureNamespace(ctx, name)
+}
+
+// Stop stops everything and removes nothing of Dir.
+func (c *Cluster) Stop() {
+	if c.cancel != nil {
+		c.cancel()
+		c.wg.Wait()
+	}
+	if c.agent != nil {
+		c.agent.stop()
+	}
+	for _, p := range c.procs {
+		if p.Process != nil {
+			_ = p.Process.Signal(os.Interrupt)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, p := range c.procs {
+		if p.Process != nil {
+			_ = p.Process.Kill()
+		}
+	}
+	if c.stopStore != nil {
+		c.stopStore()
+	}
+	_ = c.Env.Stop()
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func waitListening(addr string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := net.Dial("tcp", addr)
+		if err == nil {
+			return conn.Close()
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
