@@ -66,7 +66,7 @@ setup: ## Install the Debian packages the tests use (qemu-utils, awscli, ...).
 tools: $(CONTROLLER_GEN) $(KUBE_BINS) ## Build the pinned tools and the Kubernetes binaries.
 
 .PHONY: test
-test: setup tools ## Run every test: unit, envtest integration, end to end.
+test: setup tools build ## Run every test: unit, envtest integration, end to end (test/e2e on the local cluster).
 	go test $(GO_TEST_FLAGS) ./...
 
 # A count (Nx), not a duration: with a duration Go 1.26's fuzz coordinator can fail a clean run

@@ -36,9 +36,23 @@ type agent struct {
 }
 
 type process struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	ip   string
+	cmd       *exec.Cmd
+	done      chan struct{}
+	ip        string
+	namespace string
+	name      string
+}
+
+// kill kills a pod's process at once.
+func (a *agent) kill(ns, name string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, pr := range a.running {
+		if pr.namespace == ns && pr.name == name {
+			return pr.cmd.Process.Kill()
+		}
+	}
+	return fmt.Errorf("no process runs pod %s/%s", ns, name)
 }
 
 var listenAddr = regexp.MustCompile(`^:[0-9]+$`)
@@ -136,7 +150,7 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 		logf.Close()
 		return fmt.Errorf("starting %s: %w", bin, err)
 	}
-	pr := &process{cmd: cmd, done: make(chan struct{}), ip: ip}
+	pr := &process{cmd: cmd, done: make(chan struct{}), ip: ip, namespace: p.Namespace, name: p.Name}
 	a.mu.Lock()
 	a.running[p.UID] = pr
 	a.mu.Unlock()

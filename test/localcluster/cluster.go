@@ -161,6 +161,13 @@ func (c *Cluster) run(name string, args ...string) error {
 	return nil
 }
 
+// VolumePath is the directory that holds a bound PVC's data (disk.img on a filesystem volume).
+func (c *Cluster) VolumePath(ns, pvc string) string { return c.agent.csi.volumeDir(ns, pvc) }
+
+// KillPod kills the process of a running pod, as a node failure or OOM kill would: it ends
+// without a result.
+func (c *Cluster) KillPod(ns, name string) error { return c.agent.kill(ns, name) }
+
 // Namespace creates a namespace ready for pods.
 func (c *Cluster) Namespace(ctx context.Context, name string) error {
 	return c.EnsureNamespace(ctx, name)

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 )
 
 // Driver is the CSI stand-in's provisioner name.
@@ -44,6 +45,10 @@ func (s *csi) sync(ctx context.Context, pods []corev1.Pod) error {
 	}
 	for i := range pvcs.Items {
 		pvc := &pvcs.Items[i]
+		if !pvc.DeletionTimestamp.IsZero() {
+			s.unprotect(ctx, pvc, used)
+			continue
+		}
 		if pvc.Status.Phase == corev1.ClaimBound {
 			continue
 		}
@@ -58,6 +63,7 @@ func (s *csi) sync(ctx context.Context, pods []corev1.Pod) error {
 			return fmt.Errorf("provisioning %s/%s: %w", pvc.Namespace, pvc.Name, err)
 		}
 	}
+	s.release(pvcs.Items)
 	snaps := &snapshotv1.VolumeSnapshotList{}
 	if err := s.c.List(ctx, snaps); err != nil {
 		return err
@@ -72,6 +78,33 @@ func (s *csi) sync(ctx context.Context, pods []corev1.Pod) error {
 		}
 	}
 	return nil
+}
+
+// unprotect plays kube-controller-manager's pvc-protection controller: a deleted PVC that no
+// pod uses loses the finalizer the apiserver gave it, and goes.
+func (s *csi) unprotect(ctx context.Context, pvc *corev1.PersistentVolumeClaim, used map[string]bool) {
+	if used[pvc.Namespace+"/"+pvc.Name] || !controllerutil.ContainsFinalizer(pvc, pvcProtection) {
+		return
+	}
+	patch := client.MergeFrom(pvc.DeepCopy())
+	controllerutil.RemoveFinalizer(pvc, pvcProtection)
+	_ = s.c.Patch(ctx, pvc, patch)
+}
+
+const pvcProtection = "kubernetes.io/pvc-protection"
+
+// release deletes the data of volumes whose PVC is gone.
+func (s *csi) release(pvcs []corev1.PersistentVolumeClaim) {
+	exists := map[string]bool{}
+	for _, p := range pvcs {
+		exists[s.volumeDir(p.Namespace, p.Name)] = true
+	}
+	dirs, _ := filepath.Glob(filepath.Join(s.dir, "volumes", "*", "*"))
+	for _, d := range dirs {
+		if !exists[d] {
+			_ = os.RemoveAll(d)
+		}
+	}
 }
 
 // class is the PVC's StorageClass when the stand-in provisions it.

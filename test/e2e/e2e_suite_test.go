@@ -1,0 +1,180 @@
+// Package e2e runs diskpipe's user stories end to end on the local cluster: real processes,
+// real bytes, each result checked with qemu-img, awscli or curl.
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/diskpipe/diskpipe/test/localcluster"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+func TestE2E(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "diskpipe end to end")
+}
+
+var (
+	cluster *localcluster.Cluster
+	work    string
+	// raw is the disk every image here is made from; images holds it in formats.
+	raw    string
+	images = map[string]string{}
+	server string
+)
+
+var _ = BeforeSuite(func() {
+	bin := testenv.Path("bin")
+	for _, b := range []string{"manager", "importer", "exporter", "uploadproxy"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			Fail(fmt.Sprintf("bin/%s is missing: `make test` builds it (make build)", b))
+		}
+	}
+	var err error
+	work, err = os.MkdirTemp("", "diskpipe-e2e-")
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { _ = os.RemoveAll(work) })
+	cluster, err = localcluster.Start(context.Background(), localcluster.Options{Bin: bin, Dir: filepath.Join(work, "cluster"), Log: GinkgoWriter})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(cluster.Stop)
+
+	raw = filepath.Join(work, "disk.raw")
+	makeDisk(raw)
+	images["qcow2"] = filepath.Join(work, "disk.qcow2")
+	run("qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, images["qcow2"])
+	images["vmdk"] = filepath.Join(work, "disk.vmdk")
+	run("qemu-img", "convert", "-f", "raw", "-O", "vmdk", "-o", "subformat=streamOptimized", raw, images["vmdk"])
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	server = "http://" + l.Addr().String()
+	srv := &http.Server{Handler: http.HandlerFunc(serveFile), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	DeferCleanup(srv.Close)
+})
+
+// makeDisk writes a sparse 64 MiB disk: a boot sector, text and random data between holes.
+func makeDisk(path string) {
+	f, err := os.Create(path)
+	Expect(err).NotTo(HaveOccurred())
+	defer f.Close()
+	Expect(f.Truncate(64 << 20)).To(Succeed())
+	boot := make([]byte, 512)
+	boot[510], boot[511] = 0x55, 0xaa
+	_, _ = f.WriteAt(boot, 0)
+	_, _ = f.WriteAt([]byte(strings.Repeat("diskpipe end to end. ", 50000)), 3<<20)
+	rnd := make([]byte, 4<<20)
+	_, _ = io.ReadFull(randReader{}, rnd)
+	_, _ = f.WriteAt(rnd, 40<<20)
+}
+
+type randReader struct{}
+
+func (randReader) Read(p []byte) (int, error) {
+	f, err := os.Open("/dev/urandom")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return f.Read(p)
+}
+
+// serveFile serves the work directory with Range support; ?rate=N limits it to N bytes a
+// second, so an import can be interrupted on purpose.
+func serveFile(w http.ResponseWriter, r *http.Request) {
+	f, err := os.Open(filepath.Join(work, filepath.Base(r.URL.Path)))
+	if err != nil {
+		http.NotFound(w, r)
+		return
+	}
+	defer f.Close()
+	fi, _ := f.Stat()
+	var rate int64
+	_, _ = fmt.Sscan(r.URL.Query().Get("rate"), &rate)
+	if rate > 0 {
+		w = &throttled{ResponseWriter: w, rate: rate}
+	}
+	http.ServeContent(w, r, fi.Name(), fi.ModTime(), f)
+}
+
+type throttled struct {
+	http.ResponseWriter
+	rate int64
+}
+
+func (t *throttled) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		chunk := p[:min(len(p), 64<<10)]
+		m, err := t.ResponseWriter.Write(chunk)
+		n += m
+		if err != nil {
+			return n, err
+		}
+		p = p[m:]
+		time.Sleep(time.Duration(int64(m) * int64(time.Second) / t.rate))
+	}
+	return n, nil
+}
+
+func run(name string, args ...string) {
+	GinkgoHelper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "%s %s: %s", name, strings.Join(args, " "), out)
+}
+
+func sha256Of(path string) string {
+	GinkgoHelper()
+	f, err := os.Open(path)
+	Expect(err).NotTo(HaveOccurred())
+	defer f.Close()
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	Expect(err).NotTo(HaveOccurred())
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// kubectl runs bin/kubectl against the cluster.
+func kubectl(stdin string, args ...string) string {
+	GinkgoHelper()
+	out, errOut, err := cluster.Kubectl(context.Background(), []byte(stdin), args...)
+	Expect(err).NotTo(HaveOccurred(), "kubectl %s: %s", strings.Join(args, " "), errOut)
+	return out
+}
+
+// phase reads an object's status.phase and Ready reason with kubectl.
+func phase(ns, resource, name string) func() string {
+	return func() string {
+		out, _, _ := cluster.Kubectl(context.Background(), nil, "get", resource, name, "-n", ns, "-o",
+			`jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].reason}`)
+		return strings.TrimSpace(out)
+	}
+}
+
+// sameDisk checks with qemu-img compare that got holds the test disk.
+func sameDisk(got string) {
+	GinkgoHelper()
+	run("qemu-img", "compare", "-f", "raw", raw, got)
+}
+
+func namespace() string {
+	GinkgoHelper()
+	ns := fmt.Sprintf("e2e-%d", time.Now().UnixNano()%1_000_000_000)
+	Expect(cluster.Namespace(context.Background(), ns)).To(Succeed())
+	return ns
+}

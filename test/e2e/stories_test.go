@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func vmi(name, source string) string {
+	return fmt.Sprintf(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachineImage
+metadata:
+  name: %s
+spec:
+  storageClassName: cephrbd
+  source:
+%s
+`, name, source)
+}
+
+// golden is the disk of an image's golden PVC.
+func golden(ns, name string) string {
+	return filepath.Join(cluster.VolumePath(ns, "vmim-"+name), "disk.img")
+}
+
+var _ = Describe("the seed's stories", Ordered, func() {
+	var ns string
+	BeforeAll(func() { ns = namespace() })
+
+	It("imports an image uploaded to the bundled store with awscli, and lists it with kubectl", func() {
+		ctx := context.Background()
+		out, err := cluster.Store.AWS(ctx, cluster.Store.SecretKey, "s3", "mb", "s3://vmimage")
+		Expect(err).NotTo(HaveOccurred(), out)
+		out, err = cluster.Store.AWS(ctx, cluster.Store.SecretKey, "s3", "cp", images["qcow2"], "s3://vmimage/bionic.qcow2")
+		Expect(err).NotTo(HaveOccurred(), out)
+		kubectl(vmi("ubuntu18.04", "    objectStore:\n      bucketName: vmimage\n      objectName: bionic.qcow2"), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "ubuntu18.04"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		table := kubectl("", "get", "virtualmachineimage", "-n", ns)
+		Expect(table).To(MatchRegexp(`ubuntu18\.04\s+Ready\s+100%\s+64Mi`))
+		sameDisk(golden(ns, "ubuntu18.04"))
+	})
+
+	It("imports over HTTP, a streamOptimized vmdk with its checksum", func() {
+		sum := sha256Of(images["vmdk"])
+		kubectl(vmi("centos", fmt.Sprintf("    http: %s/disk.vmdk\n    checksum: sha256:%s", server, sum)), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "centos"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmim", "centos", "-n", ns, "-o", "jsonpath={.status.format} {.status.digest}")).To(Equal("vmdk sha256:" + sum))
+		sameDisk(golden(ns, "centos"))
+	})
+
+	It("makes a VM disk larger than its image from a VirtualMachinePvc (CSI clone, disk.img grown)", func() {
+		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachinePvc
+metadata:
+  name: vmrootdisk
+spec:
+  virtualMachineImageName: ubuntu18.04
+  pvc:
+    accessModes: [ReadWriteOnce]
+    resources:
+      requests:
+        storage: 1Gi
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmpvc", "vmrootdisk"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		Expect(kubectl("", "get", "vmpvc", "vmrootdisk", "-n", ns, "-o", "jsonpath={.status.cloneStrategy}")).To(Equal("CSIClone"))
+		disk := filepath.Join(cluster.VolumePath(ns, "vmrootdisk"), "disk.img")
+		fi, err := os.Stat(disk)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(fi.Size()).To(Equal(grown(1 << 30)))
+		sameDisk(disk) // the grown tail reads as zeros
+	})
+
+	It("binds the seed's VirtualMachine to its disks as a KubeVirt VirtualMachine", func() {
+		kubectl(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: disk1-from-image
+spec:
+  source:
+    image:
+      name: centos
+      kind: VirtualMachineImage
+`, "apply", "-n", ns, "-f", "-")
+		seed, err := os.ReadFile(filepath.Join("..", "fixtures", "seeds", "000-virtualmachine.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		kubectl(strings.Replace(string(seed), "namespace: test2", "namespace: "+ns, 1), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Ready VirtualMachineCreated"))
+		volumes := kubectl("", "get", "virtualmachines.kubevirt.io", "vm1", "-n", ns, "-o",
+			"jsonpath={range .spec.template.spec.volumes[*]}{.name}={.persistentVolumeClaim.claimName};{end}")
+		Expect(volumes).To(ContainSubstring("disk1=disk1-from-image;"))
+		Expect(volumes).To(ContainSubstring("disk0-vm-blank=disk0-vm-blank;"))
+		blank, err := os.Stat(filepath.Join(cluster.VolumePath(ns, "disk0-vm-blank"), "disk.img"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(blank.Size()).To(Equal(grown(4 << 30)))
+	})
+
+	It("exports a disk as qcow2 that a plain HTTP GET downloads", func() {
+		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachineVolumeExport
+metadata:
+  name: export
+spec:
+  pvcName: vmrootdisk
+  objectStore:
+    bucketName: vmimage
+    objectName: mydisk
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmve", "export"), 2*time.Minute, time.Second).Should(Equal("Ready Exported"))
+		url := kubectl("", "get", "vmve", "export", "-n", ns, "-o", "jsonpath={.status.downloadURL}")
+		got := filepath.Join(work, "downloaded.qcow2")
+		run("curl", "-sSf", "-o", got, url)
+		run("qemu-img", "check", got)
+		run("qemu-img", "compare", "-F", "qcow2", raw, got)
+		Expect(kubectl("", "get", "vmve", "export", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal("sha256:" + sha256Of(got)))
+	})
+
+	It("imports an image uploaded through the upload proxy with a service account's token", func() {
+		ctx := context.Background()
+		kubectl(vmi("uploaded", "    upload: {}"), "apply", "-n", ns, "-f", "-")
+		kubectl(`apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: uploader
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: upload
+rules:
+- apiGroups: [hypercloud.tmaxanc.com]
+  resources: [virtualmachineimages/upload]
+  verbs: [create]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: uploader
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: upload}
+subjects:
+- {kind: ServiceAccount, name: uploader}
+`, "apply", "-n", ns, "-f", "-")
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "uploader", Namespace: ns}}
+		tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}
+		Expect(cluster.Client.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
+		body, err := os.ReadFile(images["qcow2"])
+		Expect(err).NotTo(HaveOccurred())
+		req, err := http.NewRequestWithContext(ctx, http.MethodPut,
+			cluster.UploadURL+"/v1/namespaces/"+ns+"/virtualmachineimages/uploaded", bytes.NewReader(body))
+		Expect(err).NotTo(HaveOccurred())
+		req.Header.Set("Authorization", "Bearer "+tr.Status.Token)
+		resp, err := http.DefaultClient.Do(req)
+		Expect(err).NotTo(HaveOccurred())
+		resp.Body.Close()
+		Expect(resp.StatusCode).To(Equal(http.StatusCreated))
+		Eventually(phase(ns, "vmim", "uploaded"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		sameDisk(golden(ns, "uploaded"))
+	})
+})
+
+var _ = Describe("faults", func() {
+	It("retries an importer killed mid-way, and the result is identical", func() {
+		ns := namespace()
+		kubectl(vmi("killed", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "killed"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		time.Sleep(time.Second) // part of the image is in
+		Expect(cluster.KillPod(ns, "vmim-killed-import-0")).To(Succeed())
+		Eventually(phase(ns, "vmim", "killed"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmim", "killed", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal("1"))
+		sameDisk(golden(ns, "killed"))
+	})
+
+	It("leaves nothing behind when an image is deleted while it imports", func() {
+		ns := namespace()
+		kubectl(vmi("doomed", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "doomed"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		dir := cluster.VolumePath(ns, "vmim-doomed")
+		Expect(dir).To(BeADirectory())
+		kubectl("", "delete", "vmim", "doomed", "-n", ns, "--wait=true", "--timeout=60s")
+		Eventually(func() string { return kubectl("", "get", "pods,pvc,secrets", "-n", ns, "-o", "name") }, time.Minute).Should(BeEmpty())
+		Eventually(dir, 10*time.Second).ShouldNot(BeADirectory())
+	})
+
+	It("fails an image whose bytes do not match its checksum, without retrying, leaving no disk", func() {
+		ns := namespace()
+		kubectl(vmi("tampered", fmt.Sprintf("    http: %s/disk.qcow2\n    checksum: sha256:%s", server, strings.Repeat("0", 64))), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "tampered"), 2*time.Minute, time.Second).Should(Equal("Failed ChecksumMismatch"))
+		Expect(kubectl("", "get", "vmim", "tampered", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal(""))
+		Expect(golden(ns, "tampered")).NotTo(BeAnExistingFile())
+	})
+})
+
+// grown is the size of a disk grown to a volume of capacity bytes: 94 %, rounded down to a MiB.
+func grown(capacity int64) int64 { return int64(float64(capacity)*0.94) &^ (1<<20 - 1) }
