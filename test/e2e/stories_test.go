@@ -203,3 +203,75 @@ var _ = Describe("faults", func() {
 
 // grown is the size of a disk grown to a volume of capacity bytes: 94 %, rounded down to a MiB.
 func grown(capacity int64) int64 { return int64(float64(capacity)*0.94) &^ (1<<20 - 1) }
+
+var _ = Describe("more faults", func() {
+	It("finishes an import when the manager is restarted in the middle of it", func() {
+		ns := namespace()
+		kubectl(vmi("survivor", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "survivor"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		Expect(cluster.RestartManager()).To(Succeed())
+		Eventually(phase(ns, "vmim", "survivor"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmim", "survivor", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal(""), "the running import was adopted, not restarted")
+		sameDisk(golden(ns, "survivor"))
+	})
+
+	It("exports a disk in use by a running VM from a snapshot, never the live disk", func() {
+		ns := namespace()
+		kubectl(vmi("base", fmt.Sprintf("    http: %s/disk.qcow2", server)), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "base"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		kubectl(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: attached
+spec:
+  source:
+    image: {name: base, kind: VirtualMachineImage}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: virt-launcher-vm
+spec:
+  containers:
+  - name: compute
+    image: quay.io/kubevirt/virt-launcher
+  volumes:
+  - name: disk
+    persistentVolumeClaim:
+      claimName: attached
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "dvol", "attached"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachineVolumeExport
+metadata:
+  name: live
+spec:
+  pvcName: attached
+  objectStore: {bucketName: e2e-live, objectName: attached.qcow2}
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmve", "live"), 2*time.Minute, time.Second).Should(Equal("Ready Exported"))
+		Expect(kubectl("", "get", "vmve", "live", "-n", ns, "-o", "jsonpath={.status.snapshotName}")).To(Equal("live-export"))
+		got := filepath.Join(work, "live.qcow2")
+		run("curl", "-sSf", "-o", got, kubectl("", "get", "vmve", "live", "-n", ns, "-o", "jsonpath={.status.downloadURL}"))
+		run("qemu-img", "compare", "-F", "qcow2", raw, got)
+		Eventually(func() string { return kubectl("", "get", "volumesnapshots,pvc", "-n", ns, "-o", "name") }, 30*time.Second).
+			Should(Equal("persistentvolumeclaim/attached\npersistentvolumeclaim/vmim-base\n"), "the snapshot and its temporary PVC are gone")
+	})
+
+	It("retries an import while the object store restarts", func() {
+		ns := namespace()
+		ctx := context.Background()
+		out, err := cluster.Store.AWS(ctx, cluster.Store.SecretKey, "s3", "mb", "s3://restart")
+		Expect(err).NotTo(HaveOccurred(), out)
+		out, err = cluster.Store.AWS(ctx, cluster.Store.SecretKey, "s3", "cp", images["qcow2"], "s3://restart/disk.qcow2")
+		Expect(err).NotTo(HaveOccurred(), out)
+		cluster.Store.Kill()
+		kubectl(vmi("patient", "    objectStore: {bucketName: restart, objectName: disk.qcow2}")+"  retry: 10\n", "apply", "-n", ns, "-f", "-")
+		// The importer retries its requests, then the controller retries the pod.
+		Eventually(phase(ns, "vmim", "patient"), time.Minute, 200*time.Millisecond).Should(Or(Equal("Importing Running"), HaveSuffix(" Retrying")))
+		time.Sleep(3 * time.Second)
+		cluster.Store.Restart()
+		Eventually(phase(ns, "vmim", "patient"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		sameDisk(golden(ns, "patient"))
+	})
+})

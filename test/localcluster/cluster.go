@@ -49,12 +49,14 @@ type Cluster struct {
 	// Classes are the StorageClasses of the CSI stand-in; the first is the default.
 	Classes []string
 
-	opts      Options
-	procs     []*exec.Cmd
-	stopStore func()
-	agent     *agent
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	opts  Options
+	procs []*exec.Cmd
+	// managerArgs start the manager again after RestartManager.
+	managerArgs []string
+	stopStore   func()
+	agent       *agent
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
 }
 
 // Start brings the cluster up.
@@ -101,9 +103,10 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.run("manager", "--importer-image", Image, "--objectstore-endpoint", c.Store.Endpoint,
+	c.managerArgs = []string{"--importer-image", Image, "--objectstore-endpoint", c.Store.Endpoint,
 		"--objectstore-credentials-dir", creds, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
-		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir); err != nil {
+		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir}
+	if err := c.run("manager", c.managerArgs...); err != nil {
 		return nil, err
 	}
 	if err := waitListening(net.JoinHostPort(host, strconv.Itoa(port))); err != nil {
@@ -145,7 +148,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 
 // run starts one of diskpipe's binaries against the cluster, logging to Dir/<name>.log.
 func (c *Cluster) run(name string, args ...string) error {
-	logf, err := os.Create(filepath.Join(c.opts.Dir, name+".log"))
+	logf, err := os.OpenFile(filepath.Join(c.opts.Dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
@@ -167,6 +170,19 @@ func (c *Cluster) VolumePath(ns, pvc string) string { return c.agent.csi.volumeD
 // KillPod kills the process of a running pod, as a node failure or OOM kill would: it ends
 // without a result.
 func (c *Cluster) KillPod(ns, name string) error { return c.agent.kill(ns, name) }
+
+// RestartManager kills the manager, as a crash or a node loss would, and starts it again.
+func (c *Cluster) RestartManager() error {
+	for i, p := range c.procs {
+		if filepath.Base(p.Path) == "manager" && p.Process != nil {
+			_ = p.Process.Kill()
+			c.procs = append(c.procs[:i], c.procs[i+1:]...)
+			break
+		}
+	}
+	time.Sleep(time.Second) // its webhook port is free again
+	return c.run("manager", c.managerArgs...)
+}
 
 // Namespace creates a namespace ready for pods.
 func (c *Cluster) Namespace(ctx context.Context, name string) error {
