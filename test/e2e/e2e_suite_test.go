@@ -178,3 +178,10 @@ func namespace() string {
 	Expect(cluster.Namespace(context.Background(), ns)).To(Succeed())
 	return ns
 }
+
+func listen() net.Listener {
+	GinkgoHelper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	return l
+}
