@@ -275,3 +275,24 @@ spec:
 		sameDisk(golden(ns, "patient"))
 	})
 })
+
+var _ = Describe("block volumes", func() {
+	It("imports into a block volume (a loop device where the machine allows) and clones it", func() {
+		ns := namespace()
+		kubectl(vmi("raw-block", fmt.Sprintf("    http: %s/disk.qcow2", server))+"  volumeMode: Block\n  resources:\n    requests:\n      storage: 80Mi\n",
+			"apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "raw-block"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		sameDisk(filepath.Join(cluster.VolumePath(ns, "vmim-raw-block"), "block.img")) // the device's backing file
+		kubectl(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: block-disk
+spec:
+  source:
+    image: {name: raw-block, kind: VirtualMachineImage}
+  volumeMode: Block
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "dvol", "block-disk"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		sameDisk(filepath.Join(cluster.VolumePath(ns, "block-disk"), "block.img"))
+	})
+})

@@ -114,12 +114,19 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 		if v.PersistentVolumeClaim == nil {
 			return fmt.Errorf("device %s is not a PVC", d.Name)
 		}
-		// No loop devices without root: the block volume is a file, disk.raw.
-		host, err := a.mount(ctx, p, v, podDir)
+		pvc := &corev1.PersistentVolumeClaim{}
+		if err := a.c.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: v.PersistentVolumeClaim.ClaimName}, pvc); err != nil {
+			return err
+		}
+		if pvc.Status.Phase != corev1.ClaimBound {
+			return errWait
+		}
+		size := pvc.Status.Capacity[corev1.ResourceStorage]
+		dev, err := a.csi.blockDevice(p.Namespace, pvc.Name, size.Value())
 		if err != nil {
 			return err
 		}
-		paths[d.DevicePath] = filepath.Join(host, "disk.raw")
+		paths[d.DevicePath] = dev
 	}
 	a.mu.Lock()
 	a.nextIP = a.nextIP%250 + 1
@@ -141,6 +148,13 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 	}
 	bin := filepath.Join(a.bin, filepath.Base(ctr.Command[0]))
 	cmd := exec.Command(bin, args...) //nolint:gosec // diskpipe's own binaries
+	cmd.Env = os.Environ()
+	for _, e := range ctr.Env {
+		if e.ValueFrom != nil {
+			return fmt.Errorf("env %s: only literal values can be given here", e.Name)
+		}
+		cmd.Env = append(cmd.Env, e.Name+"="+e.Value)
+	}
 	logf, err := os.Create(filepath.Join(podDir, "log"))
 	if err != nil {
 		return err
@@ -264,4 +278,5 @@ func (a *agent) stop() {
 	for _, pr := range a.running {
 		_ = pr.cmd.Process.Kill()
 	}
+	a.csi.detach("")
 }

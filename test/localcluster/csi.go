@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +26,53 @@ const Driver = "local.csi.diskpipe.io"
 type csi struct {
 	c   client.Client
 	dir string
+
+	mu    sync.Mutex
+	loops map[string]string // block volume file → loop device
+}
+
+// blockDevice is a block volume's device: its file, block.img, attached to a loop device
+// where the machine allows it (root, /dev/loop-control), else the file itself.
+func (s *csi) blockDevice(ns, name string, size int64) (string, error) {
+	file := filepath.Join(s.volumeDir(ns, name), "block.img")
+	if _, err := os.Stat(file); os.IsNotExist(err) {
+		f, err := os.Create(file)
+		if err != nil {
+			return "", err
+		}
+		err = f.Truncate(size)
+		f.Close()
+		if err != nil {
+			return "", err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if dev, ok := s.loops[file]; ok {
+		return dev, nil
+	}
+	out, err := exec.Command("losetup", "--find", "--show", file).Output()
+	if err != nil {
+		return file, nil //nolint:nilerr // no loop devices here: the file stands in for the device
+	}
+	if s.loops == nil {
+		s.loops = map[string]string{}
+	}
+	dev := strings.TrimSpace(string(out))
+	s.loops[file] = dev
+	return dev, nil
+}
+
+// detach releases the loop devices of files under dir.
+func (s *csi) detach(dir string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for file, dev := range s.loops {
+		if strings.HasPrefix(file, dir+"/") || dir == "" {
+			_ = exec.Command("losetup", "-d", dev).Run()
+			delete(s.loops, file)
+		}
+	}
 }
 
 func (s *csi) volumeDir(ns, name string) string   { return filepath.Join(s.dir, "volumes", ns, name) }
@@ -102,6 +151,7 @@ func (s *csi) release(pvcs []corev1.PersistentVolumeClaim) {
 	dirs, _ := filepath.Glob(filepath.Join(s.dir, "volumes", "*", "*"))
 	for _, d := range dirs {
 		if !exists[d] {
+			s.detach(d)
 			_ = os.RemoveAll(d)
 		}
 	}
@@ -167,7 +217,25 @@ func (s *csi) snapshot(ctx context.Context, snap *snapshotv1.VolumeSnapshot) err
 	}
 	size := pvc.Status.Capacity[corev1.ResourceStorage]
 	now := metav1.Now()
-	snap.Status = &snapshotv1.VolumeSnapshotStatus{ReadyToUse: ptr.To(true), RestoreSize: &size, CreationTime: &now}
+	// The content, as the snapshotter would make it: cluster-scoped, ready, bound to the
+	// snapshot.
+	content := &snapshotv1.VolumeSnapshotContent{ObjectMeta: metav1.ObjectMeta{Name: "snapcontent-" + string(snap.UID)},
+		Spec: snapshotv1.VolumeSnapshotContentSpec{
+			Driver: Driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete,
+			Source:                  snapshotv1.VolumeSnapshotContentSource{SnapshotHandle: ptr.To(s.snapshotDir(snap.Namespace, snap.Name))},
+			VolumeSnapshotRef:       corev1.ObjectReference{Kind: "VolumeSnapshot", Namespace: snap.Namespace, Name: snap.Name, UID: snap.UID},
+			VolumeSnapshotClassName: snap.Spec.VolumeSnapshotClassName,
+		}}
+	if err := s.c.Create(ctx, content); client.IgnoreAlreadyExists(err) != nil {
+		return err
+	}
+	content.Status = &snapshotv1.VolumeSnapshotContentStatus{ReadyToUse: ptr.To(true), RestoreSize: ptr.To(size.Value()),
+		SnapshotHandle: ptr.To(s.snapshotDir(snap.Namespace, snap.Name))}
+	if err := s.c.Status().Update(ctx, content); err != nil {
+		return err
+	}
+	snap.Status = &snapshotv1.VolumeSnapshotStatus{ReadyToUse: ptr.To(true), RestoreSize: &size, CreationTime: &now,
+		BoundVolumeSnapshotContentName: &content.Name}
 	return s.c.Status().Update(ctx, snap)
 }
 
