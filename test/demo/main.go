@@ -110,16 +110,29 @@ func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
 		return err
 	}
 	t = time.Now()
-	if err := apply(ctx, c, fmt.Sprintf(images, l.Addr())); err != nil {
+	objectStoreImage, err := seed("003-virtualmachineimage-objectstore-fixed.yaml")
+	if err != nil {
+		return err
+	}
+	httpImage, err := seed("003-virtualmachineimage-http.yaml", "name: ubuntu18.04", "name: ubuntu-http",
+		"https://cloud-images.ubuntu.com/bionic/current/bionic-server-cloudimg-amd64.img", fmt.Sprintf("http://%s/demo.qcow2", l.Addr()))
+	if err != nil {
+		return err
+	}
+	if err := apply(ctx, c, objectStoreImage+"---\n"+httpImage); err != nil {
 		return err
 	}
 	if err := waitFor(ctx, c, "virtualmachineimage", []string{"ubuntu18.04", "ubuntu-http"}, true); err != nil {
 		return err
 	}
-	done("two VirtualMachineImages imported (objectStore and http)", t, "golden PVCs vmim-ubuntu18.04, vmim-ubuntu-http")
+	done("the seed's two VirtualMachineImages imported (objectStore and http)", t, "golden PVCs vmim-ubuntu18.04, vmim-ubuntu-http")
 
 	t = time.Now()
-	if err := apply(ctx, c, disks); err != nil {
+	vmpvc, err := seed("003-virtualmachinepvc-fixed.yaml")
+	if err != nil {
+		return err
+	}
+	if err := apply(ctx, c, vmpvc+"---\n"+diskForTheVM); err != nil {
 		return err
 	}
 	if err := waitFor(ctx, c, "virtualmachinepvc", []string{"vmrootdisk"}, false); err != nil {
@@ -129,9 +142,13 @@ func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
 		return err
 	}
 	show(ctx, c, "get", "virtualmachinepvc,diskvolume", "-n", ns, "-o", "wide")
-	done("a VirtualMachinePvc (CSI clone, grown to 1Gi) and a DiskVolume made from them", t, "PVCs vmrootdisk, disk1-from-image")
+	done("the seed's VirtualMachinePvc (CSI clone, disk.img grown to 10Gi) and a DiskVolume", t, "PVCs vmrootdisk, disk1-from-image")
 
 	t = time.Now()
+	vm, err := seed("000-virtualmachine.yaml", "namespace: test2", "namespace: "+ns)
+	if err != nil {
+		return err
+	}
 	if err := apply(ctx, c, vm); err != nil {
 		return err
 	}
@@ -146,6 +163,10 @@ func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
 	}
 	done("the seed's VirtualMachine made a KubeVirt VirtualMachine", t, "volumes: "+strings.TrimSpace(out))
 
+	export, err := seed("003-virtualmachinevolumeexport-fixed.yaml", "pvcName: mydisk", "pvcName: vmrootdisk")
+	if err != nil {
+		return err
+	}
 	t = time.Now()
 	if err := apply(ctx, c, export); err != nil {
 		return err
@@ -164,7 +185,7 @@ func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
 	if err := tool("qemu-img", "compare", image, got); err != nil {
 		return fmt.Errorf("the downloaded export differs from the original: %w", err)
 	}
-	done("exported vmrootdisk, downloaded it with curl, qemu-img compare: identical", t, got)
+	done("the seed's export of vmrootdisk, downloaded with curl; qemu-img compare: identical", t, got)
 	return nil
 }
 
