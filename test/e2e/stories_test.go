@@ -60,6 +60,13 @@ var _ = Describe("the seed's stories", Ordered, func() {
 		sameDisk(golden(ns, "centos"))
 	})
 
+	It("imports a raw image over HTTP", func() {
+		kubectl(vmi("raw", fmt.Sprintf("    http: %s/disk.raw", server)), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "raw"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmim", "raw", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("raw"))
+		sameDisk(golden(ns, "raw"))
+	})
+
 	It("makes a VM disk larger than its image from a VirtualMachinePvc (CSI clone, disk.img grown)", func() {
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachinePvc
@@ -106,6 +113,29 @@ spec:
 		Expect(blank.Size()).To(Equal(grown(4 << 30)))
 	})
 
+	It("snapshots a VM's disk and makes a new disk from the snapshot", func() {
+		kubectl(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata:
+  name: rootdisk-backup
+spec:
+  volumeSnapshotClassName: local
+  source:
+    persistentVolumeClaimName: vmrootdisk
+---
+apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: restored
+spec:
+  source:
+    snap:
+      name: rootdisk-backup
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "dvol", "restored"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		sameDisk(filepath.Join(cluster.VolumePath(ns, "restored"), "disk.img"))
+	})
+
 	It("exports a disk as qcow2 that a plain HTTP GET downloads", func() {
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineVolumeExport
@@ -124,6 +154,11 @@ spec:
 		run("qemu-img", "check", got)
 		run("qemu-img", "compare", "-F", "qcow2", raw, got)
 		Expect(kubectl("", "get", "vmve", "export", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal("sha256:" + sha256Of(got)))
+		// awscli gets the same object.
+		viaAWS := filepath.Join(work, "via-aws.qcow2")
+		out, err := cluster.Store.AWS(context.Background(), cluster.Store.SecretKey, "s3", "cp", "s3://vmimage/mydisk", viaAWS)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(sha256Of(viaAWS)).To(Equal(sha256Of(got)))
 	})
 
 	It("imports an image uploaded through the upload proxy with a service account's token", func() {
