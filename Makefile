@@ -39,6 +39,7 @@ generate: $(CONTROLLER_GEN) ## Write the generated deepcopy functions of apis/.
 manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/crds, and the VolumeSnapshot and KubeVirt VirtualMachine CRDs tests install into test/crds.
 	rm -f charts/diskpipe/crds/*.yaml test/crds/snapshot/*.yaml
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/diskpipe/crds
+	$(CONTROLLER_GEN) rbac:roleName=diskpipe-manager paths=./controllers/... output:rbac:dir=charts/diskpipe/templates/rbac
 	$(CONTROLLER_GEN) crd paths=github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1 output:crd:dir=test/crds/snapshot
 	rm -rf test/crds/kubevirt
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=kubevirt.io/api/core/v1 output:crd:dir=test/crds/kubevirt

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,6 +14,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 )
 
 func podMounting(ns, name, claim string) *corev1.Pod {
@@ -88,4 +90,40 @@ func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
 	// Within its own namespace nothing is asked.
 	own := newDiskVolume(team, "blank", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, "", "1Gi")
 	g.Expect(bob.Create(ctx, own)).To(Succeed())
+}
+
+// TestLeastPrivilege: the manager of this suite runs with only the chart's ClusterRole (see
+// setup), so every test here is also a test that the role suffices. Importer pods get no token
+// and their service account no right: they cannot read Secrets or list pods.
+func TestLeastPrivilege(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	d := newDiskVolume(ns, "blank", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, "", "1Gi")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	pod := ctrltest.Pod(t, env, ns, "blank-blank-0")
+	g.Expect(*pod.Spec.AutomountServiceAccountToken).To(BeFalse())
+	sa := "system:serviceaccount:" + ns + ":" + pod.Spec.ServiceAccountName
+	if pod.Spec.ServiceAccountName == "" {
+		sa = "system:serviceaccount:" + ns + ":default"
+	}
+	for _, attrs := range []authorizationv1.ResourceAttributes{
+		{Namespace: ns, Verb: "get", Resource: "secrets"},
+		{Namespace: ns, Verb: "list", Resource: "pods"},
+		{Namespace: ns, Verb: "get", Group: "hypercloud.tmaxanc.com", Resource: "virtualmachineimages"},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: sa,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}, ResourceAttributes: &attrs}}
+		g.Expect(env.Client.Create(t.Context(), sar)).To(Succeed())
+		g.Expect(sar.Status.Allowed).To(BeFalse(), "the importer's service account may %s %s", attrs.Verb, attrs.Resource)
+	}
+	// And the manager's role is what allows the manager, not an accident of the test set-up.
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: managerUser,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Resource: "pods"}}}
+	g.Expect(env.Client.Create(t.Context(), sar)).To(Succeed())
+	g.Expect(sar.Status.Allowed).To(BeTrue())
+	sar = &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: managerUser,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "list", Resource: "secrets"}}}
+	g.Expect(env.Client.Create(t.Context(), sar)).To(Succeed())
+	g.Expect(sar.Status.Allowed).To(BeFalse(), "the manager never lists Secrets")
 }

@@ -9,6 +9,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -48,6 +49,9 @@ const (
 
 var setupOnce sync.Once
 
+// managerUser is who the manager is in these tests.
+const managerUser = "system:serviceaccount:diskpipe-system:diskpipe-manager"
+
 func setup(t *testing.T) {
 	t.Helper()
 	setupOnce.Do(func() {
@@ -71,7 +75,21 @@ func setup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ctrltest.StartManager(env, manager.Options{Webhook: &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir}}); err != nil {
+		// The manager runs with nothing but the chart's role: whatever these tests exercise, it is
+		// allowed to do.
+		if out, stderr, err := env.Kubectl(ctx, nil, "apply", "-f", testenv.Path("charts", "diskpipe", "templates", "rbac", "role.yaml")); err != nil {
+			t.Fatalf("%v: %s%s", err, out, stderr)
+		}
+		if err := env.Client.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "diskpipe-manager"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "diskpipe-manager"},
+			Subjects: []rbacv1.Subject{{Kind: "User", Name: managerUser}}}); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := env.UserConfig(managerUser)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ctrltest.StartManagerAs(env, cfg, manager.Options{Webhook: &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir}}); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -204,9 +204,19 @@ func (e *Env) InstallWebhooks(cfg *admissionregistrationv1.ValidatingWebhookConf
 
 // User returns a client authenticated as a new user of the given name and groups.
 func (e *Env) User(name string, groups ...string) (client.Client, error) {
+	cfg, err := e.UserConfig(name, groups...)
+	if err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: e.Client.Scheme()})
+}
+
+// UserConfig reaches the apiserver as a new user of the given name and groups: with only the
+// rights RBAC gives them.
+func (e *Env) UserConfig(name string, groups ...string) (*rest.Config, error) {
 	u, err := e.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
 	if err != nil {
 		return nil, err
 	}
-	return client.New(u.Config(), client.Options{Scheme: e.Client.Scheme()})
+	return u.Config(), nil
 }

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -38,6 +39,12 @@ type Manager struct {
 // server the test controls) until the control plane stops. Call it once per binary: controller
 // names are unique per process.
 func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
+	return StartManagerAs(env, env.Config, opts)
+}
+
+// StartManagerAs is StartManager with the manager reaching the apiserver through cfg: as a
+// user with only the chart's role, say.
+func StartManagerAs(env *testenv.Env, cfg *rest.Config, opts manager.Options) (*Manager, error) {
 	m := &Manager{Metrics: make(chan string, 1)}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -59,7 +66,7 @@ func StartManager(env *testenv.Env, opts manager.Options) (*Manager, error) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level)))
 	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
 	opts.Importer = importpod.Config{Image: "diskpipe:test", MetricsPort: int32(l.Addr().(*net.TCPAddr).Port)} //nolint:gosec // a port
-	mgr, err := manager.New(env.Config, opts)
+	mgr, err := manager.New(cfg, opts)
 	if err != nil {
 		return nil, err
 	}

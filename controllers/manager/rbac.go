@@ -1,0 +1,31 @@
+package manager
+
+// The manager's permissions, exactly the verbs its controllers use. `make manifests` turns
+// these markers into charts/diskpipe/templates/rbac/role.yaml; the disk controllers' envtest
+// suite runs the manager with nothing but that role.
+//
+// Secrets are read one at a time (never listed or watched: the cache skips them) and written
+// only where the manager makes them (presigned URLs, clone tokens, export credentials).
+//
+// +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages;virtualmachinepvcs;virtualmachinevolumeexports,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages/status;virtualmachinepvcs/status;virtualmachinevolumeexports/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages/finalizers;virtualmachinepvcs/finalizers;virtualmachinevolumeexports/finalizers,verbs=update
+// +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates;virtualmachines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates/status;virtualmachines/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates/finalizers;virtualmachines/finalizers,verbs=update
+// +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;delete;deletecollection
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshots,verbs=get;list;watch;create;delete;deletecollection
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=selfsubjectreviews,verbs=create
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
