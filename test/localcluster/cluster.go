@@ -21,6 +21,7 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -51,8 +52,9 @@ type Cluster struct {
 
 	opts  Options
 	procs []*exec.Cmd
-	// managerArgs start the manager again after RestartManager.
+	// managerArgs and managerEnv start the manager again after RestartManager.
 	managerArgs []string
+	managerEnv  string
 	stopStore   func()
 	agent       *agent
 	cancel      context.CancelFunc
@@ -103,6 +105,12 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The manager acts with the chart's ClusterRole only.
+	managerKubeconfig, err := c.managerIdentity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.managerEnv = "KUBECONFIG=" + managerKubeconfig
 	c.managerArgs = []string{"--importer-image", Image, "--objectstore-endpoint", c.Store.Endpoint,
 		"--objectstore-credentials-dir", creds, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
 		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir}
@@ -154,6 +162,9 @@ func (c *Cluster) run(name string, args ...string) error {
 	}
 	cmd := exec.Command(filepath.Join(c.opts.Bin, name), args...) //nolint:gosec // diskpipe's own binaries
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
+	if name == "manager" {
+		cmd.Env = append(cmd.Env, c.managerEnv) // the later KUBECONFIG wins
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -162,6 +173,23 @@ func (c *Cluster) run(name string, args ...string) error {
 	c.procs = append(c.procs, cmd)
 	go func() { _ = cmd.Wait(); logf.Close() }()
 	return nil
+}
+
+// ManagerUser is who the manager is in the local cluster: a user bound to the chart's
+// ClusterRole and nothing else.
+const ManagerUser = "system:serviceaccount:diskpipe-system:diskpipe-manager"
+
+// managerIdentity binds ManagerUser to the chart's role and writes its kubeconfig.
+func (c *Cluster) managerIdentity(ctx context.Context) (string, error) {
+	if out, stderr, err := c.Kubectl(ctx, nil, "apply", "-f", testenv.Path("charts", "diskpipe", "templates", "rbac", "role.yaml")); err != nil {
+		return "", fmt.Errorf("applying the manager's role: %w: %s%s", err, out, stderr)
+	}
+	if err := c.Client.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "diskpipe-manager"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "diskpipe-manager"},
+		Subjects: []rbacv1.Subject{{Kind: "User", Name: ManagerUser}}}); err != nil {
+		return "", err
+	}
+	return c.UserKubeconfig(c.opts.Dir, ManagerUser)
 }
 
 // VolumePath is the directory that holds a bound PVC's data (disk.img on a filesystem volume).

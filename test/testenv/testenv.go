@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -209,6 +210,21 @@ func (e *Env) User(name string, groups ...string) (client.Client, error) {
 		return nil, err
 	}
 	return client.New(cfg, client.Options{Scheme: e.Client.Scheme()})
+}
+
+// UserKubeconfig writes a kubeconfig for a new user of the given name and groups into dir,
+// for a process that must act with only that user's rights.
+func (e *Env) UserKubeconfig(dir, name string, groups ...string) (string, error) {
+	u, err := e.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return "", err
+	}
+	b, err := u.KubeConfig()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, "kubeconfig-"+strings.NewReplacer(":", "-", "/", "-").Replace(name))
+	return p, os.WriteFile(p, b, 0o600)
 }
 
 // UserConfig reaches the apiserver as a new user of the given name and groups: with only the
