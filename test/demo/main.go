@@ -106,7 +106,7 @@ func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
 	}
 	done("aws s3 cp demo.qcow2 s3://vmimage/bionic-server-cloudimg-amd64.img", t, c.Store.Endpoint)
 
-	if err := c.Namespace(ctx, ns); err != nil {
+	if err := c.EnsureNamespace(ctx, ns); err != nil {
 		return err
 	}
 	t = time.Now()

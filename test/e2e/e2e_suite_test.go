@@ -175,7 +175,7 @@ func sameDisk(got string) {
 func namespace() string {
 	GinkgoHelper()
 	ns := fmt.Sprintf("e2e-%d", time.Now().UnixNano()%1_000_000_000)
-	Expect(cluster.Namespace(context.Background(), ns)).To(Succeed())
+	Expect(cluster.EnsureNamespace(context.Background(), ns)).To(Succeed())
 	return ns
 }
 

@@ -19,7 +19,7 @@ import (
 var _ = Describe("seed 000", Ordered, func() {
 	BeforeAll(func() {
 		for _, ns := range []string{"test", "test2"} {
-			Expect(cluster.Namespace(GinkgoT().Context(), ns)).To(Succeed())
+			Expect(cluster.EnsureNamespace(GinkgoT().Context(), ns)).To(Succeed())
 		}
 	})
 

@@ -36,11 +36,8 @@ type agent struct {
 }
 
 type process struct {
-	cmd       *exec.Cmd
-	done      chan struct{}
-	ip        string
-	namespace string
-	name      string
+	cmd             *exec.Cmd
+	namespace, name string
 }
 
 // kill kills a pod's process at once.
@@ -164,7 +161,7 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 		logf.Close()
 		return fmt.Errorf("starting %s: %w", bin, err)
 	}
-	pr := &process{cmd: cmd, done: make(chan struct{}), ip: ip, namespace: p.Namespace, name: p.Name}
+	pr := &process{cmd: cmd, namespace: p.Namespace, name: p.Name}
 	a.mu.Lock()
 	a.running[p.UID] = pr
 	a.mu.Unlock()
@@ -185,7 +182,6 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 func (a *agent) wait(p *corev1.Pod, pr *process, logf *os.File, termPath string) {
 	err := pr.cmd.Wait()
 	logf.Close()
-	close(pr.done)
 	code := 0
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
