@@ -13,10 +13,12 @@ export GOFLAGS ?= -buildvcs=false
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 GOLANGCI_LINT_VERSION    ?= v2.15.0
 KUBE_VERSION             ?= v1.36.3
+HELM_VERSION             ?= v4.3.1
 
 CONTROLLER_GEN := $(BIN)/controller-gen
 GOLANGCI_LINT  := $(BIN)/golangci-lint
 KUBE_BINS      := $(BIN)/kube-apiserver $(BIN)/etcd $(BIN)/kubectl
+HELM           := $(BIN)/helm
 
 # envtest finds kube-apiserver, etcd and kubectl here.
 export KUBEBUILDER_ASSETS := $(BIN)
@@ -36,9 +38,9 @@ generate: $(CONTROLLER_GEN) ## Write the generated deepcopy functions of apis/.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./apis/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/crds, and the VolumeSnapshot and KubeVirt VirtualMachine CRDs tests install into test/crds.
-	rm -f charts/diskpipe/crds/*.yaml test/crds/snapshot/*.yaml
-	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/diskpipe/crds
+manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds (templates/crds.yaml installs them), the manager's ClusterRole, and the VolumeSnapshot and KubeVirt VirtualMachine CRDs tests install into test/crds.
+	rm -f charts/diskpipe/files/crds/*.yaml test/crds/snapshot/*.yaml
+	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/diskpipe/files/crds
 	$(CONTROLLER_GEN) rbac:roleName=diskpipe-manager paths=./controllers/... output:rbac:dir=charts/diskpipe/templates/rbac
 	$(CONTROLLER_GEN) crd paths=github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1 output:crd:dir=test/crds/snapshot
 	rm -rf test/crds/kubevirt
@@ -64,7 +66,7 @@ setup: ## Install the Debian packages the tests use (qemu-utils, awscli, ...).
 	hack/setup.sh
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(KUBE_BINS) ## Build the pinned tools and the Kubernetes binaries.
+tools: $(CONTROLLER_GEN) $(KUBE_BINS) $(HELM) ## Build the pinned tools, helm and the Kubernetes binaries.
 
 .PHONY: test
 test: setup tools build ## Run every test: unit, envtest integration, end to end (test/e2e on the local cluster).
@@ -115,6 +117,9 @@ demo: setup tools build ## Run the whole pipeline on a local cluster; DEMO_FLAGS
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+
+$(HELM):
+	GOBIN=$(BIN) go install -ldflags "-X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)" helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
 
 $(GOLANGCI_LINT):
 	GOBIN=$(BIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)

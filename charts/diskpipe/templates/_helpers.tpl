@@ -1,0 +1,134 @@
+{{/* Names, labels and the pieces every diskpipe pod shares. */}}
+
+{{- define "diskpipe.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* fullname prefixes every namespaced object of the release. */}}
+{{- define "diskpipe.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if contains (include "diskpipe.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "diskpipe.name" .) | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "diskpipe.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "diskpipe.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* selector: the labels that pick one component's pods; call with (list $ "component"). */}}
+{{- define "diskpipe.selector" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ include "diskpipe.name" $ }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "diskpipe.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Restricted Pod Security: the pod's and the container's security contexts. */}}
+{{- define "diskpipe.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "diskpipe.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* scheduling: nodeSelector, tolerations, affinity and priority of a component's values. */}}
+{{- define "diskpipe.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "diskpipe.serviceAccountName" -}}
+{{- printf "%s-%s" (include "diskpipe.fullname" (index . 0)) (index . 1) -}}
+{{- end -}}
+
+{{/* objectStore.endpoint: the URL the manager and the upload proxy reach the store at. */}}
+{{- define "diskpipe.objectStore.endpoint" -}}
+{{- if .Values.objectStore.external.endpoint -}}
+{{- .Values.objectStore.external.endpoint -}}
+{{- else -}}
+{{- printf "http://%s-objectstore.%s.svc:%d" (include "diskpipe.fullname" .) .Release.Namespace (int .Values.objectStore.bundled.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* objectStore.secret: the Secret with accessKeyId and secretAccessKey. */}}
+{{- define "diskpipe.objectStore.secret" -}}
+{{- if .Values.objectStore.external.endpoint -}}
+{{- required "objectStore.external.credentialsSecret is required with objectStore.external.endpoint" .Values.objectStore.external.credentialsSecret -}}
+{{- else -}}
+{{- printf "%s-objectstore" (include "diskpipe.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* objectStore.args: the flags with which the manager and the upload proxy reach the store. */}}
+{{- define "diskpipe.objectStore.args" -}}
+- --objectstore-endpoint={{ include "diskpipe.objectStore.endpoint" . }}
+- --objectstore-credentials-dir=/var/run/diskpipe/objectstore
+{{- with .Values.objectStore.external }}
+{{- if .endpoint }}
+- --objectstore-region={{ .region }}
+- --objectstore-bucket-lookup={{ .bucketLookup }}
+{{- if .caConfigMap }}
+- --objectstore-ca-file=/var/run/diskpipe/objectstore-ca/ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "diskpipe.objectStore.volumeMounts" -}}
+- name: objectstore-credentials
+  mountPath: /var/run/diskpipe/objectstore
+  readOnly: true
+{{- if and .Values.objectStore.external.endpoint .Values.objectStore.external.caConfigMap }}
+- name: objectstore-ca
+  mountPath: /var/run/diskpipe/objectstore-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "diskpipe.objectStore.volumes" -}}
+- name: objectstore-credentials
+  secret:
+    secretName: {{ include "diskpipe.objectStore.secret" . }}
+{{- if and .Values.objectStore.external.endpoint .Values.objectStore.external.caConfigMap }}
+- name: objectstore-ca
+  configMap:
+    name: {{ .Values.objectStore.external.caConfigMap }}
+{{- end }}
+{{- end -}}
+
+{{/* webhookName: the ValidatingWebhookConfiguration, cluster-scoped, one per release. */}}
+{{- define "diskpipe.webhookName" -}}
+{{- include "diskpipe.fullname" . -}}
+{{- end -}}
