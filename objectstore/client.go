@@ -3,6 +3,7 @@ package objectstore
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -32,6 +33,17 @@ type ClientConfig struct {
 	CAFile string
 	// Insecure skips verification of the store's certificate.
 	Insecure bool
+}
+
+// BindFlags registers the --objectstore-* flags of the programs that reach the store (the
+// manager, the upload proxy): endpoint, region, bucket lookup and CA into c, the directory of
+// the mounted credentials Secret into credsDir.
+func (c *ClientConfig) BindFlags(fs *flag.FlagSet, credsDir *string) {
+	fs.StringVar(&c.Endpoint, "objectstore-endpoint", "", "URL of the object store (empty: none)")
+	fs.StringVar(credsDir, "objectstore-credentials-dir", "/var/run/diskpipe/objectstore", "directory with the store's accessKeyId and secretAccessKey")
+	fs.StringVar(&c.Region, "objectstore-region", "us-east-1", "region of the object store")
+	fs.StringVar(&c.BucketLookup, "objectstore-bucket-lookup", "Path", "Auto, Path or VirtualHost")
+	fs.StringVar(&c.CAFile, "objectstore-ca-file", "", "PEM bundle of the store's CA (empty: the system's roots)")
 }
 
 // LoadCredentials reads the keys "accessKeyId" and "secretAccessKey" of a Secret mounted at

@@ -2,12 +2,14 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"os"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
@@ -20,14 +22,19 @@ func main() {
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")
 	flag.StringVar(&opts.Importer.Image, "importer-image", "", "image of importer pods (diskpipe's image)")
 	var (
-		webhookPort                  int
-		webhookCertDir               string
-		storeEndpoint, storeCredsDir string
+		configFile     string
+		webhook        manager.WebhookOptions
+		webhookService string
+		store          objectstore.ClientConfig
+		storeCredsDir  string
 	)
-	flag.IntVar(&webhookPort, "webhook-port", 0, "port of the admission webhooks (0: none served)")
-	flag.StringVar(&webhookCertDir, "webhook-cert-dir", "/var/run/diskpipe/webhook", "directory of the webhooks' tls.crt and tls.key")
-	flag.StringVar(&storeEndpoint, "objectstore-endpoint", "", "URL of the bundled object store (empty: none)")
-	flag.StringVar(&storeCredsDir, "objectstore-credentials-dir", "/var/run/diskpipe/objectstore", "directory with the store's accessKeyId and secretAccessKey")
+	flag.StringVar(&configFile, "config", "", "the chart's configuration file: importer pod settings and clone strategy defaults")
+	flag.IntVar(&webhook.Port, "webhook-port", 0, "port of the admission webhooks (0: none served)")
+	flag.StringVar(&webhook.CertDir, "webhook-cert-dir", "/var/run/diskpipe/webhook", "directory of the webhooks' tls.crt and tls.key")
+	flag.StringVar(&webhook.Configuration, "webhook-configuration", admission.ConfigurationName, "name of the ValidatingWebhookConfiguration")
+	flag.StringVar(&webhook.CertSecret, "webhook-cert-secret", "", "Secret in which the manager keeps the webhooks' certificate it issues and renews (empty: cert-manager or another tool writes --webhook-cert-dir)")
+	flag.StringVar(&webhookService, "webhook-service", "", "DNS name of the webhooks' Service (<name>.<namespace>.svc), for the certificate")
+	store.BindFlags(flag.CommandLine, &storeCredsDir)
 	var qps float64
 	var burst int
 	flag.IntVar(&opts.Concurrency, "concurrency", 8, "objects of each kind reconciled at once")
@@ -38,12 +45,24 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 
-	if webhookPort != 0 {
-		opts.Webhook = &manager.WebhookOptions{Port: webhookPort, CertDir: webhookCertDir}
-	}
 	var err error
-	if storeEndpoint != "" {
-		opts.ObjectStore = &objectstore.ClientConfig{Endpoint: storeEndpoint, Region: "us-east-1", BucketLookup: "Path"}
+	if configFile != "" {
+		var fc manager.FileConfig
+		fc, err = manager.LoadConfig(configFile)
+		fc.Apply(&opts)
+	}
+	if webhook.Port != 0 {
+		webhook.Namespace = os.Getenv("POD_NAMESPACE")
+		if webhookService != "" {
+			webhook.Hosts = []string{webhookService, webhookService + ".cluster.local"}
+		}
+		if webhook.CertSecret != "" && (webhook.Namespace == "" || webhookService == "") && err == nil {
+			err = errors.New("--webhook-cert-secret needs --webhook-service and the POD_NAMESPACE environment variable")
+		}
+		opts.Webhook = &webhook
+	}
+	if store.Endpoint != "" && err == nil {
+		opts.ObjectStore = &store
 		err = opts.ObjectStore.LoadCredentials(storeCredsDir)
 	}
 	var mgr ctrl.Manager

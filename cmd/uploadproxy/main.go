@@ -26,20 +26,22 @@ func main() {
 		listen    = flag.String("listen", ":8443", "address to serve on")
 		certFile  = flag.String("tls-cert-file", "", "TLS certificate (empty: plain HTTP, for a TLS-terminating ingress)")
 		keyFile   = flag.String("tls-key-file", "", "TLS key")
-		endpoint  = flag.String("objectstore-endpoint", "", "URL of the bundled object store")
-		credsDir  = flag.String("objectstore-credentials-dir", "/var/run/diskpipe/objectstore", "directory with the store's accessKeyId and secretAccessKey")
 		partBytes = flag.Int64("part-size", 16<<20, "bytes per stored part: the granularity of resuming")
 	)
+	var (
+		store    objectstore.ClientConfig
+		credsDir string
+	)
+	store.BindFlags(flag.CommandLine, &credsDir)
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(log, *listen, *certFile, *keyFile, *endpoint, *credsDir, *partBytes); err != nil {
+	if err := run(log, *listen, *certFile, *keyFile, store, credsDir, *partBytes); err != nil {
 		log.Error("Upload proxy stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, listen, certFile, keyFile, endpoint, credsDir string, partSize int64) error {
-	cfg := objectstore.ClientConfig{Endpoint: endpoint, Region: "us-east-1", BucketLookup: "Path"}
+func run(log *slog.Logger, listen, certFile, keyFile string, cfg objectstore.ClientConfig, credsDir string, partSize int64) error {
 	if err := cfg.LoadCredentials(credsDir); err != nil {
 		return err
 	}
@@ -55,7 +57,10 @@ func run(log *slog.Logger, listen, certFile, keyFile, endpoint, credsDir string,
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Addr: listen, Handler: &uploadproxy.Server{Kube: kube, Store: store, PartSize: partSize, Log: log},
+	mux := http.NewServeMux()
+	mux.Handle("/", &uploadproxy.Server{Kube: kube, Store: store, PartSize: partSize, Log: log})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	srv := &http.Server{Addr: listen, Handler: mux,
 		ReadHeaderTimeout: 30 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -41,13 +41,22 @@ type Reconciler struct {
 	client.Client
 	APIReader client.Reader
 	Pods      *importpod.Tracker
+	// Strategies are the installation's clone strategy defaults.
+	Strategies StrategyDefaults
 
 	newObject func() client.Object
 	adapt     func(client.Object) *vmDisk
 }
 
+// Options configure the disk controllers.
+type Options struct {
+	Pods       importpod.Config
+	Strategies StrategyDefaults
+}
+
 // Setup registers the VirtualMachinePvc and DiskVolume controllers.
-func Setup(mgr ctrl.Manager, pods importpod.Config) error {
+func Setup(mgr ctrl.Manager, o Options) error {
+	pods := o.Pods
 	pods.Defaults()
 	for _, k := range []struct {
 		name  string
@@ -76,7 +85,7 @@ func Setup(mgr ctrl.Manager, pods importpod.Config) error {
 		r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
 			Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: pods, Events: mgr.GetEventRecorder("diskpipe-" + k.name),
 				HTTP: &http.Client{Timeout: 2 * time.Second}},
-			newObject: k.new, adapt: adapt}
+			Strategies: o.Strategies, newObject: k.new, adapt: adapt}
 		// A disk waiting for its image or snapshot is woken when that changes.
 		toDisks := func(key func(client.Object) string) handler.EventHandler {
 			return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, src client.Object) []reconcile.Request {

@@ -113,7 +113,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		return r.waitForBinding(ctx, d, pvc, p)
 	}
 	pod := importpod.Build(r.Pods.Config, spec)
-	if err := owned.Create(ctx, r.Client, d.obj, pod); err != nil {
+	if err := importpod.Create(ctx, r.Client, r.Pods.Config, d.obj, pod); err != nil {
 		return ctrl.Result{}, err
 	}
 	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry}
@@ -173,7 +173,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		return p, nil
 	}
 
-	preferred := common.CloneStrategyCSIClone
+	preferred := r.Strategies.For(class)
 	if class != nil && class.Annotations[AnnotationCloneStrategy] != "" {
 		preferred = common.CloneStrategy(class.Annotations[AnnotationCloneStrategy])
 	}

@@ -2,6 +2,7 @@ package disk
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,43 @@ import (
 // AnnotationCloneStrategy on a StorageClass names the clone strategy preferred for disks of
 // that class; a disk's spec.cloneStrategy overrides it.
 const AnnotationCloneStrategy = "diskpipe.io/clone-strategy"
+
+// StrategyDefaults are the installation's preferences (the chart's cloneStrategy values),
+// below a disk's spec.cloneStrategy and its StorageClass's annotation.
+type StrategyDefaults struct {
+	// Default is preferred where nothing else says; empty means CSIClone.
+	Default common.CloneStrategy `json:"default,omitempty"`
+	// StorageClasses maps a StorageClass name to the strategy preferred for its disks.
+	StorageClasses map[string]common.CloneStrategy `json:"storageClasses,omitempty"`
+}
+
+// For returns the strategy preferred for disks of class (nil: unknown), before the class's
+// annotation and the disk's own choice are considered.
+func (d StrategyDefaults) For(class *storagev1.StorageClass) common.CloneStrategy {
+	if class != nil {
+		if s, ok := d.StorageClasses[class.Name]; ok {
+			return s
+		}
+	}
+	if d.Default != "" {
+		return d.Default
+	}
+	return common.CloneStrategyCSIClone
+}
+
+// Validate refuses a strategy diskpipe does not know.
+func (d StrategyDefaults) Validate() error {
+	known := func(s common.CloneStrategy) bool { return s == "" || slices.Contains(strategies, s) }
+	if !known(d.Default) {
+		return fmt.Errorf("cloneStrategy.default %q is not one of %v", d.Default, strategies)
+	}
+	for class, s := range d.StorageClasses {
+		if !known(s) || s == "" {
+			return fmt.Errorf("cloneStrategy.storageClasses[%s] %q is not one of %v", class, s, strategies)
+		}
+	}
+	return nil
+}
 
 // Reasons of the CloneStrategy condition.
 const (

@@ -87,7 +87,7 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		SourcePVC: src.Name, SourceBlock: image.IsBlock(src), Mounts: dest.mounts}
 	spec.Args = append([]string{"--source", spec.SourcePath(), "--format", string(format), "--compression", string(compression)}, dest.args...)
 	pod := importpod.Build(r.Pods.Config, spec)
-	if err := owned.Create(ctx, r.Client, ex, pod); err != nil {
+	if err := importpod.Create(ctx, r.Client, r.Pods.Config, ex, pod); err != nil {
 		return ctrl.Result{}, err
 	}
 	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry)}

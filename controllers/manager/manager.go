@@ -39,6 +39,8 @@ type Options struct {
 	LeaderElectionNamespace string
 	// Importer is how importer pods run.
 	Importer importpod.Config
+	// CloneStrategies are the installation's clone strategy defaults.
+	CloneStrategies disk.StrategyDefaults
 	// ObjectStore is the bundled object store (objectStore sources, exports); nil: none.
 	ObjectStore *objectstore.ClientConfig
 	// Webhook serves the admission webhooks; nil serves none.
@@ -53,6 +55,13 @@ type WebhookOptions struct {
 	Port int
 	// CertDir holds tls.crt and tls.key, reloaded when they change (rotation).
 	CertDir string
+	// Configuration is the ValidatingWebhookConfiguration the webhooks are registered in.
+	Configuration string
+	// CertSecret, when set, makes the manager issue and renew the certificate itself
+	// (admission.CertKeeper), kept in this Secret of Namespace, for Hosts; empty means
+	// something else (cert-manager, a test) writes CertDir and caBundle.
+	CertSecret, Namespace string
+	Hosts                 []string
 }
 
 // LeaderElectionID is the name of the Lease the manager's replicas contend for.
@@ -98,7 +107,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := image.SetupImageTemplate(mgr, imageOpts); err != nil {
 		return nil, fmt.Errorf("setting up the ImageTemplate controller: %w", err)
 	}
-	if err := disk.Setup(mgr, opts.Importer); err != nil {
+	if err := disk.Setup(mgr, disk.Options{Pods: opts.Importer, Strategies: opts.CloneStrategies}); err != nil {
 		return nil, fmt.Errorf("setting up the disk controllers: %w", err)
 	}
 	if err := export.Setup(mgr, export.Options{Pods: opts.Importer, Store: imageOpts.ObjectStore, StoreConfig: opts.ObjectStore}); err != nil {
@@ -107,9 +116,20 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := virtualmachine.Setup(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)
 	}
-	if opts.Webhook != nil {
+	if w := opts.Webhook; w != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		if w.CertSecret != "" {
+			// The webhook server reads its certificate when it starts: it must be there first.
+			keeper := &admission.CertKeeper{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: w.Namespace,
+				SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, CertDir: w.CertDir}
+			if err := keeper.Sync(ctx); err != nil {
+				return nil, fmt.Errorf("the webhooks' certificate: %w", err)
+			}
+			if err := mgr.Add(keeper); err != nil {
+				return nil, err
+			}
+		}
 		if err := admission.Register(ctx, mgr); err != nil {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
 		}

@@ -4,6 +4,10 @@ package manager
 // these markers into charts/diskpipe/templates/rbac/role.yaml; the disk controllers' envtest
 // suite runs the manager with nothing but that role.
 //
+// The leader-election Lease is in a Role of the release namespace, and patching the webhook
+// configuration's caBundle in a ClusterRole limited to its name: both are in
+// charts/diskpipe/templates/rbac/bindings.yaml, as markers cannot say either.
+//
 // Secrets are read one at a time (never listed or watched: the cache skips them) and written
 // only where the manager makes them (presigned URLs, clone tokens, export credentials).
 //
@@ -20,6 +24,8 @@ package manager
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=create
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
@@ -28,4 +34,3 @@ package manager
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=selfsubjectreviews,verbs=create
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete

@@ -34,10 +34,7 @@ type Source struct {
 // LabelFor marks a clone source's pod and Secret with the UID of the object it serves.
 const LabelFor = "diskpipe.io/clone-for"
 
-const (
-	servePort = 8091
-	tokenDir  = "/var/run/diskpipe/clone"
-)
+const tokenDir = "/var/run/diskpipe/clone"
 
 // Prepare completes s, the spec of owner's importer pod, to copy src. It returns false while
 // the clone-source pod of a copy across namespaces is not yet serving.
@@ -51,12 +48,12 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		return false, err
 	}
 	name := sourceName(owner)
-	serve := importpod.Spec{Name: name, Namespace: src.Namespace, SourcePVC: src.Name, SourceBlock: src.Block, ServePort: servePort,
+	serve := importpod.Spec{Name: name, Namespace: src.Namespace, SourcePVC: src.Name, SourceBlock: src.Block, ServePort: importpod.ServePort,
 		Labels: map[string]string{LabelFor: string(owner.GetUID()), "diskpipe.io/role": "clone-source"},
 		Mounts: []importpod.Mount{{Secret: name, Path: tokenDir}}}
-	serve.Args = []string{"--serve", ":" + strconv.Itoa(servePort), "--path", serve.SourcePath(), "--token-file", tokenDir + "/token"}
+	serve.Args = []string{"--serve", ":" + strconv.Itoa(importpod.ServePort), "--path", serve.SourcePath(), "--token-file", tokenDir + "/token"}
 	pod := importpod.Build(cfg, serve)
-	if err := c.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := importpod.Create(ctx, c, cfg, nil, pod); err != nil {
 		return false, fmt.Errorf("creating the clone source: %w", err)
 	}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
@@ -70,7 +67,7 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		return false, nil
 	}
 	s.Args = append(s.Args, "--source", "http", "--format", "raw",
-		"--url", "http://"+net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(servePort))+"/disk",
+		"--url", "http://"+net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(importpod.ServePort))+"/disk",
 		"--header-file", tokenDir+"/header")
 	s.Mounts = append(s.Mounts, importpod.Mount{Secret: tokenSecretName(owner), Path: tokenDir})
 	return true, nil

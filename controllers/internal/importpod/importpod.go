@@ -4,8 +4,10 @@ package importpod
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,16 +16,36 @@ import (
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
-// Config is how the manager runs importer pods.
+// Config is how the manager runs importer pods (the chart's importer values, read from the
+// manager's --config file).
 type Config struct {
 	// Image of the importer (the diskpipe image; the pod runs /importer).
-	Image string
+	Image            string                        `json:"image,omitempty"`
+	ImagePullPolicy  corev1.PullPolicy             `json:"imagePullPolicy,omitempty"`
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
 	// MetricsPort is where importer pods serve their progress.
-	MetricsPort int32
+	MetricsPort int32 `json:"metricsPort,omitempty"`
 	// Resources of the importer container.
-	Resources corev1.ResourceRequirements
-	// ServiceAccountName of importer pods: one that can do nothing in the API.
-	ServiceAccountName string
+	Resources corev1.ResourceRequirements `json:"resources,omitzero"`
+	// ServiceAccountName of importer pods. PrepareNamespace makes it, bound to nothing, in
+	// each namespace the pods run in; empty runs them as the namespace's default account.
+	// Either way no token is mounted.
+	ServiceAccountName string              `json:"serviceAccountName,omitempty"`
+	NodeSelector       map[string]string   `json:"nodeSelector,omitempty"`
+	Tolerations        []corev1.Toleration `json:"tolerations,omitempty"`
+	PriorityClassName  string              `json:"priorityClassName,omitempty"`
+	// NetworkPolicy, when set, makes PrepareNamespace give each namespace a policy that
+	// admits only the manager to the pods' metrics port and only diskpipe's pods to a clone
+	// source.
+	NetworkPolicy *NetworkPolicyConfig `json:"networkPolicy,omitempty"`
+
+	prepared *sync.Map // namespaces PrepareNamespace has seen to
+}
+
+// NetworkPolicyConfig says where the manager runs, for the policies of importer pods.
+type NetworkPolicyConfig struct {
+	ManagerNamespace string            `json:"managerNamespace"`
+	ManagerLabels    map[string]string `json:"managerLabels"`
 }
 
 // Defaults fills what is not set.
@@ -34,6 +56,9 @@ func (c *Config) Defaults() {
 	if c.MetricsPort == 0 {
 		c.MetricsPort = 8090
 	}
+	if c.prepared == nil {
+		c.prepared = &sync.Map{}
+	}
 	if c.Resources.Requests == nil && c.Resources.Limits == nil {
 		c.Resources = corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: mustQ("100m"), corev1.ResourceMemory: mustQ("192Mi")},
@@ -41,6 +66,18 @@ func (c *Config) Defaults() {
 		}
 	}
 }
+
+// Labels on every pod Build makes; the chart's and PrepareNamespace's NetworkPolicies select
+// on them.
+const (
+	LabelManagedBy       = "app.kubernetes.io/managed-by"
+	ManagedBy            = "diskpipe"
+	LabelComponent       = "app.kubernetes.io/component"
+	ComponentCloneSource = "clone-source"
+)
+
+// ServePort is where a clone source (importer --serve) serves its disk.
+const ServePort = 8091
 
 // Mount is a Secret or ConfigMap of the pod's namespace mounted read-only at Path.
 type Mount struct {
@@ -99,8 +136,14 @@ func Build(c Config, s Spec) *corev1.Pod {
 	if command == "" {
 		command = "/importer"
 	}
+	component := strings.TrimPrefix(command, "/")
+	if s.ServePort != 0 {
+		component = ComponentCloneSource
+	}
+	labels := map[string]string{LabelManagedBy: ManagedBy, LabelComponent: component}
+	maps.Copy(labels, s.Labels)
 	ctr := corev1.Container{
-		Name: strings.TrimPrefix(command, "/"), Image: c.Image, Command: []string{command}, Resources: c.Resources,
+		Name: strings.TrimPrefix(command, "/"), Image: c.Image, ImagePullPolicy: c.ImagePullPolicy, Command: []string{command}, Resources: c.Resources,
 		Ports:                    []corev1.ContainerPort{{Name: "metrics", ContainerPort: c.MetricsPort}},
 		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 		SecurityContext: &corev1.SecurityContext{
@@ -109,11 +152,15 @@ func Build(c Config, s Spec) *corev1.Pod {
 		},
 	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: s.Labels},
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: labels},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                corev1.RestartPolicyNever,
 			ServiceAccountName:           c.ServiceAccountName,
 			AutomountServiceAccountToken: ptr.To(false),
+			ImagePullSecrets:             c.ImagePullSecrets,
+			NodeSelector:                 c.NodeSelector,
+			Tolerations:                  c.Tolerations,
+			PriorityClassName:            c.PriorityClassName,
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](107), RunAsGroup: ptr.To[int64](107), FSGroup: ptr.To[int64](107),
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},

@@ -1,0 +1,283 @@
+package admission
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Lifetimes of the certificates CertKeeper issues. A certificate is renewed once less than a
+// third of its lifetime is left, so a manager that was down for months still renews in time.
+const (
+	CALifetime   = 10 * 365 * 24 * time.Hour
+	LeafLifetime = 365 * 24 * time.Hour
+)
+
+// Keys of the certificate Secret. tls.crt and tls.key make it usable as a kubernetes.io/tls
+// Secret too.
+const (
+	keyCACert = "ca.crt"
+	keyCAKey  = "ca.key"
+	keyCert   = corev1.TLSCertKey
+	keyKey    = corev1.TLSPrivateKeyKey
+)
+
+// CertKeeper gives the webhooks a serving certificate without cert-manager: it issues a CA
+// and a certificate for Hosts, keeps both in a Secret (so every replica and every restart
+// serves the same one), writes the certificate into CertDir where the webhook server reloads
+// it, and puts the CA into the caBundle of the webhook configuration. Sync renews whatever
+// is within a third of its lifetime of expiring; during a CA renewal caBundle holds the old
+// CA and the new one.
+type CertKeeper struct {
+	// Client writes; Reader reads straight from the apiserver (the manager's cache has not
+	// started when the first Sync runs).
+	Client client.Client
+	Reader client.Reader
+	// Namespace and SecretName name the certificate Secret.
+	Namespace, SecretName string
+	// Configuration is the ValidatingWebhookConfiguration whose caBundle is kept.
+	Configuration string
+	// Hosts are the certificate's DNS names and IP addresses.
+	Hosts []string
+	// CertDir receives tls.crt and tls.key.
+	CertDir string
+	// Every is how often Start syncs (default 10 minutes).
+	Every time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Start syncs every k.Every until ctx ends; a failed sync is logged and tried again at the
+// next tick. Every replica runs it: each serves the webhooks and needs the files.
+func (k *CertKeeper) Start(ctx context.Context) error {
+	every := k.Every
+	if every == 0 {
+		every = 10 * time.Minute
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := k.Sync(ctx); err != nil {
+				ctrl.LoggerFrom(ctx).Error(err, "Could not sync the webhooks' certificate")
+			}
+		}
+	}
+}
+
+// NeedLeaderElection is false: every replica serves the webhooks.
+func (k *CertKeeper) NeedLeaderElection() bool { return false }
+
+// Sync makes the Secret current (issuing or renewing), writes the files and patches caBundle.
+func (k *CertKeeper) Sync(ctx context.Context) error {
+	now := time.Now
+	if k.Now != nil {
+		now = k.Now
+	}
+	sec := &corev1.Secret{}
+	err := k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: k.SecretName}, sec)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("reading the webhook certificate Secret: %w", err)
+	}
+	exists := err == nil
+	bundle, changed, err := renew(sec, k.Hosts, now())
+	if err != nil {
+		return err
+	}
+	if changed {
+		sec.Name, sec.Namespace, sec.Type = k.SecretName, k.Namespace, corev1.SecretTypeTLS
+		if exists {
+			err = k.Client.Update(ctx, sec) // optimistic: a replica that lost the race reads the winner's next time
+		} else {
+			err = k.Client.Create(ctx, sec)
+		}
+		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+			return k.Sync(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("writing the webhook certificate Secret: %w", err)
+		}
+	}
+	if err := writeFiles(k.CertDir, sec.Data[keyCert], sec.Data[keyKey]); err != nil {
+		return err
+	}
+	return k.patchBundle(ctx, bundle)
+}
+
+func (k *CertKeeper) patchBundle(ctx context.Context, bundle []byte) error {
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.Configuration}, cfg); err != nil {
+		return fmt.Errorf("reading the webhook configuration %s: %w", k.Configuration, err)
+	}
+	base := cfg.DeepCopy()
+	changed := false
+	for i := range cfg.Webhooks {
+		if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, bundle) {
+			cfg.Webhooks[i].ClientConfig.CABundle, changed = bundle, true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := k.Client.Patch(ctx, cfg, client.StrategicMergeFrom(base)); err != nil {
+		return fmt.Errorf("patching the caBundle of %s: %w", k.Configuration, err)
+	}
+	return nil
+}
+
+// renew brings sec's CA and certificate up to date for hosts at now. It returns the
+// caBundle to publish and whether sec changed.
+func renew(sec *corev1.Secret, hosts []string, now time.Time) ([]byte, bool, error) {
+	if sec.Data == nil {
+		sec.Data = map[string][]byte{}
+	}
+	ca, caKey, caErr := parsePair(sec.Data[keyCACert], sec.Data[keyCAKey])
+	bundle := sec.Data[keyCACert]
+	changed := false
+	if caErr != nil || fresh(ca, now) != nil {
+		newCA, newKey, err := issue(nil, nil, nil, now, CALifetime)
+		if err != nil {
+			return nil, false, err
+		}
+		bundle = pemCert(newCA)
+		if caErr == nil && now.Before(ca.NotAfter) { // the old CA still signs the served certificate
+			bundle = append(bundle, pemCert(ca)...)
+		}
+		ca, caKey, changed = newCA, newKey, true
+		sec.Data[keyCACert], sec.Data[keyCAKey] = bundle, pemKey(newKey)
+	}
+	leaf, _, err := parsePair(sec.Data[keyCert], sec.Data[keyKey])
+	if changed || err != nil || fresh(leaf, now) != nil || leaf.CheckSignatureFrom(ca) != nil || !covers(leaf, hosts) {
+		cert, key, err := issue(ca, caKey, hosts, now, LeafLifetime)
+		if err != nil {
+			return nil, false, err
+		}
+		sec.Data[keyCert], sec.Data[keyKey], changed = pemCert(cert), pemKey(key), true
+	}
+	return bundle, changed, nil
+}
+
+// fresh is nil while more than a third of c's lifetime is left.
+func fresh(c *x509.Certificate, now time.Time) error {
+	renewAt := c.NotAfter.Add(-c.NotAfter.Sub(c.NotBefore) / 3)
+	if now.Before(c.NotBefore) || !now.Before(renewAt) {
+		return fmt.Errorf("certificate %s is due for renewal since %s", c.Subject.CommonName, renewAt)
+	}
+	return nil
+}
+
+func covers(c *x509.Certificate, hosts []string) bool {
+	for _, h := range hosts {
+		if c.VerifyHostname(h) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// issue makes a CA (parent nil) or a serving certificate signed by parent.
+func issue(parent *x509.Certificate, parentKey *ecdsa.PrivateKey, hosts []string, now time.Time, lifetime time.Duration) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{SerialNumber: serial, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(lifetime)}
+	signer, signerKey := tmpl, key
+	if parent == nil {
+		tmpl.Subject = pkix.Name{CommonName: "diskpipe webhook CA"}
+		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
+	} else {
+		tmpl.Subject = pkix.Name{CommonName: hosts[0]}
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		for _, h := range hosts {
+			if ip := net.ParseIP(h); ip != nil {
+				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+			} else {
+				tmpl.DNSNames = append(tmpl.DNSNames, h)
+			}
+		}
+		signer, signerKey = parent, parentKey
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("issuing a certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, err
+}
+
+// parsePair reads the first certificate of certPEM and its EC key.
+func parsePair(certPEM, keyPEM []byte) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, nil, errors.New("no certificate or key")
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cert, key, nil
+}
+
+func pemCert(c *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+}
+
+func pemKey(k *ecdsa.PrivateKey) []byte {
+	der, _ := x509.MarshalECPrivateKey(k) // cannot fail for a P-256 key
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+}
+
+// writeFiles replaces tls.crt and tls.key in dir, each by a rename, when they differ.
+func writeFiles(dir string, cert, key []byte) error {
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{keyKey, key}, {keyCert, cert}} {
+		p, data := filepath.Join(dir, f.name), f.data
+		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, data) { //nolint:gosec // our cert dir
+			continue
+		}
+		tmp := p + ".tmp"
+		if err := os.WriteFile(tmp, data, 0o600); err != nil {
+			return fmt.Errorf("writing the webhook certificate: %w", err)
+		}
+		if err := os.Rename(tmp, p); err != nil {
+			return fmt.Errorf("writing the webhook certificate: %w", err)
+		}
+	}
+	return nil
+}
+

@@ -1,0 +1,102 @@
+package importpod
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+)
+
+// NetworkPolicyName is the policy PrepareNamespace gives each namespace diskpipe runs pods in.
+const NetworkPolicyName = "diskpipe-pods"
+
+// PrepareNamespace makes, once per namespace and manager, what c's pods need there: the
+// service account they run as (bound to nothing; its token is never mounted) and, with
+// c.NetworkPolicy, a policy that admits only the manager to their metrics port and only
+// diskpipe's importer pods to a clone source. Existing objects are left as they are, so an
+// administrator may tighten them.
+func PrepareNamespace(ctx context.Context, cl client.Client, c Config, ns string) error {
+	if c.prepared != nil {
+		if _, done := c.prepared.Load(ns); done {
+			return nil
+		}
+	}
+	var objs []client.Object
+	if c.ServiceAccountName != "" {
+		objs = append(objs, &corev1.ServiceAccount{ObjectMeta: c.meta(c.ServiceAccountName, ns), AutomountServiceAccountToken: ptr.To(false)})
+	}
+	if np := c.NetworkPolicy; np != nil {
+		objs = append(objs, c.networkPolicy(ns))
+	}
+	for _, o := range objs {
+		if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("preparing namespace %s for diskpipe's pods: %w", ns, err)
+		}
+	}
+	if c.prepared != nil {
+		c.prepared.Store(ns, true)
+	}
+	return nil
+}
+
+// Forget makes the next PrepareNamespace of ns check again, after a pod could not be made
+// there (its service account may have been deleted).
+func (c Config) Forget(ns string) {
+	if c.prepared != nil {
+		c.prepared.Delete(ns)
+	}
+}
+
+func (c Config) meta(name, ns string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{LabelManagedBy: ManagedBy}}
+}
+
+func (c Config) networkPolicy(ns string) *networkingv1.NetworkPolicy {
+	tcp := ptr.To(corev1.ProtocolTCP)
+	port := func(p int32) []networkingv1.NetworkPolicyPort {
+		return []networkingv1.NetworkPolicyPort{{Protocol: tcp, Port: ptr.To(intstr.FromInt32(p))}}
+	}
+	diskpipePods := &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy}}
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: c.meta(NetworkPolicyName, ns),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: *diskpipePods,
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{Ports: port(c.MetricsPort), From: []networkingv1.NetworkPolicyPeer{{
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: c.NetworkPolicy.ManagerNamespace}},
+					PodSelector:       &metav1.LabelSelector{MatchLabels: c.NetworkPolicy.ManagerLabels},
+				}}},
+				{Ports: port(ServePort), From: []networkingv1.NetworkPolicyPeer{{
+					NamespaceSelector: &metav1.LabelSelector{}, PodSelector: diskpipePods,
+				}}},
+			},
+		},
+	}
+}
+
+// Create creates pod, controlled by owner, after preparing its namespace; with no owner (a
+// clone source in another namespace) an existing pod of its name is taken as it.
+func Create(ctx context.Context, cl client.Client, c Config, owner client.Object, pod *corev1.Pod) error {
+	if err := PrepareNamespace(ctx, cl, c, pod.Namespace); err != nil {
+		return err
+	}
+	var err error
+	if owner != nil {
+		err = owned.Create(ctx, cl, owner, pod)
+	} else if err = cl.Create(ctx, pod); apierrors.IsAlreadyExists(err) {
+		err = nil
+	}
+	if apierrors.IsForbidden(err) { // e.g. its service account was deleted
+		c.Forget(pod.Namespace)
+	}
+	return err
+}

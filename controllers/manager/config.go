@@ -1,0 +1,39 @@
+package manager
+
+import (
+	"fmt"
+	"os"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+)
+
+// FileConfig is the manager's --config file, written by the chart (templates/manager.yaml)
+// from its importer and cloneStrategy values.
+type FileConfig struct {
+	Importer      importpod.Config      `json:"importer"`
+	CloneStrategy disk.StrategyDefaults `json:"cloneStrategy"`
+}
+
+// LoadConfig reads path strictly: an unknown key is an error, not a silently ignored setting.
+func LoadConfig(path string) (FileConfig, error) {
+	var c FileConfig
+	data, err := os.ReadFile(path) //nolint:gosec // the manager's own configuration
+	if err != nil {
+		return c, fmt.Errorf("reading the configuration: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return c, fmt.Errorf("the configuration %s: %w", path, err)
+	}
+	if err := c.CloneStrategy.Validate(); err != nil {
+		return c, fmt.Errorf("the configuration %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Apply puts c into o.
+func (c FileConfig) Apply(o *Options) {
+	o.Importer, o.CloneStrategies = c.Importer, c.CloneStrategy
+}
