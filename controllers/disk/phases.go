@@ -93,11 +93,14 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	block := modeOf(d.pvc.VolumeMode) == corev1.PersistentVolumeBlock
 	spec := importpod.Spec{Namespace: d.obj.GetNamespace(), PVC: pvcName, Block: block, Capacity: p.size.Value(),
 		Labels: map[string]string{LabelDisk: string(d.obj.GetUID()), image.LabelRole: "importer"}}
+	source := "grow" // how the disk is made, for metrics
 	switch {
 	case p.dataSource == nil && d.blank:
+		source = "blank"
 		spec.Name = fmt.Sprintf("%s-blank-%d", pvcName, st.Retries)
 		spec.Args = []string{"--source", "blank", "--grow"}
 	case p.dataSource == nil:
+		source = "copy"
 		spec.Name = fmt.Sprintf("%s-clone-%d", pvcName, st.Retries)
 		spec.Args = []string{"--grow"}
 		src := hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC)}
@@ -116,7 +119,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	if err := importpod.Create(ctx, r.Client, r.Pods.Config, d.obj, pod); err != nil {
 		return ctrl.Result{}, err
 	}
-	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry}
+	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry, Source: source}
 	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) {
 		r.made(ctx, d, pvc, p, resource.NewQuantity(res.VirtualSize, resource.BinarySI),
 			fmt.Sprintf("%s in %.0f s", describe(d, p), res.DurationSeconds))

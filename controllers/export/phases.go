@@ -90,7 +90,7 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	if err := importpod.Create(ctx, r.Client, r.Pods.Config, ex, pod); err != nil {
 		return ctrl.Result{}, err
 	}
-	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry)}
+	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry), Source: dest.kind}
 	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) {
 		now := metav1.Now()
 		st.Phase, st.Progress, st.ObjectURL, st.Digest, st.CompletionTime = common.PhaseReady, "100%", res.URL, res.Digest, &now
@@ -198,6 +198,7 @@ func (r *Reconciler) userOf(ctx context.Context, ex *hypercloud.VirtualMachineVo
 
 // destination is where the exporter writes, and how the manager reaches it.
 type destination struct {
+	kind   string // for metrics: "s3" (the user's store) or "bundled"
 	args   []string
 	mounts []importpod.Mount
 	client *objectstore.Client
@@ -210,7 +211,7 @@ type destination struct {
 func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, forPod bool) (*destination, error) {
 	if s3 := ex.Spec.S3; s3 != nil {
 		cfg := objectstore.ClientConfig{Endpoint: string(s3.Endpoint), Region: s3.Region, BucketLookup: string(s3.BucketLookup)}
-		d := &destination{bucket: string(s3.BucketName), object: string(s3.ObjectName),
+		d := &destination{kind: "s3", bucket: string(s3.BucketName), object: string(s3.ObjectName),
 			args: []string{"--endpoint", cfg.Endpoint, "--region", s3.Region, "--bucket-lookup", string(orAuto(s3.BucketLookup)),
 				"--bucket", string(s3.BucketName), "--object", string(s3.ObjectName)}}
 		if s3.SecretRef != "" {
@@ -248,7 +249,7 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	if os == nil {
 		return nil, &image.NotReadyError{Reason: "InvalidSpec", Message: "spec.objectStore or spec.s3 is required"}
 	}
-	d := &destination{client: r.Store, bucket: string(os.BucketName), object: string(os.ObjectName)}
+	d := &destination{kind: "bundled", client: r.Store, bucket: string(os.BucketName), object: string(os.ObjectName)}
 	if !forPod {
 		return d, nil
 	}

@@ -151,7 +151,7 @@ func (r *Reconciler) childError(g *goldenImage, err error) (ctrl.Result, bool) {
 }
 
 func (r *Reconciler) work(g *goldenImage) importpod.Work {
-	return importpod.Work{Obj: g.obj, Status: g.tracked(), Running: common.PhaseImporting, Action: "Import", Retry: g.retry}
+	return importpod.Work{Obj: g.obj, Status: g.tracked(), Running: common.PhaseImporting, Action: "Import", Retry: g.retry, Source: g.source.kind}
 }
 
 // probe runs the importer in probe mode to learn the source's virtual size.

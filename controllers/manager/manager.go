@@ -23,6 +23,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/export"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/metrics"
 	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
@@ -133,6 +134,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		if err := admission.Register(ctx, mgr); err != nil {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
 		}
+	}
+	if err := metrics.Install(mgr.GetClient()); err != nil {
+		return nil, fmt.Errorf("registering the state metrics: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding health check: %w", err)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/metrics"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -73,6 +75,8 @@ type Tracker struct {
 	Events events.EventRecorder
 	// HTTP reads importer metrics.
 	HTTP *http.Client
+
+	seen sync.Map // UIDs of pods counted as started and not yet ended
 }
 
 // Work describes what a pod does for an object, for status and Events.
@@ -85,12 +89,22 @@ type Work struct {
 	Action string
 	// Retry is how many transient failures are retried.
 	Retry common.RetryLimit
+	// Source labels the work's metrics: the image's source type, how a disk is made, or
+	// where an export goes.
+	Source string
+}
+
+func (w Work) op() metrics.Op {
+	return metrics.Op{Operation: strings.ToLower(w.Action), Source: w.Source, Namespace: w.Obj.GetNamespace()}
 }
 
 // Observe moves status along with pod; done is called with a successful result, after which
 // the pod is deleted (the next pass of the owner's reconcile takes the next step).
 func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done func(*transfer.Result)) (ctrl.Result, error) {
 	st := w.Status
+	if _, counted := t.seen.LoadOrStore(pod.UID, true); !counted {
+		w.op().Started()
+	}
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 		*st.Phase = w.Running
@@ -101,7 +115,9 @@ func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done fun
 		return ctrl.Result{RequeueAfter: ProgressInterval}, nil
 	case corev1.PodSucceeded, corev1.PodFailed:
 		res := Result(pod)
+		t.seen.Delete(pod.UID)
 		if pod.Status.Phase == corev1.PodSucceeded && res.Succeeded {
+			w.op().Succeeded(res.BytesWritten, res.DurationSeconds)
 			done(res)
 			if tr := *st.Transfer; tr != nil {
 				tr.BytesDone = tr.BytesTotal
@@ -124,12 +140,14 @@ func (t *Tracker) failed(ctx context.Context, w Work, pod *corev1.Pod, res *tran
 	st := w.Status
 	if res.Transient && *st.Retries < int32(w.Retry) {
 		*st.Retries++
+		w.op().Retried(string(res.Reason))
 		st.SetReady(metav1.ConditionFalse, ReasonRetrying,
 			fmt.Sprintf("attempt %d failed (%s: %s); retrying", *st.Retries, res.Reason, res.Message))
 		t.Events.Eventf(w.Obj, nil, corev1.EventTypeWarning, ReasonRetrying, w.Action, "Attempt %d failed: %s", *st.Retries, res.Message)
 		return ctrl.Result{RequeueAfter: Backoff(*st.Retries)}, client.IgnoreNotFound(t.Delete(ctx, pod))
 	}
 	st.SetFailed(string(res.Reason), res.Message)
+	w.op().Failed(string(res.Reason))
 	t.Events.Eventf(w.Obj, nil, corev1.EventTypeWarning, string(res.Reason), w.Action, "%s failed: %s", w.Action, res.Message)
 	return ctrl.Result{}, nil
 }
