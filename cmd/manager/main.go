@@ -20,7 +20,8 @@ func main() {
 	flag.StringVar(&opts.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	flag.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect a leader so that only one replica reconciles")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")
-	flag.StringVar(&opts.Importer.Image, "importer-image", "", "image of importer pods (diskpipe's image)")
+	var importerImage string
+	flag.StringVar(&importerImage, "importer-image", "", "image of importer pods (diskpipe's image); overrides --config's")
 	var (
 		configFile     string
 		webhook        manager.WebhookOptions
@@ -50,6 +51,9 @@ func main() {
 		var fc manager.FileConfig
 		fc, err = manager.LoadConfig(configFile)
 		fc.Apply(&opts)
+	}
+	if importerImage != "" {
+		opts.Importer.Image = importerImage
 	}
 	if webhook.Port != 0 {
 		webhook.Namespace = os.Getenv("POD_NAMESPACE")

@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/gomega"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -15,6 +16,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 )
 
 func podMounting(ns, name, claim string) *corev1.Pod {
@@ -103,10 +105,16 @@ func TestLeastPrivilege(t *testing.T) {
 	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
 	pod := ctrltest.Pod(t, env, ns, "blank-blank-0")
 	g.Expect(*pod.Spec.AutomountServiceAccountToken).To(BeFalse())
+	// The manager made the pod's service account and its NetworkPolicy in the namespace.
+	g.Expect(pod.Spec.ServiceAccountName).To(Equal("diskpipe-importer"))
+	account := &corev1.ServiceAccount{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "diskpipe-importer"}, account)).To(Succeed())
+	g.Expect(*account.AutomountServiceAccountToken).To(BeFalse())
+	policy := &networkingv1.NetworkPolicy{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: importpod.NetworkPolicyName}, policy)).To(Succeed())
+	g.Expect(policy.Spec.PodSelector.MatchLabels).To(HaveKeyWithValue(importpod.LabelManagedBy, importpod.ManagedBy))
+	g.Expect(pod.Labels).To(HaveKeyWithValue(importpod.LabelManagedBy, importpod.ManagedBy))
 	sa := "system:serviceaccount:" + ns + ":" + pod.Spec.ServiceAccountName
-	if pod.Spec.ServiceAccountName == "" {
-		sa = "system:serviceaccount:" + ns + ":default"
-	}
 	for _, attrs := range []authorizationv1.ResourceAttributes{
 		{Namespace: ns, Verb: "get", Resource: "secrets"},
 		{Namespace: ns, Verb: "list", Resource: "pods"},

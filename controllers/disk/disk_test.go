@@ -9,7 +9,6 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -24,6 +23,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -75,21 +75,22 @@ func setup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The manager runs with nothing but the chart's role: whatever these tests exercise, it is
-		// allowed to do.
-		if out, stderr, err := env.Kubectl(ctx, nil, "apply", "-f", testenv.Path("charts", "diskpipe", "templates", "rbac", "role.yaml")); err != nil {
-			t.Fatalf("%v: %s%s", err, out, stderr)
-		}
-		if err := env.Client.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "diskpipe-manager"},
-			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "diskpipe-manager"},
-			Subjects: []rbacv1.Subject{{Kind: "User", Name: managerUser}}}); err != nil {
-			t.Fatal(err)
+		// The manager runs with nothing but the chart's RBAC: whatever these tests exercise, it
+		// is allowed to do.
+		user, err := env.ApplyChartRBAC(ctx, "diskpipe-system")
+		if err != nil || user != managerUser {
+			t.Fatal(user, err)
 		}
 		cfg, err := env.UserConfig(managerUser)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ctrltest.StartManagerAs(env, cfg, manager.Options{Webhook: &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir}}); err != nil {
+		if _, err := ctrltest.StartManagerAs(env, cfg, manager.Options{
+			Webhook: &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir},
+			// As the chart configures it: pods run as an account made for them, behind a policy.
+			Importer: importpod.Config{ServiceAccountName: "diskpipe-importer", NetworkPolicy: &importpod.NetworkPolicyConfig{
+				ManagerNamespace: "diskpipe-system", ManagerLabels: map[string]string{"app.kubernetes.io/component": "manager"}}},
+		}); err != nil {
 			t.Fatal(err)
 		}
 	})

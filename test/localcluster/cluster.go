@@ -9,6 +9,7 @@ package localcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,14 +17,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
@@ -105,13 +107,17 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// The manager acts with the chart's ClusterRole only.
+	// The manager acts with the chart's RBAC only, and is configured by the chart.
 	managerKubeconfig, err := c.managerIdentity(ctx)
 	if err != nil {
 		return nil, err
 	}
+	config, err := c.managerConfig(ctx)
+	if err != nil {
+		return nil, err
+	}
 	c.managerEnv = "KUBECONFIG=" + managerKubeconfig
-	c.managerArgs = []string{"--importer-image", Image, "--objectstore-endpoint", c.Store.Endpoint,
+	c.managerArgs = []string{"--config", config, "--objectstore-endpoint", c.Store.Endpoint,
 		"--objectstore-credentials-dir", creds, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
 		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir}
 	if err := c.run("manager", c.managerArgs...); err != nil {
@@ -175,21 +181,35 @@ func (c *Cluster) run(name string, args ...string) error {
 	return nil
 }
 
-// ManagerUser is who the manager is in the local cluster: a user bound to the chart's
-// ClusterRole and nothing else.
-const ManagerUser = "system:serviceaccount:diskpipe-system:diskpipe-manager"
+// ManagerNamespace is where the chart's service accounts and roles are installed.
+const ManagerNamespace = "diskpipe-system"
 
-// managerIdentity binds ManagerUser to the chart's role and writes its kubeconfig.
+// managerIdentity applies the chart's RBAC and writes a kubeconfig of the manager's service
+// account, which has those rights and nothing else.
 func (c *Cluster) managerIdentity(ctx context.Context) (string, error) {
-	if out, stderr, err := c.Kubectl(ctx, nil, "apply", "-f", testenv.Path("charts", "diskpipe", "templates", "rbac", "role.yaml")); err != nil {
-		return "", fmt.Errorf("applying the manager's role: %w: %s%s", err, out, stderr)
-	}
-	if err := c.Client.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "diskpipe-manager"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "diskpipe-manager"},
-		Subjects: []rbacv1.Subject{{Kind: "User", Name: ManagerUser}}}); err != nil {
+	user, err := c.ApplyChartRBAC(ctx, ManagerNamespace)
+	if err != nil {
 		return "", err
 	}
-	return c.UserKubeconfig(c.opts.Dir, ManagerUser)
+	return c.UserKubeconfig(c.opts.Dir, user)
+}
+
+// managerConfig writes the manager's --config file as the chart renders it, for pods of the
+// local image: importer pods run as the chart's service account, behind its NetworkPolicy.
+func (c *Cluster) managerConfig(ctx context.Context) (string, error) {
+	objs, _, err := testenv.RenderChart(ctx, testenv.ChartRelease, ManagerNamespace, "--show-only", "templates/manager.yaml",
+		"--set", "image.repository="+strings.Split(Image, ":")[0], "--set", "image.tag="+strings.Split(Image, ":")[1])
+	if err != nil {
+		return "", err
+	}
+	for _, o := range objs {
+		if o.GetKind() == "ConfigMap" {
+			data, _, _ := unstructured.NestedString(o.Object, "data", "config.yaml")
+			p := filepath.Join(c.opts.Dir, "manager-config.yaml")
+			return p, os.WriteFile(p, []byte(data), 0o600)
+		}
+	}
+	return "", errors.New("the chart rendered no manager ConfigMap")
 }
 
 // VolumePath is the directory that holds a bound PVC's data (disk.img on a filesystem volume).

@@ -23,7 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -65,7 +64,8 @@ func StartManagerAs(env *testenv.Env, cfg *rest.Config, opts manager.Options) (*
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(level)))
 	opts.MetricsAddr, opts.ProbeAddr = "0", "0"
-	opts.Importer = importpod.Config{Image: "diskpipe:test", MetricsPort: int32(l.Addr().(*net.TCPAddr).Port)} //nolint:gosec // a port
+	// Importer pods' metrics are served by this test's server; the rest of opts.Importer stays.
+	opts.Importer.Image, opts.Importer.MetricsPort = "diskpipe:test", int32(l.Addr().(*net.TCPAddr).Port) //nolint:gosec // a port
 	mgr, err := manager.New(cfg, opts)
 	if err != nil {
 		return nil, err
