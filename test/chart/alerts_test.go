@@ -1,0 +1,172 @@
+package chart
+
+import (
+	"encoding/json"
+	"log/slog"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+	"github.com/prometheus/prometheus/promql/promqltest"
+	"github.com/prometheus/prometheus/rules"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// promParser parses PromQL as Prometheus does.
+var promParser = parser.NewParser(parser.Options{})
+
+// ruleGroups parses the chart's alert rules with Prometheus's own rule file parser, which
+// validates the expressions, durations and templates.
+func ruleGroups(t *testing.T) *rulefmt.RuleGroups {
+	t.Helper()
+	groups, errs := rulefmt.Parse(readFile(t, "charts", "diskpipe", "files", "prometheus-rules.yaml"), false,
+		model.UTF8Validation, promParser, slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		t.Fatalf("the alert rules do not parse: %v", errs)
+	}
+	return groups
+}
+
+// TestPrometheusRule: the chart's PrometheusRule carries exactly the rule file.
+func TestPrometheusRule(t *testing.T) {
+	objs := render(t, "monitoring", "--set", "metrics.prometheusRule.enabled=true", "--show-only", "templates/monitoring.yaml")
+	rule := find(objs, "PrometheusRule", "")
+	if rule == nil {
+		t.Fatal("no PrometheusRule")
+	}
+	spec, _ := yaml.Marshal(rule.Object["spec"])
+	groups, errs := rulefmt.Parse(spec, false, model.UTF8Validation, promParser, slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	want := ruleGroups(t)
+	if len(groups.Groups) != len(want.Groups) || len(groups.Groups[0].Rules) != len(want.Groups[0].Rules) {
+		t.Fatalf("the PrometheusRule has %d groups, the rule file %d", len(groups.Groups), len(want.Groups))
+	}
+}
+
+// TestAlerts evaluates each alert with Prometheus's rule engine over made-up series, minute
+// by minute as Prometheus would, and checks which alerts fire.
+func TestAlerts(t *testing.T) {
+	byName := map[string]rulefmt.Rule{}
+	for _, g := range ruleGroups(t).Groups {
+		for _, r := range g.Rules {
+			byName[r.Alert] = r
+		}
+	}
+	const img = `{kind="VirtualMachineImage",namespace="vms",name="centos"}`
+	const op = `{namespace="vms",operation="import",source="http"`
+	cases := []struct {
+		name, alert, series string
+		at                  time.Duration
+		fires               bool
+	}{
+		{"five failures in an hour", "DiskpipeOperationsFailing",
+			`diskpipe_operations_failed_total` + op + `,reason="NotFound"} 0 1 2 3 4 5x10`, 15 * time.Minute, true},
+		{"two failures", "DiskpipeOperationsFailing",
+			`diskpipe_operations_failed_total` + op + `,reason="NotFound"} 0 1 2x10`, 12 * time.Minute, false},
+		{"retries and no success", "DiskpipeAttemptsFailing",
+			`diskpipe_operations_retried_total` + op + `,reason="SourceUnavailable"} 0 1 2 3 4 5 6x10`, 16 * time.Minute, true},
+		{"retries that end in a success", "DiskpipeAttemptsFailing",
+			`diskpipe_operations_retried_total` + op + `,reason="SourceUnavailable"} 0 1 2 3 4 5 6x10
+			 diskpipe_operations_succeeded_total` + op + `} 0x6 1x10`, 16 * time.Minute, false},
+		{"no progress for 10 minutes", "DiskpipeTransferStalled",
+			`diskpipe_transfer_bytes_done` + img + ` 0+1000x5 5000x20`, 20 * time.Minute, true},
+		{"steady progress", "DiskpipeTransferStalled",
+			`diskpipe_transfer_bytes_done` + img + ` 0+1000x25`, 20 * time.Minute, false},
+		{"a transfer 5 minutes old", "DiskpipeTransferStalled",
+			`diskpipe_transfer_bytes_done` + img + ` _x15 0x10`, 20 * time.Minute, false},
+		{"golden PVC gone for 10 minutes", "DiskpipeGoldenImageMissing",
+			`diskpipe_golden_image_missing` + img + ` 1x15`, 10 * time.Minute, true},
+		{"golden PVC gone for 3 minutes", "DiskpipeGoldenImageMissing",
+			`diskpipe_golden_image_missing` + img + ` 1x15`, 3 * time.Minute, false},
+		{"golden PVC there", "DiskpipeGoldenImageMissing",
+			`diskpipe_golden_image_missing` + img + ` 0x15`, 10 * time.Minute, false},
+	}
+	tested := map[string]bool{}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, ok := byName[c.alert]
+			if !ok {
+				t.Fatalf("no alert %s", c.alert)
+			}
+			tested[c.alert] = true
+			expr, err := promParser.ParseExpr(r.Expr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			store := promqltest.LoadedStorage(t, "load 1m\n  "+c.series)
+			t.Cleanup(func() { _ = store.Close() })
+			engine := promqltest.NewTestEngine(t, false, 0, promqltest.DefaultMaxSamplesPerQuery)
+			rule := rules.NewAlertingRule(r.Alert, expr, time.Duration(r.For), 0, labels.FromMap(r.Labels),
+				labels.FromMap(r.Annotations), labels.EmptyLabels(), "", false, slog.New(slog.DiscardHandler))
+			query := rules.EngineQueryFunc(engine, store)
+			for ts := time.Duration(0); ts <= c.at; ts += time.Minute {
+				if _, err := rule.Eval(t.Context(), 0, time.Unix(0, 0).Add(ts), query, nil, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var firing []*rules.Alert
+			for _, a := range rule.ActiveAlerts() {
+				if a.State == rules.StateFiring {
+					firing = append(firing, a)
+				}
+			}
+			if got := len(firing) > 0; got != c.fires {
+				t.Fatalf("%s firing=%v at %s, want %v", c.alert, got, c.at, c.fires)
+			}
+			for _, a := range firing {
+				if a.Labels.Get("namespace") != "vms" || a.Annotations.Get("summary") == "" || strings.Contains(a.Annotations.Get("summary"), "<no value>") {
+					t.Errorf("the alert lacks its namespace or a summary: %v %v", a.Labels, a.Annotations)
+				}
+				t.Logf("fires: %s", a.Annotations.Get("summary"))
+			}
+		})
+	}
+	for name := range byName {
+		if !tested[name] {
+			t.Errorf("alert %s has no test", name)
+		}
+	}
+}
+
+// TestDashboard: every query of the Grafana dashboard parses as PromQL, and the chart ships
+// the file as it is.
+func TestDashboard(t *testing.T) {
+	raw := readFile(t, "charts", "diskpipe", "files", "grafana-dashboard.json")
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	variable := regexp.MustCompile(`\$\{?[a-z_]+\}?`)
+	n := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			if _, err := promParser.ParseExpr(variable.ReplaceAllString(tg.Expr, ".*")); err != nil {
+				t.Errorf("panel %q: %v", p.Title, err)
+			}
+			n++
+		}
+	}
+	if n < 8 {
+		t.Fatalf("only %d queries", n)
+	}
+	objs := render(t, "monitoring", "--set", "metrics.dashboard.enabled=true", "--show-only", "templates/monitoring.yaml")
+	shipped, _, _ := unstructured.NestedString(find(objs, "ConfigMap", "").Object, "data", "diskpipe.json")
+	if strings.TrimSpace(shipped) != strings.TrimSpace(string(raw)) {
+		t.Fatal("the chart's dashboard ConfigMap differs from files/grafana-dashboard.json")
+	}
+}

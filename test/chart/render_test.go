@@ -1,0 +1,305 @@
+package chart
+
+import (
+	"bytes"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+func TestLint(t *testing.T) {
+	for name, args := range valueSets(t) {
+		t.Run(name, func(t *testing.T) {
+			out, err := testenv.Helm(t.Context(), append([]string{"lint", "--strict", testenv.ChartPath()}, args...)...)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// standInCRDs are the kinds of other projects the chart can render (Prometheus Operator,
+// cert-manager). Their CRDs are not installed in this apiserver, so stand-ins that accept any
+// spec are: the dry-run then checks apiVersion, kind, metadata and namespaces, and
+// TestAlerts checks the PrometheusRule's rules themselves.
+const standInCRDs = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: servicemonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: ServiceMonitor, plural: servicemonitors}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: prometheusrules.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: PrometheusRule, plural: prometheusrules}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: certificates.cert-manager.io}
+spec:
+  group: cert-manager.io
+  names: {kind: Certificate, plural: certificates}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: issuers.cert-manager.io}
+spec:
+  group: cert-manager.io
+  names: {kind: Issuer, plural: issuers}
+  scope: Namespaced
+  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+`
+
+// TestDryRun renders the chart with each set of values and has the apiserver validate every
+// object, CRDs first, by a server-side dry-run apply.
+func TestDryRun(t *testing.T) {
+	ctx := t.Context()
+	kubectl(t, ctx, []byte(standInCRDs), "apply", "-f", "-")
+	kubectl(t, ctx, nil, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com",
+		"crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io")
+	for name, args := range valueSets(t) {
+		t.Run(name, func(t *testing.T) {
+			ns := "dry-" + name
+			objs := render(t, ns, args...)
+			for _, o := range objs {
+				if o.GetNamespace() != "" {
+					if err := env.EnsureNamespace(ctx, o.GetNamespace()); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			var crds, rest []*unstructured.Unstructured
+			for _, o := range objs {
+				if o.GetKind() == "CustomResourceDefinition" {
+					crds = append(crds, o)
+				} else {
+					rest = append(rest, o)
+				}
+			}
+			for _, batch := range [][]*unstructured.Unstructured{crds, rest} {
+				if len(batch) == 0 {
+					continue
+				}
+				out := kubectl(t, ctx, toYAML(t, batch...), "apply", "--server-side", "--dry-run=server", "--field-manager=helm", "-f", "-")
+				if got := strings.Count(out, "(server dry run)"); got != len(batch) {
+					t.Fatalf("the apiserver validated %d of %d objects:\n%s", got, len(batch), out)
+				}
+			}
+			t.Logf("%d objects validated: %v", len(objs), kinds(objs))
+		})
+	}
+}
+
+// TestRenderedParts checks what each set of values must turn on and off.
+func TestRenderedParts(t *testing.T) {
+	def := render(t, "diskpipe-system")
+	got := kinds(def)
+	for kind, n := range map[string]int{"CustomResourceDefinition": 6, "Deployment": 2, "StatefulSet": 1, "Secret": 1,
+		"ValidatingWebhookConfiguration": 1, "NetworkPolicy": 3, "ServiceAccount": 4, "PodDisruptionBudget": 1} {
+		if got[kind] != n {
+			t.Errorf("default values render %d %s, want %d (all: %v)", got[kind], kind, n, got)
+		}
+	}
+	for _, kind := range []string{"PrometheusRule", "ServiceMonitor", "Ingress", "Certificate"} {
+		if got[kind] != 0 {
+			t.Errorf("default values render a %s", kind)
+		}
+	}
+	// The CRDs are the generated files, kept on uninstall.
+	for _, o := range def {
+		if o.GetKind() != "CustomResourceDefinition" {
+			continue
+		}
+		if o.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+			t.Errorf("CRD %s is not kept on uninstall", o.GetName())
+		}
+		file := readFile(t, "charts", "diskpipe", "files", "crds", groupOf(o)+"_"+pluralOf(o)+".yaml")
+		var want map[string]any
+		if err := yaml.Unmarshal(file, &want); err != nil {
+			t.Fatal(err)
+		}
+		wantSpec, _ := yaml.Marshal(want["spec"])
+		gotSpec, _ := yaml.Marshal(o.Object["spec"])
+		if !bytes.Equal(wantSpec, gotSpec) {
+			t.Errorf("CRD %s differs from its generated file", o.GetName())
+		}
+	}
+
+	ext := kinds(render(t, "diskpipe-system", "-f", "testdata/external-store.yaml"))
+	for _, kind := range []string{"CustomResourceDefinition", "StatefulSet", "ValidatingWebhookConfiguration", "NetworkPolicy", "Secret"} {
+		if ext[kind] != 0 {
+			t.Errorf("external-store values render %d %s", ext[kind], kind)
+		}
+	}
+	if ext["Deployment"] != 1 {
+		t.Errorf("external-store values render %d Deployments, want the manager's only", ext["Deployment"])
+	}
+	nd := render(t, "diskpipe-system", "-f", "testdata/nondefault.yaml")
+	for _, kind := range []string{"PrometheusRule", "ServiceMonitor", "Ingress", "Certificate", "Issuer"} {
+		if kinds(nd)[kind] != 1 {
+			t.Errorf("nondefault values render no %s", kind)
+		}
+	}
+	if kinds(nd)["PodDisruptionBudget"] != 0 {
+		t.Error("one manager replica has a PodDisruptionBudget, which would block every drain")
+	}
+	for _, o := range nd {
+		if o.GetKind() == "CustomResourceDefinition" && o.GetAnnotations()["helm.sh/resource-policy"] != "" {
+			t.Errorf("crds.keep=false still keeps %s", o.GetName())
+		}
+	}
+}
+
+func groupOf(o *unstructured.Unstructured) string {
+	g, _, _ := unstructured.NestedString(o.Object, "spec", "group")
+	return g
+}
+
+func pluralOf(o *unstructured.Unstructured) string {
+	p, _, _ := unstructured.NestedString(o.Object, "spec", "names", "plural")
+	return p
+}
+
+// TestSchemaRejects renders bad values: each is refused with a message that names the key.
+func TestSchemaRejects(t *testing.T) {
+	for _, c := range []struct {
+		set  []string
+		want []string
+	}{
+		{[]string{"manager.replicas=0"}, []string{"manager.replicas", "minimum"}},
+		{[]string{"cloneStrategy.default=Fastest"}, []string{"cloneStrategy.default", "CSIClone", "Snapshot", "HostAssisted"}},
+		{[]string{"cloneStrategy.storageClasses.nfs=Copy"}, []string{"cloneStrategy.storageClasses.nfs"}},
+		{[]string{"webhook.failurePolicy=Maybe"}, []string{"webhook.failurePolicy", "Fail", "Ignore"}},
+		{[]string{"manager.replica=2"}, []string{"manager", "replica"}}, // a typo is not ignored
+		{[]string{"objectStore.external.endpoint=s3.example.com"}, []string{"objectStore.external.endpoint"}},
+		{[]string{"objectStore.external.endpoint=https://s3.example.com"}, []string{"credentialsSecret"}},
+		{[]string{"objectStore.bundled.storage.size=lots"}, []string{"objectStore.bundled.storage.size"}},
+		{[]string{"importer.serviceAccountName=Importer_SA"}, []string{"importer.serviceAccountName"}},
+		{[]string{"uploadProxy.ingress.enabled=true"}, []string{"uploadProxy.ingress.host is required"}},
+	} {
+		t.Run(strings.Join(c.set, ","), func(t *testing.T) {
+			var args []string
+			for _, s := range c.set {
+				args = append(args, "--set", s)
+			}
+			_, _, err := testenv.RenderChart(t.Context(), "bad", "ns", args...)
+			if err == nil {
+				t.Fatalf("%v rendered", c.set)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error does not name %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestInstallUpgradeUninstall installs the chart into the apiserver with helm, upgrades and
+// uninstalls it: the bundled store's keys are generated at install, read back on the upgrade
+// (so the store's data stays readable) and left behind by the uninstall, like the CRDs.
+func TestInstallUpgradeUninstall(t *testing.T) {
+	ctx := t.Context()
+	const ns = "installed"
+	helm := func(args ...string) {
+		t.Helper()
+		// The CRDs are already in this apiserver, installed by the test environment.
+		args = append(args, "--namespace", ns, "--kubeconfig", env.Kubeconfig)
+		if out, err := testenv.Helm(ctx, args...); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	keys := func() map[string][]byte {
+		t.Helper()
+		s := &corev1.Secret{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "diskpipe-objectstore"}, s); err != nil {
+			t.Fatal(err)
+		}
+		return s.Data
+	}
+	helm("install", testenv.ChartRelease, testenv.ChartPath(), "--create-namespace", "--set", "crds.install=false")
+	installed := keys()
+	if len(installed["secretAccessKey"]) < 40 || len(installed["accessKeyId"]) < 12 {
+		t.Fatalf("weak generated keys: %q", installed)
+	}
+	helm("upgrade", testenv.ChartRelease, testenv.ChartPath(), "--set", "crds.install=false", "--set", "manager.concurrency=16")
+	if upgraded := keys(); !maps.EqualFunc(installed, upgraded, bytes.Equal) {
+		t.Fatalf("the upgrade changed the store's keys: %q -> %q", installed, upgraded)
+	}
+	dep := &appsv1.Deployment{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "diskpipe-manager"}, dep); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(dep.Spec.Template.Spec.Containers[0].Args, "--concurrency=16") {
+		t.Fatalf("the upgrade did not reach the manager: %v", dep.Spec.Template.Spec.Containers[0].Args)
+	}
+	helm("uninstall", testenv.ChartRelease)
+	if kept := keys(); !maps.EqualFunc(installed, kept, bytes.Equal) {
+		t.Fatal("the uninstall removed or changed the store's keys")
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(dep), dep); !apierrors.IsNotFound(err) {
+		t.Fatalf("the manager's Deployment outlived the uninstall: %v", err)
+	}
+}
+
+// TestManagerConfig: the ConfigMap the chart gives the manager carries the importer and clone
+// values (the local cluster's manager reads the rendered file; the manager's tests load it).
+func TestManagerConfig(t *testing.T) {
+	objs := render(t, "diskpipe-system", "-f", "testdata/nondefault.yaml", "--show-only", "templates/manager.yaml")
+	cm := find(objs, "ConfigMap", "")
+	data, _, _ := unstructured.NestedString(cm.Object, "data", "config.yaml")
+	var cfg struct {
+		Importer struct {
+			Image             string            `json:"image"`
+			NodeSelector      map[string]string `json:"nodeSelector"`
+			PriorityClassName string            `json:"priorityClassName"`
+		} `json:"importer"`
+		CloneStrategy struct {
+			Default        string            `json:"default"`
+			StorageClasses map[string]string `json:"storageClasses"`
+		} `json:"cloneStrategy"`
+	}
+	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Importer.Image != "registry.example.com/diskpipe:v9.9.9" || cfg.Importer.NodeSelector["storage"] != "true" ||
+		cfg.Importer.PriorityClassName != "high" || cfg.CloneStrategy.Default != "Snapshot" ||
+		cfg.CloneStrategy.StorageClasses["nfs"] != "HostAssisted" {
+		t.Fatalf("the manager's configuration lost values:\n%s", data)
+	}
+	dep := find(objs, "Deployment", "")
+	ctr := dep.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+	var flags []string
+	for _, a := range ctr["args"].([]any) {
+		flags = append(flags, a.(string))
+	}
+	for _, want := range []string{"--leader-elect=false", "--config=/etc/diskpipe/config.yaml", "--zap-log-level=debug"} {
+		if !slices.Contains(flags, want) {
+			t.Errorf("the manager's args lack %s: %v", want, flags)
+		}
+	}
+	if slices.ContainsFunc(flags, func(f string) bool { return strings.HasPrefix(f, "--webhook-cert-secret") }) {
+		t.Error("with cert-manager the manager must not issue its own certificate")
+	}
+}

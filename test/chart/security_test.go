@@ -1,0 +1,162 @@
+package chart
+
+import (
+	"fmt"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+
+	"github.com/diskpipe/diskpipe/controllers/admission"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// TestRBAC applies the chart's service accounts, roles and bindings and asks the apiserver,
+// with SubjectAccessReviews, what each of diskpipe's identities may do.
+func TestRBAC(t *testing.T) {
+	ctx := t.Context()
+	const release = "diskpipe-system"
+	manager, err := env.ApplyChartRBAC(ctx, release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := func(ns, name string) string { return "system:serviceaccount:" + ns + ":" + name }
+	importerHere, importerThere := sa(release, "diskpipe-importer"), sa("vms", "diskpipe-importer")
+	uploads, store := sa(release, "diskpipe-uploadproxy"), sa(release, "diskpipe-objectstore")
+	type check struct {
+		user  string
+		attrs authorizationv1.ResourceAttributes
+		allow bool
+	}
+	res := func(ns, verb, group, resource string) authorizationv1.ResourceAttributes {
+		return authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: group, Resource: resource}
+	}
+	var checks []check
+	for _, nobody := range []string{importerHere, importerThere, store} {
+		for _, a := range []authorizationv1.ResourceAttributes{
+			res("vms", "get", "", "secrets"), res(release, "get", "", "secrets"), res("vms", "list", "", "pods"),
+			res("vms", "get", "", "persistentvolumeclaims"), res("vms", "get", "hypercloud.tmaxanc.com", "virtualmachineimages"),
+			res("", "create", "authentication.k8s.io", "tokenreviews"),
+		} {
+			checks = append(checks, check{nobody, a, false})
+		}
+	}
+	for _, a := range []authorizationv1.ResourceAttributes{
+		// what the controllers do, in any namespace
+		res("vms", "create", "", "pods"), res("vms", "delete", "", "pods"), res("vms", "watch", "", "pods"),
+		res("vms", "get", "", "secrets"), res("vms", "create", "", "secrets"),
+		res("vms", "create", "", "persistentvolumeclaims"), res("vms", "create", "", "serviceaccounts"),
+		res("vms", "create", "networking.k8s.io", "networkpolicies"),
+		res("vms", "create", "snapshot.storage.k8s.io", "volumesnapshots"),
+		res("", "list", "storage.k8s.io", "storageclasses"),
+		res("vms", "update", "hypercloud.tmaxanc.com", "virtualmachineimages/status"),
+		res("vms", "create", "diskvolume.kubesphere.io", "diskvolumes"),
+		res("vms", "create", "kubevirt.io", "virtualmachines"),
+		res("", "create", "authorization.k8s.io", "subjectaccessreviews"),
+		res(release, "update", "coordination.k8s.io", "leases"),
+		{Verb: "patch", Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Name: "diskpipe"},
+	} {
+		checks = append(checks, check{manager, a, true})
+	}
+	for _, a := range []authorizationv1.ResourceAttributes{
+		res("vms", "list", "", "secrets"), res("vms", "watch", "", "secrets"), // Secrets are read one by one
+		res("vms", "update", "", "persistentvolumeclaims"), res("vms", "delete", "", "namespaces"),
+		res("vms", "update", "coordination.k8s.io", "leases"), // its Lease lives in the release namespace only
+		{Verb: "patch", Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Name: "someone-elses"},
+		res("", "create", "rbac.authorization.k8s.io", "clusterrolebindings"),
+		res("vms", "create", "", "pods/exec"),
+	} {
+		checks = append(checks, check{manager, a, false})
+	}
+	checks = append(checks,
+		check{uploads, res("", "create", "authentication.k8s.io", "tokenreviews"), true},
+		check{uploads, res("", "create", "authorization.k8s.io", "subjectaccessreviews"), true},
+		check{uploads, res(release, "get", "", "secrets"), false},
+		check{uploads, res("vms", "list", "", "pods"), false},
+		check{uploads, res("vms", "get", "hypercloud.tmaxanc.com", "virtualmachineimages"), false},
+	)
+	for _, c := range checks {
+		attrs := c.attrs
+		name := fmt.Sprintf("%s %s %s/%s in %q", c.user, attrs.Verb, attrs.Group, attrs.Resource, attrs.Namespace)
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: c.user,
+			Groups: []string{"system:serviceaccounts", "system:authenticated"}, ResourceAttributes: &attrs}}
+		if err := env.Client.Create(ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != c.allow {
+			t.Errorf("%s: allowed=%v, want %v (%s)", name, sar.Status.Allowed, c.allow, sar.Status.Reason)
+		}
+	}
+	t.Logf("%d SubjectAccessReviews", len(checks))
+}
+
+// TestRestrictedPodSecurity creates, by a server-side dry-run, a pod from each of the chart's
+// workloads in a namespace that enforces the restricted Pod Security Standard.
+func TestRestrictedPodSecurity(t *testing.T) {
+	ctx := t.Context()
+	const ns = "restricted"
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for name, args := range valueSets(t) {
+		t.Run(name, func(t *testing.T) {
+			objs := render(t, ns, args...)
+			var accounts, pods []*unstructured.Unstructured
+			for _, o := range objs {
+				switch o.GetKind() {
+				case "ServiceAccount":
+					accounts = append(accounts, o)
+				case "Deployment", "StatefulSet":
+					pods = append(pods, podOf(t, o))
+				}
+			}
+			kubectl(t, ctx, toYAML(t, accounts...), "apply", "-f", "-")
+			if len(pods) == 0 {
+				t.Fatal("no workloads rendered")
+			}
+			out := kubectl(t, ctx, toYAML(t, pods...), "create", "--dry-run=server", "-f", "-")
+			t.Logf("admitted as restricted:\n%s", out)
+		})
+	}
+}
+
+// podOf is the pod a workload would make; a StatefulSet's claims become PVC volumes.
+func podOf(t *testing.T, w *unstructured.Unstructured) *unstructured.Unstructured {
+	t.Helper()
+	spec, _, _ := unstructured.NestedMap(w.Object, "spec", "template", "spec")
+	claims, _, _ := unstructured.NestedSlice(w.Object, "spec", "volumeClaimTemplates")
+	for _, c := range claims {
+		name, _, _ := unstructured.NestedString(c.(map[string]any), "metadata", "name")
+		vols, _, _ := unstructured.NestedSlice(spec, "volumes")
+		spec["volumes"] = append(vols, map[string]any{"name": name, "persistentVolumeClaim": map[string]any{"claimName": name + "-0"}})
+	}
+	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": w.GetName() + "-0", "namespace": w.GetNamespace()}, "spec": spec}}
+}
+
+// TestWebhookConfiguration: the chart's webhooks are the ones the manager serves
+// (admission.Configuration), pointed at the chart's Service.
+func TestWebhookConfiguration(t *testing.T) {
+	objs := render(t, "diskpipe-system", "--show-only", "templates/webhook.yaml")
+	var got admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := admission.Configuration("diskpipe-system", testenv.ChartRelease+"-manager", nil)
+	if len(got.Webhooks) != len(want.Webhooks) {
+		t.Fatalf("the chart has %d webhooks, the manager serves %d", len(got.Webhooks), len(want.Webhooks))
+	}
+	for i := range want.Webhooks {
+		want.Webhooks[i].ClientConfig.Service.Port = ptr.To[int32](443)
+		if !equality.Semantic.DeepEqual(got.Webhooks[i], want.Webhooks[i]) {
+			t.Errorf("webhook %s differs:\nchart:   %+v\nmanager: %+v", want.Webhooks[i].Name, got.Webhooks[i], want.Webhooks[i])
+		}
+	}
+}
