@@ -61,8 +61,6 @@ type CertKeeper struct {
 	CertDir string
 	// Every is how often Start syncs (default 10 minutes).
 	Every time.Duration
-	// Now is the clock (default time.Now).
-	Now func() time.Time
 }
 
 // Start syncs every k.Every until ctx ends; a failed sync is logged and tried again at the
@@ -91,17 +89,13 @@ func (k *CertKeeper) NeedLeaderElection() bool { return false }
 
 // Sync makes the Secret current (issuing or renewing), writes the files and patches caBundle.
 func (k *CertKeeper) Sync(ctx context.Context) error {
-	now := time.Now
-	if k.Now != nil {
-		now = k.Now
-	}
 	sec := &corev1.Secret{}
 	err := k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: k.SecretName}, sec)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("reading the webhook certificate Secret: %w", err)
 	}
 	exists := err == nil
-	bundle, changed, err := renew(sec, k.Hosts, now())
+	bundle, changed, err := renew(sec, k.Hosts, time.Now())
 	if err != nil {
 		return err
 	}

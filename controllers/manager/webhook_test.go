@@ -1,0 +1,171 @@
+package manager_test
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/admission"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/manager"
+)
+
+// TestWebhookCertificate runs the manager with the chart's default: it issues the webhooks'
+// certificate itself. The apiserver then calls the webhooks over TLS with the caBundle the
+// manager patched in, and keeps doing so after the certificate and then the CA are renewed.
+func TestWebhookCertificate(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	const secretNS, secretName = "diskpipe-system", "diskpipe-webhook-cert"
+	g.Expect(env.EnsureNamespace(ctx, secretNS)).To(Succeed())
+	port, err := strconv.Atoi(freeAddr(t)[len("127.0.0.1:"):])
+	g.Expect(err).NotTo(HaveOccurred())
+
+	// The chart's configuration, pointed at this process instead of a Service, without a CA.
+	cfg := admission.Configuration(secretNS, "diskpipe-manager", nil)
+	cfg.Name = "diskpipe-cert-test"
+	for i, w := range cfg.Webhooks {
+		cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{
+			URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, *w.ClientConfig.Service.Path))}
+	}
+	g.Expect(env.Client.Create(ctx, cfg)).To(Succeed())
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, cfg) })
+
+	certDir := env.TempDir()
+	opts := manager.WebhookOptions{Host: "127.0.0.1", Port: port, CertDir: certDir, Configuration: cfg.Name,
+		CertSecret: secretName, Namespace: secretNS, Hosts: []string{"127.0.0.1"}}
+	_, err = ctrltest.StartManager(env, manager.Options{Webhook: &opts})
+	g.Expect(err).NotTo(HaveOccurred())
+
+	// A user who may create disks in one namespace but not read images in another.
+	vms, err := env.CreateNamespace(ctx, "certs")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "disks", Namespace: vms},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{diskvolume.GroupVersion.Group}, Resources: []string{"diskvolumes"}, Verbs: []string{"create"}}}})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "alice", Namespace: vms},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "disks"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "alice"}}})).To(Succeed())
+	alice, err := env.User("alice")
+	g.Expect(err).NotTo(HaveOccurred())
+	// The webhook answers only when the apiserver trusts its certificate: the refusal is the
+	// manager's own, and an administrator's disk (which it allows) is created.
+	webhookWorks := func(attempt string) {
+		t.Helper()
+		d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{GenerateName: "d-", Namespace: vms},
+			Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{
+				Name: "secret-image", Namespace: "default", Kind: diskvolume.ImageKindVirtualMachineImage}}}}
+		d.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
+		g.Eventually(func() string {
+			err := alice.Create(ctx, d.DeepCopy())
+			if err == nil {
+				return "admitted"
+			}
+			return err.Error()
+		}, 20*time.Second, 200*time.Millisecond).Should(ContainSubstring("alice may not read the VirtualMachineImage default/secret-image"), attempt)
+		g.Expect(env.Client.Create(ctx, d.DeepCopy())).To(Succeed(), attempt)
+	}
+	webhookWorks("first certificate")
+
+	secret := &corev1.Secret{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: secretNS, Name: secretName}, secret)).To(Succeed())
+	g.Expect(secret.Type).To(Equal(corev1.SecretTypeTLS))
+	stored := func() *x509.Certificate {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(secret), secret)).To(Succeed())
+		b, _ := pem.Decode(secret.Data["tls.crt"])
+		c, err := x509.ParseCertificate(b.Bytes)
+		g.Expect(err).NotTo(HaveOccurred())
+		return c
+	}
+	served := func() *x509.Certificate {
+		conn, err := tls.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // reading what is served
+		g.Expect(err).NotTo(HaveOccurred())
+		defer conn.Close()
+		return conn.ConnectionState().PeerCertificates[0]
+	}
+	first := stored()
+	g.Expect(served().SerialNumber).To(Equal(first.SerialNumber))
+	g.Expect(first.NotAfter.Sub(first.NotBefore)).To(BeNumerically("~", admission.LeafLifetime, 2*time.Hour))
+	bundle := func() []byte {
+		got := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(cfg), got)).To(Succeed())
+		return got.Webhooks[1].ClientConfig.CABundle
+	}
+	g.Expect(bundle()).To(Equal(secret.Data["ca.crt"]))
+
+	// Eight months on (the certificate is made as if issued then), another replica's sync
+	// renews it; this manager serves the new one from its files, with the same CA.
+	keeper := admission.CertKeeper{Client: env.Client, Reader: env.Client, Namespace: secretNS, SecretName: secretName,
+		Configuration: cfg.Name, Hosts: opts.Hosts, CertDir: certDir}
+	age(t, secret, "tls.crt", "ca.crt", "ca.key", admission.LeafLifetime*2/3+24*time.Hour)
+	g.Expect(env.Client.Update(ctx, secret)).To(Succeed())
+	g.Expect(keeper.Sync(ctx)).To(Succeed())
+	renewed := stored()
+	g.Expect(renewed.SerialNumber).NotTo(Equal(first.SerialNumber))
+	g.Expect(renewed.NotBefore).To(BeTemporally("~", time.Now(), 2*time.Hour))
+	g.Eventually(func() any { return served().SerialNumber }, 30*time.Second, 200*time.Millisecond).Should(Equal(renewed.SerialNumber))
+	webhookWorks("renewed certificate")
+
+	// Seven years on the CA is due: caBundle holds the new CA and the old one, which still
+	// signs certificates in flight.
+	age(t, secret, "ca.crt", "ca.crt", "ca.key", admission.CALifetime*2/3+24*time.Hour)
+	g.Expect(env.Client.Update(ctx, secret)).To(Succeed())
+	g.Expect(keeper.Sync(ctx)).To(Succeed())
+	var cas int
+	for rest := bundle(); ; cas++ {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+	}
+	g.Expect(cas).To(Equal(2))
+	g.Eventually(func() any { return served().SerialNumber }, 30*time.Second, 200*time.Millisecond).Should(Equal(stored().SerialNumber))
+	webhookWorks("renewed CA")
+}
+
+// age reissues the certificate under key of secret as if it had been issued ago, signed by
+// the CA in caKey/caCertKey (itself for a CA).
+func age(t *testing.T, secret *corev1.Secret, key, caCertKey, caKeyKey string, ago time.Duration) {
+	t.Helper()
+	block, _ := pem.Decode(secret.Data[key])
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caBlock, _ := pem.Decode(secret.Data[caCertKey])
+	ca, err := x509.ParseCertificate(caBlock.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyBlock, _ := pem.Decode(secret.Data[caKeyKey])
+	caKey, err := x509.ParseECPrivateKey(keyBlock.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	life := cert.NotAfter.Sub(cert.NotBefore)
+	cert.NotBefore = time.Now().Add(-ago)
+	cert.NotAfter = cert.NotBefore.Add(life)
+	parent := ca
+	if key == caCertKey {
+		parent = cert
+	}
+	der, err := x509.CreateCertificate(rand.Reader, cert, parent, cert.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret.Data[key] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
