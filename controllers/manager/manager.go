@@ -48,6 +48,8 @@ type Options struct {
 	Webhook *WebhookOptions
 	// Concurrency is how many objects of a kind are reconciled at once (default 8).
 	Concurrency int
+	// SkipNameValidation allows more than one manager in a process (tests run several).
+	SkipNameValidation bool
 }
 
 // WebhookOptions say where the admission webhooks are served.
@@ -88,7 +90,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		LeaderElectionNamespace:       opts.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
 		RenewDeadline:                 &renew,
-		Controller:                    config.Controller{MaxConcurrentReconciles: max(opts.Concurrency, 1)},
+		Controller:                    config.Controller{MaxConcurrentReconciles: max(opts.Concurrency, 1), SkipNameValidation: &opts.SkipNameValidation},
 		// Secrets are read one at a time, uncached: caching them would hold every Secret of
 		// the cluster in memory and need the right to list them.
 		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},

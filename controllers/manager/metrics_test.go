@@ -25,7 +25,6 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
-	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
@@ -36,9 +35,8 @@ import (
 func TestOperationMetrics(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
-	addr := freeAddr(t)
-	mgr, err := ctrltest.StartManager(env, manager.Options{MetricsAddr: addr})
-	g.Expect(err).NotTo(HaveOccurred())
+	h := startShared(t)
+	addr, mgr := h.metricsAddr, h.mgr
 	ns, err := env.CreateNamespace(ctx, "metrics")
 	g.Expect(err).NotTo(HaveOccurred())
 	image := func(name string, retry int32) *hypercloud.VirtualMachineImage {

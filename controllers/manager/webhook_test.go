@@ -1,6 +1,7 @@
 package manager_test
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,32 +27,65 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/manager"
 )
 
+const (
+	sharedNamespace = "diskpipe-system"
+	sharedSecret    = "diskpipe-webhook-cert"
+)
+
+// shared is one manager for the tests that need it running: with its metrics served and
+// issuing its webhooks' certificate, as the chart runs it.
+type shared struct {
+	metricsAddr, certDir string
+	port                 int
+	cfg                  *admissionregistrationv1.ValidatingWebhookConfiguration
+	webhook              *manager.WebhookOptions
+	mgr                  *ctrltest.Manager
+}
+
+var (
+	sharedOnce    sync.Once
+	sharedManager shared
+)
+
+func startShared(t *testing.T) *shared {
+	t.Helper()
+	sharedOnce.Do(func() {
+		g := NewWithT(t)
+		ctx := context.Background()
+		h := &sharedManager
+		g.Expect(env.EnsureNamespace(ctx, sharedNamespace)).To(Succeed())
+		var err error
+		h.port, err = strconv.Atoi(freeAddr(t)[len("127.0.0.1:"):])
+		g.Expect(err).NotTo(HaveOccurred())
+		// The chart's configuration, pointed at this process instead of a Service, without a CA.
+		h.cfg = admission.Configuration(sharedNamespace, "diskpipe-manager", nil)
+		h.cfg.Name = "diskpipe-test"
+		for i, w := range h.cfg.Webhooks {
+			h.cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{
+				URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", h.port, *w.ClientConfig.Service.Path))}
+		}
+		g.Expect(env.Client.Create(ctx, h.cfg)).To(Succeed())
+		h.certDir, h.metricsAddr = env.TempDir(), freeAddr(t)
+		h.webhook = &manager.WebhookOptions{Host: "127.0.0.1", Port: h.port, CertDir: h.certDir, Configuration: h.cfg.Name,
+			CertSecret: sharedSecret, Namespace: sharedNamespace, Hosts: []string{"127.0.0.1"}}
+		h.mgr, err = ctrltest.StartManager(env, manager.Options{Webhook: h.webhook, MetricsAddr: h.metricsAddr})
+		g.Expect(err).NotTo(HaveOccurred())
+	})
+	if sharedManager.mgr == nil {
+		t.Fatal("the shared manager did not start")
+	}
+	return &sharedManager
+}
+
 // TestWebhookCertificate runs the manager with the chart's default: it issues the webhooks'
 // certificate itself. The apiserver then calls the webhooks over TLS with the caBundle the
 // manager patched in, and keeps doing so after the certificate and then the CA are renewed.
 func TestWebhookCertificate(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
-	const secretNS, secretName = "diskpipe-system", "diskpipe-webhook-cert"
-	g.Expect(env.EnsureNamespace(ctx, secretNS)).To(Succeed())
-	port, err := strconv.Atoi(freeAddr(t)[len("127.0.0.1:"):])
-	g.Expect(err).NotTo(HaveOccurred())
-
-	// The chart's configuration, pointed at this process instead of a Service, without a CA.
-	cfg := admission.Configuration(secretNS, "diskpipe-manager", nil)
-	cfg.Name = "diskpipe-cert-test"
-	for i, w := range cfg.Webhooks {
-		cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{
-			URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", port, *w.ClientConfig.Service.Path))}
-	}
-	g.Expect(env.Client.Create(ctx, cfg)).To(Succeed())
-	t.Cleanup(func() { _ = env.Client.Delete(ctx, cfg) })
-
-	certDir := env.TempDir()
-	opts := manager.WebhookOptions{Host: "127.0.0.1", Port: port, CertDir: certDir, Configuration: cfg.Name,
-		CertSecret: secretName, Namespace: secretNS, Hosts: []string{"127.0.0.1"}}
-	_, err = ctrltest.StartManager(env, manager.Options{Webhook: &opts})
-	g.Expect(err).NotTo(HaveOccurred())
+	h := startShared(t)
+	port, certDir, cfg, opts := h.port, h.certDir, h.cfg, h.webhook
+	const secretNS, secretName = sharedNamespace, sharedSecret
 
 	// A user who may create disks in one namespace but not read images in another.
 	vms, err := env.CreateNamespace(ctx, "certs")

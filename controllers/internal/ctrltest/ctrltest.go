@@ -66,7 +66,7 @@ func StartManagerAs(env *testenv.Env, cfg *rest.Config, opts manager.Options) (*
 	if opts.MetricsAddr == "" { // a test that scrapes the manager gives an address
 		opts.MetricsAddr = "0"
 	}
-	opts.ProbeAddr = "0"
+	opts.ProbeAddr, opts.SkipNameValidation = "0", true
 	// Importer pods' metrics are served by this test's server; the rest of opts.Importer stays.
 	opts.Importer.Image, opts.Importer.MetricsPort = "diskpipe:test", int32(l.Addr().(*net.TCPAddr).Port) //nolint:gosec // a port
 	mgr, err := manager.New(cfg, opts)
