@@ -55,6 +55,16 @@ verify: ## Fail when generated files or go.mod are stale.
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.
 	$(GOLANGCI_LINT) run ./...
 
+.PHONY: chart
+chart: $(HELM) ## helm lint and helm template the chart with its default values and with each of test/chart/testdata.
+	$(HELM) lint --strict charts/diskpipe
+	$(HELM) template diskpipe charts/diskpipe --namespace diskpipe-system > /dev/null
+	@for f in test/chart/testdata/*.yaml; do \
+		echo "helm lint/template -f $$f"; \
+		$(HELM) lint --strict charts/diskpipe -f $$f > /dev/null && \
+		$(HELM) template diskpipe charts/diskpipe --namespace diskpipe-system -f $$f > /dev/null || exit 1; \
+	done
+
 .PHONY: build
 build: ## Build diskpipe's binaries into bin/.
 	go build -o $(BIN)/ ./cmd/...
