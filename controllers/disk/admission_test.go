@@ -115,6 +115,14 @@ func TestLeastPrivilege(t *testing.T) {
 	g.Expect(policy.Spec.PodSelector.MatchLabels).To(HaveKeyWithValue(importpod.LabelManagedBy, importpod.ManagedBy))
 	g.Expect(pod.Labels).To(HaveKeyWithValue(importpod.LabelManagedBy, importpod.ManagedBy))
 	sa := "system:serviceaccount:" + ns + ":" + pod.Spec.ServiceAccountName
+	// The pod is admitted where the restricted Pod Security Standard is enforced.
+	restricted := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "restricted-",
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}
+	g.Expect(env.Client.Create(t.Context(), restricted)).To(Succeed())
+	g.Expect(env.Client.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: pod.Spec.ServiceAccountName, Namespace: restricted.Name}})).To(Succeed())
+	copied := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: restricted.Name}, Spec: *pod.Spec.DeepCopy()}
+	copied.Spec.NodeName = ""
+	g.Expect(env.Client.Create(t.Context(), copied, client.DryRunAll)).To(Succeed(), "the importer pod is not admitted as restricted")
 	for _, attrs := range []authorizationv1.ResourceAttributes{
 		{Namespace: ns, Verb: "get", Resource: "secrets"},
 		{Namespace: ns, Verb: "list", Resource: "pods"},

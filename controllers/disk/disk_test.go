@@ -250,9 +250,10 @@ func TestSnapshotStrategy(t *testing.T) {
 		return vmi.Status.SnapshotName
 	}, 20*time.Second).Should(Equal("vmim-fedora-golden"))
 
-	a := &diskvolume.DiskVolume{}
-	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "a"}, a)).To(Succeed())
-	g.Expect(condition(disk.ConditionCloneStrategy)(&a.Status)).To(Equal("Preferred: Snapshot, as preferred"))
+	a := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "a"}}
+	// The status that records the choice is written after the PVC is made.
+	g.Eventually(diskStatus(t, a, &a.Status), 20*time.Second).Should(
+		WithTransform(condition(disk.ConditionCloneStrategy), Equal("Preferred: Snapshot, as preferred")))
 	ctrltest.Bind(t, env, ns, "a")
 	g.Eventually(diskStatus(t, a, &a.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
 }
