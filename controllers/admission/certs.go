@@ -274,4 +274,3 @@ func writeFiles(dir string, cert, key []byte) error {
 	}
 	return nil
 }
-

@@ -36,7 +36,7 @@ func ruleGroups(t *testing.T) *rulefmt.RuleGroups {
 // TestPrometheusRule: the chart's PrometheusRule carries exactly the rule file.
 func TestPrometheusRule(t *testing.T) {
 	objs := render(t, "monitoring", "--set", "metrics.prometheusRule.enabled=true", "--show-only", "templates/monitoring.yaml")
-	rule := find(objs, "PrometheusRule", "")
+	rule := find(objs, "PrometheusRule")
 	if rule == nil {
 		t.Fatal("no PrometheusRule")
 	}
@@ -165,7 +165,7 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("only %d queries", n)
 	}
 	objs := render(t, "monitoring", "--set", "metrics.dashboard.enabled=true", "--show-only", "templates/monitoring.yaml")
-	shipped, _, _ := unstructured.NestedString(find(objs, "ConfigMap", "").Object, "data", "diskpipe.json")
+	shipped, _, _ := unstructured.NestedString(find(objs, "ConfigMap").Object, "data", "diskpipe.json")
 	if strings.TrimSpace(shipped) != strings.TrimSpace(string(raw)) {
 		t.Fatal("the chart's dashboard ConfigMap differs from files/grafana-dashboard.json")
 	}

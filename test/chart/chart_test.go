@@ -58,9 +58,10 @@ func toYAML(t *testing.T, objs ...*unstructured.Unstructured) []byte {
 	return []byte(b.String())
 }
 
-func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+// find is the first object of kind.
+func find(objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
 	for _, o := range objs {
-		if o.GetKind() == kind && (name == "" || o.GetName() == name) {
+		if o.GetKind() == kind {
 			return o
 		}
 	}
@@ -75,7 +76,7 @@ func kinds(objs []*unstructured.Unstructured) map[string]int {
 	return n
 }
 
-func kubectl(t *testing.T, ctx context.Context, stdin []byte, args ...string) string {
+func kubectl(ctx context.Context, t *testing.T, stdin []byte, args ...string) string {
 	t.Helper()
 	out, stderr, err := env.Kubectl(ctx, stdin, args...)
 	if err != nil {

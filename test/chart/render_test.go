@@ -74,8 +74,8 @@ spec:
 // object, CRDs first, by a server-side dry-run apply.
 func TestDryRun(t *testing.T) {
 	ctx := t.Context()
-	kubectl(t, ctx, []byte(standInCRDs), "apply", "-f", "-")
-	kubectl(t, ctx, nil, "wait", "--for=condition=Established", "--timeout=60s",
+	kubectl(ctx, t, []byte(standInCRDs), "apply", "-f", "-")
+	kubectl(ctx, t, nil, "wait", "--for=condition=Established", "--timeout=60s",
 		"crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com",
 		"crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io")
 	for name, args := range valueSets(t) {
@@ -101,7 +101,7 @@ func TestDryRun(t *testing.T) {
 				if len(batch) == 0 {
 					continue
 				}
-				out := kubectl(t, ctx, toYAML(t, batch...), "apply", "--server-side", "--dry-run=server", "--field-manager=helm", "-f", "-")
+				out := kubectl(ctx, t, toYAML(t, batch...), "apply", "--server-side", "--dry-run=server", "--field-manager=helm", "-f", "-")
 				if got := strings.Count(out, "(server dry run)"); got != len(batch) {
 					t.Fatalf("the apiserver validated %d of %d objects:\n%s", got, len(batch), out)
 				}
@@ -267,7 +267,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 // values (the local cluster's manager reads the rendered file; the manager's tests load it).
 func TestManagerConfig(t *testing.T) {
 	objs := render(t, "diskpipe-system", "-f", "testdata/nondefault.yaml", "--show-only", "templates/manager.yaml")
-	cm := find(objs, "ConfigMap", "")
+	cm := find(objs, "ConfigMap")
 	data, _, _ := unstructured.NestedString(cm.Object, "data", "config.yaml")
 	var cfg struct {
 		Importer struct {
@@ -288,7 +288,7 @@ func TestManagerConfig(t *testing.T) {
 		cfg.CloneStrategy.StorageClasses["nfs"] != "HostAssisted" {
 		t.Fatalf("the manager's configuration lost values:\n%s", data)
 	}
-	dep := find(objs, "Deployment", "")
+	dep := find(objs, "Deployment")
 	ctr := dep.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
 	var flags []string
 	for _, a := range ctr["args"].([]any) {

@@ -117,11 +117,11 @@ func TestRestrictedPodSecurity(t *testing.T) {
 					pods = append(pods, podOf(t, o))
 				}
 			}
-			kubectl(t, ctx, toYAML(t, accounts...), "apply", "-f", "-")
+			kubectl(ctx, t, toYAML(t, accounts...), "apply", "-f", "-")
 			if len(pods) == 0 {
 				t.Fatal("no workloads rendered")
 			}
-			out := kubectl(t, ctx, toYAML(t, pods...), "create", "--dry-run=server", "-f", "-")
+			out := kubectl(ctx, t, toYAML(t, pods...), "create", "--dry-run=server", "-f", "-")
 			t.Logf("admitted as restricted:\n%s", out)
 		})
 	}
