@@ -2,6 +2,7 @@ package chart
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -32,43 +33,27 @@ func TestLint(t *testing.T) {
 // cert-manager). Their CRDs are not installed in this apiserver, so stand-ins that accept any
 // spec are: the dry-run then checks apiVersion, kind, metadata and namespaces, and
 // TestAlerts checks the PrometheusRule's rules themselves.
-const standInCRDs = `
+var standInCRDs = func() string {
+	var b strings.Builder
+	for _, k := range []struct{ group, kind, plural string }{
+		{"monitoring.coreos.com", "ServiceMonitor", "servicemonitors"},
+		{"monitoring.coreos.com", "PrometheusRule", "prometheusrules"},
+		{"cert-manager.io", "Certificate", "certificates"},
+		{"cert-manager.io", "Issuer", "issuers"},
+	} {
+		fmt.Fprintf(&b, `---
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {name: servicemonitors.monitoring.coreos.com}
+metadata: {name: %[3]s.%[1]s}
 spec:
-  group: monitoring.coreos.com
-  names: {kind: ServiceMonitor, plural: servicemonitors}
+  group: %[1]s
+  names: {kind: %[2]s, plural: %[3]s}
   scope: Namespaced
   versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: prometheusrules.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  names: {kind: PrometheusRule, plural: prometheusrules}
-  scope: Namespaced
-  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: certificates.cert-manager.io}
-spec:
-  group: cert-manager.io
-  names: {kind: Certificate, plural: certificates}
-  scope: Namespaced
-  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: issuers.cert-manager.io}
-spec:
-  group: cert-manager.io
-  names: {kind: Issuer, plural: issuers}
-  scope: Namespaced
-  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
-`
+`, k.group, k.kind, k.plural)
+	}
+	return b.String()
+}()
 
 // TestDryRun renders the chart with each set of values and has the apiserver validate every
 // object, CRDs first, by a server-side dry-run apply.
