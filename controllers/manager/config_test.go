@@ -1,0 +1,57 @@
+package manager_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// TestLoadChartConfig loads the configuration file the chart renders, with non-default
+// values, as the manager does at start.
+func TestLoadChartConfig(t *testing.T) {
+	g := NewWithT(t)
+	objs, _, err := testenv.RenderChart(t.Context(), testenv.ChartRelease, "diskpipe-system", "--show-only", "templates/manager.yaml",
+		"-f", testenv.Path("test", "chart", "testdata", "nondefault.yaml"))
+	g.Expect(err).NotTo(HaveOccurred())
+	var data string
+	for _, o := range objs {
+		if o.GetKind() == "ConfigMap" {
+			data, _, _ = unstructured.NestedString(o.Object, "data", "config.yaml")
+		}
+	}
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	g.Expect(os.WriteFile(path, []byte(data), 0o600)).To(Succeed())
+	cfg, err := manager.LoadConfig(path)
+	g.Expect(err).NotTo(HaveOccurred())
+	imp := cfg.Importer
+	g.Expect(imp.Image).To(Equal("registry.example.com/diskpipe:v9.9.9"))
+	g.Expect(imp.ImagePullPolicy).To(Equal(corev1.PullAlways))
+	g.Expect(imp.ImagePullSecrets).To(Equal([]corev1.LocalObjectReference{{Name: "regcred"}}))
+	g.Expect(imp.ServiceAccountName).To(Equal("vm-importer"))
+	g.Expect(imp.NodeSelector).To(Equal(map[string]string{"storage": "true"}))
+	g.Expect(imp.Tolerations).To(HaveLen(1))
+	g.Expect(imp.PriorityClassName).To(Equal("high"))
+	g.Expect(imp.Resources.Limits.Memory().String()).To(Equal("1Gi"))
+	g.Expect(imp.NetworkPolicy.ManagerNamespace).To(Equal("diskpipe-system"))
+	g.Expect(imp.NetworkPolicy.ManagerLabels).To(HaveKeyWithValue("app.kubernetes.io/component", "manager"))
+	g.Expect(cfg.CloneStrategy.Default).To(Equal(common.CloneStrategySnapshot))
+	g.Expect(cfg.CloneStrategy.StorageClasses).To(HaveKeyWithValue("nfs", common.CloneStrategyHostAssisted))
+
+	// A misspelt key or an unknown strategy stops the manager rather than being ignored.
+	for body, want := range map[string]string{
+		"importer:\n  nodeSelecter: {a: b}\n":               `unknown field "nodeSelecter"`,
+		"cloneStrategy:\n  storageClasses: {nfs: Rsync}\n": `cloneStrategy.storageClasses[nfs] "Rsync" is not one of`,
+	} {
+		g.Expect(os.WriteFile(path, []byte(body), 0o600)).To(Succeed())
+		_, err := manager.LoadConfig(path)
+		g.Expect(err).To(MatchError(ContainSubstring(want)))
+	}
+}
