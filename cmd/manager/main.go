@@ -36,6 +36,7 @@ func main() {
 	flag.StringVar(&webhook.CertSecret, "webhook-cert-secret", "", "Secret in which the manager keeps the webhooks' certificate it issues and renews (empty: cert-manager or another tool writes --webhook-cert-dir)")
 	flag.StringVar(&webhookService, "webhook-service", "", "DNS name of the webhooks' Service (<name>.<namespace>.svc), for the certificate")
 	store.BindFlags(flag.CommandLine, &storeCredsDir)
+	flag.StringVar(&opts.ObjectStorePublicEndpoint, "objectstore-public-endpoint", "", "the store's URL outside the cluster, for exports' download URLs (empty: --objectstore-endpoint)")
 	var qps float64
 	var burst int
 	flag.IntVar(&opts.Concurrency, "concurrency", 8, "objects of each kind reconciled at once")

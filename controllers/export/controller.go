@@ -40,6 +40,10 @@ type Options struct {
 	// when the installation has none (exports then need spec.s3).
 	Store       *objectstore.Client
 	StoreConfig *objectstore.ClientConfig
+	// Downloads presigns the download URLs of the bundled store's exports: a client of the
+	// store's public endpoint (an Ingress), which users outside the cluster reach; nil uses
+	// Store, whose in-cluster address works only inside the cluster.
+	Downloads *objectstore.Client
 }
 
 // Reconciler reconciles VirtualMachineVolumeExports.

@@ -202,8 +202,10 @@ type destination struct {
 	args   []string
 	mounts []importpod.Mount
 	client *objectstore.Client
-	bucket string
-	object string
+	// presigner signs the download URL; nil: client.
+	presigner *objectstore.Client
+	bucket    string
+	object    string
 }
 
 // destination resolves where the export goes; forPod also prepares what the exporter pod
@@ -249,7 +251,7 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	if os == nil {
 		return nil, &image.NotReadyError{Reason: "InvalidSpec", Message: "spec.objectStore or spec.s3 is required"}
 	}
-	d := &destination{kind: "bundled", client: r.Store, bucket: string(os.BucketName), object: string(os.ObjectName)}
+	d := &destination{kind: "bundled", client: r.Store, presigner: r.Downloads, bucket: string(os.BucketName), object: string(os.ObjectName)}
 	if !forPod {
 		return d, nil
 	}
@@ -290,7 +292,11 @@ func (r *Reconciler) presign(ctx context.Context, ex *hypercloud.VirtualMachineV
 	if e := ex.Spec.DownloadURLExpiry; e != nil && e.Duration > 0 {
 		expiry = min(e.Duration, maxExpiry)
 	}
-	u, err := d.client.PresignGet(ctx, d.bucket, d.object, expiry)
+	signer := d.client
+	if d.presigner != nil {
+		signer = d.presigner
+	}
+	u, err := signer.PresignGet(ctx, d.bucket, d.object, expiry)
 	if err != nil {
 		return err
 	}

@@ -44,6 +44,9 @@ type Options struct {
 	CloneStrategies disk.StrategyDefaults
 	// ObjectStore is the bundled object store (objectStore sources, exports); nil: none.
 	ObjectStore *objectstore.ClientConfig
+	// ObjectStorePublicEndpoint is the store's URL outside the cluster (an Ingress), used in
+	// exports' download URLs; empty: ObjectStore's endpoint.
+	ObjectStorePublicEndpoint string
 	// Webhook serves the admission webhooks; nil serves none.
 	Webhook *WebhookOptions
 	// Concurrency is how many objects of a kind are reconciled at once (default 8).
@@ -113,7 +116,15 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := disk.Setup(mgr, disk.Options{Pods: opts.Importer, Strategies: opts.CloneStrategies}); err != nil {
 		return nil, fmt.Errorf("setting up the disk controllers: %w", err)
 	}
-	if err := export.Setup(mgr, export.Options{Pods: opts.Importer, Store: imageOpts.ObjectStore, StoreConfig: opts.ObjectStore}); err != nil {
+	exportOpts := export.Options{Pods: opts.Importer, Store: imageOpts.ObjectStore, StoreConfig: opts.ObjectStore}
+	if opts.ObjectStore != nil && opts.ObjectStorePublicEndpoint != "" {
+		public := *opts.ObjectStore
+		public.Endpoint = opts.ObjectStorePublicEndpoint
+		if exportOpts.Downloads, err = objectstore.NewClient(public); err != nil {
+			return nil, fmt.Errorf("the object store's public endpoint: %w", err)
+		}
+	}
+	if err := export.Setup(mgr, exportOpts); err != nil {
 		return nil, fmt.Errorf("setting up the export controller: %w", err)
 	}
 	if err := virtualmachine.Setup(mgr); err != nil {

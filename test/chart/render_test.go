@@ -141,9 +141,9 @@ func TestRenderedParts(t *testing.T) {
 		t.Errorf("external-store values render %d Deployments, want the manager's only", ext["Deployment"])
 	}
 	nd := render(t, "diskpipe-system", "-f", "testdata/nondefault.yaml")
-	for _, kind := range []string{"PrometheusRule", "ServiceMonitor", "Ingress", "Certificate", "Issuer"} {
-		if kinds(nd)[kind] != 1 {
-			t.Errorf("nondefault values render no %s", kind)
+	for kind, n := range map[string]int{"PrometheusRule": 1, "ServiceMonitor": 1, "Ingress": 2, "Certificate": 1, "Issuer": 1} {
+		if kinds(nd)[kind] != n {
+			t.Errorf("nondefault values render %d %s, want %d", kinds(nd)[kind], kind, n)
 		}
 	}
 	if kinds(nd)["PodDisruptionBudget"] != 0 {
@@ -279,7 +279,8 @@ func TestManagerConfig(t *testing.T) {
 	for _, a := range ctr["args"].([]any) {
 		flags = append(flags, a.(string))
 	}
-	for _, want := range []string{"--leader-elect=false", "--config=/etc/diskpipe/config.yaml", "--zap-log-level=debug"} {
+	for _, want := range []string{"--leader-elect=false", "--config=/etc/diskpipe/config.yaml", "--zap-log-level=debug",
+		"--objectstore-public-endpoint=https://downloads.example.com"} {
 		if !slices.Contains(flags, want) {
 			t.Errorf("the manager's args lack %s: %v", want, flags)
 		}

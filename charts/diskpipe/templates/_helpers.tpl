@@ -106,6 +106,17 @@ priorityClassName: {{ . }}
 {{- end }}
 {{- end -}}
 
+{{/* objectStore.publicEndpoint: the bundled store's URL outside the cluster, or "". */}}
+{{- define "diskpipe.objectStore.publicEndpoint" -}}
+{{- with .Values.objectStore.bundled -}}
+{{- if .publicEndpoint -}}
+{{- .publicEndpoint -}}
+{{- else if .ingress.enabled -}}
+{{- printf "%s://%s" (ternary "https" "http" (not (empty .ingress.tlsSecretName))) .ingress.host -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "diskpipe.objectStore.volumeMounts" -}}
 - name: objectstore-credentials
   mountPath: /var/run/diskpipe/objectstore
