@@ -37,11 +37,14 @@ func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
 // WaitForFirstConsumer class, a class that prefers snapshots, and a VolumeSnapshotClass; and
 // a second driver without snapshots.
 const (
-	driver      = "csi.diskpipe.test"
-	classCSI    = "csi"
-	classWFFC   = "csi-wffc"
-	classSnap   = "csi-snap"
-	classOther  = "other"
+	driver     = "csi.diskpipe.test"
+	classCSI   = "csi"
+	classWFFC  = "csi-wffc"
+	classSnap  = "csi-snap"
+	classOther = "other"
+	// classChart has no annotation: the installation's defaults (the chart's
+	// cloneStrategy.storageClasses) prefer snapshots for it.
+	classChart  = "csi-chart"
 	snapClass   = "csi-snapshots"
 	goldenSize  = "2Gi"
 	goldenBytes = 2 << 30
@@ -62,6 +65,7 @@ func setup(t *testing.T) {
 			{ObjectMeta: metav1.ObjectMeta{Name: classWFFC}, Provisioner: driver, VolumeBindingMode: &wffc},
 			{ObjectMeta: metav1.ObjectMeta{Name: classSnap, Annotations: map[string]string{disk.AnnotationCloneStrategy: "Snapshot"}}, Provisioner: driver},
 			{ObjectMeta: metav1.ObjectMeta{Name: classOther}, Provisioner: "other.diskpipe.test"},
+			{ObjectMeta: metav1.ObjectMeta{Name: classChart}, Provisioner: driver},
 		} {
 			if err := env.Client.Create(ctx, sc); err != nil {
 				t.Fatal(err)
@@ -86,7 +90,8 @@ func setup(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := ctrltest.StartManagerAs(env, cfg, manager.Options{
-			Webhook: &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir},
+			Webhook:         &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir},
+			CloneStrategies: disk.StrategyDefaults{StorageClasses: map[string]common.CloneStrategy{classChart: common.CloneStrategySnapshot}},
 			// As the chart configures it: pods run as an account made for them, behind a policy.
 			Importer: importpod.Config{ServiceAccountName: "diskpipe-importer", NetworkPolicy: &importpod.NetworkPolicyConfig{
 				ManagerNamespace: "diskpipe-system", ManagerLabels: map[string]string{"app.kubernetes.io/component": "manager"}}},
@@ -256,6 +261,20 @@ func TestSnapshotStrategy(t *testing.T) {
 		WithTransform(condition(disk.ConditionCloneStrategy), Equal("Preferred: Snapshot, as preferred")))
 	ctrltest.Bind(t, env, ns, "a")
 	g.Eventually(diskStatus(t, a, &a.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+}
+
+// TestInstallationDefaults: with neither the disk nor its class saying, the installation's
+// per-class default (the chart's cloneStrategy.storageClasses) is preferred.
+func TestInstallationDefaults(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	readyImage(t, ns, "alpine", classChart)
+	d := newDiskVolume(ns, "d", fromImage("", "alpine"), classChart, "")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	g.Expect(pvcOf(t, ns, "d").Spec.DataSource.Kind).To(Equal("VolumeSnapshot"))
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(
+		WithTransform(condition(disk.ConditionCloneStrategy), Equal("Preferred: Snapshot, as preferred")))
 }
 
 // TestFallback falls back to a host-assisted copy when the storage cannot clone, says why,
