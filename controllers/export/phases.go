@@ -247,11 +247,11 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	if r.Store == nil || r.StoreConfig == nil {
 		return nil, &image.NotReadyError{Reason: "ObjectStoreNotConfigured", Message: "this installation has no bundled object store: use spec.s3"}
 	}
-	os := ex.Spec.ObjectStore
-	if os == nil {
+	target := ex.Spec.ObjectStore
+	if target == nil {
 		return nil, &image.NotReadyError{Reason: "InvalidSpec", Message: "spec.objectStore or spec.s3 is required"}
 	}
-	d := &destination{kind: "bundled", client: r.Store, presigner: r.Downloads, bucket: string(os.BucketName), object: string(os.ObjectName)}
+	d := &destination{kind: "bundled", client: r.Store, presigner: r.Downloads, bucket: string(target.BucketName), object: string(target.ObjectName)}
 	if !forPod {
 		return d, nil
 	}
@@ -260,11 +260,27 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export-store", Namespace: ex.Namespace,
 		Labels: map[string]string{LabelExport: string(ex.UID)}},
 		StringData: map[string]string{"accessKeyId": r.StoreConfig.AccessKey, "secretAccessKey": r.StoreConfig.SecretKey}}
+	var caArgs []string
+	if r.StoreConfig.CAFile != "" { // an external store in place of the bundled one, with its own CA
+		ca, err := os.ReadFile(r.StoreConfig.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the object store's CA: %w", err)
+		}
+		sec.StringData["ca.crt"] = string(ca)
+		caArgs = []string{"--ca-file", authDir + "/ca.crt"}
+	}
 	if err := owned.Create(ctx, r.Client, ex, sec); err != nil {
 		return nil, err
 	}
-	d.args = []string{"--endpoint", r.StoreConfig.Endpoint, "--region", "us-east-1", "--bucket-lookup", "Path",
-		"--bucket", d.bucket, "--object", d.object, "--create-bucket", "--s3-credentials-dir", authDir}
+	region, lookup := r.StoreConfig.Region, r.StoreConfig.BucketLookup
+	if region == "" {
+		region = "us-east-1"
+	}
+	if lookup == "" {
+		lookup = "Auto"
+	}
+	d.args = append([]string{"--endpoint", r.StoreConfig.Endpoint, "--region", region, "--bucket-lookup", lookup,
+		"--bucket", d.bucket, "--object", d.object, "--create-bucket", "--s3-credentials-dir", authDir}, caArgs...)
 	d.mounts = []importpod.Mount{{Secret: sec.Name, Path: authDir}}
 	return d, nil
 }
