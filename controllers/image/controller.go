@@ -43,6 +43,9 @@ type Options struct {
 	// ObjectStore is the bundled object store that objectStore sources read; nil when the
 	// installation has none.
 	ObjectStore *objectstore.Client
+	// ObjectStoreCA is the PEM file of the store's CA when it is not publicly trusted (an
+	// external store in place of the bundled one); importers get it with the URL.
+	ObjectStoreCA string
 }
 
 // Reconciler reconciles one kind of golden image.
@@ -50,9 +53,10 @@ type Reconciler struct {
 	client.Client
 	// APIReader reads the image itself uncached: a reconcile that acted on a stale copy could
 	// start an import that already finished.
-	APIReader   client.Reader
-	Pods        *importpod.Tracker
-	ObjectStore *objectstore.Client
+	APIReader     client.Reader
+	Pods          *importpod.Tracker
+	ObjectStore   *objectstore.Client
+	ObjectStoreCA string
 
 	newObject func() client.Object
 	adapt     func(client.Object) *goldenImage
@@ -72,7 +76,7 @@ func SetupImageTemplate(mgr ctrl.Manager, o Options) error {
 
 func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObject func() client.Object, adapt func(client.Object) *goldenImage) error {
 	o.Pods.Defaults()
-	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ObjectStore: o.ObjectStore,
+	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ObjectStore: o.ObjectStore, ObjectStoreCA: o.ObjectStoreCA,
 		Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: o.Pods, Events: mgr.GetEventRecorder("diskpipe-" + name),
 			HTTP: &http.Client{Timeout: 2 * time.Second}},
 		newObject: newObject, adapt: adapt}

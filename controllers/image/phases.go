@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -201,11 +202,14 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 	if !apierrors.IsNotFound(err) {
 		return nil, err
 	}
-	if os := g.source.objectStore; os != nil {
-		if err := r.presign(ctx, g, os, s.Name); err != nil {
+	if src := g.source.objectStore; src != nil {
+		if err := r.presign(ctx, g, src, s.Name); err != nil {
 			return nil, err
 		}
 		s.Args = append([]string{"--source", "http", "--url-file", urlDir + "/url"}, s.Args...)
+		if r.ObjectStoreCA != "" {
+			s.Args = append(s.Args, "--ca-file", urlDir+"/ca.crt")
+		}
 		s.Mounts = append(s.Mounts, importpod.Mount{Secret: s.Name, Path: urlDir})
 	}
 	pod = importpod.Build(r.Pods.Config, s)
@@ -217,16 +221,23 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 
 // presign writes a presigned GET URL of the source object into the Secret name: the importer
 // reads the one object, for a day, without the store's keys.
-func (r *Reconciler) presign(ctx context.Context, g *goldenImage, os *common.ObjectStoreSource, name string) error {
+func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.ObjectStoreSource, name string) error {
 	if r.ObjectStore == nil {
 		return &NotReadyError{"ObjectStoreNotConfigured", "this installation has no bundled object store; use an s3 source"}
 	}
-	u, err := r.ObjectStore.PresignGet(ctx, string(os.BucketName), string(os.ObjectName), presignExpiry)
+	u, err := r.ObjectStore.PresignGet(ctx, string(src.BucketName), string(src.ObjectName), presignExpiry)
 	if err != nil {
 		return err
 	}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.obj.GetNamespace(),
 		Labels: map[string]string{LabelImage: string(g.obj.GetUID())}}, StringData: map[string]string{"url": u.String()}}
+	if r.ObjectStoreCA != "" {
+		ca, err := os.ReadFile(r.ObjectStoreCA)
+		if err != nil {
+			return fmt.Errorf("reading the object store's CA: %w", err)
+		}
+		sec.StringData["ca.crt"] = string(ca)
+	}
 	if err := controllerutil.SetControllerReference(g.obj, sec, r.Scheme()); err != nil {
 		return err
 	}

@@ -106,6 +106,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		if imageOpts.ObjectStore, err = objectstore.NewClient(*opts.ObjectStore); err != nil {
 			return nil, fmt.Errorf("the object store: %w", err)
 		}
+		imageOpts.ObjectStoreCA = opts.ObjectStore.CAFile
 	}
 	if err := image.SetupVirtualMachineImage(mgr, imageOpts); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachineImage controller: %w", err)
