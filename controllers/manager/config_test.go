@@ -47,7 +47,7 @@ func TestLoadChartConfig(t *testing.T) {
 
 	// A misspelt key or an unknown strategy stops the manager rather than being ignored.
 	for body, want := range map[string]string{
-		"importer:\n  nodeSelecter: {a: b}\n":               `unknown field "nodeSelecter"`,
+		"importer:\n  nodeSelecter: {a: b}\n":              `unknown field "nodeSelecter"`,
 		"cloneStrategy:\n  storageClasses: {nfs: Rsync}\n": `cloneStrategy.storageClasses[nfs] "Rsync" is not one of`,
 	} {
 		g.Expect(os.WriteFile(path, []byte(body), 0o600)).To(Succeed())
