@@ -38,7 +38,7 @@ generate: $(CONTROLLER_GEN) ## Write the generated deepcopy functions of apis/.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./apis/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds (templates/crds.yaml installs them), the manager's ClusterRole, and the VolumeSnapshot and KubeVirt VirtualMachine CRDs tests install into test/crds.
+manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds (templates/crds.yaml installs them), the manager's ClusterRole, and the VolumeSnapshot, KubeVirt VirtualMachine and Prometheus Operator CRDs tests install into test/crds.
 	rm -f charts/diskpipe/files/crds/*.yaml test/crds/snapshot/*.yaml
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/diskpipe/files/crds
 	$(CONTROLLER_GEN) rbac:roleName=diskpipe-manager paths=./controllers/... output:rbac:dir=charts/diskpipe/templates/rbac
@@ -46,6 +46,9 @@ manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds (
 	rm -rf test/crds/kubevirt
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=kubevirt.io/api/core/v1 output:crd:dir=test/crds/kubevirt
 	find test/crds/kubevirt -type f ! -name kubevirt.io_virtualmachines.yaml -delete
+	rm -rf test/crds/monitoring
+	$(CONTROLLER_GEN) crd paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 output:crd:dir=test/crds/monitoring
+	find test/crds/monitoring -type f ! -name '*_servicemonitors.yaml' ! -name '*_prometheusrules.yaml' -delete
 
 .PHONY: verify
 verify: ## Fail when generated files or go.mod are stale.

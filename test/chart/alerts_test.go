@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/rulefmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/prometheus/promql/promqltest"
 	"github.com/prometheus/prometheus/rules"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 )
 
@@ -39,6 +41,20 @@ func TestPrometheusRule(t *testing.T) {
 	rule := find(objs, "PrometheusRule")
 	if rule == nil {
 		t.Fatal("no PrometheusRule")
+	}
+	// It is a PrometheusRule as Prometheus Operator's types define it, with no unknown field.
+	var typed monitoringv1.PrometheusRule
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(rule.Object, &typed, true); err != nil {
+		t.Fatalf("the PrometheusRule does not decode strictly: %v", err)
+	}
+	monitor := find(render(t, "monitoring", "--set", "metrics.serviceMonitor.enabled=true", "--show-only", "templates/monitoring.yaml"), "ServiceMonitor")
+	var sm monitoringv1.ServiceMonitor
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(monitor.Object, &sm, true); err != nil {
+		t.Fatalf("the ServiceMonitor does not decode strictly: %v", err)
+	}
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "metrics" ||
+		sm.Spec.Selector.MatchLabels["app.kubernetes.io/component"] != "manager" {
+		t.Fatalf("the ServiceMonitor does not scrape the manager's metrics port: %+v", sm.Spec)
 	}
 	spec, _ := yaml.Marshal(rule.Object["spec"])
 	groups, errs := rulefmt.Parse(spec, false, model.UTF8Validation, promParser, slog.New(slog.DiscardHandler))
