@@ -130,6 +130,8 @@ func TestOperationMetrics(t *testing.T) {
 		{"diskpipe_transfer_bytes_done", map[string]string{"namespace": ns, "name": "running"}, 500},
 		{"diskpipe_transfer_bytes_total", map[string]string{"namespace": ns, "name": "running"}, 2000},
 		{"diskpipe_golden_image_missing", map[string]string{"namespace": ns, "name": "flaky"}, 0},
+		{"diskpipe_object_status", map[string]string{"namespace": ns, "name": "bad", "phase": "Failed", "reason": "SourceNotFound"}, 1},
+		{"diskpipe_object_status", map[string]string{"namespace": ns, "name": "flaky", "phase": "Ready", "reason": "Imported"}, 1},
 	} {
 		g.Expect(value(c.name, c.labels)).To(Equal(c.want), "%s%v", c.name, c.labels)
 	}

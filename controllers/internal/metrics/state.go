@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -23,6 +25,9 @@ var (
 		"Progress of each running import, clone or export, from its pod.", []string{"kind", LabelNamespace, "name"}, nil)
 	bytesTotalDesc = prometheus.NewDesc("diskpipe_transfer_bytes_total",
 		"Size of each running import, clone or export, when known.", []string{"kind", LabelNamespace, "name"}, nil)
+	statusDesc = prometheus.NewDesc("diskpipe_object_status",
+		"1 for each image, disk and export, labelled with its phase and the reason of its Ready condition: which ones failed, and why.",
+		[]string{"kind", LabelNamespace, "name", "phase", LabelReason}, nil)
 	goldenMissingDesc = prometheus.NewDesc("diskpipe_golden_image_missing",
 		"1 for each image that was Ready and whose golden PVC no longer exists.", []string{"kind", LabelNamespace, "name"}, nil)
 )
@@ -31,6 +36,7 @@ var (
 type item struct {
 	kind, namespace, name string
 	phase                 common.Phase
+	conditions            []metav1.Condition
 	transfer              *common.Transfer
 	goldenPVC             string // images only: the PVC a Ready image stands on
 }
@@ -60,7 +66,7 @@ func Install(reader client.Reader) error {
 
 // Describe implements prometheus.Collector.
 func (s *State) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{objectsDesc, bytesDoneDesc, bytesTotalDesc, goldenMissingDesc} {
+	for _, d := range []*prometheus.Desc{objectsDesc, statusDesc, bytesDoneDesc, bytesTotalDesc, goldenMissingDesc} {
 		ch <- d
 	}
 }
@@ -82,6 +88,11 @@ func (s *State) Collect(ch chan<- prometheus.Metric) {
 			phase = string(common.PhasePending)
 		}
 		counts[key{it.kind, it.namespace, phase}]++
+		reason := ""
+		if c := meta.FindStatusCondition(it.conditions, common.ConditionReady); c != nil {
+			reason = c.Reason
+		}
+		ch <- prometheus.MustNewConstMetric(statusDesc, prometheus.GaugeValue, 1, it.kind, it.namespace, it.name, phase, reason)
 		if t := it.transfer; t != nil && running(it.phase) {
 			ch <- prometheus.MustNewConstMetric(bytesDoneDesc, prometheus.GaugeValue, float64(t.BytesDone), it.kind, it.namespace, it.name)
 			if t.BytesTotal > 0 {
@@ -114,14 +125,14 @@ func b2f(b bool) float64 {
 func (s *State) items(ctx context.Context) ([]item, error) {
 	var out []item
 	image := func(kind string, o client.Object, st *common.ImageStatus) {
-		it := item{kind: kind, namespace: o.GetNamespace(), name: o.GetName(), phase: st.Phase, transfer: st.Transfer}
+		it := item{kind: kind, namespace: o.GetNamespace(), name: o.GetName(), phase: st.Phase, conditions: st.Conditions, transfer: st.Transfer}
 		if st.Phase == common.PhaseReady {
 			it.goldenPVC = st.PVCName
 		}
 		out = append(out, it)
 	}
 	disk := func(kind string, o client.Object, st *common.DiskStatus) {
-		out = append(out, item{kind: kind, namespace: o.GetNamespace(), name: o.GetName(), phase: st.Phase, transfer: st.Transfer})
+		out = append(out, item{kind: kind, namespace: o.GetNamespace(), name: o.GetName(), phase: st.Phase, conditions: st.Conditions, transfer: st.Transfer})
 	}
 	var (
 		vmis hypercloud.VirtualMachineImageList
@@ -149,7 +160,7 @@ func (s *State) items(ctx context.Context) ([]item, error) {
 	}
 	for i := range exps.Items {
 		e := &exps.Items[i]
-		out = append(out, item{kind: "VirtualMachineVolumeExport", namespace: e.Namespace, name: e.Name, phase: e.Status.Phase, transfer: e.Status.Transfer})
+		out = append(out, item{kind: "VirtualMachineVolumeExport", namespace: e.Namespace, name: e.Name, phase: e.Status.Phase, conditions: e.Status.Conditions, transfer: e.Status.Transfer})
 	}
 	return out, nil
 }
