@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -13,8 +14,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
-	"os"
-	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -42,10 +42,10 @@ const (
 
 // CertKeeper gives the webhooks a serving certificate without cert-manager: it issues a CA
 // and a certificate for Hosts, keeps both in a Secret (so every replica and every restart
-// serves the same one), writes the certificate into CertDir where the webhook server reloads
-// it, and puts the CA into the caBundle of the webhook configuration. Sync renews whatever
-// is within a third of its lifetime of expiring; during a CA renewal caBundle holds the old
-// CA and the new one.
+// serves the same one), hands the certificate to the webhook server from memory
+// (GetCertificate: swapped atomically, no files), and puts the CA into the caBundle of the
+// webhook configuration. Sync renews whatever is within a third of its lifetime of
+// expiring; during a CA renewal caBundle holds the old CA and the new one.
 type CertKeeper struct {
 	// Client writes; Reader reads straight from the apiserver (the manager's cache has not
 	// started when the first Sync runs).
@@ -57,10 +57,20 @@ type CertKeeper struct {
 	Configuration string
 	// Hosts are the certificate's DNS names and IP addresses.
 	Hosts []string
-	// CertDir receives tls.crt and tls.key.
-	CertDir string
 	// Every is how often Start syncs (default 10 minutes).
 	Every time.Duration
+
+	current atomic.Pointer[tls.Certificate]
+}
+
+// GetCertificate is the webhook server's tls.Config.GetCertificate: the certificate of the
+// last Sync.
+func (k *CertKeeper) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c := k.current.Load()
+	if c == nil {
+		return nil, errors.New("the webhooks' certificate has not been issued yet")
+	}
+	return c, nil
 }
 
 // Start syncs every k.Every until ctx ends; a failed sync is logged and tried again at the
@@ -113,9 +123,11 @@ func (k *CertKeeper) Sync(ctx context.Context) error {
 			return fmt.Errorf("writing the webhook certificate Secret: %w", err)
 		}
 	}
-	if err := writeFiles(k.CertDir, sec.Data[keyCert], sec.Data[keyKey]); err != nil {
-		return err
+	pair, err := tls.X509KeyPair(sec.Data[keyCert], sec.Data[keyKey])
+	if err != nil {
+		return fmt.Errorf("the webhook certificate Secret: %w", err)
 	}
+	k.current.Store(&pair)
 	return k.patchBundle(ctx, bundle)
 }
 
@@ -252,25 +264,4 @@ func pemCert(c *x509.Certificate) []byte {
 func pemKey(k *ecdsa.PrivateKey) []byte {
 	der, _ := x509.MarshalECPrivateKey(k) // cannot fail for a P-256 key
 	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
-}
-
-// writeFiles replaces tls.crt and tls.key in dir, each by a rename, when they differ.
-func writeFiles(dir string, cert, key []byte) error {
-	for _, f := range []struct {
-		name string
-		data []byte
-	}{{keyKey, key}, {keyCert, cert}} {
-		p, data := filepath.Join(dir, f.name), f.data
-		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, data) { //nolint:gosec // our cert dir
-			continue
-		}
-		tmp := p + ".tmp"
-		if err := os.WriteFile(tmp, data, 0o600); err != nil {
-			return fmt.Errorf("writing the webhook certificate: %w", err)
-		}
-		if err := os.Rename(tmp, p); err != nil {
-			return fmt.Errorf("writing the webhook certificate: %w", err)
-		}
-	}
-	return nil
 }

@@ -4,6 +4,7 @@ package manager
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -59,7 +60,8 @@ type Options struct {
 type WebhookOptions struct {
 	Host string
 	Port int
-	// CertDir holds tls.crt and tls.key, reloaded when they change (rotation).
+	// CertDir holds tls.crt and tls.key, reloaded when they change (cert-manager's
+	// rotation); unused when the manager issues the certificate itself (CertSecret).
 	CertDir string
 	// Configuration is the ValidatingWebhookConfiguration the webhooks are registered in.
 	Configuration string
@@ -68,6 +70,9 @@ type WebhookOptions struct {
 	// something else (cert-manager, a test) writes CertDir and caBundle.
 	CertSecret, Namespace string
 	Hosts                 []string
+	// CertSync is how often every replica re-reads the certificate Secret, renews what is
+	// due and re-patches caBundle (default 10 minutes).
+	CertSync time.Duration
 }
 
 // LeaderElectionID is the name of the Lease the manager's replicas contend for.
@@ -79,9 +84,23 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		opts.Concurrency = 8
 	}
 	renew := 10 * time.Second
-	var hooks webhook.Server
+	var (
+		hooks  webhook.Server
+		keeper *admission.CertKeeper
+	)
 	if w := opts.Webhook; w != nil {
-		hooks = webhook.NewServer(webhook.Options{Host: w.Host, Port: w.Port, CertDir: w.CertDir})
+		hookOpts := webhook.Options{Host: w.Host, Port: w.Port, CertDir: w.CertDir}
+		if w.CertSecret != "" {
+			// The manager's own certificate, served from memory; its first Sync is below.
+			direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
+			if err != nil {
+				return nil, err
+			}
+			keeper = &admission.CertKeeper{Client: direct, Reader: direct, Namespace: w.Namespace,
+				SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, Every: w.CertSync}
+			hookOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.GetCertificate = keeper.GetCertificate }}
+		}
+		hooks = webhook.NewServer(hookOpts)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		WebhookServer:                 hooks,
@@ -131,13 +150,11 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := virtualmachine.Setup(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)
 	}
-	if w := opts.Webhook; w != nil {
+	if opts.Webhook != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if w.CertSecret != "" {
-			// The webhook server reads its certificate when it starts: it must be there first.
-			keeper := &admission.CertKeeper{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: w.Namespace,
-				SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, CertDir: w.CertDir}
+		if keeper != nil {
+			// The webhook server starts serving before the caches: the certificate must be there.
 			if err := keeper.Sync(ctx); err != nil {
 				return nil, fmt.Errorf("the webhooks' certificate: %w", err)
 			}

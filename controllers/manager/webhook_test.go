@@ -35,11 +35,11 @@ const (
 // shared is one manager for the tests that need it running: with its metrics served and
 // issuing its webhooks' certificate, as the chart runs it.
 type shared struct {
-	metricsAddr, certDir string
-	port                 int
-	cfg                  *admissionregistrationv1.ValidatingWebhookConfiguration
-	webhook              *manager.WebhookOptions
-	mgr                  *ctrltest.Manager
+	metricsAddr string
+	port        int
+	cfg         *admissionregistrationv1.ValidatingWebhookConfiguration
+	webhook     *manager.WebhookOptions
+	mgr         *ctrltest.Manager
 }
 
 var (
@@ -65,9 +65,9 @@ func startShared(t *testing.T) *shared {
 				URL: ptr.To(fmt.Sprintf("https://127.0.0.1:%d%s", h.port, *w.ClientConfig.Service.Path))}
 		}
 		g.Expect(env.Client.Create(ctx, h.cfg)).To(Succeed())
-		h.certDir, h.metricsAddr = env.TempDir(), freeAddr(t)
-		h.webhook = &manager.WebhookOptions{Host: "127.0.0.1", Port: h.port, CertDir: h.certDir, Configuration: h.cfg.Name,
-			CertSecret: sharedSecret, Namespace: sharedNamespace, Hosts: []string{"127.0.0.1"}}
+		h.metricsAddr = freeAddr(t)
+		h.webhook = &manager.WebhookOptions{Host: "127.0.0.1", Port: h.port, Configuration: h.cfg.Name,
+			CertSecret: sharedSecret, Namespace: sharedNamespace, Hosts: []string{"127.0.0.1"}, CertSync: time.Second}
 		h.mgr, err = ctrltest.StartManager(env, manager.Options{Webhook: h.webhook, MetricsAddr: h.metricsAddr})
 		g.Expect(err).NotTo(HaveOccurred())
 	})
@@ -84,7 +84,7 @@ func TestWebhookCertificate(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 	h := startShared(t)
-	port, certDir, cfg, opts := h.port, h.certDir, h.cfg, h.webhook
+	port, cfg, opts := h.port, h.cfg, h.webhook
 	const secretNS, secretName = sharedNamespace, sharedSecret
 
 	// A user who may create disks in one namespace but not read images in another.
@@ -143,9 +143,9 @@ func TestWebhookCertificate(t *testing.T) {
 	g.Expect(bundle()).To(Equal(secret.Data["ca.crt"]))
 
 	// Eight months on (the certificate is made as if issued then), another replica's sync
-	// renews it; this manager serves the new one from its files, with the same CA.
+	// renews it; this manager's own sync, every second here, picks it up and serves it.
 	keeper := admission.CertKeeper{Client: env.Client, Reader: env.Client, Namespace: secretNS, SecretName: secretName,
-		Configuration: cfg.Name, Hosts: opts.Hosts, CertDir: certDir}
+		Configuration: cfg.Name, Hosts: opts.Hosts}
 	age(t, secret, "tls.crt", "ca.crt", "ca.key", admission.LeafLifetime*2/3+24*time.Hour)
 	g.Expect(env.Client.Update(ctx, secret)).To(Succeed())
 	g.Expect(keeper.Sync(ctx)).To(Succeed())
