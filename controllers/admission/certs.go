@@ -97,7 +97,8 @@ func (k *CertKeeper) Start(ctx context.Context) error {
 // NeedLeaderElection is false: every replica serves the webhooks.
 func (k *CertKeeper) NeedLeaderElection() bool { return false }
 
-// Sync makes the Secret current (issuing or renewing), writes the files and patches caBundle.
+// Sync makes the Secret current (issuing or renewing), serves its certificate and patches
+// caBundle.
 func (k *CertKeeper) Sync(ctx context.Context) error {
 	sec := &corev1.Secret{}
 	err := k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: k.SecretName}, sec)
