@@ -4,6 +4,9 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/utils/ptr"
+
 	. "github.com/onsi/gomega"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +20,7 @@ import (
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/manager"
 )
 
 func podMounting(ns, name, claim string) *corev1.Pod {
@@ -133,6 +137,10 @@ func TestLeastPrivilege(t *testing.T) {
 		g.Expect(env.Client.Create(t.Context(), sar)).To(Succeed())
 		g.Expect(sar.Status.Allowed).To(BeFalse(), "the importer's service account may %s %s", attrs.Verb, attrs.Resource)
 	}
+	// The manager leads through a Lease of the release namespace (the chart's Role).
+	lease := &coordinationv1.Lease{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: "diskpipe-system", Name: manager.LeaderElectionID}, lease)).To(Succeed())
+	g.Expect(ptr.Deref(lease.Spec.HolderIdentity, "")).NotTo(BeEmpty())
 	// And the manager's role is what allows the manager, not an accident of the test set-up.
 	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: managerUser,
 		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Resource: "pods"}}}

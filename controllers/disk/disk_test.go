@@ -95,6 +95,8 @@ func setup(t *testing.T) {
 			// As the chart configures it: pods run as an account made for them, behind a policy.
 			Importer: importpod.Config{ServiceAccountName: "diskpipe-importer", NetworkPolicy: &importpod.NetworkPolicyConfig{
 				ManagerNamespace: "diskpipe-system", ManagerLabels: map[string]string{"app.kubernetes.io/component": "manager"}}},
+			// Its Lease is in the release namespace, where the chart's Role allows it.
+			LeaderElection: true, LeaderElectionNamespace: "diskpipe-system",
 		}); err != nil {
 			t.Fatal(err)
 		}
