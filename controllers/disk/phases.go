@@ -116,10 +116,10 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		return r.waitForBinding(ctx, d, pvc, p)
 	}
 	pod := importpod.Build(r.Pods.Config, spec)
-	if err := importpod.Create(ctx, r.Client, r.Pods.Config, d.obj, pod); err != nil {
+	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry, Source: source}
+	if err := r.Pods.Start(ctx, work, pod); err != nil {
 		return ctrl.Result{}, err
 	}
-	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry, Source: source}
 	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) {
 		r.made(ctx, d, pvc, p, resource.NewQuantity(res.VirtualSize, resource.BinarySI),
 			fmt.Sprintf("%s in %.0f s", describe(d, p), res.DurationSeconds))

@@ -87,10 +87,10 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		SourcePVC: src.Name, SourceBlock: image.IsBlock(src), Mounts: dest.mounts}
 	spec.Args = append([]string{"--source", spec.SourcePath(), "--format", string(format), "--compression", string(compression)}, dest.args...)
 	pod := importpod.Build(r.Pods.Config, spec)
-	if err := importpod.Create(ctx, r.Client, r.Pods.Config, ex, pod); err != nil {
+	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry), Source: dest.kind}
+	if err := r.Pods.Start(ctx, work, pod); err != nil {
 		return ctrl.Result{}, err
 	}
-	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry), Source: dest.kind}
 	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) {
 		now := metav1.Now()
 		st.Phase, st.Progress, st.ObjectURL, st.Digest, st.CompletionTime = common.PhaseReady, "100%", res.URL, res.Digest, &now

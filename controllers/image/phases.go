@@ -213,7 +213,7 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 		s.Mounts = append(s.Mounts, importpod.Mount{Secret: s.Name, Path: urlDir})
 	}
 	pod = importpod.Build(r.Pods.Config, s)
-	if err := importpod.Create(ctx, r.Client, r.Pods.Config, g.obj, pod); err != nil {
+	if err := r.Pods.Start(ctx, r.work(g), pod); err != nil {
 		return nil, err
 	}
 	return pod, nil

@@ -53,7 +53,7 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		Mounts: []importpod.Mount{{Secret: name, Path: tokenDir}}}
 	serve.Args = []string{"--serve", ":" + strconv.Itoa(importpod.ServePort), "--path", serve.SourcePath(), "--token-file", tokenDir + "/token"}
 	pod := importpod.Build(cfg, serve)
-	if err := importpod.Create(ctx, c, cfg, nil, pod); err != nil {
+	if err := importpod.Create(ctx, c, cfg, pod); err != nil {
 		return false, fmt.Errorf("creating the clone source: %w", err)
 	}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {

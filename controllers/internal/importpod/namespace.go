@@ -83,20 +83,33 @@ func (c Config) networkPolicy(ns string) *networkingv1.NetworkPolicy {
 	}
 }
 
-// Create creates pod, controlled by owner, after preparing its namespace; with no owner (a
-// clone source in another namespace) an existing pod of its name is taken as it.
-func Create(ctx context.Context, cl client.Client, c Config, owner client.Object, pod *corev1.Pod) error {
+// Create creates a pod no object owns (a clone source in another namespace) after preparing
+// its namespace; an existing pod of its name is taken as it. Owned pods go through
+// Tracker.Start.
+func Create(ctx context.Context, cl client.Client, c Config, pod *corev1.Pod) error {
+	_, err := create(ctx, cl, c, nil, pod)
+	return err
+}
+
+// create creates pod, controlled by owner (nil: none), after preparing its namespace, and
+// says whether this call created it.
+func create(ctx context.Context, cl client.Client, c Config, owner client.Object, pod *corev1.Pod) (bool, error) {
 	if err := PrepareNamespace(ctx, cl, c, pod.Namespace); err != nil {
-		return err
+		return false, err
 	}
-	var err error
+	var (
+		created bool
+		err     error
+	)
 	if owner != nil {
-		err = owned.Create(ctx, cl, owner, pod)
-	} else if err = cl.Create(ctx, pod); apierrors.IsAlreadyExists(err) {
+		created, err = owned.Ensure(ctx, cl, owner, pod)
+	} else if err = cl.Create(ctx, pod); err == nil {
+		created = true
+	} else if apierrors.IsAlreadyExists(err) {
 		err = nil
 	}
 	if apierrors.IsForbidden(err) { // e.g. its service account was deleted
 		c.Forget(pod.Namespace)
 	}
-	return err
+	return created, err
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,8 +74,16 @@ type Tracker struct {
 	Events events.EventRecorder
 	// HTTP reads importer metrics.
 	HTTP *http.Client
+}
 
-	seen sync.Map // UIDs of pods counted as started and not yet ended
+// Start creates w's pod unless it exists (preparing its namespace, see Create); a pod this
+// call creates counts as an attempt started.
+func (t *Tracker) Start(ctx context.Context, w Work, pod *corev1.Pod) error {
+	created, err := create(ctx, t.Client, t.Config, w.Obj, pod)
+	if created {
+		w.op().Started()
+	}
+	return err
 }
 
 // Work describes what a pod does for an object, for status and Events.
@@ -102,9 +109,6 @@ func (w Work) op() metrics.Op {
 // the pod is deleted (the next pass of the owner's reconcile takes the next step).
 func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done func(*transfer.Result)) (ctrl.Result, error) {
 	st := w.Status
-	if _, counted := t.seen.LoadOrStore(pod.UID, true); !counted {
-		w.op().Started()
-	}
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 		*st.Phase = w.Running
@@ -115,7 +119,6 @@ func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done fun
 		return ctrl.Result{RequeueAfter: ProgressInterval}, nil
 	case corev1.PodSucceeded, corev1.PodFailed:
 		res := Result(pod)
-		t.seen.Delete(pod.UID)
 		if pod.Status.Phase == corev1.PodSucceeded && res.Succeeded {
 			w.op().Succeeded(res.BytesWritten, res.DurationSeconds)
 			done(res)

@@ -23,27 +23,33 @@ func (e *ErrNotOwned) Error() string {
 // existing object that owner does not control is an *ErrNotOwned. The cache is read first:
 // most calls find the child made by an earlier pass, without a request to the apiserver.
 func Create(ctx context.Context, c client.Client, owner, obj client.Object) error {
+	_, err := Ensure(ctx, c, owner, obj)
+	return err
+}
+
+// Ensure is Create that also says whether this call created obj.
+func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (bool, error) {
 	if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
-		return err
+		return false, err
 	}
 	err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 	if apierrors.IsNotFound(err) {
 		if err = c.Create(ctx, obj); apierrors.IsAlreadyExists(err) {
 			err = c.Get(ctx, client.ObjectKeyFromObject(obj), obj) // the cache has not seen it yet: try again
 		} else if err != nil {
-			return fmt.Errorf("creating %s: %w", obj.GetName(), err)
+			return false, fmt.Errorf("creating %s: %w", obj.GetName(), err)
 		} else {
-			return nil
+			return true, nil
 		}
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !metav1.IsControlledBy(obj, owner) {
 		gvk, _ := c.GroupVersionKindFor(obj)
-		return &ErrNotOwned{Kind: gvk.Kind, Name: obj.GetName()}
+		return false, &ErrNotOwned{Kind: gvk.Kind, Name: obj.GetName()}
 	}
-	return nil
+	return false, nil
 }
 
 // WriteStatus writes obj's status, read as base, when it changed (before and after are the
