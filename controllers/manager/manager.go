@@ -166,7 +166,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
 		}
 	}
-	if err := metrics.Install(mgr.GetClient()); err != nil {
+	if err := metrics.Install(mgr.GetClient(), mgr.Elected()); err != nil {
 		return nil, fmt.Errorf("registering the state metrics: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

@@ -42,9 +42,13 @@ type item struct {
 }
 
 // State collects the state of diskpipe's objects from reader (the manager's cache) when
-// Prometheus scrapes: nothing is kept between scrapes, so nothing can drift.
+// Prometheus scrapes: nothing is kept between scrapes, so nothing can drift. Only the leader
+// reports, so that sums over the manager's replicas count each object once (every replica
+// has a cache; only the leader reconciles, and so counts operations).
 type State struct {
 	Reader client.Reader
+	// Elected is closed once this replica leads (the manager's Elected()).
+	Elected <-chan struct{}
 }
 
 var (
@@ -53,14 +57,15 @@ var (
 )
 
 // Install makes reader the source of the state metrics in the manager's registry, in place
-// of an earlier manager's (tests run several managers in one process, one after another).
-func Install(reader client.Reader) error {
+// of an earlier manager's (tests run several managers in one process, one after another),
+// reported once elected is closed.
+func Install(reader client.Reader, elected <-chan struct{}) error {
 	installMu.Lock()
 	defer installMu.Unlock()
 	if installed != nil {
 		ctrlmetrics.Registry.Unregister(installed)
 	}
-	installed = &State{Reader: reader}
+	installed = &State{Reader: reader, Elected: elected}
 	return ctrlmetrics.Registry.Register(installed)
 }
 
@@ -73,6 +78,11 @@ func (s *State) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (s *State) Collect(ch chan<- prometheus.Metric) {
+	select {
+	case <-s.Elected:
+	default:
+		return // a standby replica: the leader reports
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	items, err := s.items(ctx)
