@@ -98,8 +98,20 @@ func (k *CertKeeper) Start(ctx context.Context) error {
 func (k *CertKeeper) NeedLeaderElection() bool { return false }
 
 // Sync makes the Secret current (issuing or renewing), serves its certificate and patches
-// caBundle.
+// caBundle. Replicas that race to write the Secret lose to one another optimistically: the
+// loser reads the winner's certificate and serves that.
 func (k *CertKeeper) Sync(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := k.sync(ctx)
+		if !errors.Is(err, errLostRace) || attempt == 3 {
+			return err
+		}
+	}
+}
+
+var errLostRace = errors.New("another replica wrote the webhook certificate Secret first")
+
+func (k *CertKeeper) sync(ctx context.Context) error {
 	sec := &corev1.Secret{}
 	err := k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: k.SecretName}, sec)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -113,12 +125,12 @@ func (k *CertKeeper) Sync(ctx context.Context) error {
 	if changed {
 		sec.Name, sec.Namespace, sec.Type = k.SecretName, k.Namespace, corev1.SecretTypeTLS
 		if exists {
-			err = k.Client.Update(ctx, sec) // optimistic: a replica that lost the race reads the winner's next time
+			err = k.Client.Update(ctx, sec)
 		} else {
 			err = k.Client.Create(ctx, sec)
 		}
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-			return k.Sync(ctx)
+			return errLostRace
 		}
 		if err != nil {
 			return fmt.Errorf("writing the webhook certificate Secret: %w", err)

@@ -98,8 +98,8 @@ func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
 	g.Expect(bob.Create(ctx, own)).To(Succeed())
 }
 
-// TestLeastPrivilege: the manager of this suite runs with only the chart's ClusterRole (see
-// setup), so every test here is also a test that the role suffices. Importer pods get no token
+// TestLeastPrivilege: the manager of this suite runs with only the chart's RBAC (see setup),
+// so every test here is also a test that it suffices. Importer pods get no token
 // and their service account no right: they cannot read Secrets or list pods.
 func TestLeastPrivilege(t *testing.T) {
 	setup(t)

@@ -2,7 +2,7 @@ package manager
 
 // The manager's permissions, exactly the verbs its controllers use. `make manifests` turns
 // these markers into charts/diskpipe/templates/rbac/role.yaml; the disk controllers' envtest
-// suite runs the manager with nothing but that role.
+// suite and the local cluster run the manager with nothing but the chart's RBAC.
 //
 // The leader-election Lease is in a Role of the release namespace, and patching the webhook
 // configuration's caBundle in a ClusterRole limited to its name: both are in

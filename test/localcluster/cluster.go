@@ -197,8 +197,9 @@ func (c *Cluster) managerIdentity(ctx context.Context) (string, error) {
 // managerConfig writes the manager's --config file as the chart renders it, for pods of the
 // local image: importer pods run as the chart's service account, behind its NetworkPolicy.
 func (c *Cluster) managerConfig(ctx context.Context) (string, error) {
+	repository, tag, _ := strings.Cut(Image, ":")
 	objs, _, err := testenv.RenderChart(ctx, testenv.ChartRelease, ManagerNamespace, "--show-only", "templates/manager.yaml",
-		"--set", "image.repository="+strings.Split(Image, ":")[0], "--set", "image.tag="+strings.Split(Image, ":")[1])
+		"--set", "image.repository="+repository, "--set", "image.tag="+tag)
 	if err != nil {
 		return "", err
 	}

@@ -31,7 +31,7 @@ func PrepareNamespace(ctx context.Context, cl client.Client, c Config, ns string
 	}
 	var objs []client.Object
 	if c.ServiceAccountName != "" {
-		objs = append(objs, &corev1.ServiceAccount{ObjectMeta: c.meta(c.ServiceAccountName, ns), AutomountServiceAccountToken: ptr.To(false)})
+		objs = append(objs, &corev1.ServiceAccount{ObjectMeta: objectMeta(c.ServiceAccountName, ns), AutomountServiceAccountToken: ptr.To(false)})
 	}
 	if np := c.NetworkPolicy; np != nil {
 		objs = append(objs, c.networkPolicy(ns))
@@ -55,7 +55,8 @@ func (c Config) Forget(ns string) {
 	}
 }
 
-func (c Config) meta(name, ns string) metav1.ObjectMeta {
+// objectMeta names what PrepareNamespace makes, labelled as diskpipe's.
+func objectMeta(name, ns string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{LabelManagedBy: ManagedBy}}
 }
 
@@ -66,7 +67,7 @@ func (c Config) networkPolicy(ns string) *networkingv1.NetworkPolicy {
 	}
 	diskpipePods := &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy}}
 	return &networkingv1.NetworkPolicy{
-		ObjectMeta: c.meta(NetworkPolicyName, ns),
+		ObjectMeta: objectMeta(NetworkPolicyName, ns),
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: *diskpipePods,
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
