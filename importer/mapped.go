@@ -16,7 +16,8 @@ type mappedImage struct {
 	typ       image.Type
 	size      int64
 	blockSize int64
-	// lookup returns where block b's data starts, or ok false for a block of zeros.
+	// lookup returns where block b's data starts, or ok false for a block of zeros. The
+	// converter's workers call it at once: it must be safe for concurrent use.
 	lookup func(b int64) (host int64, ok bool, err error)
 	// readBlock, when set, reads a whole block whose data is stored in another form
 	// (vmdk's compressed grains) into p; lookup still says whether it exists.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"regexp"
+	"sync"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -64,9 +65,12 @@ func openVMDK(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 	if err != nil {
 		return nil, err
 	}
+	var mu sync.Mutex            // lookup runs on the converter's workers at once
 	tables := map[int64][]byte{} // grain tables, read once each
 	m := &mappedImage{ra: ra, typ: "vmdk", size: size, blockSize: grain}
 	m.lookup = func(b int64) (int64, bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		t := b / gtes
 		gt, ok := tables[t]
 		if !ok {
