@@ -72,6 +72,24 @@ chart: $(HELM) ## helm lint and helm template the chart with its default values 
 build: ## Build diskpipe's binaries into bin/.
 	go build -o $(BIN)/ ./cmd/...
 
+##@ Image
+
+# The image's name; its tag is the chart's appVersion, which is the chart's default image tag.
+VERSION       ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/diskpipe/Chart.yaml)
+IMAGE         ?= ghcr.io/diskpipe/diskpipe:$(VERSION)
+IMAGE_ARCHIVE ?= $(BIN)/diskpipe-image.tar
+IMAGE_BINS    := manager importer exporter uploadproxy objectstore
+IMAGE_GOARCH  ?= $(shell go env GOARCH)
+
+.PHONY: image
+image: ## Build diskpipe's image (no Docker, no base image; reproducible) as an OCI archive: bin/diskpipe-image.tar.
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -ldflags "-s -w" -o $(BIN)/linux_$(IMAGE_GOARCH)/ $(addprefix ./cmd/,$(IMAGE_BINS))
+	go run ./hack/image build --out $(IMAGE_ARCHIVE) --ref $(IMAGE) --arch $(IMAGE_GOARCH) $(foreach b,$(IMAGE_BINS),$(b)=$(BIN)/linux_$(IMAGE_GOARCH)/$(b))
+
+.PHONY: image-push
+image-push: image ## Push the image to a registry: make image-push IMAGE=registry.example.com/diskpipe:0.1.0.
+	go run ./hack/image push --archive $(IMAGE_ARCHIVE) $(IMAGE)
+
 ##@ Test
 
 .PHONY: setup

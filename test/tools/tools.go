@@ -1,10 +1,15 @@
 //go:build tools
 
-// Package tools pins the Kubernetes binaries the tests and the demo run: kube-apiserver and kubectl
-// from k8s.io/kubernetes, and etcd (cmd/etcd) from go.etcd.io/etcd/server/v3.
+// Package tools pins the Kubernetes binaries the tests, the demo and the real cluster run:
+// kube-apiserver, kubectl, kube-controller-manager, kube-scheduler, kubelet and kube-proxy from
+// k8s.io/kubernetes, and etcd (cmd/etcd) from go.etcd.io/etcd/server/v3.
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

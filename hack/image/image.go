@@ -1,0 +1,421 @@
+// Command image builds diskpipe's container image without Docker and pushes it to a registry.
+//
+//	image build --out bin/diskpipe-image.tar --ref ghcr.io/diskpipe/diskpipe:0.1.0 manager=bin/linux_amd64/manager ...
+//	image push --archive bin/diskpipe-image.tar registry.example.com/diskpipe:0.1.0
+//	image digest --archive bin/diskpipe-image.tar
+//
+// The image has no base: a layer of what a Go binary needs at run time (a passwd and group
+// entry for the non-root uid 65532 every diskpipe pod runs as, the CA certificates of the
+// machine that builds it, nsswitch.conf), then a layer of the binaries, each at /NAME. Every
+// timestamp is the Unix epoch (or SOURCE_DATE_EPOCH) and every list is sorted, so the same
+// binaries give the same digest on every build. The archive is an OCI image layout in a tar
+// (what `ctr images import`, skopeo's oci-archive: and crane read).
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// UID is the user every diskpipe pod runs as (the chart's runAsUser).
+const UID = 65532
+
+// caBundle is where Debian keeps the CA certificates; Go's crypto/x509 reads the same path.
+const caBundle = "/etc/ssl/certs/ca-certificates.crt"
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "image:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("usage: image build|push|digest ...")
+	}
+	fl := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	out := fl.String("out", "bin/diskpipe-image.tar", "build: the OCI archive to write")
+	ref := fl.String("ref", "", "build: the image's name and tag, recorded in the archive")
+	entrypoint := fl.String("entrypoint", "", "build: the image's entrypoint (diskpipe's pods name their command)")
+	ca := fl.String("ca-certificates", caBundle, "build: the CA bundle to ship")
+	arch := fl.String("arch", runtime.GOARCH, "build: the binaries' architecture")
+	archive := fl.String("archive", "bin/diskpipe-image.tar", "push, digest: the OCI archive to read")
+	insecure := fl.Bool("insecure", false, "push: plain HTTP to the registry (localhost and 127.0.0.1 always are)")
+	if err := fl.Parse(args[1:]); err != nil {
+		return err
+	}
+	switch args[0] {
+	case "build":
+		files, err := parseFiles(fl.Args())
+		if err != nil {
+			return err
+		}
+		img, err := Build(files, Options{Ref: *ref, Entrypoint: *entrypoint, CABundle: *ca, Arch: *arch})
+		if err != nil {
+			return err
+		}
+		if err := WriteArchive(*out, *ref, img); err != nil {
+			return err
+		}
+		return printSummary(stdout, *out, img)
+	case "push":
+		if fl.NArg() != 1 {
+			return errors.New("usage: image push --archive FILE REGISTRY/REPOSITORY:TAG")
+		}
+		var opts []name.Option
+		if *insecure {
+			opts = append(opts, name.Insecure)
+		}
+		dst, err := name.ParseReference(fl.Arg(0), opts...)
+		if err != nil {
+			return fmt.Errorf("image name %q: %w", fl.Arg(0), err)
+		}
+		img, cleanup, err := ReadArchive(*archive)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		if err := remote.Write(dst, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+			return fmt.Errorf("pushing to %s: %w", dst, err)
+		}
+		d, _ := img.Digest()
+		fmt.Fprintf(stdout, "pushed %s@%s\n", dst, d)
+		return nil
+	case "digest":
+		img, cleanup, err := ReadArchive(*archive)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		d, err := img.Digest()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, d)
+		return nil
+	}
+	return fmt.Errorf("unknown command %q: build, push or digest", args[0])
+}
+
+// File is one file of the image: Path in the image, Source on this machine.
+type File struct{ Path, Source string }
+
+func parseFiles(args []string) ([]File, error) {
+	var files []File
+	for _, a := range args {
+		p, src, ok := strings.Cut(a, "=")
+		if !ok || p == "" || src == "" {
+			return nil, fmt.Errorf("%q: want NAME=PATH (the file PATH becomes /NAME in the image)", a)
+		}
+		files = append(files, File{Path: "/" + strings.TrimPrefix(p, "/"), Source: src})
+	}
+	if len(files) == 0 {
+		return nil, errors.New("no files: name the binaries as NAME=PATH")
+	}
+	return files, nil
+}
+
+// Options shape the image.
+type Options struct {
+	// Ref is the image's name, recorded as its version label when it has a tag.
+	Ref string
+	// Entrypoint is the command the image runs when a pod names none.
+	Entrypoint string
+	// CABundle is the file shipped as /etc/ssl/certs/ca-certificates.crt.
+	CABundle string
+	// Arch is the binaries' architecture (GOARCH).
+	Arch string
+}
+
+// epoch is every timestamp the image holds: SOURCE_DATE_EPOCH, or 1970.
+func epoch() time.Time {
+	if s, err := strconv.ParseInt(os.Getenv("SOURCE_DATE_EPOCH"), 10, 64); err == nil {
+		return time.Unix(s, 0).UTC()
+	}
+	return time.Unix(0, 0).UTC()
+}
+
+// Build makes the image from files, on no base.
+func Build(files []File, o Options) (v1.Image, error) {
+	ca, err := os.ReadFile(o.CABundle)
+	if err != nil {
+		return nil, fmt.Errorf("the CA certificates (apt-get install ca-certificates): %w", err)
+	}
+	base := []entry{
+		{path: "/etc/", mode: 0o755},
+		{path: "/etc/group", mode: 0o644, data: fmt.Appendf(nil, "root:x:0:\nnonroot:x:%d:\n", UID)},
+		{path: "/etc/nsswitch.conf", mode: 0o644, data: []byte("hosts: files dns\n")},
+		{path: "/etc/passwd", mode: 0o644, data: fmt.Appendf(nil,
+			"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n", UID, UID)},
+		{path: "/etc/ssl/", mode: 0o755},
+		{path: "/etc/ssl/certs/", mode: 0o755},
+		{path: "/etc/ssl/certs/ca-certificates.crt", mode: 0o644, data: ca},
+		{path: "/home/", mode: 0o755},
+		{path: "/home/nonroot/", mode: 0o700, uid: UID},
+		{path: "/tmp/", mode: 0o1777},
+	}
+	var bins []entry
+	for _, f := range files {
+		data, err := os.ReadFile(f.Source)
+		if err != nil {
+			return nil, fmt.Errorf("%s (make image builds it): %w", f.Path, err)
+		}
+		bins = append(bins, entry{path: f.Path, mode: 0o755, data: data})
+	}
+	img := empty.Image
+	for _, l := range []struct {
+		entries []entry
+		what    string
+	}{{base, "passwd, group, nsswitch.conf, CA certificates"}, {bins, "binaries"}} {
+		layer, err := tarLayer(l.entries)
+		if err != nil {
+			return nil, err
+		}
+		img, err = mutate.Append(img, mutate.Addendum{Layer: layer, MediaType: types.OCILayer,
+			History: v1.History{Created: v1.Time{Time: epoch()}, CreatedBy: "diskpipe hack/image: " + l.what}})
+		if err != nil {
+			return nil, err
+		}
+	}
+	img = mutate.MediaType(img, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", o.Arch
+	cf.Created = v1.Time{Time: epoch()}
+	cf.Config.User = fmt.Sprintf("%d:%d", UID, UID)
+	cf.Config.WorkingDir = "/"
+	cf.Config.Env = []string{"PATH=/", "SSL_CERT_FILE=" + caBundle}
+	if o.Entrypoint != "" {
+		cf.Config.Entrypoint = []string{o.Entrypoint}
+	}
+	cf.Config.Labels = map[string]string{"org.opencontainers.image.title": "diskpipe",
+		"org.opencontainers.image.source": "https://github.com/diskpipe/diskpipe"}
+	if r, err := name.ParseReference(o.Ref); err == nil {
+		if t, ok := r.(name.Tag); ok {
+			cf.Config.Labels["org.opencontainers.image.version"] = t.TagStr()
+		}
+	}
+	return mutate.ConfigFile(img, cf)
+}
+
+// entry is a file or, with a trailing slash, a directory of a layer.
+type entry struct {
+	path string
+	mode int64
+	uid  int
+	data []byte
+}
+
+// tarLayer writes entries as a tar in path order, owned by root unless said, stamped epoch().
+func tarLayer(entries []entry) (v1.Layer, error) {
+	sort.Slice(entries, func(i, j int) bool { return entries[i].path < entries[j].path })
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: strings.TrimPrefix(e.path, "/"), Mode: e.mode, Uid: e.uid, Gid: e.uid,
+			ModTime: epoch(), Format: tar.FormatPAX, Typeflag: tar.TypeReg, Size: int64(len(e.data))}
+		if strings.HasSuffix(e.path, "/") {
+			h.Typeflag, h.Size = tar.TypeDir, 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	data := buf.Bytes()
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
+		tarball.WithMediaType(types.OCILayer))
+}
+
+// WriteArchive writes img as an OCI image layout in a tar at path, the manifest annotated
+// with ref so that importers name it.
+func WriteArchive(path, ref string, img v1.Image) error {
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".image-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	lp, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return err
+	}
+	var opts []layout.Option
+	if ref != "" {
+		opts = append(opts, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref}))
+	}
+	if err := lp.AppendImage(img, opts...); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	if err := tarDir(f, dir); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// tarDir writes the tree under dir into w, sorted, stamped epoch(), owned by root.
+func tarDir(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error { // WalkDir is lexical
+		if err != nil || p == dir {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		h := &tar.Header{Name: filepath.ToSlash(rel), ModTime: epoch(), Format: tar.FormatPAX, Mode: 0o644, Typeflag: tar.TypeReg}
+		if d.IsDir() {
+			h.Name += "/"
+			h.Mode, h.Typeflag = 0o755, tar.TypeDir
+			return tw.WriteHeader(h)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		h.Size = int64(len(data))
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		_, err = tw.Write(data)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// ReadArchive opens the one image of an OCI archive; cleanup removes what it unpacked.
+func ReadArchive(path string) (v1.Image, func(), error) {
+	dir, err := os.MkdirTemp("", "diskpipe-image-")
+	if err != nil {
+		return nil, nil, err
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	if err := untar(path, dir); err != nil {
+		cleanup()
+		return nil, nil, fmt.Errorf("%s (make image writes it): %w", path, err)
+	}
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		cleanup()
+		return nil, nil, fmt.Errorf("%s is not an OCI archive: %w", path, err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil || len(m.Manifests) != 1 {
+		cleanup()
+		return nil, nil, fmt.Errorf("%s: want one image in the archive (%v)", path, err)
+	}
+	img, err := idx.Image(m.Manifests[0].Digest)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return img, cleanup, nil
+}
+
+func untar(path, dir string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
+		if !strings.HasPrefix(p, dir+string(filepath.Separator)) {
+			return fmt.Errorf("entry %q leaves the archive", h.Name)
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return err
+			}
+			out, err := os.Create(p)
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(out, tr); err != nil { //nolint:gosec // our own archive, read whole
+				out.Close()
+				return err
+			}
+			if err := out.Close(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// printSummary says what was written: the digest, the size and each layer.
+func printSummary(w io.Writer, path string, img v1.Image) error {
+	d, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	var total int64
+	cf, _ := img.ConfigFile()
+	for i, l := range layers {
+		size, _ := l.Size()
+		ld, _ := l.Digest()
+		total += size
+		fmt.Fprintf(w, "  layer %d  %s  %6.1f MiB  %s\n", i+1, ld.String()[:19], float64(size)/(1<<20), cf.History[i].CreatedBy)
+	}
+	fmt.Fprintf(w, "%s  %s  %.1f MiB compressed\n", path, d, float64(total)/(1<<20))
+	return nil
+}
