@@ -84,11 +84,18 @@ IMAGE_GOARCH  ?= $(shell go env GOARCH)
 .PHONY: image
 image: ## Build diskpipe's image (no Docker, no base image; reproducible) as an OCI archive: bin/diskpipe-image.tar.
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -ldflags "-s -w" -o $(BIN)/linux_$(IMAGE_GOARCH)/ $(addprefix ./cmd/,$(IMAGE_BINS))
-	go run ./hack/image build --out $(IMAGE_ARCHIVE) --ref $(IMAGE) --arch $(IMAGE_GOARCH) $(foreach b,$(IMAGE_BINS),$(b)=$(BIN)/linux_$(IMAGE_GOARCH)/$(b))
+	go build -o $(BIN)/image ./hack/image
+	$(BIN)/image build --out $(IMAGE_ARCHIVE) --ref $(IMAGE) --arch $(IMAGE_GOARCH) $(foreach b,$(IMAGE_BINS),$(b)=$(BIN)/linux_$(IMAGE_GOARCH)/$(b))
 
 .PHONY: image-push
 image-push: image ## Push the image to a registry: make image-push IMAGE=registry.example.com/diskpipe:0.1.0.
-	go run ./hack/image push --archive $(IMAGE_ARCHIVE) $(IMAGE)
+	$(BIN)/image push --archive $(IMAGE_ARCHIVE) $(IMAGE)
+
+.PHONY: pause-image
+pause-image: ## Build the real cluster's pause image (test/cluster/pause) as bin/pause-image.tar.
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -ldflags "-s -w" -o $(BIN)/linux_$(IMAGE_GOARCH)/pause ./test/cluster/pause
+	go build -o $(BIN)/image ./hack/image
+	$(BIN)/image build --out $(BIN)/pause-image.tar --ref diskpipe.test/pause:diskpipe --arch $(IMAGE_GOARCH) --entrypoint /pause pause=$(BIN)/linux_$(IMAGE_GOARCH)/pause
 
 ##@ Test
 
@@ -96,8 +103,12 @@ image-push: image ## Push the image to a registry: make image-push IMAGE=registr
 setup: ## Install the Debian packages the tests use (qemu-utils, awscli, ...).
 	hack/setup.sh
 
+.PHONY: cluster-tools
+cluster-tools: tools cluster-bins ## Build what the real single-node cluster adds: kubelet, controller-manager, scheduler, kube-proxy, CoreDNS, CNI plugins, CSI sidecars.
+
 .PHONY: tools
 tools: $(CONTROLLER_GEN) $(KUBE_BINS) $(HELM) ## Build the pinned tools, helm and the Kubernetes binaries.
+
 
 .PHONY: test
 test: setup tools build ## Run every test: unit, envtest integration, end to end (test/e2e on the local cluster).
@@ -140,6 +151,11 @@ bench: bench-import bench-export bench-controllers ## Run every benchmark.
 fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.
 	$(MAKE) fuzz FUZZ_TARGETS="$(FUZZ_IMPORT_TARGETS)"
 
+.PHONY: cluster-up
+cluster-up: setup cluster-tools build image pause-image ## Start the real single-node cluster (root) with diskpipe installed by its chart, and keep it until Ctrl-C.
+	hack/setup.sh cluster
+	go run ./test/cluster/up
+
 .PHONY: demo
 demo: setup tools build ## Run the whole pipeline on a local cluster; DEMO_FLAGS=--keep keeps it running.
 	go run ./test/demo $(DEMO_FLAGS)
@@ -168,3 +184,30 @@ $(BIN)/kubectl: test/tools/go.mod test/tools/go.sum
 
 $(BIN)/etcd: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go
 	cd test/tools && go build -o $@ ./cmd/etcd
+
+# The real single-node cluster (test/cluster, make test-cluster) adds the node's and the control
+# plane's other parts, CoreDNS, the CNI plugins and the real CSI sidecars, all from Go modules;
+# containerd, runc and the registry come from Debian (hack/setup.sh cluster).
+CNI_PLUGINS_VERSION ?= v1.7.1
+COREDNS_VERSION     ?= v1.12.2
+CNI_PLUGINS := bridge loopback portmap host-local
+CLUSTER_BINS = $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns \
+	csi-provisioner csi-snapshotter snapshot-controller) $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
+
+$(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy): test/tools/go.mod test/tools/go.sum
+	cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+
+.PHONY: cluster-bins
+cluster-bins: $(CLUSTER_BINS)
+
+$(BIN)/coredns:
+	GOBIN=$(BIN) go install github.com/coredns/coredns@$(COREDNS_VERSION)
+
+$(addprefix $(BIN)/cni/,$(CNI_PLUGINS)):
+	GOBIN=$(BIN)/cni go install github.com/containernetworking/plugins/plugins/$(if $(filter host-local,$(notdir $@)),ipam,main)/$(notdir $@)@$(CNI_PLUGINS_VERSION)
+
+$(BIN)/csi-provisioner: test/tools/csi-provisioner/go.mod test/tools/csi-provisioner/go.sum
+	cd test/tools/csi-provisioner && go build -o $@ github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
+
+$(BIN)/csi-snapshotter $(BIN)/snapshot-controller: test/tools/csi-snapshotter/go.mod test/tools/csi-snapshotter/go.sum
+	cd test/tools/csi-snapshotter && go build -o $@ github.com/kubernetes-csi/external-snapshotter/v8/cmd/$(notdir $@)

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests, benchmarks and demo use, when any is missing.
+# Installs the Debian packages the tests, benchmarks and demo use, when any is missing;
+# `hack/setup.sh cluster` adds what the real single-node cluster (test/cluster) runs: containerd,
+# runc, iptables, conntrack, iproute2, ca-certificates (shipped in diskpipe's image).
 # Go tools and the Kubernetes binaries are built from Go modules by the Makefile.
 set -euo pipefail
 
-packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry)
+packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry ca-certificates)
+if [ "${1:-}" = cluster ]; then
+  packages+=(containerd runc iptables conntrack iproute2 socat ethtool)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

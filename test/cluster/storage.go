@@ -1,0 +1,142 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// Classes are the StorageClasses of the harness's driver; the first is the default. Both bind
+// at once, like most network storage.
+var Classes = []string{"cephrbd", "sc"}
+
+// SnapshotClass is the VolumeSnapshotClass of the harness's driver.
+const SnapshotClass = "hostpath"
+
+// storage installs the VolumeSnapshot and KubeVirt CRDs, serves the harness's CSI driver,
+// starts the real sidecars that drive it, and makes its classes.
+func (c *Cluster) storage(ctx context.Context) error {
+	c.step("CRDs: VolumeSnapshot, KubeVirt VirtualMachine")
+	crds := envtest.CRDInstallOptions{Paths: []string{testenv.Path("test", "crds", "snapshot"), testenv.Path("test", "crds", "kubevirt")},
+		ErrorIfPathMissing: true}
+	if err := envtest.ReadCRDFiles(&crds); err != nil {
+		return err
+	}
+	for _, crd := range crds.CRDs {
+		if strings.HasSuffix(crd.Spec.Group, "snapshot.storage.k8s.io") {
+			metav1.SetMetaDataAnnotation(&crd.ObjectMeta, "api-approved.kubernetes.io", "https://github.com/kubernetes-csi/external-snapshotter/pull/814")
+		}
+	}
+	if _, err := envtest.InstallCRDs(c.Config, envtest.CRDInstallOptions{CRDs: crds.CRDs}); err != nil {
+		return fmt.Errorf("installing CRDs: %w", err)
+	}
+
+	sock := c.path("csi", "csi.sock")
+	reg := c.path("kubelet", "root", "plugins_registry", Driver+"-reg.sock")
+	ctx2, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	d := &hostPath{node: NodeName, dir: c.path("csi"), log: c.logFile("csi-driver"), loops: map[string]string{}}
+	c.step("CSI driver %s (the harness's), csi-provisioner, csi-snapshotter, snapshot-controller", Driver)
+	if err := d.serve(ctx2, sock, reg); err != nil {
+		return fmt.Errorf("the CSI driver: %w", err)
+	}
+	if err := c.Client.Create(ctx, &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: Driver},
+		Spec: storagev1.CSIDriverSpec{AttachRequired: ptr.To(false), PodInfoOnMount: ptr.To(false),
+			FSGroupPolicy:        ptr.To(storagev1.FileFSGroupPolicy),
+			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent}}}); err != nil {
+		return err
+	}
+	for i, name := range Classes {
+		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: Driver,
+			ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete), VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate)}
+		if i == 0 {
+			sc.Annotations = map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}
+		}
+		if err := c.Client.Create(ctx, sc); err != nil {
+			return err
+		}
+	}
+	if err := c.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: SnapshotClass},
+		Driver: Driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {
+		return err
+	}
+	if err := c.start("csi-provisioner", c.bin("csi-provisioner"), "--csi-address", sock, "--kubeconfig", c.Kubeconfig,
+		"--leader-election=false", "--timeout=120s", "--extra-create-metadata"); err != nil {
+		return err
+	}
+	if err := c.start("csi-snapshotter", c.bin("csi-snapshotter"), "--csi-address", sock, "--kubeconfig", c.Kubeconfig,
+		"--leader-election=false", "--timeout=120s"); err != nil {
+		return err
+	}
+	if err := c.start("snapshot-controller", c.bin("snapshot-controller"), "--kubeconfig", c.Kubeconfig, "--leader-election=false"); err != nil {
+		return err
+	}
+	return c.wait(ctx, "the kubelet to register the CSI driver", "kubelet", 2*time.Minute, func(ctx context.Context) error {
+		n := &storagev1.CSINode{}
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: NodeName}, n); err != nil {
+			return err
+		}
+		for _, d := range n.Spec.Drivers {
+			if d.Name == Driver {
+				return nil
+			}
+		}
+		return errors.New("not registered yet")
+	})
+}
+
+// logFile opens logs/<name>.log for a part that runs in this process.
+func (c *Cluster) logFile(name string) *os.File {
+	f, err := os.OpenFile(c.path("logs", name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return os.Stderr
+	}
+	return f
+}
+
+// Release and ReleaseNamespace are where diskpipe is installed.
+const (
+	Release          = "diskpipe"
+	ReleaseNamespace = "diskpipe-system"
+	// StoreNodePort is where the bundled store is published on the node's address, and
+	// StoreEndpoint the URL exports' download URLs name.
+	StoreNodePort = 30900
+)
+
+// StoreEndpoint is the bundled store's public endpoint: its NodePort on the node's address.
+var StoreEndpoint = fmt.Sprintf("http://%s:%d", NodeIP, StoreNodePort)
+
+// install installs diskpipe with `helm install`, as the README tells users, into a namespace
+// that enforces Pod Security "restricted", and waits until every workload is ready.
+func (c *Cluster) install(ctx context.Context) error {
+	if err := c.Namespace(ctx, ReleaseNamespace); err != nil {
+		return err
+	}
+	args := append([]string{"install", Release, c.opts.Chart, "--namespace", ReleaseNamespace, "--kubeconfig", c.Kubeconfig,
+		"--set", "image.repository=" + registry + "/diskpipe",
+		"--set", "objectStore.bundled.service.type=NodePort", "--set", fmt.Sprintf("objectStore.bundled.service.nodePort=%d", StoreNodePort),
+		"--set", "objectStore.bundled.publicEndpoint=" + StoreEndpoint, "--set", "objectStore.bundled.storage.size=20Gi",
+		"--wait", "--timeout", "5m"}, c.opts.HelmArgs...)
+	c.step("helm %s", strings.Join(args, " "))
+	cmd := exec.CommandContext(ctx, c.bin("helm"), args...) //nolint:gosec // the pinned helm
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+c.path("helm"), "HELM_CONFIG_HOME="+c.path("helm"), "HELM_DATA_HOME="+c.path("helm"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		pods, _, _ := c.Kubectl(ctx, nil, "get", "pods,pvc,events", "-n", ReleaseNamespace, "-o", "wide")
+		return fmt.Errorf("helm install: %w: %s\n%s", err, out, pods)
+	}
+	return nil
+}

@@ -1,0 +1,26 @@
+// Command up starts the real single-node cluster with diskpipe installed (make cluster-up) and
+// keeps it until interrupted; it prints how to point kubectl at it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/diskpipe/diskpipe/test/cluster"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c, err := cluster.Start(ctx, cluster.DefaultOptions(os.Stderr))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cluster:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("The cluster is up, with diskpipe installed. In another terminal:\n  export KUBECONFIG=%s\n  kubectl get pods -A\nCtrl-C takes it down.\n", c.Kubeconfig)
+	<-ctx.Done()
+	c.Stop()
+}
