@@ -151,6 +151,11 @@ bench: bench-import bench-export bench-controllers ## Run every benchmark.
 fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.
 	$(MAKE) fuzz FUZZ_TARGETS="$(FUZZ_IMPORT_TARGETS)"
 
+.PHONY: test-cluster
+test-cluster: setup cluster-tools build image pause-image ## Run the end-to-end suite on a real single-node cluster (as root): diskpipe installed by helm from its image.
+	hack/setup.sh cluster
+	DISKPIPE_E2E_CLUSTER=real go test $(GO_TEST_FLAGS) ./test/e2e/ -args -ginkgo.v
+
 .PHONY: cluster-up
 cluster-up: setup cluster-tools build image pause-image ## Start the real single-node cluster (root) with diskpipe installed by its chart, and keep it until Ctrl-C.
 	hack/setup.sh cluster
@@ -191,6 +196,10 @@ $(BIN)/etcd: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go
 CNI_PLUGINS_VERSION ?= v1.7.1
 COREDNS_VERSION     ?= v1.12.2
 CNI_PLUGINS := bridge loopback portmap host-local
+CNI_DIR_bridge := main
+CNI_DIR_loopback := main
+CNI_DIR_portmap := meta
+CNI_DIR_host-local := ipam
 CLUSTER_BINS = $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns \
 	csi-provisioner csi-snapshotter snapshot-controller) $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
 
@@ -204,7 +213,7 @@ $(BIN)/coredns:
 	GOBIN=$(BIN) go install github.com/coredns/coredns@$(COREDNS_VERSION)
 
 $(addprefix $(BIN)/cni/,$(CNI_PLUGINS)):
-	GOBIN=$(BIN)/cni go install github.com/containernetworking/plugins/plugins/$(if $(filter host-local,$(notdir $@)),ipam,main)/$(notdir $@)@$(CNI_PLUGINS_VERSION)
+	GOBIN=$(BIN)/cni go install github.com/containernetworking/plugins/plugins/$(CNI_DIR_$(notdir $@))/$(notdir $@)@$(CNI_PLUGINS_VERSION)
 
 $(BIN)/csi-provisioner: test/tools/csi-provisioner/go.mod test/tools/csi-provisioner/go.sum
 	cd test/tools/csi-provisioner && go build -o $@ github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner

@@ -121,14 +121,25 @@ func Start(t T) string {
 	return StartWith(t, "", http.DefaultClient)
 }
 
+// StartAt runs the registry on host (an address pods of a real cluster reach).
+func StartAt(t T, host string) string {
+	t.Helper()
+	return startOn(t, host, "", http.DefaultClient)
+}
+
 // StartWith runs the registry with extra configuration; client checks that it is up.
 func StartWith(t T, extra string, client *http.Client) string {
+	t.Helper()
+	return startOn(t, "127.0.0.1", extra, client)
+}
+
+func startOn(t T, host, extra string, client *http.Client) string {
 	t.Helper()
 	bin, err := exec.LookPath("docker-registry")
 	if err != nil {
 		t.Skip("docker-registry is not installed (hack/setup.sh installs it): registry pulls are not tested")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ import (
 var Classes = []string{"cephrbd", "sc"}
 
 // SnapshotClass is the VolumeSnapshotClass of the harness's driver.
-const SnapshotClass = "hostpath"
+const SnapshotClass = "local"
 
 // storage installs the VolumeSnapshot and KubeVirt CRDs, serves the harness's CSI driver,
 // starts the real sidecars that drive it, and makes its classes.

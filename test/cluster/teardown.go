@@ -117,7 +117,7 @@ func mountsUnder(dir string) []string {
 // start with one of prefixes: those kube-proxy, the kubelet and the CNI plugins made.
 func dropChains(log io.Writer, prefixes ...string) {
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		saved, err := exec.Command(tool+"-save").Output()
+		saved, err := exec.Command(tool + "-save").Output()
 		if err != nil {
 			continue
 		}

@@ -1,5 +1,6 @@
-// Package e2e runs diskpipe's user stories end to end on the local cluster: real processes,
-// real bytes, each result checked with qemu-img, awscli or curl.
+// Package e2e runs diskpipe's user stories end to end, on the local cluster (the default) or
+// on the real single-node cluster (DISKPIPE_E2E_CLUSTER=real, make test-cluster): real
+// processes, real bytes, each result checked with qemu-img, awscli or curl.
 package e2e
 
 import (
@@ -20,7 +21,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/diskpipe/diskpipe/test/localcluster"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -30,7 +30,7 @@ func TestE2E(t *testing.T) {
 }
 
 var (
-	cluster *localcluster.Cluster
+	cluster Cluster
 	work    string
 	// raw is the disk every image here is made from; images holds it in formats.
 	raw    string
@@ -41,7 +41,7 @@ var (
 var _ = BeforeSuite(func() {
 	bin := testenv.Path("bin")
 	for _, b := range []string{"manager", "importer", "exporter", "uploadproxy"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil && !real() {
 			Fail(fmt.Sprintf("bin/%s is missing: `make test` builds it (make build)", b))
 		}
 	}
@@ -49,7 +49,7 @@ var _ = BeforeSuite(func() {
 	work, err = os.MkdirTemp("", "diskpipe-e2e-")
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(func() { _ = os.RemoveAll(work) })
-	cluster, err = localcluster.Start(context.Background(), localcluster.Options{Bin: bin, Dir: filepath.Join(work, "cluster"), Log: GinkgoWriter})
+	cluster, err = startCluster(work)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(cluster.Stop)
 
@@ -60,7 +60,7 @@ var _ = BeforeSuite(func() {
 	images["vmdk"] = filepath.Join(work, "disk.vmdk")
 	run("qemu-img", "convert", "-f", "raw", "-O", "vmdk", "-o", "subformat=streamOptimized", raw, images["vmdk"])
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(cluster.HostAddress(), "0"))
 	Expect(err).NotTo(HaveOccurred())
 	server = "http://" + l.Addr().String()
 	srv := &http.Server{Handler: http.HandlerFunc(serveFile), ReadHeaderTimeout: 10 * time.Second}
@@ -181,7 +181,7 @@ func namespace() string {
 
 func listen() net.Listener {
 	GinkgoHelper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(cluster.HostAddress(), "0"))
 	Expect(err).NotTo(HaveOccurred())
 	return l
 }

@@ -24,7 +24,7 @@ var _ = Describe("seed 000", Ordered, func() {
 	})
 
 	It("imports an ImageTemplate from a container disk pushed to a real registry", func() {
-		addr := registrytest.Start(GinkgoT())
+		addr := registrytest.StartAt(GinkgoT(), cluster.HostAddress())
 		img := registrytest.ContainerDisk(GinkgoT(), images["qcow2"], "amd64", "disk")
 		registrytest.Push(GinkgoT(), addr, "containerdisks/centos", "7", img.Manifest, "application/vnd.oci.image.manifest.v1+json", img.Blobs)
 		kubectl(fmt.Sprintf(`apiVersion: virtualmachine.kubesphere.io/v1alpha1

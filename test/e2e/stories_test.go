@@ -41,9 +41,9 @@ var _ = Describe("the seed's stories", Ordered, func() {
 
 	It("imports an image uploaded to the bundled store with awscli, and lists it with kubectl", func() {
 		ctx := context.Background()
-		out, err := cluster.Store.AWS(ctx, cluster.Store.SecretKey, "s3", "mb", "s3://vmimage")
+		out, err := cluster.AWS(ctx, "s3", "mb", "s3://vmimage")
 		Expect(err).NotTo(HaveOccurred(), out)
-		out, err = cluster.Store.AWS(ctx, cluster.Store.SecretKey, "s3", "cp", images["qcow2"], "s3://vmimage/bionic.qcow2")
+		out, err = cluster.AWS(ctx, "s3", "cp", images["qcow2"], "s3://vmimage/bionic.qcow2")
 		Expect(err).NotTo(HaveOccurred(), out)
 		kubectl(vmi("ubuntu18.04", "    objectStore:\n      bucketName: vmimage\n      objectName: bionic.qcow2"), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmim", "ubuntu18.04"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
@@ -156,7 +156,7 @@ spec:
 		Expect(kubectl("", "get", "vmve", "export", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal("sha256:" + sha256Of(got)))
 		// awscli gets the same object.
 		viaAWS := filepath.Join(work, "via-aws.qcow2")
-		out, err := cluster.Store.AWS(context.Background(), cluster.Store.SecretKey, "s3", "cp", "s3://vmimage/mydisk", viaAWS)
+		out, err := cluster.AWS(context.Background(), "s3", "cp", "s3://vmimage/mydisk", viaAWS)
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(sha256Of(viaAWS)).To(Equal(sha256Of(got)))
 	})
@@ -188,11 +188,11 @@ subjects:
 `, "apply", "-n", ns, "-f", "-")
 		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "uploader", Namespace: ns}}
 		tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}
-		Expect(cluster.Client.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
+		Expect(cluster.APIClient().SubResource("token").Create(ctx, sa, tr)).To(Succeed())
 		body, err := os.ReadFile(images["qcow2"])
 		Expect(err).NotTo(HaveOccurred())
 		req, err := http.NewRequestWithContext(ctx, http.MethodPut,
-			cluster.UploadURL+"/v1/namespaces/"+ns+"/virtualmachineimages/uploaded", bytes.NewReader(body))
+			cluster.UploadURL()+"/v1/namespaces/"+ns+"/virtualmachineimages/uploaded", bytes.NewReader(body))
 		Expect(err).NotTo(HaveOccurred())
 		req.Header.Set("Authorization", "Bearer "+tr.Status.Token)
 		resp, err := http.DefaultClient.Do(req)
@@ -296,16 +296,16 @@ spec:
 	It("retries an import while the object store restarts", func() {
 		ns := namespace()
 		ctx := context.Background()
-		out, err := cluster.Store.AWS(ctx, cluster.Store.SecretKey, "s3", "mb", "s3://restart")
+		out, err := cluster.AWS(ctx, "s3", "mb", "s3://restart")
 		Expect(err).NotTo(HaveOccurred(), out)
-		out, err = cluster.Store.AWS(ctx, cluster.Store.SecretKey, "s3", "cp", images["qcow2"], "s3://restart/disk.qcow2")
+		out, err = cluster.AWS(ctx, "s3", "cp", images["qcow2"], "s3://restart/disk.qcow2")
 		Expect(err).NotTo(HaveOccurred(), out)
-		cluster.Store.Kill()
+		Expect(cluster.StopStore()).To(Succeed())
 		kubectl(vmi("patient", "    objectStore: {bucketName: restart, objectName: disk.qcow2}")+"  retry: 10\n", "apply", "-n", ns, "-f", "-")
 		// The importer retries its requests, then the controller retries the pod.
 		Eventually(phase(ns, "vmim", "patient"), time.Minute, 200*time.Millisecond).Should(Or(Equal("Importing Running"), HaveSuffix(" Retrying")))
 		time.Sleep(3 * time.Second)
-		cluster.Store.Restart()
+		Expect(cluster.StartStore()).To(Succeed())
 		Eventually(phase(ns, "vmim", "patient"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		sameDisk(golden(ns, "patient"))
 	})

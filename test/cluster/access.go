@@ -1,0 +1,162 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// What the end-to-end specs ask of a cluster (test/e2e's Cluster), answered by the real node.
+
+// APIClient is a direct client as the administrator.
+func (c *Cluster) APIClient() client.Client { return c.Client }
+
+// EnsureNamespace makes a namespace that enforces Pod Security "restricted", like every
+// namespace where diskpipe runs pods here.
+func (c *Cluster) EnsureNamespace(ctx context.Context, name string) error { return c.Namespace(ctx, name) }
+
+// HostAddress is where a test's own servers listen so that pods reach them: the node's address.
+func (c *Cluster) HostAddress() string { return NodeIP }
+
+// VolumePath is the directory of a bound PVC's volume in the harness's CSI driver (disk.img of
+// a filesystem volume, block.img of a block one).
+func (c *Cluster) VolumePath(ns, pvc string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	claim := &corev1.PersistentVolumeClaim{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: pvc}, claim); err != nil || claim.Spec.VolumeName == "" {
+		return c.path("csi", "volumes", "unbound-"+ns+"-"+pvc)
+	}
+	pv := &corev1.PersistentVolume{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: claim.Spec.VolumeName}, pv); err != nil || pv.Spec.CSI == nil {
+		return c.path("csi", "volumes", "unknown-"+claim.Spec.VolumeName)
+	}
+	return c.path("csi", "volumes", pv.Spec.CSI.VolumeHandle)
+}
+
+// KillPod SIGKILLs a running pod's container through containerd, as the kernel's OOM killer or
+// a crash would: the kubelet sees it end without a result.
+func (c *Cluster) KillPod(ns, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pod := &corev1.Pod{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pod); err != nil {
+		return err
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if id, ok := strings.CutPrefix(s.ContainerID, "containerd://"); ok && s.State.Running != nil {
+			return run("ctr", "--address", c.path("containerd", "containerd.sock"), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
+		}
+	}
+	return fmt.Errorf("pod %s/%s has no running container", ns, name)
+}
+
+// RestartManager deletes the manager's pods, as a node's loss would; their Deployment makes
+// new ones, which elect a leader and adopt what was running.
+func (c *Cluster) RestartManager() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ReleaseNamespace),
+		client.MatchingLabels{"app.kubernetes.io/component": "manager"}, client.GracePeriodSeconds(0)); err != nil {
+		return err
+	}
+	return c.rolledOut(ctx, &appsv1.Deployment{}, Release+"-manager")
+}
+
+// rolledOut waits until a Deployment or StatefulSet has all its replicas ready again.
+func (c *Cluster) rolledOut(ctx context.Context, obj client.Object, name string) error {
+	return c.wait(ctx, "rollout of "+name, "kubelet", 2*time.Minute, func(ctx context.Context) error {
+		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: name}, obj); err != nil {
+			return err
+		}
+		var want, ready int32
+		switch o := obj.(type) {
+		case *appsv1.Deployment:
+			want, ready = ptr.Deref(o.Spec.Replicas, 1), o.Status.ReadyReplicas
+		case *appsv1.StatefulSet:
+			want, ready = ptr.Deref(o.Spec.Replicas, 1), o.Status.ReadyReplicas
+		}
+		if ready < want || want == 0 && ready > 0 {
+			return fmt.Errorf("%d of %d replicas ready", ready, want)
+		}
+		return nil
+	})
+}
+
+// storeKeys reads the bundled store's root keys from the Secret the chart made.
+func (c *Cluster) storeKeys(ctx context.Context) (id, secret string, err error) {
+	s := &corev1.Secret{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: Release + "-objectstore"}, s); err != nil {
+		return "", "", fmt.Errorf("the store's keys: %w", err)
+	}
+	return string(s.Data["accessKeyId"]), string(s.Data["secretAccessKey"]), nil
+}
+
+// AWS runs Debian's awscli against the bundled store through its NodePort, with its keys.
+func (c *Cluster) AWS(ctx context.Context, args ...string) (string, error) {
+	id, secret, err := c.storeKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/usr/bin/aws", append([]string{"--endpoint-url", StoreEndpoint, "--no-cli-pager"}, args...)...)
+	cmd.Env = []string{"AWS_ACCESS_KEY_ID=" + id, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_DEFAULT_REGION=us-east-1",
+		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null", "HOME=" + c.path()}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// StopStore scales the bundled store's StatefulSet to nothing and waits until its pod is gone;
+// StartStore brings it back.
+func (c *Cluster) StopStore() error  { return c.scaleStore(0) }
+func (c *Cluster) StartStore() error { return c.scaleStore(1) }
+
+func (c *Cluster) scaleStore(n int32) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sts := &appsv1.StatefulSet{}
+	name := Release + "-objectstore"
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: name}, sts); err != nil {
+		return err
+	}
+	sts.Spec.Replicas = ptr.To(n)
+	if err := c.Client.Update(ctx, sts); err != nil {
+		return err
+	}
+	if n == 0 {
+		return c.wait(ctx, "the store's pod to go", "kubelet", 2*time.Minute, func(ctx context.Context) error {
+			pods := &corev1.PodList{}
+			if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "objectstore"}); err != nil {
+				return err
+			}
+			if len(pods.Items) > 0 {
+				return fmt.Errorf("%d pods left", len(pods.Items))
+			}
+			return nil
+		})
+	}
+	return c.rolledOut(ctx, sts, name)
+}
+
+// UploadURL is the upload proxy's Service, which kube-proxy makes reachable from the node.
+func (c *Cluster) UploadURL() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	svc := &corev1.Service{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: Release + "-uploadproxy"}, svc); err != nil || len(svc.Spec.Ports) == 0 {
+		return "http://upload-proxy-service-not-found"
+	}
+	return fmt.Sprintf("http://%s:%d", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+}
+
+// Dir is the directory the cluster keeps its files in (logs/ holds every component's log).
+func (c *Cluster) Dir() string { return filepath.Clean(c.opts.Dir) }

@@ -1,0 +1,65 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	. "github.com/onsi/ginkgo/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	realcluster "github.com/diskpipe/diskpipe/test/cluster"
+	"github.com/diskpipe/diskpipe/test/localcluster"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// Cluster is what the specs ask of a cluster. The local cluster (test/localcluster, the
+// default) and the real node (test/cluster, DISKPIPE_E2E_CLUSTER=real, make test-cluster)
+// each answer it, so that one suite runs on both.
+type Cluster interface {
+	Kubectl(ctx context.Context, stdin []byte, args ...string) (stdout, stderr string, err error)
+	APIClient() client.Client
+	EnsureNamespace(ctx context.Context, name string) error
+	// HostAddress is where the test's own servers (HTTP sources, registries) listen so that
+	// pods reach them.
+	HostAddress() string
+	// VolumePath is the directory that holds a bound PVC's bytes (disk.img or block.img).
+	VolumePath(ns, pvc string) string
+	// KillPod kills a running pod's process without a result, as a crash would.
+	KillPod(ns, name string) error
+	// RestartManager kills the manager and brings it back.
+	RestartManager() error
+	// AWS runs awscli against the bundled store with its keys.
+	AWS(ctx context.Context, args ...string) (string, error)
+	StopStore() error
+	StartStore() error
+	UploadURL() string
+	Stop()
+}
+
+// real says whether the suite runs on the real node.
+func real() bool { return os.Getenv("DISKPIPE_E2E_CLUSTER") == "real" }
+
+func startCluster(work string) (Cluster, error) {
+	if real() {
+		o := realcluster.DefaultOptions(GinkgoWriter)
+		return realcluster.Start(context.Background(), o)
+	}
+	c, err := localcluster.Start(context.Background(), localcluster.Options{Bin: testenv.Path("bin"), Dir: filepath.Join(work, "cluster"), Log: GinkgoWriter})
+	if err != nil {
+		return nil, err
+	}
+	return local{c}, nil
+}
+
+// local adapts the local cluster.
+type local struct{ *localcluster.Cluster }
+
+func (l local) APIClient() client.Client { return l.Client }
+func (l local) HostAddress() string      { return "127.0.0.1" }
+func (l local) AWS(ctx context.Context, args ...string) (string, error) {
+	return l.Store.AWS(ctx, l.Store.SecretKey, args...)
+}
+func (l local) StopStore() error  { l.Store.Kill(); return nil }
+func (l local) StartStore() error { l.Store.Restart(); return nil }
+func (l local) UploadURL() string { return l.Cluster.UploadURL }
