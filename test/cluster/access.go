@@ -21,7 +21,9 @@ func (c *Cluster) APIClient() client.Client { return c.Client }
 
 // EnsureNamespace makes a namespace that enforces Pod Security "restricted", like every
 // namespace where diskpipe runs pods here.
-func (c *Cluster) EnsureNamespace(ctx context.Context, name string) error { return c.Namespace(ctx, name) }
+func (c *Cluster) EnsureNamespace(ctx context.Context, name string) error {
+	return c.Namespace(ctx, name)
+}
 
 // HostAddress is where a test's own servers listen so that pods reach them: the node's address.
 func (c *Cluster) HostAddress() string { return NodeIP }
@@ -160,3 +162,7 @@ func (c *Cluster) UploadURL() string {
 
 // Dir is the directory the cluster keeps its files in (logs/ holds every component's log).
 func (c *Cluster) Dir() string { return filepath.Clean(c.opts.Dir) }
+
+// IdleImage is the pause image: a container that runs until it is stopped, for a pod that
+// stands in for a VM's virt-launcher.
+func (c *Cluster) IdleImage() string { return PauseImage }

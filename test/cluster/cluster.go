@@ -92,11 +92,13 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	teardown(o.Dir, o.Log) // whatever a previous run left
-	c = &Cluster{opts: o, sysctls: map[string]string{}}
+	_ = os.RemoveAll(filepath.Join(o.Dir, "logs"))
+	cl := &Cluster{opts: o, sysctls: map[string]string{}}
+	c = cl
 	defer func() {
 		if err != nil {
-			c.logTails()
-			c.Stop()
+			cl.logTails()
+			cl.Stop()
 		}
 	}()
 	for _, d := range []string{"logs", "etcd", "kubelet", "containerd", "cni/net.d", "cni/ipam", "csi", "registry"} {
@@ -277,10 +279,8 @@ func (c *Cluster) controlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	saKey := c.path("pki", "sa.key")
-	if _, saKeyFile, err := c.pki.issue("sa", "service-accounts", nil); err != nil {
-		return err
-	} else if err := os.Rename(saKeyFile, saKey); err != nil {
+	saKey, saPub, err := c.pki.serviceAccountKeys()
+	if err != nil {
 		return err
 	}
 	if c.Kubeconfig, err = c.pki.kubeconfig("admin", server, "kubernetes-admin", "system:masters"); err != nil {
@@ -299,7 +299,7 @@ func (c *Cluster) controlPlane(ctx context.Context) error {
 		"--bind-address", NodeIP, "--advertise-address", NodeIP, "--secure-port", apiPort,
 		"--service-cluster-ip-range", ServiceCIDR, "--client-ca-file", c.pki.caFile,
 		"--tls-cert-file", apiCrt, "--tls-private-key-file", apiKey,
-		"--service-account-key-file", saKey, "--service-account-signing-key-file", saKey,
+		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction", "--allow-privileged=true",
 		"--kubelet-client-certificate", kubeletClientCrt, "--kubelet-client-key", kubeletClientKey,

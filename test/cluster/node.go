@@ -152,7 +152,7 @@ readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 serializeImagePulls: false
 maxPods: 200
-`, NodeIP, sock, c.path("kubelet", "pod-logs"), c.path("kubelet", "volume-plugins"), c.pki.caFile), 0o644); err != nil {
+`, NodeIP, sock, c.path("logs", "pods"), c.path("kubelet", "volume-plugins"), c.pki.caFile), 0o644); err != nil {
 		return err
 	}
 	c.step("kubelet")

@@ -112,3 +112,24 @@ contexts:
 current-context: diskpipe-test
 `, server, p.caFile, name, crt, key, name), 0o600)
 }
+
+// serviceAccountKeys writes the key pair that signs and verifies service account tokens.
+func (p *pki) serviceAccountKeys() (key, pub string, err error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", err
+	}
+	der, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return "", "", err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(k.Public())
+	if err != nil {
+		return "", "", err
+	}
+	key, pub = filepath.Join(p.dir, "sa.key"), filepath.Join(p.dir, "sa.pub")
+	if err := writePEM(key, "EC PRIVATE KEY", der); err != nil {
+		return "", "", err
+	}
+	return key, pub, writePEM(pub, "PUBLIC KEY", pubDER)
+}

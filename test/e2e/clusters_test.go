@@ -34,6 +34,9 @@ type Cluster interface {
 	StopStore() error
 	StartStore() error
 	UploadURL() string
+	// IdleImage is an image whose container runs until stopped, standing in for a VM's
+	// virt-launcher (the local cluster runs only diskpipe's pods; the real node runs it).
+	IdleImage() string
 	Stop()
 }
 
@@ -63,3 +66,4 @@ func (l local) AWS(ctx context.Context, args ...string) (string, error) {
 func (l local) StopStore() error  { l.Store.Kill(); return nil }
 func (l local) StartStore() error { l.Store.Restart(); return nil }
 func (l local) UploadURL() string { return l.Cluster.UploadURL }
+func (l local) IdleImage() string { return "quay.io/kubevirt/virt-launcher" }

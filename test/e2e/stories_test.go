@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -197,8 +198,9 @@ subjects:
 		req.Header.Set("Authorization", "Bearer "+tr.Status.Token)
 		resp, err := http.DefaultClient.Do(req)
 		Expect(err).NotTo(HaveOccurred())
+		answer, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		Expect(resp.StatusCode).To(Equal(http.StatusCreated))
+		Expect(resp.StatusCode).To(Equal(http.StatusCreated), "the proxy answered: %s", answer)
 		Eventually(phase(ns, "vmim", "uploaded"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		sameDisk(golden(ns, "uploaded"))
 	})
@@ -267,9 +269,16 @@ kind: Pod
 metadata:
   name: virt-launcher-vm
 spec:
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 107
+    seccompProfile: {type: RuntimeDefault}
   containers:
   - name: compute
-    image: quay.io/kubevirt/virt-launcher
+    image: `+cluster.IdleImage()+`
+    securityContext:
+      allowPrivilegeEscalation: false
+      capabilities: {drop: [ALL]}
   volumes:
   - name: disk
     persistentVolumeClaim:

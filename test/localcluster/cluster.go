@@ -54,9 +54,11 @@ type Cluster struct {
 
 	opts  Options
 	procs []*exec.Cmd
-	// managerArgs and managerEnv start the manager again after RestartManager.
+	// managerArgs start the manager again after RestartManager.
 	managerArgs []string
-	managerEnv  string
+	// identities are the kubeconfigs of the processes that act as the chart's service
+	// accounts (the manager and the upload proxy), with only the chart's RBAC.
+	identities map[string]string
 	stopStore   func()
 	agent       *agent
 	cancel      context.CancelFunc
@@ -116,7 +118,13 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c.managerEnv = "KUBECONFIG=" + managerKubeconfig
+	c.identities = map[string]string{"manager": managerKubeconfig}
+	// The upload proxy too acts with only the chart's rights (it once ran as an administrator
+	// here, which hid that the chart did not let it read images).
+	if c.identities["uploadproxy"], err = c.UserKubeconfig(c.opts.Dir, "system:serviceaccount:"+ManagerNamespace+":"+testenv.ChartRelease+"-uploadproxy",
+		"system:serviceaccounts", "system:serviceaccounts:"+ManagerNamespace, "system:authenticated"); err != nil {
+		return nil, err
+	}
 	c.managerArgs = []string{"--config", config, "--objectstore-endpoint", c.Store.Endpoint,
 		"--objectstore-credentials-dir", creds, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
 		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir}
@@ -168,8 +176,8 @@ func (c *Cluster) run(name string, args ...string) error {
 	}
 	cmd := exec.Command(filepath.Join(c.opts.Bin, name), args...) //nolint:gosec // diskpipe's own binaries
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
-	if name == "manager" {
-		cmd.Env = append(cmd.Env, c.managerEnv) // the later KUBECONFIG wins
+	if kc, ok := c.identities[name]; ok {
+		cmd.Env = append(cmd.Env, "KUBECONFIG="+kc) // the later KUBECONFIG wins
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
