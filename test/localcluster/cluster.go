@@ -59,10 +59,10 @@ type Cluster struct {
 	// identities are the kubeconfigs of the processes that act as the chart's service
 	// accounts (the manager and the upload proxy), with only the chart's RBAC.
 	identities map[string]string
-	stopStore   func()
-	agent       *agent
-	cancel      context.CancelFunc
-	wg          sync.WaitGroup
+	stopStore  func()
+	agent      *agent
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
 }
 
 // Start brings the cluster up.
