@@ -55,7 +55,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: image build|push|digest ...")
+		return errors.New("usage: image build|push|digest [flags]")
 	}
 	fl := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	out := fl.String("out", "bin/diskpipe-image.tar", "build: the OCI archive to write")
@@ -343,9 +343,13 @@ func ReadArchive(path string) (v1.Image, func(), error) {
 		return nil, nil, fmt.Errorf("%s is not an OCI archive: %w", path, err)
 	}
 	m, err := idx.IndexManifest()
-	if err != nil || len(m.Manifests) != 1 {
+	if err != nil {
 		cleanup()
-		return nil, nil, fmt.Errorf("%s: want one image in the archive (%v)", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(m.Manifests) != 1 {
+		cleanup()
+		return nil, nil, fmt.Errorf("%s: want one image in the archive, found %d", path, len(m.Manifests))
 	}
 	img, err := idx.Image(m.Manifests[0].Digest)
 	if err != nil {

@@ -117,9 +117,10 @@ func (c *Cluster) AWS(ctx context.Context, args ...string) (string, error) {
 	return string(out), err
 }
 
-// StopStore scales the bundled store's StatefulSet to nothing and waits until its pod is gone;
-// StartStore brings it back.
-func (c *Cluster) StopStore() error  { return c.scaleStore(0) }
+// StopStore scales the bundled store's StatefulSet to nothing and waits until its pod is gone.
+func (c *Cluster) StopStore() error { return c.scaleStore(0) }
+
+// StartStore brings the bundled store back and waits until it is ready.
 func (c *Cluster) StartStore() error { return c.scaleStore(1) }
 
 func (c *Cluster) scaleStore(n int32) error {

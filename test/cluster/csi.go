@@ -215,7 +215,7 @@ func growFile(path string, size int64) error {
 func copyTree(src, dst string) error {
 	out, err := exec.Command("cp", "-a", "--sparse=always", "--reflink=auto", src+"/.", dst+"/").CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("copying %s: %v: %s", src, err, out)
+		return fmt.Errorf("copying %s: %w: %s", src, err, out)
 	}
 	return nil
 }

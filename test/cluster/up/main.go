@@ -17,8 +17,9 @@ func main() {
 	defer stop()
 	c, err := cluster.Start(ctx, cluster.DefaultOptions(os.Stderr))
 	if err != nil {
+		stop()
 		fmt.Fprintln(os.Stderr, "cluster:", err)
-		os.Exit(1)
+		os.Exit(1) //nolint:gocritic // stop() ran
 	}
 	fmt.Printf("The cluster is up, with diskpipe installed. In another terminal:\n  export KUBECONFIG=%s\n  kubectl get pods -A\nCtrl-C takes it down.\n", c.Kubeconfig)
 	<-ctx.Done()
