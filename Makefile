@@ -161,9 +161,15 @@ cluster-up: setup cluster-tools build image pause-image ## Start the real single
 	hack/setup.sh cluster
 	go run ./test/cluster/up
 
+# CLUSTER=real runs the demo on the real single-node cluster (root; what make test-cluster uses).
+CLUSTER ?= local
+DEMO_DEPS_local = setup tools build
+DEMO_DEPS_real = setup cluster-tools build image pause-image
+
 .PHONY: demo
-demo: setup tools build ## Run the whole pipeline on a local cluster; DEMO_FLAGS=--keep keeps it running.
-	go run ./test/demo $(DEMO_FLAGS)
+demo: $(DEMO_DEPS_$(CLUSTER)) ## Run the whole pipeline on a local cluster (CLUSTER=real: on a real node); DEMO_FLAGS=--keep keeps it running.
+	$(if $(filter real,$(CLUSTER)),hack/setup.sh cluster)
+	go run ./test/demo --cluster=$(CLUSTER) $(DEMO_FLAGS)
 
 ##@ Tools
 

@@ -2,6 +2,7 @@ package importer
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -149,5 +150,49 @@ func TestCommandMetrics(t *testing.T) {
 	}
 	if code := <-done; code != 0 {
 		t.Errorf("exit %d", code)
+	}
+}
+
+// TestCommandStopped checks that an importer stopped mid-way (its context ends, as SIGTERM
+// ends it when the pod is deleted, evicted or its node drained) reports a transient failure,
+// whatever the cut stream looked like: a real node found a deleted pod's qcow2 import
+// reported as a malformed image, failed for good.
+func TestCommandStopped(t *testing.T) {
+	dir := t.TempDir()
+	raw := makeRaw(t, dir)
+	for _, format := range []string{"raw", "qcow2", "vmdk"} {
+		t.Run(format, func(t *testing.T) {
+			path := raw
+			if format != "raw" {
+				path = convertTo(t, raw, format)
+			}
+			srv := &fileServer{path: path, slow: 2 * time.Millisecond}
+			url := serve(t, srv)
+			ctx, stop := context.WithCancel(t.Context())
+			go func() {
+				for srv.sent.Load() < 2<<20 {
+					time.Sleep(10 * time.Millisecond)
+				}
+				stop() // what signal.NotifyContext does on SIGTERM
+			}()
+			term := filepath.Join(t.TempDir(), "termination-log")
+			var log bytes.Buffer
+			code := Main(ctx, []string{"--termination-message-path", term, "--metrics-addr", "", "--url", url,
+				"--target", filepath.Join(t.TempDir(), "disk.img")}, &log)
+			msg, err := os.ReadFile(term)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := transfer.ReadResult(string(msg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code != transfer.ExitTransient || !res.Transient || res.Reason != transfer.ReasonCancelled {
+				t.Errorf("exit %d, result %+v; want a transient Cancelled failure\n%s", code, res, log.String())
+			}
+			if !strings.Contains(res.Message, "stopped before it finished") {
+				t.Errorf("message %q does not say the importer was stopped", res.Message)
+			}
+		})
 	}
 }

@@ -58,6 +58,12 @@ func (c *Command) Run(ctx context.Context, what string, work func(ctx context.Co
 	if res == nil {
 		res = &Result{}
 	}
+	if err != nil && ctx.Err() != nil {
+		// Asked to stop (SIGTERM: the pod deleted, evicted, its node drained) before the work
+		// was done. Whatever error the interrupted reads left (a cut stream reads as a
+		// malformed image), it says nothing of the source: the next pod may finish.
+		err = Transient(ReasonCancelled, "stopped before it finished, as the pod was deleted or evicted: %w", err)
+	}
 	if err != nil {
 		res.Fail(err)
 		c.Log.Error(what+" failed", "reason", res.Reason, "transient", res.Transient, "err", err)

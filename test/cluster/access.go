@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -167,3 +169,21 @@ func (c *Cluster) Dir() string { return filepath.Clean(c.opts.Dir) }
 // IdleImage is the pause image: a container that runs until it is stopped, for a pod that
 // stands in for a VM's virt-launcher.
 func (c *Cluster) IdleImage() string { return PauseImage }
+
+// SnapshotPath is the directory of a snapshot in the harness's CSI driver, by its handle.
+func (c *Cluster) SnapshotPath(handle string) string { return c.path("csi", "snapshots", handle) }
+
+// Logs copies a pod's log to w from its start, following it until the pod ends or ctx does.
+func (c *Cluster) Logs(ctx context.Context, ns, pod string, w io.Writer) error {
+	cs, err := kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return err
+	}
+	r, err := cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Follow: true}).Stream(ctx)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	_, err = io.Copy(w, r)
+	return err
+}

@@ -155,7 +155,10 @@ func (d *hostPath) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	dir := d.volumeDir(req.GetName())
-	vol := &csi.Volume{VolumeId: req.GetName(), CapacityBytes: size, ContentSource: req.GetVolumeContentSource()}
+	// The volume's context names what it was made from; the provisioner writes it into the
+	// PV (spec.csi.volumeAttributes), where a test sees that a clone or a restore went through CSI.
+	vol := &csi.Volume{VolumeId: req.GetName(), CapacityBytes: size, ContentSource: req.GetVolumeContentSource(),
+		VolumeContext: map[string]string{ContentSourceAttribute: contentSource(req.GetVolumeContentSource())}}
 	if _, err := os.Stat(dir); err == nil {
 		return &csi.CreateVolumeResponse{Volume: vol}, nil
 	}
@@ -191,6 +194,20 @@ func (d *hostPath) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	return &csi.CreateVolumeResponse{Volume: vol}, nil
+}
+
+// ContentSourceAttribute is the PV attribute that says what a volume was made from:
+// "volume/<id>", "snapshot/<id>" or "empty".
+const ContentSourceAttribute = "diskpipe.test/content-source"
+
+func contentSource(s *csi.VolumeContentSource) string {
+	switch {
+	case s.GetVolume() != nil:
+		return "volume/" + s.GetVolume().GetVolumeId()
+	case s.GetSnapshot() != nil:
+		return "snapshot/" + s.GetSnapshot().GetSnapshotId()
+	}
+	return "empty"
 }
 
 // growFile makes path (sparse) at least size bytes long.

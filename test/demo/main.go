@@ -1,6 +1,8 @@
-// Command demo is `make demo`: it brings the local cluster up and walks the seed's stories
-// with real tools — awscli into the bundled store, kubectl, curl and qemu-img — on a small
-// image made here (no internet), then prints a summary. With --keep the cluster stays up.
+// Command demo is `make demo`: it brings the local cluster up (or, with --cluster=real, a real
+// single-node Kubernetes with diskpipe installed by helm: make demo CLUSTER=real) and walks
+// the seed's stories with real tools — awscli into the bundled store, kubectl, curl and
+// qemu-img — on a small image made here (no internet), then prints a summary. With --keep
+// the cluster stays up.
 package main
 
 import (
@@ -16,8 +18,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/diskpipe/diskpipe/test/localcluster"
 )
 
 const ns = "demo"
@@ -32,6 +32,7 @@ var steps []step
 
 func main() {
 	keep := flag.Bool("keep", false, "keep the cluster running and print its KUBECONFIG")
+	kind := flag.String("cluster", "local", "local: the local cluster (fast); real: a real single-node Kubernetes with diskpipe installed by helm from its image (as root; make demo CLUSTER=real)")
 	flag.Parse()
 	root, _ := filepath.Abs(".")
 	dir, err := os.MkdirTemp("", "diskpipe-demo-")
@@ -40,14 +41,13 @@ func main() {
 	}
 	ctx := context.Background()
 	start := time.Now()
-	say("Starting the local cluster (etcd, kube-apiserver, object store, manager, upload proxy, node agent, CSI stand-in) in %s", dir)
-	c, err := localcluster.Start(ctx, localcluster.Options{Bin: filepath.Join(root, "bin"), Dir: dir, Log: os.Stdout})
+	c, err := startCluster(ctx, *kind, root, dir)
 	if err != nil {
 		fail(err)
 	}
-	done("cluster up", start, c.Config.Host)
+	done(*kind+" cluster up", start, "KUBECONFIG="+c.KubeconfigPath())
 	if err := run(ctx, c, dir); err != nil {
-		fmt.Fprintf(os.Stderr, "\ndemo: %v\nlogs: %s/*.log and %s/pods/*/*/log\n", err, dir, dir)
+		fmt.Fprintf(os.Stderr, "\ndemo: %v\nlogs: %s\n", err, c.Logs())
 		if !*keep {
 			c.Stop()
 			os.Exit(1)
@@ -61,7 +61,7 @@ func main() {
 	}
 	if *keep {
 		fmt.Printf("\nThe cluster keeps running. In another shell:\n  export KUBECONFIG=%s\n  %s/kubectl get diskpipe -A\nCtrl-C stops it.\n",
-			c.Kubeconfig, filepath.Join(root, "bin"))
+			c.KubeconfigPath(), filepath.Join(root, "bin"))
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 		<-sig
@@ -69,7 +69,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
+func run(ctx context.Context, c demoCluster, dir string) error {
 	// A small bootable-looking disk: a boot sector with its signature, and data.
 	t := time.Now()
 	raw, image := filepath.Join(dir, "demo.raw"), filepath.Join(dir, "demo.qcow2")
@@ -92,19 +92,19 @@ func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
 	done("made demo.qcow2 with qemu-img", t, "64 MiB virtual, a boot sector and 3.3 MB of data")
 
 	// Serve it over HTTP on this machine, and put it in the bundled store with awscli.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(c.HostAddress(), "0"))
 	if err != nil {
 		return err
 	}
 	go func() { _ = http.Serve(l, http.FileServer(http.Dir(dir))) }() //nolint:gosec // a demo server
 	t = time.Now()
-	if out, err := c.Store.AWS(ctx, c.Store.SecretKey, "s3", "mb", "s3://vmimage"); err != nil {
+	if out, err := c.AWS(ctx, "s3", "mb", "s3://vmimage"); err != nil {
 		return fmt.Errorf("aws s3 mb: %w: %s", err, out)
 	}
-	if out, err := c.Store.AWS(ctx, c.Store.SecretKey, "s3", "cp", image, "s3://vmimage/bionic-server-cloudimg-amd64.img"); err != nil {
+	if out, err := c.AWS(ctx, "s3", "cp", image, "s3://vmimage/bionic-server-cloudimg-amd64.img"); err != nil {
 		return fmt.Errorf("aws s3 cp: %w: %s", err, out)
 	}
-	done("aws s3 cp demo.qcow2 s3://vmimage/bionic-server-cloudimg-amd64.img", t, c.Store.Endpoint)
+	done("aws s3 cp demo.qcow2 s3://vmimage/bionic-server-cloudimg-amd64.img", t, c.StoreEndpoint())
 
 	if err := c.EnsureNamespace(ctx, ns); err != nil {
 		return err
@@ -189,7 +189,7 @@ func run(ctx context.Context, c *localcluster.Cluster, dir string) error {
 	return nil
 }
 
-func apply(ctx context.Context, c *localcluster.Cluster, yaml string) error {
+func apply(ctx context.Context, c demoCluster, yaml string) error {
 	out, errOut, err := c.Kubectl(ctx, []byte(yaml), "apply", "-n", ns, "-f", "-")
 	fmt.Print(indent(out))
 	if err != nil {
@@ -198,14 +198,14 @@ func apply(ctx context.Context, c *localcluster.Cluster, yaml string) error {
 	return nil
 }
 
-func show(ctx context.Context, c *localcluster.Cluster, args ...string) {
+func show(ctx context.Context, c demoCluster, args ...string) {
 	out, errOut, _ := c.Kubectl(ctx, nil, args...)
 	fmt.Print(indent(out + errOut))
 }
 
 // waitFor polls `kubectl get` until every named object's phase is Ready; progress shows the
 // table while it waits.
-func waitFor(ctx context.Context, c *localcluster.Cluster, resource string, names []string, progress bool) error {
+func waitFor(ctx context.Context, c demoCluster, resource string, names []string, progress bool) error {
 	const want, limit = "Ready", 3 * time.Minute
 	deadline := time.Now().Add(limit)
 	last := ""

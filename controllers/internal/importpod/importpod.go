@@ -212,6 +212,17 @@ func Build(c Config, s Spec) *corev1.Pod {
 // Result reads the result a finished pod left in its termination message. A pod that ended
 // without one (killed, evicted, crashed) gets a transient failure, so it is retried.
 func Result(pod *corev1.Pod) *transfer.Result {
+	r := result(pod)
+	if !r.Succeeded && !r.Transient && pod.DeletionTimestamp != nil {
+		// A pod deleted or evicted mid-way was stopped, whatever it said as it went: an
+		// older image's pod, or one stopped before it could tell, is tried again.
+		r.Transient = true
+		r.Message = "the pod was deleted before it finished: " + r.Message
+	}
+	return r
+}
+
+func result(pod *corev1.Pod) *transfer.Result {
 	for _, cs := range pod.Status.ContainerStatuses {
 		if t := cs.State.Terminated; t != nil {
 			if r, err := transfer.ReadResult(t.Message); err == nil {
