@@ -252,19 +252,6 @@ var _ = Describe("on a real node: diskpipe's pods under a kubelet", func() {
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "vmim-block"), "block.img"))
 	})
 
-	It("replaces an importer pod deleted mid-import, and the result is identical", func() {
-		ns := namespace()
-		kubectl(vmi("evicted", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "evicted"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
-		time.Sleep(time.Second)
-		kubectl("", "delete", "pod", "vmim-evicted-import-0", "-n", ns, "--wait=false")
-		Eventually(phase(ns, "vmim", "evicted"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
-		// The controller counts a retry when it saw the stopped pod's result before the pod
-		// was gone; otherwise it makes the pod again under the same name.
-		Expect(kubectl("", "get", "vmim", "evicted", "-n", ns, "-o", "jsonpath={.status.retries}")).To(BeElementOf("", "1"))
-		sameDisk(golden(ns, "evicted"))
-	})
-
 	It("finishes an export when the store's pod is deleted in the middle of it, and curl downloads it from the NodePort", func() {
 		ns := namespace()
 		big := filepath.Join(work, "big.raw")

@@ -218,6 +218,20 @@ var _ = Describe("faults", func() {
 		sameDisk(golden(ns, "killed"))
 	})
 
+	It("replaces an importer pod deleted mid-import, and the result is identical", func() {
+		ns := namespace()
+		kubectl(vmi("evicted", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "evicted"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		time.Sleep(time.Second)
+		kubectl("", "delete", "pod", "vmim-evicted-import-0", "-n", ns, "--wait=false")
+		Eventually(phase(ns, "vmim", "evicted"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		// The controller counts a retry when it saw the stopped pod's result before the pod
+		// was gone (a kubelet reports it; the local cluster's agent does not); otherwise it
+		// makes the pod again under the same name.
+		Expect(kubectl("", "get", "vmim", "evicted", "-n", ns, "-o", "jsonpath={.status.retries}")).To(BeElementOf("", "1"))
+		sameDisk(golden(ns, "evicted"))
+	})
+
 	It("leaves nothing behind when an image is deleted while it imports", func() {
 		ns := namespace()
 		kubectl(vmi("doomed", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
