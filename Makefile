@@ -110,8 +110,18 @@ cluster-tools: tools cluster-bins ## Build what the real single-node cluster add
 tools: $(CONTROLLER_GEN) $(KUBE_BINS) $(HELM) ## Build the pinned tools, helm and the Kubernetes binaries.
 
 
+# The tests' bootable disk (test/bootdisk): Debian's kernel and busybox, syslinux, in raw, qcow2
+# and vmdk; rebuilt when its recipe changes, booted once under QEMU when made.
+BOOTDISK := $(BIN)/bootdisk/disk.raw
+
+.PHONY: bootdisk
+bootdisk: $(BOOTDISK) ## Make the tests' bootable disk (bin/bootdisk) from Debian packages.
+
+$(BOOTDISK): $(wildcard test/bootdisk/*.go test/bootdisk/build/*.go)
+	go run ./test/bootdisk/build $(BIN)/bootdisk
+
 .PHONY: test
-test: setup tools build ## Run every test: unit, envtest integration, end to end (test/e2e on the local cluster).
+test: setup tools build bootdisk ## Run every test: unit, envtest integration, end to end (test/e2e on the local cluster).
 	go test $(GO_TEST_FLAGS) ./...
 
 # A count (Nx), not a duration: with a duration Go 1.26's fuzz coordinator can fail a clean run
@@ -152,7 +162,7 @@ fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.
 	$(MAKE) fuzz FUZZ_TARGETS="$(FUZZ_IMPORT_TARGETS)"
 
 .PHONY: test-cluster
-test-cluster: setup cluster-tools build image pause-image ## Run the end-to-end suite on a real single-node cluster (as root): diskpipe installed by helm from its image.
+test-cluster: setup cluster-tools build image pause-image bootdisk ## Run the end-to-end suite on a real single-node cluster (as root): diskpipe installed by helm from its image.
 	hack/setup.sh cluster
 	DISKPIPE_E2E_CLUSTER=real go test $(GO_TEST_FLAGS) ./test/e2e/ -args -ginkgo.v
 
@@ -163,8 +173,8 @@ cluster-up: setup cluster-tools build image pause-image ## Start the real single
 
 # CLUSTER=real runs the demo on the real single-node cluster (root; what make test-cluster uses).
 CLUSTER ?= local
-DEMO_DEPS_local = setup tools build
-DEMO_DEPS_real = setup cluster-tools build image pause-image
+DEMO_DEPS_local = setup tools build bootdisk
+DEMO_DEPS_real = setup cluster-tools build image pause-image bootdisk
 
 .PHONY: demo
 demo: $(DEMO_DEPS_$(CLUSTER)) ## Run the whole pipeline on a local cluster (CLUSTER=real: on a real node); DEMO_FLAGS=--keep keeps it running.

@@ -5,7 +5,10 @@
 # Go tools and the Kubernetes binaries are built from Go modules by the Makefile.
 set -euo pipefail
 
-packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry ca-certificates)
+# qemu-system-x86, syslinux, mtools and dosfstools make and boot the tests' bootable disk (test/bootdisk);
+# its kernel and busybox are fetched as .deb files (apt-get download), never installed.
+packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry ca-certificates
+  qemu-system-x86 syslinux syslinux-common mtools dosfstools)
 if [ "${1:-}" = cluster ]; then
   packages+=(containerd runc iptables conntrack iproute2 socat ethtool)
 fi

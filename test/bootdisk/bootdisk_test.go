@@ -1,0 +1,82 @@
+package bootdisk
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// copyDisk copies bin/bootdisk/disk.raw (make bootdisk) into a temporary directory.
+func copyDisk(t *testing.T) string {
+	t.Helper()
+	src, err := os.Open(testenv.Path("bin", "bootdisk", "disk.raw"))
+	if err != nil {
+		t.Fatalf("%v: make bootdisk makes it", err)
+	}
+	defer src.Close()
+	p := filepath.Join(t.TempDir(), "disk.raw")
+	dst, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestBootGrown boots the disk grown to 1 GiB, as a VM disk larger than its image is: the
+// guest sees the new size and the marker.
+func TestBootGrown(t *testing.T) {
+	disk := copyDisk(t)
+	if err := os.Truncate(disk, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	g, err := Check(t.Context(), disk, "raw", 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("booted under TCG in %.1f s: disk=%s size=%d marker=%s", g.Took.Seconds(), g.Disk, g.Size, g.Marker)
+}
+
+// TestBootCorrupted checks that the check can fail: a disk with one 64 KiB cluster of its
+// kernel overwritten does not boot, and one with another marker is told apart.
+func TestBootCorrupted(t *testing.T) {
+	disk := copyDisk(t)
+	off, err := KernelOffset(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(disk, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(bytes.Repeat([]byte{0x5a}, 64<<10), off+1<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if g, err := Check(t.Context(), disk, "raw", Size); err == nil {
+		t.Fatalf("a disk with a corrupted kernel booted: %+v", g)
+	} else if !strings.Contains(err.Error(), "did not boot: the guest stopped (\"System halted\")") {
+		t.Errorf("the error does not say the disk did not boot: %v", err)
+	}
+
+	other := copyDisk(t)
+	f, err = os.OpenFile(other, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("another-disk\n"+strings.Repeat("\x00", 16)), MarkerOffset); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := Check(t.Context(), other, "raw", Size); err == nil || !strings.Contains(err.Error(), `read the marker "another-disk"`) {
+		t.Errorf("a disk with another marker: %v", err)
+	}
+}
