@@ -46,6 +46,8 @@ manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds (
 	rm -rf test/crds/kubevirt
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=kubevirt.io/api/core/v1 output:crd:dir=test/crds/kubevirt
 	find test/crds/kubevirt -type f ! -name kubevirt.io_virtualmachines.yaml -delete
+	go run ./hack/crdcolumns test/crds/kubevirt/kubevirt.io_virtualmachines.yaml \
+		Age:date:.metadata.creationTimestamp Status:string:.status.printableStatus "Ready:string:.status.conditions[?(@.type=='Ready')].status"
 	rm -rf test/crds/monitoring
 	$(CONTROLLER_GEN) crd paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 output:crd:dir=test/crds/monitoring
 	find test/crds/monitoring -type f ! -name '*_servicemonitors.yaml' ! -name '*_prometheusrules.yaml' -delete

@@ -80,8 +80,9 @@ func Boot(ctx context.Context, disk, format string, timeout time.Duration) (*Gue
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	var qemuErr error
+	exited := make(chan struct{})
+	go func() { qemuErr = cmd.Wait(); close(exited) }()
 	// Watch the console: the line ends the wait, and so does a guest that stopped for good
 	// (a kernel that cannot unpack itself halts rather than powering off).
 	var console []byte
@@ -90,7 +91,7 @@ func Boot(ctx context.Context, disk, format string, timeout time.Duration) (*Gue
 watch:
 	for {
 		select {
-		case err = <-exited:
+		case <-exited:
 			console, _ = os.ReadFile(serial) //nolint:gosec // ours
 			m = line.FindSubmatch(console)
 			break watch
@@ -121,8 +122,8 @@ watch:
 			why = fmt.Sprintf("the guest stopped (%q)", failed)
 		case ctx.Err() != nil:
 			why = fmt.Sprintf("no boot line within %s", timeout)
-		case err != nil:
-			why = fmt.Sprintf("qemu: %v: %s", err, bytes.TrimSpace(out.Bytes()))
+		case qemuErr != nil:
+			why = fmt.Sprintf("qemu: %v: %s", qemuErr, bytes.TrimSpace(out.Bytes()))
 		}
 		return g, fmt.Errorf("%s did not boot: %s; the console's end:\n%s", disk, why, tail(console, 15))
 	}

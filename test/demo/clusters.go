@@ -22,6 +22,8 @@ type demoCluster interface {
 	// StoreEndpoint is the bundled store's address as awscli and curl reach it.
 	StoreEndpoint() string
 	KubeconfigPath() string
+	// VolumePath is the directory holding a bound PVC's bytes (disk.img).
+	VolumePath(ns, pvc string) string
 	// Logs says where the cluster's logs are.
 	Logs() string
 	Stop()

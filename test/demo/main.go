@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/diskpipe/diskpipe/test/bootdisk"
 )
 
 const ns = "demo"
@@ -70,26 +72,13 @@ func main() {
 }
 
 func run(ctx context.Context, c demoCluster, dir string) error {
-	// A small bootable-looking disk: a boot sector with its signature, and data.
+	// The bootable disk (make bootdisk): Debian's kernel and busybox behind syslinux.
 	t := time.Now()
-	raw, image := filepath.Join(dir, "demo.raw"), filepath.Join(dir, "demo.qcow2")
-	if err := tool("qemu-img", "create", "-q", "-f", "raw", raw, "64M"); err != nil {
-		return err
+	image := filepath.Join(dir, "demo.qcow2")
+	if err := tool("cp", filepath.Join("bin", "bootdisk", "disk.qcow2"), image); err != nil {
+		return fmt.Errorf("%w (make bootdisk makes it)", err)
 	}
-	f, err := os.OpenFile(raw, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	boot := make([]byte, 512)
-	copy(boot, "\xeb\x63\x90diskpipe demo boot sector")
-	boot[510], boot[511] = 0x55, 0xaa
-	_, _ = f.WriteAt(boot, 0)
-	_, _ = f.WriteAt([]byte(strings.Repeat("a root filesystem would be here. ", 100000)), 1<<20)
-	f.Close()
-	if err := tool("qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, image); err != nil {
-		return err
-	}
-	done("made demo.qcow2 with qemu-img", t, "64 MiB virtual, a boot sector and 3.3 MB of data")
+	done("took the bootable disk (make bootdisk) as demo.qcow2", t, "64 MiB virtual: syslinux, Debian's kernel, a busybox initramfs")
 
 	// Serve it over HTTP on this machine, and put it in the bundled store with awscli.
 	l, err := net.Listen("tcp", net.JoinHostPort(c.HostAddress(), "0"))
@@ -163,6 +152,25 @@ func run(ctx context.Context, c demoCluster, dir string) error {
 	}
 	done("the seed's VirtualMachine made a KubeVirt VirtualMachine", t, "volumes: "+strings.TrimSpace(out))
 
+	// Boot the VM's root disk (its bootOrder 1 disk's PVC) as KubeVirt would, under QEMU.
+	t = time.Now()
+	root, _, err := c.Kubectl(ctx, nil, "get", "virtualmachines.kubevirt.io", "vm1", "-n", ns, "-o",
+		`jsonpath={.spec.template.spec.domain.devices.disks[?(@.bootOrder==1)].name}`)
+	if err != nil {
+		return err
+	}
+	claim, _, err := c.Kubectl(ctx, nil, "get", "virtualmachines.kubevirt.io", "vm1", "-n", ns, "-o",
+		fmt.Sprintf(`jsonpath={.spec.template.spec.volumes[?(@.name==%q)].persistentVolumeClaim.claimName}`, root))
+	if err != nil {
+		return err
+	}
+	g, err := boot(ctx, filepath.Join(c.VolumePath(ns, claim), "disk.img"), "raw")
+	if err != nil {
+		return err
+	}
+	done(fmt.Sprintf("booted the VM's root disk (%s, PVC %s) under QEMU", root, claim), t,
+		fmt.Sprintf("the guest sees a %s disk and the image's marker, booted in %.1f s", gib(g.Size), g.Took.Seconds()))
+
 	export, err := seed("003-virtualmachinevolumeexport-fixed.yaml", "pvcName: mydisk", "pvcName: vmrootdisk")
 	if err != nil {
 		return err
@@ -186,6 +194,12 @@ func run(ctx context.Context, c demoCluster, dir string) error {
 		return fmt.Errorf("the downloaded export differs from the original: %w", err)
 	}
 	done("the seed's export of vmrootdisk, downloaded with curl; qemu-img compare: identical", t, got)
+
+	t = time.Now()
+	if g, err = boot(ctx, got, "qcow2"); err != nil {
+		return err
+	}
+	done("booted the downloaded export under QEMU", t, fmt.Sprintf("the guest sees a %s disk, booted in %.1f s", gib(g.Size), g.Took.Seconds()))
 	return nil
 }
 
@@ -276,3 +290,34 @@ func fail(err error) {
 	fmt.Fprintln(os.Stderr, "demo:", err)
 	os.Exit(1)
 }
+
+// boot boots a disk under QEMU (TCG, -snapshot) and shows what its serial console said.
+func boot(ctx context.Context, disk, format string) (*bootdisk.Guest, error) {
+	fi, err := os.Stat(disk)
+	if err != nil {
+		return nil, err
+	}
+	size := fi.Size()
+	if format == "qcow2" {
+		size = 0 // the guest sees the virtual size, read from the console's line
+	}
+	say("qemu-system-x86_64 -snapshot -drive file=%s,format=%s,if=virtio: the guest's serial console", disk, format)
+	g, err := bootdisk.Boot(ctx, disk, format, 2*time.Minute)
+	if g != nil {
+		for _, l := range strings.Split(g.Serial, "\n") {
+			if strings.Contains(l, "SYSLINUX") || strings.Contains(l, "Loading") || strings.Contains(l, "Linux version") ||
+				strings.Contains(l, "virtio_blk") || strings.Contains(l, "DISKPIPE-BOOT") || strings.Contains(l, "Power down") {
+				fmt.Print(indent(strings.TrimRight(l, "\r")))
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if size != 0 && g.Size != size || g.Marker != bootdisk.Marker {
+		return nil, fmt.Errorf("%s booted but the guest saw size %d and marker %q, want %d and %q", disk, g.Size, g.Marker, size, bootdisk.Marker)
+	}
+	return g, nil
+}
+
+func gib(n int64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }

@@ -17,7 +17,7 @@ func seed(name string, replace ...string) (string, error) {
 }
 
 // diskForTheVM is the PVC the seed's VirtualMachine mounts as disk1 (claimName
-// disk1-from-image), made here from the HTTP image.
+// disk1-from-image), its boot disk, made here from the HTTP image and grown to 10Gi.
 const diskForTheVM = `apiVersion: diskvolume.kubesphere.io/v1alpha1
 kind: DiskVolume
 metadata:
@@ -28,4 +28,7 @@ spec:
       name: ubuntu-http
       kind: VirtualMachineImage
   storageClassName: cephrbd
+  resources:
+    requests:
+      storage: 10Gi
 `

@@ -21,6 +21,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/diskpipe/diskpipe/test/bootdisk"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -53,8 +54,13 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(cluster.Stop)
 
+	// Every image here is the bootable disk (make bootdisk), so that each disk made from one
+	// can be booted: sameDisk compares bytes, boots says a machine starts from them.
 	raw = filepath.Join(work, "disk.raw")
-	makeDisk(raw)
+	if _, err := os.Stat(testenv.Path("bin", "bootdisk", "disk.raw")); err != nil {
+		Fail("bin/bootdisk/disk.raw is missing: `make test` makes it (make bootdisk)")
+	}
+	run("cp", "--sparse=always", testenv.Path("bin", "bootdisk", "disk.raw"), raw)
 	images["qcow2"] = filepath.Join(work, "disk.qcow2")
 	run("qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, images["qcow2"])
 	images["vmdk"] = filepath.Join(work, "disk.vmdk")
@@ -67,32 +73,6 @@ var _ = BeforeSuite(func() {
 	go func() { _ = srv.Serve(l) }()
 	DeferCleanup(srv.Close)
 })
-
-// makeDisk writes a sparse 64 MiB disk: a boot sector, text and random data between holes.
-func makeDisk(path string) {
-	f, err := os.Create(path)
-	Expect(err).NotTo(HaveOccurred())
-	defer f.Close()
-	Expect(f.Truncate(64 << 20)).To(Succeed())
-	boot := make([]byte, 512)
-	boot[510], boot[511] = 0x55, 0xaa
-	_, _ = f.WriteAt(boot, 0)
-	_, _ = f.WriteAt([]byte(strings.Repeat("diskpipe end to end. ", 50000)), 3<<20)
-	rnd := make([]byte, 4<<20)
-	_, _ = io.ReadFull(randReader{}, rnd)
-	_, _ = f.WriteAt(rnd, 40<<20)
-}
-
-type randReader struct{}
-
-func (randReader) Read(p []byte) (int, error) {
-	f, err := os.Open("/dev/urandom")
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	return f.Read(p)
-}
 
 // serveFile serves the work directory with Range support; ?rate=N limits it to N bytes a
 // second, so an import can be interrupted on purpose.
@@ -161,8 +141,12 @@ func kubectl(stdin string, args ...string) string {
 func phase(ns, resource, name string) func() string {
 	return func() string {
 		out, _, _ := cluster.Kubectl(context.Background(), nil, "get", resource, name, "-n", ns, "-o",
-			`jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].reason}`)
-		return strings.TrimSpace(out)
+			`jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].reason}|{.status.conditions[?(@.type=="Ready")].message}`)
+		p, msg, _ := strings.Cut(strings.TrimSpace(out), "|")
+		if strings.HasPrefix(p, "Failed ") {
+			GinkgoWriter.Printf("%s %s/%s failed: %s\n", resource, ns, name, msg)
+		}
+		return strings.TrimSpace(p)
 	}
 }
 
@@ -184,4 +168,15 @@ func listen() net.Listener {
 	l, err := net.Listen("tcp", net.JoinHostPort(cluster.HostAddress(), "0"))
 	Expect(err).NotTo(HaveOccurred())
 	return l
+}
+
+// boots boots a VM disk's bytes (a PVC's disk.img or block.img) under QEMU and checks that the
+// guest starts and sees the whole disk, grown or not, and the image's marker.
+func boots(disk string) {
+	GinkgoHelper()
+	fi, err := os.Stat(disk)
+	Expect(err).NotTo(HaveOccurred())
+	g, err := bootdisk.Check(context.Background(), disk, "raw", fi.Size())
+	Expect(err).NotTo(HaveOccurred())
+	GinkgoWriter.Printf("%s booted in %.1f s: disk=%s size=%d marker=%s\n", disk, g.Took.Seconds(), g.Disk, g.Size, g.Marker)
 }

@@ -52,6 +52,7 @@ spec:
 		Eventually(phase("test2", "imt", "image-centos-http"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		disk := filepath.Join(cluster.VolumePath("test2", "imt-image-centos-http"), "disk.img")
 		sameDisk(disk)
+		boots(disk)
 		// The clone source in the other namespace is gone.
 		Eventually(func() string { return kubectl("", "get", "pods", "-n", "test", "-o", "name") }, 30*time.Second).Should(BeEmpty())
 	})

@@ -17,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/diskpipe/diskpipe/test/bootdisk"
 )
 
 func vmi(name, source string) string {
@@ -88,6 +90,7 @@ spec:
 		Expect(err).NotTo(HaveOccurred())
 		Expect(fi.Size()).To(Equal(grown(1 << 30)))
 		sameDisk(disk) // the grown tail reads as zeros
+		boots(disk)    // and the guest sees the grown disk
 	})
 
 	It("binds the seed's VirtualMachine to its disks as a KubeVirt VirtualMachine", func() {
@@ -107,11 +110,13 @@ spec:
 		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Ready VirtualMachineCreated"))
 		volumes := kubectl("", "get", "virtualmachines.kubevirt.io", "vm1", "-n", ns, "-o",
 			"jsonpath={range .spec.template.spec.volumes[*]}{.name}={.persistentVolumeClaim.claimName};{end}")
+		Expect(kubectl("", "get", "virtualmachines.kubevirt.io", "-n", ns)).To(MatchRegexp(`^NAME\s+AGE\s+STATUS\s+READY\n`), "KubeVirt's own columns")
 		Expect(volumes).To(ContainSubstring("disk1=disk1-from-image;"))
 		Expect(volumes).To(ContainSubstring("disk0-vm-blank=disk0-vm-blank;"))
 		blank, err := os.Stat(filepath.Join(cluster.VolumePath(ns, "disk0-vm-blank"), "disk.img"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(blank.Size()).To(Equal(grown(4 << 30)))
+		boots(filepath.Join(cluster.VolumePath(ns, "disk1-from-image"), "disk.img")) // the VM's boot disk
 	})
 
 	It("snapshots a VM's disk and makes a new disk from the snapshot", func() {
@@ -135,6 +140,7 @@ spec:
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "dvol", "restored"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "restored"), "disk.img"))
+		boots(filepath.Join(cluster.VolumePath(ns, "restored"), "disk.img"))
 	})
 
 	It("exports a disk as qcow2 that a plain HTTP GET downloads", func() {
@@ -160,6 +166,16 @@ spec:
 		out, err := cluster.AWS(context.Background(), "s3", "cp", "s3://vmimage/mydisk", viaAWS)
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(sha256Of(viaAWS)).To(Equal(sha256Of(got)))
+		g, err := bootdisk.Check(context.Background(), got, "qcow2", grown(1<<30))
+		Expect(err).NotTo(HaveOccurred(), "the downloaded export boots")
+		GinkgoWriter.Printf("the export booted in %.1f s\n", g.Took.Seconds())
+	})
+
+	It("imports the downloaded export as a new image, which boots", func() {
+		kubectl(vmi("reimported", fmt.Sprintf("    http: %s/downloaded.qcow2", server)), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "reimported"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmim", "reimported", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("qcow2"))
+		boots(golden(ns, "reimported"))
 	})
 
 	It("imports an image uploaded through the upload proxy with a service account's token", func() {
@@ -254,6 +270,28 @@ var _ = Describe("faults", func() {
 
 // grown is the size of a disk grown to a volume of capacity bytes: 94 %, rounded down to a MiB.
 func grown(capacity int64) int64 { return int64(float64(capacity)*0.94) &^ (1<<20 - 1) }
+
+var _ = Describe("the boot check", func() {
+	It("fails for a disk cloned from a golden image whose kernel was corrupted after import", func() {
+		ns := namespace()
+		kubectl(vmi("flipped", fmt.Sprintf("    http: %s/disk.qcow2", server)), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "flipped"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		// One 64 KiB cluster of the kernel overwritten in the golden disk, as a bad disk would.
+		disk := golden(ns, "flipped")
+		off, err := bootdisk.KernelOffset(disk)
+		Expect(err).NotTo(HaveOccurred())
+		f, err := os.OpenFile(disk, os.O_WRONLY, 0)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = f.WriteAt(bytes.Repeat([]byte{0x5a}, 64<<10), off+1<<20)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(f.Close()).To(Succeed())
+		kubectl(diskFromImage("from-flipped", "flipped", "CSIClone"), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "dvol", "from-flipped"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		clone := filepath.Join(cluster.VolumePath(ns, "from-flipped"), "disk.img")
+		_, err = bootdisk.Check(context.Background(), clone, "raw", fileSize(clone))
+		Expect(err).To(MatchError(ContainSubstring("did not boot")))
+	})
+})
 
 var _ = Describe("more faults", func() {
 	It("finishes an import when the manager is restarted in the middle of it", func() {
@@ -352,5 +390,14 @@ spec:
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "dvol", "block-disk"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "block-disk"), "block.img"))
+		boots(filepath.Join(cluster.VolumePath(ns, "block-disk"), "block.img")) // the device's bytes
 	})
 })
+
+// fileSize is a disk file's size.
+func fileSize(path string) int64 {
+	GinkgoHelper()
+	fi, err := os.Stat(path)
+	Expect(err).NotTo(HaveOccurred())
+	return fi.Size()
+}
