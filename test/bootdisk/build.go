@@ -64,6 +64,7 @@ func Build(ctx context.Context, dir string) error {
 		return err
 	}
 	_ = os.RemoveAll(root)
+	defer os.RemoveAll(root) // the packages' files: what the disk needs is read from them below
 	entries, err := os.ReadDir(debs)
 	if err != nil {
 		return err

@@ -109,8 +109,7 @@ var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Or
 	BeforeAll(func() {
 		node()
 		ns = namespace()
-		kubectl(vmi("base", fmt.Sprintf("    http: %s/disk.qcow2", server)), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "base"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		importHTTP(ns, "base", "disk.qcow2")
 		golden = pvOf(ns, "vmim-base")
 	})
 
@@ -256,8 +255,7 @@ var _ = Describe("on a real node: diskpipe's pods under a kubelet", func() {
 		ns := namespace()
 		big := filepath.Join(work, "big.raw")
 		makeBigDisk(big, 384<<20)
-		kubectl(vmi("big", fmt.Sprintf("    http: %s/big.raw", server)), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "big"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		importHTTP(ns, "big", "big.raw")
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineVolumeExport
 metadata:

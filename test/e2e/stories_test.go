@@ -33,6 +33,14 @@ spec:
 `, name, source)
 }
 
+// importHTTP makes a VirtualMachineImage of a file the test's server serves, and waits until
+// it is imported.
+func importHTTP(ns, name, file string) {
+	GinkgoHelper()
+	kubectl(vmi(name, fmt.Sprintf("    http: %s/%s", server, file)), "apply", "-n", ns, "-f", "-")
+	Eventually(phase(ns, "vmim", name), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+}
+
 // golden is the disk of an image's golden PVC.
 func golden(ns, name string) string {
 	return filepath.Join(cluster.VolumePath(ns, "vmim-"+name), "disk.img")
@@ -64,8 +72,7 @@ var _ = Describe("the seed's stories", Ordered, func() {
 	})
 
 	It("imports a raw image over HTTP", func() {
-		kubectl(vmi("raw", fmt.Sprintf("    http: %s/disk.raw", server)), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "raw"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		importHTTP(ns, "raw", "disk.raw")
 		Expect(kubectl("", "get", "vmim", "raw", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("raw"))
 		sameDisk(golden(ns, "raw"))
 	})
@@ -172,8 +179,7 @@ spec:
 	})
 
 	It("imports the downloaded export as a new image, which boots", func() {
-		kubectl(vmi("reimported", fmt.Sprintf("    http: %s/downloaded.qcow2", server)), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "reimported"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		importHTTP(ns, "reimported", "downloaded.qcow2")
 		Expect(kubectl("", "get", "vmim", "reimported", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("qcow2"))
 		boots(golden(ns, "reimported"))
 	})
@@ -274,8 +280,7 @@ func grown(capacity int64) int64 { return int64(float64(capacity)*0.94) &^ (1<<2
 var _ = Describe("the boot check", func() {
 	It("fails for a disk cloned from a golden image whose kernel was corrupted after import", func() {
 		ns := namespace()
-		kubectl(vmi("flipped", fmt.Sprintf("    http: %s/disk.qcow2", server)), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "flipped"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		importHTTP(ns, "flipped", "disk.qcow2")
 		// One 64 KiB cluster of the kernel overwritten in the golden disk, as a bad disk would.
 		disk := golden(ns, "flipped")
 		off, err := bootdisk.KernelOffset(disk)
@@ -306,8 +311,7 @@ var _ = Describe("more faults", func() {
 
 	It("exports a disk in use by a running VM from a snapshot, never the live disk", func() {
 		ns := namespace()
-		kubectl(vmi("base", fmt.Sprintf("    http: %s/disk.qcow2", server)), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "base"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		importHTTP(ns, "base", "disk.qcow2")
 		kubectl(`apiVersion: diskvolume.kubesphere.io/v1alpha1
 kind: DiskVolume
 metadata:
