@@ -119,19 +119,15 @@ func fetch(ctx context.Context, dir string) error {
 			return nil
 		}
 	}
-	// linux-image-amd64 is a meta package: the kernel is the package it depends on.
-	out, err := exec.CommandContext(ctx, "apt-cache", "depends", "linux-image-amd64").Output()
+	kernel, err := kernelPackage(ctx)
 	if err != nil {
-		return fmt.Errorf("apt-cache depends linux-image-amd64: %w", err)
-	}
-	kernel := ""
-	for _, l := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(l); len(f) == 2 && f[0] == "Depends:" && strings.HasPrefix(f[1], "linux-image-") {
-			kernel = f[1]
+		// apt's lists may be missing (a machine whose packages came installed): fetch them once.
+		if uerr := run(ctx, "apt-get", "update", "-qq"); uerr != nil {
+			return fmt.Errorf("%w; apt-get update: %w", err, uerr)
 		}
-	}
-	if kernel == "" {
-		return fmt.Errorf("linux-image-amd64 names no kernel package: %s", out)
+		if kernel, err = kernelPackage(ctx); err != nil {
+			return err
+		}
 	}
 	cmd := exec.CommandContext(ctx, "apt-get", "download", kernel, "busybox-static")
 	cmd.Dir = dir
@@ -139,6 +135,20 @@ func fetch(ctx context.Context, dir string) error {
 		return fmt.Errorf("apt-get download %s busybox-static (hack/setup.sh makes apt ready): %w: %s", kernel, err, out)
 	}
 	return nil
+}
+
+// kernelPackage is the kernel package linux-image-amd64, a meta package, depends on.
+func kernelPackage(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "apt-cache", "depends", "linux-image-amd64").Output()
+	if err != nil {
+		return "", fmt.Errorf("apt-cache depends linux-image-amd64: %w", err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "Depends:" && strings.HasPrefix(f[1], "linux-image-") {
+			return f[1], nil
+		}
+	}
+	return "", fmt.Errorf("linux-image-amd64 names no kernel package: %s", out)
 }
 
 // image writes the raw disk: MBR with syslinux's boot code and one active FAT16 partition,
