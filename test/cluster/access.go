@@ -187,3 +187,6 @@ func (c *Cluster) Logs(ctx context.Context, ns, pod string, w io.Writer) error {
 	_, err = io.Copy(w, r)
 	return err
 }
+
+// KubeconfigFile is the administrator's kubeconfig (client certificates).
+func (c *Cluster) KubeconfigFile() string { return c.Kubeconfig }

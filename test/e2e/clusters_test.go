@@ -37,6 +37,8 @@ type Cluster interface {
 	// IdleImage is an image whose container runs until stopped, standing in for a VM's
 	// virt-launcher (the local cluster runs only diskpipe's pods; the real node runs it).
 	IdleImage() string
+	// KubeconfigFile is an administrator's kubeconfig (client certificates), for kubectl plugins.
+	KubeconfigFile() string
 	Stop()
 }
 
@@ -63,7 +65,8 @@ func (l local) HostAddress() string      { return "127.0.0.1" }
 func (l local) AWS(ctx context.Context, args ...string) (string, error) {
 	return l.Store.AWS(ctx, l.Store.SecretKey, args...)
 }
-func (l local) StopStore() error  { l.Store.Kill(); return nil }
-func (l local) StartStore() error { l.Store.Restart(); return nil }
-func (l local) UploadURL() string { return l.Cluster.UploadURL }
-func (l local) IdleImage() string { return "quay.io/kubevirt/virt-launcher" }
+func (l local) StopStore() error       { l.Store.Kill(); return nil }
+func (l local) StartStore() error      { l.Store.Restart(); return nil }
+func (l local) UploadURL() string      { return l.Cluster.UploadURL }
+func (l local) IdleImage() string      { return "quay.io/kubevirt/virt-launcher" }
+func (l local) KubeconfigFile() string { return l.Kubeconfig }

@@ -1,0 +1,184 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// diskpipe's groups: a KIND/NAME must name a kind of one of them.
+var groups = map[string]bool{"hypercloud.tmaxanc.com": true, "virtualmachine.kubesphere.io": true, "diskvolume.kubesphere.io": true}
+
+// exports is the VirtualMachineVolumeExport resource.
+var exports = schema.GroupVersionResource{Group: "hypercloud.tmaxanc.com", Version: "v1alpha1", Resource: "virtualmachinevolumeexports"}
+
+type client struct {
+	dyn       dynamic.Interface
+	mapper    meta.RESTMapper
+	namespace string
+}
+
+// ref is one object: its resource, kind and name, in the client's namespace.
+type ref struct {
+	gvr  schema.GroupVersionResource
+	kind string
+	name string
+}
+
+func (r ref) String() string { return strings.ToLower(r.kind) + "/" + r.name }
+
+func (o *options) client() (*client, error) {
+	cfg, err := o.config.ToRESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	mapper, err := o.config.ToRESTMapper()
+	if err != nil {
+		return nil, err
+	}
+	ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return nil, err
+	}
+	return &client{dyn: dyn, mapper: mapper, namespace: ns}, nil
+}
+
+// resolve turns KIND/NAME into a reference, with the names kubectl knows (short names too,
+// through discovery).
+func (c *client) resolve(arg string) (ref, error) {
+	kind, name, ok := strings.Cut(arg, "/")
+	if !ok || kind == "" || name == "" {
+		return ref{}, usageError("%q: want KIND/NAME, for example vmim/ubuntu", arg)
+	}
+	gvr, err := c.mapper.ResourceFor(schema.ParseGroupResource(kind).WithVersion(""))
+	if err != nil {
+		return ref{}, usageError("%q is not a kind this cluster knows: %v", kind, err)
+	}
+	if !groups[gvr.Group] {
+		return ref{}, usageError("%s is not one of diskpipe's kinds", gvr.GroupResource())
+	}
+	gvk, err := c.mapper.KindFor(gvr)
+	if err != nil {
+		return ref{}, err
+	}
+	return ref{gvr: gvr, kind: gvk.Kind, name: name}, nil
+}
+
+func (c *client) get(ctx context.Context, r ref) (*unstructured.Unstructured, error) {
+	return c.dyn.Resource(r.gvr).Namespace(c.namespace).Get(ctx, r.name, metav1.GetOptions{})
+}
+
+// state is what the plugin reads of an object's status.
+type state struct {
+	Kind     string `json:"kind"`
+	Name     string `json:"name"`
+	Phase    string `json:"phase"`
+	Progress string `json:"progress,omitempty"`
+	// BytesDone and BytesTotal are the running copy's, when the status has them.
+	BytesDone  int64  `json:"bytesDone,omitempty"`
+	BytesTotal int64  `json:"bytesTotal,omitempty"`
+	Ready      string `json:"ready"`
+	Reason     string `json:"reason,omitempty"`
+	Message    string `json:"message,omitempty"`
+	Retries    int64  `json:"retries,omitempty"`
+	// Advice says what to do about a failure.
+	Advice string `json:"advice,omitempty"`
+	// For an export: where its object is and its digest.
+	DownloadURL string `json:"downloadURL,omitempty"`
+	Digest      string `json:"digest,omitempty"`
+}
+
+func stateOf(r ref, obj *unstructured.Unstructured) state {
+	s := state{Kind: r.kind, Name: r.name, Ready: "Unknown"}
+	s.Phase, _, _ = unstructured.NestedString(obj.Object, "status", "phase")
+	s.Progress, _, _ = unstructured.NestedString(obj.Object, "status", "progress")
+	s.BytesDone, _, _ = unstructured.NestedInt64(obj.Object, "status", "transfer", "bytesDone")
+	s.BytesTotal, _, _ = unstructured.NestedInt64(obj.Object, "status", "transfer", "bytesTotal")
+	s.Retries, _, _ = unstructured.NestedInt64(obj.Object, "status", "retries")
+	s.DownloadURL, _, _ = unstructured.NestedString(obj.Object, "status", "downloadURL")
+	s.Digest, _, _ = unstructured.NestedString(obj.Object, "status", "digest")
+	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if !ok || m["type"] != "Ready" {
+			continue
+		}
+		s.Ready, _ = m["status"].(string)
+		s.Reason, _ = m["reason"].(string)
+		s.Message, _ = m["message"].(string)
+	}
+	if s.Phase == "Failed" {
+		s.Advice = advice(s.Reason)
+	}
+	if s.Phase == "" {
+		s.Phase = "Pending"
+	}
+	return s
+}
+
+// done says whether the object reached an end: Ready, or failed for good.
+func (s state) done() bool { return s.Phase == "Ready" || s.Phase == "Failed" }
+
+// advice is what to do about a failure's reason (the README's "Troubleshooting" table).
+func advice(reason string) string {
+	return map[string]string{
+		"SourceNotFound":    "the source is not there (HTTP 404, no such object or tag): fix the URL or name and make the object again",
+		"SourceForbidden":   "the source refused the credentials: check the secret the source names",
+		"SourceUnavailable": "the source could not be reached after every retry: check that it is up and reachable from the cluster, then make the object again",
+		"TLSError":          "the source's certificate is not trusted: give its CA bundle (certConfigMap)",
+		"ChecksumMismatch":  "the bytes do not match the checksum in the spec: the source changed or the checksum is wrong",
+		"UnsupportedFormat": "the image's format is not one diskpipe reads: convert it with qemu-img to qcow2 or raw",
+		"BackingFile":       "the qcow2 image has a backing file: flatten it with 'qemu-img convert -O qcow2'",
+		"Encrypted":         "the image is encrypted: decrypt it with qemu-img first",
+		"MalformedImage":    "the image is damaged: check it with 'qemu-img check'",
+		"TruncatedImage":    "the image is cut short: download or upload it again",
+		"TooLarge":          "the image is larger than the volume: ask for more storage in the spec",
+		"NeedsRandomAccess": "this format needs a source that serves byte ranges: serve it with Range support, or convert it to qcow2",
+		"TargetUnavailable": "the object store could not be reached: check the store and export again",
+		"TargetForbidden":   "the object store refused the export's credentials",
+	}[reason]
+}
+
+func (s state) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s/%s: %s", strings.ToLower(s.Kind), s.Name, s.Phase)
+	if s.Progress != "" && s.Phase != "Ready" {
+		fmt.Fprintf(&b, " %s", s.Progress)
+	}
+	if s.BytesTotal > 0 && s.Phase != "Ready" {
+		fmt.Fprintf(&b, " (%s of %s)", bytesOf(s.BytesDone), bytesOf(s.BytesTotal))
+	}
+	if s.Reason != "" {
+		fmt.Fprintf(&b, ", %s", s.Reason)
+	}
+	if s.Message != "" && s.Phase != "Ready" {
+		fmt.Fprintf(&b, ": %s", s.Message)
+	}
+	if s.Retries > 0 {
+		fmt.Fprintf(&b, " (retries: %d)", s.Retries)
+	}
+	return b.String()
+}
+
+func bytesOf(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,64 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// exportBucket is the bundled store's bucket the plugin's exports are written to.
+const exportBucket = "kubectl-diskpipe"
+
+// export makes a VirtualMachineVolumeExport of pvc, waits for it, downloads its object and,
+// unless --keep, deletes the export and with it the object.
+func (o *options) export(ctx context.Context, c *client, pvc string) error {
+	if o.format != "qcow2" && o.format != "raw" {
+		return usageError("--format %s: qcow2 or raw", o.format)
+	}
+	retain := "Delete"
+	if o.keep {
+		retain = "Retain"
+	}
+	spec := map[string]any{
+		"pvcName":      pvc,
+		"format":       o.format,
+		"retainPolicy": retain,
+		"objectStore": map[string]any{
+			"bucketName": exportBucket,
+			"objectName": fmt.Sprintf("%s/%s-%s.%s", c.namespace, pvc, time.Now().UTC().Format("20060102-150405"), o.format),
+		},
+	}
+	if o.compression != "" {
+		spec["compression"] = o.compression
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": exports.GroupVersion().String(),
+		"kind":       "VirtualMachineVolumeExport",
+		"metadata":   map[string]any{"generateName": pvc + "-export-"},
+		"spec":       spec,
+	}}
+	made, err := c.dyn.Resource(exports).Namespace(c.namespace).Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("making the export of %s: %w", pvc, err)
+	}
+	r := ref{gvr: exports, kind: "VirtualMachineVolumeExport", name: made.GetName()}
+	fmt.Fprintf(o.streams.ErrOut, "%s made: exporting PVC %s as %s\n", r, pvc, o.format)
+	if !o.keep {
+		defer func() {
+			// Deleting the export deletes its object too (retainPolicy Delete), whatever came of it.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := c.dyn.Resource(exports).Namespace(c.namespace).Delete(ctx, r.name, metav1.DeleteOptions{}); err != nil {
+				fmt.Fprintf(o.streams.ErrOut, "deleting %s: %v\n", r, err)
+			}
+		}()
+	}
+	s, err := o.wait(ctx, c, r)
+	if err != nil {
+		return err
+	}
+	return o.fetchExport(ctx, c, r, s)
+}
