@@ -48,7 +48,10 @@ type Guest struct {
 }
 
 var (
-	line = regexp.MustCompile(`DISKPIPE-BOOT disk=(\S+) size=(\d+) marker=(\S*)\r?\n`)
+	// The marker's characters are few, so that a console message that still cuts in after it
+	// cannot be read as part of it; the character after it says the line is whole, not half
+	// written when the console file is read.
+	line = regexp.MustCompile(`DISKPIPE-BOOT disk=([a-z]+) size=(\d+) marker=([A-Za-z0-9._-]*)[^A-Za-z0-9._-]`)
 	// stopped is what a guest that will never say the line prints: the BIOS finding nothing
 	// to boot, syslinux or the kernel's decompressor failing, a panic.
 	stopped = regexp.MustCompile(`System halted|Kernel panic[^\n]*|No bootable device|Boot failed[^\n]*|Could not find kernel image[^\n]*|Missing operating system|Operating system load error`)

@@ -80,3 +80,21 @@ func TestBootCorrupted(t *testing.T) {
 		t.Errorf("a disk with another marker: %v", err)
 	}
 }
+
+// TestLine checks the reading of the boot line: whole lines only, and a console message that
+// cuts in after the marker (as the kernel's did once) is not part of it.
+func TestLine(t *testing.T) {
+	for console, want := range map[string]string{
+		"DISKPIPE-BOOT disk=vda size=67108864 marker=diskpipe-bootdisk-v1\r\n":                            "diskpipe-bootdisk-v1",
+		"DISKPIPE-BOOT disk=vda size=67108864 marker=diskpipe-bootdisk-v1[    2.102582] tsc: Refined\r\n": "diskpipe-bootdisk-v1",
+		"DISKPIPE-BOOT disk=vda size=67108864 marker=diskpipe-boo":                                        "",
+	} {
+		got := ""
+		if m := line.FindStringSubmatch(console); m != nil {
+			got = m[3]
+		}
+		if got != want {
+			t.Errorf("%q: marker %q, want %q (empty: no whole line)", console, got, want)
+		}
+	}
+}

@@ -38,6 +38,7 @@ for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
 done
 i=0
 while [ ! -e /sys/block/vda/size ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+dmesg -n 1 # the kernel's own messages would cut into the line on the console
 size=$(( $(cat /sys/block/vda/size) * 512 ))
 marker=$(dd if=/dev/vda bs=512 skip=64 count=1 2>/dev/null | tr -d '\000' | head -n 1)
 echo "DISKPIPE-BOOT disk=vda size=$size marker=$marker"
