@@ -64,7 +64,8 @@ func pvOf(ns, pvc string) *corev1.PersistentVolume {
 	return pv
 }
 
-// idlePod is a restricted pod that mounts a PVC and runs until deleted.
+// idlePod is a restricted pod that mounts a PVC and runs until deleted, as a VM's
+// virt-launcher would.
 func idlePod(name, claim string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod

@@ -320,26 +320,7 @@ spec:
   source:
     image: {name: base, kind: VirtualMachineImage}
 ---
-apiVersion: v1
-kind: Pod
-metadata:
-  name: virt-launcher-vm
-spec:
-  securityContext:
-    runAsNonRoot: true
-    runAsUser: 107
-    seccompProfile: {type: RuntimeDefault}
-  containers:
-  - name: compute
-    image: `+cluster.IdleImage()+`
-    securityContext:
-      allowPrivilegeEscalation: false
-      capabilities: {drop: [ALL]}
-  volumes:
-  - name: disk
-    persistentVolumeClaim:
-      claimName: attached
-`, "apply", "-n", ns, "-f", "-")
+`+idlePod("virt-launcher-vm", "attached"), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "dvol", "attached"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineVolumeExport
