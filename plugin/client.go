@@ -19,6 +19,11 @@ var groups = map[string]bool{"hypercloud.tmaxanc.com": true, "virtualmachine.kub
 // exports is the VirtualMachineVolumeExport resource.
 var exports = schema.GroupVersionResource{Group: "hypercloud.tmaxanc.com", Version: "v1alpha1", Resource: "virtualmachinevolumeexports"}
 
+// exportRef is the VirtualMachineVolumeExport name.
+func exportRef(name string) ref {
+	return ref{gvr: exports, kind: "VirtualMachineVolumeExport", name: name}
+}
+
 type client struct {
 	dyn       dynamic.Interface
 	mapper    meta.RESTMapper

@@ -30,7 +30,7 @@ var errExpired = errors.New("the store refused the download URL (HTTP 403)")
 
 // download fetches an export's object into file, waiting for the export first.
 func (o *options) download(ctx context.Context, c *client, name string) error {
-	r := ref{gvr: exports, kind: "VirtualMachineVolumeExport", name: name}
+	r := exportRef(name)
 	s, err := o.wait(ctx, c, r)
 	if err != nil {
 		return err

@@ -44,7 +44,7 @@ func (o *options) export(ctx context.Context, c *client, pvc string) error {
 	if err != nil {
 		return fmt.Errorf("making the export of %s: %w", pvc, err)
 	}
-	r := ref{gvr: exports, kind: "VirtualMachineVolumeExport", name: made.GetName()}
+	r := exportRef(made.GetName())
 	fmt.Fprintf(o.streams.ErrOut, "%s made: exporting PVC %s as %s\n", r, pvc, o.format)
 	if !o.keep {
 		defer func() {

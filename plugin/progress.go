@@ -36,7 +36,7 @@ func (b *bar) show(done, total int64, note string) {
 	}
 	eta := "--"
 	if rate > 0 && total > done {
-		eta = (time.Duration(float64(total-done)/rate) * time.Second / time.Second * time.Second).String()
+		eta = (time.Duration(float64(total-done)/rate) * time.Second).String()
 	}
 	pct := 0.0
 	if total > 0 {

@@ -174,9 +174,7 @@ func listen() net.Listener {
 // guest starts and sees the whole disk, grown or not, and the image's marker.
 func boots(disk string) {
 	GinkgoHelper()
-	fi, err := os.Stat(disk)
-	Expect(err).NotTo(HaveOccurred())
-	g, err := bootdisk.Check(context.Background(), disk, "raw", fi.Size())
+	g, err := bootdisk.Check(context.Background(), disk, "raw", fileSize(disk))
 	Expect(err).NotTo(HaveOccurred())
 	GinkgoWriter.Printf("%s booted in %.1f s: disk=%s size=%d marker=%s\n", disk, g.Took.Seconds(), g.Disk, g.Size, g.Marker)
 }
