@@ -5,23 +5,28 @@
 //	PUT  /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
 //	HEAD /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
 //
-// Callers authenticate with their Kubernetes bearer token (a TokenReview) and need `create`
-// on the image's `upload` subresource (a SubjectAccessReview); there are no anonymous uploads.
+// Callers prove their right to upload to the image (auth.go) with an upload token, which the
+// manager's webhook issues for an UploadTokenRequest to users of any credential, or with a
+// Kubernetes bearer token; either way the right checked is `create` on the image's `upload`
+// subresource. There are no anonymous uploads.
 //
 // Uploads are resumable. The body goes to the store as a multipart upload, one part per
-// PartSize bytes; the parts stored are the acknowledged offset, which HEAD reports in the
-// Upload-Offset header. A client whose connection dropped continues with a PUT of the rest and
-// `Content-Range: bytes <offset>-<last>/<total>` (resending from an earlier offset is fine: the
-// bytes already stored are skipped). When the last byte arrives the upload is completed, the
-// image's checksum, if it has one, verified by reading the object back, and a marker object
-// written that tells the image controller the upload is whole. A mismatch deletes the object:
-// nothing is imported.
+// PartSize bytes. After each part the proxy saves the upload's state beside it (the object
+// <key>.state: the parts, the offset, and the checksum's hash state, which Go's hashes
+// marshal), so the acknowledged offset, which HEAD reports in the Upload-Offset header,
+// survives a dropped connection and a restart of the proxy. A client continues with a PUT of
+// the rest and `Content-Range: bytes <offset>-<last>/<total>` (resending from an earlier
+// offset is fine: the bytes already stored are skipped). Every byte is hashed once, as it
+// arrives: when the last byte is stored the upload is completed and the image's checksum, if
+// it has one, is verified from the saved hash, never by reading the object back; then a
+// marker object tells the image controller the upload is whole. A mismatch deletes the
+// object: nothing is imported.
 package uploadproxy
 
 import (
 	"bytes"
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,16 +34,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/minio/minio-go/v7"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
-	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
@@ -55,6 +56,9 @@ func ObjectKey(namespace, resource, name, uid string) string {
 // MarkerKey is written once the upload at key is whole and verified.
 func MarkerKey(key string) string { return key + ".complete" }
 
+// StateKey holds the state of the unfinished upload at key.
+func StateKey(key string) string { return key + ".state" }
+
 // Headers of the resumable protocol.
 const (
 	HeaderOffset   = "Upload-Offset"
@@ -67,24 +71,17 @@ type Server struct {
 	Kube client.Client
 	// Store holds the uploads.
 	Store *objectstore.Client
+	// TokenKey verifies upload tokens; nil accepts only Kubernetes tokens.
+	TokenKey *TokenKey
 	// PartSize is the size of each stored part (default 16 MiB; S3 needs 5 MiB at least).
 	PartSize int64
 	Log      *slog.Logger
+
+	// busy holds the keys of uploads a request is writing: one writer per upload.
+	busy sync.Map
 }
 
 var path = regexp.MustCompile(`^/v1/namespaces/([a-z0-9-]{1,63})/(virtualmachineimages|imagetemplates)/([a-z0-9.-]{1,253})$`)
-
-// httpError is a failure with its status code.
-type httpError struct {
-	code int
-	msg  string
-}
-
-func (e *httpError) Error() string { return e.msg }
-
-func fail(code int, format string, args ...any) error {
-	return &httpError{code: code, msg: fmt.Sprintf(format, args...)}
-}
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.PartSize == 0 {
@@ -93,25 +90,41 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.Log == nil {
 		s.Log = slog.New(slog.DiscardHandler)
 	}
-	err := s.serve(w, r)
-	var he *httpError
-	switch {
-	case err == nil:
-	case errors.As(err, &he):
-		http.Error(w, he.msg, he.code)
-	default:
-		s.Log.Error("Upload failed", "path", r.URL.Path, "err", err)
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+	if err := s.serve(w, r); err != nil {
+		code := StatusOf(err)
+		if code == http.StatusInternalServerError {
+			s.Log.Error("Upload failed", "path", r.URL.Path, "err", err)
+		}
+		http.Error(w, err.Error(), code)
 	}
 }
 
-// upload is one image's upload.
+// state is an unfinished upload's, saved after each part at StateKey.
+type state struct {
+	UploadID string `json:"uploadID"`
+	Parts    []part `json:"parts"`
+	// Offset is the bytes stored: the sum of the parts.
+	Offset int64 `json:"offset"`
+	// Total is the upload's size, once a PUT has said it.
+	Total int64 `json:"total"`
+	// Checksum is the image's checksum spec the hash is for, Hash the hash's state after
+	// Offset bytes.
+	Checksum string `json:"checksum"`
+	Hash     []byte `json:"hash"`
+}
+
+type part struct {
+	Number int    `json:"n"`
+	ETag   string `json:"etag"`
+	Size   int64  `json:"size"`
+}
+
+// upload is one image's upload as a request finds it.
 type upload struct {
 	key      string
-	checksum string
-	uploadID string
-	parts    []minio.ObjectPart
-	offset   int64
+	complete bool
+	state
+	sum *transfer.Checksum
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
@@ -124,205 +137,249 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
 		return fail(http.StatusMethodNotAllowed, "PUT or HEAD")
 	}
 	ctx := r.Context()
-	if err := s.authorize(ctx, r, ns, resource, name); err != nil {
+	who, err := s.authorize(ctx, r, ns, resource, name)
+	if err != nil {
 		return err
 	}
-	u, err := s.find(ctx, ns, resource, name)
+	img, err := GetImage(ctx, s.Kube, ns, resource, name)
+	if err != nil {
+		return err
+	}
+	if who.uid != "" && who.uid != img.UID {
+		return fail(http.StatusForbidden, "the upload token is for an earlier %s %s/%s, since deleted: ask for a new one", resource, ns, name)
+	}
+	key := ObjectKey(ns, resource, name, img.UID)
+	if r.Method == http.MethodPut {
+		if _, running := s.busy.LoadOrStore(key, true); running {
+			return fail(http.StatusConflict, "another request is uploading to %s %s/%s; try again when it ends", resource, ns, name)
+		}
+		defer s.busy.Delete(key)
+	}
+	u, err := s.find(ctx, key, img.Checksum)
 	if err != nil {
 		return err
 	}
 	if r.Method == http.MethodHead {
-		w.Header().Set(HeaderOffset, strconv.FormatInt(u.offset, 10))
-		w.Header().Set(HeaderComplete, strconv.FormatBool(u.uploadID == "" && u.offset > 0))
+		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
+		w.Header().Set(HeaderComplete, strconv.FormatBool(u.complete))
 		return nil
 	}
+	s.Log.Info("Upload", "key", key, "user", who.user, "offset", u.Offset)
 	return s.put(ctx, w, r, u)
 }
 
-// authorize checks the caller's token and its right to upload to the image.
-func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, name string) error {
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
-		return fail(http.StatusUnauthorized, "an Authorization: Bearer <token> header with a Kubernetes token is required")
-	}
-	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}
-	if err := s.Kube.Create(ctx, tr); err != nil {
-		return fmt.Errorf("reviewing the token: %w", err)
-	}
-	if !tr.Status.Authenticated {
-		return fail(http.StatusUnauthorized, "the token is not valid: %s", tr.Status.Error)
-	}
-	user := tr.Status.User
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range user.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
-	}
-	group := hypercloud.GroupVersion.Group
-	if resource == "imagetemplates" {
-		group = virtualmachine.GroupVersion.Group
-	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: user.Username, Groups: user.Groups, UID: user.UID, Extra: extra,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Group: group,
-			Resource: resource, Subresource: "upload", Name: name}}}
-	if err := s.Kube.Create(ctx, sar); err != nil {
-		return fmt.Errorf("reviewing access: %w", err)
-	}
-	if !sar.Status.Allowed {
-		return fail(http.StatusForbidden, "%s may not upload to %s %s/%s: it needs create on %s/upload", user.Username, resource, ns, name, resource)
-	}
-	return nil
-}
-
-// find reads the image and the state of its upload.
-func (s *Server) find(ctx context.Context, ns, resource, name string) (*upload, error) {
-	var obj client.Object
-	var src *common.UploadSource
-	var sum common.Checksum
-	if resource == "imagetemplates" {
-		t := &virtualmachine.ImageTemplate{}
-		obj = t
-		if err := s.Kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, t); err != nil {
-			return nil, notFound(err, resource, ns, name)
-		}
-		src, sum = t.Spec.Source.Upload, t.Spec.Source.Checksum
-	} else {
-		v := &hypercloud.VirtualMachineImage{}
-		obj = v
-		if err := s.Kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, v); err != nil {
-			return nil, notFound(err, resource, ns, name)
-		}
-		src, sum = v.Spec.Source.Upload, v.Spec.Source.Checksum
-	}
-	if src == nil {
-		return nil, fail(http.StatusConflict, "%s %s/%s does not take uploads: its source is not upload", resource, ns, name)
-	}
-	u := &upload{key: ObjectKey(ns, resource, name, string(obj.GetUID())), checksum: string(sum)}
-	if _, err := s.Store.StatObject(ctx, Bucket, MarkerKey(u.key), minio.StatObjectOptions{}); err == nil {
-		info, err := s.Store.StatObject(ctx, Bucket, u.key, minio.StatObjectOptions{})
+// find reads the state of an image's upload: complete, unfinished (its saved state), or new.
+func (s *Server) find(ctx context.Context, key, checksum string) (*upload, error) {
+	u := &upload{key: key}
+	if _, err := s.Store.StatObject(ctx, Bucket, MarkerKey(key), minio.StatObjectOptions{}); err == nil {
+		info, err := s.Store.StatObject(ctx, Bucket, key, minio.StatObjectOptions{})
 		if err != nil {
 			return nil, err
 		}
-		u.offset = info.Size
-		return u, nil // complete
+		u.complete, u.Offset = true, info.Size
+		return u, nil
 	}
-	core := minio.Core{Client: s.Store.Client}
-	list, err := core.ListMultipartUploads(ctx, Bucket, u.key, "", "", "", 100)
-	if err != nil && minio.ToErrorResponse(err).Code != "NoSuchBucket" {
+	var err error
+	if u.sum, err = transfer.ParseChecksum(checksum); err != nil {
+		return nil, fail(http.StatusBadRequest, "%v", err)
+	}
+	u.Checksum = checksum
+	saved, err := s.readState(ctx, key)
+	if err != nil {
 		return nil, err
 	}
-	for _, up := range list.Uploads {
-		if up.Key != u.key {
-			continue
-		}
-		u.uploadID = up.UploadID
-		parts, err := core.ListObjectParts(ctx, Bucket, u.key, up.UploadID, 0, 10000)
-		if err != nil {
+	if saved != nil && saved.Checksum == checksum && s.inProgress(ctx, key, saved) {
+		if err := u.sum.Restore(saved.Hash); err != nil {
 			return nil, err
 		}
-		u.parts = parts.ObjectParts
-		for _, p := range u.parts {
-			u.offset += p.Size
-		}
+		u.state = *saved
+		return u, nil
 	}
-	if u.uploadID == "" {
-		u.uploadID = "new"
-	}
+	// Nothing to go on: begin again, without what an unrecorded attempt left.
+	s.abortAll(ctx, key)
 	return u, nil
 }
 
-func notFound(err error, resource, ns, name string) error {
-	if apierrors.IsNotFound(err) {
-		return fail(http.StatusNotFound, "%s %s/%s does not exist", resource, ns, name)
+func (s *Server) readState(ctx context.Context, key string) (*state, error) {
+	obj, err := s.Store.GetObject(ctx, Bucket, StateKey(key), minio.GetObjectOptions{})
+	if err != nil {
+		return nil, err
 	}
+	defer obj.Close()
+	data, err := io.ReadAll(obj)
+	switch code := minio.ToErrorResponse(err).Code; {
+	case code == "NoSuchKey" || code == "NoSuchBucket":
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the upload's state: %w", err)
+	}
+	st := &state{}
+	if err := json.Unmarshal(data, st); err != nil {
+		s.Log.Error("Ignoring an unreadable upload state", "key", key, "err", err)
+		return nil, nil
+	}
+	return st, nil
+}
+
+// inProgress says whether st's multipart upload is still open, or, for one whose last part
+// was stored, completed (the proxy stopped between completing and marking it).
+func (s *Server) inProgress(ctx context.Context, key string, st *state) bool {
+	if st.Total > 0 && st.Offset == st.Total {
+		info, err := s.Store.StatObject(ctx, Bucket, key, minio.StatObjectOptions{})
+		if err == nil && info.Size == st.Total {
+			return true
+		}
+	}
+	core := minio.Core{Client: s.Store.Client}
+	list, err := core.ListMultipartUploads(ctx, Bucket, key, "", "", "", 1000)
+	if err != nil {
+		return false
+	}
+	for _, up := range list.Uploads {
+		if up.Key == key && up.UploadID == st.UploadID {
+			return true
+		}
+	}
+	return false
+}
+
+// abortAll aborts the multipart uploads of key.
+func (s *Server) abortAll(ctx context.Context, key string) {
+	core := minio.Core{Client: s.Store.Client}
+	list, err := core.ListMultipartUploads(ctx, Bucket, key, "", "", "", 1000)
+	if err != nil {
+		return
+	}
+	for _, up := range list.Uploads {
+		if up.Key == key {
+			if err := core.AbortMultipartUpload(ctx, Bucket, key, up.UploadID); err != nil {
+				s.Log.Error("Could not abort an unrecorded upload", "key", key, "err", err)
+			}
+		}
+	}
+}
+
+// save writes u's state.
+func (s *Server) save(ctx context.Context, u *upload) error {
+	var err error
+	if u.Hash, err = u.sum.State(); err != nil {
+		return err
+	}
+	data, err := json.Marshal(u.state)
+	if err != nil {
+		return err
+	}
+	_, err = s.Store.PutObject(ctx, Bucket, StateKey(u.key), bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{ContentType: "application/json"})
 	return err
 }
 
 // put stores the body from its offset on, part by part, and completes the upload with its
 // last byte.
 func (s *Server) put(ctx context.Context, w http.ResponseWriter, r *http.Request, u *upload) error {
-	if u.uploadID == "" {
-		return fail(http.StatusConflict, "the upload is already complete (%d bytes)", u.offset)
+	if u.complete {
+		return fail(http.StatusConflict, "the upload is already complete (%d bytes)", u.Offset)
+	}
+	if u.Total > 0 && u.Offset == u.Total {
+		return s.complete(ctx, w, u) // every byte is stored: finish what a stopped request began
 	}
 	start, total, err := contentRange(r)
 	if err != nil {
 		return err
 	}
-	if start > u.offset {
-		w.Header().Set(HeaderOffset, strconv.FormatInt(u.offset, 10))
-		return fail(http.StatusConflict, "the upload is at byte %d; continue from there", u.offset)
+	if total == 0 {
+		return fail(http.StatusBadRequest, "the upload is empty")
+	}
+	if u.Total != 0 && total != u.Total {
+		return fail(http.StatusConflict, "the upload is of %d bytes, this request says %d: upload the same file, or delete and make the image again", u.Total, total)
+	}
+	if start > u.Offset {
+		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
+		return fail(http.StatusConflict, "the upload is at byte %d; continue from there", u.Offset)
 	}
 	core := minio.Core{Client: s.Store.Client}
-	if u.uploadID == "new" {
+	if u.UploadID == "" {
 		if err := s.Store.EnsureBucket(ctx, Bucket); err != nil {
 			return err
 		}
-		if u.uploadID, err = core.NewMultipartUpload(ctx, Bucket, u.key, minio.PutObjectOptions{}); err != nil {
+		if u.UploadID, err = core.NewMultipartUpload(ctx, Bucket, u.key, minio.PutObjectOptions{}); err != nil {
+			return err
+		}
+		u.Total = total
+		if err := s.save(ctx, u); err != nil {
 			return err
 		}
 	}
 	// Skip what is stored already.
-	if _, err := io.CopyN(io.Discard, r.Body, u.offset-start); err != nil {
-		return fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.offset, err)
+	if _, err := io.CopyN(io.Discard, r.Body, u.Offset-start); err != nil {
+		return fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.Offset, err)
 	}
+	rc := http.NewResponseController(w)
 	buf := make([]byte, s.PartSize)
-	for u.offset < total {
-		n, err := io.ReadFull(r.Body, buf[:min(s.PartSize, total-u.offset)])
+	for u.Offset < total {
+		// A client that went away without closing the connection frees the upload in time.
+		_ = rc.SetReadDeadline(time.Now().Add(2 * time.Minute))
+		n, err := io.ReadFull(r.Body, buf[:min(s.PartSize, total-u.Offset)])
 		if err != nil {
 			// A cut connection: the stored parts are the offset to resume from.
-			s.Log.Info("Upload interrupted", "key", u.key, "offset", u.offset, "err", err)
-			w.Header().Set(HeaderOffset, strconv.FormatInt(u.offset, 10))
-			return fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", u.offset+int64(n), total, u.offset)
+			s.Log.Info("Upload interrupted", "key", u.key, "offset", u.Offset, "err", err)
+			w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
+			return fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", u.Offset+int64(n), total, u.Offset)
 		}
-		part, err := core.PutObjectPart(ctx, Bucket, u.key, u.uploadID, len(u.parts)+1, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})
+		number := len(u.Parts) + 1
+		p, err := core.PutObjectPart(ctx, Bucket, u.key, u.UploadID, number, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})
 		if err != nil {
 			return err
 		}
-		u.parts = append(u.parts, minio.ObjectPart{PartNumber: part.PartNumber, ETag: part.ETag, Size: part.Size})
-		u.offset += int64(n)
+		u.sum.Hash.Write(buf[:n])
+		u.Parts = append(u.Parts, part{Number: number, ETag: p.ETag, Size: int64(n)})
+		u.Offset += int64(n)
+		if err := s.save(ctx, u); err != nil {
+			return err
+		}
 	}
 	return s.complete(ctx, w, u)
 }
 
-// complete joins the parts, verifies the checksum and marks the upload whole.
+// complete joins the parts, verifies the checksum from the hash of what came, and marks the
+// upload whole.
 func (s *Server) complete(ctx context.Context, w http.ResponseWriter, u *upload) error {
 	core := minio.Core{Client: s.Store.Client}
-	parts := make([]minio.CompletePart, len(u.parts))
-	for i, p := range u.parts {
-		parts[i] = minio.CompletePart{PartNumber: p.PartNumber, ETag: p.ETag}
+	parts := make([]minio.CompletePart, len(u.Parts))
+	for i, p := range u.Parts {
+		parts[i] = minio.CompletePart{PartNumber: p.Number, ETag: p.ETag}
 	}
-	if _, err := core.CompleteMultipartUpload(ctx, Bucket, u.key, u.uploadID, parts, minio.PutObjectOptions{}); err != nil {
-		return err
-	}
-	cs, err := transfer.ParseChecksum(u.checksum)
-	if err != nil {
-		return fail(http.StatusBadRequest, "%v", err)
-	}
-	obj, err := s.Store.GetObject(ctx, Bucket, u.key, minio.GetObjectOptions{})
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(cs.Hash, obj)
-	obj.Close()
-	if err != nil {
-		return err
-	}
-	if err := cs.Verify(); err != nil {
-		if rerr := s.Store.RemoveObject(ctx, Bucket, u.key, minio.RemoveObjectOptions{}); rerr != nil {
-			s.Log.Error("Could not remove a mismatched upload", "key", u.key, "err", rerr)
+	if _, err := core.CompleteMultipartUpload(ctx, Bucket, u.key, u.UploadID, parts, minio.PutObjectOptions{}); err != nil {
+		// Completed already, by a request that stopped before its marker.
+		if info, serr := s.Store.StatObject(ctx, Bucket, u.key, minio.StatObjectOptions{}); serr != nil || info.Size != u.Total {
+			return err
 		}
+	}
+	if err := u.sum.Verify(); err != nil {
+		s.discard(ctx, u.key)
 		return fail(http.StatusUnprocessableEntity, "%v; the upload was discarded: upload the right image", err)
 	}
-	digest := cs.Digest()
+	digest := u.sum.Digest()
 	if _, err := s.Store.PutObject(ctx, Bucket, MarkerKey(u.key), strings.NewReader(digest), int64(len(digest)), minio.PutObjectOptions{}); err != nil {
 		return err
 	}
-	s.Log.Info("Upload complete", "key", u.key, "bytes", u.offset, "digest", digest)
-	w.Header().Set(HeaderOffset, strconv.FormatInt(u.offset, 10))
+	if err := s.Store.RemoveObject(ctx, Bucket, StateKey(u.key), minio.RemoveObjectOptions{}); err != nil {
+		s.Log.Error("Could not remove a finished upload's state", "key", u.key, "err", err)
+	}
+	s.Log.Info("Upload complete", "key", u.key, "bytes", u.Offset, "digest", digest)
+	w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 	w.Header().Set(HeaderComplete, "true")
 	w.WriteHeader(http.StatusCreated)
-	_, _ = fmt.Fprintf(w, "uploaded %d bytes, %s\n", u.offset, digest)
+	_, _ = fmt.Fprintf(w, "uploaded %d bytes, %s\n", u.Offset, digest)
 	return nil
+}
+
+// discard removes a rejected upload's object and state.
+func (s *Server) discard(ctx context.Context, key string) {
+	for _, k := range []string{key, StateKey(key)} {
+		if err := s.Store.RemoveObject(ctx, Bucket, k, minio.RemoveObjectOptions{}); err != nil {
+			s.Log.Error("Could not remove a rejected upload", "key", k, "err", err)
+		}
+	}
 }
 
 // contentRange is where the body starts and the upload's total size: from Content-Range, or

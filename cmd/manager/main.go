@@ -4,11 +4,16 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"os"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	upload "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -35,6 +40,10 @@ func main() {
 	flag.StringVar(&webhook.Configuration, "webhook-configuration", admission.ConfigurationName, "name of the ValidatingWebhookConfiguration")
 	flag.StringVar(&webhook.CertSecret, "webhook-cert-secret", "", "Secret in which the manager keeps the webhooks' certificate it issues and renews (empty: cert-manager or another tool writes --webhook-cert-dir)")
 	flag.StringVar(&webhookService, "webhook-service", "", "DNS name of the webhooks' Service (<name>.<namespace>.svc), for the certificate")
+	var tokenSecret, proxyService string
+	flag.StringVar(&tokenSecret, "upload-token-secret", "", "NAMESPACE/NAME of the Secret holding the key upload tokens are signed with, made if missing (empty: no upload tokens)")
+	flag.StringVar(&webhook.UploadProxyURL, "upload-proxy-url", "", "the upload proxy's URL outside the cluster, told to token requesters (empty: none)")
+	flag.StringVar(&proxyService, "upload-proxy-service", "", "the upload proxy's Service, told to token requesters, as SCHEME:NAMESPACE/NAME:PORT (http:diskpipe-system/diskpipe-uploadproxy:upload)")
 	store.BindFlags(flag.CommandLine, &storeCredsDir)
 	flag.StringVar(&opts.ObjectStorePublicEndpoint, "objectstore-public-endpoint", "", "the store's URL outside the cluster, for exports' download URLs (empty: --objectstore-endpoint)")
 	var qps float64
@@ -65,6 +74,9 @@ func main() {
 			err = errors.New("--webhook-cert-secret needs --webhook-service and the POD_NAMESPACE environment variable")
 		}
 		opts.Webhook = &webhook
+		if tokenSecret != "" && err == nil {
+			err = parseTokenFlags(&webhook, tokenSecret, proxyService)
+		}
 	}
 	if store.Endpoint != "" && err == nil {
 		opts.ObjectStore = &store
@@ -83,4 +95,24 @@ func main() {
 		ctrl.Log.Error(err, "Manager stopped")
 		os.Exit(1)
 	}
+}
+
+// parseTokenFlags reads --upload-token-secret and --upload-proxy-service.
+func parseTokenFlags(w *manager.WebhookOptions, secret, service string) error {
+	ns, name, ok := strings.Cut(secret, "/")
+	if !ok || ns == "" || name == "" {
+		return fmt.Errorf("--upload-token-secret %q: want NAMESPACE/NAME", secret)
+	}
+	w.UploadTokenSecret = types.NamespacedName{Namespace: ns, Name: name}
+	if service == "" {
+		return nil
+	}
+	scheme, rest, ok1 := strings.Cut(service, ":")
+	nsName, port, ok2 := strings.Cut(rest, ":")
+	svcNS, svcName, ok3 := strings.Cut(nsName, "/")
+	if !ok1 || !ok2 || !ok3 || (scheme != "http" && scheme != "https") {
+		return fmt.Errorf("--upload-proxy-service %q: want SCHEME:NAMESPACE/NAME:PORT, SCHEME http or https", service)
+	}
+	w.UploadProxyService = &upload.ProxyService{Namespace: svcNS, Name: svcName, Port: port, Scheme: scheme}
+	return nil
 }

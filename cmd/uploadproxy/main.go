@@ -6,10 +6,12 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +29,7 @@ func main() {
 		certFile  = flag.String("tls-cert-file", "", "TLS certificate (empty: plain HTTP, for a TLS-terminating ingress)")
 		keyFile   = flag.String("tls-key-file", "", "TLS key")
 		partBytes = flag.Int64("part-size", 16<<20, "bytes per stored part: the granularity of resuming")
+		tokenKey  = flag.String("token-secret", "", "NAMESPACE/NAME of the Secret with the key upload tokens are signed with (empty: only Kubernetes tokens are accepted)")
 	)
 	var (
 		store    objectstore.ClientConfig
@@ -35,13 +38,13 @@ func main() {
 	store.BindFlags(flag.CommandLine, &credsDir)
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(log, *listen, *certFile, *keyFile, store, credsDir, *partBytes); err != nil {
+	if err := run(log, *listen, *certFile, *keyFile, store, credsDir, *partBytes, *tokenKey); err != nil {
 		log.Error("Upload proxy stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, listen, certFile, keyFile string, cfg objectstore.ClientConfig, credsDir string, partSize int64) error {
+func run(log *slog.Logger, listen, certFile, keyFile string, cfg objectstore.ClientConfig, credsDir string, partSize int64, tokenKey string) error {
 	if err := cfg.LoadCredentials(credsDir); err != nil {
 		return err
 	}
@@ -57,8 +60,16 @@ func run(log *slog.Logger, listen, certFile, keyFile string, cfg objectstore.Cli
 	if err != nil {
 		return err
 	}
+	srvUploads := &uploadproxy.Server{Kube: kube, Store: store, PartSize: partSize, Log: log}
+	if tokenKey != "" {
+		ns, name, ok := strings.Cut(tokenKey, "/")
+		if !ok {
+			return fmt.Errorf("--token-secret %q: want NAMESPACE/NAME", tokenKey)
+		}
+		srvUploads.TokenKey = &uploadproxy.TokenKey{Client: kube, Namespace: ns, Name: name}
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/", &uploadproxy.Server{Kube: kube, Store: store, PartSize: partSize, Log: log})
+	mux.Handle("/", srvUploads)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	srv := &http.Server{Addr: listen, Handler: mux,
 		ReadHeaderTimeout: 30 * time.Second}

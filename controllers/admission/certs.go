@@ -145,21 +145,46 @@ func (k *CertKeeper) sync(ctx context.Context) error {
 }
 
 func (k *CertKeeper) patchBundle(ctx context.Context, bundle []byte) error {
-	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.Configuration}, cfg); err != nil {
+	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.Configuration}, validating); err != nil {
 		return fmt.Errorf("reading the webhook configuration %s: %w", k.Configuration, err)
 	}
-	base := cfg.DeepCopy()
+	base := validating.DeepCopy()
 	changed := false
-	for i := range cfg.Webhooks {
-		if !bytes.Equal(cfg.Webhooks[i].ClientConfig.CABundle, bundle) {
-			cfg.Webhooks[i].ClientConfig.CABundle, changed = bundle, true
-		}
+	for i := range validating.Webhooks {
+		changed = setBundle(&validating.Webhooks[i].ClientConfig, bundle) || changed
 	}
+	if err := k.patch(ctx, changed, validating, base); err != nil {
+		return err
+	}
+	// The upload token webhook, of the same name; an installation without upload tokens has none.
+	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.Configuration}, mutating); apierrors.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("reading the mutating webhook configuration %s: %w", k.Configuration, err)
+	}
+	mbase := mutating.DeepCopy()
+	changed = false
+	for i := range mutating.Webhooks {
+		changed = setBundle(&mutating.Webhooks[i].ClientConfig, bundle) || changed
+	}
+	return k.patch(ctx, changed, mutating, mbase)
+}
+
+func setBundle(c *admissionregistrationv1.WebhookClientConfig, bundle []byte) bool {
+	if bytes.Equal(c.CABundle, bundle) {
+		return false
+	}
+	c.CABundle = bundle
+	return true
+}
+
+func (k *CertKeeper) patch(ctx context.Context, changed bool, obj, base client.Object) error {
 	if !changed {
 		return nil
 	}
-	if err := k.Client.Patch(ctx, cfg, client.StrategicMergeFrom(base)); err != nil {
+	if err := k.Client.Patch(ctx, obj, client.StrategicMergeFrom(base)); err != nil {
 		return fmt.Errorf("patching the caBundle of %s: %w", k.Configuration, err)
 	}
 	return nil

@@ -19,6 +19,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"k8s.io/apimachinery/pkg/types"
+
+	upload "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/export"
@@ -27,6 +30,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/metrics"
 	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
 	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // Options configure the manager.
@@ -73,6 +77,12 @@ type WebhookOptions struct {
 	// CertSync is how often every replica re-reads the certificate Secret, renews what is
 	// due and re-patches caBundle (default 10 minutes).
 	CertSync time.Duration
+	// UploadTokenSecret, when set, makes the manager issue upload tokens (UploadTokenRequest),
+	// signed with the key in this Secret (made if missing).
+	UploadTokenSecret types.NamespacedName
+	// UploadProxyURL and UploadProxyService tell token requesters where the upload proxy is.
+	UploadProxyURL     string
+	UploadProxyService *upload.ProxyService
 }
 
 // LeaderElectionID is the name of the Lease the manager's replicas contend for.
@@ -162,7 +172,16 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 				return nil, err
 			}
 		}
-		if err := admission.Register(ctx, mgr); err != nil {
+		var tokens *admission.UploadTokens
+		if w := opts.Webhook; w.UploadTokenSecret.Name != "" {
+			direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
+			if err != nil {
+				return nil, err
+			}
+			tokens = &admission.UploadTokens{Key: &uploadproxy.TokenKey{Client: direct, Namespace: w.UploadTokenSecret.Namespace, Name: w.UploadTokenSecret.Name},
+				URL: w.UploadProxyURL, Service: w.UploadProxyService}
+		}
+		if err := admission.Register(ctx, mgr, tokens); err != nil {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
 		}
 	}

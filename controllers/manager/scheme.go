@@ -9,6 +9,7 @@ import (
 
 	diskvolumev1alpha1 "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloudv1alpha1 "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	uploadv1alpha1 "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	virtualmachinev1alpha1 "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 )
 
@@ -20,6 +21,7 @@ func NewScheme() *runtime.Scheme {
 	utilruntime.Must(hypercloudv1alpha1.AddToScheme(s))
 	utilruntime.Must(virtualmachinev1alpha1.AddToScheme(s))
 	utilruntime.Must(diskvolumev1alpha1.AddToScheme(s))
+	utilruntime.Must(uploadv1alpha1.AddToScheme(s))
 	utilruntime.Must(snapshotv1.AddToScheme(s))
 	utilruntime.Must(kubevirtv1.AddToScheme(s))
 	return s

@@ -5,7 +5,9 @@ import (
 	"crypto/sha1" //nolint:gosec // likewise
 	"crypto/sha256"
 	"crypto/sha512"
+	"encoding"
 	"encoding/hex"
+	"fmt"
 	"hash"
 	"strings"
 )
@@ -54,4 +56,23 @@ func (c *Checksum) Verify() error {
 		return Permanent(ReasonChecksumMismatch, "checksum mismatch: the source's %s is %s, the spec expects %s", c.algorithm, got, c.Want)
 	}
 	return nil
+}
+
+// State is the hash's state after the bytes written so far (Go's hashes marshal it), so that
+// hashing can go on in another process: the upload proxy keeps it with a resumable upload.
+func (c *Checksum) State() ([]byte, error) {
+	m, ok := c.Hash.(encoding.BinaryMarshaler)
+	if !ok {
+		return nil, fmt.Errorf("the %s hash cannot save its state", c.algorithm)
+	}
+	return m.MarshalBinary()
+}
+
+// Restore continues from a State.
+func (c *Checksum) Restore(state []byte) error {
+	u, ok := c.Hash.(encoding.BinaryUnmarshaler)
+	if !ok {
+		return fmt.Errorf("the %s hash cannot restore its state", c.algorithm)
+	}
+	return u.UnmarshalBinary(state)
 }

@@ -149,9 +149,12 @@ func podOf(t *testing.T, w *unstructured.Unstructured) *unstructured.Unstructure
 // TestWebhookConfiguration: the chart's webhooks are the ones the manager serves
 // (admission.Configuration), pointed at the chart's Service.
 func TestWebhookConfiguration(t *testing.T) {
-	objs := render(t, "diskpipe-system", "--show-only", "templates/webhook.yaml")
+	objs := map[string]map[string]any{}
+	for _, o := range render(t, "diskpipe-system", "--show-only", "templates/webhook.yaml") {
+		objs[o.GetKind()] = o.Object
+	}
 	var got admissionregistrationv1.ValidatingWebhookConfiguration
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &got); err != nil {
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs["ValidatingWebhookConfiguration"], &got); err != nil {
 		t.Fatal(err)
 	}
 	want := admission.Configuration("diskpipe-system", testenv.ChartRelease+"-manager", nil)
@@ -163,5 +166,17 @@ func TestWebhookConfiguration(t *testing.T) {
 		if !equality.Semantic.DeepEqual(got.Webhooks[i], want.Webhooks[i]) {
 			t.Errorf("webhook %s differs:\nchart:   %+v\nmanager: %+v", want.Webhooks[i].Name, got.Webhooks[i], want.Webhooks[i])
 		}
+	}
+	var gotMutating admissionregistrationv1.MutatingWebhookConfiguration
+	if objs["MutatingWebhookConfiguration"] == nil {
+		t.Fatalf("the chart has no MutatingWebhookConfiguration")
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs["MutatingWebhookConfiguration"], &gotMutating); err != nil {
+		t.Fatal(err)
+	}
+	wantMutating := admission.MutatingConfiguration("diskpipe-system", testenv.ChartRelease+"-manager", nil)
+	wantMutating.Webhooks[0].ClientConfig.Service.Port = ptr.To[int32](443)
+	if gotMutating.Name != got.Name || len(gotMutating.Webhooks) != 1 || !equality.Semantic.DeepEqual(gotMutating.Webhooks[0], wantMutating.Webhooks[0]) {
+		t.Errorf("the upload token webhook differs:\nchart:   %+v\nmanager: %+v", gotMutating.Webhooks, wantMutating.Webhooks)
 	}
 }

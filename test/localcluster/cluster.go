@@ -105,7 +105,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	fmt.Fprintf(o.Log, "cluster: apiserver %s, object store %s\n", env.Config.Host, c.Store.Endpoint)
 
-	host, port, certDir, err := env.InstallWebhooks(admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
+	host, port, certDir, err := env.InstallWebhooks(admission.Configuration("diskpipe-system", "diskpipe-webhook", nil),
+		admission.MutatingConfiguration("diskpipe-system", "diskpipe-webhook", nil))
 	if err != nil {
 		return nil, err
 	}
@@ -125,23 +126,27 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		"system:serviceaccounts", "system:serviceaccounts:"+ManagerNamespace, "system:authenticated"); err != nil {
 		return nil, err
 	}
+	upload, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	c.UploadURL = "http://" + upload
+	// Upload tokens as the chart has them: the manager issues them, the proxy checks them.
+	tokenSecret := ManagerNamespace + "/" + testenv.ChartRelease + "-upload-token"
 	c.managerArgs = []string{"--config", config, "--objectstore-endpoint", c.Store.Endpoint,
 		"--objectstore-credentials-dir", creds, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
-		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir}
+		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir,
+		"--upload-token-secret", tokenSecret, "--upload-proxy-url", c.UploadURL}
 	if err := c.run("manager", c.managerArgs...); err != nil {
 		return nil, err
 	}
 	if err := waitListening(net.JoinHostPort(host, strconv.Itoa(port))); err != nil {
 		return nil, fmt.Errorf("the manager's webhooks: %w", err)
 	}
-	upload, err := freeAddr()
-	if err != nil {
+	if err := c.run("uploadproxy", "--listen", upload, "--objectstore-endpoint", c.Store.Endpoint, "--objectstore-credentials-dir", creds,
+		"--token-secret", tokenSecret); err != nil {
 		return nil, err
 	}
-	if err := c.run("uploadproxy", "--listen", upload, "--objectstore-endpoint", c.Store.Endpoint, "--objectstore-credentials-dir", creds); err != nil {
-		return nil, err
-	}
-	c.UploadURL = "http://" + upload
 	if err := waitListening(upload); err != nil {
 		return nil, fmt.Errorf("the upload proxy: %w", err)
 	}

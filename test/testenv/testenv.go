@@ -194,8 +194,8 @@ func (e *Env) TempDir() string {
 
 // InstallWebhooks installs cfg with its services replaced by a local URL and a serving
 // certificate made for the test, and returns where a manager must serve them.
-func (e *Env) InstallWebhooks(cfg *admissionregistrationv1.ValidatingWebhookConfiguration) (host string, port int, certDir string, err error) {
-	o := &envtest.WebhookInstallOptions{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{cfg}}
+func (e *Env) InstallWebhooks(cfg *admissionregistrationv1.ValidatingWebhookConfiguration, mutating ...*admissionregistrationv1.MutatingWebhookConfiguration) (host string, port int, certDir string, err error) {
+	o := &envtest.WebhookInstallOptions{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{cfg}, MutatingWebhooks: mutating}
 	if err := o.Install(e.Config); err != nil {
 		return "", 0, "", fmt.Errorf("installing webhooks: %w", err)
 	}

@@ -146,3 +146,23 @@ priorityClassName: {{ . }}
 {{- define "diskpipe.webhookName" -}}
 {{- include "diskpipe.fullname" . -}}
 {{- end -}}
+
+{{/* The upload proxy's URL outside the cluster: uploadProxy.url, or its ingress's host. */}}
+{{- define "diskpipe.uploadProxy.url" -}}
+{{- $values := .Values.uploadProxy -}}
+{{- if $values.url -}}
+{{ $values.url }}
+{{- else if and $values.ingress.enabled $values.ingress.host -}}
+{{ ternary "https" "http" (not (empty $values.ingress.tlsSecretName)) }}://{{ $values.ingress.host }}
+{{- end -}}
+{{- end }}
+
+{{/* Upload tokens are issued when the webhooks and the upload proxy both run. */}}
+{{- define "diskpipe.uploadTokens" -}}
+{{- if and .Values.webhook.enabled .Values.uploadProxy.enabled -}}true{{- end -}}
+{{- end }}
+
+{{/* The Secret holding the key upload tokens are signed with, as NAMESPACE/NAME. */}}
+{{- define "diskpipe.uploadTokenSecret" -}}
+{{ .Release.Namespace }}/{{ include "diskpipe.fullname" . }}-upload-token
+{{- end }}
