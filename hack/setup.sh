@@ -6,9 +6,10 @@
 set -euo pipefail
 
 # qemu-system-x86, syslinux, mtools and dosfstools make and boot the tests' bootable disk (test/bootdisk);
-# its kernel and busybox are fetched as .deb files (apt-get download), never installed.
+# its kernel and busybox are fetched as .deb files (apt-get download), never installed. tmux runs
+# kubectl diskpipe in a real terminal in the end-to-end suite.
 packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry ca-certificates
-  qemu-system-x86 syslinux syslinux-common mtools dosfstools)
+  qemu-system-x86 syslinux syslinux-common mtools dosfstools tmux)
 if [ "${1:-}" = cluster ]; then
   packages+=(containerd runc iptables conntrack iproute2 socat ethtool)
 fi

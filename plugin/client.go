@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -25,6 +26,7 @@ func exportRef(name string) ref {
 }
 
 type client struct {
+	config    *rest.Config
 	dyn       dynamic.Interface
 	mapper    meta.RESTMapper
 	namespace string
@@ -56,7 +58,7 @@ func (o *options) client() (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &client{dyn: dyn, mapper: mapper, namespace: ns}, nil
+	return &client{config: cfg, dyn: dyn, mapper: mapper, namespace: ns}, nil
 }
 
 // resolve turns KIND/NAME into a reference, with the names kubectl knows (short names too,

@@ -30,6 +30,10 @@ const (
 const usage = `kubectl diskpipe: diskpipe's images, disks and exports from the terminal.
 
 Commands:
+  upload NAME --file FILE     upload an image file to a VirtualMachineImage (or --kind imt) with an
+                              upload source (--create makes it), with a progress bar; resumes by
+                              itself after a drop, --resume after the command was stopped; then
+                              waits until it is imported (--no-wait returns at once)
   wait KIND/NAME              wait until an image, disk or export is Ready, showing its progress
   describe KIND/NAME          its phase, progress and outcome, with what to do about a failure
   download EXPORT -o FILE     download an export's object: resumes after a drop, renews an expired
@@ -61,6 +65,7 @@ type options struct {
 	format, compression string
 	keep                bool
 	interval            time.Duration
+	up                  uploadOptions
 }
 
 // Main runs the plugin with args (without the program name) and returns its exit code.
@@ -75,6 +80,15 @@ func Main(ctx context.Context, args []string, streams genericiooptions.IOStreams
 	fs.StringVar(&o.compression, "compression", "", "export: none, zlib or zstd (default none)")
 	fs.BoolVar(&o.keep, "keep", false, "export: keep the VirtualMachineVolumeExport and its object after the download")
 	fs.DurationVar(&o.interval, "interval", time.Second, "how often progress is read")
+	fs.StringVar(&o.up.file, "file", "", "upload: the image file to send (qcow2, raw, vmdk, ..., compressed or not)")
+	fs.StringVar(&o.up.kind, "kind", "vmim", "upload: the image's kind, vmim (VirtualMachineImage) or imt (ImageTemplate)")
+	fs.BoolVar(&o.up.create, "create", false, "upload: make the image, with an upload source, if it does not exist")
+	fs.StringVar(&o.up.size, "size", "", "upload --create: the golden PVC's size (default: the image's virtual size plus overhead)")
+	fs.StringVar(&o.up.storageClass, "storage-class", "", "upload --create: the golden PVC's StorageClass")
+	fs.StringVar(&o.up.checksum, "checksum", "", "upload --create: the image's checksum (sha256:<hex>), which the proxy verifies")
+	fs.StringVar(&o.up.url, "url", "", "upload: the upload proxy's URL (default: the one the installation names, or its Service through the apiserver)")
+	fs.BoolVar(&o.up.resume, "resume", false, "upload: continue an upload of which part is stored already (after the command was stopped)")
+	fs.BoolVar(&o.up.noWait, "no-wait", false, "upload: return once the file is uploaded, without waiting for the import")
 	help := fs.BoolP("help", "h", false, "show this help")
 	err := fs.Parse(args)
 	if err == nil && *help {
@@ -99,7 +113,7 @@ func Main(ctx context.Context, args []string, streams genericiooptions.IOStreams
 
 func (o *options) run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usageError("a command is required: wait, describe, download or export")
+		return usageError("a command is required: upload, wait, describe, download or export")
 	}
 	cmd, rest := args[0], args[1:]
 	need := func(n int, what string) error {
@@ -131,6 +145,18 @@ func (o *options) run(ctx context.Context, args []string) error {
 		}
 		_, err = o.wait(ctx, c, ref)
 		return err
+	case "upload":
+		if err := need(1, "the image's NAME"); err != nil {
+			return err
+		}
+		if o.output != "" && o.output != "json" {
+			return usageError("-o %s: upload prints text, or JSON with -o json; the file to send is --file", o.output)
+		}
+		c, err := o.client()
+		if err != nil {
+			return err
+		}
+		return o.upload(ctx, c, rest[0])
 	case "download", "export":
 		if err := need(1, map[string]string{"download": "EXPORT", "export": "PVC"}[cmd]); err != nil {
 			return err
@@ -147,7 +173,7 @@ func (o *options) run(ctx context.Context, args []string) error {
 		}
 		return o.export(ctx, c, rest[0])
 	}
-	return usageError("unknown command %q: wait, describe, download or export", cmd)
+	return usageError("unknown command %q: upload, wait, describe, download or export", cmd)
 }
 
 // isTerminal says whether w is a terminal, where progress is a live bar rather than lines.

@@ -25,7 +25,11 @@ func newBar(w io.Writer, what string) *bar {
 // show draws done of total bytes.
 func (b *bar) show(done, total int64, note string) {
 	now := time.Now()
-	if !b.terminal && now.Sub(b.lastLine) < 5*time.Second && done < total {
+	every := 5 * time.Second // a line in a log
+	if b.terminal {
+		every = 100 * time.Millisecond // a redraw
+	}
+	if now.Sub(b.lastLine) < every && done < total {
 		return
 	}
 	b.lastLine = now

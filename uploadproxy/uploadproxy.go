@@ -77,8 +77,64 @@ type Server struct {
 	PartSize int64
 	Log      *slog.Logger
 
-	// busy holds the keys of uploads a request is writing: one writer per upload.
-	busy sync.Map
+	// mu guards writers: the request writing each upload, one at a time.
+	mu      sync.Mutex
+	writers map[string]*writer
+}
+
+// writer is the request writing an upload; stop makes it give up, done is closed when it has.
+type writer struct {
+	stop func()
+	done chan struct{}
+}
+
+// waitStopped stops w, again and again until it has (it may be between reads), for a minute
+// at most.
+func waitStopped(ctx context.Context, w *writer) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(time.Minute)
+	for {
+		w.stop()
+		select {
+		case <-w.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return fail(http.StatusConflict, "an earlier request writing this upload did not stop; try again")
+		case <-tick.C:
+		}
+	}
+}
+
+// claim makes the request the upload's writer. A request already writing it is stopped: a
+// client sends again only when it believes its earlier request failed, and that request's
+// connection may linger half-open long after the client gave up on it.
+func (s *Server) claim(ctx context.Context, key string, stop func()) (release func(), err error) {
+	me := &writer{stop: stop, done: make(chan struct{})}
+	for {
+		s.mu.Lock()
+		if s.writers == nil {
+			s.writers = map[string]*writer{}
+		}
+		old := s.writers[key]
+		if old == nil {
+			s.writers[key] = me
+			s.mu.Unlock()
+			return func() {
+				s.mu.Lock()
+				delete(s.writers, key)
+				s.mu.Unlock()
+				close(me.done)
+			}, nil
+		}
+		s.mu.Unlock()
+		s.Log.Info("Stopping an earlier request writing the same upload", "key", key)
+		if err := waitStopped(ctx, old); err != nil {
+			return nil, err
+		}
+	}
 }
 
 var path = regexp.MustCompile(`^/v1/namespaces/([a-z0-9-]{1,63})/(virtualmachineimages|imagetemplates)/([a-z0-9.-]{1,253})$`)
@@ -150,10 +206,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
 	}
 	key := ObjectKey(ns, resource, name, img.UID)
 	if r.Method == http.MethodPut {
-		if _, running := s.busy.LoadOrStore(key, true); running {
-			return fail(http.StatusConflict, "another request is uploading to %s %s/%s; try again when it ends", resource, ns, name)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		rc := http.NewResponseController(w)
+		release, err := s.claim(ctx, key, func() { cancel(); _ = rc.SetReadDeadline(time.Now()) })
+		if err != nil {
+			return err
 		}
-		defer s.busy.Delete(key)
+		defer release()
 	}
 	u, err := s.find(ctx, key, img.Checksum)
 	if err != nil {
@@ -316,6 +377,9 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, r *http.Request
 	rc := http.NewResponseController(w)
 	buf := make([]byte, s.PartSize)
 	for u.Offset < total {
+		if ctx.Err() != nil {
+			return fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
+		}
 		// A client that went away without closing the connection frees the upload in time.
 		_ = rc.SetReadDeadline(time.Now().Add(2 * time.Minute))
 		n, err := io.ReadFull(r.Body, buf[:min(s.PartSize, total-u.Offset)])

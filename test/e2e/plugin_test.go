@@ -23,12 +23,25 @@ import (
 // returns stdout, stderr and the exit code.
 func plugin(args ...string) (string, string, int) {
 	GinkgoHelper()
+	return pluginAs(cluster.KubeconfigFile(), args...)
+}
+
+// pluginCommand is `kubectl diskpipe ARGS` with kubeconfig, not yet started.
+func pluginCommand(ctx context.Context, kubeconfig string, args ...string) *exec.Cmd {
+	GinkgoHelper()
 	bin := testenv.Path("bin")
 	Expect(filepath.Join(bin, "kubectl-diskpipe")).To(BeAnExistingFile(), "make build builds it")
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), append([]string{"diskpipe"}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "KUBECONFIG="+kubeconfig)
+	return cmd
+}
+
+// pluginAs runs `kubectl diskpipe ARGS` with kubeconfig's user.
+func pluginAs(kubeconfig string, args ...string) (string, string, int) {
+	GinkgoHelper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), append([]string{"diskpipe"}, args...)...)
-	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "KUBECONFIG="+cluster.KubeconfigFile())
+	cmd := pluginCommand(ctx, kubeconfig, args...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
