@@ -189,7 +189,9 @@ type errStatus struct {
 	msg  string
 }
 
-func (e *errStatus) Error() string { return fmt.Sprintf("the upload proxy answered %d: %s", e.code, e.msg) }
+func (e *errStatus) Error() string {
+	return fmt.Sprintf("the upload proxy answered %d: %s", e.code, e.msg)
+}
 
 // transient says whether trying again may help.
 func (e *errStatus) transient() bool {
