@@ -152,12 +152,16 @@ bench-import: setup build ## Import a 4 GiB qcow2 over HTTP beside curl and qemu
 bench-export: setup build ## Export a 4 GiB disk to the bundled store beside qemu-img convert + aws s3 cp.
 	go run ./test/bench export
 
+.PHONY: bench-upload
+bench-upload: setup tools build ## Upload a 4 GiB disk with kubectl diskpipe through the upload proxy beside aws s3 cp into the same store; prints the ratio and the proxy's peak RSS.
+	go run ./test/bench upload
+
 .PHONY: bench-controllers
 bench-controllers: tools build ## Create 1,000 images and 5,000 DiskVolumes against envtest; prints objects/s and the manager's peak RSS.
 	go run ./test/bench controllers
 
 .PHONY: bench
-bench: bench-import bench-export bench-controllers ## Run every benchmark.
+bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark.
 
 .PHONY: fuzz-imports
 fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 
@@ -27,6 +28,7 @@ func exportRef(name string) ref {
 
 type client struct {
 	config    *rest.Config
+	discovery discovery.CachedDiscoveryInterface
 	dyn       dynamic.Interface
 	mapper    meta.RESTMapper
 	namespace string
@@ -58,7 +60,11 @@ func (o *options) client() (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &client{config: cfg, dyn: dyn, mapper: mapper, namespace: ns}, nil
+	disc, err := o.config.ToDiscoveryClient()
+	if err != nil {
+		return nil, err
+	}
+	return &client{config: cfg, discovery: disc, dyn: dyn, mapper: mapper, namespace: ns}, nil
 }
 
 // resolve turns KIND/NAME into a reference, with the names kubectl knows (short names too,
@@ -69,6 +75,15 @@ func (c *client) resolve(arg string) (ref, error) {
 		return ref{}, usageError("%q: want KIND/NAME, for example vmim/ubuntu", arg)
 	}
 	gvr, err := c.mapper.ResourceFor(schema.ParseGroupResource(kind).WithVersion(""))
+	if err != nil && meta.IsNoMatchError(err) {
+		// kubectl's discovery cache (~/.kube/cache) may predate diskpipe's CRDs; short names
+		// are expanded from it before the mapper could refresh itself.
+		c.discovery.Invalidate()
+		if m, ok := c.mapper.(meta.ResettableRESTMapper); ok {
+			m.Reset()
+		}
+		gvr, err = c.mapper.ResourceFor(schema.ParseGroupResource(kind).WithVersion(""))
+	}
 	if err != nil {
 		return ref{}, usageError("%q is not a kind this cluster knows: %v", kind, err)
 	}

@@ -137,6 +137,8 @@ type endpoint struct {
 	url    string
 	client *http.Client
 	token  string
+	// service is set when requests go through the apiserver's service proxy.
+	service *upload.ProxyService
 }
 
 // token asks the apiserver for an upload token (a dry-run UploadTokenRequest, answered by
@@ -176,6 +178,7 @@ func (u *uploader) token(ctx context.Context) (endpoint, error) {
 			return endpoint{}, err
 		}
 		s := st.Service
+		e.service = s
 		e.url = fmt.Sprintf("%s/api/v1/namespaces/%s/services/%s:%s:%s/proxy%s", strings.TrimSuffix(cfg.Host, "/"), s.Namespace, s.Scheme, s.Name, s.Port, st.Path)
 	default:
 		return endpoint{}, errors.New("the upload token names no way to the upload proxy: give its address with --url")
@@ -211,6 +214,10 @@ func (u *uploader) head(ctx context.Context, e endpoint) (int64, bool, error) {
 		return 0, false, err
 	}
 	resp.Body.Close()
+	if resp.StatusCode == http.StatusForbidden && e.service != nil {
+		return 0, false, fmt.Errorf("the apiserver would not take the upload to the proxy's Service %s/%s: that needs get and update on "+
+			"services/proxy there, which the chart grants to every authenticated user (or give the proxy's address with --url)", e.service.Namespace, e.service.Name)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return 0, false, &errStatus{resp.StatusCode, http.StatusText(resp.StatusCode) + " to HEAD " + e.url}
 	}

@@ -58,7 +58,7 @@ func Register(ctx context.Context, mgr ctrl.Manager, tokens *UploadTokens) error
 		if _, err := tokens.Key.Ensure(ctx); err != nil {
 			return err
 		}
-		srv.Register(PathTokens, &webhook.Admission{Handler: &tokenIssuer{client: mgr.GetClient(), decoder: dec, cfg: *tokens}})
+		srv.Register(PathTokens, &webhook.Admission{Handler: &tokenIssuer{client: mgr.GetClient(), reader: mgr.GetAPIReader(), decoder: dec, cfg: *tokens}})
 	}
 	return nil
 }

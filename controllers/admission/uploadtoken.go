@@ -32,7 +32,10 @@ type UploadTokens struct {
 // kind of credential, and sends who they are in the admission request; nothing is stored,
 // since only dry runs are admitted.
 type tokenIssuer struct {
+	// client makes SubjectAccessReviews; reader reads images from the apiserver, not the
+	// cache: a user asks for a token right after making the image.
 	client  client.Client
+	reader  client.Reader
 	decoder admission.Decoder
 	cfg     UploadTokens
 }
@@ -46,7 +49,7 @@ func (h *tokenIssuer) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	resource := uploadproxy.Resources[r.Spec.Kind]
-	img, err := uploadproxy.GetImage(ctx, h.client, req.Namespace, resource, r.Spec.Name)
+	img, err := uploadproxy.GetImage(ctx, h.reader, req.Namespace, resource, r.Spec.Name)
 	if err == nil {
 		err = uploadproxy.MayUpload(ctx, h.client, req.UserInfo, req.Namespace, resource, r.Spec.Name)
 	}

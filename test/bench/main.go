@@ -14,7 +14,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench import|export|controllers")
+		fmt.Fprintln(os.Stderr, "usage: bench import|export|upload|controllers")
 		os.Exit(64)
 	}
 	root, _ := filepath.Abs(".")
@@ -30,6 +30,8 @@ func main() {
 		err = benchExport(root, work)
 	case "controllers":
 		err = benchControllers(root)
+	case "upload":
+		err = benchUpload(root, work)
 	default:
 		err = fmt.Errorf("unknown benchmark %q", os.Args[1])
 	}

@@ -299,3 +299,14 @@ func waitListening(addr string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// PID is the process id of one of diskpipe's binaries the cluster runs (uploadproxy,
+// manager), or 0.
+func (c *Cluster) PID(name string) int {
+	for _, p := range c.procs {
+		if filepath.Base(p.Path) == name && p.Process != nil {
+			return p.Process.Pid
+		}
+	}
+	return 0
+}
