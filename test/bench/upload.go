@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/diskpipe/diskpipe/test/localcluster"
 )
 
@@ -26,6 +29,7 @@ func benchUpload(root, work string) error {
 	}
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
+	ctrllog.SetLogger(logr.Discard()) // the test cluster's client logs nothing worth reading here
 	c, err := localcluster.Start(ctx, localcluster.Options{Dir: dir, Bin: filepath.Join(root, "bin")})
 	if err != nil {
 		return err
