@@ -43,7 +43,9 @@ func benchUpload(root, work string) error {
 
 	awsEnv := []string{"AWS_ACCESS_KEY_ID=" + c.Store.AccessKey, "AWS_SECRET_ACCESS_KEY=" + c.Store.SecretKey, "AWS_DEFAULT_REGION=us-east-1",
 		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}
-	aws := func(args ...string) []string { return append([]string{"--endpoint-url", c.Store.Endpoint, "--no-cli-pager"}, args...) }
+	aws := func(args ...string) []string {
+		return append([]string{"--endpoint-url", c.Store.Endpoint, "--no-cli-pager"}, args...)
+	}
 	if _, err := timedEnv("mb", 0, awsEnv, "/usr/bin/aws", aws("s3", "mb", "s3://bench")...); err != nil {
 		return err
 	}
@@ -87,5 +89,3 @@ func peakRSS(pid int) (int64, error) {
 	}
 	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
 }
-
-
