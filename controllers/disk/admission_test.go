@@ -1,6 +1,7 @@
 package disk_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -70,7 +71,14 @@ func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
 	bob, err := env.User("bob")
 	g.Expect(err).NotTo(HaveOccurred())
 
-	err = bob.Create(ctx, newDiskVolume(team, "stolen", fromImage(images, "private"), classCSI, ""))
+	// RBAC takes a moment to learn bob's new Role; until then the apiserver itself refuses him.
+	g.Eventually(func() error {
+		err = bob.Create(ctx, newDiskVolume(team, "stolen", fromImage(images, "private"), classCSI, ""))
+		if err != nil && strings.Contains(err.Error(), `User "bob" cannot create resource`) {
+			return err
+		}
+		return nil
+	}).Should(Succeed())
 	g.Expect(err).To(MatchError(ContainSubstring("bob may not read the VirtualMachineImage " + images + "/private, so cannot copy it into namespace " + team)))
 
 	// Public: anyone may make disks from it.
