@@ -47,8 +47,7 @@ func (o *options) upload(ctx context.Context, c *client, name string) error {
 	if err != nil {
 		return err
 	}
-	kind := map[string]string{"virtualmachineimages": "VirtualMachineImage", "imagetemplates": "ImageTemplate"}[r.gvr.Resource]
-	if kind == "" {
+	if uploadproxy.Resources[r.kind] != r.gvr.Resource {
 		return usageError("--kind %s: uploads go to a virtualmachineimage (vmim) or an imagetemplate (imt)", u.kind)
 	}
 	f, err := os.Open(u.file)
@@ -68,7 +67,7 @@ func (o *options) upload(ctx context.Context, c *client, name string) error {
 			return err
 		}
 	}
-	up := &uploader{c: c, r: r, kind: kind, file: f, size: info.Size(), url: u.url, out: o.streams.ErrOut}
+	up := &uploader{c: c, r: r, file: f, size: info.Size(), url: u.url, out: o.streams.ErrOut}
 	if err := up.run(ctx, u.resume); err != nil {
 		return err
 	}
@@ -123,7 +122,6 @@ func (o *options) createImage(ctx context.Context, c *client, r ref) error {
 type uploader struct {
 	c    *client
 	r    ref
-	kind string
 	file *os.File
 	size int64
 	url  string // --url
@@ -145,7 +143,7 @@ type endpoint struct {
 // diskpipe's webhook) and learns where the proxy is.
 func (u *uploader) token(ctx context.Context) (endpoint, error) {
 	req := &upload.UploadTokenRequest{TypeMeta: metav1.TypeMeta{APIVersion: upload.GroupVersion.String(), Kind: "UploadTokenRequest"},
-		ObjectMeta: metav1.ObjectMeta{GenerateName: u.r.name + "-"}, Spec: upload.UploadTokenRequestSpec{Kind: u.kind, Name: u.r.name}}
+		ObjectMeta: metav1.ObjectMeta{GenerateName: u.r.name + "-"}, Spec: upload.UploadTokenRequestSpec{Kind: u.r.kind, Name: u.r.name}}
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(req)
 	if err != nil {
 		return endpoint{}, err

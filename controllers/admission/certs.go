@@ -146,46 +146,49 @@ func (k *CertKeeper) sync(ctx context.Context) error {
 
 func (k *CertKeeper) patchBundle(ctx context.Context, bundle []byte) error {
 	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.Configuration}, validating); err != nil {
-		return fmt.Errorf("reading the webhook configuration %s: %w", k.Configuration, err)
-	}
-	base := validating.DeepCopy()
-	changed := false
-	for i := range validating.Webhooks {
-		changed = setBundle(&validating.Webhooks[i].ClientConfig, bundle) || changed
-	}
-	if err := k.patch(ctx, changed, validating, base); err != nil {
+	if err := k.patchOne(ctx, "webhook configuration", validating, bundle, func() (cs []*admissionregistrationv1.WebhookClientConfig) {
+		for i := range validating.Webhooks {
+			cs = append(cs, &validating.Webhooks[i].ClientConfig)
+		}
+		return cs
+	}); err != nil {
 		return err
 	}
 	// The upload token webhook, of the same name; an installation without upload tokens has none.
 	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.Configuration}, mutating); apierrors.IsNotFound(err) {
+	err := k.patchOne(ctx, "mutating webhook configuration", mutating, bundle, func() (cs []*admissionregistrationv1.WebhookClientConfig) {
+		for i := range mutating.Webhooks {
+			cs = append(cs, &mutating.Webhooks[i].ClientConfig)
+		}
+		return cs
+	})
+	if apierrors.IsNotFound(err) {
 		return nil
-	} else if err != nil {
-		return fmt.Errorf("reading the mutating webhook configuration %s: %w", k.Configuration, err)
 	}
-	mbase := mutating.DeepCopy()
-	changed = false
-	for i := range mutating.Webhooks {
-		changed = setBundle(&mutating.Webhooks[i].ClientConfig, bundle) || changed
-	}
-	return k.patch(ctx, changed, mutating, mbase)
+	return err
 }
 
-func setBundle(c *admissionregistrationv1.WebhookClientConfig, bundle []byte) bool {
-	if bytes.Equal(c.CABundle, bundle) {
-		return false
+// patchOne reads the configuration obj (what names it) and patches bundle into the client
+// configs of its webhooks where it is not there yet.
+func (k *CertKeeper) patchOne(ctx context.Context, what string, obj client.Object, bundle []byte, configs func() []*admissionregistrationv1.WebhookClientConfig) error {
+	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.Configuration}, obj); err != nil {
+		return fmt.Errorf("reading the %s %s: %w", what, k.Configuration, err)
 	}
-	c.CABundle = bundle
-	return true
-}
-
-func (k *CertKeeper) patch(ctx context.Context, changed bool, obj, base client.Object) error {
+	base, ok := obj.DeepCopyObject().(client.Object)
+	if !ok {
+		return fmt.Errorf("copying the %s %s", what, k.Configuration)
+	}
+	changed := false
+	for _, c := range configs() {
+		if !bytes.Equal(c.CABundle, bundle) {
+			c.CABundle, changed = bundle, true
+		}
+	}
 	if !changed {
 		return nil
 	}
 	if err := k.Client.Patch(ctx, obj, client.StrategicMergeFrom(base)); err != nil {
-		return fmt.Errorf("patching the caBundle of %s: %w", k.Configuration, err)
+		return fmt.Errorf("patching the caBundle of the %s %s: %w", what, k.Configuration, err)
 	}
 	return nil
 }

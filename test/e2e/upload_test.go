@@ -27,6 +27,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
+
+	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
 // uploaders makes, in ns, a service account allowed to upload images ("uploader") and one
@@ -299,7 +301,7 @@ spec: {kind: VirtualMachineImage, name: refused}
 		slow := newFlakyProxy(nil, 4<<20)
 		cmd := pluginCommand(context.Background(), cluster.KubeconfigFile(), "upload", "bar", "--file", file, "--create", "--url", slow.url, "-n", ns, "--no-wait")
 		session := "diskpipe-" + ns
-		shell := fmt.Sprintf("env PATH=%q KUBECONFIG=%q %s; sleep 60", strings.TrimPrefix(cmd.Env[len(cmd.Env)-2], "PATH="),
+		shell := fmt.Sprintf("env PATH=%q KUBECONFIG=%q %s; sleep 60", testenv.Path("bin")+":"+os.Getenv("PATH"),
 			cluster.KubeconfigFile(), strings.Join(cmd.Args, " "))
 		run("tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "12", shell)
 		DeferCleanup(func() { _ = exec.Command("tmux", "kill-session", "-t", session).Run() })
