@@ -8,8 +8,11 @@ set -euo pipefail
 # qemu-system-x86, syslinux, mtools and dosfstools make and boot the tests' bootable disk (test/bootdisk);
 # its kernel and busybox are fetched as .deb files (apt-get download), never installed. tmux runs
 # kubectl diskpipe in a real terminal in the end-to-end suite.
+# gcc, libc6-dev and libdeflate-dev build the importer's libdeflate inflater (cgo; `file` checks
+# the image's importer is static); nginx-light serves `make bench-import`'s image as a mirror would.
 packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry ca-certificates
-  qemu-system-x86 syslinux syslinux-common mtools dosfstools tmux)
+  qemu-system-x86 syslinux syslinux-common mtools dosfstools tmux
+  gcc libc6-dev libdeflate-dev file nginx-light)
 if [ "${1:-}" = cluster ]; then
   packages+=(containerd runc iptables conntrack iproute2 socat ethtool)
 fi

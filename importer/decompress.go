@@ -23,8 +23,9 @@ func init() {
 // A qcow2 image with compressed clusters asks for a decompressor per cluster, handing it a
 // section of the image to read. Creating an inflater and feeding it through many small reads
 // per 64 KiB cluster dominated the import's CPU time, so each cluster's compressed bytes are
-// read with one ReadAt into a pooled buffer and inflated by a pooled, reset inflater
-// (klauspost's, faster than compress/flate); zstd clusters likewise get pooled decoders.
+// read with one ReadAt into a pooled buffer and decoded whole by libdeflate where the build
+// has cgo (inflate_libdeflate.go), else by a pooled, reset streaming inflater (klauspost's,
+// faster than compress/flate); zstd clusters likewise get pooled decoders.
 var (
 	clusterBuffers = sync.Pool{New: func() any { return new([]byte) }}
 	inflaters      = sync.Pool{New: func() any { return flate.NewReader(bytes.NewReader(nil)) }}
@@ -54,12 +55,32 @@ func readCluster(r io.Reader) (*[]byte, error) {
 	return bp, err
 }
 
+// maxClusterSize is qcow2's largest cluster (cluster bits 21): one decoded cluster always fits.
+const maxClusterSize = 2 << 20
+
+// inflatedBuffers hold decoded clusters; only the bytes decoded into them become resident.
+var inflatedBuffers = sync.Pool{New: func() any { b := make([]byte, maxClusterSize); return &b }}
+
+// inflateCluster decodes a compressed cluster whole with the fast decoder (inflater), or,
+// for a stream it does not take, with the streaming one.
 func inflateCluster(r io.Reader) (io.ReadCloser, error) {
 	bp, err := readCluster(r)
 	if err != nil {
 		clusterBuffers.Put(bp)
 		return nil, err
 	}
+	out := inflatedBuffers.Get().(*[]byte)
+	if n, ok := inflateInto(*bp, *out); ok {
+		clusterBuffers.Put(bp)
+		return &pooledReader{Reader: bytes.NewReader((*out)[:n]), release: func() { inflatedBuffers.Put(out) }}, nil
+	}
+	inflatedBuffers.Put(out)
+	return inflateStream(bp)
+}
+
+// inflateStream decodes a cluster with klauspost's streaming inflater, which, like qemu,
+// gives the bytes a cut stream decodes to before it fails.
+func inflateStream(bp *[]byte) (io.ReadCloser, error) {
 	fr := inflaters.Get().(io.ReadCloser)
 	if err := fr.(flate.Resetter).Reset(bytes.NewReader(*bp), nil); err != nil {
 		return nil, err

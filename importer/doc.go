@@ -7,7 +7,7 @@
 // not: random access comes from the source itself. An HTTP server that honours Range, or any
 // S3 store, is read through a block cache (cache.go) that turns the qcow2 reader's small
 // cluster reads into 2 MiB ranged requests, several in flight, with read-ahead; only the
-// clusters the image has allocated are fetched, and memory stays at the cache's 64 MiB however
+// clusters the image has allocated are fetched, and memory stays at the cache's 96 MiB however
 // large the image. go-qcow2reader's convert package walks the image and writes its non-zero
 // data to the target.
 //

@@ -52,10 +52,11 @@ type Options struct {
 	Log *slog.Logger
 }
 
-// Random-access reads go through a cache of 32 blocks of 2 MiB: 64 MiB whatever the image.
+// Random-access reads go through a cache of 48 blocks of 2 MiB: 96 MiB whatever the image. Fewer
+// blocks let eight workers evict what another still needs (2 % of a plain qcow2 read twice at 32).
 const (
 	cacheBlockSize = 2 << 20
-	cacheBlocks    = 32
+	cacheBlocks    = 48
 	readahead      = 2
 	copyBufferSize = 1 << 20
 )

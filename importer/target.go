@@ -28,6 +28,8 @@ type Target struct {
 	usable  int64
 	size    int64
 	written atomic.Int64
+	// flushed is Written when writeback was last started (see write).
+	flushed atomic.Int64
 	// grow makes a disk file as large as the volume allows when the image is smaller.
 	grow bool
 }
@@ -193,9 +195,18 @@ func blockEnd(p []byte, off int64, i int) int {
 	return min(len(p), i+int(sparseBlock-abs%sparseBlock))
 }
 
+// writebackEvery is how much is written between two starts of writeback.
+const writebackEvery = 64 << 20
+
 func (t *Target) write(p []byte, off int64) error {
 	n, err := t.f.WriteAt(p, off)
-	t.written.Add(int64(n))
+	w := t.written.Add(int64(n))
+	// Start writing the dirty pages out as the import goes, so the disk works while the
+	// network does and the final fsync finds little left; the dirty pages also count towards
+	// the pod's memory limit. Asynchronous: it waits for no I/O.
+	if last := t.flushed.Load(); w-last >= writebackEvery && t.flushed.CompareAndSwap(last, w) {
+		_ = unix.SyncFileRange(int(t.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE) //nolint:gosec // an fd fits an int
+	}
 	if err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
 			return transfer.Permanent(transfer.ReasonTargetError, "the target volume is full after %s: %w", bytesString(t.Written()), err)

@@ -49,12 +49,13 @@ func fail(err error) {
 type measurement struct {
 	name    string
 	wall    time.Duration
-	peakRSS int64 // bytes
-	bytes   int64 // bytes the contender processed, for MB/s
-	written int64 // bytes the process itself wrote to block devices
+	peakRSS int64         // bytes
+	bytes   int64         // bytes the contender processed, for MB/s
+	written int64         // bytes the process itself wrote to block devices
+	cpu     time.Duration // user + system time of the process
 }
 
 func (m measurement) String() string {
 	mbs := float64(m.bytes) / 1e6 / m.wall.Seconds()
-	return fmt.Sprintf("%-34s %8.2f s %9.0f MB/s %8.1f MiB peak RSS", m.name, m.wall.Seconds(), mbs, float64(m.peakRSS)/(1<<20))
+	return fmt.Sprintf("%-34s %8.2f s %9.0f MB/s %7.2f s CPU %8.1f MiB peak RSS", m.name, m.wall.Seconds(), mbs, m.cpu.Seconds(), float64(m.peakRSS)/(1<<20))
 }

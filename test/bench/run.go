@@ -30,6 +30,7 @@ func timedEnv(name string, bytes int64, env []string, cmd string, args ...string
 	if ru, ok := c.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		m.peakRSS = ru.Maxrss * 1024
 		m.written = ru.Oublock * 512
+		m.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	return m, nil
 }
