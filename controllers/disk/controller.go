@@ -39,8 +39,10 @@ const indexSource = "diskpipe.io/source"
 // Reconciler reconciles one kind of VM disk.
 type Reconciler struct {
 	client.Client
-	APIReader client.Reader
-	Pods      *importpod.Tracker
+	// Fresh reads the reconciled object, from the apiserver when the cache may predate this
+	// manager's last write.
+	Fresh *owned.Fresh
+	Pods  *importpod.Tracker
 	// Strategies are the installation's clone strategy defaults.
 	Strategies StrategyDefaults
 
@@ -82,7 +84,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		}); err != nil {
 			return err
 		}
-		r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		r := &Reconciler{Client: mgr.GetClient(), Fresh: &owned.Fresh{Cache: mgr.GetClient(), API: mgr.GetAPIReader()},
 			Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: pods, Events: mgr.GetEventRecorder("diskpipe-" + k.name),
 				HTTP: &http.Client{Timeout: 2 * time.Second}},
 			Strategies: o.Strategies, newObject: k.new, adapt: adapt}
@@ -133,7 +135,7 @@ func forEach(list client.ObjectList, f func(client.Object)) {
 // Reconcile brings one disk forward.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	obj := r.newObject()
-	if err := r.APIReader.Get(ctx, req.NamespacedName, obj); err != nil {
+	if err := r.Fresh.Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	d := r.adapt(obj)
@@ -159,6 +161,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if werr := owned.WriteStatus(ctx, r.Client, base, obj, r.adapt(base).status, d.status); werr != nil {
 			err = werr
 		}
+		r.Fresh.Saw(obj)
 	}()
 	return r.reconcile(ctx, d)
 }

@@ -49,15 +49,17 @@ type Options struct {
 // Reconciler reconciles VirtualMachineVolumeExports.
 type Reconciler struct {
 	client.Client
-	APIReader client.Reader
-	Pods      *importpod.Tracker
+	// Fresh reads the reconciled object, from the apiserver when the cache may predate this
+	// manager's last write.
+	Fresh *owned.Fresh
+	Pods  *importpod.Tracker
 	Options
 }
 
 // Setup registers the controller.
 func Setup(mgr ctrl.Manager, o Options) error {
 	o.Pods.Defaults()
-	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Options: o,
+	r := &Reconciler{Client: mgr.GetClient(), Fresh: &owned.Fresh{Cache: mgr.GetClient(), API: mgr.GetAPIReader()}, Options: o,
 		Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: o.Pods, Events: mgr.GetEventRecorder("diskpipe-export"),
 			HTTP: &http.Client{Timeout: 2 * time.Second}}}
 	return ctrl.NewControllerManagedBy(mgr).Named("virtualmachinevolumeexport").For(&hypercloud.VirtualMachineVolumeExport{}).
@@ -67,7 +69,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 // Reconcile brings one export forward.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	ex := &hypercloud.VirtualMachineVolumeExport{}
-	if err := r.APIReader.Get(ctx, req.NamespacedName, ex); err != nil {
+	if err := r.Fresh.Get(ctx, req.NamespacedName, ex); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !ex.DeletionTimestamp.IsZero() {
@@ -85,7 +87,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		}
 	}
 	if _, ok := ex.Annotations[AnnotationRenewURL]; ok && ex.Status.Phase == common.PhaseReady {
-		return ctrl.Result{}, r.renew(ctx, ex)
+		err := r.renew(ctx, ex)
+		r.Fresh.Saw(ex)
+		return ctrl.Result{}, err
 	}
 	base := ex.DeepCopy()
 	defer func() {
@@ -95,6 +99,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if werr := owned.WriteStatus(ctx, r.Client, base, ex, base.Status, ex.Status); werr != nil {
 			err = werr
 		}
+		r.Fresh.Saw(ex)
 	}()
 	return r.reconcile(ctx, ex)
 }

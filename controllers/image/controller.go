@@ -51,9 +51,10 @@ type Options struct {
 // Reconciler reconciles one kind of golden image.
 type Reconciler struct {
 	client.Client
-	// APIReader reads the image itself uncached: a reconcile that acted on a stale copy could
-	// start an import that already finished.
-	APIReader     client.Reader
+	// Fresh reads the image itself, from the apiserver when the cache may predate this
+	// manager's last write: a reconcile that acted on a stale copy could start an import that
+	// already finished.
+	Fresh         *owned.Fresh
 	Pods          *importpod.Tracker
 	ObjectStore   *objectstore.Client
 	ObjectStoreCA string
@@ -76,7 +77,7 @@ func SetupImageTemplate(mgr ctrl.Manager, o Options) error {
 
 func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObject func() client.Object, adapt func(client.Object) *goldenImage) error {
 	o.Pods.Defaults()
-	r := &Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ObjectStore: o.ObjectStore, ObjectStoreCA: o.ObjectStoreCA,
+	r := &Reconciler{Client: mgr.GetClient(), Fresh: &owned.Fresh{Cache: mgr.GetClient(), API: mgr.GetAPIReader()}, ObjectStore: o.ObjectStore, ObjectStoreCA: o.ObjectStoreCA,
 		Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: o.Pods, Events: mgr.GetEventRecorder("diskpipe-" + name),
 			HTTP: &http.Client{Timeout: 2 * time.Second}},
 		newObject: newObject, adapt: adapt}
@@ -87,7 +88,7 @@ func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObje
 // Reconcile brings one image's import forward.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	obj := r.newObject()
-	if err := r.APIReader.Get(ctx, req.NamespacedName, obj); err != nil {
+	if err := r.Fresh.Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	g := r.adapt(obj)
@@ -99,6 +100,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if werr := owned.WriteStatus(ctx, r.Client, base, obj, r.adapt(base).status, g.status); werr != nil {
 			err = werr
 		}
+		r.Fresh.Saw(obj)
 	}()
 	if !obj.GetDeletionTimestamp().IsZero() {
 		return r.delete(ctx, g)

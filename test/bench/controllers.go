@@ -16,6 +16,8 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -53,7 +55,7 @@ func benchControllers(root string) error {
 	ctx := context.Background()
 	cfg := *env.Config
 	cfg.QPS, cfg.Burst = 1000, 2000
-	c, err := client.New(&cfg, client.Options{Scheme: env.Client.Scheme()})
+	c, err := client.NewWithWatch(&cfg, client.Options{Scheme: env.Client.Scheme()})
 	if err != nil {
 		return err
 	}
@@ -183,56 +185,50 @@ func cmpErr(a, b error) error {
 	return b
 }
 
-// waitCount waits until list holds n objects.
-func waitCount(ctx context.Context, c client.Client, list client.ObjectList, n int, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		if err := c.List(ctx, list); err != nil {
-			return err
-		}
-		if got := len(mustItems(list)); got >= n {
-			return nil
-		} else if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d objects after %s", got, n, limit)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+// waitCount waits until n objects of list's kind exist.
+func waitCount(ctx context.Context, c client.WithWatch, list client.ObjectList, n int, limit time.Duration) error {
+	return waitWatch(ctx, c, list, n, limit, func(client.Object) bool { return true })
 }
 
-func mustItems(list client.ObjectList) []any {
-	var out []any
-	switch l := list.(type) {
-	case *corev1.PodList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *corev1.PersistentVolumeClaimList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	}
-	return out
+// waitReady waits until n images are Ready.
+func waitReady(ctx context.Context, c client.WithWatch, n int, limit time.Duration) error {
+	return waitWatch(ctx, c, &hypercloud.VirtualMachineImageList{}, n, limit, func(o client.Object) bool {
+		return o.(*hypercloud.VirtualMachineImage).Status.Phase == common.PhaseReady
+	})
 }
 
-func waitReady(ctx context.Context, c client.Client, n int, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
+// waitWatch waits until n objects of list's kind satisfy ok. It follows one watch rather than
+// listing again and again, so the measurement does not load the apiserver it measures.
+func waitWatch(ctx context.Context, c client.WithWatch, list client.ObjectList, n int, limit time.Duration, ok func(client.Object) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	matched := map[types.UID]bool{}
 	for {
-		list := &hypercloud.VirtualMachineImageList{}
-		if err := c.List(ctx, list); err != nil {
+		w, err := c.Watch(ctx, list)
+		if err != nil {
 			return err
 		}
-		ready := 0
-		for _, v := range list.Items {
-			if v.Status.Phase == common.PhaseReady {
-				ready++
+		for ev := range w.ResultChan() {
+			o, isObj := ev.Object.(client.Object)
+			if !isObj {
+				continue
+			}
+			switch {
+			case ev.Type == watch.Deleted || !ok(o):
+				delete(matched, o.GetUID())
+			default:
+				matched[o.GetUID()] = true
+			}
+			if len(matched) >= n {
+				w.Stop()
+				return nil
 			}
 		}
-		if ready >= n {
-			return nil
-		} else if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d images Ready after %s", ready, n, limit)
+		w.Stop()
+		if ctx.Err() != nil {
+			return fmt.Errorf("%d of %d after %s", len(matched), n, limit)
 		}
-		time.Sleep(200 * time.Millisecond)
+		clear(matched) // the watch ended: a new one lists everything again
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -116,8 +117,10 @@ func (n *nginx) Read() (requests int, bytes int64) {
 	return requests, bytes
 }
 
+// Stop shuts nginx down: SIGTERM makes the master stop its workers (a killed master would
+// leave them running).
 func (n *nginx) Stop() {
-	_ = n.cmd.Process.Kill()
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
 	_ = n.cmd.Wait()
 	_ = os.RemoveAll(filepath.Dir(n.log))
 }
