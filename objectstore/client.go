@@ -62,6 +62,8 @@ func (c *ClientConfig) LoadCredentials(dir string) error {
 type Client struct {
 	*minio.Client
 	endpoint *url.URL
+	cfg      ClientConfig
+	http     *http.Client
 }
 
 // NewClient returns a client for c.
@@ -98,7 +100,7 @@ func NewClient(c ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "S3 client for %s: %w", c.Endpoint, err)
 	}
-	return &Client{Client: mc, endpoint: u}, nil
+	return &Client{Client: mc, endpoint: u, cfg: c, http: &http.Client{Transport: tr, Timeout: time.Minute}}, nil
 }
 
 // CheckBucketName says clearly why a bucket name is not valid for S3.

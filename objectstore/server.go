@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/versity/versitygw/backend/meta"
@@ -31,6 +32,9 @@ type ServerConfig struct {
 	VirtualDomain string
 	// MaxConnections bounds concurrent connections (default 256).
 	MaxConnections int
+	// IAMDir keeps the accounts of scoped credentials (scoped.go); default Dir/.diskpipe-iam,
+	// which is no valid bucket name, so no request reaches it as one.
+	IAMDir string
 }
 
 // Serve runs the store until ctx ends, then shuts it down gracefully.
@@ -49,6 +53,12 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 	if cfg.MaxConnections == 0 {
 		cfg.MaxConnections = 256
 	}
+	if cfg.IAMDir == "" {
+		cfg.IAMDir = filepath.Join(cfg.Dir, ".diskpipe-iam")
+	}
+	if err := os.MkdirAll(cfg.IAMDir, 0o700); err != nil {
+		return fmt.Errorf("objectstore: creating the accounts directory: %w", err)
+	}
 	be, err := posix.New(cfg.Dir, meta.XattrMeta{}, posix.PosixOpts{})
 	if err != nil {
 		return fmt.Errorf("objectstore: opening %s: %w", cfg.Dir, err)
@@ -65,6 +75,8 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 		KeyFile:           cfg.KeyFile,
 		VirtualDomain:     cfg.VirtualDomain,
 		HealthPath:        HealthPath,
+		IAMDir:            cfg.IAMDir,
+		IAMCacheDisable:   true, // a removed account stops working at once
 		KeepAlive:         true,
 		Quiet:             true,
 	})

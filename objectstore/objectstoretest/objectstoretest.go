@@ -171,8 +171,13 @@ func (s *Server) ClientConfig() objectstore.ClientConfig {
 // AWS runs Debian's awscli (/usr/bin/aws, not a pip-installed one earlier on PATH) against the
 // store and returns its combined output.
 func (s *Server) AWS(ctx context.Context, secret string, args ...string) (string, error) {
+	return s.AWSAs(ctx, s.AccessKey, secret, args...)
+}
+
+// AWSAs is AWS with another account's keys.
+func (s *Server) AWSAs(ctx context.Context, access, secret string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "/usr/bin/aws", append([]string{"--endpoint-url", s.Endpoint, "--no-cli-pager"}, args...)...)
-	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+s.AccessKey, "AWS_SECRET_ACCESS_KEY="+secret,
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+access, "AWS_SECRET_ACCESS_KEY="+secret,
 		"AWS_DEFAULT_REGION=us-east-1", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
 	out, err := cmd.CombinedOutput()
 	return string(out), err

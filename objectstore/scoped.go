@@ -1,0 +1,174 @@
+package objectstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/signer"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// # Scoped credentials
+//
+// No pod gets the bundled store's root keys. A pod that writes one object (an exporter) gets
+// an account of the store's own that may do nothing else: the manager creates it through the
+// store's admin API (role "user": it owns no bucket and may create none) and lets it write
+// that one object by a statement in the bucket's policy. Listing the bucket, reading or
+// writing any other object, or making a bucket is refused; when the export ends the account
+// and its statement are removed, and the keys stop working at once (the store keeps no cache
+// of accounts).
+//
+// An account's keys are derived from the root secret and its name, so a manager that dies
+// between creating the account and handing out its keys hands out the same keys again.
+
+// ScopedActions are what a writer of one object may do: upload it in parts, and list and
+// abort its own parts.
+var ScopedActions = []string{"s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+
+// ScopedAccess is the access key of the account named id (e.g. an export's UID).
+func ScopedAccess(id string) string {
+	return "dpx" + strings.ReplaceAll(strings.ToLower(id), "-", "")
+}
+
+// policyMu serializes this process's read-modify-write of bucket policies.
+var policyMu sync.Mutex
+
+// Scope creates (or finds) the account named id, grants it actions on bucket/object and
+// returns its keys. The bucket must exist.
+func (c *Client) Scope(ctx context.Context, id, bucket, object string, actions []string) (access, secret string, err error) {
+	access = ScopedAccess(id)
+	mac := hmac.New(sha256.New, []byte(c.cfg.SecretKey))
+	mac.Write([]byte("diskpipe-scoped-account:" + access))
+	secret = base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	body, err := xml.Marshal(struct {
+		XMLName xml.Name `xml:"Account"`
+		Access  string   `xml:"Access"`
+		Secret  string   `xml:"Secret"`
+		Role    string   `xml:"Role"`
+	}{Access: access, Secret: secret, Role: "user"})
+	if err != nil {
+		return "", "", err
+	}
+	if err := c.admin(ctx, "/create-user", nil, body); err != nil && !strings.Contains(err.Error(), "already exists") {
+		return "", "", err
+	}
+	err = c.editPolicy(ctx, bucket, func(p *bucketPolicy) {
+		p.remove(policySid(access))
+		p.Statement = append(p.Statement, policyStatement{Sid: policySid(access), Effect: "Allow",
+			Principal: map[string][]string{"AWS": {access}}, Action: actions,
+			Resource: []string{"arn:aws:s3:::" + bucket + "/" + object}})
+	})
+	return access, secret, err
+}
+
+// Unscope removes the account named id and its statement in bucket's policy; either may be
+// gone already.
+func (c *Client) Unscope(ctx context.Context, id, bucket string) error {
+	access := ScopedAccess(id)
+	err := c.editPolicy(ctx, bucket, func(p *bucketPolicy) { p.remove(policySid(access)) })
+	if err != nil && !isNoSuchBucket(err) {
+		return err
+	}
+	if err := c.admin(ctx, "/delete-user", url.Values{"access": {access}}, nil); err != nil &&
+		!strings.Contains(err.Error(), "not found") && !strings.Contains(err.Error(), "NoSuchUser") {
+		return err
+	}
+	return nil
+}
+
+func policySid(access string) string { return "diskpipe" + access }
+
+type bucketPolicy struct {
+	Version   string            `json:"Version"`
+	Statement []policyStatement `json:"Statement"`
+}
+
+type policyStatement struct {
+	Sid       string              `json:"Sid,omitempty"`
+	Effect    string              `json:"Effect"`
+	Principal map[string][]string `json:"Principal"`
+	Action    []string            `json:"Action"`
+	Resource  []string            `json:"Resource"`
+}
+
+func (p *bucketPolicy) remove(sid string) {
+	p.Statement = slices.DeleteFunc(p.Statement, func(s policyStatement) bool { return s.Sid == sid })
+}
+
+// editPolicy reads bucket's policy, lets edit change it, and writes it back (deleting it when
+// no statement is left).
+func (c *Client) editPolicy(ctx context.Context, bucket string, edit func(*bucketPolicy)) error {
+	policyMu.Lock()
+	defer policyMu.Unlock()
+	cur, err := c.GetBucketPolicy(ctx, bucket)
+	if err != nil && minio.ToErrorResponse(err).Code != "NoSuchBucketPolicy" {
+		return Classify(err, "reading the policy of bucket "+bucket)
+	}
+	p := &bucketPolicy{Version: "2012-10-17"}
+	if cur != "" {
+		if err := json.Unmarshal([]byte(cur), p); err != nil {
+			return transfer.Permanent(transfer.ReasonInvalidArgument,
+				"the policy of bucket %s is not one diskpipe can edit (%v): remove it or use spec.s3 with your own store", bucket, err)
+		}
+	}
+	edit(p)
+	doc := ""
+	if len(p.Statement) > 0 {
+		b, err := json.Marshal(p)
+		if err != nil {
+			return err
+		}
+		doc = string(b)
+	}
+	if doc == cur {
+		return nil
+	}
+	if err := c.SetBucketPolicy(ctx, bucket, doc); err != nil {
+		return Classify(err, "writing the policy of bucket "+bucket)
+	}
+	return nil
+}
+
+func isNoSuchBucket(err error) bool { return strings.Contains(err.Error(), "NoSuchBucket") }
+
+// admin sends a request signed with the root keys to the store's admin API.
+func (c *Client) admin(ctx context.Context, path string, query url.Values, body []byte) error {
+	u := *c.endpoint
+	u.Path, u.RawQuery = path, query.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPatch, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(body)
+	req.Header.Set("X-Amz-Content-Sha256", hex.EncodeToString(sum[:]))
+	region := c.cfg.Region
+	if region == "" {
+		region = "us-east-1"
+	}
+	req = signer.SignV4(*req, c.cfg.AccessKey, c.cfg.SecretKey, "", region)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return transfer.Transient(transfer.ReasonSourceUnavailable, "the object store's admin API: %w", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("the object store's admin API %s: %s: %s", path, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
