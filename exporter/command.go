@@ -32,6 +32,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		bucket      = fs.String("bucket", "", "the bucket")
 		object      = fs.String("object", "", "the object")
 		createBkt   = fs.Bool("create-bucket", false, "create the bucket if it does not exist")
+		keepStale   = fs.Bool("keep-stale-uploads", false, "leave earlier unfinished uploads of the object alone (the manager aborted them: a credential scoped to one object may not list the bucket's uploads)")
 		s3Creds     = fs.String("s3-credentials-dir", "", "directory with the files accessKeyId and secretAccessKey (a mounted Secret)")
 		caFile      = fs.String("ca-file", "", "PEM CA bundle that verifies the store")
 		insecure    = fs.Bool("insecure", false, "skip verification of the store's certificate")
@@ -47,7 +48,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--source is required")
 		}
 		sink, where, err := openSink(ctx, sinkFlags{
-			output: *output, bucket: *bucket, object: *object, createBucket: *createBkt, partSize: *partSize, parallel: *parallel,
+			output: *output, bucket: *bucket, object: *object, createBucket: *createBkt, keepStale: *keepStale, partSize: *partSize, parallel: *parallel,
 			client:   objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure},
 			credsDir: *s3Creds, source: *source, format: *format, compression: *compression, log: cmd.Log,
 		})
@@ -63,14 +64,14 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 type sinkFlags struct {
-	output, bucket, object string
-	createBucket           bool
-	partSize, parallel     int
-	client                 objectstore.ClientConfig
-	credsDir               string
-	source, format         string
-	compression            string
-	log                    *slog.Logger
+	output, bucket, object  string
+	createBucket, keepStale bool
+	partSize, parallel      int
+	client                  objectstore.ClientConfig
+	credsDir                string
+	source, format          string
+	compression             string
+	log                     *slog.Logger
 }
 
 // openSink opens the local file or starts the multipart upload.
@@ -95,7 +96,7 @@ func openSink(ctx context.Context, f sinkFlags) (Sink, string, error) {
 	}
 	s, err := NewMultipartSink(ctx, c, SinkOptions{
 		Bucket: f.bucket, Object: f.object, ExpectedSize: size, PartSize: f.partSize, Parallel: f.parallel,
-		Log: f.log, CreateBucket: f.createBucket,
+		Log: f.log, CreateBucket: f.createBucket, KeepStale: f.keepStale,
 		Metadata: map[string]string{"diskpipe-format": f.format, "diskpipe-compression": f.compression,
 			"diskpipe-source-size": strconv.FormatInt(size, 10)},
 	})

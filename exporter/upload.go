@@ -59,6 +59,8 @@ type SinkOptions struct {
 	Log                *slog.Logger
 	// CreateBucket creates the bucket when it does not exist.
 	CreateBucket bool
+	// KeepStale leaves unfinished uploads of the object alone; by default they are aborted.
+	KeepStale bool
 }
 
 // NewMultipartSink aborts any upload of the same object an earlier, failed export left behind
@@ -92,8 +94,10 @@ func NewMultipartSink(ctx context.Context, c *objectstore.Client, o SinkOptions)
 			return nil, err
 		}
 	}
-	if err := s.abortStale(ctx); err != nil {
-		return nil, err
+	if !o.KeepStale {
+		if err := s.abortStale(ctx); err != nil {
+			return nil, err
+		}
 	}
 	meta := map[string]string{}
 	for k, v := range o.Metadata {
@@ -123,20 +127,11 @@ func classify(err error, what string) error {
 
 // abortStale aborts incomplete uploads of this object, from exports that failed before.
 func (s *MultipartSink) abortStale(ctx context.Context) error {
-	res, err := s.core.ListMultipartUploads(ctx, s.bucket, s.object, "", "", "", 1000)
-	if err != nil {
-		return classify(err, "listing the uploads of "+s.String())
+	ids, err := s.client.AbortUploads(ctx, s.bucket, s.object)
+	for _, id := range ids {
+		s.log.Info("Aborted an upload an earlier export left behind", "object", s.String(), "uploadID", id)
 	}
-	for _, u := range res.Uploads {
-		if u.Key != s.object {
-			continue
-		}
-		s.log.Info("Aborting an upload an earlier export left behind", "object", s.String(), "uploadID", u.UploadID)
-		if err := s.core.AbortMultipartUpload(ctx, s.bucket, s.object, u.UploadID); err != nil {
-			return classify(err, "aborting an earlier upload of "+s.String())
-		}
-	}
-	return nil
+	return transfer.AsTarget(err)
 }
 
 // Write cuts the stream into parts.

@@ -33,6 +33,9 @@ type ClientConfig struct {
 	CAFile string
 	// Insecure skips verification of the store's certificate.
 	Insecure bool
+	// Scoped says the store is diskpipe's bundled one, which makes an account per writer
+	// (scoped.go), so pods never get these keys.
+	Scoped bool
 }
 
 // BindFlags registers the --objectstore-* flags of the programs that reach the store (the
@@ -44,6 +47,7 @@ func (c *ClientConfig) BindFlags(fs *flag.FlagSet, credsDir *string) {
 	fs.StringVar(&c.Region, "objectstore-region", "us-east-1", "region of the object store")
 	fs.StringVar(&c.BucketLookup, "objectstore-bucket-lookup", "Path", "Auto, Path or VirtualHost")
 	fs.StringVar(&c.CAFile, "objectstore-ca-file", "", "PEM bundle of the store's CA (empty: the system's roots)")
+	fs.BoolVar(&c.Scoped, "objectstore-scoped-credentials", false, "the store is diskpipe's bundled one: exporter pods get an account that may write their one object, never these keys")
 }
 
 // LoadCredentials reads the keys "accessKeyId" and "secretAccessKey" of a Secret mounted at
@@ -140,6 +144,27 @@ func (c *Client) PresignGet(ctx context.Context, bucket, object string, expiry t
 		return nil, Classify(err, fmt.Sprintf("presigning s3://%s/%s", bucket, object))
 	}
 	return u, nil
+}
+
+// AbortUploads aborts the unfinished multipart uploads of bucket/object (an earlier writer's
+// that failed) and returns their IDs.
+func (c *Client) AbortUploads(ctx context.Context, bucket, object string) ([]string, error) {
+	core := minio.Core{Client: c.Client}
+	res, err := core.ListMultipartUploads(ctx, bucket, object, "", "", "", 1000)
+	if err != nil {
+		return nil, Classify(err, "listing the uploads of "+ObjectURL(bucket, object))
+	}
+	var ids []string
+	for _, u := range res.Uploads {
+		if u.Key != object {
+			continue
+		}
+		if err := core.AbortMultipartUpload(ctx, bucket, object, u.UploadID); err != nil {
+			return ids, Classify(err, "aborting an earlier upload of "+ObjectURL(bucket, object))
+		}
+		ids = append(ids, u.UploadID)
+	}
+	return ids, nil
 }
 
 // ObjectURL is the s3:// URL of an object, for status and logs.

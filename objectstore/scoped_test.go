@@ -35,7 +35,9 @@ func TestScopedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	as := func(args ...string) (string, error) { return s.AWSAs(ctx, access, secret, append([]string{"s3"}, args...)...) }
+	as := func(args ...string) (string, error) {
+		return s.AWSAs(ctx, access, secret, append([]string{"s3"}, args...)...)
+	}
 
 	if out, err := as("cp", "--only-show-errors", src, "s3://exports/vm/disk.qcow2"); err != nil {
 		t.Fatalf("the export's own object, in parts: %v\n%s", err, out)

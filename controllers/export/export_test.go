@@ -150,14 +150,26 @@ func TestExport(t *testing.T) {
 	g.Expect(c.Command).To(Equal([]string{"/exporter"}))
 	args := strings.Join(c.Args, " ")
 	g.Expect(args).To(HavePrefix("--source /source/disk.img --format qcow2 --compression none --endpoint " + store.Endpoint +
-		" --region us-east-1 --bucket-lookup Path --bucket vmexport --object vm-disk.qcow2 --create-bucket --s3-credentials-dir /var/run/diskpipe/auth"))
+		" --region us-east-1 --bucket-lookup Path --bucket vmexport --object vm-disk.qcow2 --s3-credentials-dir /var/run/diskpipe/auth --keep-stale-uploads"))
 	g.Expect(pod.Spec.Volumes).To(ContainElement(HaveField("PersistentVolumeClaim", Equal(&corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-disk", ReadOnly: true}))))
 	creds := &corev1.Secret{}
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "backup-export-store"}, creds)).To(Succeed())
 	g.Expect(metav1.IsControlledBy(creds, ex)).To(BeTrue())
 
+	// The pod's keys are the export's own account: they write its object (the exporter's part,
+	// played with awscli) and nothing else.
+	access, secret := string(creds.Data["accessKeyId"]), string(creds.Data["secretAccessKey"])
+	g.Expect(access).NotTo(Equal(store.AccessKey), "the exporter must not get the store's root keys")
 	body := []byte("QFI\xfb stands in for the exported qcow2")
-	upload(t, "vm-disk.qcow2", body)
+	p := filepath.Join(t.TempDir(), "export.qcow2")
+	g.Expect(os.WriteFile(p, body, 0o600)).To(Succeed())
+	out, err := store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://vmexport/vm-disk.qcow2")
+	g.Expect(err).NotTo(HaveOccurred(), out)
+	out, err = store.AWSAs(ctx, access, secret, "s3", "ls", "s3://vmexport/")
+	g.Expect(err).To(HaveOccurred(), "the export's keys list the bucket:\n"+out)
+	g.Expect(out).To(ContainSubstring("AccessDenied"))
+	out, err = store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://vmexport/elsewhere.qcow2")
+	g.Expect(err).To(HaveOccurred(), "the export's keys write another object:\n"+out)
 	ctrltest.Complete(t, env, ns, "backup-export-0", transfer.Result{Format: "qcow2", VirtualSize: 10 << 30, BytesWritten: int64(len(body)),
 		Digest: "sha256:0123", URL: "s3://vmexport/vm-disk.qcow2", DurationSeconds: 4})
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported: exported vm-disk as qcow2 to s3://vmexport/vm-disk.qcow2"))
@@ -171,6 +183,9 @@ func TestExport(t *testing.T) {
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(creds), creds))
 	}, 10*time.Second).Should(BeTrue(), "the store's keys leave the namespace with the exporter")
+	out, err = store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://vmexport/vm-disk.qcow2")
+	g.Expect(err).To(HaveOccurred(), "the export's keys still work after it ended:\n"+out)
+	g.Expect(out).To(ContainSubstring("InvalidAccessKeyId"))
 
 	// Renewed on request.
 	first := ex.Status.DownloadURL
@@ -190,7 +205,7 @@ func TestExport(t *testing.T) {
 	// Retain: the object outlives the export.
 	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
 	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
-	out, err := store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://vmexport/vm-disk.qcow2")
+	out, err = store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://vmexport/vm-disk.qcow2")
 	g.Expect(err).NotTo(HaveOccurred(), out)
 }
 

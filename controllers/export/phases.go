@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
@@ -255,11 +256,30 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	if !forPod {
 		return d, nil
 	}
-	// The exporter writes with the store's keys, in a Secret that only its pod mounts and
-	// that goes with the export.
+	// The exporter writes with keys in a Secret that only its pod mounts and that goes with
+	// the export: on the bundled store, an account that may write this one object and nothing
+	// else (the manager makes the bucket and aborts what an earlier attempt left); on an
+	// external store in its place, the keys the installation was given.
+	access, secret, extra := r.StoreConfig.AccessKey, r.StoreConfig.SecretKey, []string{"--create-bucket"}
+	if r.StoreConfig.Scoped {
+		if err := r.Store.EnsureBucket(ctx, d.bucket); err != nil {
+			return nil, err
+		}
+		ids, err := r.Store.AbortUploads(ctx, d.bucket, d.object)
+		if err != nil {
+			return nil, err
+		}
+		if len(ids) > 0 {
+			log.FromContext(ctx).Info("Aborted uploads an earlier export left behind", "object", objectstore.ObjectURL(d.bucket, d.object), "uploads", len(ids))
+		}
+		if access, secret, err = r.Store.Scope(ctx, string(ex.UID), d.bucket, d.object, objectstore.ScopedActions); err != nil {
+			return nil, err
+		}
+		extra = []string{"--keep-stale-uploads"}
+	}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export-store", Namespace: ex.Namespace,
 		Labels: map[string]string{LabelExport: string(ex.UID)}},
-		StringData: map[string]string{"accessKeyId": r.StoreConfig.AccessKey, "secretAccessKey": r.StoreConfig.SecretKey}}
+		StringData: map[string]string{"accessKeyId": access, "secretAccessKey": secret}}
 	var caArgs []string
 	if r.StoreConfig.CAFile != "" { // an external store in place of the bundled one, with its own CA
 		ca, err := os.ReadFile(r.StoreConfig.CAFile)
@@ -280,7 +300,7 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 		lookup = "Auto"
 	}
 	d.args = append([]string{"--endpoint", r.StoreConfig.Endpoint, "--region", region, "--bucket-lookup", lookup,
-		"--bucket", d.bucket, "--object", d.object, "--create-bucket", "--s3-credentials-dir", authDir}, caArgs...)
+		"--bucket", d.bucket, "--object", d.object, "--s3-credentials-dir", authDir}, append(extra, caArgs...)...)
 	d.mounts = []importpod.Mount{{Secret: sec.Name, Path: authDir}}
 	return d, nil
 }
@@ -340,8 +360,13 @@ func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVol
 }
 
 // cleanupTemp removes the snapshot and temporary PVC of an in-use export, and the store
-// credentials.
+// credentials (on the bundled store, the export's account too).
 func (r *Reconciler) cleanupTemp(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
+	if t := ex.Spec.ObjectStore; t != nil && ex.Spec.S3 == nil && r.Store != nil && r.StoreConfig != nil && r.StoreConfig.Scoped {
+		if err := r.Store.Unscope(ctx, string(ex.UID), string(t.BucketName)); err != nil {
+			return err
+		}
+	}
 	meta := metav1.ObjectMeta{Name: ex.Name + "-export", Namespace: ex.Namespace}
 	for _, obj := range []client.Object{&corev1.PersistentVolumeClaim{ObjectMeta: meta}, &snapshotv1.VolumeSnapshot{ObjectMeta: meta},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export-store", Namespace: ex.Namespace}}} {

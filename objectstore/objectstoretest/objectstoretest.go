@@ -165,7 +165,7 @@ func (s *Server) Client() *objectstore.Client {
 
 // ClientConfig is the configuration that reaches the store as root.
 func (s *Server) ClientConfig() objectstore.ClientConfig {
-	return objectstore.ClientConfig{Endpoint: s.Endpoint, AccessKey: s.AccessKey, SecretKey: s.SecretKey, BucketLookup: "Path"}
+	return objectstore.ClientConfig{Endpoint: s.Endpoint, AccessKey: s.AccessKey, SecretKey: s.SecretKey, BucketLookup: "Path", Scoped: true}
 }
 
 // AWS runs Debian's awscli (/usr/bin/aws, not a pip-installed one earlier on PATH) against the

@@ -105,6 +105,7 @@ priorityClassName: {{ . }}
 {{- else }}
 - --objectstore-region={{ $.Values.objectStore.bundled.region }}
 - --objectstore-bucket-lookup=Path
+- --objectstore-scoped-credentials
 {{- end }}
 {{- end }}
 {{- end -}}
