@@ -20,9 +20,16 @@
 //
 // Every request is retried with backoff on transient failures (resets, 5xx, timeouts, a
 // response that stalls), and resumes at the first byte it lacks (reader.go). Permanent
-// failures (404, 403, TLS, checksum, format) end the import at once. On any failure the target
-// is left empty — the file removed, the device zeroed — so a half-written disk never looks
-// valid; on success it is flushed to stable storage first.
+// failures (404, 403, TLS, checksum, format) end the import at once and leave the target
+// empty — the file removed, the device zeroed — so a half-written disk never looks valid; on
+// success it is flushed to stable storage first.
+//
+// # Resuming in another pod
+//
+// Every 256 MiB of disk the importer flushes and records a checkpoint beside the disk
+// (checkpoint.go). A pod that is killed, evicted or fails transiently leaves the disk and the
+// checkpoint; the next pod goes on from there when the source is the same and unchanged,
+// and starts over otherwise.
 //
 // # Checksums
 //

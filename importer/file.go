@@ -2,6 +2,7 @@ package importer
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 
@@ -35,13 +36,20 @@ func (s *FileSource) Open(context.Context) (Object, error) {
 	}
 	// The copy reads the whole disk once, front to back.
 	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_SEQUENTIAL) //nolint:gosec // a descriptor fits
-	return &fileObject{f: f, size: size}, nil
+	id := ""
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+		id = fmt.Sprintf("file size %d mtime %d", size, fi.ModTime().UnixNano())
+	}
+	return &fileObject{f: f, size: size, id: id}, nil
 }
 
 type fileObject struct {
 	f    *os.File
 	size int64
+	id   string
 }
+
+func (o *fileObject) Identity() string { return o.id }
 
 func (o *fileObject) Size() int64        { return o.size }
 func (o *fileObject) RandomAccess() bool { return true }

@@ -152,6 +152,9 @@ func (s *fileServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer f.Close()
 	fi, _ := f.Stat()
 	size := fi.Size()
+	// As nginx does: resumed imports compare these to know the file did not change.
+	w.Header().Set("Last-Modified", fi.ModTime().UTC().Format(http.TimeFormat))
+	w.Header().Set("ETag", fmt.Sprintf(`"%x-%x"`, fi.ModTime().UnixNano(), size))
 	start, end := int64(0), size // [start, end)
 	if rng := r.Header.Get("Range"); rng != "" && !s.noRange {
 		a, b, _ := strings.Cut(strings.TrimPrefix(rng, "bytes="), "-")

@@ -69,6 +69,9 @@ func (s *HTTPSource) Open(ctx context.Context) (Object, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if etag, lm := resp.Header.Get("ETag"), resp.Header.Get("Last-Modified"); (etag != "" && !strings.HasPrefix(etag, "W/")) || lm != "" {
+		o.id = fmt.Sprintf("etag %s last-modified %s", etag, lm) // the size is added below
+	}
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
 		size, err := totalFromContentRange(resp.Header.Get("Content-Range"))
@@ -81,6 +84,9 @@ func (s *HTTPSource) Open(ctx context.Context) (Object, error) {
 	case http.StatusRequestedRangeNotSatisfiable: // an empty object
 		o.size, o.random = 0, true
 	}
+	if o.id != "" {
+		o.id += fmt.Sprintf(" size %d", o.size)
+	}
 	return o, nil
 }
 
@@ -89,7 +95,10 @@ type httpObject struct {
 	client *http.Client
 	size   int64
 	random bool
+	id     string
 }
+
+func (o *httpObject) Identity() string { return o.id }
 
 func (o *httpObject) Size() int64        { return o.size }
 func (o *httpObject) RandomAccess() bool { return o.random }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	qcow2reader "github.com/lima-vm/go-qcow2reader"
@@ -92,6 +94,11 @@ func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 	}
 	t.grow = o.Grow
 	if err = run(ctx, &o, t, res); err != nil {
+		if (t.saved || t.resumed) && resumable(err) {
+			o.Log.Info("Keeping the disk and its checkpoint for the next attempt", "err", err)
+			_ = t.Keep()
+			return res, err
+		}
 		if werr := t.Wipe(); werr != nil {
 			o.Log.Error("Could not empty the target after a failure", "err", werr)
 		}
@@ -136,10 +143,13 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 	if err != nil {
 		return err
 	}
-	if obj.RandomAccess() && o.Format == "" && obj.Size() > 0 {
+	if obj.RandomAccess() && obj.Size() > 0 && (o.Format == "" || o.Format == FormatRaw) {
 		head := make([]byte, min(sniffLen, obj.Size()))
 		if _, err := f.ReadAt(head, 0); err != nil && !errors.Is(err, io.EOF) {
 			return err
+		}
+		if o.Format == FormatRaw {
+			return importRaw(o, f, cs, t, res)
 		}
 		if sniffCompression(head) == CompressionNone {
 			format := sniffFormat(head)
@@ -149,10 +159,68 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 			switch format {
 			case FormatQcow2, FormatVMDK, FormatVPC, FormatVDI, FormatVHDX:
 				return importRandom(ctx, o, f, format, head, cs, t, res)
+			case FormatRaw, FormatISO:
+				return importRaw(o, f, cs, t, res)
 			}
 		}
 	}
 	return importStream(o, f, cs, t, res)
+}
+
+// resumable reports whether a failure leaves a disk worth going on from: a transient one, or
+// the pod being stopped.
+func resumable(err error) bool { return transfer.IsTransient(err) || errors.Is(err, context.Canceled) }
+
+// importRaw copies a raw image (or ISO) from a source with random access front to back,
+// hashing what it copies and writing only non-zero blocks, with a checkpoint every
+// checkpointEvery bytes: a resumed import asks the source for the rest only.
+func importRaw(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
+	size := f.obj.Size()
+	res.Format, res.VirtualSize = string(FormatRaw), size
+	o.Progress.SetTotal(size)
+	cp, err := startOrResume(o, f, FormatRaw, size, t, cs)
+	if err != nil {
+		return err
+	}
+	s := f.stream()
+	s.pos = cp.Done
+	defer s.Close()
+	buf := make([]byte, copyBufferSize)
+	for next := cp.Done + checkpointEvery; cp.Done < size; {
+		n, err := io.ReadFull(s, buf[:min(int64(len(buf)), size-cp.Done)])
+		if n > 0 {
+			cs.Hash.Write(buf[:n])
+			if _, werr := t.WriteAt(buf[:n], cp.Done); werr != nil {
+				return werr
+			}
+			cp.Done += int64(n)
+			o.Progress.Add(int64(n))
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return transfer.Transient(transfer.ReasonSourceUnavailable, "%s ended at byte %d of %d", o.Source, cp.Done, size)
+			}
+			return err
+		}
+		if cp.Identity != "" && cp.Done >= next && cp.Done < size {
+			if cs.Want != "" {
+				if cp.Hash, err = cs.State(); err != nil {
+					return err
+				}
+				cp.Hashed = cp.Done
+			}
+			if err := t.saveCheckpoint(cp); err != nil {
+				return err
+			}
+			t.saved = true
+			next = cp.Done + checkpointEvery
+		}
+	}
+	res.Digest = cs.Digest()
+	if err := cs.Verify(); err != nil {
+		return err
+	}
+	return t.Finish(size)
 }
 
 // isFixedVHD reports whether the image ends with the footer of a fixed VHD, the one format
@@ -200,7 +268,8 @@ func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Im
 
 // importRandom converts an image read at random (qcow2, vmdk, vpc, vdi, vhdx), fetching only its
 // allocated clusters, except when a checksum must be verified: then a hasher reads the whole
-// file in order through the same cache.
+// file in order through the same cache. The disk is done in pieces of checkpointEvery bytes,
+// each recorded once flushed (checkpoint.go), so another pod can go on from the last one.
 func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, head []byte, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
 	size := f.obj.Size()
 	cache := newBlockCache(f, size, cacheBlockSize, cacheBlocks, o.Parallel, readahead)
@@ -209,19 +278,41 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 		return err
 	}
 	defer img.Close()
-	res.Format, res.VirtualSize = string(format), img.Size()
-	o.Progress.SetTotal(img.Size())
-	if err := t.Prepare(img.Size()); err != nil {
+	vsize := img.Size()
+	res.Format, res.VirtualSize = string(format), vsize
+	o.Progress.SetTotal(vsize)
+	cp, err := startOrResume(o, f, format, vsize, t, cs)
+	if err != nil {
 		return err
 	}
 
+	h := &orderedHash{cs: cs, off: cp.Hashed}
 	hashed := make(chan error, 1)
 	if cs.Want != "" {
-		go func() { hashed <- hashAll(ctx, cache, size, cs) }()
+		go func() { hashed <- h.run(ctx, cache, size) }()
 	} else {
 		hashed <- nil
 	}
-	err = convert.Convert(t, img, convert.Options{Workers: o.Parallel, SegmentSize: 4 * convert.BufferSize, Progress: o.Progress})
+	for cp.Done < vsize && err == nil {
+		n := vsize - cp.Done
+		if cp.Identity != "" {
+			n = min(n, checkpointEvery)
+		}
+		err = convert.Convert(shifted{t, cp.Done}, &window{img, cp.Done, n},
+			convert.Options{Workers: o.Parallel, SegmentSize: 4 * convert.BufferSize, Progress: o.Progress})
+		if err == nil && cp.Identity != "" && cp.Done+n < vsize {
+			cp.Done += n
+			cp.Hashed, cp.Hash = h.snapshot()
+			if err = t.saveCheckpoint(cp); err == nil {
+				t.saved = true
+			}
+			continue
+		}
+		cp.Done += n
+	}
+	if err != nil {
+		h.stop()
+	}
 	if herr := <-hashed; err == nil {
 		err = herr
 	}
@@ -234,24 +325,120 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 			return err
 		}
 	}
-	return t.Finish(img.Size())
+	return t.Finish(vsize)
 }
 
-// hashAll hashes the whole source in order through the cache the converter also reads.
-func hashAll(ctx context.Context, c *blockCache, size int64, cs *transfer.Checksum) error {
+// startOrResume continues the disk from a checkpoint that matches this source, or empties
+// it and starts over. The returned record's Identity is empty when the import cannot be
+// checkpointed (the source tells no identity, or the device has no room beside the image).
+func startOrResume(o *Options, f *fetcher, format Format, vsize int64, t *Target, cs *transfer.Checksum) (*checkpoint, error) {
+	id := f.obj.Identity()
+	fresh := &checkpoint{Source: o.Source.String(), Format: string(format), VirtualSize: vsize}
+	if id != "" && t.checkpointable(vsize) {
+		fresh.Identity = id
+		if cp := t.loadCheckpoint(vsize); cp.matches(fresh.Source, id, format, vsize) {
+			if cp.Hashed == 0 || cs.Want == "" || cs.Restore(cp.Hash) == nil {
+				if cs.Want == "" {
+					cp.Hashed, cp.Hash = 0, nil
+				}
+				if err := t.Resume(vsize); err != nil {
+					return nil, err
+				}
+				o.Log.Info("Resuming the import where an earlier attempt stopped", "done", cp.Done, "of", vsize, "hashed", cp.Hashed)
+				o.Progress.Add(cp.Done)
+				return cp, nil
+			}
+		} else if cp != nil {
+			o.Log.Info("Starting over: the checkpoint an earlier attempt left is for another source or version", "checkpointSource", cp.Source)
+		}
+	}
+	if err := t.Prepare(vsize); err != nil {
+		return nil, err
+	}
+	return fresh, t.removeCheckpoint(vsize)
+}
+
+// orderedHash hashes the whole source in order through the cache the converter also reads,
+// from off; snapshot gives a consistent (offset, state) pair for a checkpoint.
+type orderedHash struct {
+	cs      *transfer.Checksum
+	mu      sync.Mutex
+	off     int64
+	stopped atomic.Bool
+}
+
+func (h *orderedHash) run(ctx context.Context, c *blockCache, size int64) error {
 	buf := make([]byte, cacheBlockSize)
-	for off := int64(0); off < size; off += cacheBlockSize {
+	for h.off < size {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		n, err := c.ReadAt(buf[:min(cacheBlockSize, size-off)], off)
+		if h.stopped.Load() {
+			return nil
+		}
+		// Whole cache blocks, so a resumed hash reads the blocks the converter reads.
+		n, err := c.ReadAt(buf[:min(cacheBlockSize-h.off%cacheBlockSize, size-h.off)], h.off)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
-		cs.Hash.Write(buf[:n])
+		h.mu.Lock()
+		h.cs.Hash.Write(buf[:n])
+		h.off += int64(n)
+		h.mu.Unlock()
 	}
 	return nil
 }
+
+func (h *orderedHash) snapshot() (int64, []byte) {
+	if h.cs.Want == "" {
+		return 0, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	state, err := h.cs.State()
+	if err != nil {
+		return 0, nil
+	}
+	return h.off, state
+}
+
+func (h *orderedHash) stop() { h.stopped.Store(true) }
+
+// window is the part [base, base+n) of an image, as an image of its own.
+type window struct {
+	image.Image
+	base, n int64
+}
+
+func (w *window) Size() int64 { return w.n }
+
+func (w *window) ReadAt(p []byte, off int64) (int, error) {
+	if off >= w.n {
+		return 0, io.EOF
+	}
+	if rest := w.n - off; int64(len(p)) > rest {
+		n, err := w.Image.ReadAt(p[:rest], w.base+off)
+		if err == nil {
+			err = io.EOF
+		}
+		return n, err
+	}
+	return w.Image.ReadAt(p, w.base+off)
+}
+
+func (w *window) Extent(start, length int64) (image.Extent, error) {
+	e, err := w.Image.Extent(w.base+start, min(length, w.n-start))
+	e.Start -= w.base
+	return e, err
+}
+
+// shifted writes at base + off.
+type shifted struct {
+	t    *Target
+	base int64
+}
+
+func (s shifted) WriteAt(p []byte, off int64) (int, error) { return s.t.WriteAt(p, s.base+off) }
 
 // imageError keeps a transfer error's reason, and calls any other reader error malformed.
 func imageError(err error) error {

@@ -136,6 +136,7 @@ type registryObject struct {
 
 func (o *registryObject) Size() int64        { return o.size }
 func (o *registryObject) RandomAccess() bool { return false }
+func (o *registryObject) Identity() string   { return "" } // a layer is decoded from its start
 
 func (o *registryObject) Close() error {
 	if o.first != nil {

@@ -16,6 +16,10 @@ type Object interface {
 	ReadRange(ctx context.Context, off, n int64) (io.ReadCloser, error)
 	// Close releases the object.
 	Close() error
+	// Identity names this version of the source (an ETag, Last-Modified and size, a file's
+	// size and mtime) for a checkpoint; "" when the source tells nothing that would show a
+	// change, and its imports cannot resume.
+	Identity() string
 }
 
 // Source opens an Object. Each kind of source (http.go, s3.go, file.go) is one Source.

@@ -32,6 +32,9 @@ type Target struct {
 	flushed atomic.Int64
 	// grow makes a disk file as large as the volume allows when the image is smaller.
 	grow bool
+	// resumed is set when the disk continues a checkpointed import; saved once this import
+	// recorded a checkpoint: its disk is worth keeping after a transient failure.
+	resumed, saved bool
 }
 
 // OpenTarget opens path: a block device as it is, anything else as the disk file, created if
@@ -216,9 +219,21 @@ func (t *Target) write(p []byte, off int64) error {
 	return nil
 }
 
+// Resume takes the disk as a checkpointed import left it: nothing is emptied.
+func (t *Target) Resume(size int64) error {
+	if err := t.fits(size); err != nil {
+		return err
+	}
+	t.size, t.resumed = size, true
+	return nil
+}
+
 // Finish sets the disk's final size (a file is truncated to it, or grown to the usable size
-// with grow) and flushes it to stable storage.
+// with grow), removes any checkpoint and flushes it to stable storage.
 func (t *Target) Finish(size int64) error {
+	if err := t.removeCheckpoint(size); err != nil {
+		return err
+	}
 	if !t.block {
 		if t.grow {
 			size = max(size, t.GrownSize())
@@ -240,8 +255,13 @@ func (t *Target) Wipe() error {
 	if t.block {
 		return t.zero()
 	}
+	_ = os.Remove(t.checkpointPath())
 	return os.Remove(t.path)
 }
+
+// Keep closes the target after a transient failure, leaving the disk and its checkpoint for
+// the next attempt.
+func (t *Target) Keep() error { return t.f.Close() }
 
 // sparseWriter writes a stream at increasing offsets; the target skips its zeros.
 type sparseWriter struct {

@@ -1,0 +1,184 @@
+package importer
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// # Resuming an import in another pod
+//
+// A long import whose pod is killed, evicted or fails transiently goes on in the next pod
+// where it stopped instead of at byte 0. Every checkpointEvery bytes of the disk the importer
+// flushes what it wrote to stable storage and then records how far it got in a small
+// checkpoint beside the disk: disk.img.checkpoint on a filesystem volume, the device's last
+// 64 KiB (when the image leaves them free) on a block volume. The checkpoint names the source
+// and its identity (ETag or Last-Modified and size, an S3 ETag, a file's size and mtime),
+// the format and virtual size, how far the disk is done, and the checksum's running state.
+//
+// The next importer trusts it only when all of that matches the source it opens now and the
+// record's own sha256 is intact; otherwise — a changed source, a torn or foreign record, a
+// source with no identity — it starts over from an empty disk. A permanent failure empties
+// the disk as before; a transient one keeps it for the next attempt. On success the
+// checkpoint is removed (a block device's region zeroed) before the disk is flushed.
+//
+// Resumable: images read at random (qcow2, vmdk, vhdx, vpc, vdi) and raw images streamed
+// from a source with random access. A gzip, xz or zstd wrapper or a registry layer can only
+// be decoded from its start, so those imports start over.
+
+// checkpointEvery is how much of the disk is done between two checkpoints; a resumed import
+// reads again at most this much (plus the cache's read-ahead).
+var checkpointEvery int64 = 256 << 20 // a variable for the tests
+
+// checkpointRegion is the size of a block device's checkpoint area, at its end.
+const checkpointRegion = 64 << 10
+
+// checkpoint is the record of how far an import got.
+type checkpoint struct {
+	Source      string `json:"source"`
+	Identity    string `json:"identity"`
+	Format      string `json:"format"`
+	VirtualSize int64  `json:"virtualSize"`
+	// Done: the disk's bytes [0, Done) are written and flushed. For a raw stream it is also
+	// how much of the source was consumed.
+	Done int64 `json:"done"`
+	// Hashed and Hash: the checksum's state after the source's first Hashed bytes.
+	Hashed int64  `json:"hashed,omitempty"`
+	Hash   []byte `json:"hash,omitempty"`
+}
+
+// sealed is the checkpoint as stored: the record and its sha256.
+type sealed struct {
+	Checkpoint json.RawMessage `json:"checkpoint"`
+	SHA256     string          `json:"sha256"`
+}
+
+// matches reports whether c continues an import of this source into this disk.
+func (c *checkpoint) matches(source, identity string, format Format, vsize int64) bool {
+	return c != nil && identity != "" && c.Source == source && c.Identity == identity &&
+		c.Format == string(format) && c.VirtualSize == vsize && c.Done > 0 && c.Done <= vsize
+}
+
+// checkpointPath is where a disk file's checkpoint lives.
+func (t *Target) checkpointPath() string { return t.path + ".checkpoint" }
+
+// checkpointable reports whether the target has room for a checkpoint beside a disk of vsize.
+func (t *Target) checkpointable(vsize int64) bool {
+	return !t.block || vsize <= t.usable-checkpointRegion
+}
+
+// loadCheckpoint reads the checkpoint beside a disk of vsize; nil when there is none or it
+// is damaged.
+func (t *Target) loadCheckpoint(vsize int64) *checkpoint {
+	var b []byte
+	if t.block {
+		if !t.checkpointable(vsize) {
+			return nil
+		}
+		b = make([]byte, checkpointRegion)
+		if _, err := t.f.ReadAt(b, t.usable-checkpointRegion); err != nil && !errors.Is(err, io.EOF) {
+			return nil
+		}
+		b = bytes.TrimRight(b, "\x00")
+	} else {
+		var err error
+		if b, err = os.ReadFile(t.checkpointPath()); err != nil {
+			return nil
+		}
+	}
+	var s sealed
+	if len(b) == 0 || json.Unmarshal(b, &s) != nil {
+		return nil
+	}
+	if sum := sha256.Sum256(s.Checkpoint); hex.EncodeToString(sum[:]) != s.SHA256 {
+		return nil
+	}
+	c := &checkpoint{}
+	if json.Unmarshal(s.Checkpoint, c) != nil {
+		return nil
+	}
+	return c
+}
+
+// saveCheckpoint flushes the disk, then records c: the record never claims data that is not
+// on stable storage.
+func (t *Target) saveCheckpoint(c *checkpoint) error {
+	if err := t.f.Sync(); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", t.path, err)
+	}
+	rec, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(rec)
+	b, err := json.Marshal(sealed{Checkpoint: rec, SHA256: hex.EncodeToString(sum[:])})
+	if err != nil {
+		return err
+	}
+	if t.block {
+		if len(b) > checkpointRegion {
+			return nil // a checksum state this large does not exist; skip rather than fail
+		}
+		region := make([]byte, checkpointRegion)
+		copy(region, b)
+		if _, err := t.f.WriteAt(region, t.usable-checkpointRegion); err != nil {
+			return transfer.Permanent(transfer.ReasonTargetError, "writing the checkpoint: %w", err)
+		}
+		return t.syncData()
+	}
+	tmp := t.checkpointPath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "writing the checkpoint: %w", err)
+	}
+	if err := syncFile(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, t.checkpointPath()); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "writing the checkpoint: %w", err)
+	}
+	return nil
+}
+
+// removeCheckpoint removes the record beside a disk of vsize (a block device's region is
+// zeroed: it is part of the disk the VM sees; when the image reaches into it, it holds data
+// and is left alone).
+func (t *Target) removeCheckpoint(vsize int64) error {
+	if t.block {
+		if !t.checkpointable(vsize) {
+			return nil
+		}
+		if _, err := t.f.WriteAt(make([]byte, checkpointRegion), t.usable-checkpointRegion); err != nil {
+			return transfer.Permanent(transfer.ReasonTargetError, "clearing the checkpoint: %w", err)
+		}
+		return nil
+	}
+	if err := os.Remove(t.checkpointPath()); err != nil && !os.IsNotExist(err) {
+		return transfer.Permanent(transfer.ReasonTargetError, "removing the checkpoint: %w", err)
+	}
+	return nil
+}
+
+func (t *Target) syncData() error {
+	if err := t.f.Sync(); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", t.path, err)
+	}
+	return nil
+}
+
+func syncFile(path string) error {
+	f, err := os.Open(path) //nolint:gosec // the importer's own file
+	if err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "flushing the checkpoint: %w", err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "flushing the checkpoint: %w", err)
+	}
+	return nil
+}

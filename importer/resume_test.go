@@ -1,0 +1,235 @@
+package importer
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The resume tests kill a real importer process (this test binary, re-run as the importer
+// command) with SIGKILL, then run the next one, as a Kubernetes node would.
+
+const (
+	childEnv      = "DISKPIPE_IMPORTER_CHILD_ARGS"
+	childEveryEnv = "DISKPIPE_IMPORTER_CHILD_CHECKPOINT_EVERY"
+	// resumeEvery is the checkpoint interval of these tests: small, so that the bound on what
+	// a resumed import reads again is tight.
+	resumeEvery = 64 << 20
+)
+
+// TestImporterChild is the importer command when run as a resume test's child.
+func TestImporterChild(t *testing.T) {
+	args := os.Getenv(childEnv)
+	if args == "" {
+		t.Skip("the importer process of the resume tests")
+	}
+	if v, err := strconv.ParseInt(os.Getenv(childEveryEnv), 10, 64); err == nil {
+		checkpointEvery = v
+	}
+	os.Exit(Main(context.Background(), strings.Split(args, "\x1f"), os.Stderr))
+}
+
+// importer starts the importer command as a child process.
+func startImporter(t *testing.T, url, target string, capacity int64) (*exec.Cmd, *strings.Builder) {
+	t.Helper()
+	args := []string{"--url", url, "--target", target, "--capacity", strconv.FormatInt(capacity, 10),
+		"--metrics-addr", "", "--termination-message-path", "", "--progress-interval", "1h", "--retries", "3"}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestImporterChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"), childEveryEnv+"="+strconv.Itoa(resumeEvery))
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, out
+}
+
+// killAt runs an importer and SIGKILLs it once the server has sent frac of the file.
+func killAt(t *testing.T, srv *fileServer, url, target string, capacity int64, frac float64) int64 {
+	t.Helper()
+	size := fileSizeOf(t, srv.path)
+	srv.sent.Store(0)
+	cmd, out := startImporter(t, url, target, capacity)
+	deadline := time.Now().Add(2 * time.Minute)
+	for srv.sent.Load() < int64(frac*float64(size)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the importer did not reach %.0f %%:\n%s", frac*100, out)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+	return srv.sent.Load()
+}
+
+// finish runs an importer to the end and returns the bytes the server sent it and its log.
+func finish(t *testing.T, srv *fileServer, url, target string, capacity int64) (int64, string) {
+	t.Helper()
+	srv.sent.Store(0)
+	cmd, out := startImporter(t, url, target, capacity)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the resumed importer failed: %v\n%s", err, out)
+	}
+	return srv.sent.Load(), out.String()
+}
+
+func fileSizeOf(t *testing.T, p string) int64 {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// makeBigRaw writes a 4 GiB sparse raw disk with 1 GiB of random data: 32 MiB every 128 MiB.
+func makeBigRaw(t *testing.T, dir string, seed uint64) string {
+	t.Helper()
+	p := filepath.Join(dir, fmt.Sprintf("big-%d.raw", seed))
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(4 << 30); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.NewChaCha8([32]byte{byte(seed)})
+	buf := make([]byte, 32<<20)
+	for off := int64(0); off < 4<<30; off += 128 << 20 {
+		_, _ = rng.Read(buf)
+		if _, err := f.WriteAt(buf, off+4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// TestResumeAfterKill: a 4 GiB qcow2 import killed at 30, 60 and 90 % goes on in the next
+// process from its last checkpoint: the next one reads at most the rest of the file plus one
+// checkpoint's worth, and the disk is the image's.
+func TestResumeAfterKill(t *testing.T) {
+	dir := t.TempDir()
+	raw := makeBigRaw(t, dir, 1)
+	img := convertTo(t, raw, "qcow2")
+	size := fileSizeOf(t, img)
+	srv := &fileServer{path: img}
+	url := serve(t, srv)
+	slack := int64(resumeEvery + 32<<20) // one checkpoint, plus read-ahead and socket buffers
+	for _, frac := range []float64{0.3, 0.6, 0.9} {
+		t.Run(fmt.Sprintf("%.0f%%", frac*100), func(t *testing.T) {
+			target := filepath.Join(t.TempDir(), "disk.img")
+			first := killAt(t, srv, url, target, 5<<30, frac)
+			if _, err := os.Stat(target + ".checkpoint"); err != nil {
+				t.Fatalf("no checkpoint after %d of %d bytes: %v", first, size, err)
+			}
+			second, log := finish(t, srv, url, target, 5<<30)
+			t.Logf("killed after %d bytes of %d; the next importer read %d (at most %d allowed)", first, size, second, size-first+slack)
+			if second > size-first+slack {
+				t.Errorf("the next importer read %d bytes; the rest was %d", second, size-first)
+			}
+			if !strings.Contains(log, "Resuming the import") {
+				t.Errorf("the next importer did not resume:\n%s", log)
+			}
+			sameDisk(t, raw, target)
+			if _, err := os.Stat(target + ".checkpoint"); !os.IsNotExist(err) {
+				t.Errorf("the checkpoint outlived the import: %v", err)
+			}
+		})
+	}
+}
+
+// TestResumeRefused: a checkpoint is trusted only for the same source, unchanged, and intact;
+// otherwise the next importer starts over and still makes the right disk.
+func TestResumeRefused(t *testing.T) {
+	dir := t.TempDir()
+	raw := makeBigRaw(t, dir, 2)
+	img := convertTo(t, raw, "qcow2")
+	size := fileSizeOf(t, img)
+	srv := &fileServer{path: img}
+	url := serve(t, srv)
+	startsOver := func(t *testing.T, url, target, want string) {
+		t.Helper()
+		second, log := finish(t, srv, url, target, 5<<30)
+		if strings.Contains(log, "Resuming the import") || second < size {
+			t.Errorf("the importer trusted the checkpoint (read %d of %d bytes):\n%s", second, size, log)
+		}
+		sameDisk(t, want, target)
+	}
+
+	t.Run("changed source", func(t *testing.T) {
+		target := filepath.Join(t.TempDir(), "disk.img")
+		killAt(t, srv, url, target, 5<<30, 0.5)
+		other := makeBigRaw(t, t.TempDir(), 3)
+		runTool(t, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", other, img) // the same URL, a new image
+		t.Cleanup(func() { runTool(t, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, img) })
+		size = fileSizeOf(t, img)
+		startsOver(t, url, target, other)
+	})
+	runTool(t, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, img)
+	size = fileSizeOf(t, img)
+
+	t.Run("corrupt checkpoint", func(t *testing.T) {
+		target := filepath.Join(t.TempDir(), "disk.img")
+		killAt(t, srv, url, target, 5<<30, 0.5)
+		b, err := os.ReadFile(target + ".checkpoint")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/3] ^= 0x01
+		if err := os.WriteFile(target+".checkpoint", b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		startsOver(t, url, target, raw)
+	})
+
+	t.Run("another source's checkpoint", func(t *testing.T) {
+		target := filepath.Join(t.TempDir(), "disk.img")
+		killAt(t, srv, url, target, 5<<30, 0.5)
+		// The same bytes under another name: another source. (The query is not part of a
+		// source's name: a presigned URL gets new credentials in each attempt's.)
+		startsOver(t, strings.Replace(url, filepath.Base(img), "mirror-copy.img", 1), target, raw)
+	})
+}
+
+// TestResumeRawAndBlock: a raw image streamed from a server with Range resumes too, and so
+// does an import into a block device, whose checkpoint area is zeroed at the end.
+func TestResumeRawAndBlock(t *testing.T) {
+	dir := t.TempDir()
+	raw := makeBigRaw(t, dir, 4)
+	size := fileSizeOf(t, raw)
+	img := convertTo(t, raw, "qcow2")
+	slack := int64(resumeEvery + 32<<20)
+
+	t.Run("raw", func(t *testing.T) {
+		srv := &fileServer{path: raw}
+		url := serve(t, srv)
+		target := filepath.Join(t.TempDir(), "disk.img")
+		first := killAt(t, srv, url, target, 5<<30, 0.5)
+		second, log := finish(t, srv, url, target, 5<<30)
+		if second > size-first+slack || !strings.Contains(log, "Resuming the import") {
+			t.Errorf("killed after %d of %d bytes, the next importer read %d:\n%s", first, size, second, log)
+		}
+		sameDisk(t, raw, target)
+	})
+
+	t.Run("block", func(t *testing.T) {
+		dev := loopDevice(t, 4<<30+16<<20)
+		srv := &fileServer{path: img}
+		url := serve(t, srv)
+		first := killAt(t, srv, url, dev, 0, 0.6)
+		second, log := finish(t, srv, url, dev, 0)
+		if isize := fileSizeOf(t, img); second > isize-first+slack || !strings.Contains(log, "Resuming the import") {
+			t.Errorf("killed after %d of %d bytes, the next importer read %d:\n%s", first, isize, second, log)
+		}
+		sameDisk(t, raw, dev) // the 16 MiB past the image, checkpoint area included, must be zeros
+	})
+}
