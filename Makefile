@@ -167,6 +167,14 @@ bench-upload: setup tools build ## Upload a 4 GiB disk with kubectl diskpipe thr
 bench-controllers: tools build ## Create 1,000 images and 5,000 DiskVolumes against envtest; prints objects/s and the manager's peak RSS.
 	go run ./test/bench controllers
 
+# CHAOS_FLAGS sizes the chaos run; .ci/run uses a small one, `make chaos` alone the full size
+# (50 images, 100 disks, 10 exports, 20 manager kills, 10 pod kills, 2 store restarts).
+CHAOS_FLAGS ?=
+
+.PHONY: chaos
+chaos: setup tools build bootdisk ## Import, clone and export at scale on the local cluster while killing the manager, pods and the store; prints a table, fails when anything was lost or left over.
+	go run ./test/chaos $(CHAOS_FLAGS)
+
 .PHONY: bench
 bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark.
 

@@ -45,16 +45,20 @@ func ScopedAccess(id string) string {
 	return "dpx" + strings.ReplaceAll(strings.ToLower(id), "-", "")
 }
 
+// ScopedSecret is the secret key of the account named id, derived from the root secret.
+func ScopedSecret(rootSecret, id string) string {
+	mac := hmac.New(sha256.New, []byte(rootSecret))
+	mac.Write([]byte("diskpipe-scoped-account:" + ScopedAccess(id)))
+	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
 // policyMu serializes this process's read-modify-write of bucket policies.
 var policyMu sync.Mutex
 
 // Scope creates (or finds) the account named id, grants it actions on bucket/object and
 // returns its keys. The bucket must exist.
 func (c *Client) Scope(ctx context.Context, id, bucket, object string, actions []string) (access, secret string, err error) {
-	access = ScopedAccess(id)
-	mac := hmac.New(sha256.New, []byte(c.cfg.SecretKey))
-	mac.Write([]byte("diskpipe-scoped-account:" + access))
-	secret = base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	access, secret = ScopedAccess(id), ScopedSecret(c.cfg.SecretKey, id)
 	body, err := xml.Marshal(struct {
 		XMLName xml.Name `xml:"Account"`
 		Access  string   `xml:"Access"`
@@ -89,6 +93,29 @@ func (c *Client) Unscope(ctx context.Context, id, bucket string) error {
 		return err
 	}
 	return nil
+}
+
+// ScopedAccounts lists the accounts Scope made and Unscope has not removed yet.
+func (c *Client) ScopedAccounts(ctx context.Context) ([]string, error) {
+	body, err := c.adminBody(ctx, "/list-users", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	var res struct {
+		Accounts []struct {
+			Access string `xml:"Access"`
+		} `xml:"Accounts"`
+	}
+	if err := xml.Unmarshal(body, &res); err != nil {
+		return nil, fmt.Errorf("the object store's account list: %w", err)
+	}
+	var out []string
+	for _, a := range res.Accounts {
+		if strings.HasPrefix(a.Access, "dpx") {
+			out = append(out, a.Access)
+		}
+	}
+	return out, nil
 }
 
 func policySid(access string) string { return "diskpipe" + access }
@@ -148,11 +175,17 @@ func isNoSuchBucket(err error) bool { return strings.Contains(err.Error(), "NoSu
 
 // admin sends a request signed with the root keys to the store's admin API.
 func (c *Client) admin(ctx context.Context, path string, query url.Values, body []byte) error {
+	_, err := c.adminBody(ctx, path, query, body)
+	return err
+}
+
+// adminBody is admin that returns the answer's body.
+func (c *Client) adminBody(ctx context.Context, path string, query url.Values, body []byte) ([]byte, error) {
 	u := *c.endpoint
 	u.Path, u.RawQuery = path, query.Encode()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPatch, u.String(), bytes.NewReader(body))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sum := sha256.Sum256(body)
 	req.Header.Set("X-Amz-Content-Sha256", hex.EncodeToString(sum[:]))
@@ -163,12 +196,12 @@ func (c *Client) admin(ctx context.Context, path string, query url.Values, body 
 	req = signer.SignV4(*req, c.cfg.AccessKey, c.cfg.SecretKey, "", region)
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return transfer.Transient(transfer.ReasonSourceUnavailable, "the object store's admin API: %w", err)
+		return nil, transfer.Transient(transfer.ReasonSourceUnavailable, "the object store's admin API: %w", err)
 	}
 	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if resp.StatusCode >= 300 {
-		return fmt.Errorf("the object store's admin API %s: %s: %s", path, resp.Status, strings.TrimSpace(string(msg)))
+		return nil, fmt.Errorf("the object store's admin API %s: %s: %s", path, resp.Status, strings.TrimSpace(string(msg)))
 	}
-	return nil
+	return msg, nil
 }

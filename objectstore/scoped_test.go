@@ -79,8 +79,14 @@ func TestScopedCredentials(t *testing.T) {
 	if strings.Contains(policy, objectstore.ScopedAccess("1b4e28ba-2fa1-11d2-883f-0016d3cca427")) || !strings.Contains(policy, objectstore.ScopedAccess("second-export")) {
 		t.Errorf("the bucket policy after removing the first grant:\n%s", policy)
 	}
+	if left, err := root.ScopedAccounts(ctx); err != nil || len(left) != 1 || left[0] != objectstore.ScopedAccess("second-export") {
+		t.Errorf("accounts left: %v %v, want the second export's", left, err)
+	}
 	if err := root.Unscope(ctx, "second-export", "exports"); err != nil {
 		t.Fatal(err)
+	}
+	if left, err := root.ScopedAccounts(ctx); err != nil || len(left) != 0 {
+		t.Errorf("accounts left after removing both: %v %v", left, err)
 	}
 	if out, err := s.AWS(ctx, s.SecretKey, "s3api", "get-bucket-policy", "--bucket", "exports"); err == nil {
 		t.Errorf("a policy is left after every grant was removed:\n%s", out)

@@ -52,6 +52,9 @@ func TestInstallationStoreSettings(t *testing.T) {
 			t.Errorf("the exporter's arguments lack %q: %s", want, args)
 		}
 	}
+	if err := r.prepareStore(t.Context(), ex, d); err != nil { // an external store: no account, the installation's keys
+		t.Fatal(err)
+	}
 	sec := &corev1.Secret{}
 	if err := c.Get(t.Context(), client.ObjectKey{Namespace: "vms", Name: "e-export-store"}, sec); err != nil {
 		t.Fatal(err)

@@ -89,6 +89,15 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	spec.Args = append([]string{"--source", spec.SourcePath(), "--format", string(format), "--compression", string(compression)}, dest.args...)
 	pod := importpod.Build(r.Pods.Config, spec)
 	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry), Source: dest.kind}
+	if dest.secret != nil {
+		err := r.Fresh.API.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+		if apierrors.IsNotFound(err) {
+			err = r.prepareStore(ctx, ex, dest)
+		}
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	if err := r.Pods.Start(ctx, work, pod); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -205,6 +214,8 @@ type destination struct {
 	client *objectstore.Client
 	// presigner signs the download URL; nil: client.
 	presigner *objectstore.Client
+	// secret is the bundled store's credentials Secret for the pod, made by prepareStore.
+	secret *corev1.Secret
 	bucket    string
 	object    string
 }
@@ -257,29 +268,18 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 		return d, nil
 	}
 	// The exporter writes with keys in a Secret that only its pod mounts and that goes with
-	// the export: on the bundled store, an account that may write this one object and nothing
-	// else (the manager makes the bucket and aborts what an earlier attempt left); on an
-	// external store in its place, the keys the installation was given.
-	access, secret, extra := r.StoreConfig.AccessKey, r.StoreConfig.SecretKey, []string{"--create-bucket"}
+	// the export (made by prepareStore before each attempt's pod): on the bundled store, an
+	// account that may write this one object and nothing else; on an external store in its
+	// place, the keys the installation was given.
+	extra := []string{"--create-bucket"}
 	if r.StoreConfig.Scoped {
-		if err := r.Store.EnsureBucket(ctx, d.bucket); err != nil {
-			return nil, err
-		}
-		ids, err := r.Store.AbortUploads(ctx, d.bucket, d.object)
-		if err != nil {
-			return nil, err
-		}
-		if len(ids) > 0 {
-			log.FromContext(ctx).Info("Aborted uploads an earlier export left behind", "object", objectstore.ObjectURL(d.bucket, d.object), "uploads", len(ids))
-		}
-		if access, secret, err = r.Store.Scope(ctx, string(ex.UID), d.bucket, d.object, objectstore.ScopedActions); err != nil {
-			return nil, err
-		}
-		extra = []string{"--keep-stale-uploads"}
+		extra = []string{"--keep-stale-uploads"} // the manager aborts them: the account may not list them
 	}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export-store", Namespace: ex.Namespace,
-		Labels: map[string]string{LabelExport: string(ex.UID)}},
-		StringData: map[string]string{"accessKeyId": access, "secretAccessKey": secret}}
+		Labels: map[string]string{LabelExport: string(ex.UID)}}, StringData: map[string]string{}}
+	if !r.StoreConfig.Scoped {
+		sec.StringData["accessKeyId"], sec.StringData["secretAccessKey"] = r.StoreConfig.AccessKey, r.StoreConfig.SecretKey
+	}
 	var caArgs []string
 	if r.StoreConfig.CAFile != "" { // an external store in place of the bundled one, with its own CA
 		ca, err := os.ReadFile(r.StoreConfig.CAFile)
@@ -289,9 +289,7 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 		sec.StringData["ca.crt"] = string(ca)
 		caArgs = []string{"--ca-file", authDir + "/ca.crt"}
 	}
-	if err := owned.Create(ctx, r.Client, ex, sec); err != nil {
-		return nil, err
-	}
+	d.secret = sec
 	region, lookup := r.StoreConfig.Region, r.StoreConfig.BucketLookup
 	if region == "" {
 		region = "us-east-1"
@@ -303,6 +301,31 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 		"--bucket", d.bucket, "--object", d.object, "--s3-credentials-dir", authDir}, append(extra, caArgs...)...)
 	d.mounts = []importpod.Mount{{Secret: sec.Name, Path: authDir}}
 	return d, nil
+}
+
+// prepareStore readies the bundled store for an attempt whose pod does not exist yet: on a
+// store that makes accounts, the bucket, no unfinished upload left by an earlier attempt, and
+// the export's account; then the Secret with the keys the pod uses. Run while a pod exists,
+// aborting "stale" uploads would abort the running one.
+func (r *Reconciler) prepareStore(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination) error {
+	if r.StoreConfig.Scoped {
+		if err := r.Store.EnsureBucket(ctx, d.bucket); err != nil {
+			return err
+		}
+		ids, err := r.Store.AbortUploads(ctx, d.bucket, d.object)
+		if err != nil {
+			return err
+		}
+		if len(ids) > 0 {
+			log.FromContext(ctx).Info("Aborted uploads an earlier attempt left behind", "object", objectstore.ObjectURL(d.bucket, d.object), "uploads", len(ids))
+		}
+		access, secret, err := r.Store.Scope(ctx, string(ex.UID), d.bucket, d.object, objectstore.ScopedActions)
+		if err != nil {
+			return err
+		}
+		d.secret.StringData["accessKeyId"], d.secret.StringData["secretAccessKey"] = access, secret
+	}
+	return owned.Create(ctx, r.Client, ex, d.secret)
 }
 
 // caFile writes the CA bundle of a ConfigMap where the manager's client can read it.

@@ -1,0 +1,406 @@
+// Command chaos runs many imports, clones and exports on the local cluster while it breaks
+// things — the manager SIGKILLed and restarted again and again, importer and exporter pods
+// killed, the object store stopped and started, a source server that drops connections — and
+// then checks that nothing was lost: `make chaos` (full size), `make chaos CHAOS_FLAGS=...`.
+//
+// It prints a table of what it did and found, and exits 1 when a check fails. The faults'
+// times and targets come from -seed, so a failing run can be repeated.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/test/localcluster"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+type config struct {
+	images, disks, exports              int
+	managerKills, podKills, storeStarts int
+	seed                                uint64
+	timeout                             time.Duration
+	keep                                bool
+}
+
+func main() {
+	var c config
+	flag.IntVar(&c.images, "images", 50, "VirtualMachineImages imported at once")
+	flag.IntVar(&c.disks, "disks", 100, "DiskVolumes cloned from them, across the three clone strategies")
+	flag.IntVar(&c.exports, "exports", 10, "exports of those disks to the bundled store")
+	flag.IntVar(&c.managerKills, "manager-kills", 20, "times the manager is SIGKILLed and restarted")
+	flag.IntVar(&c.podKills, "pod-kills", 10, "importer and exporter pods killed")
+	flag.IntVar(&c.storeStarts, "store-restarts", 2, "times the object store is stopped and started")
+	flag.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()%100000), "seed of the faults")
+	flag.DurationVar(&c.timeout, "timeout", 20*time.Minute, "the whole run's limit")
+	flag.BoolVar(&c.keep, "keep", false, "keep the cluster's directory")
+	flag.Parse()
+	fmt.Printf("chaos: seed %d (repeat with -seed %d)\n", c.seed, c.seed)
+	ok, err := run(c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+// row is one line of the final table.
+type row struct {
+	what, got, want string
+	ok              bool
+}
+
+func run(c config) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "diskpipe-chaos-")
+	if err != nil {
+		return false, err
+	}
+	if !c.keep {
+		defer os.RemoveAll(dir)
+	}
+	log, err := os.Create(filepath.Join(dir, "chaos.log"))
+	if err != nil {
+		return false, err
+	}
+	defer log.Close()
+	fmt.Printf("chaos: cluster in %s\n", dir)
+	cl, err := localcluster.Start(ctx, localcluster.Options{Bin: testenv.Path("bin"), Dir: filepath.Join(dir, "cluster"), Log: log})
+	if err != nil {
+		return false, err
+	}
+	defer cl.Stop()
+	k := cl.Client
+
+	// Sources: the tests' bootable disk as qcow2, compressed qcow2 and vmdk from an HTTP
+	// server that drops one response in ten, and as raw from the bundled store.
+	raw := testenv.Path("bin", "bootdisk", "disk.raw")
+	files := map[string]string{"disk.qcow2": testenv.Path("bin", "bootdisk", "disk.qcow2"), "disk.vmdk": testenv.Path("bin", "bootdisk", "disk.vmdk")}
+	compressed := filepath.Join(dir, "disk-compressed.qcow2")
+	if out, err := exec.Command("qemu-img", "convert", "-c", "-f", "raw", "-O", "qcow2", raw, compressed).CombinedOutput(); err != nil {
+		return false, fmt.Errorf("qemu-img convert: %w: %s", err, out)
+	}
+	files["disk-compressed.qcow2"] = compressed
+	src := &flaky{files: files, rng: rand.New(rand.NewPCG(c.seed, 1))}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return false, err
+	}
+	srv := &http.Server{Handler: src, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+	base := "http://" + l.Addr().String() + "/"
+	if out, err := cl.Store.AWS(ctx, cl.Store.SecretKey, "s3", "mb", "s3://chaos-src"); err != nil {
+		return false, fmt.Errorf("%w: %s", err, out)
+	}
+	if out, err := cl.Store.AWS(ctx, cl.Store.SecretKey, "s3", "cp", "--only-show-errors", raw, "s3://chaos-src/disk.raw"); err != nil {
+		return false, fmt.Errorf("%w: %s", err, out)
+	}
+	namespaces := []string{"chaos-a", "chaos-b", "chaos-c"}
+	for _, ns := range namespaces {
+		if err := cl.Namespace(ctx, ns); err != nil {
+			return false, err
+		}
+	}
+
+	// Faults, at seeded times, while the work runs.
+	f := &faults{c: c, cl: cl, rng: rand.New(rand.NewPCG(c.seed, 2)), log: log}
+	faultCtx, stopFaults := context.WithCancel(ctx)
+	defer stopFaults()
+	var fwg sync.WaitGroup
+	fwg.Go(func() { f.run(faultCtx) })
+
+	start := time.Now()
+	sources := []func(i int) hypercloud.VirtualMachineImageSource{
+		func(int) hypercloud.VirtualMachineImageSource {
+			return hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL(base + "disk.qcow2")}
+		},
+		func(int) hypercloud.VirtualMachineImageSource {
+			return hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL(base + "disk-compressed.qcow2")}
+		},
+		func(int) hypercloud.VirtualMachineImageSource {
+			return hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL(base + "disk.vmdk")}
+		},
+		func(int) hypercloud.VirtualMachineImageSource {
+			return hypercloud.VirtualMachineImageSource{ObjectStore: &common.ObjectStoreSource{BucketName: "chaos-src", ObjectName: "disk.raw"}}
+		},
+	}
+	var images []*hypercloud.VirtualMachineImage
+	for i := range c.images {
+		img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("image-%d", i), Namespace: namespaces[i%len(namespaces)]},
+			Spec: hypercloud.VirtualMachineImageSpec{Source: sources[i%len(sources)](i), Retry: retries()}}
+		q := resource.MustParse("128Mi")
+		img.Spec.Resources.Requests.Storage = &q
+		if err := create(ctx, k, img); err != nil {
+			return false, err
+		}
+		images = append(images, img)
+	}
+	if err := waitFinal(ctx, k, "images", func() client.ObjectList { return &hypercloud.VirtualMachineImageList{} }, c.images); err != nil {
+		return false, err
+	}
+	imagesDone := time.Since(start)
+
+	strategies := []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
+	var disks []*diskvolume.DiskVolume
+	for i := range c.disks {
+		img := images[i%len(images)]
+		st := strategies[i%len(strategies)]
+		d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("disk-%d", i), Namespace: img.Namespace},
+			Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{
+				Name: common.LocalName(img.Name), Kind: diskvolume.ImageKindVirtualMachineImage}}, CloneStrategy: &st, Retry: retries()}}
+		if err := create(ctx, k, d); err != nil {
+			return false, err
+		}
+		disks = append(disks, d)
+	}
+	var exports []*hypercloud.VirtualMachineVolumeExport
+	for i := range c.exports {
+		img := images[i%len(images)]
+		if err := k.Get(ctx, client.ObjectKeyFromObject(img), img); err != nil {
+			return false, err
+		}
+		ex := &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("export-%d", i), Namespace: img.Namespace},
+			Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: img.Status.PVCName,
+				ObjectStore: &common.ObjectStoreSource{BucketName: "chaos-exports", ObjectName: common.ObjectName(fmt.Sprintf("export-%d.qcow2", i))}, Retry: retries()}}
+		if err := create(ctx, k, ex); err != nil {
+			return false, err
+		}
+		exports = append(exports, ex)
+	}
+	if err := waitFinal(ctx, k, "disks", func() client.ObjectList { return &diskvolume.DiskVolumeList{} }, c.disks); err != nil {
+		return false, err
+	}
+	if err := waitFinal(ctx, k, "exports", func() client.ObjectList { return &hypercloud.VirtualMachineVolumeExportList{} }, c.exports); err != nil {
+		return false, err
+	}
+	stopFaults()
+	fwg.Wait()
+	// The manager may be down at the end of the faults: bring it back for the checks.
+	if f.managerDown.Load() {
+		_ = cl.RestartManager()
+	}
+	total := time.Since(start)
+	time.Sleep(5 * time.Second) // the last reconciles clean up after the final phases
+
+	rows := check(ctx, c, cl, filepath.Join(dir, "cluster"), raw, images, disks, exports)
+	rows = append([]row{
+		{"manager SIGKILLed and restarted", fmt.Sprint(f.managerKills.Load()), fmt.Sprint(c.managerKills), f.managerKills.Load() >= int64(c.managerKills)/2},
+		{"importer/exporter pods killed", fmt.Sprint(f.podKills.Load()), fmt.Sprint(c.podKills), true},
+		{"object store stopped and started", fmt.Sprint(f.storeStarts.Load()), fmt.Sprint(c.storeStarts), true},
+		{"source responses cut", fmt.Sprint(src.cut.Load()), "> 0", src.cut.Load() > 0},
+		{"time: images Ready / everything", fmt.Sprintf("%.0f s / %.0f s", imagesDone.Seconds(), total.Seconds()), fmt.Sprintf("< %s", c.timeout), true},
+	}, rows...)
+	allOK := true
+	fmt.Printf("\n%-46s %-22s %-12s %s\n", "check", "got", "want", "")
+	for _, r := range rows {
+		mark := "ok"
+		if !r.ok {
+			mark, allOK = "FAIL", false
+		}
+		fmt.Printf("%-46s %-22s %-12s %s\n", r.what, r.got, r.want, mark)
+	}
+	if !allOK {
+		fmt.Printf("\nchaos: failed; repeat with -seed %d -keep, logs in %s\n", c.seed, dir)
+	}
+	return allOK, nil
+}
+
+func retries() *common.RetryLimit { r := common.RetryLimit(20); return &r }
+
+// create creates obj, retrying while the apiserver's webhooks are away with the manager.
+func create(ctx context.Context, k client.Client, obj client.Object) error {
+	for {
+		err := k.Create(ctx, obj)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// waitFinal waits until n objects of list's kind are Ready or Failed.
+func waitFinal(ctx context.Context, k client.Client, what string, list func() client.ObjectList, n int) error {
+	last := time.Now()
+	for {
+		phases, err := phasesOf(ctx, k, list())
+		fin, ready := 0, 0
+		for _, p := range phases {
+			if final(p) {
+				fin++
+			}
+			if p == common.PhaseReady {
+				ready++
+			}
+		}
+		if err == nil && fin >= n {
+			fmt.Printf("chaos: %s: %d Ready, %d Failed\n", what, ready, fin-ready)
+			return nil
+		}
+		if time.Since(last) > 30*time.Second {
+			fmt.Printf("chaos: %s: %d of %d final\n", what, fin, n)
+			last = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %d of %d final when the time ran out", what, fin, n)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func final(p common.Phase) bool { return p == common.PhaseReady || p == common.PhaseFailed }
+
+// phasesOf lists the phases of the objects of l's kind.
+func phasesOf(ctx context.Context, k client.Client, l client.ObjectList) ([]common.Phase, error) {
+	if err := k.List(ctx, l); err != nil {
+		return nil, err
+	}
+	var ps []common.Phase
+	switch l := l.(type) {
+	case *hypercloud.VirtualMachineImageList:
+		for _, o := range l.Items {
+			ps = append(ps, o.Status.Phase)
+		}
+	case *diskvolume.DiskVolumeList:
+		for _, o := range l.Items {
+			ps = append(ps, o.Status.Phase)
+		}
+	case *hypercloud.VirtualMachineVolumeExportList:
+		for _, o := range l.Items {
+			ps = append(ps, o.Status.Phase)
+		}
+	}
+	return ps, nil
+}
+
+// faults breaks things at seeded moments.
+type faults struct {
+	c   config
+	cl  *localcluster.Cluster
+	rng *rand.Rand
+	log io.Writer
+
+	managerKills, podKills, storeStarts atomic.Int64
+	managerDown                         atomic.Bool
+}
+
+func (f *faults) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(500+f.rng.IntN(2500)) * time.Millisecond):
+		}
+		switch n := f.rng.IntN(10); {
+		case n < 5 && f.managerKills.Load() < int64(f.c.managerKills):
+			f.managerDown.Store(true)
+			if err := f.cl.RestartManager(); err != nil {
+				fmt.Fprintf(f.log, "chaos: restarting the manager: %v\n", err)
+				continue
+			}
+			f.managerDown.Store(false)
+			f.managerKills.Add(1)
+			fmt.Fprintf(f.log, "chaos: manager SIGKILLed and restarted (%d)\n", f.managerKills.Load())
+		case n < 9 && f.podKills.Load() < int64(f.c.podKills):
+			pods := &corev1.PodList{}
+			if err := f.cl.Client.List(ctx, pods); err != nil {
+				continue
+			}
+			var running []corev1.Pod
+			for _, p := range pods.Items {
+				if p.Status.Phase == corev1.PodRunning && strings.HasPrefix(p.Namespace, "chaos-") {
+					running = append(running, p)
+				}
+			}
+			if len(running) == 0 {
+				continue
+			}
+			p := running[f.rng.IntN(len(running))]
+			if f.cl.KillPod(p.Namespace, p.Name) == nil {
+				f.podKills.Add(1)
+				fmt.Fprintf(f.log, "chaos: killed pod %s/%s\n", p.Namespace, p.Name)
+			}
+		case f.storeStarts.Load() < int64(f.c.storeStarts):
+			f.cl.Store.Kill()
+			time.Sleep(time.Duration(1+f.rng.IntN(4)) * time.Second)
+			f.cl.Store.Restart()
+			f.storeStarts.Add(1)
+			fmt.Fprintf(f.log, "chaos: object store stopped and started\n")
+		}
+	}
+}
+
+// flaky serves files with Range, cutting one response in ten part-way.
+type flaky struct {
+	files map[string]string
+	mu    sync.Mutex
+	rng   *rand.Rand
+	cut   atomic.Int64
+}
+
+func (s *flaky) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.files[strings.TrimPrefix(r.URL.Path, "/")]
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	f, err := os.Open(p) //nolint:gosec // the run's own fixtures
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	defer f.Close()
+	fi, _ := f.Stat()
+	s.mu.Lock()
+	cut := s.rng.IntN(10) == 0
+	after := s.rng.Int64N(256 << 10)
+	s.mu.Unlock()
+	if cut && r.Header.Get("Range") != "bytes=0-0" {
+		s.cut.Add(1)
+		w = &cutter{ResponseWriter: w, left: after}
+	}
+	http.ServeContent(w, r, filepath.Base(p), fi.ModTime(), f)
+}
+
+// cutter drops the connection after left bytes of body.
+type cutter struct {
+	http.ResponseWriter
+	left int64
+}
+
+func (c *cutter) Write(p []byte) (int, error) {
+	if int64(len(p)) > c.left {
+		n, _ := c.ResponseWriter.Write(p[:c.left])
+		_ = http.NewResponseController(c.ResponseWriter).Flush()
+		if conn, _, err := http.NewResponseController(c.ResponseWriter).Hijack(); err == nil {
+			conn.Close()
+		}
+		return n, io.ErrClosedPipe
+	}
+	c.left -= int64(len(p))
+	return c.ResponseWriter.Write(p)
+}
