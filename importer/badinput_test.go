@@ -8,9 +8,11 @@ import (
 	"encoding/pem"
 	"hash"
 	"io"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -210,4 +212,29 @@ func TestTooLarge(t *testing.T) {
 func TestInvalidURL(t *testing.T) {
 	target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: "ftp://example.com/disk.img"}})
 	wantFailure(t, target, err, transfer.ReasonInvalidArgument, false, "is not an http:// or https:// URL")
+}
+
+// TestPresignedURLRedacted: a presigned URL's query is a credential; an unreachable source's
+// error, which ends in logs and in the object's status, names the URL without it. (The chaos
+// suite found the store's presigned URLs in importer logs while the store was down.)
+func TestPresignedURLRedacted(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	url := "http://user:pw@" + addr + "/bucket/disk.raw?X-Amz-Credential=AKID&X-Amz-Signature=0123456789abcdef"
+	_, _, err = importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: url}, Retry: fastRetry})
+	if err == nil {
+		t.Fatal("an import from a closed port succeeded")
+	}
+	for _, secret := range []string{"0123456789abcdef", "AKID", "pw@"} {
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("the error shows %q: %v", secret, err)
+		}
+	}
+	if !strings.Contains(err.Error(), addr+"/bucket/disk.raw") {
+		t.Errorf("the error does not name the source: %v", err)
+	}
 }

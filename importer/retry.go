@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"net/http"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -30,6 +31,7 @@ func classifyHTTPStatus(resp *http.Response, what string) error {
 // classifyNetError turns a transport error into a transfer error: certificate problems and
 // unknown hosts are permanent, the rest (resets, refusals, timeouts, cut streams) transient.
 func classifyNetError(err error, what string) error {
+	redactURL(err)
 	var (
 		te        *transfer.Error
 		unknownCA x509.UnknownAuthorityError
@@ -51,5 +53,18 @@ func classifyNetError(err error, what string) error {
 		return transfer.Permanent(transfer.ReasonSourceNotFound, "%s: %w", what, err)
 	default: // resets, refusals, timeouts, cut streams
 		return transfer.Transient(transfer.ReasonSourceUnavailable, "%s: %w", what, err)
+	}
+}
+
+// redactURL takes the query and user info out of the URL a *url.Error in err names: a
+// presigned URL's query is a credential, and errors end in logs and in objects' status.
+func redactURL(err error) {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return
+	}
+	if u, perr := url.Parse(ue.URL); perr == nil && (u.RawQuery != "" || u.User != nil) {
+		u.RawQuery, u.User = "", nil
+		ue.URL = u.String()
 	}
 }
