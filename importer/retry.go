@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"net/http"
+	"net/url"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
