@@ -216,8 +216,8 @@ type destination struct {
 	presigner *objectstore.Client
 	// secret is the bundled store's credentials Secret for the pod, made by prepareStore.
 	secret *corev1.Secret
-	bucket    string
-	object    string
+	bucket string
+	object string
 }
 
 // destination resolves where the export goes; forPod also prepares what the exporter pod
