@@ -113,16 +113,21 @@ func makeBigRaw(t *testing.T, dir string, seed uint64) string {
 	return p
 }
 
+// servedQcow2 makes a big raw disk and its qcow2, served by a fileServer with Range.
+func servedQcow2(t *testing.T, seed uint64) (raw, img string, srv *fileServer, url string) {
+	t.Helper()
+	raw = makeBigRaw(t, t.TempDir(), seed)
+	img = convertTo(t, raw, "qcow2")
+	srv = &fileServer{path: img}
+	return raw, img, srv, serve(t, srv)
+}
+
 // TestResumeAfterKill: a 4 GiB qcow2 import killed at 30, 60 and 90 % goes on in the next
 // process from its last checkpoint: the next one reads at most the rest of the file plus one
 // checkpoint's worth, and the disk is the image's.
 func TestResumeAfterKill(t *testing.T) {
-	dir := t.TempDir()
-	raw := makeBigRaw(t, dir, 1)
-	img := convertTo(t, raw, "qcow2")
+	raw, img, srv, url := servedQcow2(t, 1)
 	size := fileSizeOf(t, img)
-	srv := &fileServer{path: img}
-	url := serve(t, srv)
 	slack := int64(resumeEvery + 32<<20) // one checkpoint, plus read-ahead and socket buffers
 	for _, frac := range []float64{0.3, 0.6, 0.9} {
 		t.Run(fmt.Sprintf("%.0f%%", frac*100), func(t *testing.T) {
@@ -150,12 +155,8 @@ func TestResumeAfterKill(t *testing.T) {
 // TestResumeRefused: a checkpoint is trusted only for the same source, unchanged, and intact;
 // otherwise the next importer starts over and still makes the right disk.
 func TestResumeRefused(t *testing.T) {
-	dir := t.TempDir()
-	raw := makeBigRaw(t, dir, 2)
-	img := convertTo(t, raw, "qcow2")
+	raw, img, srv, url := servedQcow2(t, 2)
 	size := fileSizeOf(t, img)
-	srv := &fileServer{path: img}
-	url := serve(t, srv)
 	startsOver := func(t *testing.T, url, target, want string) {
 		t.Helper()
 		second, log := finish(t, srv, url, target, 5<<30)

@@ -30,69 +30,38 @@ func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, 
 	count := func(what string, got, want int) {
 		rows = append(rows, row{what, fmt.Sprint(got), fmt.Sprint(want), got == want})
 	}
-	retries := int32(0)
-
 	// Every object Ready, every disk identical to the image.
-	ready, sameImages, stuck := 0, 0, 0
-	var firstBad string
+	var all tally
+	imgs, dvs, exs := &tally{}, &tally{}, &tally{}
 	for _, img := range images {
 		_ = k.Get(ctx, client.ObjectKeyFromObject(img), img)
-		retries += img.Status.Retries
-		switch {
-		case img.Status.Phase == common.PhaseReady:
-			ready++
-			if same(raw, cl.VolumePath(img.Namespace, img.Status.PVCName)) {
-				sameImages++
-			} else if firstBad == "" {
-				firstBad = "image " + img.Namespace + "/" + img.Name
-			}
-		case !final(img.Status.Phase):
-			stuck++
-		}
+		imgs.add("image", img, img.Status.Phase, img.Status.Retries, func() bool { return same(raw, cl.VolumePath(img.Namespace, img.Status.PVCName)) })
 	}
-	count("images Ready", ready, c.images)
-	count("golden disks identical to the source (qemu-img)", sameImages, c.images)
-	readyDisks, sameDisks := 0, 0
 	for _, d := range disks {
 		_ = k.Get(ctx, client.ObjectKeyFromObject(d), d)
-		retries += d.Status.Retries
-		switch {
-		case d.Status.Phase == common.PhaseReady:
-			readyDisks++
-			if same(raw, cl.VolumePath(d.Namespace, d.Status.PVCName)) {
-				sameDisks++
-			} else if firstBad == "" {
-				firstBad = "disk " + d.Namespace + "/" + d.Name
-			}
-		case !final(d.Status.Phase):
-			stuck++
-		}
+		dvs.add("disk", d, d.Status.Phase, d.Status.Retries, func() bool { return same(raw, cl.VolumePath(d.Namespace, d.Status.PVCName)) })
 	}
-	count("DiskVolumes Ready", readyDisks, c.disks)
-	count("DiskVolumes identical to the image (qemu-img)", sameDisks, c.disks)
-	readyExports, sameExports := 0, 0
 	var secrets []string
 	for _, ex := range exports {
 		_ = k.Get(ctx, client.ObjectKeyFromObject(ex), ex)
-		retries += ex.Status.Retries
 		secrets = append(secrets, objectstore.ScopedSecret(cl.Store.SecretKey, string(ex.UID)))
-		switch {
-		case ex.Status.Phase == common.PhaseReady:
-			readyExports++
-			if sameExport(ctx, cl, ex, raw) {
-				sameExports++
-			} else if firstBad == "" {
-				firstBad = "export " + ex.Namespace + "/" + ex.Name
-			}
-		case !final(ex.Status.Phase):
-			stuck++
+		exs.add("export", ex, ex.Status.Phase, ex.Status.Retries, func() bool { return sameExport(ctx, cl, ex, raw) })
+	}
+	count("images Ready", imgs.ready, c.images)
+	count("golden disks identical to the source (qemu-img)", imgs.same, c.images)
+	count("DiskVolumes Ready", dvs.ready, c.disks)
+	count("DiskVolumes identical to the image (qemu-img)", dvs.same, c.disks)
+	count("exports Ready", exs.ready, c.exports)
+	count("exports identical to the disk (download, qemu-img)", exs.same, c.exports)
+	for _, t := range []*tally{imgs, dvs, exs} {
+		all.stuck, all.retries = all.stuck+t.stuck, all.retries+t.retries
+		if all.firstBad == "" {
+			all.firstBad = t.firstBad
 		}
 	}
-	count("exports Ready", readyExports, c.exports)
-	count("exports identical to the disk (download, qemu-img)", sameExports, c.exports)
-	count("objects stuck in a non-final phase", stuck, 0)
-	if firstBad != "" {
-		rows = append(rows, row{"first that differs", firstBad, "", false})
+	count("objects stuck in a non-final phase", all.stuck, 0)
+	if all.firstBad != "" {
+		rows = append(rows, row{"first that differs", all.firstBad, "", false})
 	}
 
 	// Nothing left over.
@@ -147,8 +116,30 @@ func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, 
 	if len(leaks) > 0 {
 		rows = append(rows, row{"first leak", leaks[0], "", false})
 	}
-	rows = append(rows, row{"retries recorded in the objects' status", fmt.Sprint(retries), ">= 0", true})
+	rows = append(rows, row{"retries recorded in the objects' status", fmt.Sprint(all.retries), ">= 0", true})
 	return rows
+}
+
+// tally counts one kind's objects by outcome.
+type tally struct {
+	ready, same, stuck int
+	retries            int32
+	firstBad           string
+}
+
+func (t *tally) add(kind string, obj client.Object, phase common.Phase, retries int32, identical func() bool) {
+	t.retries += retries
+	switch {
+	case phase == common.PhaseReady:
+		t.ready++
+		if identical() {
+			t.same++
+		} else if t.firstBad == "" {
+			t.firstBad = kind + " " + obj.GetNamespace() + "/" + obj.GetName()
+		}
+	case !final(phase):
+		t.stuck++
+	}
 }
 
 // same reports whether the disk in a volume's directory holds the raw image (a larger disk's
