@@ -94,7 +94,13 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 	if err := os.MkdirAll(podDir, 0o755); err != nil {
 		return err
 	}
-	paths := map[string]string{corev1.TerminationMessagePathDefault: filepath.Join(podDir, "termination-log")}
+	// A pod made again under the same name starts without the last one's result, as a
+	// kubelet's new container would.
+	termLog := filepath.Join(podDir, "termination-log")
+	if err := os.Remove(termLog); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	paths := map[string]string{corev1.TerminationMessagePathDefault: termLog}
 	volumes := map[string]corev1.Volume{}
 	for _, v := range p.Spec.Volumes {
 		volumes[v.Name] = v

@@ -230,6 +230,12 @@ func result(pod *corev1.Pod) *transfer.Result {
 					r.Reason, r.Transient = transfer.ReasonInternal, true
 					r.Message = fmt.Sprintf("the pod ended with exit code %d and a result that reports neither success nor a reason", t.ExitCode)
 				}
+				if r.Succeeded && (t.ExitCode != 0 || pod.Status.Phase == corev1.PodFailed) {
+					// Killed after it wrote its result (the chaos suite's pod kills found it):
+					// not trusted, tried again.
+					return &transfer.Result{Reason: transfer.ReasonInternal, Transient: true,
+						Message: fmt.Sprintf("the pod reported success but ended with exit code %d (%s)", t.ExitCode, t.Reason)}
+				}
 				return r
 			}
 			return &transfer.Result{Reason: transfer.ReasonInternal, Transient: true,

@@ -141,6 +141,9 @@ func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done fun
 // on any other.
 func (t *Tracker) failed(ctx context.Context, w Work, pod *corev1.Pod, res *transfer.Result) (ctrl.Result, error) {
 	st := w.Status
+	if res.Reason == "" { // the status schema needs a reason; Result always gives one
+		res.Reason = transfer.ReasonInternal
+	}
 	if res.Transient && *st.Retries < int32(w.Retry) {
 		*st.Retries++
 		w.op().Retried(string(res.Reason))
