@@ -36,9 +36,9 @@ import (
 // An account's keys are derived from the root secret and its name, so a manager that dies
 // between creating the account and handing out its keys hands out the same keys again.
 
-// ScopedActions are what a writer of one object may do: upload it in parts, and list and
-// abort its own parts.
-var ScopedActions = []string{"s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+// ScopedActions are what a writer of one object may do: upload it in parts, list and abort
+// its own parts, and tag it (the exporter tags the object with its sha256).
+var ScopedActions = []string{"s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:PutObjectTagging"}
 
 // ScopedAccess is the access key of the account named id (e.g. an export's UID).
 func ScopedAccess(id string) string {

@@ -42,6 +42,13 @@ func TestScopedCredentials(t *testing.T) {
 	if out, err := as("cp", "--only-show-errors", src, "s3://exports/vm/disk.qcow2"); err != nil {
 		t.Fatalf("the export's own object, in parts: %v\n%s", err, out)
 	}
+	tag := []string{"put-object-tagging", "--bucket", "exports", "--tagging", "TagSet=[{Key=sha256,Value=0123}]", "--key"}
+	if out, err := s.AWSAs(ctx, access, secret, append(append([]string{"s3api"}, tag...), "vm/disk.qcow2")...); err != nil {
+		t.Errorf("tagging its own object (the exporter's sha256 tag): %v\n%s", err, out)
+	}
+	if out, err := s.AWSAs(ctx, access, secret, append(append([]string{"s3api"}, tag...), "other/secret.img")...); err == nil {
+		t.Errorf("the scoped keys tagged another object:\n%s", out)
+	}
 	for _, c := range []struct {
 		what string
 		args []string

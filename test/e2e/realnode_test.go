@@ -255,7 +255,7 @@ var _ = Describe("on a real node: diskpipe's pods under a kubelet", func() {
 	It("finishes an export when the store's pod is deleted in the middle of it, and curl downloads it from the NodePort", func() {
 		ns := namespace()
 		big := filepath.Join(work, "big.raw")
-		makeBigDisk(big, 384<<20)
+		makeBigDisk(big, 1<<30) // an export long enough (about 8 s here) for the store's pod to go away during it
 		importHTTP(ns, "big", "big.raw")
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineVolumeExport
