@@ -109,6 +109,12 @@ func (t *Target) loadCheckpoint(vsize int64) *checkpoint {
 // saveCheckpoint flushes the disk, then records c: the record never claims data that is not
 // on stable storage.
 func (t *Target) saveCheckpoint(c *checkpoint) error {
+	err := t.writeCheckpoint(c)
+	t.checkpointed = t.checkpointed || err == nil
+	return err
+}
+
+func (t *Target) writeCheckpoint(c *checkpoint) error {
 	if err := t.f.Sync(); err != nil {
 		return transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", t.path, err)
 	}

@@ -94,7 +94,7 @@ func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 	}
 	t.grow = o.Grow
 	if err = run(ctx, &o, t, res); err != nil {
-		if (t.saved || t.resumed) && resumable(err) {
+		if t.checkpointed && resumable(err) {
 			o.Log.Info("Keeping the disk and its checkpoint for the next attempt", "err", err)
 			_ = t.Keep()
 			return res, err
@@ -212,7 +212,6 @@ func importRaw(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res *tr
 			if err := t.saveCheckpoint(cp); err != nil {
 				return err
 			}
-			t.saved = true
 			next = cp.Done + checkpointEvery
 		}
 	}
@@ -298,17 +297,14 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 		if cp.Identity != "" {
 			n = min(n, checkpointEvery)
 		}
-		err = convert.Convert(shifted{t, cp.Done}, &window{img, cp.Done, n},
-			convert.Options{Workers: o.Parallel, SegmentSize: 4 * convert.BufferSize, Progress: o.Progress})
-		if err == nil && cp.Identity != "" && cp.Done+n < vsize {
-			cp.Done += n
-			cp.Hashed, cp.Hash = h.snapshot()
-			if err = t.saveCheckpoint(cp); err == nil {
-				t.saved = true
-			}
-			continue
+		if err = convert.Convert(shifted{t, cp.Done}, &window{img, cp.Done, n},
+			convert.Options{Workers: o.Parallel, SegmentSize: 4 * convert.BufferSize, Progress: o.Progress}); err != nil {
+			break
 		}
-		cp.Done += n
+		if cp.Done += n; cp.Identity != "" && cp.Done < vsize {
+			cp.Hashed, cp.Hash = h.snapshot()
+			err = t.saveCheckpoint(cp)
+		}
 	}
 	if err != nil {
 		h.stop()

@@ -32,9 +32,9 @@ type Target struct {
 	flushed atomic.Int64
 	// grow makes a disk file as large as the volume allows when the image is smaller.
 	grow bool
-	// resumed is set when the disk continues a checkpointed import; saved once this import
-	// recorded a checkpoint: its disk is worth keeping after a transient failure.
-	resumed, saved bool
+	// checkpointed is set when the disk has a checkpoint (this import resumed one or recorded
+	// one): it is worth keeping after a transient failure.
+	checkpointed bool
 }
 
 // OpenTarget opens path: a block device as it is, anything else as the disk file, created if
@@ -224,7 +224,7 @@ func (t *Target) Resume(size int64) error {
 	if err := t.fits(size); err != nil {
 		return err
 	}
-	t.size, t.resumed = size, true
+	t.size, t.checkpointed = size, true
 	return nil
 }
 

@@ -90,7 +90,12 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	pod := importpod.Build(r.Pods.Config, spec)
 	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry), Source: dest.kind}
 	if dest.secret != nil {
-		err := r.Fresh.API.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+		// Only before the attempt's pod exists; the cache answers while it runs, the apiserver
+		// confirms it is missing (a pod made a moment ago may not be cached yet).
+		err := r.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+		if apierrors.IsNotFound(err) {
+			err = r.Fresh.API.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+		}
 		if apierrors.IsNotFound(err) {
 			err = r.prepareStore(ctx, ex, dest)
 		}

@@ -12,6 +12,8 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	"github.com/minio/minio-go/v7"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -65,24 +67,8 @@ func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, 
 	}
 
 	// Nothing left over.
-	pods := &corev1.PodList{}
-	_ = k.List(ctx, pods)
-	left := 0
-	for _, p := range pods.Items {
-		if strings.HasPrefix(p.Namespace, "chaos-") {
-			left++
-		}
-	}
-	count("pods left", left, 0)
-	pvcs := &corev1.PersistentVolumeClaimList{}
-	_ = k.List(ctx, pvcs)
-	extra := 0
-	for _, p := range pvcs.Items {
-		if strings.HasPrefix(p.Namespace, "chaos-") {
-			extra++
-		}
-	}
-	count("PVCs beyond the golden ones and the disks", extra-c.images-c.disks, 0)
+	count("pods left", inChaos(ctx, k, &corev1.PodList{}), 0)
+	count("PVCs beyond the golden ones and the disks", inChaos(ctx, k, &corev1.PersistentVolumeClaimList{})-c.images-c.disks, 0)
 	secretList := &corev1.SecretList{}
 	_ = k.List(ctx, secretList, client.HasLabels{"diskpipe.io/export"})
 	count("exporter Secrets left", len(secretList.Items), 0)
@@ -118,6 +104,21 @@ func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, 
 	}
 	rows = append(rows, row{"retries recorded in the objects' status", fmt.Sprint(all.retries), ">= 0", true})
 	return rows
+}
+
+// inChaos counts the objects of list's kind in the run's namespaces.
+func inChaos(ctx context.Context, k client.Client, list client.ObjectList) int {
+	if err := k.List(ctx, list); err != nil {
+		return -1
+	}
+	items, _ := meta.ExtractList(list)
+	n := 0
+	for _, o := range items {
+		if m, ok := o.(metav1.Object); ok && strings.HasPrefix(m.GetNamespace(), "chaos-") {
+			n++
+		}
+	}
+	return n
 }
 
 // tally counts one kind's objects by outcome.
