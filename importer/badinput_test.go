@@ -8,7 +8,6 @@ import (
 	"encoding/pem"
 	"hash"
 	"io"
-	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 func digestFile(t *testing.T, path, alg string, h hash.Hash) string {
@@ -218,12 +218,10 @@ func TestInvalidURL(t *testing.T) {
 // error, which ends in logs and in the object's status, names the URL without it. (The chaos
 // suite found the store's presigned URLs in importer logs while the store was down.)
 func TestPresignedURLRedacted(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
 	url := "http://user:pw@" + addr + "/bucket/disk.raw?X-Amz-Credential=AKID&X-Amz-Signature=0123456789abcdef"
 	_, _, err = importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: url}, Retry: fastRetry})
 	if err == nil {

@@ -115,8 +115,8 @@ func (t *Target) saveCheckpoint(c *checkpoint) error {
 }
 
 func (t *Target) writeCheckpoint(c *checkpoint) error {
-	if err := t.f.Sync(); err != nil {
-		return transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", t.path, err)
+	if err := t.syncData(); err != nil {
+		return err
 	}
 	rec, err := json.Marshal(c)
 	if err != nil {
@@ -166,13 +166,6 @@ func (t *Target) removeCheckpoint(vsize int64) error {
 	}
 	if err := os.Remove(t.checkpointPath()); err != nil && !os.IsNotExist(err) {
 		return transfer.Permanent(transfer.ReasonTargetError, "removing the checkpoint: %w", err)
-	}
-	return nil
-}
-
-func (t *Target) syncData() error {
-	if err := t.f.Sync(); err != nil {
-		return transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", t.path, err)
 	}
 	return nil
 }

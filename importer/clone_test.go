@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 // grownSize is the disk a volume of capacity bytes holds when grown: 94 %, rounded down to
@@ -79,12 +80,10 @@ func TestServe(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan int)
 	go func() {

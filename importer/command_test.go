@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 // runMain runs the importer command and returns its exit code, result and log.
@@ -116,12 +116,10 @@ func TestCommandCredentials(t *testing.T) {
 func TestCommandMetrics(t *testing.T) {
 	raw := makeRaw(t, t.TempDir())
 	url := serve(t, &fileServer{path: raw, slow: 5 * time.Millisecond}) // about 5 s for 64 MiB
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
 
 	done := make(chan int, 1)
 	go func() {

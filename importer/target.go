@@ -242,8 +242,8 @@ func (t *Target) Finish(size int64) error {
 			return transfer.Permanent(transfer.ReasonTargetError, "sizing %s: %w", t.path, err)
 		}
 	}
-	if err := t.f.Sync(); err != nil {
-		return transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", t.path, err)
+	if err := t.syncData(); err != nil {
+		return err
 	}
 	return t.f.Close()
 }
@@ -307,4 +307,12 @@ func bytesString(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB (%d bytes)", float64(n)/float64(div), "KMGTPE"[exp], n)
+}
+
+// syncData flushes what was written to stable storage.
+func (t *Target) syncData() error {
+	if err := t.f.Sync(); err != nil {
+		return transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", t.path, err)
+	}
+	return nil
 }

@@ -3,7 +3,6 @@ package manager_test
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/test/freeport"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -23,12 +23,11 @@ func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 func get(url string) (int, string, error) {

@@ -11,13 +11,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 // T is what the helpers need of a test: *testing.T, or Ginkgo's GinkgoT().
@@ -139,12 +140,10 @@ func startOn(t T, host, extra string, client *http.Client) string {
 	if err != nil {
 		t.Skip("docker-registry is not installed (hack/setup.sh installs it): registry pulls are not tested")
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	addr, err := freeport.Addr(host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "config.yml")
 	writeFileT(t, cfg, []byte(fmt.Sprintf("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n%s",

@@ -6,7 +6,6 @@ package objectstoretest
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 // Server is a running store.
@@ -73,12 +73,10 @@ func StartIn(t testing.TB, dir string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
 	s := &Server{
 		Endpoint: "http://" + addr, AccessKey: "diskpipe-test", SecretKey: "diskpipe-test-secret",
 		Dir: dir, t: t, addr: addr, log: filepath.Join(t.TempDir(), "objectstore.log"),

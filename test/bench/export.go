@@ -2,13 +2,14 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
 
 	"net/http"
+
+	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 // benchExport exports the 4 GiB ext4 disk into the bundled store on 127.0.0.1 as qcow2, plain
@@ -26,12 +27,10 @@ func benchExport(root, work string) error {
 	}
 	store := filepath.Join(work, "store")
 	_ = os.RemoveAll(store)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		return err
 	}
-	addr := l.Addr().String()
-	l.Close()
 	endpoint := "http://" + addr
 	srv := exec.Command(filepath.Join(root, "bin", "objectstore"), "--data-dir", store, "--listen", addr)
 	srv.Env = append(os.Environ(), "DISKPIPE_S3_ACCESS_KEY=bench", "DISKPIPE_S3_SECRET_KEY=bench-secret")

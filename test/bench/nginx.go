@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 // nginx is Debian's nginx serving a directory on 127.0.0.1 as a production mirror would:
@@ -31,12 +33,10 @@ func startNginx(dir string) (*nginx, error) {
 		}
 		bin = "/usr/sbin/nginx"
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
-	addr := l.Addr().String()
-	l.Close()
 	tmp, err := os.MkdirTemp("", "bench-nginx-")
 	if err != nil {
 		return nil, err

@@ -30,6 +30,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
+	"github.com/diskpipe/diskpipe/test/freeport"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -126,7 +127,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		"system:serviceaccounts", "system:serviceaccounts:"+ManagerNamespace, "system:authenticated"); err != nil {
 		return nil, err
 	}
-	upload, err := freeAddr()
+	upload, err := freeport.Addr("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -275,15 +276,6 @@ func (c *Cluster) Stop() {
 		c.stopStore()
 	}
 	_ = c.Env.Stop()
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 func waitListening(addr string) error {

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 // Env is a running control plane.
@@ -195,7 +196,14 @@ func (e *Env) TempDir() string {
 // InstallWebhooks installs cfg with its services replaced by a local URL and a serving
 // certificate made for the test, and returns where a manager must serve them.
 func (e *Env) InstallWebhooks(cfg *admissionregistrationv1.ValidatingWebhookConfiguration, mutating ...*admissionregistrationv1.MutatingWebhookConfiguration) (host string, port int, certDir string, err error) {
-	o := &envtest.WebhookInstallOptions{ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{cfg}, MutatingWebhooks: mutating}
+	port, err = freeport.Port("127.0.0.1")
+	if err != nil {
+		return "", 0, "", err
+	}
+	o := &envtest.WebhookInstallOptions{
+		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{cfg}, MutatingWebhooks: mutating,
+		LocalServingHost: "127.0.0.1", LocalServingPort: port,
+	}
 	if err := o.Install(e.Config); err != nil {
 		return "", 0, "", fmt.Errorf("installing webhooks: %w", err)
 	}
