@@ -140,7 +140,7 @@ FUZZTIME ?= 60000x
 # FuzzImportQcow2 and FuzzImportMapped run whole imports: under the fuzzer's instrumentation they
 # manage about one input a second, too few for a short run to find anything, so CI leaves them
 # out (their seed corpora still run in every `go test`; run them with `make fuzz-imports`).
-FUZZ_TARGETS := importer:FuzzSniff importer:FuzzQcow2Header
+FUZZ_TARGETS := importer:FuzzSniff importer:FuzzQcow2Header importer:FuzzOVF
 FUZZ_IMPORT_TARGETS := importer:FuzzImportQcow2 importer:FuzzImportMapped
 
 .PHONY: fuzz

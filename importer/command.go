@@ -49,6 +49,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		overhead    = fs.Float64("overhead", DefaultOverhead, "share of a filesystem volume kept for the filesystem")
 		checksum    = fs.String("checksum", "", "expected digest of the source, <sha256|sha512|sha1|md5>:<hex>")
 		format      = fs.String("format", "", "force the format (raw); empty detects it")
+		ovaDisk     = fs.String("ova-disk", "", "an OVA appliance's disk to import, by OVF disk id or file name (default: the first)")
 		parallel    = fs.Int("parallel", 8, "ranged requests in flight at once")
 		retries     = fs.Int("retries", transfer.DefaultRetryPolicy.Attempts, "attempts of each request before a transient failure ends the import")
 		stall       = fs.Duration("stall-timeout", time.Minute, "how long a response may send nothing before it is retried")
@@ -72,7 +73,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 
 	o := Options{
-		Target: *target, Capacity: *capacity, Overhead: *overhead, Checksum: *checksum, Format: Format(*format),
+		Target: *target, Capacity: *capacity, Overhead: *overhead, Checksum: *checksum, Format: Format(*format), OVADisk: *ovaDisk,
 		Parallel: *parallel, StallTimeout: *stall, Log: cmd.Log, Progress: cmd.Progress,
 		Retry: transfer.RetryPolicy{Attempts: *retries, Initial: transfer.DefaultRetryPolicy.Initial, Max: transfer.DefaultRetryPolicy.Max},
 	}

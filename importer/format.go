@@ -17,6 +17,8 @@ const (
 	FormatVPC   Format = "vpc"
 	FormatVDI   Format = "vdi"
 	FormatISO   Format = "iso"
+	// FormatOVA is an appliance: a tar archive holding an OVF descriptor, then its disks.
+	FormatOVA Format = "ova"
 )
 
 // Compression is a stream compression wrapping an image.
@@ -61,6 +63,8 @@ func sniffFormat(head []byte) Format {
 		return FormatVPC
 	case len(head) >= 0x44 && binary.LittleEndian.Uint32(head[0x40:]) == 0xbeda107f:
 		return FormatVDI
+	case len(head) >= 512 && bytes.Equal(head[257:262], []byte("ustar")):
+		return FormatOVA // a tar archive: importOVA refuses one that holds no OVF descriptor first
 	case len(head) >= 0x8006 && bytes.Equal(head[0x8001:0x8006], []byte("CD001")):
 		return FormatISO
 	}

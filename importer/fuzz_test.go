@@ -3,6 +3,7 @@ package importer
 import (
 	"bytes"
 	"context"
+	"encoding/xml"
 	"io"
 	"os"
 	"path/filepath"
@@ -146,15 +147,36 @@ func FuzzImportMapped(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		target := filepath.Join(t.TempDir(), "disk.img")
-		ctx, cancel := context.WithTimeout(t.Context(), 10e9)
-		defer cancel()
-		res, err := Import(ctx, Options{Source: &memSource{data: data}, Target: target, Capacity: fuzzCapacity, Retry: fastRetry})
+		for _, sequential := range []bool{false, true} { // streamOptimized vmdk streams too
+			target := filepath.Join(t.TempDir(), "disk.img")
+			ctx, cancel := context.WithTimeout(t.Context(), 10e9)
+			res, err := Import(ctx, Options{Source: &memSource{data: data, sequential: sequential}, Target: target, Capacity: fuzzCapacity, Retry: fastRetry})
+			cancel()
+			if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
+				t.Errorf("sequential %v: unclassified error: %v", sequential, err)
+			}
+			if err == nil && res.VirtualSize > fuzzCapacity {
+				t.Errorf("sequential %v: imported %d bytes into an 8 MiB volume", sequential, res.VirtualSize)
+			}
+		}
+	})
+}
+
+// FuzzOVF reads arbitrary OVF descriptors: a disk or a classified error, never a panic.
+func FuzzOVF(f *testing.F) {
+	f.Add([]byte(ovf([4]string{"vmdisk1", "disk1.vmdk", "10", ""}, [4]string{"vmdisk2", "disk2.vmdk.gz", "20", "gzip"})), "vmdisk2")
+	f.Add([]byte(`<Envelope><References><File id="f" href="d"/></References><DiskSection><Disk diskId="x" fileRef="f" capacity="1" capacityAllocationUnits="byte * 2^62"/></DiskSection></Envelope>`), "")
+	f.Fuzz(func(t *testing.T, descriptor []byte, name string) {
+		var env ovfEnvelope
+		if xml.Unmarshal(descriptor, &env) != nil {
+			return
+		}
+		d, err := env.pick(name)
 		if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
 			t.Errorf("unclassified error: %v", err)
 		}
-		if err == nil && res.VirtualSize > fuzzCapacity {
-			t.Errorf("imported %d bytes into an 8 MiB volume", res.VirtualSize)
+		if err == nil && (d.capacity < 0 || d.file == "") {
+			t.Errorf("picked %+v", d)
 		}
 	})
 }

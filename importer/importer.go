@@ -42,6 +42,9 @@ type Options struct {
 	// Format forces a format; empty detects it. PVC copies force raw, so a guest's disk that
 	// happens to start like an image header is never interpreted.
 	Format Format
+	// OVADisk chooses the disk of an OVA appliance to import, by the OVF disk id or the
+	// file's name in the archive; empty takes the first disk.
+	OVADisk string
 	// Retry bounds the retries of each request.
 	Retry transfer.RetryPolicy
 	// StallTimeout is how long a response may send nothing before it is retried (default 60s).
@@ -155,6 +158,9 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 			format := sniffFormat(head)
 			if format == FormatRaw && isFixedVHD(f) {
 				format = FormatVPC
+			}
+			if err := checkOVADisk(o, format); err != nil {
+				return err
 			}
 			switch format {
 			case FormatQcow2, FormatVMDK, FormatVPC, FormatVDI, FormatVHDX:
@@ -477,38 +483,80 @@ func importStream(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res 
 	if o.Format == "" {
 		format = sniffFormat(head)
 	}
+	size := int64(-1)
+	if comp == CompressionNone {
+		size = f.obj.Size()
+	}
+	if err := checkOVADisk(o, format); err != nil {
+		return err
+	}
+	var vsize int64
+	if format == FormatOVA {
+		format, vsize, err = importOVA(data, o.OVADisk, t)
+	} else {
+		format, vsize, err = convertStream(data, head, format, size, t)
+	}
+	if err != nil {
+		if errors.Is(err, errNeedsRandomAccess) {
+			return needsRandomAccess(format, comp)
+		}
+		return streamError(comp, err)
+	}
+	return finishStream(src, cs, t, res, format, comp, vsize)
+}
+
+// checkOVADisk refuses a disk chosen from a source that is not an appliance.
+func checkOVADisk(o *Options, format Format) error {
+	if o.OVADisk != "" && format != FormatOVA {
+		return transfer.Permanent(transfer.ReasonInvalidArgument, "a disk of an OVA appliance is chosen (%q), but the source is a %s image, not an OVA", o.OVADisk, format)
+	}
+	return nil
+}
+
+// errNeedsRandomAccess says a format cannot be read front to back.
+var errNeedsRandomAccess = errors.New("needs random access")
+
+// convertStream writes the image of the given format read front to back from data (head is
+// its start, size its length or -1) to the target, and returns the format it was and its
+// virtual size.
+func convertStream(data io.Reader, head []byte, format Format, size int64, t *Target) (Format, int64, error) {
 	switch format {
 	case FormatQcow2:
 		vsize, err := importQcow2Stream(data, head, t)
-		if err != nil {
-			return streamError(comp, err)
-		}
-		return finishStream(src, cs, t, res, format, comp, vsize)
-	case FormatVMDK, FormatVPC, FormatVDI, FormatVHDX:
-		why := "the server does not support Range requests"
-		if comp != CompressionNone {
-			why = fmt.Sprintf("it is wrapped in %s", comp)
-		}
-		return transfer.Permanent(transfer.ReasonNeedsRandomAccess,
-			"the source is a %s image and %s, but %s needs random access and diskpipe keeps no scratch copy: "+
-				"serve it uncompressed from a server that supports Range, or convert it to qcow2 or raw", format, why, format)
+		return format, vsize, err
+	case FormatVMDK:
+		vsize, err := importVMDKStream(data, t)
+		return format, vsize, err
+	case FormatVPC, FormatVDI, FormatVHDX:
+		return format, 0, errNeedsRandomAccess
+	case FormatOVA:
+		return format, 0, transfer.Permanent(transfer.ReasonUnsupportedFormat, "an OVA appliance inside an OVA appliance is not imported")
 	}
-
-	size := int64(0)
-	if comp == CompressionNone && f.obj.Size() >= 0 {
-		size = f.obj.Size()
-	}
-	if err := t.Prepare(size); err != nil {
-		return err
+	if err := t.Prepare(max(size, 0)); err != nil {
+		return format, 0, err
 	}
 	w := &sparseWriter{t: t}
 	if _, err := io.CopyBuffer(w, data, make([]byte, copyBufferSize)); err != nil {
-		return streamError(comp, err)
+		return format, 0, err
 	}
 	if format == FormatISO {
 		format = FormatRaw
 	}
-	return finishStream(src, cs, t, res, format, comp, w.off)
+	return format, w.off, nil
+}
+
+// needsRandomAccess explains why an image of a format read only at random was not imported,
+// and the ways out.
+func needsRandomAccess(format Format, comp Compression) error {
+	why := "the server does not support Range requests"
+	if comp != CompressionNone {
+		why = fmt.Sprintf("it is wrapped in %s", comp)
+	}
+	return transfer.Permanent(transfer.ReasonNeedsRandomAccess,
+		"the source is a %s image and %s, but %s places its blocks by tables that a stream passes before it can use them, and diskpipe keeps no scratch copy: "+
+			"serve it uncompressed from a server that supports Range (the bundled object store does: 'aws s3 cp'), "+
+			"or convert it first with 'qemu-img convert -O qcow2 <image> <image>.qcow2' (qcow2, streamOptimized vmdk and raw import from any stream)",
+		format, why, format)
 }
 
 // finishStream reads what follows the image in the source, so the checksum covers all of it,

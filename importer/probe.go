@@ -1,6 +1,7 @@
 package importer
 
 import (
+	"archive/tar"
 	"bufio"
 	"context"
 	"errors"
@@ -45,7 +46,7 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 			if format == FormatRaw && isFixedVHD(f) {
 				format = FormatVPC
 			}
-			if format != FormatRaw && format != FormatISO {
+			if format != FormatRaw && format != FormatISO && format != FormatOVA {
 				img, err := openImage(format, head, boundedReaderAt{r: f, size: obj.Size()}, obj.Size())
 				if err != nil {
 					return res, err
@@ -68,13 +69,15 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 		comp = sniffCompression(head)
 	}
 	res.Compression = string(comp)
+	data := src
 	if comp != CompressionNone {
 		dec, err := decompress(comp, src)
 		if err != nil {
 			return res, err
 		}
 		defer dec.Close()
-		if head, err = bufio.NewReaderSize(dec, copyBufferSize).Peek(sniffLen); err != nil && !errors.Is(err, io.EOF) {
+		data = bufio.NewReaderSize(dec, copyBufferSize)
+		if head, err = data.Peek(sniffLen); err != nil && !errors.Is(err, io.EOF) {
 			return res, transfer.Permanent(transfer.ReasonMalformedImage, "malformed %s stream: %w", comp, err)
 		}
 	}
@@ -89,6 +92,24 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 			return res, err
 		}
 		res.Format, res.VirtualSize = string(format), int64(h.Size) //nolint:gosec // checked by parseQcow2Header
+	case FormatVMDK:
+		res.Format = string(format)
+		if len(head) >= 512 && string(head[:4]) == "KDMV" {
+			h, err := parseVMDKHeader(head[:512])
+			if err != nil {
+				return res, err
+			}
+			res.VirtualSize = h.size
+		}
+	case FormatOVA:
+		d, err := readOVF(tar.NewReader(data), o.OVADisk)
+		if err != nil {
+			return res, err
+		}
+		res.Format = string(format)
+		if d.capacity > 0 {
+			res.VirtualSize = d.capacity
+		}
 	case FormatRaw, FormatISO:
 		res.Format = string(FormatRaw)
 		if comp == CompressionNone {

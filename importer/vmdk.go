@@ -2,20 +2,58 @@ package importer
 
 import (
 	"bytes"
-	"compress/zlib"
 	"encoding/binary"
 	"errors"
 	"io"
 	"regexp"
 	"sync"
 
+	"github.com/klauspost/compress/zlib"
+
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
 const (
 	vmdkFlagCompressed = 1 << 16
+	vmdkFlagMarkers    = 1 << 17
 	vmdkGDAtEnd        = ^uint64(0)
 )
+
+// vmdkHeader is what diskpipe reads of a sparse extent's header (or footer).
+type vmdkHeader struct {
+	flags            uint32
+	size, grain      int64 // bytes
+	descOff, descLen int64 // bytes
+	gtes             int64 // entries per grain table
+	gdSector         uint64
+	overhead         int64 // bytes before the first grain
+}
+
+// parseVMDKHeader reads the 512-byte header h of a KDMV extent.
+func parseVMDKHeader(h []byte) (vmdkHeader, error) {
+	le := binary.LittleEndian
+	vh := vmdkHeader{
+		flags:   le.Uint32(h[8:]),
+		size:    int64(le.Uint64(h[12:])) * 512,                                          //nolint:gosec // checked below
+		grain:   int64(le.Uint64(h[20:])) * 512,                                          //nolint:gosec // checked below
+		descOff: int64(le.Uint64(h[28:])) * 512, descLen: int64(le.Uint64(h[36:])) * 512, //nolint:gosec // bounded by their users
+		gtes:     int64(le.Uint32(h[44:])),
+		gdSector: le.Uint64(h[56:]),
+		overhead: int64(le.Uint64(h[64:])) * 512, //nolint:gosec // bounded by its user
+	}
+	if vh.size <= 0 || vh.size > 1<<44 || vh.grain < 512 || vh.grain > 16<<20 || vh.gtes <= 0 || vh.gtes > 1<<16 {
+		return vh, transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk image: %d-byte disk, %d-byte grains, %d entries per table", vh.size, vh.grain, vh.gtes)
+	}
+	return vh, nil
+}
+
+// checkVMDKDescriptor refuses an image whose descriptor names a parent.
+func checkVMDKDescriptor(desc []byte) error {
+	if m := vmdkParent.FindSubmatch(desc); m != nil && !bytes.EqualFold(m[1], []byte("ffffffff")) {
+		return transfer.Permanent(transfer.ReasonBackingFile, "the vmdk image has a parent: diskpipe imports only self-contained images")
+	}
+	return nil
+}
 
 var vmdkParent = regexp.MustCompile(`(?m)^parentCID\s*=\s*"?([0-9a-fA-F]+)"?`)
 
@@ -43,23 +81,20 @@ func openVMDK(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 			return nil, transfer.Permanent(transfer.ReasonTruncatedImage, "truncated vmdk image: the footer is missing")
 		}
 	}
-	flags := le.Uint32(h[8:])
-	size := int64(le.Uint64(h[12:])) * 512                                         //nolint:gosec // checked below
-	grain := int64(le.Uint64(h[20:])) * 512                                        //nolint:gosec // checked below
-	descOff, descLen := int64(le.Uint64(h[28:]))*512, int64(le.Uint64(h[36:]))*512 //nolint:gosec // bounded below
-	gtes := int64(le.Uint32(h[44:]))
-	gdOff := int64(le.Uint64(h[56:])) * 512 //nolint:gosec // checked by readTable
-	if size <= 0 || size > 1<<44 || grain < 512 || grain > 16<<20 || gtes <= 0 || gtes > 1<<16 {
-		return nil, transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk image: %d-byte disk, %d-byte grains, %d entries per table", size, grain, gtes)
+	vh, err := parseVMDKHeader(h)
+	if err != nil {
+		return nil, err
 	}
-	if descLen > 0 && descLen <= 1<<20 {
-		desc := make([]byte, descLen)
-		if _, err := ra.ReadAt(desc, descOff); err == nil || err == io.EOF {
-			if m := vmdkParent.FindSubmatch(desc); m != nil && !bytes.EqualFold(m[1], []byte("ffffffff")) {
-				return nil, transfer.Permanent(transfer.ReasonBackingFile, "the vmdk image has a parent: diskpipe imports only self-contained images")
+	size, grain, gtes := vh.size, vh.grain, vh.gtes
+	if vh.descLen > 0 && vh.descLen <= 1<<20 {
+		desc := make([]byte, vh.descLen)
+		if _, err := ra.ReadAt(desc, vh.descOff); err == nil || err == io.EOF {
+			if err := checkVMDKDescriptor(desc); err != nil {
+				return nil, err
 			}
 		}
 	}
+	gdOff := int64(vh.gdSector) * 512 //nolint:gosec // checked by readTable
 	gdEntries := (size/grain + gtes - 1) / gtes
 	gd, err := readTable(ra, gdOff, gdEntries, "grain directory")
 	if err != nil {
@@ -89,7 +124,7 @@ func openVMDK(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 		}
 		return s * 512, true, nil
 	}
-	if flags&vmdkFlagCompressed != 0 {
+	if vh.flags&vmdkFlagCompressed != 0 {
 		m.readBlock = func(host int64, p []byte) error { return readVMDKGrain(ra, host, p) }
 	}
 	return m, nil
@@ -102,21 +137,52 @@ func readVMDKGrain(ra io.ReaderAt, host int64, p []byte) error {
 		return transfer.Permanent(transfer.ReasonTruncatedImage, "truncated vmdk image: grain at %d: %v", host, err)
 	}
 	n := int64(binary.LittleEndian.Uint32(marker[8:]))
-	if n == 0 || n > int64(len(p))+4096 {
+	if n == 0 || n > maxGrainData(int64(len(p))) {
 		return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk image: a %d-byte grain at %d", n, host)
 	}
 	z := make([]byte, n)
 	if _, err := ra.ReadAt(z, host+12); err != nil && err != io.EOF {
 		return err
 	}
-	zr, err := zlib.NewReader(bytes.NewReader(z))
-	if err != nil {
-		return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk grain at %d: %w", host, err)
+	return inflateGrain(z, p, host)
+}
+
+// maxGrainData bounds a compressed grain of grain bytes: zlib adds at most a few bytes per
+// 16 KiB to data it cannot compress.
+func maxGrainData(grain int64) int64 { return grain + grain/1024 + 4096 }
+
+// zlibReaders are reset for each grain.
+var zlibReaders sync.Pool
+
+// inflateGrain decodes the zlib stream z into p, zero-filling what it does not cover (the
+// last grain of a disk may be short). host names the grain in errors.
+func inflateGrain(z, p []byte, host int64) error {
+	var zr io.ReadCloser
+	if r, ok := zlibReaders.Get().(io.ReadCloser); ok && r.(zlib.Resetter).Reset(bytes.NewReader(z), nil) == nil {
+		zr = r
+	} else {
+		var err error
+		if zr, err = zlib.NewReader(bytes.NewReader(z)); err != nil {
+			return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk grain at %d: %w", host, err)
+		}
 	}
-	got, err := io.ReadFull(zr, p)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk grain at %d: %w", host, err)
+	defer zlibReaders.Put(zr)
+	got := 0
+	for got < len(p) {
+		n, err := zr.Read(p[got:])
+		got += n
+		if errors.Is(err, io.EOF) { // the stream ended, its checksum intact
+			break
+		}
+		if err != nil {
+			return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk grain at %d: %w", host, err)
+		}
 	}
-	clear(p[got:]) // the last grain of a disk may be short
+	if got == len(p) { // a full grain: the stream must end here
+		if n, err := zr.Read(make([]byte, 1)); n > 0 || !errors.Is(err, io.EOF) {
+			return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk grain at %d: it does not end after its %d bytes (%v)", host, len(p), err)
+		}
+	}
+	clear(p[got:])
 	return nil
 }

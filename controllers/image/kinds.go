@@ -17,6 +17,7 @@ type goldenImage struct {
 	status   *common.ImageStatus
 	source   source
 	checksum common.Checksum
+	ovaDisk  string
 	volume   common.VolumeOptions
 	retry    common.RetryLimit
 	// prefix names the children, so an image and a template of one name do not collide.
@@ -31,7 +32,7 @@ func (g *goldenImage) tracked() importpod.Status {
 
 func fromVirtualMachineImage(o client.Object) *goldenImage {
 	v := o.(*hypercloud.VirtualMachineImage)
-	g := &goldenImage{obj: v, status: &v.Status, checksum: v.Spec.Source.Checksum, volume: v.Spec.VolumeOptions,
+	g := &goldenImage{obj: v, status: &v.Status, checksum: v.Spec.Source.Checksum, ovaDisk: v.Spec.Source.OVADisk, volume: v.Spec.VolumeOptions,
 		retry: retryOf(v.Spec.Retry), prefix: "vmim"}
 	src := v.Spec.Source
 	switch shared, ok := sharedSource(src.S3, src.Registry, src.ObjectStore); {
@@ -49,7 +50,7 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 
 func fromImageTemplate(o client.Object) *goldenImage {
 	t := o.(*virtualmachine.ImageTemplate)
-	g := &goldenImage{obj: t, status: &t.Status, checksum: t.Spec.Source.Checksum, volume: t.Spec.VolumeOptions,
+	g := &goldenImage{obj: t, status: &t.Status, checksum: t.Spec.Source.Checksum, ovaDisk: t.Spec.Source.OVADisk, volume: t.Spec.VolumeOptions,
 		retry: retryOf(t.Spec.Retry), prefix: "imt"}
 	src := t.Spec.Source
 	switch shared, ok := sharedSource(src.S3, src.Registry, src.ObjectStore); {

@@ -194,6 +194,9 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 	if g.checksum != "" {
 		s.Args = append(s.Args, "--checksum", string(g.checksum))
 	}
+	if g.ovaDisk != "" {
+		s.Args = append(s.Args, "--ova-disk", g.ovaDisk)
+	}
 	pod := &corev1.Pod{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: s.Name}, pod)
 	if err == nil {

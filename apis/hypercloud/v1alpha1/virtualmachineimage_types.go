@@ -11,6 +11,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.objectStore), has(self.s3), has(self.registry), has(self.pvc), has(self.upload)].filter(x, x).size() == 1",message="exactly one of http, objectStore, s3, registry, pvc or upload must be set"
 // +kubebuilder:validation:XValidation:rule="!has(self.httpOptions) || has(self.http)",message="httpOptions needs an http source"
 // +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !has(self.pvc)",message="checksum does not apply to a pvc source"
+// +kubebuilder:validation:XValidation:rule="!has(self.ovaDisk) || !has(self.pvc)",message="ovaDisk does not apply to a pvc source"
 type VirtualMachineImageSource struct {
 	// http is the URL of the image.
 	// +optional
@@ -43,6 +44,13 @@ type VirtualMachineImageSource struct {
 	// checksum is the expected digest of the source bytes.
 	// +optional
 	Checksum common.Checksum `json:"checksum,omitempty"`
+
+	// ovaDisk chooses the disk to import when the source is an OVA appliance: its OVF disk id
+	// (e.g. "vmdisk2") or its file name in the archive (e.g. "data.vmdk"). The first disk is
+	// imported by default, and the disk gets the capacity the OVF gives it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=255
+	OVADisk string `json:"ovaDisk,omitempty"`
 }
 
 // VirtualMachineImageSpec is a golden image: a source imported once into a read-only PVC.

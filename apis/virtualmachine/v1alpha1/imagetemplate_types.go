@@ -22,6 +22,7 @@ type ObjectReference struct {
 // clone, disk, objectStore, s3 or upload.
 // +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.registry), has(self.clone), has(self.disk), has(self.objectStore), has(self.s3), has(self.upload)].filter(x, x).size() == 1",message="exactly one of http, registry, clone, disk, objectStore, s3 or upload must be set"
 // +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !(has(self.clone) || has(self.disk))",message="checksum does not apply to a clone or disk source"
+// +kubebuilder:validation:XValidation:rule="!has(self.ovaDisk) || !(has(self.clone) || has(self.disk))",message="ovaDisk does not apply to a clone or disk source"
 type ImageTemplateSource struct {
 	// http downloads the image from a URL.
 	// +optional
@@ -54,6 +55,13 @@ type ImageTemplateSource struct {
 	// checksum is the expected digest of the source bytes.
 	// +optional
 	Checksum common.Checksum `json:"checksum,omitempty"`
+
+	// ovaDisk chooses the disk to import when the source is an OVA appliance: its OVF disk id
+	// (e.g. "vmdisk2") or its file name in the archive (e.g. "data.vmdk"). The first disk is
+	// imported by default, and the disk gets the capacity the OVF gives it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=255
+	OVADisk string `json:"ovaDisk,omitempty"`
 }
 
 // ImageTemplateSpec is a golden image.
