@@ -94,13 +94,11 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 		res.Format, res.VirtualSize = string(format), int64(h.Size) //nolint:gosec // checked by parseQcow2Header
 	case FormatVMDK:
 		res.Format = string(format)
-		if len(head) >= 512 && string(head[:4]) == "KDMV" {
-			h, err := parseVMDKHeader(head[:512])
-			if err != nil {
-				return res, err
-			}
-			res.VirtualSize = h.size
+		h, err := parseStreamHeader(head)
+		if err != nil {
+			return res, err
 		}
+		res.VirtualSize = h.size
 	case FormatOVA:
 		d, err := readOVF(tar.NewReader(data), o.OVADisk)
 		if err != nil {
@@ -115,8 +113,9 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 		if comp == CompressionNone {
 			res.VirtualSize = obj.Size()
 		}
-	default:
-		res.Format = string(format) // needs random access: the import will say so
+	case FormatVPC, FormatVDI, FormatVHDX:
+		res.Format = string(format)
+		return res, needsRandomAccess(format, comp)
 	}
 	return res, nil
 }

@@ -169,6 +169,12 @@ func TestStreamedVMDKBadInput(t *testing.T) {
 			s := &fileServer{path: c.path, noRange: true}
 			target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: serve(t, s)}})
 			wantFailure(t, target, err, c.reason, false, c.msg)
+			if c.reason == transfer.ReasonNeedsRandomAccess { // the probe knows too, before a volume is made
+				_, err := Probe(t.Context(), Options{Source: &HTTPSource{URL: serve(t, &fileServer{path: c.path, noRange: true})}, Retry: fastRetry})
+				if transfer.ReasonOf(err) != c.reason || !strings.Contains(fmt.Sprint(err), c.msg) {
+					t.Errorf("probe: %v, want %s naming %q", err, c.reason, c.msg)
+				}
+			}
 		})
 	}
 	t.Run("a grain the tables put elsewhere", func(t *testing.T) {

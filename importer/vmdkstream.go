@@ -47,19 +47,9 @@ func importVMDKStream(r io.Reader, t *Target) (int64, error) {
 	if err := s.read(h, "its header"); err != nil {
 		return 0, err
 	}
-	if string(h[:4]) != "KDMV" {
-		return 0, transfer.Permanent(transfer.ReasonNeedsRandomAccess,
-			"the vmdk image is a descriptor whose data lies in other files (or an old COWD extent), which diskpipe reads only at random: "+
-				"convert it to one file with 'qemu-img convert -O qcow2'")
-	}
 	var err error
-	if s.h, err = parseVMDKHeader(h); err != nil {
+	if s.h, err = parseStreamHeader(h); err != nil {
 		return 0, err
-	}
-	if s.h.flags&vmdkFlagCompressed == 0 || s.h.flags&vmdkFlagMarkers == 0 {
-		return 0, transfer.Permanent(transfer.ReasonNeedsRandomAccess,
-			"the vmdk image is monolithicSparse, whose grains can only be placed by reading it at random: serve it uncompressed from a server that supports Range, "+
-				"or make it streamable with 'qemu-img convert -O vmdk -o subformat=streamOptimized' (or convert it to qcow2)")
 	}
 	if err := s.readOverhead(); err != nil {
 		return 0, err
@@ -77,6 +67,26 @@ func importVMDKStream(r io.Reader, t *Target) (int64, error) {
 			return s.h.size, nil
 		}
 	}
+}
+
+// parseStreamHeader reads the header of a vmdk read front to back, and refuses one that
+// cannot be: a descriptor naming other files, or a sparse extent whose grains carry no markers.
+func parseStreamHeader(h []byte) (vmdkHeader, error) {
+	if len(h) < 512 || string(h[:4]) != "KDMV" {
+		return vmdkHeader{}, transfer.Permanent(transfer.ReasonNeedsRandomAccess,
+			"the vmdk image is a descriptor whose data lies in other files (or an old COWD extent), which diskpipe reads only at random: "+
+				"convert it to one file with 'qemu-img convert -O qcow2'")
+	}
+	vh, err := parseVMDKHeader(h)
+	if err != nil {
+		return vh, err
+	}
+	if vh.flags&vmdkFlagCompressed == 0 || vh.flags&vmdkFlagMarkers == 0 {
+		return vh, transfer.Permanent(transfer.ReasonNeedsRandomAccess,
+			"the vmdk image is monolithicSparse, whose grains can only be placed by reading it at random: serve it uncompressed from a server that supports Range, "+
+				"or make it streamable with 'qemu-img convert -O vmdk -o subformat=streamOptimized' (or convert it to qcow2)")
+	}
+	return vh, nil
 }
 
 // read fills p from the stream; what the stream ends before is named by what.
