@@ -55,6 +55,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		stall       = fs.Duration("stall-timeout", time.Minute, "how long a response may send nothing before it is retried")
 		cpuProfile  = fs.String("cpu-profile", "", "write a CPU profile to this file (for performance work)")
 		probe       = fs.Bool("probe", false, "only tell the source's format and virtual size (in the result); write nothing")
+		preallocate = fs.Bool("preallocate", false, "allocate the whole disk file on its volume (fallocate)")
 		grow        = fs.Bool("grow", false, "make disk.img as large as the volume allows when the image is smaller (blank: size 0 is the whole volume)")
 		growOnly    = fs.Bool("grow-only", false, "import nothing: grow the existing disk at --target to the volume (a disk cloned by the storage system)")
 		serveAddr   = fs.String("serve", "", "import nothing: serve the disk at --path read-only over HTTP on this address, to the bearer of --token-file")
@@ -77,7 +78,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		Parallel: *parallel, StallTimeout: *stall, Log: cmd.Log, Progress: cmd.Progress,
 		Retry: transfer.RetryPolicy{Attempts: *retries, Initial: transfer.DefaultRetryPolicy.Initial, Max: transfer.DefaultRetryPolicy.Max},
 	}
-	o.Grow = *grow
+	o.Grow, o.Preallocate = *grow, *preallocate
 	if *serveAddr != "" {
 		return cmd.Run(ctx, "Serve", func(ctx context.Context) (*transfer.Result, error) {
 			token, err := os.ReadFile(*tokenFile)
@@ -90,7 +91,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	if *growOnly {
 		return cmd.Run(ctx, "Grow", func(context.Context) (*transfer.Result, error) {
-			return Grow(*target, *capacity, *overhead)
+			return Grow(*target, *capacity, *overhead, *preallocate)
 		})
 	}
 	return cmd.Run(ctx, "Import", func(ctx context.Context) (*transfer.Result, error) {

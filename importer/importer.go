@@ -2,6 +2,7 @@ package importer
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -37,6 +38,8 @@ type Options struct {
 	// image is smaller: a disk requested larger than its image. A blank disk of size 0 is
 	// the whole usable volume.
 	Grow bool
+	// Preallocate allocates the whole disk file on its volume (a block device is left as it is).
+	Preallocate bool
 	// Checksum is the expected digest of the source bytes, "<algorithm>:<hex>".
 	Checksum string
 	// Format forces a format; empty detects it. PVC copies force raw, so a guest's disk that
@@ -95,7 +98,7 @@ func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 	if err != nil {
 		return res, err
 	}
-	t.grow = o.Grow
+	t.grow, t.preallocate = o.Grow, o.Preallocate
 	if err = run(ctx, &o, t, res); err != nil {
 		if t.checkpointed && resumable(err) {
 			o.Log.Info("Keeping the disk and its checkpoint for the next attempt", "err", err)
@@ -467,6 +470,7 @@ func importStream(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res 
 	if o.Format == "" {
 		comp = sniffCompression(head)
 	}
+	outer := bytes.Clone(head[:min(len(head), 32)]) // src reuses its buffer once the decompressor reads it
 	if comp != CompressionNone {
 		dec, err := decompress(comp, src)
 		if err != nil {
@@ -489,6 +493,11 @@ func importStream(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res 
 	}
 	if err := checkOVADisk(o, format); err != nil {
 		return err
+	}
+	if comp != CompressionNone && (format == FormatRaw || format == FormatISO) {
+		if err := t.fits(declaredSize(comp, outer, f)); err != nil { // before the image is downloaded
+			return err
+		}
 	}
 	var vsize int64
 	if format == FormatOVA {

@@ -16,22 +16,26 @@ import (
 )
 
 // DefaultOverhead is the share of a filesystem volume kept for the filesystem itself.
-const DefaultOverhead = 0.06
+const DefaultOverhead = transfer.DefaultOverhead
 
 // Target is where an import writes: the file disk.img on a filesystem volume, or a block
 // device. Zeros are never written: a file gets holes, a device is zeroed up front as cheaply
 // as it allows (BLKZEROOUT) and then only non-zero data is written.
 type Target struct {
-	path    string
-	block   bool
-	f       *os.File
-	usable  int64
-	size    int64
-	written atomic.Int64
+	path   string
+	block  bool
+	f      *os.File
+	usable int64
+	size   int64
+	// overhead is the share of a filesystem volume kept for the filesystem.
+	overhead float64
+	written  atomic.Int64
 	// flushed is Written when writeback was last started (see write).
 	flushed atomic.Int64
 	// grow makes a disk file as large as the volume allows when the image is smaller.
 	grow bool
+	// preallocate allocates the whole disk file when it is finished.
+	preallocate bool
 	// checkpointed is set when the disk has a checkpoint (this import resumed one or recorded
 	// one): it is worth keeping after a transient failure.
 	checkpointed bool
@@ -41,7 +45,7 @@ type Target struct {
 // need be. capacity is the volume's size (0: the filesystem's or device's own); on a
 // filesystem, overhead (a fraction) of it is kept free for the filesystem.
 func OpenTarget(path string, capacity int64, overhead float64) (*Target, error) {
-	t := &Target{path: path}
+	t := &Target{path: path, overhead: overhead}
 	if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeDevice != 0 {
 		t.block = true
 	}
@@ -85,7 +89,7 @@ func (t *Target) GrownSize() int64 { return t.usable &^ (1<<20 - 1) }
 // Grow extends an existing disk file to GrownSize, keeping what it holds; a block device
 // needs nothing (the disk is the device). It serves disks cloned by the storage system into
 // a volume larger than their image.
-func Grow(path string, capacity int64, overhead float64) (*transfer.Result, error) {
+func Grow(path string, capacity int64, overhead float64, preallocate bool) (*transfer.Result, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, transfer.Permanent(transfer.ReasonTargetError, "the cloned disk: %w", err)
@@ -94,6 +98,7 @@ func Grow(path string, capacity int64, overhead float64) (*transfer.Result, erro
 	if err != nil {
 		return nil, err
 	}
+	t.preallocate = preallocate
 	res := &transfer.Result{Succeeded: true, Format: string(FormatRaw), VirtualSize: fi.Size()}
 	if t.block {
 		res.VirtualSize = t.usable
@@ -105,6 +110,10 @@ func Grow(path string, capacity int64, overhead float64) (*transfer.Result, erro
 			t.f.Close()
 			return nil, transfer.Permanent(transfer.ReasonTargetError, "growing %s: %w", path, err)
 		}
+	}
+	if err := t.allocate(res.VirtualSize); err != nil {
+		t.f.Close()
+		return nil, err
 	}
 	if err := t.f.Sync(); err != nil {
 		t.f.Close()
@@ -138,16 +147,17 @@ func (t *Target) Prepare(size int64) error {
 }
 
 func (t *Target) fits(size int64) error {
-	if size > t.usable {
-		what := "the volume, less filesystem overhead,"
-		if t.block {
-			what = "the block device"
-		}
-		return transfer.Permanent(transfer.ReasonTooLarge,
-			"the image's virtual size %s is larger than %s (%s): request a larger volume",
-			bytesString(size), what, bytesString(t.usable))
+	if size <= t.usable {
+		return nil
 	}
-	return nil
+	if t.block {
+		return transfer.Permanent(transfer.ReasonTooLarge,
+			"the image's virtual size %s is larger than the block device (%s): request a volume of at least %s",
+			bytesString(size), bytesString(t.usable), bytesString(transfer.RoundMiB(size)))
+	}
+	return transfer.Permanent(transfer.ReasonTooLarge,
+		"the image's virtual size %s is larger than the volume less its %g %% filesystem overhead (%s): request a volume of at least %s",
+		bytesString(size), t.overhead*100, bytesString(t.usable), bytesString(transfer.VolumeSizeFor(size, t.overhead)))
 }
 
 // zero zeroes the whole device, by BLKZEROOUT where the device supports it, else by writes.
@@ -241,11 +251,32 @@ func (t *Target) Finish(size int64) error {
 		if err := t.f.Truncate(size); err != nil {
 			return transfer.Permanent(transfer.ReasonTargetError, "sizing %s: %w", t.path, err)
 		}
+		if err := t.allocate(size); err != nil {
+			return err
+		}
 	}
 	if err := t.syncData(); err != nil {
 		return err
 	}
 	return t.f.Close()
+}
+
+// allocate allocates the disk file's holes, up to size, when it is to be preallocated: what
+// it holds stays, the holes read as zeros still.
+func (t *Target) allocate(size int64) error {
+	if !t.preallocate || size == 0 {
+		return nil
+	}
+	err := unix.Fallocate(int(t.f.Fd()), 0, 0, size) //nolint:gosec // an fd fits an int
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.ENOSPC):
+		return transfer.Permanent(transfer.ReasonTargetError, "the volume has no room to preallocate the %s disk: %w", bytesString(size), err)
+	case errors.Is(err, syscall.EOPNOTSUPP):
+		return transfer.Permanent(transfer.ReasonTargetError, "the volume's filesystem cannot preallocate (fallocate): import without preallocation: %w", err)
+	}
+	return transfer.Permanent(transfer.ReasonTargetError, "preallocating %s: %w", t.path, err)
 }
 
 // Wipe leaves the target empty after a failure, so no half-written disk looks valid: the

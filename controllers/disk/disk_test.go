@@ -200,7 +200,7 @@ func TestCSIClone(t *testing.T) {
 	grow := ctrltest.Pod(t, env, ns, "vm-disk-grow-0")
 	args := strings.Join(grow.Spec.Containers[0].Args, " ")
 	g.Expect(args).To(ContainSubstring("--grow-only"))
-	g.Expect(args).To(ContainSubstring("--target /data/disk.img --capacity 10737418240"))
+	g.Expect(args).To(ContainSubstring("--target /data/disk.img --overhead 0.06 --capacity 10737418240"))
 	ctrltest.Complete(t, env, ns, "vm-disk-grow-0", transfer.Result{Format: "raw", VirtualSize: 10090985472})
 
 	g.Eventually(diskStatus(t, vmpvc, &vmpvc.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
@@ -297,7 +297,7 @@ func TestFallback(t *testing.T) {
 	pod := ctrltest.Pod(t, env, ns, "other-class-clone-0")
 	args := strings.Join(pod.Spec.Containers[0].Args, " ")
 	g.Expect(args).To(ContainSubstring("--grow --source file --path /source/disk.img"))
-	g.Expect(args).To(ContainSubstring("--target /data/disk.img --capacity 4294967296"))
+	g.Expect(args).To(ContainSubstring("--target /data/disk.img --overhead 0.06 --capacity 4294967296"))
 	var source *corev1.PersistentVolumeClaimVolumeSource
 	for _, v := range pod.Spec.Volumes {
 		if v.Name == "source" {

@@ -91,8 +91,12 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	}
 
 	block := modeOf(d.pvc.VolumeMode) == corev1.PersistentVolumeBlock
+	preallocate := ptr.Deref(d.pvc.Preallocation, false)
 	spec := importpod.Spec{Namespace: d.obj.GetNamespace(), PVC: pvcName, Block: block, Capacity: p.size.Value(),
-		Labels: map[string]string{LabelDisk: string(d.obj.GetUID()), image.LabelRole: "importer"}}
+		Preallocate: preallocate, Labels: map[string]string{LabelDisk: string(d.obj.GetUID()), image.LabelRole: "importer"}}
+	if p.class != nil {
+		spec.StorageClass = p.class.Name
+	}
 	source := "grow" // how the disk is made, for metrics
 	switch {
 	case p.dataSource == nil && d.blank:
@@ -108,8 +112,9 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 			tr.SetReady(metav1.ConditionFalse, reasonWaitingForCloneSource, "waiting for the pod that serves the image from namespace "+src.Namespace)
 			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
 		}
-	case !block && p.size.Cmp(p.sourceSize) > 0:
-		// The storage copied the disk; a larger volume needs disk.img grown to fill it.
+	case !block && (p.size.Cmp(p.sourceSize) > 0 || preallocate):
+		// The storage copied the disk; a larger volume needs disk.img grown to fill it, and a
+		// preallocated disk its holes allocated.
 		spec.Name = fmt.Sprintf("%s-grow-%d", pvcName, st.Retries)
 		spec.Args = []string{"--grow-only"}
 	default:

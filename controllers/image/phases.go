@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -25,6 +26,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/uploadproxy"
@@ -65,6 +67,11 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		}
 		copyFrom = pvc
 	}
+	block := g.volume.VolumeMode != nil && *g.volume.VolumeMode == corev1.PersistentVolumeBlock
+	class, err := storage.ClassName(ctx, r.Client, g.volume.StorageClassName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	capacity := int64(0)
 	switch {
 	case g.volume.Resources.Requests.Storage != nil:
@@ -79,16 +86,19 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		if st.VirtualSize == nil {
 			return r.probe(ctx, g, pvcName)
 		}
-		capacity = volumeSizeFor(st.VirtualSize.Value())
+		capacity = transfer.RoundMiB(st.VirtualSize.Value()) // a block volume is the disk
+		if !block {
+			capacity = transfer.VolumeSizeFor(st.VirtualSize.Value(), r.Pods.Config.FilesystemOverhead.For(class))
+		}
 	}
-	err := r.ensurePVC(ctx, g, pvcName, capacity)
+	err = r.ensurePVC(ctx, g, pvcName, capacity)
 	if res, handled := r.childError(g, err); handled {
 		return res, nil
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	spec := importpod.Spec{Name: fmt.Sprintf("%s-import-%d", pvcName, st.Retries), PVC: pvcName, Capacity: capacity,
-		Block: g.volume.VolumeMode != nil && *g.volume.VolumeMode == corev1.PersistentVolumeBlock}
+		Block: block, StorageClass: class, Preallocate: ptr.Deref(g.volume.Preallocation, false)}
 	if copyFrom != nil {
 		src := hostcopy.Source{Namespace: copyFrom.Namespace, Name: copyFrom.Name, Block: IsBlock(copyFrom)}
 		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, g.obj, src, &spec); err != nil || !ready {
@@ -301,11 +311,4 @@ func childName(prefix, name string) string {
 	}
 	sum := sha256.Sum256([]byte(n))
 	return n[:180] + "-" + hex.EncodeToString(sum[:])[:10]
-}
-
-// volumeSizeFor is the PVC size for a disk of virtual size v: v plus the filesystem's 6 %,
-// rounded up to a MiB.
-func volumeSizeFor(v int64) int64 {
-	n := int64(float64(v)/(1-0.06)) + 1
-	return (n + 1<<20 - 1) &^ (1<<20 - 1)
 }

@@ -11,10 +11,11 @@ import (
 )
 
 // FileConfig is the manager's --config file, written by the chart (templates/manager.yaml)
-// from its importer and cloneStrategy values.
+// from its importer, cloneStrategy and filesystemOverhead values.
 type FileConfig struct {
-	Importer      importpod.Config      `json:"importer"`
-	CloneStrategy disk.StrategyDefaults `json:"cloneStrategy"`
+	Importer           importpod.Config             `json:"importer"`
+	CloneStrategy      disk.StrategyDefaults        `json:"cloneStrategy"`
+	FilesystemOverhead importpod.FilesystemOverhead `json:"filesystemOverhead"`
 }
 
 // LoadConfig reads path strictly: an unknown key is an error, not a silently ignored setting.
@@ -30,10 +31,14 @@ func LoadConfig(path string) (FileConfig, error) {
 	if err := c.CloneStrategy.Validate(); err != nil {
 		return c, fmt.Errorf("the configuration %s: %w", path, err)
 	}
+	if err := c.FilesystemOverhead.Validate(); err != nil {
+		return c, fmt.Errorf("the configuration %s: %w", path, err)
+	}
 	return c, nil
 }
 
 // Apply puts c into o.
 func (c FileConfig) Apply(o *Options) {
 	o.Importer, o.CloneStrategies = c.Importer, c.CloneStrategy
+	o.Importer.FilesystemOverhead = c.FilesystemOverhead
 }

@@ -44,11 +44,14 @@ func TestLoadChartConfig(t *testing.T) {
 	g.Expect(imp.NetworkPolicy.ManagerLabels).To(HaveKeyWithValue("app.kubernetes.io/component", "manager"))
 	g.Expect(cfg.CloneStrategy.Default).To(Equal(common.CloneStrategySnapshot))
 	g.Expect(cfg.CloneStrategy.StorageClasses).To(HaveKeyWithValue("nfs", common.CloneStrategyHostAssisted))
+	g.Expect(cfg.FilesystemOverhead.For("cephfs")).To(Equal(0.1))
+	g.Expect(cfg.FilesystemOverhead.For("cephrbd")).To(Equal(0.055))
 
 	// A misspelt key or an unknown strategy stops the manager rather than being ignored.
 	for body, want := range map[string]string{
-		"importer:\n  nodeSelecter: {a: b}\n":              `unknown field "nodeSelecter"`,
-		"cloneStrategy:\n  storageClasses: {nfs: Rsync}\n": `cloneStrategy.storageClasses[nfs] "Rsync" is not one of`,
+		"importer:\n  nodeSelecter: {a: b}\n":               `unknown field "nodeSelecter"`,
+		"cloneStrategy:\n  storageClasses: {nfs: Rsync}\n":  `cloneStrategy.storageClasses[nfs] "Rsync" is not one of`,
+		"filesystemOverhead:\n  storageClasses: {nfs: 6}\n": `filesystemOverhead of StorageClass nfs is 6: give a fraction from 0 to 0.5`,
 	} {
 		g.Expect(os.WriteFile(path, []byte(body), 0o600)).To(Succeed())
 		_, err := manager.LoadConfig(path)

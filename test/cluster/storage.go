@@ -20,9 +20,9 @@ import (
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
-// Classes are the StorageClasses of the harness's driver; the first is the default. Both bind
+// Classes are the StorageClasses of the harness's driver; the first is the default. All bind
 // at once, like most network storage.
-var Classes = []string{"cephrbd", "sc"}
+var Classes = []string{"cephrbd", "sc", "thick"}
 
 // SnapshotClass is the VolumeSnapshotClass of the harness's driver.
 const SnapshotClass = "local"
@@ -130,6 +130,7 @@ func (c *Cluster) install(ctx context.Context) error {
 		"--set", "image.repository=" + registry + "/diskpipe",
 		"--set", "objectStore.bundled.service.type=NodePort", "--set", fmt.Sprintf("objectStore.bundled.service.nodePort=%d", StoreNodePort),
 		"--set", "objectStore.bundled.publicEndpoint=" + StoreEndpoint, "--set", "objectStore.bundled.storage.size=20Gi",
+		"--set", testenv.ThickOverhead,
 		"--wait", "--timeout", "5m"}, c.opts.HelmArgs...)
 	c.step("helm %s", strings.Join(args, " "))
 	cmd := exec.CommandContext(ctx, c.bin("helm"), args...) //nolint:gosec // the pinned helm

@@ -78,10 +78,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c = &Cluster{Env: env, opts: o, Classes: []string{"cephrbd", "sc"}}
+	c = &Cluster{Env: env, opts: o, Classes: []string{"cephrbd", "sc", "thick"}}
+	started := c // what a failure stops: the error returns give nil
 	defer func() {
 		if err != nil {
-			c.Stop()
+			started.Stop()
 		}
 	}()
 	for i, name := range c.Classes {
@@ -213,7 +214,7 @@ func (c *Cluster) managerIdentity(ctx context.Context) (string, error) {
 func (c *Cluster) managerConfig(ctx context.Context) (string, error) {
 	repository, tag, _ := strings.Cut(Image, ":")
 	objs, _, err := testenv.RenderChart(ctx, testenv.ChartRelease, ManagerNamespace, "--show-only", "templates/manager.yaml",
-		"--set", "image.repository="+repository, "--set", "image.tag="+tag)
+		"--set", "image.repository="+repository, "--set", "image.tag="+tag, "--set", testenv.ThickOverhead)
 	if err != nil {
 		return "", err
 	}

@@ -72,6 +72,10 @@ func SplitYAML(data []byte) ([]*unstructured.Unstructured, error) {
 // are then named like a default install's (diskpipe-manager, diskpipe-importer, ...).
 const ChartRelease = "diskpipe"
 
+// ThickOverhead is the chart value both test clusters install with: their StorageClass
+// "thick" keeps 20 % of a filesystem volume for the filesystem (test/e2e/knobs_test.go).
+const ThickOverhead = "filesystemOverhead.storageClasses.thick=0.2"
+
 // ApplyChartRBAC applies the chart's service accounts, roles and bindings, rendered for a
 // release in namespace, and returns the manager's user name: a process acting as that user
 // has exactly the rights an installed manager has.

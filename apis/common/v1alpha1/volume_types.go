@@ -48,6 +48,12 @@ type VolumeOptions struct {
 	// +optional
 	// +kubebuilder:validation:Enum=Filesystem;Block
 	VolumeMode *corev1.PersistentVolumeMode `json:"volumeMode,omitempty"`
+
+	// preallocation allocates the whole disk on its volume when diskpipe writes it (fallocate),
+	// for storage that must hold all of it from the start rather than as the guest writes.
+	// A block volume is the disk already.
+	// +optional
+	Preallocation *bool `json:"preallocation,omitempty"`
 }
 
 // PVCTemplate is the part of a PVC's spec a user chooses for a VM disk; diskpipe sets the

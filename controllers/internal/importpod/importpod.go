@@ -5,6 +5,7 @@ package importpod
 import (
 	"fmt"
 	"maps"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,9 @@ type Config struct {
 	// admits only the manager to the pods' metrics port and only diskpipe's pods to a clone
 	// source.
 	NetworkPolicy *NetworkPolicyConfig `json:"networkPolicy,omitempty"`
+	// FilesystemOverhead is the share of a filesystem volume its pods keep free for the
+	// filesystem, by StorageClass (the chart's filesystemOverhead values).
+	FilesystemOverhead FilesystemOverhead `json:"filesystemOverhead,omitzero"`
 
 	prepared *sync.Map // namespaces PrepareNamespace has seen to
 }
@@ -46,6 +50,48 @@ type Config struct {
 type NetworkPolicyConfig struct {
 	ManagerNamespace string            `json:"managerNamespace"`
 	ManagerLabels    map[string]string `json:"managerLabels"`
+}
+
+// FilesystemOverhead is the share of a filesystem volume kept for the filesystem itself: a
+// disk.img of size S needs a volume of S/(1-overhead). Filesystems differ (ext4 keeps more
+// than xfs), and some storage keeps room of its own.
+type FilesystemOverhead struct {
+	// Default applies to the StorageClasses not listed (default 0.06).
+	Default *float64 `json:"default,omitempty"`
+	// StorageClasses maps a StorageClass name to its overhead.
+	StorageClasses map[string]float64 `json:"storageClasses,omitempty"`
+}
+
+// For is the overhead of a volume of the named StorageClass.
+func (o FilesystemOverhead) For(class string) float64 {
+	if v, ok := o.StorageClasses[class]; ok {
+		return v
+	}
+	if o.Default != nil {
+		return *o.Default
+	}
+	return transfer.DefaultOverhead
+}
+
+// Validate checks that every overhead is a fraction in [0, 0.5].
+func (o FilesystemOverhead) Validate() error {
+	check := func(what string, v float64) error {
+		if v < 0 || v > 0.5 || math.IsNaN(v) {
+			return fmt.Errorf("filesystemOverhead %s is %g: give a fraction from 0 to 0.5 (0.06 is 6 %%)", what, v)
+		}
+		return nil
+	}
+	if o.Default != nil {
+		if err := check("default", *o.Default); err != nil {
+			return err
+		}
+	}
+	for class, v := range o.StorageClasses {
+		if err := check("of StorageClass "+class, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Defaults fills what is not set.
@@ -96,7 +142,11 @@ type Spec struct {
 	Block bool
 	// Capacity is the volume's size in bytes.
 	Capacity int64
-	Mounts   []Mount
+	// StorageClass of the target volume, for its filesystem overhead.
+	StorageClass string
+	// Preallocate allocates the whole disk on the target volume.
+	Preallocate bool
+	Mounts      []Mount
 	// SourcePVC is a volume of the pod's namespace mounted read-only as the source of a copy,
 	// at SourceFile or SourceDevice.
 	SourcePVC   string
@@ -175,10 +225,14 @@ func Build(c Config, s Spec) *corev1.Pod {
 			args = append(args, "--target", TargetDevice)
 		} else {
 			ctr.VolumeMounts = []corev1.VolumeMount{{Name: "target", MountPath: TargetDir}}
-			args = append(args, "--target", TargetFile)
+			args = append(args, "--target", TargetFile,
+				"--overhead", strconv.FormatFloat(c.FilesystemOverhead.For(s.StorageClass), 'g', -1, 64))
 		}
 		if s.Capacity > 0 {
 			args = append(args, "--capacity", strconv.FormatInt(s.Capacity, 10))
+		}
+		if s.Preallocate {
+			args = append(args, "--preallocate")
 		}
 	}
 	if s.SourcePVC != "" {

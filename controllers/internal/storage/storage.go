@@ -42,6 +42,19 @@ func Class(ctx context.Context, c client.Reader, name string) (*storagev1.Storag
 	return nil, nil
 }
 
+// ClassName is the name of the StorageClass a PVC asking for name gets: name, or the
+// cluster's default for nil (empty when there is none).
+func ClassName(ctx context.Context, c client.Reader, name *string) (string, error) {
+	if name != nil {
+		return *name, nil
+	}
+	sc, err := Class(ctx, c, "")
+	if err != nil || sc == nil {
+		return "", err
+	}
+	return sc.Name, nil
+}
+
 // SnapshotClassFor returns the VolumeSnapshotClass for driver: the default one, else any;
 // "" when there is none (or the snapshot API is not installed).
 func SnapshotClassFor(ctx context.Context, c client.Reader, driver string) (string, error) {

@@ -1,0 +1,14 @@
+package transfer
+
+// DefaultOverhead is the share of a filesystem volume kept for the filesystem itself, where
+// the installation does not set one for the volume's StorageClass.
+const DefaultOverhead = 0.06
+
+// VolumeSizeFor is the smallest volume, in whole MiB, that holds a disk of size bytes on a
+// filesystem that keeps overhead (a fraction) of it.
+func VolumeSizeFor(size int64, overhead float64) int64 {
+	return RoundMiB(int64(float64(size)/(1-overhead)) + 1)
+}
+
+// RoundMiB rounds n up to a whole MiB.
+func RoundMiB(n int64) int64 { return (n + 1<<20 - 1) &^ (1<<20 - 1) }
