@@ -32,12 +32,37 @@ type agent struct {
 
 	mu      sync.Mutex
 	running map[types.UID]*process
-	nextIP  int
+	// stopping are the processes of deleted pods, told to stop, until they exit.
+	stopping []*process
+	nextIP   int
 }
 
 type process struct {
 	cmd             *exec.Cmd
 	namespace, name string
+	exited          chan struct{}
+}
+
+// stillStopping reports whether the process of an earlier pod of that name has yet to exit:
+// as a kubelet does (a pod leaves the API only once its containers stopped), the agent starts
+// the pod made again under the same name only then, so the two never share its volumes. The
+// old importer's cleanup once removed the new one's disk.img here.
+func (a *agent) stillStopping(ns, name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	live := a.stopping[:0]
+	found := false
+	for _, pr := range a.stopping {
+		select {
+		case <-pr.exited:
+			continue
+		default:
+		}
+		live = append(live, pr)
+		found = found || (pr.namespace == ns && pr.name == name)
+	}
+	a.stopping = live
+	return found
 }
 
 // kill kills a pod's process at once.
@@ -69,7 +94,7 @@ func (a *agent) sync(ctx context.Context, pods []corev1.Pod) {
 		a.mu.Lock()
 		_, started := a.running[p.UID]
 		a.mu.Unlock()
-		if started {
+		if started || a.stillStopping(p.Namespace, p.Name) {
 			continue
 		}
 		if err := a.start(ctx, p); err != nil {
@@ -82,6 +107,7 @@ func (a *agent) sync(ctx context.Context, pods []corev1.Pod) {
 		if !alive[uid] {
 			_ = pr.cmd.Process.Signal(syscall.SIGTERM)
 			delete(a.running, uid)
+			a.stopping = append(a.stopping, pr)
 		}
 	}
 }
@@ -167,7 +193,7 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 		logf.Close()
 		return fmt.Errorf("starting %s: %w", bin, err)
 	}
-	pr := &process{cmd: cmd, namespace: p.Namespace, name: p.Name}
+	pr := &process{cmd: cmd, namespace: p.Namespace, name: p.Name, exited: make(chan struct{})}
 	a.mu.Lock()
 	a.running[p.UID] = pr
 	a.mu.Unlock()
@@ -187,6 +213,7 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 // wait reports the process's end as the container's termination.
 func (a *agent) wait(p *corev1.Pod, pr *process, logf *os.File, termPath string) {
 	err := pr.cmd.Wait()
+	close(pr.exited)
 	logf.Close()
 	code := 0
 	var exit *exec.ExitError
