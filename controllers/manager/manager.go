@@ -28,6 +28,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/metrics"
+	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/uploadproxy"
@@ -156,6 +157,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := export.Setup(mgr, exportOpts); err != nil {
 		return nil, fmt.Errorf("setting up the export controller: %w", err)
+	}
+	if err := populator.Setup(mgr); err != nil {
+		return nil, fmt.Errorf("setting up the populator: %w", err)
 	}
 	if err := virtualmachine.Setup(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)

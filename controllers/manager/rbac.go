@@ -17,11 +17,12 @@ package manager
 // +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates;virtualmachines,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates/status;virtualmachines/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates/finalizers;virtualmachines/finalizers,verbs=update
-// +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create

@@ -319,3 +319,37 @@ func follow(ns, pod string) func() string {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+var _ = Describe("on a real node: volume populators", func() {
+	It("fills a plain PVC whose dataSourceRef names an image, bound by the PV controller, with the progress in its events, and it boots", func() {
+		node()
+		ns := namespace()
+		importHTTP(ns, "populated", "disk.qcow2")
+		kubectl(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: rootdisk
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests: {storage: 256Mi}
+  dataSourceRef:
+    apiGroup: hypercloud.tmaxanc.com
+    kind: VirtualMachineImage
+    name: populated
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "pvc", "rootdisk", "-n", ns, "-o", "jsonpath={.status.phase}")
+		}, 3*time.Minute, time.Second).Should(Equal("Bound"))
+		disk := filepath.Join(cluster.VolumePath(ns, "rootdisk"), "disk.img")
+		Expect(fileSize(disk)).To(Equal(grown(256 << 20)))
+		sameDisk(disk)
+		boots(disk)
+		events := kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=rootdisk", "-o", "jsonpath={.items[*].reason}")
+		Expect(events).To(And(ContainSubstring("Populating"), ContainSubstring("Populated")))
+		// The DiskVolume that filled it, and its PVC, are gone; the volume stays with the claim.
+		Eventually(func() []string {
+			return strings.Fields(kubectl("", "get", "diskvolumes,pvc", "-n", ns, "-o", "name"))
+		}, time.Minute, time.Second).Should(Equal([]string{"persistentvolumeclaim/rootdisk", "persistentvolumeclaim/vmim-populated"}))
+	})
+})

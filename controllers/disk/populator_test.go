@@ -1,0 +1,137 @@
+package disk_test
+
+// The populator's disks are DiskVolumes: its test runs on this suite's control plane and
+// manager (controllers/populator).
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/populator"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// TestPopulator fills a plain PVC whose dataSourceRef names a VirtualMachineImage: a
+// DiskVolume of the claim's shape is made, its volume handed to the claim (this test plays
+// the PV controller's part, binding), and the DiskVolume removed; the claim's events tell it.
+func TestPopulator(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	readyImage(t, ns, "fedora", classCSI)
+
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: ptr.To(classCSI),
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")}},
+			DataSourceRef:    &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: "fedora"},
+		}}
+	g.Expect(env.Client.Create(t.Context(), claim)).To(Succeed())
+	name := "populate-" + string(claim.UID)
+
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: "fedora", Kind: diskvolume.ImageKindVirtualMachineImage}))
+	g.Expect(d.Spec.Resources.Requests.Storage.String()).To(Equal("10Gi"))
+	g.Expect(*d.Spec.StorageClassName).To(Equal(classCSI))
+	g.Expect(metav1.IsControlledBy(d, claim)).To(BeTrue(), "the claim owns it: deleting the claim takes it")
+
+	// The DiskVolume's PVC is made as any disk's: a CSI clone of the golden PVC, grown.
+	prime := pvcOf(t, ns, name)
+	g.Expect(prime.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-fedora"}))
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-" + name}, Spec: corev1.PersistentVolumeSpec{
+		Capacity:    corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")},
+		AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: classCSI,
+		PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: name}},
+		ClaimRef:               &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ns, Name: name, UID: prime.UID}}}
+	g.Expect(env.Client.Create(t.Context(), pv)).To(Succeed())
+	prime.Spec.VolumeName = pv.Name
+	g.Expect(env.Client.Update(t.Context(), prime)).To(Succeed())
+	ctrltest.Bind(t, env, ns, name)
+	ctrltest.Complete(t, env, ns, name+"-grow-0", transfer.Result{Format: "raw", VirtualSize: 10090985472})
+
+	// Once the disk is Ready, its volume is pointed at the claim.
+	g.Eventually(func() claimRef {
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(pv), pv)
+		if pv.Spec.ClaimRef == nil {
+			return claimRef{}
+		}
+		return claimRef{pv.Spec.ClaimRef.Name, string(pv.Spec.ClaimRef.UID)}
+	}, 20*time.Second).Should(Equal(claimRef{"root", string(claim.UID)}))
+
+	// The PV controller binds the claim; the DiskVolume goes.
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(claim), claim)).To(Succeed())
+	claim.Spec.VolumeName = pv.Name
+	g.Expect(env.Client.Update(t.Context(), claim)).To(Succeed())
+	g.Eventually(func() bool {
+		err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(d), d)
+		return client.IgnoreNotFound(err) == nil && (err != nil || !d.DeletionTimestamp.IsZero())
+	}, 20*time.Second).Should(BeTrue(), "the DiskVolume is deleted once the claim is bound")
+
+	g.Eventually(func() []string { return eventReasons(t, ns, claim.UID) }, 20*time.Second).
+		Should(ContainElements(populator.ReasonPopulating, populator.ReasonPopulated))
+}
+
+// TestPopulatorFailure tells a claim whose image does not import why it stays Pending.
+func TestPopulatorFailure(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "broken", Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: "https://images.example.com/broken.qcow2"}}}
+	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity(goldenSize)
+	vmi.Spec.StorageClassName = ptr.To(classCSI)
+	vmi.Spec.Retry = ptr.To(common.RetryLimit(0))
+	g.Expect(env.Client.Create(t.Context(), vmi)).To(Succeed())
+	ctrltest.Bind(t, env, ns, "vmim-broken")
+	ctrltest.Kubelet(t, env, ns, "vmim-broken-import-0", corev1.PodFailed,
+		&transfer.Result{Reason: transfer.ReasonSourceNotFound, Message: "404 Not Found"}, 1)
+
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("4Gi")}},
+			DataSourceRef: &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: "broken"},
+		}}
+	g.Expect(env.Client.Create(t.Context(), claim)).To(Succeed())
+	g.Eventually(func() []string { return eventReasons(t, ns, claim.UID) }, 30*time.Second).Should(ContainElement(populator.ReasonPopulateFailed), func() string {
+		d := &diskvolume.DiskVolume{}
+		_ = env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "populate-" + string(claim.UID)}, d)
+		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(vmi), vmi)
+		return fmt.Sprintf("disk %+v\nimage %+v", d.Status, vmi.Status)
+	})
+	g.Expect(claim.Spec.VolumeName).To(BeEmpty())
+}
+
+type claimRef struct{ name, uid string }
+
+// eventReasons are the reasons of the events about the object of that UID.
+func eventReasons(t *testing.T, ns string, uid k8stypes.UID) []string {
+	t.Helper()
+	list := &eventsv1.EventList{}
+	if err := env.Client.List(t.Context(), list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, e := range list.Items {
+		if e.Regarding.UID == uid {
+			reasons = append(reasons, e.Reason)
+		}
+	}
+	return reasons
+}

@@ -1,0 +1,236 @@
+// Package populator fills plain PersistentVolumeClaims whose dataSourceRef names a
+// VirtualMachineImage or an ImageTemplate: Kubernetes' volume populators. The apiserver leaves
+// such a claim Pending (the CSI provisioner handles only the kinds it knows), and the
+// populator fills it the way lib-volume-populator's do:
+//
+//  1. it makes a DiskVolume of the image beside the claim, with the claim's class, mode, access
+//     modes and size: its PVC (the "prime" one) is made as every disk is (CSI clone, snapshot
+//     or host-assisted copy, grown to fill the volume), and boots like one;
+//  2. once the disk is Ready, it points the prime PVC's PersistentVolume at the claim
+//     (spec.claimRef), and Kubernetes' PV controller binds the claim to it;
+//  3. once the claim is bound, it deletes the DiskVolume, whose PVC goes with it; the volume
+//     stays with the claim.
+//
+// Progress, waits and failures are the claim's events. A claim deleted meanwhile takes the
+// DiskVolume with it (it is the DiskVolume's owner).
+package populator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+)
+
+// Event reasons on the claim.
+const (
+	ReasonPopulating     = "Populating"
+	ReasonPopulated      = "Populated"
+	ReasonPopulateFailed = "PopulateFailed"
+	reasonUnsupported    = "PopulateUnsupported"
+)
+
+// LabelFor marks the DiskVolume that fills a claim with the claim's UID.
+const LabelFor = "populator.diskpipe.io/for"
+
+// Reconciler fills claims whose data source is an image.
+type Reconciler struct {
+	client.Client
+	Events events.EventRecorder
+
+	progress sync.Map // claim UID → the last progress told in an event
+}
+
+// Setup registers the populator.
+func Setup(mgr ctrl.Manager) error {
+	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-populator")}
+	ours := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		pvc, ok := o.(*corev1.PersistentVolumeClaim)
+		return ok && imageRef(pvc) != nil
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("populator").
+		For(&corev1.PersistentVolumeClaim{}, builder.WithPredicates(ours)).
+		Owns(&diskvolume.DiskVolume{}).Complete(r)
+}
+
+// imageRef is the claim's data source when it is one of diskpipe's images.
+func imageRef(pvc *corev1.PersistentVolumeClaim) *corev1.TypedObjectReference {
+	ref := pvc.Spec.DataSourceRef
+	if ref == nil || ref.APIGroup == nil {
+		return nil
+	}
+	switch {
+	case *ref.APIGroup == hypercloud.GroupVersion.Group && ref.Kind == "VirtualMachineImage",
+		*ref.APIGroup == virtualmachine.GroupVersion.Group && ref.Kind == "ImageTemplate":
+		return ref
+	}
+	return nil
+}
+
+// diskName names the DiskVolume, and so the prime PVC, that fills the claim.
+func diskName(pvc *corev1.PersistentVolumeClaim) string { return "populate-" + string(pvc.UID) }
+
+// Reconcile brings one claim forward.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	ref := imageRef(pvc)
+	if ref == nil || !pvc.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil // the claim's owner reference takes its DiskVolume
+	}
+	if pvc.Spec.VolumeName != "" {
+		r.progress.Delete(pvc.UID)
+		return ctrl.Result{}, r.cleanup(ctx, pvc)
+	}
+	if ref.Namespace != nil && *ref.Namespace != pvc.Namespace {
+		r.event(pvc, corev1.EventTypeWarning, reasonUnsupported,
+			"the image is in namespace %s: a claim is filled from an image of its own namespace (use a DiskVolume to copy across namespaces)", *ref.Namespace)
+		return ctrl.Result{}, nil
+	}
+
+	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: diskName(pvc), Namespace: pvc.Namespace,
+		Labels: map[string]string{LabelFor: string(pvc.UID)}}}
+	d.Spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(ref.Name), Kind: diskvolume.ImageKind(ref.Kind)}
+	d.Spec.AccessModes = pvc.Spec.AccessModes
+	d.Spec.StorageClassName, d.Spec.VolumeMode = pvc.Spec.StorageClassName, pvc.Spec.VolumeMode
+	if q, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
+		d.Spec.Resources.Requests.Storage = &q
+	}
+	created, err := owned.Ensure(ctx, r.Client, pvc, d)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if created {
+		r.event(pvc, corev1.EventTypeNormal, ReasonPopulating, "filling the claim from %s %s through DiskVolume %s", ref.Kind, ref.Name, d.Name)
+	}
+	if d.Status.Phase == common.PhaseReady {
+		return r.rebind(ctx, pvc, d)
+	}
+	if img, err := r.image(ctx, pvc.Namespace, ref); err != nil {
+		return ctrl.Result{}, err
+	} else if img != nil && img.Phase == common.PhaseFailed {
+		c := meta.FindStatusCondition(img.Conditions, common.ConditionReady)
+		r.tell(pvc, corev1.EventTypeWarning, ReasonPopulateFailed, fmt.Sprintf("%s %s failed: %s: %s: fix or recreate it, and the claim is filled",
+			ref.Kind, ref.Name, ptr.Deref(c, metav1.Condition{}).Reason, ptr.Deref(c, metav1.Condition{}).Message))
+		return ctrl.Result{}, nil // its change brings the claim back (the DiskVolume watches it)
+	}
+	if d.Status.Phase == common.PhaseFailed {
+		r.tell(pvc, corev1.EventTypeWarning, ReasonPopulateFailed, fmt.Sprintf("DiskVolume %s failed: %s", d.Name, readyOf(d.Status.Conditions)))
+		return ctrl.Result{}, nil
+	}
+	r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf("DiskVolume %s %s %s %s", d.Name, phaseOr(d.Status.Phase), d.Status.Progress, readyOf(d.Status.Conditions)))
+	return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+}
+
+// image is the status of the image the claim names, nil when it does not exist.
+func (r *Reconciler) image(ctx context.Context, ns string, ref *corev1.TypedObjectReference) (*common.ImageStatus, error) {
+	key := types.NamespacedName{Namespace: ns, Name: ref.Name}
+	var (
+		obj client.Object
+		st  *common.ImageStatus
+	)
+	if ref.Kind == "VirtualMachineImage" {
+		v := &hypercloud.VirtualMachineImage{}
+		obj, st = v, &v.Status
+	} else {
+		t := &virtualmachine.ImageTemplate{}
+		obj, st = t, &t.Status
+	}
+	if err := r.Get(ctx, key, obj); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return st, nil
+}
+
+// tell makes an event of the claim's state each time it changes. (Events of one reason are
+// counted as a series of the first, so a note that only changes its numbers is not told.)
+func (r *Reconciler) tell(pvc *corev1.PersistentVolumeClaim, typ, reason, note string) {
+	if last, _ := r.progress.Swap(pvc.UID, reason+note); last == reason+note {
+		return
+	}
+	r.event(pvc, typ, reason, "%s", note)
+}
+
+func readyOf(conds []metav1.Condition) string {
+	if c := meta.FindStatusCondition(conds, common.ConditionReady); c != nil {
+		return c.Reason + ": " + c.Message
+	}
+	return ""
+}
+
+// rebind points the prime PVC's volume at the claim; the PV controller binds the claim.
+func (r *Reconciler) rebind(ctx context.Context, pvc *corev1.PersistentVolumeClaim, d *diskvolume.DiskVolume) (ctrl.Result, error) {
+	prime := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, types.NamespacedName{Namespace: pvc.Namespace, Name: d.Status.PVCName}, prime); err != nil {
+		return ctrl.Result{}, err
+	}
+	if prime.Spec.VolumeName == "" {
+		r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf("waiting for PVC %s to be bound to a volume "+
+			"(a class that waits for a first consumer binds it only for a pod: diskpipe does not populate claims of such classes yet)", prime.Name))
+		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
+	}
+	pv := &corev1.PersistentVolume{}
+	if err := r.Get(ctx, types.NamespacedName{Name: prime.Spec.VolumeName}, pv); err != nil {
+		return ctrl.Result{}, err
+	}
+	if ref := pv.Spec.ClaimRef; ref == nil || ref.UID != pvc.UID {
+		patch := client.MergeFrom(pv.DeepCopy())
+		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1",
+			Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID}
+		if err := r.Patch(ctx, pv, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("binding volume %s to the claim: %w", pv.Name, err)
+		}
+		size := "size unknown"
+		if d.Status.VirtualSize != nil {
+			size = "a disk of " + d.Status.VirtualSize.String()
+		}
+		r.event(pvc, corev1.EventTypeNormal, ReasonPopulated, "filled from %s %s (%s): volume %s is the claim's",
+			d.Spec.Source.Image.Kind, d.Spec.Source.Image.Name, size, pv.Name)
+	}
+	return ctrl.Result{RequeueAfter: 2 * time.Second}, nil // until the PV controller binds the claim
+}
+
+// cleanup deletes the DiskVolume of a claim that is bound: its PVC goes with it, the volume
+// stays with the claim.
+func (r *Reconciler) cleanup(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	d := &diskvolume.DiskVolume{}
+	err := r.Get(ctx, types.NamespacedName{Namespace: pvc.Namespace, Name: diskName(pvc)}, d)
+	if apierrors.IsNotFound(err) || (err == nil && !d.DeletionTimestamp.IsZero()) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return client.IgnoreNotFound(r.Delete(ctx, d, client.PropagationPolicy(metav1.DeletePropagationBackground)))
+}
+
+func (r *Reconciler) event(pvc *corev1.PersistentVolumeClaim, typ, reason, format string, args ...any) {
+	r.Events.Eventf(pvc, nil, typ, reason, "Populate", format, args...)
+}
+
+func phaseOr(p common.Phase) string {
+	if p == "" {
+		return "Pending"
+	}
+	return string(p)
+}
