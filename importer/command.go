@@ -41,6 +41,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		object      = fs.String("object", "", "s3: the object")
 		s3Creds     = fs.String("s3-credentials-dir", "", "s3: directory with the files accessKeyId and secretAccessKey (a mounted Secret)")
 		authFile    = fs.String("registry-auth-file", "", "registry: a .dockerconfigjson with the registry's credentials")
+		publicKey   = fs.String("registry-public-key-file", "", "registry: a PEM public key the image must carry a cosign signature by")
 		arch        = fs.String("architecture", "", "registry: the architecture to pick from an index (default: this machine's)")
 		path        = fs.String("path", "", "file: the source disk (a file or block device)")
 		blankSize   = fs.Int64("blank-size", 0, "blank: the disk's size in bytes")
@@ -121,7 +122,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			}
 			o.Source = &S3Source{Config: cfg, Bucket: *bucket, Object: *object}
 		case "registry":
-			o.Source = &RegistrySource{URL: *url, AuthFile: *authFile, CAFile: *caFile, Insecure: *insecure, Architecture: *arch}
+			o.Source = &RegistrySource{URL: *url, AuthFile: *authFile, CAFile: *caFile, Insecure: *insecure, Architecture: *arch, PublicKeyFile: *publicKey}
 		case "file":
 			o.Source, o.Format = &FileSource{Path: *path}, FormatRaw
 		case "blank":

@@ -37,6 +37,9 @@ type RegistrySource struct {
 	Insecure bool
 	// Architecture picks the image from a multi-architecture index (default: this machine's).
 	Architecture string
+	// PublicKeyFile, when set, is the PEM public key the image must carry a cosign signature
+	// by (signature.go); it is checked before a byte is written.
+	PublicKeyFile string
 }
 
 func (s *RegistrySource) String() string { return s.URL }
@@ -98,6 +101,12 @@ func (s *RegistrySource) Open(ctx context.Context) (Object, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.PublicKeyFile != "" {
+		if ref, err = s.verify(ctx, sys, ref); err != nil {
+			cleanup()
+			return nil, err
+		}
+	}
 	src, err := ref.NewImageSource(ctx, sys)
 	if err != nil {
 		cleanup()
@@ -123,6 +132,19 @@ func (s *RegistrySource) Open(ctx context.Context) (Object, error) {
 	}
 	o.Close()
 	return nil, transfer.Permanent(transfer.ReasonSourceNotFound, "%s has no file under /disk/: it is not a container disk", s.URL)
+}
+
+// verify checks the image's signature and returns a reference to it by digest.
+func (s *RegistrySource) verify(ctx context.Context, sys *types.SystemContext, ref types.ImageReference) (types.ImageReference, error) {
+	pem, err := os.ReadFile(s.PublicKeyFile)
+	if err != nil {
+		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading the signature's public key: %w", err)
+	}
+	key, err := parsePublicKey(pem)
+	if err != nil {
+		return nil, err
+	}
+	return verified(ctx, sys, ref, key, s.URL)
 }
 
 type registryObject struct {

@@ -44,6 +44,7 @@ func copySource(what copyKind, ns, name string) source {
 const (
 	authDir     = "/var/run/diskpipe/auth"
 	caDir       = "/var/run/diskpipe/ca"
+	keyDir      = "/var/run/diskpipe/signature"
 	headersBase = "/var/run/diskpipe/headers"
 	urlDir      = "/var/run/diskpipe/url"
 )
@@ -99,6 +100,10 @@ func registrySource(r *common.RegistrySource) source {
 	}
 	if r.InsecureSkipTLSVerify {
 		s.args = append(s.args, "--insecure")
+	}
+	if r.Signature != nil {
+		s.args = append(s.args, "--registry-public-key-file", keyDir+"/cosign.pub")
+		s.mounts = append(s.mounts, importpod.Mount{Secret: string(r.Signature.PublicKeySecretRef), Path: keyDir})
 	}
 	return s
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -17,6 +18,11 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/sigstore/sigstore/pkg/cryptoutils"
+	"github.com/sigstore/sigstore/pkg/signature"
+	"github.com/sigstore/sigstore/pkg/signature/payload"
 
 	"github.com/diskpipe/diskpipe/test/freeport"
 )
@@ -221,4 +227,61 @@ func PushWith(t T, c *http.Client, base, user, pass, repo, tag string, manifest 
 		t.Fatalf("pushing the manifest: %v %s", resp.Status, b)
 	}
 	resp.Body.Close()
+}
+
+// Signer signs images as `cosign sign --key` does, with sigstore's Go libraries: a
+// simple-signing payload naming the image's digest, signed by an ECDSA P-256 key, pushed as
+// the layer of the image <repository>:sha256-<hex>.sig with the signature in its annotation.
+type Signer struct {
+	sv signature.SignerVerifier
+	// PublicKey is the PEM public key, as cosign.pub.
+	PublicKey []byte
+}
+
+// NewSigner makes a key pair.
+func NewSigner(t T) *Signer {
+	t.Helper()
+	sv, _, err := signature.NewDefaultECDSASignerVerifier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := sv.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem, err := cryptoutils.MarshalPublicKeyToPEM(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Signer{sv: sv, PublicKey: pem}
+}
+
+// Sign pushes the signature of the image of manifest digest dgst in repo.
+func (s *Signer) Sign(t T, addr, repo, dgst string) { s.SignAs(t, addr, repo, dgst, dgst) }
+
+// SignAs pushes, as the signature of the image of digest at, a signature of the image of
+// digest signed: what a registry holds when an image was replaced after it was signed.
+func (s *Signer) SignAs(t T, addr, repo, at, signed string) {
+	t.Helper()
+	d, err := name.NewDigest(addr+"/"+repo+"@"+signed, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := payload.Cosign{Image: d, ClaimedIdentity: addr + "/" + repo}.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := s.sv.SignMessage(bytes.NewReader(pl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := NewBlob(pl)
+	config := NewBlob(mustJSON(t, map[string]any{"architecture": "", "os": "", "config": map[string]any{},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layer.Digest}}}))
+	m := NewBlob(mustJSON(t, map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+		"config": Descriptor("application/vnd.oci.image.config.v1+json", config, nil),
+		"layers": []any{Descriptor("application/vnd.dev.cosign.simplesigning.v1+json", layer,
+			map[string]any{"annotations": map[string]string{"dev.cosignproject.cosign/signature": base64.StdEncoding.EncodeToString(sig)}})},
+	}))
+	Push(t, addr, repo, strings.Replace(at, ":", "-", 1)+".sig", m, "application/vnd.oci.image.manifest.v1+json", []Blob{config, layer})
 }

@@ -25,6 +25,11 @@ const (
 	ReasonTruncatedImage    Reason = "TruncatedImage"
 	ReasonTooLarge          Reason = "TooLarge"
 	ReasonNeedsRandomAccess Reason = "NeedsRandomAccess"
+	// A container disk required to be signed: no signature, none by the key, or one for
+	// another digest.
+	ReasonUnsigned             Reason = "Unsigned"
+	ReasonSignatureInvalid     Reason = "SignatureInvalid"
+	ReasonSignedDigestMismatch Reason = "SignedDigestMismatch"
 	ReasonTargetError       Reason = "TargetError"
 	ReasonTargetNotFound    Reason = "TargetNotFound"
 	ReasonTargetForbidden   Reason = "TargetForbidden"

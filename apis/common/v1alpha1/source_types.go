@@ -152,6 +152,23 @@ type RegistrySource struct {
 	// insecureSkipTLSVerify turns off verification of the registry's certificate.
 	// +optional
 	InsecureSkipTLSVerify bool `json:"insecureSkipTLSVerify,omitempty"`
+
+	// signature, when set, requires the image to be signed, and checks it before a byte of
+	// the disk is written. An unsigned image (reason Unsigned), one signed by another key
+	// (SignatureInvalid) or one changed after it was signed (SignedDigestMismatch) fails
+	// without retries.
+	// +optional
+	Signature *RegistrySignature `json:"signature,omitempty"`
+}
+
+// RegistrySignature is what a container disk must be signed by.
+type RegistrySignature struct {
+	// publicKeySecretRef names a Secret in the same namespace whose key "cosign.pub" holds the
+	// PEM public key (ECDSA, as cosign generate-key-pair makes, Ed25519 or RSA) of cosign's
+	// key-based signatures: the image's digest must carry a signature by it, stored where
+	// cosign stores it (<repository>:sha256-<hex>.sig).
+	// +required
+	PublicKeySecretRef LocalName `json:"publicKeySecretRef"`
 }
 
 // PVCSource copies the disk of an existing PVC.

@@ -96,7 +96,7 @@ func (in *VirtualMachineImageSource) DeepCopyInto(out *VirtualMachineImageSource
 	if in.Registry != nil {
 		in, out := &in.Registry, &out.Registry
 		*out = new(commonv1alpha1.RegistrySource)
-		**out = **in
+		(*in).DeepCopyInto(*out)
 	}
 	if in.PVC != nil {
 		in, out := &in.PVC, &out.PVC

@@ -103,7 +103,7 @@ func (in *ImageTemplateSource) DeepCopyInto(out *ImageTemplateSource) {
 	if in.Registry != nil {
 		in, out := &in.Registry, &out.Registry
 		*out = new(commonv1alpha1.RegistrySource)
-		**out = **in
+		(*in).DeepCopyInto(*out)
 	}
 	if in.Clone != nil {
 		in, out := &in.Clone, &out.Clone
