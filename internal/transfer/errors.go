@@ -30,12 +30,12 @@ const (
 	ReasonUnsigned             Reason = "Unsigned"
 	ReasonSignatureInvalid     Reason = "SignatureInvalid"
 	ReasonSignedDigestMismatch Reason = "SignedDigestMismatch"
-	ReasonTargetError       Reason = "TargetError"
-	ReasonTargetNotFound    Reason = "TargetNotFound"
-	ReasonTargetForbidden   Reason = "TargetForbidden"
-	ReasonTargetUnavailable Reason = "TargetUnavailable"
-	ReasonCancelled         Reason = "Cancelled"
-	ReasonInternal          Reason = "Internal"
+	ReasonTargetError          Reason = "TargetError"
+	ReasonTargetNotFound       Reason = "TargetNotFound"
+	ReasonTargetForbidden      Reason = "TargetForbidden"
+	ReasonTargetUnavailable    Reason = "TargetUnavailable"
+	ReasonCancelled            Reason = "Cancelled"
+	ReasonInternal             Reason = "Internal"
 )
 
 // Error is a failure with its reason and whether trying again may help.
