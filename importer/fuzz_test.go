@@ -113,19 +113,25 @@ func FuzzImportQcow2(f *testing.F) {
 			return
 		}
 		data = append([]byte("QFI\xfb"), data[4:]...) // spend mutations past the magic
-		for _, sequential := range []bool{false, true} {
-			target := filepath.Join(t.TempDir(), "disk.img")
-			ctx, cancel := context.WithTimeout(t.Context(), 10e9)
-			res, err := Import(ctx, Options{Source: &memSource{data: data, sequential: sequential}, Target: target, Capacity: fuzzCapacity, Retry: fastRetry})
-			cancel()
-			if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
-				t.Errorf("sequential %v: unclassified error: %v", sequential, err)
-			}
-			if err == nil && res.VirtualSize > fuzzCapacity {
-				t.Errorf("sequential %v: imported %d bytes into an 8 MiB volume", sequential, res.VirtualSize)
-			}
-		}
+		fuzzImport(t, data)
 	})
+}
+
+// fuzzImport imports data read at random and as a stream into a small target: the import
+// must end with success or a classified error, never a panic or a hang.
+func fuzzImport(t *testing.T, data []byte) {
+	for _, sequential := range []bool{false, true} {
+		target := filepath.Join(t.TempDir(), "disk.img")
+		ctx, cancel := context.WithTimeout(t.Context(), 10e9)
+		res, err := Import(ctx, Options{Source: &memSource{data: data, sequential: sequential}, Target: target, Capacity: fuzzCapacity, Retry: fastRetry})
+		cancel()
+		if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
+			t.Errorf("sequential %v: unclassified error: %v", sequential, err)
+		}
+		if err == nil && res.VirtualSize > fuzzCapacity {
+			t.Errorf("sequential %v: imported %d bytes into an 8 MiB volume", sequential, res.VirtualSize)
+		}
+	}
 }
 
 // FuzzImportMapped imports arbitrary bytes shaped like vmdk, vpc and vdi images.
@@ -147,18 +153,7 @@ func FuzzImportMapped(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		for _, sequential := range []bool{false, true} { // streamOptimized vmdk streams too
-			target := filepath.Join(t.TempDir(), "disk.img")
-			ctx, cancel := context.WithTimeout(t.Context(), 10e9)
-			res, err := Import(ctx, Options{Source: &memSource{data: data, sequential: sequential}, Target: target, Capacity: fuzzCapacity, Retry: fastRetry})
-			cancel()
-			if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal {
-				t.Errorf("sequential %v: unclassified error: %v", sequential, err)
-			}
-			if err == nil && res.VirtualSize > fuzzCapacity {
-				t.Errorf("sequential %v: imported %d bytes into an 8 MiB volume", sequential, res.VirtualSize)
-			}
-		}
+		fuzzImport(t, data) // streamOptimized vmdk streams too
 	})
 }
 
