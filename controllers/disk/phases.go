@@ -238,11 +238,20 @@ func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *p
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: p.size}},
 			StorageClassName: d.pvc.StorageClassName, VolumeMode: d.pvc.VolumeMode, DataSource: p.dataSource,
 		}}
+	// A disk made for a claim of a class that binds on first consumer is provisioned on the
+	// node the scheduler chose for that claim (the populator writes it on the DiskVolume).
+	if node := d.obj.GetAnnotations()[AnnotationSelectedNode]; node != "" {
+		pvc.Annotations = map[string]string{AnnotationSelectedNode: node}
+	}
 	if err := owned.Create(ctx, r.Client, d.obj, pvc); err != nil {
 		return nil, err
 	}
 	return pvc, nil
 }
+
+// AnnotationSelectedNode is where the scheduler writes the node of a claim's first consumer;
+// on a DiskVolume, the node its PVC is provisioned on.
+const AnnotationSelectedNode = "volume.kubernetes.io/selected-node"
 
 // waitForBinding finishes a disk the storage system makes: Ready once its PVC is bound, or
 // at once on a storage class that binds at the first consumer (the VM's pod).

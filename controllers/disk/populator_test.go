@@ -20,6 +20,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -134,4 +135,33 @@ func eventReasons(t *testing.T, ns string, uid k8stypes.UID) []string {
 		}
 	}
 	return reasons
+}
+
+// TestPopulatorWaitsForFirstConsumer fills a claim of a class that binds on first consumer
+// only once the scheduler has chosen a node for it, and has the disk provisioned there.
+func TestPopulatorWaitsForFirstConsumer(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	readyImage(t, ns, "alpine", classWFFC)
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: ptr.To(classWFFC),
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(goldenSize)}},
+			DataSourceRef:    &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: "alpine"},
+		}}
+	g.Expect(env.Client.Create(t.Context(), claim)).To(Succeed())
+	name := "populate-" + string(claim.UID)
+	g.Eventually(func() []string { return eventReasons(t, ns, claim.UID) }, 20*time.Second).Should(ContainElement(populator.ReasonPopulating))
+	d := &diskvolume.DiskVolume{}
+	g.Consistently(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, d) }, 2*time.Second).
+		ShouldNot(Succeed(), "no disk before a pod uses the claim")
+
+	// The scheduler placed the claim's first pod.
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(claim), claim)).To(Succeed())
+	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, disk.AnnotationSelectedNode, "node-a")
+	g.Expect(env.Client.Update(t.Context(), claim)).To(Succeed())
+	prime := pvcOf(t, ns, name)
+	g.Expect(prime.Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "node-a"), "provisioned where the claim's pod runs")
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,7 +38,9 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // Event reasons on the claim.
@@ -108,8 +111,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, nil
 	}
 
+	// A class that binds on first consumer provisions where the claim's first pod is
+	// scheduled: the DiskVolume's PVC is made there too, once the scheduler has chosen.
+	node := pvc.Annotations[disk.AnnotationSelectedNode]
+	if node == "" {
+		class, err := storage.Class(ctx, r.Client, ptr.Deref(pvc.Spec.StorageClassName, ""))
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if class != nil && class.VolumeBindingMode != nil && *class.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer {
+			r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf(
+				"waiting for a pod that uses the claim: StorageClass %s provisions on the node of the first consumer", class.Name))
+			return ctrl.Result{}, nil // the scheduler's annotation brings the claim back
+		}
+	}
+
 	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: diskName(pvc), Namespace: pvc.Namespace,
 		Labels: map[string]string{LabelFor: string(pvc.UID)}}}
+	if node != "" {
+		d.Annotations = map[string]string{disk.AnnotationSelectedNode: node}
+	}
 	d.Spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(ref.Name), Kind: diskvolume.ImageKind(ref.Kind)}
 	d.Spec.AccessModes = pvc.Spec.AccessModes
 	d.Spec.StorageClassName, d.Spec.VolumeMode = pvc.Spec.StorageClassName, pvc.Spec.VolumeMode
@@ -185,8 +206,7 @@ func (r *Reconciler) rebind(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		return ctrl.Result{}, err
 	}
 	if prime.Spec.VolumeName == "" {
-		r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf("waiting for PVC %s to be bound to a volume "+
-			"(a class that waits for a first consumer binds it only for a pod: diskpipe does not populate claims of such classes yet)", prime.Name))
+		r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf("waiting for PVC %s to be bound to a volume", prime.Name))
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
 	pv := &corev1.PersistentVolume{}
