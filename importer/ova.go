@@ -3,6 +3,7 @@ package importer
 import (
 	"archive/tar"
 	"bufio"
+	"context"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -58,7 +59,7 @@ type ovaDisk struct {
 func readOVF(tr *tar.Reader, name string) (ovaDisk, error) {
 	h, err := tr.Next()
 	if err != nil {
-		return ovaDisk{}, transfer.Permanent(transfer.ReasonMalformedImage, "malformed tar archive: %w", err)
+		return ovaDisk{}, ovaError(err, transfer.ReasonMalformedImage, "malformed tar archive")
 	}
 	if !strings.EqualFold(path.Ext(h.Name), ".ovf") {
 		return ovaDisk{}, transfer.Permanent(transfer.ReasonUnsupportedFormat,
@@ -66,7 +67,7 @@ func readOVF(tr *tar.Reader, name string) (ovaDisk, error) {
 	}
 	b, err := io.ReadAll(io.LimitReader(tr, maxOVF+1))
 	if err != nil {
-		return ovaDisk{}, transfer.Permanent(transfer.ReasonTruncatedImage, "truncated OVA: its descriptor %s: %w", h.Name, err)
+		return ovaDisk{}, ovaError(err, transfer.ReasonTruncatedImage, "truncated OVA: its descriptor "+h.Name)
 	}
 	if len(b) > maxOVF {
 		return ovaDisk{}, transfer.Permanent(transfer.ReasonMalformedImage, "malformed OVA: its descriptor %s is larger than %d MiB", h.Name, maxOVF>>20)
@@ -173,7 +174,7 @@ func importOVA(r io.Reader, name string, t *Target) (Format, int64, error) {
 	case "gzip":
 		gz, err := gzip.NewReader(tr)
 		if err != nil {
-			return FormatOVA, 0, transfer.Permanent(transfer.ReasonMalformedImage, "malformed OVA: its disk %s is not gzip: %w", d.file, err)
+			return FormatOVA, 0, ovaError(err, transfer.ReasonMalformedImage, "malformed OVA: its disk "+d.file+" is not gzip")
 		}
 		defer gz.Close()
 		data, size = gz, -1
@@ -183,7 +184,7 @@ func importOVA(r io.Reader, name string, t *Target) (Format, int64, error) {
 	br := bufio.NewReaderSize(data, copyBufferSize)
 	head, err := br.Peek(sniffLen)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return FormatOVA, 0, transfer.Permanent(transfer.ReasonTruncatedImage, "truncated OVA: its disk %s: %w", d.file, err)
+		return FormatOVA, 0, ovaError(err, transfer.ReasonTruncatedImage, "truncated OVA: its disk "+d.file)
 	}
 	format, vsize, err := convertStream(br, head, sniffFormat(head), size, t)
 	switch {
@@ -208,10 +209,20 @@ func findMember(tr *tar.Reader, d ovaDisk) (*tar.Header, error) {
 			return nil, transfer.Permanent(transfer.ReasonTruncatedImage, "truncated OVA: it ends before its disk %s", d.file)
 		}
 		if err != nil {
-			return nil, transfer.Permanent(transfer.ReasonMalformedImage, "malformed OVA: looking for its disk %s: %w", d.file, err)
+			return nil, ovaError(err, transfer.ReasonMalformedImage, "malformed OVA: looking for its disk "+d.file)
 		}
 		if h.Typeflag == tar.TypeReg && path.Clean(h.Name) == d.file {
 			return h, nil
 		}
 	}
+}
+
+// ovaError classifies a failure to read the archive: the source's own failures (a dropped
+// connection is transient) pass as they are; the rest is the archive's fault.
+func ovaError(err error, reason transfer.Reason, what string) error {
+	var te *transfer.Error
+	if errors.As(err, &te) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return transfer.Permanent(reason, "%s: %w", what, err)
 }

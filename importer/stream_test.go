@@ -286,6 +286,15 @@ func TestOVA(t *testing.T) {
 		})
 	}
 
+	t.Run("connections cut twice, without Range", func(t *testing.T) {
+		s := &fileServer{path: two, noRange: true, dropAt: []float64{0.2, 0.7}}
+		target, _ := mustImport(t, t.TempDir(), Options{Source: &HTTPSource{URL: serve(t, s)}, Checksum: sha256File(t, two)})
+		sameDisk(t, raw, target)
+		if n := s.requests.Load(); n < 3 {
+			t.Errorf("%d requests: the cuts did not happen", n)
+		}
+	})
+
 	vhdx := convertTo(t, raw, "vhdx")
 	tarOnly := filepath.Join(t.TempDir(), "disk.tar")
 	runTool(t, "tar", "-cf", tarOnly, "-C", filepath.Dir(raw), filepath.Base(raw))

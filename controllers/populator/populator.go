@@ -18,6 +18,8 @@ package populator
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -106,8 +108,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.cleanup(ctx, pvc)
 	}
 	if ref.Namespace != nil && *ref.Namespace != pvc.Namespace {
-		r.event(pvc, corev1.EventTypeWarning, reasonUnsupported,
-			"the image is in namespace %s: a claim is filled from an image of its own namespace (use a DiskVolume to copy across namespaces)", *ref.Namespace)
+		r.tell(pvc, corev1.EventTypeWarning, reasonUnsupported, fmt.Sprintf(
+			"the image is in namespace %s: a claim is filled from an image of its own namespace (use a DiskVolume to copy across namespaces)", *ref.Namespace))
 		return ctrl.Result{}, nil
 	}
 
@@ -159,7 +161,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.tell(pvc, corev1.EventTypeWarning, ReasonPopulateFailed, fmt.Sprintf("DiskVolume %s failed: %s", d.Name, readyOf(d.Status.Conditions)))
 		return ctrl.Result{}, nil
 	}
-	r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf("DiskVolume %s %s %s %s", d.Name, phaseOr(d.Status.Phase), d.Status.Progress, readyOf(d.Status.Conditions)))
+	r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, strings.Join(slices.DeleteFunc(
+		[]string{"DiskVolume", d.Name, phaseOr(d.Status.Phase), d.Status.Progress, readyOf(d.Status.Conditions)}, func(s string) bool { return s == "" }), " "))
 	return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 }
 
