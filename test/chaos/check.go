@@ -103,6 +103,13 @@ func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, 
 		rows = append(rows, row{"first leak", leaks[0], "", false})
 	}
 	rows = append(rows, row{"retries recorded in the objects' status", fmt.Sprint(all.retries), ">= 0", true})
+	// Each retry is counted in the manager's metrics before the status records it (a run
+	// killed in between counts it again in the next): summed over every run of the manager.
+	if counted, err := cl.ManagerCounter("diskpipe_operations_retried_total"); err != nil {
+		rows = append(rows, row{"retries counted in the manager's metrics", err.Error(), "", false})
+	} else {
+		rows = append(rows, row{"retries counted in the manager's metrics", fmt.Sprint(counted), fmt.Sprintf(">= %d", all.retries), counted >= float64(all.retries)})
+	}
 	return rows
 }
 

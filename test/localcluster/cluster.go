@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,6 +58,10 @@ type Cluster struct {
 	procs []*exec.Cmd
 	// managerArgs start the manager again after RestartManager.
 	managerArgs []string
+	// metrics is where the manager serves /metrics; killed holds what each killed run of
+	// it served last.
+	metrics string
+	killed  []string
 	// identities are the kubeconfigs of the processes that act as the chart's service
 	// accounts (the manager and the upload proxy), with only the chart's RBAC.
 	identities map[string]string
@@ -133,10 +138,13 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	c.UploadURL = "http://" + upload
+	if c.metrics, err = freeport.Addr("127.0.0.1"); err != nil {
+		return nil, err
+	}
 	// Upload tokens as the chart has them: the manager issues them, the proxy checks them.
 	tokenSecret := ManagerNamespace + "/" + testenv.ChartRelease + "-upload-token"
 	c.managerArgs = []string{"--config", config, "--objectstore-endpoint", c.Store.Endpoint,
-		"--objectstore-credentials-dir", creds, "--objectstore-scoped-credentials", "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+		"--objectstore-credentials-dir", creds, "--objectstore-scoped-credentials", "--metrics-bind-address", c.metrics, "--health-probe-bind-address", "0",
 		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir,
 		"--upload-token-secret", tokenSecret, "--upload-proxy-url", c.UploadURL}
 	if err := c.run("manager", c.managerArgs...); err != nil {
@@ -237,6 +245,10 @@ func (c *Cluster) KillPod(ns, name string) error { return c.agent.kill(ns, name)
 
 // RestartManager kills the manager, as a crash or a node loss would, and starts it again.
 func (c *Cluster) RestartManager() error {
+	// Its counters die with it, as a pod's do: keep what it served last.
+	if text, err := c.scrapeManager(2 * time.Second); err == nil {
+		c.killed = append(c.killed, text)
+	}
 	for i, p := range c.procs {
 		if filepath.Base(p.Path) == "manager" && p.Process != nil {
 			_ = p.Process.Kill()
@@ -246,6 +258,54 @@ func (c *Cluster) RestartManager() error {
 	}
 	time.Sleep(time.Second) // its webhook port is free again
 	return c.run("manager", c.managerArgs...)
+}
+
+// ManagerCounter sums a counter of the manager's metrics, all its labels, over every run of
+// the manager: the running one, and each killed one as it was just before RestartManager
+// killed it. (A run killed before it served its metrics had started no controller.)
+func (c *Cluster) ManagerCounter(name string) (float64, error) {
+	text, err := c.scrapeManager(10 * time.Second)
+	if err != nil {
+		return 0, err
+	}
+	total := 0.0
+	for _, t := range append(c.killed, text) {
+		for line := range strings.Lines(t) {
+			if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+				continue
+			}
+			fields := strings.Fields(line)
+			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %q: %w", name, line, err)
+			}
+			total += v
+		}
+	}
+	return total, nil
+}
+
+// scrapeManager reads the manager's /metrics, trying for up to wait while it starts.
+func (c *Cluster) scrapeManager(wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		resp, err := http.Get("http://" + c.metrics + "/metrics") //nolint:gosec,noctx // the local manager
+		if err == nil {
+			b, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if rerr == nil && resp.StatusCode == http.StatusOK {
+				return string(b), nil
+			}
+			err = errors.New(resp.Status)
+			if rerr != nil {
+				err = rerr
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the manager's metrics: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Namespace creates a namespace ready for pods.
