@@ -257,34 +257,45 @@ var _ = Describe("on a real node: diskpipe's pods under a kubelet", func() {
 		big := filepath.Join(work, "big.raw")
 		makeBigDisk(big, 1<<30) // an export long enough (about 8 s here) for the store's pod to go away during it
 		importHTTP(ns, "big", "big.raw")
-		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+		// An export of 512 MiB of data takes 4 to 8 s here, and a deleted pod takes seconds to
+		// stop: the store may be gone only after an export finished. Export again, up to three
+		// times, until the store's loss fell inside one.
+		name := ""
+		for attempt := 1; name == ""; attempt++ {
+			Expect(attempt).To(BeNumerically("<=", 3), "in 3 exports the store's pod never went away while one ran")
+			try := fmt.Sprintf("big-%d", attempt)
+			kubectl(fmt.Sprintf(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineVolumeExport
 metadata:
-  name: big
+  name: %s
 spec:
   pvcName: vmim-big
-  objectStore: {bucketName: e2e-big, objectName: big.qcow2}
-`, "apply", "-n", ns, "-f", "-")
-		pod := &corev1.Pod{}
-		Eventually(func() bool {
-			return get(ns, "big-export-0", pod) == nil && len(pod.Status.ContainerStatuses) > 0 && pod.Status.ContainerStatuses[0].State.Running != nil
-		}, 2*time.Minute, 100*time.Millisecond).Should(BeTrue(), "the kubelet runs the exporter")
-		logs := follow(ns, "big-export-0")
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		Expect(cluster.APIClient().DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(realcluster.ReleaseNamespace),
-			client.MatchingLabels{"app.kubernetes.io/component": "objectstore"}, client.GracePeriodSeconds(0))).To(Succeed())
-		Eventually(phase(ns, "vmve", "big"), 3*time.Minute, time.Second).Should(Equal("Ready Exported"))
-		retries := kubectl("", "get", "vmve", "big", "-n", ns, "-o", "jsonpath={.status.retries}")
-		Expect(retries != "" || strings.Contains(logs(), "Retrying after a transient failure")).To(BeTrue(),
-			"the store went away while the exporter ran (it retried, or its pod was replaced); exporter log:\n%s", logs())
+  objectStore: {bucketName: e2e-big, objectName: %s.qcow2}
+`, try, try), "apply", "-n", ns, "-f", "-")
+			pod := &corev1.Pod{}
+			Eventually(func() bool {
+				return get(ns, try+"-export-0", pod) == nil && len(pod.Status.ContainerStatuses) > 0 && pod.Status.ContainerStatuses[0].State.Running != nil
+			}, 2*time.Minute, 100*time.Millisecond).Should(BeTrue(), "the kubelet runs the exporter")
+			logs := follow(ns, try+"-export-0")
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			Expect(cluster.APIClient().DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(realcluster.ReleaseNamespace),
+				client.MatchingLabels{"app.kubernetes.io/component": "objectstore"}, client.GracePeriodSeconds(0))).To(Succeed())
+			cancel()
+			Eventually(phase(ns, "vmve", try), 3*time.Minute, time.Second).Should(Equal("Ready Exported"))
+			retries := kubectl("", "get", "vmve", try, "-n", ns, "-o", "jsonpath={.status.retries}")
+			if retries != "" || strings.Contains(logs(), "Retrying after a transient failure") {
+				name = try // the store went away while the exporter ran: it retried, or its pod was replaced
+			} else {
+				GinkgoWriter.Printf("export %s finished before the store's pod was gone; exporter log:\n%s\n", try, logs())
+			}
+		}
 
-		url := kubectl("", "get", "vmve", "big", "-n", ns, "-o", "jsonpath={.status.downloadURL}")
+		url := kubectl("", "get", "vmve", name, "-n", ns, "-o", "jsonpath={.status.downloadURL}")
 		Expect(url).To(HavePrefix(realcluster.StoreEndpoint+"/"), "the download URL names the store's NodePort")
 		got := filepath.Join(work, "big.qcow2")
 		run("curl", "-sSf", "-o", got, url)
 		run("qemu-img", "compare", "-F", "qcow2", big, got)
-		Expect(kubectl("", "get", "vmve", "big", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal("sha256:" + sha256Of(got)))
+		Expect(kubectl("", "get", "vmve", name, "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal("sha256:" + sha256Of(got)))
 	})
 })
 
