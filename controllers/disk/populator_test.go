@@ -35,13 +35,7 @@ func TestPopulator(t *testing.T) {
 	ns := namespace(t)
 	readyImage(t, ns, "fedora", classCSI)
 
-	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: ns},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName: ptr.To(classCSI),
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")}},
-			DataSourceRef:    &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: "fedora"},
-		}}
+	claim := imageClaim(ns, "fedora", classCSI, "10Gi")
 	g.Expect(env.Client.Create(t.Context(), claim)).To(Succeed())
 	name := "populate-" + string(claim.UID)
 
@@ -103,12 +97,7 @@ func TestPopulatorFailure(t *testing.T) {
 	ctrltest.Kubelet(t, env, ns, "vmim-broken-import-0", corev1.PodFailed,
 		&transfer.Result{Reason: transfer.ReasonSourceNotFound, Message: "404 Not Found"}, 1)
 
-	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: ns},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("4Gi")}},
-			DataSourceRef: &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: "broken"},
-		}}
+	claim := imageClaim(ns, "broken", "", "4Gi")
 	g.Expect(env.Client.Create(t.Context(), claim)).To(Succeed())
 	g.Eventually(func() []string { return eventReasons(t, ns, claim.UID) }, 30*time.Second).Should(ContainElement(populator.ReasonPopulateFailed), func() string {
 		d := &diskvolume.DiskVolume{}
@@ -120,6 +109,21 @@ func TestPopulatorFailure(t *testing.T) {
 }
 
 type claimRef struct{ name, uid string }
+
+// imageClaim is a ReadWriteOnce PVC "root" of class (empty: the default) and size whose
+// dataSourceRef names the VirtualMachineImage image.
+func imageClaim(ns, image, class, size string) *corev1.PersistentVolumeClaim {
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+			DataSourceRef: &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: image},
+		}}
+	if class != "" {
+		claim.Spec.StorageClassName = &class
+	}
+	return claim
+}
 
 // eventReasons are the reasons of the events about the object of that UID.
 func eventReasons(t *testing.T, ns string, uid k8stypes.UID) []string {
@@ -144,13 +148,7 @@ func TestPopulatorWaitsForFirstConsumer(t *testing.T) {
 	g := NewWithT(t)
 	ns := namespace(t)
 	readyImage(t, ns, "alpine", classWFFC)
-	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: ns},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName: ptr.To(classWFFC),
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(goldenSize)}},
-			DataSourceRef:    &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: "alpine"},
-		}}
+	claim := imageClaim(ns, "alpine", classWFFC, goldenSize)
 	g.Expect(env.Client.Create(t.Context(), claim)).To(Succeed())
 	name := "populate-" + string(claim.UID)
 	g.Eventually(func() []string { return eventReasons(t, ns, claim.UID) }, 20*time.Second).Should(ContainElement(populator.ReasonPopulating))
