@@ -56,6 +56,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		stall       = fs.Duration("stall-timeout", time.Minute, "how long a response may send nothing before it is retried")
 		cpuProfile  = fs.String("cpu-profile", "", "write a CPU profile to this file (for performance work)")
 		probe       = fs.Bool("probe", false, "only tell the source's format and virtual size (in the result); write nothing")
+		check       = fs.Bool("check", false, "only tell the source's revision (in the result): an ETag, Last-Modified or registry digest; read no image")
 		preallocate = fs.Bool("preallocate", false, "allocate the whole disk file on its volume (fallocate)")
 		grow        = fs.Bool("grow", false, "make disk.img as large as the volume allows when the image is smaller (blank: size 0 is the whole volume)")
 		growOnly    = fs.Bool("grow-only", false, "import nothing: grow the existing disk at --target to the volume (a disk cloned by the storage system)")
@@ -96,7 +97,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		})
 	}
 	return cmd.Run(ctx, "Import", func(ctx context.Context) (*transfer.Result, error) {
-		if *target == "" && !*probe {
+		if *target == "" && !*probe && !*check {
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--target is required")
 		}
 		switch *sourceType {
@@ -130,10 +131,14 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		default:
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, registry, file or blank", *sourceType)
 		}
+		if (*probe || *check) && o.Source == nil {
+			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--probe and --check need a source to read")
+		}
+		if *check {
+			cmd.Log.Info("Checking", "source", sourceName(o))
+			return Check(ctx, o)
+		}
 		if *probe {
-			if o.Source == nil {
-				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--probe needs a source to read")
-			}
 			cmd.Log.Info("Probing", "source", sourceName(o))
 			return Probe(ctx, o)
 		}

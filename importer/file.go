@@ -50,6 +50,7 @@ type fileObject struct {
 }
 
 func (o *fileObject) Identity() string { return o.id }
+func (o *fileObject) Revision() string { return o.id }
 
 func (o *fileObject) Size() int64        { return o.size }
 func (o *fileObject) RandomAccess() bool { return true }

@@ -35,6 +35,7 @@ type memObject struct {
 
 func (o *memObject) Size() int64        { return int64(len(o.data)) }
 func (o *memObject) Identity() string   { return "" }
+func (o *memObject) Revision() string   { return "" }
 func (o *memObject) RandomAccess() bool { return o.random }
 func (o *memObject) Close() error       { return nil }
 func (o *memObject) ReadRange(_ context.Context, off, n int64) (io.ReadCloser, error) {

@@ -71,6 +71,10 @@ func (s *HTTPSource) Open(ctx context.Context) (Object, error) {
 	defer resp.Body.Close()
 	if etag, lm := resp.Header.Get("ETag"), resp.Header.Get("Last-Modified"); (etag != "" && !strings.HasPrefix(etag, "W/")) || lm != "" {
 		o.id = fmt.Sprintf("etag %s last-modified %s", etag, lm) // the size is added below
+		o.revision = etag
+		if o.revision == "" || strings.HasPrefix(etag, "W/") {
+			o.revision = "last-modified " + lm
+		}
 	}
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
@@ -96,9 +100,12 @@ type httpObject struct {
 	size   int64
 	random bool
 	id     string
+	// revision is the strong ETag, else the Last-Modified date.
+	revision string
 }
 
 func (o *httpObject) Identity() string { return o.id }
+func (o *httpObject) Revision() string { return o.revision }
 
 func (o *httpObject) Size() int64        { return o.size }
 func (o *httpObject) RandomAccess() bool { return o.random }

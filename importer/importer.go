@@ -142,6 +142,7 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 		return err
 	}
 	defer obj.Close()
+	res.Revision = obj.Revision()
 	f := &fetcher{ctx: ctx, obj: obj, name: o.Source.String(), retry: o.Retry, log: o.Log, stall: o.StallTimeout}
 	defer func() { res.BytesRead = f.read.Load() }()
 

@@ -21,6 +21,42 @@ func Probe(ctx context.Context, o Options) (*transfer.Result, error) {
 	return res, err
 }
 
+// Check tells the source's revision (Result.Revision) without reading its image: what a
+// scheduled image compares between checks. A registry tag is resolved to its manifest digest;
+// an HTTP or S3 source answers with its ETag (else Last-Modified) from one small request.
+func Check(ctx context.Context, o Options) (*transfer.Result, error) {
+	o.defaults()
+	res := &transfer.Result{}
+	err := o.Retry.Do(ctx, o.Log, "check "+o.Source.String(), func() (err error) {
+		res.Revision, err = revisionOf(ctx, o.Source)
+		return err
+	})
+	if err != nil {
+		return res, err
+	}
+	if res.Revision == "" {
+		return res, transfer.Permanent(transfer.ReasonNoRevision,
+			"%s gives no ETag or Last-Modified, so a change cannot be seen without downloading it: serve it from a server that does "+
+				"(most do; the bundled object store does), or from a registry", o.Source)
+	}
+	res.Succeeded = true
+	return res, nil
+}
+
+func revisionOf(ctx context.Context, s Source) (string, error) {
+	if r, ok := s.(interface {
+		Revision(context.Context) (string, error)
+	}); ok {
+		return r.Revision(ctx)
+	}
+	obj, err := s.Open(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer obj.Close()
+	return obj.Revision(), nil
+}
+
 func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 	o.defaults()
 	res := &transfer.Result{VirtualSize: -1}
@@ -33,6 +69,7 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 		return res, err
 	}
 	defer obj.Close()
+	res.Revision = obj.Revision()
 	f := &fetcher{ctx: ctx, obj: obj, name: o.Source.String(), retry: o.Retry, log: o.Log, stall: o.StallTimeout}
 	defer func() { res.BytesRead = f.read.Load() }()
 

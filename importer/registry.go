@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"go.podman.io/image/v5/docker"
 	"go.podman.io/image/v5/image"
+	"go.podman.io/image/v5/manifest"
 	"go.podman.io/image/v5/oci/archive"
 	"go.podman.io/image/v5/pkg/blobinfocache/none"
 	"go.podman.io/image/v5/pkg/compression"
@@ -113,7 +114,17 @@ func (s *RegistrySource) Open(ctx context.Context) (Object, error) {
 		return nil, registryError(err, s.URL)
 	}
 	o := &registryObject{s: s, src: src, cleanup: cleanup}
-	img, err := image.FromUnparsedImage(ctx, sys, image.UnparsedInstance(src, nil))
+	unparsed := image.UnparsedInstance(src, nil)
+	raw, _, err := unparsed.Manifest(ctx) // cached: FromUnparsedImage reads it from there
+	if err != nil {
+		o.Close()
+		return nil, registryError(err, s.URL)
+	}
+	if o.digest, err = manifest.Digest(raw); err != nil {
+		o.Close()
+		return nil, registryError(err, s.URL)
+	}
+	img, err := image.FromUnparsedImage(ctx, sys, unparsed)
 	if err != nil {
 		o.Close()
 		return nil, registryError(err, s.URL)
@@ -132,6 +143,27 @@ func (s *RegistrySource) Open(ctx context.Context) (Object, error) {
 	}
 	o.Close()
 	return nil, transfer.Permanent(transfer.ReasonSourceNotFound, "%s has no file under /disk/: it is not a container disk", s.URL)
+}
+
+// Revision resolves the image's tag to its manifest digest without reading a layer; with a
+// public key, the signature of that digest is verified first.
+func (s *RegistrySource) Revision(ctx context.Context) (string, error) {
+	ref, err := s.reference()
+	if err != nil {
+		return "", err
+	}
+	sys, cleanup, err := s.system()
+	if err != nil {
+		return "", err
+	}
+	defer cleanup()
+	if s.PublicKeyFile != "" {
+		if ref, err = s.verify(ctx, sys, ref); err != nil {
+			return "", err
+		}
+	}
+	dgst, err := manifestDigest(ctx, sys, ref, s.URL)
+	return dgst.String(), err
 }
 
 // verify checks the image's signature and returns a reference to it by digest.
@@ -154,11 +186,15 @@ type registryObject struct {
 	layer   types.BlobInfo
 	size    int64
 	first   io.ReadCloser
+	// digest is the manifest's (a manifest list's, for a multi-architecture image): a tag's
+	// revision, and what pins it.
+	digest digest.Digest
 }
 
 func (o *registryObject) Size() int64        { return o.size }
 func (o *registryObject) RandomAccess() bool { return false }
 func (o *registryObject) Identity() string   { return "" } // a layer is decoded from its start
+func (o *registryObject) Revision() string   { return o.digest.String() }
 
 func (o *registryObject) Close() error {
 	if o.first != nil {

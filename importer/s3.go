@@ -54,6 +54,7 @@ type s3Object struct {
 func (o *s3Object) Size() int64        { return o.size }
 func (o *s3Object) RandomAccess() bool { return true }
 func (o *s3Object) Identity() string   { return fmt.Sprintf("etag %s size %d", o.etag, o.size) }
+func (o *s3Object) Revision() string   { return o.etag }
 func (o *s3Object) Close() error       { return nil }
 
 // ReadRange reads a range of the object as it was when opened: if the object is replaced

@@ -88,18 +88,9 @@ func verified(ctx context.Context, sys *types.SystemContext, ref types.ImageRefe
 	if named == nil {
 		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "%s: signatures are verified for docker:// images only", url)
 	}
-	src, err := ref.NewImageSource(ctx, sys)
+	dgst, err := manifestDigest(ctx, sys, ref, url)
 	if err != nil {
-		return nil, registryError(err, url)
-	}
-	raw, _, err := src.GetManifest(ctx, nil)
-	src.Close()
-	if err != nil {
-		return nil, registryError(err, url)
-	}
-	dgst, err := manifest.Digest(raw)
-	if err != nil {
-		return nil, transfer.Permanent(transfer.ReasonMalformedImage, "%s: the manifest: %w", url, err)
+		return nil, err
 	}
 	repo := reference.TrimNamed(named)
 	sigTag, err := reference.WithTag(repo, strings.Replace(dgst.String(), ":", "-", 1)+".sig")
@@ -136,6 +127,25 @@ func verified(ctx context.Context, sys *types.SystemContext, ref types.ImageRefe
 			url, dgst, strings.Join(other, ", "))
 	}
 	return nil, transfer.Permanent(transfer.ReasonSignatureInvalid, "%s (%s) has %d cosign signatures, none by the given key", url, dgst, len(payloads))
+}
+
+// manifestDigest resolves ref (a tag) to the digest of its manifest, or of its manifest list
+// for a multi-architecture image.
+func manifestDigest(ctx context.Context, sys *types.SystemContext, ref types.ImageReference, url string) (digest.Digest, error) {
+	src, err := ref.NewImageSource(ctx, sys)
+	if err != nil {
+		return "", registryError(err, url)
+	}
+	raw, _, err := src.GetManifest(ctx, nil)
+	src.Close()
+	if err != nil {
+		return "", registryError(err, url)
+	}
+	dgst, err := manifest.Digest(raw)
+	if err != nil {
+		return "", transfer.Permanent(transfer.ReasonMalformedImage, "%s: the manifest: %w", url, err)
+	}
+	return dgst, nil
 }
 
 type signedPayload struct{ payload, sig []byte }

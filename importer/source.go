@@ -20,6 +20,10 @@ type Object interface {
 	// size and mtime) for a checkpoint; "" when the source tells nothing that would show a
 	// change, and its imports cannot resume.
 	Identity() string
+	// Revision names the version of the source a scheduled image compares between checks:
+	// a registry image's manifest digest, an ETag, else a Last-Modified date; "" when the
+	// source tells none.
+	Revision() string
 }
 
 // Source opens an Object. Each kind of source (http.go, s3.go, file.go) is one Source.

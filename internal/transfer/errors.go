@@ -25,6 +25,9 @@ const (
 	ReasonTruncatedImage    Reason = "TruncatedImage"
 	ReasonTooLarge          Reason = "TooLarge"
 	ReasonNeedsRandomAccess Reason = "NeedsRandomAccess"
+	// ReasonNoRevision: a scheduled image's source tells no revision (no ETag or
+	// Last-Modified), so a change cannot be seen without downloading it.
+	ReasonNoRevision Reason = "NoRevision"
 	// A container disk required to be signed: no signature, none by the key, or one for
 	// another digest.
 	ReasonUnsigned             Reason = "Unsigned"

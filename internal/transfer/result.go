@@ -33,6 +33,9 @@ type Result struct {
 	BytesRead int64 `json:"bytesRead,omitempty"`
 	// BytesWritten to the target (non-zero data only; holes are not written).
 	BytesWritten int64 `json:"bytesWritten,omitempty"`
+	// Revision of the source read (a manifest digest, an ETag, a Last-Modified date), for an
+	// import or a probe; "" when the source tells none.
+	Revision string `json:"revision,omitempty"`
 	// Digest of the source bytes (import) or the written object (export), "<algorithm>:<hex>".
 	Digest string `json:"digest,omitempty"`
 	// URL of the written object, for an export.

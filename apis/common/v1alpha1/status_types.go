@@ -130,6 +130,17 @@ type ImageStatus struct {
 	// completionTime is when the import finished.
 	// +optional
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+
+	// revision identifies the version of the source that was imported: a registry image's
+	// manifest digest, an HTTP ETag or Last-Modified, an S3 ETag. For a scheduled image, the
+	// revision of its current image.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Revision string `json:"revision,omitempty"`
+
+	// schedule is the state of a scheduled image's checks (spec.schedule).
+	// +optional
+	Schedule *ScheduleStatus `json:"schedule,omitempty"`
 }
 
 // DiskStatus is the observed state of a VM disk (VirtualMachinePvc, DiskVolume).

@@ -65,6 +65,9 @@ type ImageTemplateSource struct {
 }
 
 // ImageTemplateSpec is a golden image.
+// +kubebuilder:validation:XValidation:rule="!has(self.schedule) || has(self.source.http) || has(self.source.objectStore) || has(self.source.s3) || has(self.source.registry)",message="schedule needs an http, objectStore, s3 or registry source"
+// +kubebuilder:validation:XValidation:rule="!has(self.schedule) || !has(self.source.checksum)",message="a scheduled image's bytes change with each revision: checksum does not apply"
+// +kubebuilder:validation:XValidation:rule="has(self.schedule) == has(oldSelf.schedule)",message="schedule cannot be added or removed: create a new image instead"
 type ImageTemplateSpec struct {
 	// source of the image's bytes. It cannot change once set.
 	// +required
@@ -77,6 +80,12 @@ type ImageTemplateSpec struct {
 	// +optional
 	// +kubebuilder:default=3
 	Retry *common.RetryLimit `json:"retry,omitempty"`
+
+	// schedule keeps the image current: the source is checked on this schedule and each new
+	// revision is imported into an image of its own; disks made from this image get the
+	// newest Ready one. Only for http, objectStore, s3 and registry sources.
+	// +optional
+	Schedule *common.ImageSchedule `json:"schedule,omitempty"`
 }
 
 // ImageTemplate imports a disk image into a read-only golden PVC that DiskVolumes are made from.
@@ -86,6 +95,10 @@ type ImageTemplateSpec struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Progress",type=string,JSONPath=`.status.progress`
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.virtualSize`
+// +kubebuilder:printcolumn:name="Revision",type=string,JSONPath=`.status.revision`
+// +kubebuilder:printcolumn:name="Last Check",type=date,JSONPath=`.status.schedule.lastCheckTime`
+// +kubebuilder:printcolumn:name="Next Check",type=date,JSONPath=`.status.schedule.nextCheckTime`
+// +kubebuilder:printcolumn:name="Current",type=string,JSONPath=`.status.schedule.current`,priority=1
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
 // +kubebuilder:printcolumn:name="Format",type=string,JSONPath=`.status.format`,priority=1
 // +kubebuilder:printcolumn:name="PVC",type=string,JSONPath=`.status.pvcName`,priority=1

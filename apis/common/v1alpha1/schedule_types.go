@@ -1,0 +1,75 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// ImageSchedule keeps a golden image current: its source is checked on a schedule, and each
+// new revision of it (a registry digest, an ETag or Last-Modified, an S3 ETag) is imported
+// into an image of its own, named after the scheduled image and the revision. Disks made from
+// the scheduled image get its newest Ready revision; disks already made keep theirs.
+type ImageSchedule struct {
+	// cron is when the source is checked, in cron syntax: "0 */6 * * *", "@daily", or
+	// "@every 6h". The first check is made when the image is created.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=100
+	Cron string `json:"cron"`
+
+	// keep is how many imported revisions are kept, the current one included (default 3).
+	// Older ones are deleted once no disk is being cloned from them.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Keep *int32 `json:"keep,omitempty"`
+}
+
+// DefaultKeep is how many revisions a schedule keeps when it does not say.
+const DefaultKeep = 3
+
+// ScheduleStatus is the observed state of a scheduled image's checks.
+type ScheduleStatus struct {
+	// current names the image (of the same kind and namespace) that holds the newest Ready
+	// revision: the one new disks are made from.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Current string `json:"current,omitempty"`
+
+	// revisions are the images this schedule made and keeps, newest first.
+	// +optional
+	// +kubebuilder:validation:MaxItems=101
+	Revisions []ScheduledRevision `json:"revisions,omitempty"`
+
+	// lastCheckTime is when the source was last checked, whatever the outcome.
+	// +optional
+	LastCheckTime *metav1.Time `json:"lastCheckTime,omitempty"`
+
+	// nextCheckTime is when the source is checked next.
+	// +optional
+	NextCheckTime *metav1.Time `json:"nextCheckTime,omitempty"`
+
+	// upToDateTime is when a check last found that the current image holds the source's
+	// newest revision. An image is out of date when this falls behind its schedule.
+	// +optional
+	UpToDateTime *metav1.Time `json:"upToDateTime,omitempty"`
+
+	// checks counts the checks made, to name each check's pod.
+	// +optional
+	Checks int64 `json:"checks,omitempty"`
+}
+
+// ScheduledRevision is one revision of a scheduled image's source, imported into an image.
+type ScheduledRevision struct {
+	// image is the name of the image holding the revision.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Image string `json:"image"`
+
+	// revision is the source's revision the image imported.
+	// +required
+	// +kubebuilder:validation:MaxLength=512
+	Revision string `json:"revision"`
+
+	// phase of that image.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+}
