@@ -60,28 +60,33 @@ type Reconciler struct {
 	ObjectStoreCA string
 
 	newObject func() client.Object
+	newList   func() client.ObjectList
 	adapt     func(client.Object) *goldenImage
 }
 
 // SetupVirtualMachineImage registers the VirtualMachineImage controller.
 func SetupVirtualMachineImage(mgr ctrl.Manager, o Options) error {
 	return setup(mgr, o, "virtualmachineimage", &hypercloud.VirtualMachineImage{},
-		func() client.Object { return &hypercloud.VirtualMachineImage{} }, fromVirtualMachineImage)
+		func() client.Object { return &hypercloud.VirtualMachineImage{} },
+		func() client.ObjectList { return &hypercloud.VirtualMachineImageList{} }, fromVirtualMachineImage)
 }
 
 // SetupImageTemplate registers the ImageTemplate controller.
 func SetupImageTemplate(mgr ctrl.Manager, o Options) error {
 	return setup(mgr, o, "imagetemplate", &virtualmachine.ImageTemplate{},
-		func() client.Object { return &virtualmachine.ImageTemplate{} }, fromImageTemplate)
+		func() client.Object { return &virtualmachine.ImageTemplate{} },
+		func() client.ObjectList { return &virtualmachine.ImageTemplateList{} }, fromImageTemplate)
 }
 
-func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObject func() client.Object, adapt func(client.Object) *goldenImage) error {
+func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObject func() client.Object, newList func() client.ObjectList,
+	adapt func(client.Object) *goldenImage) error {
 	o.Pods.Defaults()
 	r := &Reconciler{Client: mgr.GetClient(), Fresh: &owned.Fresh{Cache: mgr.GetClient(), API: mgr.GetAPIReader()}, ObjectStore: o.ObjectStore, ObjectStoreCA: o.ObjectStoreCA,
 		Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: o.Pods, Events: mgr.GetEventRecorder("diskpipe-" + name),
 			HTTP: &http.Client{Timeout: 2 * time.Second}},
-		newObject: newObject, adapt: adapt}
-	return ctrl.NewControllerManagedBy(mgr).Named(name).For(kind).
+		newObject: newObject, newList: newList, adapt: adapt}
+	// A scheduled image owns the images of its source's revisions (schedule.go).
+	return ctrl.NewControllerManagedBy(mgr).Named(name).For(kind).Owns(newObject()).
 		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Owns(&snapshotv1.VolumeSnapshot{}).Complete(r)
 }
 
@@ -110,6 +115,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 			return ctrl.Result{}, err
 		}
 		base = obj.DeepCopyObject().(client.Object)
+	}
+	if g.schedule != nil {
+		return r.reconcileSchedule(ctx, g)
 	}
 	return r.reconcile(ctx, g)
 }

@@ -20,6 +20,10 @@ type goldenImage struct {
 	ovaDisk  string
 	volume   common.VolumeOptions
 	retry    common.RetryLimit
+	schedule *common.ImageSchedule
+	// revisionImage makes the image of one revision of a scheduled image's source: the same
+	// kind and spec, without the schedule, a registry source pinned to digest (if not "").
+	revisionImage func(digest string) client.Object
 	// prefix names the children, so an image and a template of one name do not collide.
 	prefix string
 }
@@ -33,7 +37,13 @@ func (g *goldenImage) tracked() importpod.Status {
 func fromVirtualMachineImage(o client.Object) *goldenImage {
 	v := o.(*hypercloud.VirtualMachineImage)
 	g := &goldenImage{obj: v, status: &v.Status, checksum: v.Spec.Source.Checksum, ovaDisk: v.Spec.Source.OVADisk, volume: v.Spec.VolumeOptions,
-		retry: retryOf(v.Spec.Retry), prefix: "vmim"}
+		retry: retryOf(v.Spec.Retry), schedule: v.Spec.Schedule, prefix: "vmim"}
+	g.revisionImage = func(digest string) client.Object {
+		c := &hypercloud.VirtualMachineImage{Spec: *v.Spec.DeepCopy()}
+		c.Spec.Schedule = nil
+		pinRegistry(c.Spec.Source.Registry, digest)
+		return c
+	}
 	src := v.Spec.Source
 	switch shared, ok := sharedSource(src.S3, src.Registry, src.ObjectStore); {
 	case src.HTTP != "":
@@ -51,7 +61,13 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 func fromImageTemplate(o client.Object) *goldenImage {
 	t := o.(*virtualmachine.ImageTemplate)
 	g := &goldenImage{obj: t, status: &t.Status, checksum: t.Spec.Source.Checksum, ovaDisk: t.Spec.Source.OVADisk, volume: t.Spec.VolumeOptions,
-		retry: retryOf(t.Spec.Retry), prefix: "imt"}
+		retry: retryOf(t.Spec.Retry), schedule: t.Spec.Schedule, prefix: "imt"}
+	g.revisionImage = func(digest string) client.Object {
+		c := &virtualmachine.ImageTemplate{Spec: *t.Spec.DeepCopy()}
+		c.Spec.Schedule = nil
+		pinRegistry(c.Spec.Source.Registry, digest)
+		return c
+	}
 	src := t.Spec.Source
 	switch shared, ok := sharedSource(src.S3, src.Registry, src.ObjectStore); {
 	case src.HTTP != nil:

@@ -42,7 +42,7 @@ func NewObject(kind diskvolume.ImageKind) (client.Object, *common.ImageStatus) {
 }
 
 // Lookup finds a Ready image and its golden PVC; a missing or unfinished one is a
-// *NotReadyError.
+// *NotReadyError. For a scheduled image, it is the image of the current revision.
 func Lookup(ctx context.Context, c client.Reader, kind diskvolume.ImageKind, ns, name string) (*Golden, error) {
 	obj, st := NewObject(kind)
 	if kind == "" {
@@ -53,6 +53,13 @@ func Lookup(ctx context.Context, c client.Reader, kind diskvolume.ImageKind, ns,
 			return nil, &NotReadyError{"SourceNotFound", fmt.Sprintf("the %s %s/%s does not exist", kind, ns, name)}
 		}
 		return nil, err
+	}
+	if ss := st.Schedule; ss != nil {
+		// A scheduled image: disks are made from the image of its newest Ready revision.
+		if ss.Current == "" {
+			return nil, &NotReadyError{"SourceNotReady", fmt.Sprintf("the %s %s/%s has no Ready revision yet (%s)", kind, ns, name, phaseOf(st.Phase))}
+		}
+		return Lookup(ctx, c, kind, ns, ss.Current)
 	}
 	// An image being deleted has phase Deleting; if it was imported, its clones go on.
 	if st.CompletionTime == nil || st.PVCName == "" || st.Phase == common.PhaseFailed {

@@ -107,14 +107,14 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
 		}
 	}
-	pod, err := r.ensurePod(ctx, g, spec)
+	pod, err := r.ensurePod(ctx, g, spec, r.work(g, "Import"))
 	if res, handled := r.childError(g, err); handled {
 		return res, nil
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	st.PVCName = pvcName
-	return r.Pods.Observe(ctx, r.work(g), pod, func(res *transfer.Result) {
+	return r.Pods.Observe(ctx, r.work(g, "Import"), pod, func(res *transfer.Result) {
 		setImported(st, res, pvcName)
 		r.Pods.Events.Eventf(g.obj, nil, corev1.EventTypeNormal, reasonImported, "Import",
 			"Imported %s (%s, %d bytes) into %s", g.source.kind, res.Format, res.VirtualSize, pvcName)
@@ -161,18 +161,20 @@ func (r *Reconciler) childError(g *goldenImage, err error) (ctrl.Result, bool) {
 	return ctrl.Result{}, false
 }
 
-func (r *Reconciler) work(g *goldenImage) importpod.Work {
-	return importpod.Work{Obj: g.obj, Status: g.tracked(), Running: common.PhaseImporting, Action: "Import", Retry: g.retry, Source: g.source.kind}
+// work is what a pod of g does: action is "Import" (probes too) or "Check".
+func (r *Reconciler) work(g *goldenImage, action string) importpod.Work {
+	return importpod.Work{Obj: g.obj, Status: g.tracked(), Running: common.PhaseImporting, Action: action, Retry: g.retry, Source: g.source.kind}
 }
 
 // probe runs the importer in probe mode to learn the source's virtual size.
 func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) (ctrl.Result, error) {
-	pod, err := r.ensurePod(ctx, g, importpod.Spec{Name: fmt.Sprintf("%s-probe-%d", pvcName, g.status.Retries), Args: []string{"--probe"}})
+	w := r.work(g, "Import")
+	pod, err := r.ensurePod(ctx, g, importpod.Spec{Name: fmt.Sprintf("%s-probe-%d", pvcName, g.status.Retries), Args: []string{"--probe"}}, w)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	st := g.status
-	return r.Pods.Observe(ctx, r.work(g), pod, func(res *transfer.Result) {
+	return r.Pods.Observe(ctx, w, pod, func(res *transfer.Result) {
 		if res.VirtualSize < 0 {
 			g.tracked().SetReady(metav1.ConditionFalse, reasonSizeRequired,
 				"the source's size cannot be known without importing it (a compressed raw image): set spec.resources.requests.storage")
@@ -194,9 +196,9 @@ func (r *Reconciler) ensurePVC(ctx context.Context, g *goldenImage, name string,
 	return owned.Create(ctx, r.Client, g.obj, pvc)
 }
 
-// ensurePod creates the importer pod of s unless it exists. The source's arguments come
-// first; an objectStore source gets a fresh presigned URL, in a Secret, for each attempt.
-func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.Spec) (*corev1.Pod, error) {
+// ensurePod creates the importer pod of s, doing w, unless it exists. The source's arguments
+// come first; an objectStore source gets a fresh presigned URL, in a Secret, for each attempt.
+func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.Spec, w importpod.Work) (*corev1.Pod, error) {
 	s.Namespace = g.obj.GetNamespace()
 	s.Labels = map[string]string{LabelImage: string(g.obj.GetUID()), LabelRole: "importer"}
 	s.Args = append(append([]string{}, g.source.args...), s.Args...)
@@ -226,7 +228,7 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 		s.Mounts = append(s.Mounts, importpod.Mount{Secret: s.Name, Path: urlDir})
 	}
 	pod = importpod.Build(r.Pods.Config, s)
-	if err := r.Pods.Start(ctx, r.work(g), pod); err != nil {
+	if err := r.Pods.Start(ctx, w, pod); err != nil {
 		return nil, err
 	}
 	return pod, nil
@@ -267,6 +269,14 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, error) {
 	uid := string(g.obj.GetUID())
 	ns := client.InNamespace(g.obj.GetNamespace())
+	if g.schedule != nil {
+		if n, err := r.deleteRevisions(ctx, g); err != nil || n > 0 {
+			g.status.Phase = common.PhaseDeleting
+			g.tracked().SetReady(metav1.ConditionFalse, reasonWaitingForRevisions,
+				fmt.Sprintf("the %d images of its revisions are being deleted, each once no disk is being cloned from it", n))
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, err
+		}
+	}
 	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil {
 		return ctrl.Result{}, err
 	}

@@ -22,7 +22,7 @@ const (
 // setImported records a successful import.
 func setImported(st *common.ImageStatus, res *transfer.Result, pvc string) {
 	now := metav1.Now()
-	st.Phase, st.Progress, st.PVCName, st.Format, st.Digest = common.PhaseReady, "100%", pvc, res.Format, res.Digest
+	st.Phase, st.Progress, st.PVCName, st.Format, st.Digest, st.Revision = common.PhaseReady, "100%", pvc, res.Format, res.Digest, res.Revision
 	st.VirtualSize = resource.NewQuantity(res.VirtualSize, resource.BinarySI)
 	st.StoredSize = resource.NewQuantity(res.BytesRead, resource.BinarySI)
 	st.CompletionTime = &now

@@ -44,7 +44,7 @@ func TestObjectStoreCA(t *testing.T) {
 	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "img", Namespace: "vms", UID: "u"}}
 	g := &goldenImage{obj: vmi, status: &vmi.Status,
 		source: source{kind: "objectStore", objectStore: &common.ObjectStoreSource{BucketName: "vmimage", ObjectName: "disk.qcow2"}}}
-	pod, err := r.ensurePod(t.Context(), g, importpod.Spec{Name: "img-import-0"})
+	pod, err := r.ensurePod(t.Context(), g, importpod.Spec{Name: "img-import-0"}, r.work(g, "Import"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,6 +104,13 @@ func TestAlerts(t *testing.T) {
 			`diskpipe_golden_image_missing` + img + ` 1x15`, 3 * time.Minute, false},
 		{"golden PVC there", "DiskpipeGoldenImageMissing",
 			`diskpipe_golden_image_missing` + img + ` 0x15`, 10 * time.Minute, false},
+		// The out-of-date time is a timestamp: the series start at Unix time 0.
+		{"out of date since minute 5", "DiskpipeScheduledImageOutOfDate",
+			`diskpipe_scheduled_image_out_of_date_timestamp_seconds` + img + ` 300x30`, 25 * time.Minute, true},
+		{"out of date for 10 minutes only", "DiskpipeScheduledImageOutOfDate",
+			`diskpipe_scheduled_image_out_of_date_timestamp_seconds` + img + ` 300x30`, 15 * time.Minute, false},
+		{"each check moves the time on", "DiskpipeScheduledImageOutOfDate",
+			`diskpipe_scheduled_image_out_of_date_timestamp_seconds` + img + ` 600+60x30`, 30 * time.Minute, false},
 	}
 	tested := map[string]bool{}
 	for _, c := range cases {

@@ -52,6 +52,12 @@ type ScheduleStatus struct {
 	// +optional
 	UpToDateTime *metav1.Time `json:"upToDateTime,omitempty"`
 
+	// outOfDateTime is when the image counts as out of date unless a check finds it up to
+	// date before: the second scheduled check after upToDateTime (or after the image was
+	// created). The metric diskpipe_scheduled_image_out_of_date_timestamp_seconds follows it.
+	// +optional
+	OutOfDateTime *metav1.Time `json:"outOfDateTime,omitempty"`
+
 	// checks counts the checks made, to name each check's pod.
 	// +optional
 	Checks int64 `json:"checks,omitempty"`

@@ -30,6 +30,9 @@ var (
 		[]string{"kind", LabelNamespace, "name", "phase", LabelReason}, nil)
 	goldenMissingDesc = prometheus.NewDesc("diskpipe_golden_image_missing",
 		"1 for each image that was Ready and whose golden PVC no longer exists.", []string{"kind", LabelNamespace, "name"}, nil)
+	outOfDateDesc = prometheus.NewDesc("diskpipe_scheduled_image_out_of_date_timestamp_seconds",
+		"For each scheduled image, when it counts as out of date unless a check finds it up to date before: the second scheduled check after it last was.",
+		[]string{"kind", LabelNamespace, "name"}, nil)
 )
 
 // item is what the collector reads of one object.
@@ -39,6 +42,7 @@ type item struct {
 	conditions            []metav1.Condition
 	transfer              *common.Transfer
 	goldenPVC             string // images only: the PVC a Ready image stands on
+	outOfDate             *metav1.Time
 }
 
 // State collects the state of diskpipe's objects from reader (the manager's cache) when
@@ -71,7 +75,7 @@ func Install(reader client.Reader, elected <-chan struct{}) error {
 
 // Describe implements prometheus.Collector.
 func (s *State) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{objectsDesc, statusDesc, bytesDoneDesc, bytesTotalDesc, goldenMissingDesc} {
+	for _, d := range []*prometheus.Desc{objectsDesc, statusDesc, bytesDoneDesc, bytesTotalDesc, goldenMissingDesc, outOfDateDesc} {
 		ch <- d
 	}
 }
@@ -115,6 +119,9 @@ func (s *State) Collect(ch chan<- prometheus.Metric) {
 			missing := err != nil || pvc.DeletionTimestamp != nil
 			ch <- prometheus.MustNewConstMetric(goldenMissingDesc, prometheus.GaugeValue, b2f(missing), it.kind, it.namespace, it.name)
 		}
+		if t := it.outOfDate; t != nil {
+			ch <- prometheus.MustNewConstMetric(outOfDateDesc, prometheus.GaugeValue, float64(t.Unix()), it.kind, it.namespace, it.name)
+		}
 	}
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(n), k.kind, k.ns, k.phase)
@@ -138,6 +145,9 @@ func (s *State) items(ctx context.Context) ([]item, error) {
 		it := item{kind: kind, namespace: o.GetNamespace(), name: o.GetName(), phase: st.Phase, conditions: st.Conditions, transfer: st.Transfer}
 		if st.Phase == common.PhaseReady {
 			it.goldenPVC = st.PVCName
+		}
+		if st.Schedule != nil {
+			it.outOfDate = st.Schedule.OutOfDateTime
 		}
 		out = append(out, it)
 	}
