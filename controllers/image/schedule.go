@@ -174,21 +174,20 @@ func (r *Reconciler) follow(g *goldenImage, revs []*revision) {
 	}
 	if current == nil {
 		ss.Current, st.PVCName, st.CompletionTime = "", "", nil
-		switch {
-		case newest == nil:
+		if newest == nil {
 			st.Phase = common.PhasePending
 			g.tracked().SetReady(metav1.ConditionFalse, reasonWaitingForRevision, "no revision of the source is imported yet: the first check is under way")
-		default:
-			st.Phase = newest.status.Phase
-			if newest.status.Phase == "" || newest.status.Phase == common.PhaseReady { // Ready but being deleted
-				st.Phase = common.PhasePending
-			}
-			reason, msg := reasonWaitingForRevision, "waiting for it to start"
-			if c := meta.FindStatusCondition(newest.status.Conditions, common.ConditionReady); c != nil {
-				reason, msg = c.Reason, c.Message
-			}
-			g.tracked().SetReady(metav1.ConditionFalse, reason, fmt.Sprintf("revision %s, in %s: %s", newest.revision, newest.obj.GetName(), msg))
+			return
 		}
+		st.Phase = newest.status.Phase
+		if newest.status.Phase == "" || newest.status.Phase == common.PhaseReady { // Ready but being deleted
+			st.Phase = common.PhasePending
+		}
+		reason, msg := reasonWaitingForRevision, "waiting for it to start"
+		if c := meta.FindStatusCondition(newest.status.Conditions, common.ConditionReady); c != nil {
+			reason, msg = c.Reason, c.Message
+		}
+		g.tracked().SetReady(metav1.ConditionFalse, reason, fmt.Sprintf("revision %s, in %s: %s", newest.revision, newest.obj.GetName(), msg))
 		return
 	}
 	c := current.status

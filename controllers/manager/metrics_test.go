@@ -63,6 +63,12 @@ func TestOperationMetrics(t *testing.T) {
 	ctrltest.Complete(t, env, ns, "vmim-flaky-import-1", transfer.Result{BytesWritten: 1 << 20, DurationSeconds: 3, VirtualSize: 1 << 30})
 	mgr.Metrics <- "diskpipe_transfer_bytes_done 500\ndiskpipe_transfer_bytes_total 2000\n"
 	ctrltest.Kubelet(t, env, ns, "vmim-running-import-0", corev1.PodRunning, nil, 0)
+	// A scheduled image, checked once: its check is counted, and its out-of-date time served.
+	nightly := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Registry: &common.RegistrySource{URL: "docker://registry.example.com/nightly:latest"}},
+			Schedule: &common.ImageSchedule{Cron: "@daily"}}}
+	g.Expect(env.Client.Create(ctx, nightly)).To(Succeed())
+	ctrltest.Complete(t, env, ns, "vmim-nightly-check-0", transfer.Result{Revision: "sha256:" + strings.Repeat("1", 64)})
 	g.Eventually(phaseOf(ok), 20*time.Second).Should(Equal(common.PhaseReady))
 	g.Eventually(phaseOf(flaky), 20*time.Second).Should(Equal(common.PhaseReady))
 	g.Eventually(phaseOf(bad), 20*time.Second).Should(Equal(common.PhaseFailed))
@@ -112,8 +118,12 @@ func TestOperationMetrics(t *testing.T) {
 		tp := expfmt.NewTextParser(model.UTF8Validation)
 		families, err = tp.TextToMetricFamilies(strings.NewReader(body))
 		return fmt.Sprint(value("diskpipe_golden_image_missing", map[string]string{"namespace": ns, "name": "ok"}),
-			value("diskpipe_objects", map[string]string{"namespace": ns, "phase": "Ready"})), err
-	}, 20*time.Second, 200*time.Millisecond).Should(Equal("1 2"))
+			value("diskpipe_objects", map[string]string{"namespace": ns, "phase": "Ready"}),
+			value("diskpipe_operations_succeeded_total", map[string]string{"operation": "check", "source": "registry", "namespace": ns})), err
+	}, 20*time.Second, 200*time.Millisecond).Should(Equal("1 2 1"))
+	// @daily: out of date after the second midnight to come, if no check finds it up to date.
+	g.Expect(value("diskpipe_scheduled_image_out_of_date_timestamp_seconds", map[string]string{"namespace": ns, "name": "nightly"})).
+		To(BeNumerically(">", time.Now().Add(24*time.Hour).Unix()))
 	for _, c := range []struct {
 		name   string
 		labels map[string]string
