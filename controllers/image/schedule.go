@@ -271,6 +271,13 @@ func (r *Reconciler) check(ctx context.Context, g *goldenImage, revs []*revision
 		}
 		res = &transfer.Result{Reason: reasonCheckTimedOut, Transient: true, Message: fmt.Sprintf("the check's pod %s did not finish in %s", pod.Name, checkTimeout)}
 	}
+	// The check is over whatever follows: its objects go, and the next one is scheduled. A
+	// presigned URL's Secret is named after its pod.
+	for _, o := range []client.Object{pod, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}} {
+		if err := r.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	op := metrics.Op{Operation: "check", Source: g.source.kind, Namespace: g.obj.GetNamespace()}
 	next := sched.Next(now)
 	ss.Checks++
@@ -278,6 +285,9 @@ func (r *Reconciler) check(ctx context.Context, g *goldenImage, revs []*revision
 	if res.Succeeded {
 		op.Succeeded(0, res.DurationSeconds)
 		if err := r.found(ctx, g, revs, res.Revision); err != nil {
+			// The revision is found again by the next check, soon.
+			ss.NextCheckTime = &metav1.Time{Time: earliest(next, now.Add(checkRetry))}
+			r.setUpToDate(g, metav1.ConditionFalse, reasonUpdateFailed, fmt.Sprintf("revision %s was found, but: %v", res.Revision, err))
 			return ctrl.Result{}, err
 		}
 	} else {
@@ -288,17 +298,11 @@ func (r *Reconciler) check(ctx context.Context, g *goldenImage, revs []*revision
 		}
 		r.setUpToDate(g, metav1.ConditionFalse, string(res.Reason), fmt.Sprintf("the check failed: %s; %s", res.Message, keeps))
 		r.Pods.Events.Eventf(g.obj, nil, corev1.EventTypeWarning, string(res.Reason), "Check", "Checking the source failed: %s", res.Message)
-		if retry := now.Add(checkRetry); res.Transient && retry.Before(next) {
-			next = retry
+		if res.Transient {
+			next = earliest(next, now.Add(checkRetry))
 		}
 	}
 	ss.NextCheckTime = &metav1.Time{Time: next}
-	// The check's objects go; a presigned URL's Secret is named after its pod.
-	for _, o := range []client.Object{pod, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}} {
-		if err := r.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
-			return ctrl.Result{}, err
-		}
-	}
 	return ctrl.Result{RequeueAfter: next.Sub(now)}, nil
 }
 
@@ -347,6 +351,13 @@ func (r *Reconciler) found(ctx context.Context, g *goldenImage, revs []*revision
 	r.setUpToDate(g, metav1.ConditionFalse, reasonUpdating, fmt.Sprintf("revision %s is being imported into %s", rev, name))
 	r.Pods.Events.Eventf(g.obj, img, corev1.EventTypeNormal, "NewRevision", "Check", "The source is at revision %s: importing it into %s", rev, name)
 	return nil
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func (r *Reconciler) setUpToDate(g *goldenImage, status metav1.ConditionStatus, reason, msg string) {

@@ -11,10 +11,12 @@ package manager
 // Secrets are read one at a time (never listed or watched: the cache skips them) and written
 // only where the manager makes them (presigned URLs, clone tokens, export credentials).
 //
-// +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages;virtualmachinepvcs;virtualmachinevolumeexports,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachinepvcs;virtualmachinevolumeexports,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages/status;virtualmachinepvcs/status;virtualmachinevolumeexports/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages/finalizers;virtualmachinepvcs/finalizers;virtualmachinevolumeexports/finalizers,verbs=update
-// +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates;virtualmachines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=virtualmachines,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates/status;virtualmachines/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=virtualmachine.kubesphere.io,resources=imagetemplates/finalizers;virtualmachines/finalizers,verbs=update
 // +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes,verbs=get;list;watch;create;update;patch;delete

@@ -87,7 +87,7 @@ type VirtualMachineImageSpec struct {
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.virtualSize`
 // +kubebuilder:printcolumn:name="Revision",type=string,JSONPath=`.status.revision`
 // +kubebuilder:printcolumn:name="Last Check",type=date,JSONPath=`.status.schedule.lastCheckTime`
-// +kubebuilder:printcolumn:name="Next Check",type=date,JSONPath=`.status.schedule.nextCheckTime`
+// +kubebuilder:printcolumn:name="Next Check",type=string,JSONPath=`.status.schedule.nextCheckTime`
 // +kubebuilder:printcolumn:name="Current",type=string,JSONPath=`.status.schedule.current`,priority=1
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,priority=1
 // +kubebuilder:printcolumn:name="Format",type=string,JSONPath=`.status.format`,priority=1
