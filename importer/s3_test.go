@@ -25,6 +25,26 @@ func TestS3Source(t *testing.T) {
 	aws("s3", "cp", "--only-show-errors", qcow, "s3://vmimage/bionic.qcow2")
 	aws("s3", "cp", "--only-show-errors", compress(t, raw, "zstd"), "s3://vmimage/bionic.raw.zst")
 
+	// A scheduled image's check: the object's ETag, new when the object is replaced (awscli).
+	t.Run("check", func(t *testing.T) {
+		src := &S3Source{Config: s.ClientConfig(), Bucket: "vmimage", Object: "nightly.qcow2"}
+		aws("s3", "cp", "--only-show-errors", qcow, "s3://vmimage/nightly.qcow2")
+		first, err := Check(t.Context(), Options{Source: src, Retry: fastRetry})
+		if err != nil || first.Revision == "" {
+			t.Fatalf("check: %q, %v", first.Revision, err)
+		}
+		if again, _ := Check(t.Context(), Options{Source: src, Retry: fastRetry}); again.Revision != first.Revision {
+			t.Errorf("an unchanged object: %q then %q", first.Revision, again.Revision)
+		}
+		aws("s3", "cp", "--only-show-errors", compress(t, raw, "zstd"), "s3://vmimage/nightly.qcow2")
+		if next, _ := Check(t.Context(), Options{Source: src, Retry: fastRetry}); next.Revision == first.Revision || next.Revision == "" {
+			t.Errorf("a replaced object kept revision %q", next.Revision)
+		}
+		_, err = Check(t.Context(), Options{Source: &S3Source{Config: s.ClientConfig(), Bucket: "vmimage", Object: "nope"}, Retry: fastRetry})
+		if transfer.ReasonOf(err) != transfer.ReasonSourceNotFound {
+			t.Errorf("a missing object: %v", err)
+		}
+	})
 	for _, object := range []string{"bionic.qcow2", "bionic.raw.zst"} {
 		t.Run(object, func(t *testing.T) {
 			target, res := mustImport(t, t.TempDir(), Options{Source: &S3Source{Config: s.ClientConfig(), Bucket: "vmimage", Object: object}})
