@@ -461,33 +461,12 @@ func importStream(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res 
 	s := f.stream()
 	defer s.Close()
 	o.Progress.SetTotal(max(f.obj.Size(), 0))
-	src := bufio.NewReaderSize(io.TeeReader(&countingReader{r: s, p: o.Progress}, cs.Hash), copyBufferSize)
-	head, err := src.Peek(sniffLen)
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
+	st, err := openStream(io.TeeReader(&countingReader{r: s, p: o.Progress}, cs.Hash), o.Format != "")
+	if err != nil {
 		return err
 	}
-	data := io.Reader(src)
-	comp := CompressionNone
-	if o.Format == "" {
-		comp = sniffCompression(head)
-	}
-	outer := bytes.Clone(head[:min(len(head), 32)]) // src reuses its buffer once the decompressor reads it
-	if comp != CompressionNone {
-		dec, err := decompress(comp, src)
-		if err != nil {
-			return err
-		}
-		defer dec.Close()
-		inner := bufio.NewReaderSize(dec, copyBufferSize)
-		if head, err = inner.Peek(sniffLen); err != nil && !errors.Is(err, io.EOF) {
-			return transfer.Permanent(transfer.ReasonMalformedImage, "malformed %s stream: %w", comp, err)
-		}
-		data = inner
-	}
-	format := FormatRaw
-	if o.Format == "" {
-		format = sniffFormat(head)
-	}
+	defer st.Close()
+	src, data, head, comp, format := st.outer, st.data, st.head, st.comp, st.format
 	size := int64(-1)
 	if comp == CompressionNone {
 		size = f.obj.Size()
@@ -496,7 +475,7 @@ func importStream(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res 
 		return err
 	}
 	if comp != CompressionNone && (format == FormatRaw || format == FormatISO) {
-		if err := t.fits(declaredSize(comp, outer, f)); err != nil { // before the image is downloaded
+		if err := t.fits(declaredSize(comp, st.prefix, f)); err != nil { // before the image is downloaded
 			return err
 		}
 	}
@@ -513,6 +492,56 @@ func importStream(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res 
 		return streamError(comp, err)
 	}
 	return finishStream(src, cs, t, res, format, comp, vsize)
+}
+
+// openedStream is a source's byte stream opened to read its image: the compression found (unless
+// the format is forced) and undone, and the image's format told from its first bytes. Probe
+// and import open a stream alike.
+type openedStream struct {
+	outer  *bufio.Reader // the stream as it came
+	data   io.Reader     // the image's bytes: outer, decompressed
+	head   []byte        // the image's first bytes (up to sniffLen), before data is read
+	prefix []byte        // the stream's first 32 bytes as they came: a compressed stream's header
+	comp   Compression
+	format Format
+	dec    io.Closer
+}
+
+func openStream(r io.Reader, forced bool) (*openedStream, error) {
+	src := bufio.NewReaderSize(r, copyBufferSize)
+	head, err := src.Peek(sniffLen)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
+		return nil, err
+	}
+	s := &openedStream{outer: src, data: src, comp: CompressionNone, format: FormatRaw,
+		prefix: bytes.Clone(head[:min(len(head), 32)])} // src reuses its buffer once the decompressor reads it
+	if !forced {
+		s.comp = sniffCompression(head)
+	}
+	if s.comp != CompressionNone {
+		dec, err := decompress(s.comp, src)
+		if err != nil {
+			return nil, err
+		}
+		inner := bufio.NewReaderSize(dec, copyBufferSize)
+		if head, err = inner.Peek(sniffLen); err != nil && !errors.Is(err, io.EOF) {
+			dec.Close()
+			return nil, transfer.Permanent(transfer.ReasonMalformedImage, "malformed %s stream: %w", s.comp, err)
+		}
+		s.data, s.dec = inner, dec
+	}
+	s.head = head
+	if !forced {
+		s.format = sniffFormat(head)
+	}
+	return s, nil
+}
+
+// Close ends the decompressor, if any.
+func (s *openedStream) Close() {
+	if s.dec != nil {
+		s.dec.Close()
+	}
 }
 
 // checkOVADisk refuses a disk chosen from a source that is not an appliance.

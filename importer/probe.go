@@ -2,7 +2,6 @@ package importer
 
 import (
 	"archive/tar"
-	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -96,32 +95,13 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 	}
 	s := f.stream()
 	defer s.Close()
-	src := bufio.NewReaderSize(s, copyBufferSize)
-	head, err := src.Peek(sniffLen)
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
+	st, err := openStream(s, o.Format != "")
+	if err != nil {
 		return res, err
 	}
-	comp := CompressionNone
-	if o.Format == "" {
-		comp = sniffCompression(head)
-	}
+	defer st.Close()
+	comp, format, head, data := st.comp, st.format, st.head, st.data
 	res.Compression = string(comp)
-	data := src
-	if comp != CompressionNone {
-		dec, err := decompress(comp, src)
-		if err != nil {
-			return res, err
-		}
-		defer dec.Close()
-		data = bufio.NewReaderSize(dec, copyBufferSize)
-		if head, err = data.Peek(sniffLen); err != nil && !errors.Is(err, io.EOF) {
-			return res, transfer.Permanent(transfer.ReasonMalformedImage, "malformed %s stream: %w", comp, err)
-		}
-	}
-	format := FormatRaw
-	if o.Format == "" {
-		format = sniffFormat(head)
-	}
 	switch format {
 	case FormatQcow2:
 		h, err := parseQcow2Header(head, -1)

@@ -1,7 +1,6 @@
 package importer
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -205,5 +204,5 @@ func readBlob(ctx context.Context, src types.ImageSource, info types.BlobInfo) (
 	if digest.FromBytes(b) != info.Digest || len(b) > maxSignaturePayload {
 		return nil, transfer.Permanent(transfer.ReasonSignatureInvalid, "signature payload %s does not match its digest", info.Digest)
 	}
-	return bytes.Clone(b), nil
+	return b, nil
 }

@@ -61,7 +61,7 @@ type Reconciler struct {
 	client.Client
 	Events events.EventRecorder
 
-	progress sync.Map // claim UID → the last progress told in an event
+	progress sync.Map // claim namespace/name → the last progress told in an event
 }
 
 // Setup registers the populator.
@@ -97,14 +97,18 @@ func diskName(pvc *corev1.PersistentVolumeClaim) string { return "populate-" + s
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.progress.Delete(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	ref := imageRef(pvc)
 	if ref == nil || !pvc.DeletionTimestamp.IsZero() {
+		r.progress.Delete(req.NamespacedName)
 		return ctrl.Result{}, nil // the claim's owner reference takes its DiskVolume
 	}
 	if pvc.Spec.VolumeName != "" {
-		r.progress.Delete(pvc.UID)
+		r.progress.Delete(req.NamespacedName)
 		return ctrl.Result{}, r.cleanup(ctx, pvc)
 	}
 	if ref.Namespace != nil && *ref.Namespace != pvc.Namespace {
@@ -189,7 +193,7 @@ func (r *Reconciler) image(ctx context.Context, ns string, ref *corev1.TypedObje
 // tell makes an event of the claim's state each time it changes. (Events of one reason are
 // counted as a series of the first, so a note that only changes its numbers is not told.)
 func (r *Reconciler) tell(pvc *corev1.PersistentVolumeClaim, typ, reason, note string) {
-	if last, _ := r.progress.Swap(pvc.UID, reason+note); last == reason+note {
+	if last, _ := r.progress.Swap(client.ObjectKeyFromObject(pvc), reason+note); last == reason+note {
 		return
 	}
 	r.event(pvc, typ, reason, "%s", note)

@@ -4,6 +4,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -94,19 +95,19 @@ func TestPrinterColumns(t *testing.T) {
 		header   []string
 		row      []string
 	}{
-		{"vmim", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"ubuntu18.04", "Importing", "42.5%", "4Gi"}},
+		{"vmim", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "AGE"}, []string{"ubuntu18.04", "Importing", "42.5%", "4Gi"}},
 		{"vmpvc", []string{"NAME", "IMAGE", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"root", "ubuntu18.04", "Ready", "4Gi"}},
 		{"vmve", []string{"NAME", "PVC", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"export", "root", "Exporting", "10%", "1Gi"}},
-		{"imt", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"centos", "Ready", "100%", "4Gi"}},
+		{"imt", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "AGE"}, []string{"centos", "Ready", "100%", "4Gi"}},
 		{"dvol", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"data", "Ready", "4Gi"}},
 		{"ksvm", []string{"NAME", "PHASE", "STATUS", "READY", "AGE"}, []string{"vm1", "Pending", "Provisioning"}},
-		{"vmim -o wide", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "READY", "FORMAT", "PVC", "SOURCE", "AGE"},
+		{"vmim -o wide", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "CURRENT", "READY", "FORMAT", "PVC", "SOURCE", "AGE"},
 			[]string{"ubuntu18.04", "Importing", "42.5%", "4Gi", "qcow2", "golden-ubuntu", "http"}},
-		{"imt -o wide", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "READY", "FORMAT", "PVC", "SOURCE", "OS", "AGE"},
+		{"imt -o wide", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "CURRENT", "READY", "FORMAT", "PVC", "SOURCE", "OS", "AGE"},
 			[]string{"centos", "Ready", "100%", "4Gi", "True", "qcow2", "golden-ubuntu", "http", "centos"}},
 		{"dvol -o wide", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "READY", "PVC", "STRATEGY", "AGE"},
 			[]string{"data", "Ready", "4Gi", "True", "root-disk", "CSIClone"}},
-		{"virtualmachineimage", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"ubuntu18.04", "Importing"}},
+		{"virtualmachineimage", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "AGE"}, []string{"ubuntu18.04", "Importing"}},
 	}
 	for _, c := range cases {
 		t.Run(c.resource, func(t *testing.T) {
@@ -129,6 +130,36 @@ func TestPrinterColumns(t *testing.T) {
 				}
 			}
 		})
+	}
+
+	// A scheduled image, in a namespace of its own: its revision, last and next checks by
+	// default, its current revision's image with -o wide.
+	sns, err := env.CreateNamespace(ctx, "columns-schedule")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nightly := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: sns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: "https://example.com/nightly.qcow2"},
+			Schedule: &common.ImageSchedule{Cron: "0 */6 * * *"}}}
+	next := metav1.NewTime(time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC))
+	setStatus(nightly, func() {
+		nightly.Status = common.ImageStatus{Phase: common.PhaseReady, Progress: "100%", VirtualSize: &gi, Revision: `"5f2a-40000000"`,
+			Schedule: &common.ScheduleStatus{Current: "nightly-3fa9c1d2e0", LastCheckTime: &now, NextCheckTime: &next}}
+	})
+	for args, want := range map[string][]string{
+		"":        {"nightly", "Ready", "100%", "4Gi", `"5f2a-40000000"`},
+		"-o wide": {"nightly", "Ready", "100%", "4Gi", `"5f2a-40000000"`},
+	} {
+		out, stderr, err := env.Kubectl(ctx, nil, append([]string{"get", "vmim", "--namespace", sns}, strings.Fields(args)...)...)
+		if err != nil {
+			t.Fatalf("kubectl get vmim %s: %v\n%s", args, err, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		row := columns(lines[len(lines)-1])
+		if len(row) < 8 || strings.Join(row[:5], " ") != strings.Join(want, " ") || row[6] != "2026-11-23T12:00:00Z" ||
+			(args != "" && row[7] != "nightly-3fa9c1d2e0") {
+			t.Errorf("kubectl get vmim %s:\n%s", args, out)
+		}
 	}
 
 	for _, list := range []string{"diskpipe", "vmim,vmpvc,vmve,imt,dvol,ksvm"} {
