@@ -75,6 +75,11 @@ func whoAmI(ctx context.Context, mgr ctrl.Manager) (string, error) {
 	return r.Status.UserInfo.Username, nil
 }
 
+// crossNamespaceSource selects the disks and images whose source names another namespace: the
+// apiserver calls the sources webhook for those only, not for every image and disk made.
+const crossNamespaceSource = `has(object.spec.source) && ['image', 'clone', 'disk', 'pvc'].exists(k, k in object.spec.source && ` +
+	`has(object.spec.source[k].namespace) && object.spec.source[k].namespace != request.namespace)`
+
 // Configuration is the ValidatingWebhookConfiguration that sends requests to the manager's
 // Service (namespace/name) with caBundle. Pods are sent only when they mount a PVC; only
 // creations are checked (a pod's volumes and a source cannot change).
@@ -107,7 +112,7 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 				rule(diskvolume.GroupVersion.Group, diskvolume.GroupVersion.Version, "diskvolumes"),
 				rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "imagetemplates"),
 				rule(hypercloud.GroupVersion.Group, hypercloud.GroupVersion.Version, "virtualmachineimages"),
-			}, nil),
+			}, []admissionregistrationv1.MatchCondition{{Name: "source-in-another-namespace", Expression: crossNamespaceSource}}),
 		},
 	}
 }

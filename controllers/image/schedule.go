@@ -176,7 +176,11 @@ func (r *Reconciler) follow(g *goldenImage, revs []*revision) {
 		ss.Current, st.PVCName, st.CompletionTime = "", "", nil
 		if newest == nil {
 			st.Phase = common.PhasePending
-			g.tracked().SetReady(metav1.ConditionFalse, reasonWaitingForRevision, "no revision of the source is imported yet: the first check is under way")
+			reason, msg := reasonWaitingForRevision, "no revision of the source is imported yet: the first check is under way"
+			if up := meta.FindStatusCondition(st.Conditions, ConditionUpToDate); up != nil && up.Status == metav1.ConditionFalse {
+				reason, msg = up.Reason, up.Message // the check failed
+			}
+			g.tracked().SetReady(metav1.ConditionFalse, reason, msg)
 			return
 		}
 		st.Phase = newest.status.Phase

@@ -268,8 +268,15 @@ func TestScheduleValidation(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(bad), bad); err != nil {
 			return err
 		}
-		bad.Spec.Schedule.Cron = "@hourly"
+		bad.Spec.Schedule.Cron = "@every 2h"
 		return env.Client.Update(ctx, bad)
 	}, 10*time.Second).Should(Succeed())
-	ctrltest.Pod(t, env, ns, "imt-typo-check-0")
+	// Its first check fails: the image says why, and waits for the next check.
+	kubelet(t, ns, "imt-typo-check-0", corev1.PodFailed,
+		&transfer.Result{Reason: transfer.ReasonSourceNotFound, Message: "https://example.com/a.qcow2: 404 Not Found"}, transfer.ExitFailed)
+	g.Eventually(func() string { return readyReason(status(t, bad, &bad.Status)()) }, 20*time.Second).Should(Equal("SourceNotFound"))
+	g.Expect(bad.Status.Phase).To(Equal(common.PhasePending))
+	g.Expect(meta.FindStatusCondition(bad.Status.Conditions, common.ConditionReady).Message).To(
+		Equal("the check failed: https://example.com/a.qcow2: 404 Not Found; no revision is imported yet"))
+	g.Expect(bad.Status.Schedule.NextCheckTime.Time).To(BeTemporally(">", time.Now().Add(time.Hour)), "a permanent failure waits for the schedule")
 }
