@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +20,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
@@ -84,6 +90,10 @@ func benchControllers(root string) error {
 
 	fmt.Printf("controllers: %d images in %d namespaces, then %d DiskVolumes cloned from them (manager: bin/manager, concurrency 8)\n",
 		benchImages, benchNamespaces, benchImages*disksPerImage)
+	before, err := apiRequests(ctx, &cfg)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	err = parallel(benchImages, func(i int) error {
 		vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("image-%d", i), Namespace: namespaces[i%benchNamespaces]},
@@ -101,6 +111,9 @@ func benchControllers(root string) error {
 	}
 	imagesDone := time.Since(start)
 	report("images: golden PVC + import pod each", benchImages, created, imagesDone, peak())
+	if err := reportRequests(ctx, &cfg, before, benchImages); err != nil {
+		return err
+	}
 
 	// The kubelet: every import succeeds.
 	pods := &corev1.PodList{}
@@ -230,6 +243,59 @@ func waitWatch(ctx context.Context, c client.WithWatch, list client.ObjectList, 
 		}
 		clear(matched) // the watch ended: a new one lists everything again
 	}
+}
+
+// apiRequests reads the apiserver's request counts by verb and resource from its /metrics.
+func apiRequests(ctx context.Context, cfg *rest.Config) (map[string]float64, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	tp := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := tp.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		l := map[string]string{}
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		key := l["verb"] + " " + l["resource"]
+		if l["subresource"] != "" {
+			key += "/" + l["subresource"]
+		}
+		out[key] += m.GetCounter().GetValue()
+	}
+	return out, nil
+}
+
+// reportRequests prints the apiserver requests made since before, per object: what the
+// manager (and the benchmark's own creates and watch) cost the apiserver.
+func reportRequests(ctx context.Context, cfg *rest.Config, before map[string]float64, n int) error {
+	after, err := apiRequests(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	var rows []string
+	for k, v := range after {
+		if d := v - before[k]; d >= float64(n)/10 {
+			rows = append(rows, fmt.Sprintf("%s %.2f", k, d/float64(n)))
+		}
+	}
+	slices.Sort(rows)
+	fmt.Printf("  %-40s %s\n", "apiserver requests per object", strings.Join(rows, ", "))
+	return nil
 }
 
 // vmHWM is a process's peak resident set, from /proc.
