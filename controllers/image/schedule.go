@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -269,6 +270,9 @@ func (r *Reconciler) check(ctx context.Context, g *goldenImage, revs []*revision
 		if pod.Status.Phase == corev1.PodFailed {
 			res.Succeeded = false
 		}
+		if !res.Succeeded && res.Reason == "" { // a condition needs a reason; Result always gives one
+			res.Reason = transfer.ReasonInternal
+		}
 	default:
 		if age := now.Sub(pod.CreationTimestamp.Time); age < checkTimeout {
 			return ctrl.Result{RequeueAfter: min(checkTimeout-age, 5*time.Second)}, nil
@@ -347,7 +351,8 @@ func (r *Reconciler) found(ctx context.Context, g *goldenImage, revs []*revision
 	img.SetLabels(mergeMaps(g.obj.GetLabels(), map[string]string{LabelScheduledBy: string(g.obj.GetUID())}))
 	img.SetAnnotations(map[string]string{AnnotationRevision: rev, AnnotationFoundBy: strconv.FormatInt(ss.Checks, 10)})
 	if err := owned.Create(ctx, r.Client, g.obj, img); err != nil {
-		if _, handled := r.childError(g, err); handled {
+		if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
+			r.setUpToDate(g, metav1.ConditionFalse, "NameTaken", fmt.Sprintf("revision %s cannot be imported: %v", rev, err))
 			return nil
 		}
 		return err
