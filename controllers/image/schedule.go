@@ -14,7 +14,6 @@ import (
 
 	"github.com/robfig/cron/v3"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -420,7 +419,7 @@ func (r *Reconciler) deleteRevisions(ctx context.Context, g *goldenImage) (int, 
 	}
 	for _, v := range revs {
 		if v.obj.GetDeletionTimestamp().IsZero() {
-			if err := r.Delete(ctx, v.obj); client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+			if err := r.Delete(ctx, v.obj); client.IgnoreNotFound(err) != nil {
 				return 0, err
 			}
 		}
