@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -69,6 +70,10 @@ func benchControllers(root string) error {
 		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "csi.diskpipe.bench"}); err != nil {
 		return err
 	}
+	// What the chart installs on Kubernetes 1.36: the apiserver gives each image its finalizer.
+	if err := env.InstallFinalizerPolicy(ctx); err != nil {
+		return err
+	}
 	var namespaces []string
 	for i := range benchNamespaces {
 		ns := fmt.Sprintf("bench-%d", i)
@@ -93,6 +98,9 @@ func benchControllers(root string) error {
 	before, err := apiRequests(ctx, &cfg)
 	if err != nil {
 		return err
+	}
+	if f := os.Getenv("BENCH_PPROF"); f != "" {
+		go profileAPIServer(ctx, &cfg, f)
 	}
 	start := time.Now()
 	err = parallel(benchImages, func(i int) error {
@@ -296,6 +304,28 @@ func reportRequests(ctx context.Context, cfg *rest.Config, before map[string]flo
 	slices.Sort(rows)
 	fmt.Printf("  %-40s %s\n", "apiserver requests per object", strings.Join(rows, ", "))
 	return nil
+}
+
+// profileAPIServer writes a 10-second CPU profile of kube-apiserver to file ($BENCH_PPROF, taken
+// while the images are made): go tool pprof shows where the apiserver's time per image goes.
+func profileAPIServer(ctx context.Context, cfg *rest.Config, file string) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err == nil {
+		var req *http.Request
+		if req, err = http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+"/debug/pprof/profile?seconds=10", nil); err == nil {
+			var resp *http.Response
+			if resp, err = hc.Do(req); err == nil {
+				defer resp.Body.Close()
+				var b []byte
+				if b, err = io.ReadAll(resp.Body); err == nil {
+					err = os.WriteFile(file, b, 0o600)
+				}
+			}
+		}
+	}
+	if err != nil {
+		fmt.Println("  profiling kube-apiserver:", err)
+	}
 }
 
 // vmHWM is a process's peak resident set, from /proc.

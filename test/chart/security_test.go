@@ -2,6 +2,7 @@ package chart
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -178,5 +179,41 @@ func TestWebhookConfiguration(t *testing.T) {
 	wantMutating.Webhooks[0].ClientConfig.Service.Port = ptr.To[int32](443)
 	if gotMutating.Name != got.Name || len(gotMutating.Webhooks) != 1 || !equality.Semantic.DeepEqual(gotMutating.Webhooks[0], wantMutating.Webhooks[0]) {
 		t.Errorf("the upload token webhook differs:\nchart:   %+v\nmanager: %+v", gotMutating.Webhooks, wantMutating.Webhooks)
+	}
+}
+
+// TestFinalizerPolicy: on Kubernetes 1.36 and later the chart installs the finalizer policy the
+// manager's code defines (admission.FinalizerPolicy) and binds it; on an older cluster, or
+// with finalizerPolicy.enabled=false, it installs neither.
+func TestFinalizerPolicy(t *testing.T) {
+	const api = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+	objs := render(t, "diskpipe-system", "--api-versions", api, "--show-only", "templates/finalizerpolicy.yaml")
+	if len(objs) != 2 {
+		t.Fatalf("the chart has %d objects for the finalizer policy, want a policy and its binding", len(objs))
+	}
+	var policy admissionregistrationv1.MutatingAdmissionPolicy
+	var binding admissionregistrationv1.MutatingAdmissionPolicyBinding
+	for _, o := range []struct {
+		u    *unstructured.Unstructured
+		into any
+	}{{find(objs, "MutatingAdmissionPolicy"), &policy}, {find(objs, "MutatingAdmissionPolicyBinding"), &binding}} {
+		if o.u == nil {
+			t.Fatalf("missing from the chart: %v", objs)
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.u.Object, o.into); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := admission.FinalizerPolicy(); policy.Name != want.Name || !equality.Semantic.DeepEqual(policy.Spec, want.Spec) {
+		t.Errorf("the finalizer policy differs:\nchart:   %+v\nmanager: %+v", policy.Spec, want.Spec)
+	}
+	if want := admission.FinalizerPolicyBinding(); binding.Name != want.Name || !equality.Semantic.DeepEqual(binding.Spec, want.Spec) {
+		t.Errorf("the finalizer policy binding differs:\nchart:   %+v\nmanager: %+v", binding.Spec, want.Spec)
+	}
+	for _, args := range [][]string{{}, {"--api-versions", api, "--set", "finalizerPolicy.enabled=false"}} {
+		out, err := testenv.Helm(t.Context(), append([]string{"template", testenv.ChartRelease, testenv.ChartPath(), "--show-only", "templates/finalizerpolicy.yaml"}, args...)...)
+		if err == nil || !strings.Contains(err.Error(), "could not find template") {
+			t.Errorf("helm template %v rendered the finalizer policy (%v):\n%s", args, err, out)
+		}
 	}
 }

@@ -112,6 +112,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	fmt.Fprintf(o.Log, "cluster: apiserver %s, object store %s\n", env.Config.Host, c.Store.Endpoint)
 
+	if err := env.InstallFinalizerPolicy(ctx); err != nil {
+		return nil, err
+	}
 	host, port, certDir, err := env.InstallWebhooks(admission.Configuration("diskpipe-system", "diskpipe-webhook", nil),
 		admission.MutatingConfiguration("diskpipe-system", "diskpipe-webhook", nil))
 	if err != nil {

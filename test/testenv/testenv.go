@@ -22,6 +22,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/test/freeport"
 )
@@ -209,6 +212,34 @@ func (e *Env) InstallWebhooks(cfg *admissionregistrationv1.ValidatingWebhookConf
 	}
 	e.OnStop(func() { _ = o.Cleanup() })
 	return o.LocalServingHost, o.LocalServingPort, o.LocalServingCertDir, nil
+}
+
+// InstallFinalizerPolicy installs the chart's finalizer policy (admission.FinalizerPolicy) and
+// its binding, and returns once the apiserver applies it: a dry-run image comes back with its
+// finalizer.
+func (e *Env) InstallFinalizerPolicy(ctx context.Context) error {
+	for _, o := range []client.Object{admission.FinalizerPolicy(), admission.FinalizerPolicyBinding()} {
+		if err := e.Client.Create(ctx, o); err != nil {
+			return fmt.Errorf("installing the finalizer policy: %w", err)
+		}
+	}
+	// The apiserver needs to have seen the policy and learnt the CRDs' schemas (every 5 s).
+	deadline := time.Now().Add(time.Minute)
+	for {
+		probe := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "finalizer-policy-probe", Namespace: metav1.NamespaceDefault},
+			Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://images.example.com/probe.qcow2")}}}
+		err := e.Client.Create(ctx, probe, client.DryRunAll)
+		if err == nil && len(probe.Finalizers) > 0 {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("a dry-run image came back without a finalizer")
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the finalizer policy is not applied after a minute (last error: %w)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // User returns a client authenticated as a new user of the given name and groups.
