@@ -14,7 +14,10 @@ import (
 // it has left the cache and no reader holds it, so a long import allocates (and the kernel
 // zeroes) only the first maxBlocks buffers.
 type blockCache struct {
-	src       io.ReaderAt
+	src io.ReaderAt
+	// prefix is the source's first bytes, already read (the head the format was told by):
+	// block 0 is completed from the source, not read again.
+	prefix    []byte
 	size      int64
 	blockSize int64
 	maxBlocks int
@@ -139,8 +142,12 @@ func (c *blockCache) fetch(idx int64) *block {
 			buf = make([]byte, c.blockSize)
 		}
 		buf = buf[:n]
-		n, err := c.src.ReadAt(buf, off)
-		if errors.Is(err, io.EOF) && n == len(buf) {
+		k := 0
+		if off < int64(len(c.prefix)) {
+			k = copy(buf, c.prefix[off:])
+		}
+		n, err := c.src.ReadAt(buf[k:], off+int64(k))
+		if n += k; errors.Is(err, io.EOF) && n == len(buf) {
 			err = nil
 		}
 		c.mu.Lock()

@@ -156,7 +156,7 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 			return err
 		}
 		if o.Format == FormatRaw {
-			return importRaw(o, f, cs, t, res)
+			return importRaw(o, f, head, cs, t, res)
 		}
 		if sniffCompression(head) == CompressionNone {
 			format := sniffFormat(head)
@@ -170,7 +170,7 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 			case FormatQcow2, FormatVMDK, FormatVPC, FormatVDI, FormatVHDX:
 				return importRandom(ctx, o, f, format, head, cs, t, res)
 			case FormatRaw, FormatISO:
-				return importRaw(o, f, cs, t, res)
+				return importRaw(o, f, head, cs, t, res)
 			}
 		}
 	}
@@ -183,8 +183,9 @@ func resumable(err error) bool { return transfer.IsTransient(err) || errors.Is(e
 
 // importRaw copies a raw image (or ISO) from a source with random access front to back,
 // hashing what it copies and writing only non-zero blocks, with a checkpoint every
-// checkpointEvery bytes: a resumed import asks the source for the rest only.
-func importRaw(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
+// checkpointEvery bytes: a resumed import asks the source for the rest only. head, the first
+// bytes already read to tell the format, is not asked for again.
+func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
 	size := f.obj.Size()
 	res.Format, res.VirtualSize = string(FormatRaw), size
 	o.Progress.SetTotal(size)
@@ -195,9 +196,14 @@ func importRaw(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res *tr
 	s := f.stream()
 	s.pos = cp.Done
 	defer s.Close()
+	var src io.Reader = s
+	if cp.Done < int64(len(head)) { // the head the format was told by is not read again
+		src = io.MultiReader(bytes.NewReader(head[cp.Done:]), s)
+		s.pos = int64(len(head))
+	}
 	buf := make([]byte, copyBufferSize)
 	for next := cp.Done + checkpointEvery; cp.Done < size; {
-		n, err := io.ReadFull(s, buf[:min(int64(len(buf)), size-cp.Done)])
+		n, err := io.ReadFull(src, buf[:min(int64(len(buf)), size-cp.Done)])
 		if n > 0 {
 			cs.Hash.Write(buf[:n])
 			if _, werr := t.WriteAt(buf[:n], cp.Done); werr != nil {
@@ -282,6 +288,7 @@ func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Im
 func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, head []byte, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
 	size := f.obj.Size()
 	cache := newBlockCache(f, size, cacheBlockSize, cacheBlocks, o.Parallel, readahead)
+	cache.prefix = head
 	img, err := openImage(format, head, boundedReaderAt{r: cache, size: size}, size)
 	if err != nil {
 		return err
