@@ -136,7 +136,7 @@ func forEach(list client.ObjectList, f func(client.Object)) {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	obj := r.newObject()
 	if err := r.Fresh.Get(ctx, req.NamespacedName, obj); err != nil {
-		return ctrl.Result{}, owned.IgnoreBehind(client.IgnoreNotFound(err))
+		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	d := r.adapt(obj)
 	if !obj.GetDeletionTimestamp().IsZero() {

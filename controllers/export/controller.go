@@ -70,7 +70,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	ex := &hypercloud.VirtualMachineVolumeExport{}
 	if err := r.Fresh.Get(ctx, req.NamespacedName, ex); err != nil {
-		return ctrl.Result{}, owned.IgnoreBehind(client.IgnoreNotFound(err))
+		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !ex.DeletionTimestamp.IsZero() {
 		if err := r.delete(ctx, ex); err != nil {

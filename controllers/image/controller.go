@@ -94,7 +94,7 @@ func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObje
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	obj := r.newObject()
 	if err := r.Fresh.Get(ctx, req.NamespacedName, obj); err != nil {
-		return ctrl.Result{}, owned.IgnoreBehind(client.IgnoreNotFound(err))
+		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	g := r.adapt(obj)
 	base := obj.DeepCopyObject().(client.Object)

@@ -2,22 +2,18 @@ package owned
 
 import (
 	"context"
-	"errors"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Fresh reads the object a reconcile acts on. A reconcile that acted on a copy older than this
 // manager's own last write could do again what it already did (start an import that already
 // finished), so the informer's cache is used only when it shows the version this manager last
-// wrote or read from the apiserver (or a newer one), or an object it has not written at all.
-// A cache still behind that write makes Get return ErrBehind: the watch event that brings the
-// write queues the object again, so the reconcile ends without a request. Most reconciles then
-// cost no request at all.
+// wrote or read from the apiserver, or an object it has not written at all; otherwise the
+// object is read from the apiserver. Most reconciles (every first one) then cost no request.
 type Fresh struct {
 	Cache client.Reader
 	API   client.Reader
@@ -26,40 +22,14 @@ type Fresh struct {
 	last map[types.NamespacedName]string // resourceVersion this manager last wrote or read
 }
 
-// ErrBehind says the cache has not yet seen this manager's last write of the object.
-var ErrBehind = errors.New("the informer's cache is behind this manager's last write")
-
-// IgnoreBehind is err, or nil for ErrBehind: a reconcile that meets ErrBehind ends, and the
-// watch event it waits for queues the object again.
-func IgnoreBehind(err error) error {
-	if errors.Is(err, ErrBehind) {
-		return nil
-	}
-	return err
-}
-
 // Get reads key into obj.
 func (f *Fresh) Get(ctx context.Context, key types.NamespacedName, obj client.Object) error {
 	err := f.Cache.Get(ctx, key, obj)
 	f.mu.Lock()
 	last, known := f.last[key]
 	f.mu.Unlock()
-	if err == nil {
-		if !known {
-			return nil
-		}
-		// Versions of one resource compare as integers (resourceversion.CompareResourceVersion);
-		// one that does not is read from the apiserver.
-		switch cmp, cerr := resourceversion.CompareResourceVersion(obj.GetResourceVersion(), last); {
-		case cerr != nil:
-		case cmp == 0:
-			return nil
-		case cmp > 0:
-			f.Saw(obj)
-			return nil
-		default:
-			return ErrBehind
-		}
+	if err == nil && (!known || obj.GetResourceVersion() == last) {
+		return nil
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
