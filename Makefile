@@ -24,6 +24,10 @@ HELM           := $(BIN)/helm
 export KUBEBUILDER_ASSETS := $(BIN)
 
 GO_TEST_FLAGS ?= -count=1 -timeout 20m
+# The real node's suite stops itself before go test's timeout, so that a run that is too slow
+# ends with Ginkgo's report (the spec that was running, the failures, the cluster's health)
+# rather than a dump of goroutines.
+E2E_TIMEOUT ?= 18m
 
 ##@ General
 
@@ -185,7 +189,7 @@ fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.
 .PHONY: test-cluster
 test-cluster: setup cluster-tools build image pause-image bootdisk ## Run the end-to-end suite on a real single-node cluster (as root): diskpipe installed by helm from its image.
 	hack/setup.sh cluster
-	DISKPIPE_E2E_CLUSTER=real go test $(GO_TEST_FLAGS) ./test/e2e/ -args -ginkgo.v
+	DISKPIPE_E2E_CLUSTER=real go test $(GO_TEST_FLAGS) ./test/e2e/ -args -ginkgo.v -ginkgo.timeout=$(E2E_TIMEOUT)
 
 .PHONY: cluster-up
 cluster-up: setup cluster-tools build image pause-image ## Start the real single-node cluster (root) with diskpipe installed by its chart, and keep it until Ctrl-C.

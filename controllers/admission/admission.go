@@ -18,6 +18,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -81,8 +82,9 @@ const crossNamespaceSource = `has(object.spec.source) && ['image', 'clone', 'dis
 	`has(object.spec.source[k].namespace) && object.spec.source[k].namespace != request.namespace)`
 
 // Configuration is the ValidatingWebhookConfiguration that sends requests to the manager's
-// Service (namespace/name) with caBundle. Pods are sent only when they mount a PVC; only
-// creations are checked (a pod's volumes and a source cannot change).
+// Service (namespace/name) with caBundle. Pods are sent only when they mount a PVC and are not
+// in diskpipe's own namespace; only creations are checked (a pod's volumes and a source cannot
+// change).
 func Configuration(namespace, service string, caBundle []byte) *admissionregistrationv1.ValidatingWebhookConfiguration {
 	hook := func(name, path string, rules []admissionregistrationv1.RuleWithOperations, match []admissionregistrationv1.MatchCondition) admissionregistrationv1.ValidatingWebhook {
 		return admissionregistrationv1.ValidatingWebhook{
@@ -101,13 +103,18 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 			Rule: admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{version}, Resources: resources,
 				Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}
 	}
+	// Pods in diskpipe's own namespace are left out, so that the bundled store's pod (which
+	// mounts its PVC) can start again while the manager is down.
+	goldenPods := hook("golden-pvcs.diskpipe.io", PathPods, []admissionregistrationv1.RuleWithOperations{rule("", "v1", "pods")},
+		[]admissionregistrationv1.MatchCondition{{Name: "mounts-a-pvc",
+			Expression: "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.persistentVolumeClaim))"}})
+	goldenPods.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace}}}}
 	return &admissionregistrationv1.ValidatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
 		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{
-			hook("golden-pvcs.diskpipe.io", PathPods, []admissionregistrationv1.RuleWithOperations{rule("", "v1", "pods")},
-				[]admissionregistrationv1.MatchCondition{{Name: "mounts-a-pvc",
-					Expression: "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.persistentVolumeClaim))"}}),
+			goldenPods,
 			hook("sources.diskpipe.io", PathSources, []admissionregistrationv1.RuleWithOperations{
 				rule(diskvolume.GroupVersion.Group, diskvolume.GroupVersion.Version, "diskvolumes"),
 				rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "imagetemplates"),

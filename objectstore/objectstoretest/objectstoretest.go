@@ -40,22 +40,27 @@ var (
 	buildErr  error
 )
 
-// build compiles cmd/objectstore once per test process.
+// build compiles cmd/objectstore once per test process into bin/test/objectstore. Each
+// process builds to a name of its own and renames it into place, so that packages tested at
+// once never run a half-written binary, and nothing is left in the temporary directory.
 func build() (string, error) {
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := os.MkdirTemp("", "objectstoretest-")
-		if err != nil {
-			buildErr = err
+		dir := filepath.Join(root, "bin", "test")
+		if buildErr = os.MkdirAll(dir, 0o755); buildErr != nil {
 			return
 		}
 		binary = filepath.Join(dir, "objectstore")
-		cmd := exec.Command("go", "build", "-o", binary, "./cmd/objectstore")
+		tmp := fmt.Sprintf("%s.%d", binary, os.Getpid())
+		cmd := exec.Command("go", "build", "-o", tmp, "./cmd/objectstore")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
+			_ = os.Remove(tmp)
 			buildErr = fmt.Errorf("building cmd/objectstore: %w\n%s", err, out)
+			return
 		}
+		buildErr = os.Rename(tmp, binary)
 	})
 	return binary, buildErr
 }

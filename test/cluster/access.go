@@ -120,27 +120,36 @@ func (c *Cluster) AWS(ctx context.Context, args ...string) (string, error) {
 }
 
 // StopStore scales the bundled store's StatefulSet to nothing and waits until its pod is gone.
-func (c *Cluster) StopStore() error { return c.scaleStore(0) }
+func (c *Cluster) StopStore() error { return c.scale(&appsv1.StatefulSet{}, "objectstore", 0) }
 
 // StartStore brings the bundled store back and waits until it is ready.
-func (c *Cluster) StartStore() error { return c.scaleStore(1) }
+func (c *Cluster) StartStore() error { return c.scale(&appsv1.StatefulSet{}, "objectstore", 1) }
 
-func (c *Cluster) scaleStore(n int32) error {
+// ScaleManager gives the manager's Deployment n replicas and waits until they are ready, or,
+// for 0, until its pods are gone.
+func (c *Cluster) ScaleManager(n int32) error { return c.scale(&appsv1.Deployment{}, "manager", n) }
+
+// scale gives the release's Deployment or StatefulSet of a component n replicas.
+func (c *Cluster) scale(obj client.Object, component string, n int32) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sts := &appsv1.StatefulSet{}
-	name := Release + "-objectstore"
-	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: name}, sts); err != nil {
+	name := Release + "-" + component
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: name}, obj); err != nil {
 		return err
 	}
-	sts.Spec.Replicas = ptr.To(n)
-	if err := c.Client.Update(ctx, sts); err != nil {
+	switch o := obj.(type) {
+	case *appsv1.Deployment:
+		o.Spec.Replicas = ptr.To(n)
+	case *appsv1.StatefulSet:
+		o.Spec.Replicas = ptr.To(n)
+	}
+	if err := c.Client.Update(ctx, obj); err != nil {
 		return err
 	}
 	if n == 0 {
-		return c.wait(ctx, "the store's pod to go", "kubelet", 2*time.Minute, func(ctx context.Context) error {
+		return c.wait(ctx, "the pods of "+name+" to go", "kubelet", 2*time.Minute, func(ctx context.Context) error {
 			pods := &corev1.PodList{}
-			if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "objectstore"}); err != nil {
+			if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": component}); err != nil {
 				return err
 			}
 			if len(pods.Items) > 0 {
@@ -149,7 +158,7 @@ func (c *Cluster) scaleStore(n int32) error {
 			return nil
 		})
 	}
-	return c.rolledOut(ctx, sts, name)
+	return c.rolledOut(ctx, obj, name)
 }
 
 // UploadURL is the upload proxy's Service, which kube-proxy makes reachable from the node.

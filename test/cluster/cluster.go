@@ -41,6 +41,16 @@ const (
 	DefaultDir = "/var/lib/diskpipe-cluster"
 )
 
+// The node shares its disk with the machine. The kubelet's usual eviction threshold (10 %, or
+// even 1 % of a large shared disk) evicts diskpipe's own pods, the manager first, while
+// gigabytes are still free; here it evicts only when the disk is all but full. MinFreeDisk is
+// what a start asks to find free, so that a run does not come near that: the e2e suite's
+// cluster grew to 3.5 GB, and its work directory holds about 1.2 GB more.
+const (
+	EvictionDiskFree = "256Mi"
+	MinFreeDisk      = 6 << 30
+)
+
 // Options shape a cluster.
 type Options struct {
 	// Bin holds the binaries: kube-*, kubelet, etcd, coredns, the CSI sidecars, helm, cni/.
@@ -93,6 +103,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	teardown(o.Dir, o.Log) // whatever a previous run left
 	_ = os.RemoveAll(filepath.Join(o.Dir, "logs"))
+	if err := enoughDisk(o.Dir, o.Log); err != nil {
+		return nil, err
+	}
 	cl := &Cluster{opts: o, sysctls: map[string]string{}}
 	c = cl
 	defer func() {
@@ -157,6 +170,24 @@ func Preflight(bin string) error {
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("this machine cannot run the real cluster; missing: %s", strings.Join(missing, "; "))
+	}
+	return nil
+}
+
+// enoughDisk says whether the disk that holds dir has MinFreeDisk free.
+func enoughDisk(dir string, log io.Writer) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("the free space under %s: %w", dir, err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	fmt.Fprintf(log, "%s cluster: disk: %.1f GiB free under %s\n", time.Now().Format(time.TimeOnly), float64(free)/(1<<30), dir)
+	if free < MinFreeDisk {
+		return fmt.Errorf("%s has %.1f GiB free; the cluster and its volumes need %d GiB (the kubelet evicts pods below %s)",
+			dir, float64(free)/(1<<30), MinFreeDisk>>30, EvictionDiskFree)
 	}
 	return nil
 }

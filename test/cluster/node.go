@@ -143,7 +143,7 @@ clusterDomain: cluster.local
 containerRuntimeEndpoint: unix://%s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
+evictionHard: {memory.available: "100Mi", nodefs.available: "%s", imagefs.available: "%s"}
 podLogsDir: %s
 volumePluginDir: %s
 authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: %s}}
@@ -152,7 +152,7 @@ readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 serializeImagePulls: false
 maxPods: 200
-`, NodeIP, sock, c.path("logs", "pods"), c.path("kubelet", "volume-plugins"), c.pki.caFile), 0o644); err != nil {
+`, NodeIP, sock, EvictionDiskFree, EvictionDiskFree, c.path("logs", "pods"), c.path("kubelet", "volume-plugins"), c.pki.caFile), 0o644); err != nil {
 		return err
 	}
 	c.step("kubelet")

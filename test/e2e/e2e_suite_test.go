@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +23,10 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/diskpipe/diskpipe/test/bootdisk"
+	realcluster "github.com/diskpipe/diskpipe/test/cluster"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -54,6 +58,7 @@ var _ = BeforeSuite(func() {
 	cluster, err = startCluster(work)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(cluster.Stop)
+	DeferCleanup(func() { GinkgoWriter.Println(health()) })
 
 	// Every image here is the bootable disk (make bootdisk), so that each disk made from one
 	// can be booted: sameDisk compares bytes, boots says a machine starts from them.
@@ -74,6 +79,60 @@ var _ = BeforeSuite(func() {
 	go func() { _ = srv.Serve(l) }()
 	DeferCleanup(srv.Close)
 })
+
+// A failed spec prints what the cluster was going through, so that a run's log says whether
+// a timeout was diskpipe's or the machine's.
+var _ = AfterEach(func() {
+	if CurrentSpecReport().Failed() {
+		GinkgoWriter.Println(health())
+		out, errOut, _ := cluster.Kubectl(context.Background(), nil, "get", "events", "-A", "--field-selector", "type=Warning", "--sort-by", ".lastTimestamp")
+		lines := strings.Split(strings.TrimSpace(out+errOut), "\n")
+		GinkgoWriter.Printf("the last warnings:\n%s\n", strings.Join(lines[max(0, len(lines)-25):], "\n"))
+	}
+})
+
+// health is a line on the cluster: node conditions other than Ready that hold, pods the
+// kubelet evicted, and the restarts of diskpipe's pods.
+func health() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := cluster.APIClient()
+	var notes []string
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return "cluster health: " + err.Error()
+	}
+	for _, n := range nodes.Items {
+		for _, cond := range n.Status.Conditions {
+			if cond.Type != corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				notes = append(notes, fmt.Sprintf("node %s %s since %s", n.Name, cond.Type, cond.LastTransitionTime.Format(time.TimeOnly)))
+			}
+		}
+	}
+	pods := &corev1.PodList{}
+	if err := c.List(ctx, pods); err != nil {
+		return "cluster health: " + err.Error()
+	}
+	evicted := map[string]int{}
+	for _, p := range pods.Items {
+		if p.Status.Reason == "Evicted" {
+			evicted[p.Namespace]++
+		}
+		for _, st := range p.Status.ContainerStatuses {
+			if st.RestartCount > 0 && p.Namespace == realcluster.ReleaseNamespace {
+				notes = append(notes, fmt.Sprintf("%s/%s restarted %d times", p.Name, st.Name, st.RestartCount))
+			}
+		}
+	}
+	for ns, n := range evicted {
+		notes = append(notes, fmt.Sprintf("%d pods evicted in %s", n, ns))
+	}
+	if len(notes) == 0 {
+		return "cluster health: no node pressure, no evictions, no restarts"
+	}
+	slices.Sort(notes)
+	return "cluster health: " + strings.Join(notes, "; ")
+}
 
 // serveFile serves the work directory with Range support; ?rate=N limits it to N bytes a
 // second, so an import can be interrupted on purpose; ?norange=1 answers as a server without

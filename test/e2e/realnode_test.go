@@ -252,6 +252,15 @@ var _ = Describe("on a real node: diskpipe's pods under a kubelet", func() {
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "vmim-block"), "block.img"))
 	})
 
+	It("starts the bundled store again while the manager is down: the golden-PVC webhook leaves diskpipe's own namespace alone", func() {
+		Expect(node().ScaleManager(0)).To(Succeed())
+		DeferCleanup(func() { Expect(node().ScaleManager(1)).To(Succeed()) })
+		// The store's pod mounts its PVC, which the webhook (failure policy Fail, and no manager
+		// to answer it) would refuse.
+		Expect(cluster.StopStore()).To(Succeed())
+		Expect(cluster.StartStore()).To(Succeed(), "the store's StatefulSet made its pod again without the manager")
+	})
+
 	It("finishes an export when the store's pod is deleted in the middle of it, and curl downloads it from the NodePort", func() {
 		ns := namespace()
 		big := filepath.Join(work, "big.raw")
