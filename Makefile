@@ -175,9 +175,16 @@ bench-controllers: tools build ## Create 1,000 images and 5,000 DiskVolumes agai
 # (50 images, 100 disks, 10 exports, 20 manager kills, 10 pod kills, 2 store restarts).
 CHAOS_FLAGS ?=
 
+# CLUSTER=real runs the demo or the chaos suite on the real single-node cluster (root; what
+# make test-cluster uses).
+CLUSTER ?= local
+CLUSTER_DEPS_local = setup tools build bootdisk
+CLUSTER_DEPS_real = setup cluster-tools build image pause-image bootdisk
+
 .PHONY: chaos
-chaos: setup tools build bootdisk ## Import, clone and export at scale on the local cluster while killing the manager, pods and the store; prints a table, fails when anything was lost or left over.
-	go run ./test/chaos $(CHAOS_FLAGS)
+chaos: $(CLUSTER_DEPS_$(CLUSTER)) ## Import, clone and export at scale on the local cluster (CLUSTER=real: on a real node) while killing the manager, pods and the store; prints a table, fails when anything was lost or left over.
+	$(if $(filter real,$(CLUSTER)),hack/setup.sh cluster)
+	go run ./test/chaos -cluster=$(CLUSTER) $(CHAOS_FLAGS)
 
 .PHONY: bench
 bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark.
@@ -196,13 +203,9 @@ cluster-up: setup cluster-tools build image pause-image ## Start the real single
 	hack/setup.sh cluster
 	go run ./test/cluster/up
 
-# CLUSTER=real runs the demo on the real single-node cluster (root; what make test-cluster uses).
-CLUSTER ?= local
-DEMO_DEPS_local = setup tools build bootdisk
-DEMO_DEPS_real = setup cluster-tools build image pause-image bootdisk
 
 .PHONY: demo
-demo: $(DEMO_DEPS_$(CLUSTER)) ## Run the whole pipeline on a local cluster (CLUSTER=real: on a real node); DEMO_FLAGS=--keep keeps it running.
+demo: $(CLUSTER_DEPS_$(CLUSTER)) ## Run the whole pipeline on a local cluster (CLUSTER=real: on a real node); DEMO_FLAGS=--keep keeps it running.
 	$(if $(filter real,$(CLUSTER)),hack/setup.sh cluster)
 	go run ./test/demo --cluster=$(CLUSTER) $(DEMO_FLAGS)
 

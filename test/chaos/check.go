@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	"github.com/minio/minio-go/v7"
@@ -20,14 +21,17 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/objectstore"
-	"github.com/diskpipe/diskpipe/test/localcluster"
 )
 
 // check verifies the end state: everything Ready and identical to its source, nothing left
 // over, no secret in any log.
-func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, raw string, images []*hypercloud.VirtualMachineImage,
+func check(ctx context.Context, c config, cl cluster, raw string, images []*hypercloud.VirtualMachineImage,
 	disks []*diskvolume.DiskVolume, exports []*hypercloud.VirtualMachineVolumeExport) []row {
-	k := cl.Client
+	k := cl.APIClient()
+	rootSecret, err := cl.StoreSecretKey(ctx)
+	if err != nil {
+		return []row{{"the store's root keys", err.Error(), "", false}}
+	}
 	var rows []row
 	count := func(what string, got, want int) {
 		rows = append(rows, row{what, fmt.Sprint(got), fmt.Sprint(want), got == want})
@@ -46,7 +50,7 @@ func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, 
 	var secrets []string
 	for _, ex := range exports {
 		_ = k.Get(ctx, client.ObjectKeyFromObject(ex), ex)
-		secrets = append(secrets, objectstore.ScopedSecret(cl.Store.SecretKey, string(ex.UID)))
+		secrets = append(secrets, objectstore.ScopedSecret(rootSecret, string(ex.UID)))
 		exs.add("export", ex, ex.Status.Phase, ex.Status.Retries, func() bool { return sameExport(ctx, cl, ex, raw) })
 	}
 	count("images Ready", imgs.ready, c.images)
@@ -81,7 +85,11 @@ func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, 
 		}
 	}
 	count("export VolumeSnapshots left", exportSnaps, 0)
-	store := cl.Store.Client()
+	store, err := cl.StoreClient(ctx)
+	if err != nil {
+		rows = append(rows, row{"the store as root", err.Error(), "", false})
+		return rows
+	}
 	uploads := 0
 	for _, bucket := range []string{"chaos-src", "chaos-exports"} {
 		if res, err := (minio.Core{Client: store.Client}).ListMultipartUploads(ctx, bucket, "", "", "", "", 1000); err == nil {
@@ -97,7 +105,7 @@ func check(ctx context.Context, c config, cl *localcluster.Cluster, clusterDir, 
 	}
 
 	// No credential or presigned URL in any log line.
-	leaks := grepLogs(clusterDir, append(secrets, cl.Store.SecretKey, "X-Amz-Signature=", "X-Amz-Credential="))
+	leaks := grepLogs(cl.LogDirs(), append(secrets, rootSecret, "X-Amz-Signature=", "X-Amz-Credential="))
 	count("log lines with a key or presigned URL", len(leaks), 0)
 	if len(leaks) > 0 {
 		rows = append(rows, row{"first leak", leaks[0], "", false})
@@ -161,39 +169,51 @@ func same(raw, dir string) bool {
 }
 
 // sameExport downloads an export with the store's root keys and compares it with the image.
-func sameExport(ctx context.Context, cl *localcluster.Cluster, ex *hypercloud.VirtualMachineVolumeExport, raw string) bool {
+func sameExport(ctx context.Context, cl cluster, ex *hypercloud.VirtualMachineVolumeExport, raw string) bool {
 	tmp, err := os.CreateTemp("", "chaos-export-*.qcow2")
 	if err != nil {
 		return false
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
-	if _, err := cl.Store.AWS(ctx, cl.Store.SecretKey, "s3", "cp", "--only-show-errors", ex.Status.ObjectURL, tmp.Name()); err != nil {
+	if _, err := cl.AWS(ctx, "s3", "cp", "--only-show-errors", ex.Status.ObjectURL, tmp.Name()); err != nil {
 		return false
 	}
 	return exec.Command("qemu-img", "compare", "-q", "-F", "raw", tmp.Name(), raw).Run() == nil
 }
 
-// grepLogs returns the log lines under dir that contain any of needles.
-func grepLogs(dir string, needles []string) []string {
+// grepLogs returns the log lines under dirs that contain any of needles; a file linked into
+// two of them is read once.
+func grepLogs(dirs []string, needles []string) []string {
 	var hits []string
-	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || (!strings.HasSuffix(p, ".log") && filepath.Base(p) != "log") {
-			return nil
-		}
-		b, err := os.ReadFile(p) //nolint:gosec // the run's own logs
-		if err != nil {
-			return nil
-		}
-		for _, line := range bytes.Split(b, []byte("\n")) {
-			for _, n := range needles {
-				if n != "" && bytes.Contains(line, []byte(n)) {
-					hits = append(hits, fmt.Sprintf("%s: %.120s", filepath.Base(filepath.Dir(p))+"/"+filepath.Base(p), line))
-					break
+	seen := map[uint64]bool{}
+	for _, dir := range dirs {
+		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || (!strings.HasSuffix(p, ".log") && filepath.Base(p) != "log") {
+				return nil
+			}
+			if info, err := d.Info(); err == nil {
+				if st, ok := info.Sys().(*syscall.Stat_t); ok {
+					if seen[st.Ino] {
+						return nil
+					}
+					seen[st.Ino] = true
 				}
 			}
-		}
-		return nil
-	})
+			b, err := os.ReadFile(p) //nolint:gosec // the run's own logs
+			if err != nil {
+				return nil
+			}
+			for _, line := range bytes.Split(b, []byte("\n")) {
+				for _, n := range needles {
+					if n != "" && bytes.Contains(line, []byte(n)) {
+						hits = append(hits, fmt.Sprintf("%s: %.120s", filepath.Base(filepath.Dir(p))+"/"+filepath.Base(p), line))
+						break
+					}
+				}
+			}
+			return nil
+		})
+	}
 	return hits
 }

@@ -31,7 +31,6 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/test/localcluster"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -42,6 +41,7 @@ type config struct {
 	sourceRate                          int64
 	timeout                             time.Duration
 	keep                                bool
+	cluster                             string
 }
 
 func main() {
@@ -55,7 +55,8 @@ func main() {
 	flag.Int64Var(&c.sourceRate, "source-rate", 256<<10, "bytes per second of each response of the HTTP source, a slow mirror: the work lasts long enough for the faults")
 	flag.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()%100000), "seed of the faults")
 	flag.DurationVar(&c.timeout, "timeout", 20*time.Minute, "the whole run's limit")
-	flag.BoolVar(&c.keep, "keep", false, "keep the cluster's directory")
+	flag.BoolVar(&c.keep, "keep", false, "keep the run's directory")
+	flag.StringVar(&c.cluster, "cluster", "local", "where to run: local (the local cluster) or real (the real node, as root)")
 	flag.Parse()
 	fmt.Printf("chaos: seed %d (repeat with -seed %d)\n", c.seed, c.seed)
 	ok, err := run(c)
@@ -89,13 +90,13 @@ func run(c config) (bool, error) {
 		return false, err
 	}
 	defer log.Close()
-	fmt.Printf("chaos: cluster in %s\n", dir)
-	cl, err := localcluster.Start(ctx, localcluster.Options{Bin: testenv.Path("bin"), Dir: filepath.Join(dir, "cluster"), Log: log})
+	fmt.Printf("chaos: %s cluster, run in %s\n", c.cluster, dir)
+	cl, err := startCluster(ctx, c.cluster, dir, log)
 	if err != nil {
 		return false, err
 	}
 	defer cl.Stop()
-	k := cl.Client
+	k := cl.APIClient()
 
 	// Sources: the tests' bootable disk as qcow2, compressed qcow2 and vmdk from an HTTP
 	// server that drops one response in ten, and as raw from the bundled store.
@@ -107,7 +108,7 @@ func run(c config) (bool, error) {
 	}
 	files["disk-compressed.qcow2"] = compressed
 	src := &flaky{files: files, rng: rand.New(rand.NewPCG(c.seed, 1)), rate: c.sourceRate}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(cl.HostAddress(), "0"))
 	if err != nil {
 		return false, err
 	}
@@ -115,10 +116,10 @@ func run(c config) (bool, error) {
 	go func() { _ = srv.Serve(l) }()
 	defer srv.Close()
 	base := "http://" + l.Addr().String() + "/"
-	if out, err := cl.Store.AWS(ctx, cl.Store.SecretKey, "s3", "mb", "s3://chaos-src"); err != nil {
+	if out, err := cl.AWS(ctx, "s3", "mb", "s3://chaos-src"); err != nil {
 		return false, fmt.Errorf("%w: %s", err, out)
 	}
-	if out, err := cl.Store.AWS(ctx, cl.Store.SecretKey, "s3", "cp", "--only-show-errors", raw, "s3://chaos-src/disk.raw"); err != nil {
+	if out, err := cl.AWS(ctx, "s3", "cp", "--only-show-errors", raw, "s3://chaos-src/disk.raw"); err != nil {
 		return false, fmt.Errorf("%w: %s", err, out)
 	}
 	namespaces := []string{"chaos-a", "chaos-b", "chaos-c"}
@@ -208,7 +209,7 @@ func run(c config) (bool, error) {
 	total := time.Since(start)
 	time.Sleep(5 * time.Second) // the last reconciles clean up after the final phases
 
-	rows := check(ctx, c, cl, filepath.Join(dir, "cluster"), raw, images, disks, exports)
+	rows := check(ctx, c, cl, raw, images, disks, exports)
 	rows = append([]row{
 		{"manager SIGKILLed and restarted", fmt.Sprint(f.managerKills.Load()), fmt.Sprint(c.managerKills), f.managerKills.Load() >= int64(c.managerKills)/2},
 		{"importer/exporter pods killed", fmt.Sprint(f.podKills.Load()), fmt.Sprint(c.podKills), c.podKills == 0 || f.podKills.Load() > 0},
@@ -302,7 +303,7 @@ func phasesOf(ctx context.Context, k client.Client, l client.ObjectList) ([]comm
 // faults breaks things at seeded moments.
 type faults struct {
 	c   config
-	cl  *localcluster.Cluster
+	cl  cluster
 	rng *rand.Rand
 	log io.Writer
 
@@ -329,7 +330,7 @@ func (f *faults) run(ctx context.Context) {
 			fmt.Fprintf(f.log, "chaos: manager SIGKILLed and restarted (%d)\n", f.managerKills.Load())
 		case n < 9 && f.podKills.Load() < int64(f.c.podKills):
 			pods := &corev1.PodList{}
-			if err := f.cl.Client.List(ctx, pods); err != nil {
+			if err := f.cl.APIClient().List(ctx, pods); err != nil {
 				continue
 			}
 			var running []corev1.Pod
@@ -347,9 +348,14 @@ func (f *faults) run(ctx context.Context) {
 				fmt.Fprintf(f.log, "chaos: killed pod %s/%s\n", p.Namespace, p.Name)
 			}
 		case f.storeStarts.Load() < int64(f.c.storeStarts):
-			f.cl.Store.Kill()
+			if err := f.cl.StopStore(); err != nil {
+				fmt.Fprintf(f.log, "chaos: stopping the store: %v\n", err)
+				continue
+			}
 			time.Sleep(time.Duration(1+f.rng.IntN(4)) * time.Second)
-			f.cl.Store.Restart()
+			if err := f.cl.StartStore(); err != nil {
+				fmt.Fprintf(f.log, "chaos: starting the store: %v\n", err)
+			}
 			f.storeStarts.Add(1)
 			fmt.Fprintf(f.log, "chaos: object store stopped and started\n")
 		}

@@ -68,6 +68,14 @@ func (c *Cluster) KillPod(ns, name string) error {
 func (c *Cluster) RestartManager() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// Its counters die with it: keep what it served last (ManagerCounter).
+	scrape, cancelScrape := context.WithTimeout(ctx, 2*time.Second)
+	if texts, err := c.managerMetrics(scrape); err == nil {
+		c.mu.Lock()
+		c.killedMetrics = append(c.killedMetrics, texts...)
+		c.mu.Unlock()
+	}
+	cancelScrape()
 	if err := c.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ReleaseNamespace),
 		client.MatchingLabels{"app.kubernetes.io/component": "manager"}, client.GracePeriodSeconds(0)); err != nil {
 		return err

@@ -76,11 +76,13 @@ type Cluster struct {
 	// Registry is the address of the registry containerd pulls from.
 	Registry string
 
-	pki     *pki
-	mu      sync.Mutex
-	procs   []*proc
-	cancel  context.CancelFunc
-	sysctls map[string]string
+	pki   *pki
+	mu    sync.Mutex
+	procs []*proc
+	// killedMetrics is what each manager pod RestartManager deleted served last.
+	killedMetrics []string
+	cancel        context.CancelFunc
+	sysctls       map[string]string
 }
 
 type proc struct {

@@ -271,21 +271,7 @@ func (c *Cluster) ManagerCounter(name string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	total := 0.0
-	for _, t := range append(c.killed, text) {
-		for line := range strings.Lines(t) {
-			if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-				continue
-			}
-			fields := strings.Fields(line)
-			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
-			if err != nil {
-				return 0, fmt.Errorf("%s: %q: %w", name, line, err)
-			}
-			total += v
-		}
-	}
-	return total, nil
+	return testenv.SumCounter(append(c.killed, text), name)
 }
 
 // scrapeManager reads the manager's /metrics, trying for up to wait while it starts.

@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// What a long run (make chaos CLUSTER=real) looks back at when it ends: the manager's counters
+// over all its pods, the logs of pods long deleted, and the bundled store as root.
+
+// StoreClient reaches the bundled store through its NodePort with its root keys.
+func (c *Cluster) StoreClient(ctx context.Context) (*objectstore.Client, error) {
+	id, secret, err := c.storeKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return objectstore.NewClient(objectstore.ClientConfig{Endpoint: StoreEndpoint, AccessKey: id, SecretKey: secret, BucketLookup: "Path", Scoped: true})
+}
+
+// StoreSecretKey is the bundled store's root secret, which no log line may hold.
+func (c *Cluster) StoreSecretKey(ctx context.Context) (string, error) {
+	_, secret, err := c.storeKeys(ctx)
+	return secret, err
+}
+
+// managerMetrics reads /metrics of each running manager pod, from the node (pod addresses are
+// on its bridge).
+func (c *Cluster) managerMetrics(ctx context.Context) ([]string, error) {
+	pods := &corev1.PodList{}
+	if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "manager"}); err != nil {
+		return nil, err
+	}
+	var texts []string
+	var errs []error
+	for _, p := range pods.Items {
+		if p.Status.PodIP == "" || p.DeletionTimestamp != nil {
+			continue
+		}
+		port := 8080
+		for _, ctr := range p.Spec.Containers {
+			for _, cp := range ctr.Ports {
+				if cp.Name == "metrics" {
+					port = int(cp.ContainerPort)
+				}
+			}
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port))+"/metrics", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			errs = append(errs, fmt.Errorf("%s: %s %v", p.Name, resp.Status, err))
+			continue
+		}
+		texts = append(texts, string(b))
+	}
+	if len(texts) == 0 {
+		return nil, fmt.Errorf("no manager pod served its metrics: %w", errors.Join(errs...))
+	}
+	return texts, nil
+}
+
+// ManagerCounter sums a counter of the manager's metrics, all its labels, over the running
+// manager pods and each pod RestartManager deleted, as it was just before.
+func (c *Cluster) ManagerCounter(name string) (float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	texts, err := c.managerMetrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	texts = append(texts, c.killedMetrics...)
+	c.mu.Unlock()
+	return testenv.SumCounter(texts, name)
+}
+
+// KeepPodLogs keeps every container log the kubelet writes, under dir, until ctx ends: the
+// kubelet removes a deleted pod's logs, and an importer's pod is deleted once its work is
+// done. Each file is hard-linked as it appears, so it keeps what is written to it after.
+func (c *Cluster) KeepPodLogs(ctx context.Context, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	src := c.path("logs", "pods")
+	go func() {
+		for ctx.Err() == nil {
+			_ = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return nil
+				}
+				info, err := d.Info()
+				if err != nil {
+					return nil
+				}
+				st, ok := info.Sys().(*syscall.Stat_t)
+				if !ok {
+					return nil
+				}
+				rel, _ := filepath.Rel(src, p)
+				// By inode, so that a rotated file and its successor are both kept.
+				kept := filepath.Join(dir, strings.ReplaceAll(rel, string(filepath.Separator), "_")+"."+strconv.FormatUint(st.Ino, 10)+".log")
+				if _, err := os.Lstat(kept); err == nil {
+					return nil
+				}
+				_ = os.Link(p, kept)
+				return nil
+			})
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return nil
+}
