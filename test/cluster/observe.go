@@ -69,8 +69,11 @@ func (c *Cluster) managerMetrics(ctx context.Context) ([]string, error) {
 		}
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if err != nil || resp.StatusCode != http.StatusOK {
-			errs = append(errs, fmt.Errorf("%s: %s %v", p.Name, resp.Status, err))
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = errors.New(resp.Status)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
 			continue
 		}
 		texts = append(texts, string(b))
