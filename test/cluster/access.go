@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -63,24 +64,65 @@ func (c *Cluster) KillPod(ns, name string) error {
 	return fmt.Errorf("pod %s/%s has no running container", ns, name)
 }
 
-// RestartManager deletes the manager's pods, as a node's loss would; their Deployment makes
-// new ones, which elect a leader and adopt what was running.
+// RestartManager SIGKILLs the manager's containers and deletes their pods, as a node's loss
+// would; their Deployment makes new ones, which elect a leader and adopt what was running.
+// (Deleting a pod alone leaves its container running for a while after the pod is gone.)
 func (c *Cluster) RestartManager() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Its counters die with it: keep what it served last (ManagerCounter).
-	scrape, cancelScrape := context.WithTimeout(ctx, 2*time.Second)
-	if texts, err := c.managerMetrics(scrape); err == nil {
-		c.mu.Lock()
-		c.killedMetrics = append(c.killedMetrics, texts...)
-		c.mu.Unlock()
-	}
+	scrape, cancelScrape := context.WithTimeout(ctx, 10*time.Second)
+	texts, err := c.managerMetrics(scrape)
 	cancelScrape()
-	if err := c.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ReleaseNamespace),
-		client.MatchingLabels{"app.kubernetes.io/component": "manager"}, client.GracePeriodSeconds(0)); err != nil {
+	c.mu.Lock()
+	c.killedMetrics = append(c.killedMetrics, texts...)
+	if err != nil {
+		c.unscraped = append(c.unscraped, err)
+	}
+	c.mu.Unlock()
+	managers := client.MatchingLabels{"app.kubernetes.io/component": "manager"}
+	pods := &corev1.PodList{}
+	if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), managers); err != nil {
 		return err
 	}
-	return c.rolledOut(ctx, &appsv1.Deployment{}, Release+"-manager")
+	old := map[types.UID]bool{}
+	for _, p := range pods.Items {
+		old[p.UID] = true
+		_ = c.KillPod(p.Namespace, p.Name) // one that is not running has nothing to kill
+	}
+	if err := c.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ReleaseNamespace), managers, client.GracePeriodSeconds(0)); err != nil {
+		return err
+	}
+	// The Deployment's status still counts the deleted pods ready for a moment: wait for new
+	// pods, all ready.
+	deploy := &appsv1.Deployment{}
+	return c.wait(ctx, "new manager pods", "kubelet", 2*time.Minute, func(ctx context.Context) error {
+		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: Release + "-manager"}, deploy); err != nil {
+			return err
+		}
+		if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), managers); err != nil {
+			return err
+		}
+		ready := 0
+		for _, p := range pods.Items {
+			if !old[p.UID] && p.DeletionTimestamp == nil && podReady(&p) {
+				ready++
+			}
+		}
+		if want := int(ptr.Deref(deploy.Spec.Replicas, 1)); ready < want {
+			return fmt.Errorf("%d of %d new pods ready", ready, want)
+		}
+		return nil
+	})
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // rolledOut waits until a Deployment or StatefulSet has all its replicas ready again.

@@ -79,8 +79,10 @@ type Cluster struct {
 	pki   *pki
 	mu    sync.Mutex
 	procs []*proc
-	// killedMetrics is what each manager pod RestartManager deleted served last.
+	// killedMetrics is what each manager pod RestartManager deleted served last; unscraped
+	// says which could not be read first.
 	killedMetrics []string
+	unscraped     []error
 	cancel        context.CancelFunc
 	sysctls       map[string]string
 }

@@ -41,7 +41,7 @@ func (c *Cluster) StoreSecretKey(ctx context.Context) (string, error) {
 }
 
 // managerMetrics reads /metrics of each running manager pod, from the node (pod addresses are
-// on its bridge).
+// on its bridge): what it read, and which pods it could not.
 func (c *Cluster) managerMetrics(ctx context.Context) ([]string, error) {
 	pods := &corev1.PodList{}
 	if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "manager"}); err != nil {
@@ -78,10 +78,10 @@ func (c *Cluster) managerMetrics(ctx context.Context) ([]string, error) {
 		}
 		texts = append(texts, string(b))
 	}
-	if len(texts) == 0 {
-		return nil, fmt.Errorf("no manager pod served its metrics: %w", errors.Join(errs...))
+	if len(texts) == 0 && len(errs) == 0 {
+		return nil, errors.New("no manager pod is running")
 	}
-	return texts, nil
+	return texts, errors.Join(errs...)
 }
 
 // ManagerCounter sums a counter of the manager's metrics, all its labels, over the running
@@ -95,7 +95,11 @@ func (c *Cluster) ManagerCounter(name string) (float64, error) {
 	}
 	c.mu.Lock()
 	texts = append(texts, c.killedMetrics...)
+	unscraped := errors.Join(c.unscraped...)
 	c.mu.Unlock()
+	if unscraped != nil {
+		return 0, fmt.Errorf("manager pods deleted before their metrics were read: %w", unscraped)
+	}
 	return testenv.SumCounter(texts, name)
 }
 
