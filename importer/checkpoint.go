@@ -107,9 +107,28 @@ func (t *Target) loadCheckpoint(vsize int64) *checkpoint {
 }
 
 // saveCheckpoint flushes the disk, then records c: the record never claims data that is not
-// on stable storage.
-func (t *Target) saveCheckpoint(c *checkpoint) error {
-	err := t.writeCheckpoint(c)
+// on stable storage. Both happen in the background while the import goes on writing past
+// c.Done (an fsync in the import's path would leave the network and the converter idle at
+// every checkpoint); it first waits for the previous checkpoint and returns its error.
+func (t *Target) saveCheckpoint(c checkpoint) error {
+	if err := t.settle(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	t.pending = done
+	go func() { done <- t.writeCheckpoint(&c) }()
+	return nil
+}
+
+// settle waits for the checkpoint being recorded, if any, and returns its error. Whatever
+// ends the import (Finish, Keep, Wipe) settles first, so that no record is written after
+// the disk was finished or emptied.
+func (t *Target) settle() error {
+	if t.pending == nil {
+		return nil
+	}
+	err := <-t.pending
+	t.pending = nil
 	t.checkpointed = t.checkpointed || err == nil
 	return err
 }

@@ -100,6 +100,7 @@ func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 	}
 	t.grow, t.preallocate = o.Grow, o.Preallocate
 	if err = run(ctx, &o, t, res); err != nil {
+		_ = t.settle() // a checkpoint recorded as the import failed counts
 		if t.checkpointed && resumable(err) {
 			o.Log.Info("Keeping the disk and its checkpoint for the next attempt", "err", err)
 			_ = t.Keep()
@@ -225,7 +226,7 @@ func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Ta
 				}
 				cp.Hashed = cp.Done
 			}
-			if err := t.saveCheckpoint(cp); err != nil {
+			if err := t.saveCheckpoint(*cp); err != nil {
 				return err
 			}
 			next = cp.Done + checkpointEvery
@@ -320,7 +321,7 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 		}
 		if cp.Done += n; cp.Identity != "" && cp.Done < vsize {
 			cp.Hashed, cp.Hash = h.snapshot()
-			err = t.saveCheckpoint(cp)
+			err = t.saveCheckpoint(*cp)
 		}
 	}
 	if err != nil {

@@ -234,3 +234,56 @@ func TestResumeRawAndBlock(t *testing.T) {
 		sameDisk(t, raw, dev) // the 16 MiB past the image, checkpoint area included, must be zeros
 	})
 }
+
+// TestCheckpointInBackground: a checkpoint is recorded while the import goes on, and whatever
+// ends the import waits for it, so that no record outlives a finished or emptied disk and a
+// kept disk keeps its record.
+func TestCheckpointInBackground(t *testing.T) {
+	cp := checkpoint{Source: "http://example.com/disk.qcow2", Identity: "etag \"1\"", Format: "qcow2", VirtualSize: 8 << 20, Done: 4 << 20}
+	for _, c := range []struct {
+		name string
+		end  func(*Target) error
+		// kept: the record is there afterwards.
+		kept bool
+	}{
+		{"finished", func(t *Target) error { return t.Finish(8 << 20) }, false},
+		{"wiped", (*Target).Wipe, false},
+		{"kept", (*Target).Keep, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "disk.img")
+			tg, err := OpenTarget(path, 64<<20, DefaultOverhead)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tg.Prepare(8 << 20); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tg.WriteAt([]byte("data"), 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := tg.saveCheckpoint(cp); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.end(tg); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond) // a record still being written would land by now
+			_, err = os.Stat(path + ".checkpoint")
+			if c.kept {
+				reopened, oerr := OpenTarget(path, 64<<20, DefaultOverhead)
+				if oerr != nil {
+					t.Fatal(oerr)
+				}
+				defer reopened.Keep()
+				if got := reopened.loadCheckpoint(8 << 20); !got.matches(cp.Source, cp.Identity, Format(cp.Format), cp.VirtualSize) || got.Done != cp.Done {
+					t.Errorf("the kept disk's checkpoint is %+v, want %+v", got, cp)
+				}
+				return
+			}
+			if !os.IsNotExist(err) {
+				t.Errorf("a checkpoint is left beside the %s disk (stat: %v)", c.name, err)
+			}
+		})
+	}
+}

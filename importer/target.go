@@ -39,6 +39,8 @@ type Target struct {
 	// checkpointed is set when the disk has a checkpoint (this import resumed one or recorded
 	// one): it is worth keeping after a transient failure.
 	checkpointed bool
+	// pending receives the result of the checkpoint being recorded in the background.
+	pending chan error
 }
 
 // OpenTarget opens path: a block device as it is, anything else as the disk file, created if
@@ -241,6 +243,9 @@ func (t *Target) Resume(size int64) error {
 // Finish sets the disk's final size (a file is truncated to it, or grown to the usable size
 // with grow), removes any checkpoint and flushes it to stable storage.
 func (t *Target) Finish(size int64) error {
+	if err := t.settle(); err != nil {
+		return err
+	}
 	if err := t.removeCheckpoint(size); err != nil {
 		return err
 	}
@@ -283,6 +288,7 @@ func (t *Target) allocate(size int64) error {
 // file is removed, the device zeroed.
 func (t *Target) Wipe() error {
 	defer t.f.Close()
+	_ = t.settle() // the disk goes with its checkpoint, whether or not that was recorded
 	if t.block {
 		return t.zero()
 	}
@@ -292,7 +298,10 @@ func (t *Target) Wipe() error {
 
 // Keep closes the target after a transient failure, leaving the disk and its checkpoint for
 // the next attempt.
-func (t *Target) Keep() error { return t.f.Close() }
+func (t *Target) Keep() error {
+	_ = t.settle() // a checkpoint that could not be recorded leaves the one before it
+	return t.f.Close()
+}
 
 // sparseWriter writes a stream at increasing offsets; the target skips its zeros.
 type sparseWriter struct {
