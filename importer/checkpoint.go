@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"time"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -15,9 +16,10 @@ import (
 // # Resuming an import in another pod
 //
 // A long import whose pod is killed, evicted or fails transiently goes on in the next pod
-// where it stopped instead of at byte 0. Every checkpointEvery bytes of the disk the importer
-// flushes what it wrote to stable storage and then records how far it got (both in the
-// background, while the import goes on past that point) in a small checkpoint beside the disk: disk.img.checkpoint on a filesystem volume, the device's last
+// where it stopped instead of at byte 0. Every 256 MiB of the disk, or every 10 s of work when
+// that is more (checkpointAfter), the importer flushes what it wrote to stable storage and then
+// records how far it got (both in the background, while the import goes on past that point)
+// in a small checkpoint beside the disk: disk.img.checkpoint on a filesystem volume, the device's last
 // 64 KiB (when the image leaves them free) on a block volume. The checkpoint names the source
 // and its identity (ETag or Last-Modified and size, an S3 ETag, a file's size and mtime),
 // the format and virtual size, how far the disk is done, and the checksum's running state.
@@ -32,9 +34,26 @@ import (
 // from a source with random access. A gzip, xz or zstd wrapper or a registry layer can only
 // be decoded from its start, so those imports start over.
 
-// checkpointEvery is how much of the disk is done between two checkpoints; a resumed import
-// reads again at most this much (plus the cache's read-ahead).
-var checkpointEvery int64 = 256 << 20 // a variable for the tests
+// checkpointEvery is the least of the disk done between two checkpoints, and checkpointInterval
+// the least time: the next checkpoint waits for whichever is more of the disk at the pace so
+// far. A resumed import reads again at most that much (plus the cache's read-ahead), and a
+// checkpoint — a flush, and a pause of the converter's workers at its boundary — costs a fast
+// import little: one at 256 MiB, then about one every 10 s.
+var (
+	checkpointEvery    int64 = 256 << 20        // a variable for the tests
+	checkpointInterval       = 10 * time.Second // a variable for the tests; 0: by size alone
+)
+
+// checkpointAfter is how much of the disk the next checkpoint waits for, given that this
+// attempt did done bytes in elapsed; a multiple of 4 MiB.
+func checkpointAfter(done int64, elapsed time.Duration) int64 {
+	n := checkpointEvery
+	if checkpointInterval > 0 && done > 0 && elapsed > 0 {
+		n = max(n, int64(float64(done)/elapsed.Seconds()*checkpointInterval.Seconds()))
+	}
+	const align = 4 << 20
+	return (n + align - 1) / align * align
+}
 
 // checkpointRegion is the size of a block device's checkpoint area, at its end.
 const checkpointRegion = 64 << 10

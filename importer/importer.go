@@ -184,7 +184,7 @@ func resumable(err error) bool { return transfer.IsTransient(err) || errors.Is(e
 
 // importRaw copies a raw image (or ISO) from a source with random access front to back,
 // hashing what it copies and writing only non-zero blocks, with a checkpoint every
-// checkpointEvery bytes: a resumed import asks the source for the rest only. head, the first
+// checkpointAfter bytes: a resumed import asks the source for the rest only. head, the first
 // bytes already read to tell the format, is not asked for again.
 func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
 	size := f.obj.Size()
@@ -203,7 +203,8 @@ func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Ta
 		s.pos = int64(len(head))
 	}
 	buf := make([]byte, copyBufferSize)
-	for next := cp.Done + checkpointEvery; cp.Done < size; {
+	start, from := time.Now(), cp.Done
+	for next := cp.Done + checkpointAfter(0, 0); cp.Done < size; {
 		n, err := io.ReadFull(src, buf[:min(int64(len(buf)), size-cp.Done)])
 		if n > 0 {
 			cs.Hash.Write(buf[:n])
@@ -229,7 +230,7 @@ func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Ta
 			if err := t.saveCheckpoint(*cp); err != nil {
 				return err
 			}
-			next = cp.Done + checkpointEvery
+			next = cp.Done + checkpointAfter(cp.Done-from, time.Since(start))
 		}
 	}
 	res.Digest = cs.Digest()
@@ -284,7 +285,7 @@ func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Im
 
 // importRandom converts an image read at random (qcow2, vmdk, vpc, vdi, vhdx), fetching only its
 // allocated clusters, except when a checksum must be verified: then a hasher reads the whole
-// file in order through the same cache. The disk is done in pieces of checkpointEvery bytes,
+// file in order through the same cache. The disk is done in pieces of checkpointAfter bytes,
 // each recorded once flushed (checkpoint.go), so another pod can go on from the last one.
 func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, head []byte, cs *transfer.Checksum, t *Target, res *transfer.Result) error {
 	size := f.obj.Size()
@@ -310,10 +311,11 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	} else {
 		hashed <- nil
 	}
+	start, from := time.Now(), cp.Done
 	for cp.Done < vsize && err == nil {
 		n := vsize - cp.Done
 		if cp.Identity != "" {
-			n = min(n, checkpointEvery)
+			n = min(n, checkpointAfter(cp.Done-from, time.Since(start)))
 		}
 		if err = convert.Convert(shifted{t, cp.Done}, &window{img, cp.Done, n},
 			convert.Options{Workers: o.Parallel, SegmentSize: 4 * convert.BufferSize, Progress: o.Progress}); err != nil {

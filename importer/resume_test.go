@@ -32,7 +32,7 @@ func TestImporterChild(t *testing.T) {
 		t.Skip("the importer process of the resume tests")
 	}
 	if v, err := strconv.ParseInt(os.Getenv(childEveryEnv), 10, 64); err == nil {
-		checkpointEvery = v
+		checkpointEvery, checkpointInterval = v, 0 // by size alone, so the bounds below are tight
 	}
 	os.Exit(Main(context.Background(), strings.Split(args, "\x1f"), os.Stderr))
 }
@@ -283,6 +283,33 @@ func TestCheckpointInBackground(t *testing.T) {
 			}
 			if !os.IsNotExist(err) {
 				t.Errorf("a checkpoint is left beside the %s disk (stat: %v)", c.name, err)
+			}
+		})
+	}
+}
+
+// TestCheckpointAfter: a checkpoint every 256 MiB, or every 10 s of work at the pace so far
+// when that is more; by size alone when the interval is 0.
+func TestCheckpointAfter(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		done     int64
+		elapsed  time.Duration
+		interval time.Duration
+		want     int64
+	}{
+		{"first", 0, 0, 10 * time.Second, 256 << 20},
+		{"slow: 10 MiB/s", 100 << 20, 10 * time.Second, 10 * time.Second, 256 << 20},
+		{"fast: 1 GiB/s", 1 << 30, time.Second, 10 * time.Second, 10 << 30},
+		{"30 MiB/s, rounded up to 4 MiB", 30 << 20, time.Second, 10 * time.Second, 300 << 20},
+		{"30.1 MiB/s", 30<<20 + 100<<10, time.Second, 10 * time.Second, 304 << 20},
+		{"by size alone", 1 << 30, time.Second, 0, 256 << 20},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			defer func(i time.Duration) { checkpointInterval = i }(checkpointInterval)
+			checkpointInterval = c.interval
+			if got := checkpointAfter(c.done, c.elapsed); got != c.want {
+				t.Errorf("checkpointAfter(%d, %s) = %d MiB, want %d MiB", c.done, c.elapsed, got>>20, c.want>>20)
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // benchImport imports a 4 GiB qcow2 (plain and with compressed clusters) served by Debian's
@@ -129,6 +130,13 @@ func benchImport(root, work string) error {
 			"our CPU / qemu-img's = %.2f; peak RSS %.0f MiB (target <= 160); wrote %.2f GiB, identical by qemu-img compare\n",
 			o.wall.Seconds()/refWall.Seconds(), o.wall.Seconds()/max(c.wall, qf.wall).Seconds(),
 			o.cpu.Seconds()/q.cpu.Seconds(), float64(o.peakRSS)/(1<<20), float64(allocated(out))/(1<<30))
+		// A shared machine's pace drifts between rounds; the contenders of one round ran
+		// minutes apart at most, so each round's own ratio is the steadier figure.
+		fmt.Printf("  each round's ratio against max(curl, qemu-img): %s; against max(curl, qemu-img flushed): %s\n",
+			roundRatios(ours, curl, qemu), roundRatios(ours, curl, qemuFlushed))
+		if len(base) > 0 {
+			fmt.Printf("  each round's wall against the baseline importer's: %s\n", roundRatios(ours, base, base))
+		}
 		_ = os.Remove(out)
 		_ = os.Remove(ref)
 	}
@@ -146,4 +154,13 @@ func median(ms []measurement) measurement {
 func importerArgs(url, out string) []string {
 	return []string{"--url", url, "--target", out, "--capacity", "5368709120",
 		"--metrics-addr", "", "--termination-message-path", "", "--progress-interval", "1h"}
+}
+
+// roundRatios lists, for each round, ours' wall time over the larger of a's and b's.
+func roundRatios(ours, a, b []measurement) string {
+	var out []string
+	for i := range ours {
+		out = append(out, fmt.Sprintf("%.2f", ours[i].wall.Seconds()/max(a[i].wall, b[i].wall).Seconds()))
+	}
+	return strings.Join(out, " ")
 }
