@@ -59,8 +59,8 @@ const hugePage = 2 << 20
 // hugeBuffers cuts n buffers of size bytes from one allocation and asks the kernel to back it
 // with transparent huge pages (madvise; nothing changes where THP is off). The cache's
 // buffers are written once each as they first fill, and a 4 KiB page fault for every page
-// of them took a third of a 4 GiB import's first half-second on a paravirtualized node (the
-// hypervisor sets each page-table entry); with huge pages it is one fault per 2 MiB. The
+// of them took a third of a 4 GiB import's first half-second on a paravirtualized node,
+// where a fault is dear; with huge pages it is one fault per 2 MiB. The
 // memory stays the Go heap's: a fetch still running after the import ended keeps its buffer.
 func hugeBuffers(n, size int64) [][]byte {
 	if n <= 0 {

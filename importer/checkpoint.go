@@ -17,10 +17,10 @@ import (
 //
 // A long import whose pod is killed, evicted or fails transiently goes on in the next pod
 // where it stopped instead of at byte 0. Every 256 MiB of the disk, or every 10 s of work when
-// that is more (checkpointAfter), the importer flushes what it wrote to stable storage and then
-// records how far it got (both in the background, while the import goes on past that point)
-// in a small checkpoint beside the disk: disk.img.checkpoint on a filesystem volume, the device's last
-// 64 KiB (when the image leaves them free) on a block volume. The checkpoint names the source
+// that is more (checkpointAfter), the importer flushes what it wrote to stable storage and
+// then records how far it got (both in the background, while the import goes on past that
+// point) in a small checkpoint beside the disk: disk.img.checkpoint on a filesystem volume,
+// the device's last 64 KiB (when the image leaves them free) on a block volume. The checkpoint names the source
 // and its identity (ETag or Last-Modified and size, an S3 ETag, a file's size and mtime),
 // the format and virtual size, how far the disk is done, and the checksum's running state.
 //
