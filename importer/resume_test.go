@@ -275,7 +275,11 @@ func TestCheckpointInBackground(t *testing.T) {
 				if oerr != nil {
 					t.Fatal(oerr)
 				}
-				defer reopened.Keep()
+				defer func() {
+					if err := reopened.Keep(); err != nil {
+						t.Error(err)
+					}
+				}()
 				if got := reopened.loadCheckpoint(8 << 20); !got.matches(cp.Source, cp.Identity, Format(cp.Format), cp.VirtualSize) || got.Done != cp.Done {
 					t.Errorf("the kept disk's checkpoint is %+v, want %+v", got, cp)
 				}
