@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // benchImport imports a 4 GiB qcow2 (plain and with compressed clusters) served by Debian's
@@ -29,7 +30,7 @@ func benchImport(root, work string) error {
 	}
 	defer srv.Stop()
 	// BENCH_BASELINE names another build of the importer (say, of the commit before a
-	// change), run right after ours each time.
+	// change), run right before ours in each round.
 	baseline := os.Getenv("BENCH_BASELINE")
 	runs := 3
 	if v, err := strconv.Atoi(os.Getenv("BENCH_RUNS")); err == nil && v > 0 {
@@ -64,6 +65,21 @@ func benchImport(root, work string) error {
 		var curl, qemu, qemuFlushed, ours, base []measurement
 		var curlServed, oursServed int64
 		var curlReqs, oursReqs int
+		// importOnce runs an importer build into out from a cold page cache and checks its
+		// disk against qemu-img's conversion; what nginx served it is read by the caller.
+		importOnce := func(name, bin string) (measurement, error) {
+			_ = os.Remove(out)
+			dropCaches()
+			srv.Read()
+			m, err := timed(name, size, bin, importerArgs(url, out)...)
+			if err != nil {
+				return m, err
+			}
+			if err := sh("qemu-img", "compare", "-f", "raw", "-F", "raw", ref, out); err != nil {
+				return m, fmt.Errorf("%s: the import differs from qemu-img's conversion: %w", name, err)
+			}
+			return m, nil
+		}
 		for range runs {
 			dropCaches()
 			srv.Read()
@@ -90,31 +106,17 @@ func benchImport(root, work string) error {
 			}
 			qemuFlushed = append(qemuFlushed, m)
 
-			_ = os.Remove(out)
-			dropCaches()
-			srv.Read()
-			m, err = timed("diskpipe importer (HTTP, Range)", size, importer, importerArgs(url, out)...)
-			if err != nil {
+			if baseline != "" { // another build of the importer, measured in the same run
+				if m, err = importOnce("baseline importer ($BENCH_BASELINE)", baseline); err != nil {
+					return err
+				}
+				base = append(base, m)
+			}
+			if m, err = importOnce("diskpipe importer (HTTP, Range)", importer); err != nil {
 				return err
 			}
 			ours = append(ours, m)
 			oursReqs, oursServed = srv.Read()
-			if baseline != "" { // another build of the importer, measured in the same run
-				if err := sh("qemu-img", "compare", "-f", "raw", "-F", "raw", ref, out); err != nil {
-					return fmt.Errorf("the import differs from qemu-img's conversion: %w", err)
-				}
-				_ = os.Remove(out)
-				dropCaches()
-				m, err = timed("baseline importer ($BENCH_BASELINE)", size, baseline, importerArgs(url, out)...)
-				if err != nil {
-					return err
-				}
-				base = append(base, m)
-				srv.Read()
-			}
-			if err := sh("qemu-img", "compare", "-f", "raw", "-F", "raw", ref, out); err != nil {
-				return fmt.Errorf("the import differs from qemu-img's conversion: %w", err)
-			}
 		}
 		c, q, qf, o := median(curl), median(qemu), median(qemuFlushed), median(ours)
 		for _, m := range []measurement{c, q, qf, o} {
@@ -135,7 +137,7 @@ func benchImport(root, work string) error {
 		fmt.Printf("  each round's ratio against max(curl, qemu-img): %s; against max(curl, qemu-img flushed): %s\n",
 			roundRatios(ours, curl, qemu), roundRatios(ours, curl, qemuFlushed))
 		if len(base) > 0 {
-			fmt.Printf("  each round's wall against the baseline importer's: %s\n", roundRatios(ours, base, base))
+			fmt.Printf("  each round's wall against the baseline importer's: %s\n", roundRatios(ours, base))
 		}
 		_ = os.Remove(out)
 		_ = os.Remove(ref)
@@ -156,11 +158,15 @@ func importerArgs(url, out string) []string {
 		"--metrics-addr", "", "--termination-message-path", "", "--progress-interval", "1h"}
 }
 
-// roundRatios lists, for each round, ours' wall time over the larger of a's and b's.
-func roundRatios(ours, a, b []measurement) string {
+// roundRatios lists, for each round, ours' wall time over the largest of the references'.
+func roundRatios(ours []measurement, refs ...[]measurement) string {
 	var out []string
 	for i := range ours {
-		out = append(out, fmt.Sprintf("%.2f", ours[i].wall.Seconds()/max(a[i].wall, b[i].wall).Seconds()))
+		var ref time.Duration
+		for _, r := range refs {
+			ref = max(ref, r[i].wall)
+		}
+		out = append(out, fmt.Sprintf("%.2f", ours[i].wall.Seconds()/ref.Seconds()))
 	}
 	return strings.Join(out, " ")
 }
