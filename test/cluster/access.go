@@ -95,22 +95,42 @@ func (c *Cluster) RestartManager() error {
 	}
 	// The Deployment's status still counts the deleted pods ready for a moment: wait for new
 	// pods, all ready.
-	deploy := &appsv1.Deployment{}
-	return c.wait(ctx, "new manager pods", "kubelet", 2*time.Minute, func(ctx context.Context) error {
-		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: Release + "-manager"}, deploy); err != nil {
+	return c.podsReady(ctx, "new manager pods", &appsv1.Deployment{}, "manager", old)
+}
+
+// podsReady waits until a component's Deployment or StatefulSet has as many ready pods as it
+// asks for, counting none of old; it counts pods, not the object's status, which lags behind
+// them. When the time is up, the error says what each pod that is not ready is waiting for.
+func (c *Cluster) podsReady(ctx context.Context, what string, obj client.Object, component string, old map[types.UID]bool) error {
+	name := Release + "-" + component
+	return c.wait(ctx, what, "kubelet", 2*time.Minute, func(ctx context.Context) error {
+		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: name}, obj); err != nil {
 			return err
 		}
-		if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), managers); err != nil {
+		var want int32
+		switch o := obj.(type) {
+		case *appsv1.Deployment:
+			want = ptr.Deref(o.Spec.Replicas, 1)
+		case *appsv1.StatefulSet:
+			want = ptr.Deref(o.Spec.Replicas, 1)
+		}
+		pods := &corev1.PodList{}
+		if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": component}); err != nil {
 			return err
 		}
-		ready := 0
+		var ready int32
+		var waiting []string
 		for _, p := range pods.Items {
-			if !old[p.UID] && p.DeletionTimestamp == nil && podReady(&p) {
+			switch {
+			case old[p.UID]:
+			case p.DeletionTimestamp == nil && podReady(&p):
 				ready++
+			default:
+				waiting = append(waiting, podState(&p))
 			}
 		}
-		if want := int(ptr.Deref(deploy.Spec.Replicas, 1)); ready < want {
-			return fmt.Errorf("%d of %d new pods ready", ready, want)
+		if ready < want {
+			return fmt.Errorf("%d of %d pods of %s ready; %s", ready, want, name, strings.Join(waiting, "; "))
 		}
 		return nil
 	})
@@ -125,24 +145,30 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// rolledOut waits until a Deployment or StatefulSet has all its replicas ready again.
-func (c *Cluster) rolledOut(ctx context.Context, obj client.Object, name string) error {
-	return c.wait(ctx, "rollout of "+name, "kubelet", 2*time.Minute, func(ctx context.Context) error {
-		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: name}, obj); err != nil {
-			return err
+// podState says what a pod that is not ready is going through: its phase, the conditions
+// that do not hold and why its containers wait or ended.
+func podState(p *corev1.Pod) string {
+	parts := []string{p.Name + " " + string(p.Status.Phase)}
+	if p.DeletionTimestamp != nil {
+		parts = append(parts, "deleting")
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Status != corev1.ConditionTrue {
+			parts = append(parts, strings.TrimSpace(fmt.Sprintf("%s=%s %s %s", cond.Type, cond.Status, cond.Reason, cond.Message)))
 		}
-		var want, ready int32
-		switch o := obj.(type) {
-		case *appsv1.Deployment:
-			want, ready = ptr.Deref(o.Spec.Replicas, 1), o.Status.ReadyReplicas
-		case *appsv1.StatefulSet:
-			want, ready = ptr.Deref(o.Spec.Replicas, 1), o.Status.ReadyReplicas
+	}
+	for _, st := range p.Status.ContainerStatuses {
+		switch {
+		case st.State.Waiting != nil:
+			parts = append(parts, strings.TrimSpace(fmt.Sprintf("%s waiting: %s %s", st.Name, st.State.Waiting.Reason, st.State.Waiting.Message)))
+		case st.State.Terminated != nil:
+			parts = append(parts, strings.TrimSpace(fmt.Sprintf("%s ended: %s %s", st.Name, st.State.Terminated.Reason, st.State.Terminated.Message)))
 		}
-		if ready < want || want == 0 && ready > 0 {
-			return fmt.Errorf("%d of %d replicas ready", ready, want)
+		if st.RestartCount > 0 {
+			parts = append(parts, fmt.Sprintf("%s restarted %d times", st.Name, st.RestartCount))
 		}
-		return nil
-	})
+	}
+	return strings.Join(parts, ", ")
 }
 
 // storeKeys reads the bundled store's root keys from the Secret the chart made.
@@ -187,14 +213,18 @@ func (c *Cluster) scale(obj client.Object, component string, n int32) error {
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: name}, obj); err != nil {
 		return err
 	}
+	// A patch, not an update: the controllers write the object's status all the time (the
+	// StatefulSet's right after its pod went), and an update from a read a moment old would
+	// fail on the conflict and leave the replicas as they were.
+	base := obj.DeepCopyObject().(client.Object)
 	switch o := obj.(type) {
 	case *appsv1.Deployment:
 		o.Spec.Replicas = ptr.To(n)
 	case *appsv1.StatefulSet:
 		o.Spec.Replicas = ptr.To(n)
 	}
-	if err := c.Client.Update(ctx, obj); err != nil {
-		return err
+	if err := c.Client.Patch(ctx, obj, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("scaling %s to %d: %w", name, n, err)
 	}
 	if n == 0 {
 		return c.wait(ctx, "the pods of "+name+" to go", "kubelet", 2*time.Minute, func(ctx context.Context) error {
@@ -208,7 +238,7 @@ func (c *Cluster) scale(obj client.Object, component string, n int32) error {
 			return nil
 		})
 	}
-	return c.rolledOut(ctx, obj, name)
+	return c.podsReady(ctx, "rollout of "+name, obj, component, nil)
 }
 
 // UploadURL is the upload proxy's Service, which kube-proxy makes reachable from the node.
