@@ -291,6 +291,9 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	size := f.obj.Size()
 	cache := newBlockCache(f, size, cacheBlockSize, cacheBlocks, o.Parallel, readahead)
 	cache.prefix = head
+	if cs.Want != "" {
+		cache.readers = 2 // the hasher reads every byte too
+	}
 	img, err := openImage(format, head, boundedReaderAt{r: cache, size: size}, size)
 	if err != nil {
 		return err
