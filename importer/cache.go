@@ -13,11 +13,10 @@ import (
 // blockCache makes many small random reads (a qcow2 reader asks for one cluster at a time)
 // into few large ranged requests: it reads the source in aligned blocks, several at once,
 // reads ahead of sequential access, and keeps the most recently used blocks, so memory stays
-// bounded (maxBlocks × blockSize) whatever the image's size. A full cache evicts first the
-// least recently used block whose bytes were all read, and only when there is none the least
-// recently used block: eight workers converting neighbouring parts of the disk leave a block
-// half read for a while, and evicting it made nginx send a plain 4 GiB qcow2's 2-8 MiB twice
-// in 2 of 4 runs. A block's buffer is reused once
+// bounded (maxBlocks × blockSize) whatever the image's size. A full cache evicts the block
+// most read (see victim), not the least recently used one: eight workers converting
+// neighbouring parts of the disk leave a block half read for a while, and evicting it made
+// nginx send a plain 4 GiB qcow2's 2-8 MiB twice in 2 of 4 runs. A block's buffer is reused once
 // it has left the cache and no reader holds it, so a long import allocates (and the kernel
 // zeroes) only the first maxBlocks buffers.
 type blockCache struct {
@@ -161,14 +160,28 @@ func (c *blockCache) evict(b *block) {
 }
 
 // victim is the block to evict: the least recently used one that was read whole, or else
-// the least recently used one; c.mu is held.
+// the one with the largest share read (what is left of it is the least likely to be wanted:
+// often a qcow2 table never read), the least recently used of those; c.mu is held.
 func (c *blockCache) victim() *block {
+	var best *block
+	bestShare := -1.0
 	for e := c.lru.Back(); e != nil; e = e.Prev() {
-		if b := e.Value.(*block); b.data != nil && b.read >= c.readers*len(b.data) {
+		b := e.Value.(*block)
+		if b.data == nil {
+			continue // still being fetched
+		}
+		share := float64(b.read) / float64(c.readers*len(b.data))
+		if share >= 1 {
 			return b
 		}
+		if share > bestShare {
+			best, bestShare = b, share
+		}
 	}
-	return c.lru.Back().Value.(*block)
+	if best == nil {
+		return c.lru.Back().Value.(*block)
+	}
+	return best
 }
 
 // fetch adds block idx and reads it in the background; c.mu is held.

@@ -18,19 +18,27 @@ func (c *countingReaderAt) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-// TestCacheEvictsReadBlocksFirst fills a two-block cache with a half-read block and a whole-read
-// one: the third block evicts the block read whole, though the half-read one was used less
-// recently, so the rest of the half-read block comes from the cache and no byte is read twice.
-// With readers 2 (a hasher beside the converter) a block read once is still half read.
+// TestCacheEvictsReadBlocksFirst fills a two-block cache with two blocks read in part, the
+// less recently used one less: the third block evicts the one read more (whole, or three
+// quarters), so the rest of the other comes from the cache and no byte is read twice. With
+// readers 2 (a hasher beside the converter) a block read once is only half read, and the
+// least recently used of two such blocks goes.
 func TestCacheEvictsReadBlocksFirst(t *testing.T) {
 	data := make([]byte, 3*16)
 	for i := range data {
 		data[i] = byte(i + 1)
 	}
 	for _, c := range []struct {
+		name      string
 		readers   int
+		first     int // bytes of block 0 read before the others, the rest after
+		second    int // bytes of block 1 read
 		readTwice int64
-	}{{1, 0}, {2, 16}} {
+	}{
+		{"half read, whole read", 1, 8, 16, 0},
+		{"a quarter read, three quarters read", 1, 4, 12, 0},
+		{"a hasher beside the converter", 2, 16, 16, 16},
+	} {
 		src := &countingReaderAt{Reader: bytes.NewReader(data)}
 		cache := newBlockCache(src, int64(len(data)), 16, 2, 1, 0)
 		cache.readers = c.readers
@@ -44,12 +52,12 @@ func TestCacheEvictsReadBlocksFirst(t *testing.T) {
 				t.Fatalf("read %d bytes at %d: %v, want %v", n, off, p, data[off:off+n])
 			}
 		}
-		read(0, 8)   // block 0, half
-		read(16, 16) // block 1, whole
+		read(0, c.first)
+		read(16, c.second)
 		read(32, 16) // block 2: one of the others goes
-		read(8, 8)   // the rest of block 0
+		read(c.first%16, 16-c.first%16)
 		if got, want := src.read.Load(), int64(len(data))+c.readTwice; got != want {
-			t.Errorf("readers %d: the source was read for %d bytes of %d, want %d", c.readers, got, len(data), want)
+			t.Errorf("%s: the source was read for %d bytes of %d, want %d", c.name, got, len(data), want)
 		}
 	}
 }
