@@ -40,20 +40,11 @@ type Target struct {
 	// checkpointed is set when the disk has a checkpoint (this import resumed one or recorded
 	// one): it is worth keeping after a transient failure.
 	checkpointed bool
-	// direct is the disk opened again with O_DIRECT (nil where that is refused), for the
-	// writes aligned to directAlign in memory, offset and length: nearly all of them, as the
-	// converter's buffers are page-aligned and zero runs are cut at 4 KiB blocks of the disk.
-	// Direct writes skip the page cache: no copy into it (a third of the importer's CPU went
-	// there), no dirty pages counted against the pod's memory limit, and little left for the
-	// final flush. On this project's 2-core machine a 4 GiB import used 1.0-1.4 s of system
-	// CPU with them against 1.2-6.8 s through the page cache. noDirect is set when a
-	// filesystem accepted the open but refuses the writes.
-	direct   *os.File
-	noDirect atomic.Bool
-	// writing lets one buffered write into the disk at a time. ext4 (and XFS) serialize
-	// buffered writes to a file on its inode lock, where the waiting writers spin: with the
-	// converter's eight workers writing at once, a 4 GiB import spent 13 % of its CPU
-	// spinning, and 30-40 % more CPU in all than when the writers wait here, parked.
+	// writing lets one write into the disk at a time. ext4 (and XFS) serialize buffered
+	// writes to a file on its inode lock, where the waiting writers spin: with the converter's
+	// eight workers writing at once, a 4 GiB import spent 13 % of its CPU spinning, and 30-40 %
+	// more CPU in all than when the writers wait here, parked. (A block device's writes take
+	// turns too; one writer copies into the page cache faster than a network delivers.)
 	writing sync.Mutex
 	// pending receives the result of the checkpoint being recorded in the background.
 	pending chan error
@@ -98,9 +89,6 @@ func OpenTarget(path string, capacity int64, overhead float64) (*Target, error) 
 		}
 		t.usable = int64(float64(capacity) * (1 - overhead))
 	}
-	if d, err := os.OpenFile(path, os.O_RDWR|syscall.O_DIRECT, 0); err == nil { //nolint:gosec // the file opened above
-		t.direct = d
-	}
 	return t, nil
 }
 
@@ -123,24 +111,24 @@ func Grow(path string, capacity int64, overhead float64, preallocate bool) (*tra
 	res := &transfer.Result{Succeeded: true, Format: string(FormatRaw), VirtualSize: fi.Size()}
 	if t.block {
 		res.VirtualSize = t.usable
-		return res, t.close()
+		return res, t.f.Close()
 	}
 	if grown := t.GrownSize(); grown > fi.Size() {
 		res.VirtualSize = grown
 		if err := t.f.Truncate(grown); err != nil {
-			t.close()
+			t.f.Close()
 			return nil, transfer.Permanent(transfer.ReasonTargetError, "growing %s: %w", path, err)
 		}
 	}
 	if err := t.allocate(res.VirtualSize); err != nil {
-		t.close()
+		t.f.Close()
 		return nil, err
 	}
 	if err := t.f.Sync(); err != nil {
-		t.close()
+		t.f.Close()
 		return nil, transfer.Permanent(transfer.ReasonTargetError, "flushing %s: %w", path, err)
 	}
-	return res, t.close()
+	return res, t.f.Close()
 }
 
 // Usable is how many bytes of disk the target can hold.
@@ -232,23 +220,7 @@ func blockEnd(p []byte, off int64, i int) int {
 // writebackEvery is how much is written between two starts of writeback.
 const writebackEvery = 64 << 20
 
-// directAlign is the alignment of a direct write: a page, and a multiple of every disk's
-// logical block.
-const directAlign = 4096
-
 func (t *Target) write(p []byte, off int64) error {
-	if t.direct != nil && !t.noDirect.Load() && off%directAlign == 0 && len(p)%directAlign == 0 &&
-		uintptr(unsafe.Pointer(unsafe.SliceData(p)))%directAlign == 0 { //nolint:gosec // an address, for its alignment only
-		n, err := t.direct.WriteAt(p, off)
-		if err == nil {
-			t.written.Add(int64(n))
-			return nil
-		}
-		if errors.Is(err, syscall.EINVAL) {
-			t.noDirect.Store(true) // a filesystem that opens with O_DIRECT but cannot do it
-		}
-		// Any other failure (a full volume) is met again below, and reported from there.
-	}
 	t.writing.Lock()
 	n, err := t.f.WriteAt(p, off)
 	t.writing.Unlock()
@@ -300,7 +272,7 @@ func (t *Target) Finish(size int64) error {
 	if err := t.syncData(); err != nil {
 		return err
 	}
-	return t.close()
+	return t.f.Close()
 }
 
 // allocate allocates the disk file's holes, up to size, when it is to be preallocated: what
@@ -324,7 +296,7 @@ func (t *Target) allocate(size int64) error {
 // Wipe leaves the target empty after a failure, so no half-written disk looks valid: the
 // file is removed, the device zeroed.
 func (t *Target) Wipe() error {
-	defer t.close()
+	defer t.f.Close()
 	_ = t.settle() // the disk goes with its checkpoint, whether or not that was recorded
 	if t.block {
 		return t.zero()
@@ -337,14 +309,6 @@ func (t *Target) Wipe() error {
 // the next attempt.
 func (t *Target) Keep() error {
 	_ = t.settle() // a checkpoint that could not be recorded leaves the one before it
-	return t.close()
-}
-
-// close closes the disk's files.
-func (t *Target) close() error {
-	if t.direct != nil {
-		_ = t.direct.Close() // nothing is buffered in it
-	}
 	return t.f.Close()
 }
 
