@@ -80,47 +80,47 @@ func (c *Cluster) RestartManager() error {
 		c.unscraped = append(c.unscraped, err)
 	}
 	c.mu.Unlock()
-	managers := client.MatchingLabels{"app.kubernetes.io/component": "manager"}
-	pods := &corev1.PodList{}
-	if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), managers); err != nil {
+	deploy := &appsv1.Deployment{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: Release + "-manager"}, deploy); err != nil {
+		return err
+	}
+	pods, err := c.componentPods(ctx, "manager")
+	if err != nil {
 		return err
 	}
 	old := map[types.UID]bool{}
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		old[p.UID] = true
 		_ = c.KillPod(p.Namespace, p.Name) // one that is not running has nothing to kill
 	}
-	if err := c.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ReleaseNamespace), managers, client.GracePeriodSeconds(0)); err != nil {
+	if err := c.Client.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ReleaseNamespace),
+		client.MatchingLabels{"app.kubernetes.io/component": "manager"}, client.GracePeriodSeconds(0)); err != nil {
 		return err
 	}
 	// The Deployment's status still counts the deleted pods ready for a moment: wait for new
 	// pods, all ready.
-	return c.podsReady(ctx, "new manager pods", &appsv1.Deployment{}, "manager", old)
+	return c.podsReady(ctx, "new manager pods", "manager", ptr.Deref(deploy.Spec.Replicas, 1), old)
 }
 
-// podsReady waits until a component's Deployment or StatefulSet has as many ready pods as it
-// asks for, counting none of old; it counts pods, not the object's status, which lags behind
-// them. When the time is up, the error says what each pod that is not ready is waiting for.
-func (c *Cluster) podsReady(ctx context.Context, what string, obj client.Object, component string, old map[types.UID]bool) error {
-	name := Release + "-" + component
+// componentPods lists the pods of one of the release's components.
+func (c *Cluster) componentPods(ctx context.Context, component string) ([]corev1.Pod, error) {
+	pods := &corev1.PodList{}
+	err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": component})
+	return pods.Items, err
+}
+
+// podsReady waits until want pods of a component are ready, counting none of old; it counts
+// pods, not their Deployment's or StatefulSet's status, which lags behind them. When the time
+// is up, the error says what each pod that is not ready is waiting for.
+func (c *Cluster) podsReady(ctx context.Context, what, component string, want int32, old map[types.UID]bool) error {
 	return c.wait(ctx, what, "kubelet", 2*time.Minute, func(ctx context.Context) error {
-		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: name}, obj); err != nil {
-			return err
-		}
-		var want int32
-		switch o := obj.(type) {
-		case *appsv1.Deployment:
-			want = ptr.Deref(o.Spec.Replicas, 1)
-		case *appsv1.StatefulSet:
-			want = ptr.Deref(o.Spec.Replicas, 1)
-		}
-		pods := &corev1.PodList{}
-		if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": component}); err != nil {
+		pods, err := c.componentPods(ctx, component)
+		if err != nil {
 			return err
 		}
 		var ready int32
 		var waiting []string
-		for _, p := range pods.Items {
+		for _, p := range pods {
 			switch {
 			case old[p.UID]:
 			case p.DeletionTimestamp == nil && podReady(&p):
@@ -130,7 +130,7 @@ func (c *Cluster) podsReady(ctx context.Context, what string, obj client.Object,
 			}
 		}
 		if ready < want {
-			return fmt.Errorf("%d of %d pods of %s ready; %s", ready, want, name, strings.Join(waiting, "; "))
+			return fmt.Errorf("%d of %d pods of %s ready; %s", ready, want, component, strings.Join(waiting, "; "))
 		}
 		return nil
 	})
@@ -228,17 +228,17 @@ func (c *Cluster) scale(obj client.Object, component string, n int32) error {
 	}
 	if n == 0 {
 		return c.wait(ctx, "the pods of "+name+" to go", "kubelet", 2*time.Minute, func(ctx context.Context) error {
-			pods := &corev1.PodList{}
-			if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": component}); err != nil {
+			pods, err := c.componentPods(ctx, component)
+			if err != nil {
 				return err
 			}
-			if len(pods.Items) > 0 {
-				return fmt.Errorf("%d pods left", len(pods.Items))
+			if len(pods) > 0 {
+				return fmt.Errorf("%d pods left", len(pods))
 			}
 			return nil
 		})
 	}
-	return c.podsReady(ctx, "rollout of "+name, obj, component, nil)
+	return c.podsReady(ctx, "rollout of "+name, component, n, nil)
 }
 
 // UploadURL is the upload proxy's Service, which kube-proxy makes reachable from the node.

@@ -15,9 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
@@ -43,13 +40,13 @@ func (c *Cluster) StoreSecretKey(ctx context.Context) (string, error) {
 // managerMetrics reads /metrics of each running manager pod, from the node (pod addresses are
 // on its bridge): what it read, and which pods it could not.
 func (c *Cluster) managerMetrics(ctx context.Context) ([]string, error) {
-	pods := &corev1.PodList{}
-	if err := c.Client.List(ctx, pods, client.InNamespace(ReleaseNamespace), client.MatchingLabels{"app.kubernetes.io/component": "manager"}); err != nil {
+	pods, err := c.componentPods(ctx, "manager")
+	if err != nil {
 		return nil, err
 	}
 	var texts []string
 	var errs []error
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if p.Status.PodIP == "" || p.DeletionTimestamp != nil {
 			continue
 		}
