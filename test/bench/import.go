@@ -83,9 +83,9 @@ func benchImport(root, work string) error {
 		}
 		// The contenders in the order they run in a round, each appending to its own list.
 		// On this VM what one process leaves behind sets what the next one's page cache costs
-		// (qemu-img's CPU for the same conversion was 0.5 s after a flushed writer and 3.7-4.6 s
-		// after curl or after itself), so the order turns by one each round: no contender always
-		// follows the same one.
+		// (qemu-img's CPU for the same conversion was 0.6 s after qemu-img -t writeback, 2.7-3.0 s
+		// after the importer, 3.8-4.7 s after curl or after itself), so the order turns by one
+		// each round: no contender always follows the same one.
 		type contender struct {
 			into *[]measurement
 			run  func() (measurement, error)
