@@ -31,8 +31,9 @@ type Target struct {
 	// overhead is the share of a filesystem volume kept for the filesystem.
 	overhead float64
 	written  atomic.Int64
-	// flushed is Written when writeback was last started (see write).
-	flushed atomic.Int64
+	// behind writes the disk out as the import goes and keeps its page cache small
+	// (writeback.go); nil until the import starts writing.
+	behind *writeback
 	// grow makes a disk file as large as the volume allows when the image is smaller.
 	grow bool
 	// preallocate allocates the whole disk file when it is finished.
@@ -144,15 +145,26 @@ func (t *Target) Prepare(size int64) error {
 	}
 	t.size = size
 	if t.block {
-		return t.zero()
+		if err := t.zero(); err != nil {
+			return err
+		}
+	} else {
+		if err := t.f.Truncate(0); err != nil {
+			return transfer.Permanent(transfer.ReasonTargetError, "emptying %s: %w", t.path, err)
+		}
+		if err := t.f.Truncate(size); err != nil {
+			return transfer.Permanent(transfer.ReasonTargetError, "sizing %s: %w", t.path, err)
+		}
 	}
-	if err := t.f.Truncate(0); err != nil {
-		return transfer.Permanent(transfer.ReasonTargetError, "emptying %s: %w", t.path, err)
-	}
-	if err := t.f.Truncate(size); err != nil {
-		return transfer.Permanent(transfer.ReasonTargetError, "sizing %s: %w", t.path, err)
-	}
+	t.startWriteback()
 	return nil
+}
+
+// startWriteback starts writing the disk out behind the import, once.
+func (t *Target) startWriteback() {
+	if t.behind == nil {
+		t.behind = startWriteback(t.path)
+	}
 }
 
 func (t *Target) fits(size int64) error {
@@ -217,20 +229,12 @@ func blockEnd(p []byte, off int64, i int) int {
 	return min(len(p), i+int(sparseBlock-abs%sparseBlock))
 }
 
-// writebackEvery is how much is written between two starts of writeback.
-const writebackEvery = 64 << 20
-
 func (t *Target) write(p []byte, off int64) error {
 	t.writing.Lock()
 	n, err := t.f.WriteAt(p, off)
 	t.writing.Unlock()
-	w := t.written.Add(int64(n))
-	// Start writing the dirty pages out as the import goes, so the disk works while the
-	// network does and the final fsync finds little left; the dirty pages also count towards
-	// the pod's memory limit. Asynchronous: it waits for no I/O.
-	if last := t.flushed.Load(); w-last >= writebackEvery && t.flushed.CompareAndSwap(last, w) {
-		_ = unix.SyncFileRange(int(t.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE) //nolint:gosec // an fd fits an int
-	}
+	t.written.Add(int64(n))
+	t.behind.written(t.f, off, int64(n))
 	if err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
 			return transfer.Permanent(transfer.ReasonTargetError, "the target volume is full after %s: %w", bytesString(t.Written()), err)
@@ -246,12 +250,14 @@ func (t *Target) Resume(size int64) error {
 		return err
 	}
 	t.size, t.checkpointed = size, true
+	t.startWriteback()
 	return nil
 }
 
 // Finish sets the disk's final size (a file is truncated to it, or grown to the usable size
 // with grow), removes any checkpoint and flushes it to stable storage.
 func (t *Target) Finish(size int64) error {
+	t.behind.stop(true)
 	if err := t.settle(); err != nil {
 		return err
 	}
@@ -297,6 +303,7 @@ func (t *Target) allocate(size int64) error {
 // file is removed, the device zeroed.
 func (t *Target) Wipe() error {
 	defer t.f.Close()
+	t.behind.stop(false)
 	_ = t.settle() // the disk goes with its checkpoint, whether or not that was recorded
 	if t.block {
 		return t.zero()
@@ -308,6 +315,7 @@ func (t *Target) Wipe() error {
 // Keep closes the target after a transient failure, leaving the disk and its checkpoint for
 // the next attempt.
 func (t *Target) Keep() error {
+	t.behind.stop(false)
 	_ = t.settle() // a checkpoint that could not be recorded leaves the one before it
 	return t.f.Close()
 }
