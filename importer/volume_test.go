@@ -28,6 +28,13 @@ func loopDevice(t *testing.T, size int64) string {
 		}
 	}
 	f.Close()
+	return attachLoop(t, backing)
+}
+
+// attachLoop attaches backing to a loop device for the test; it skips the test where the
+// machine has none.
+func attachLoop(t *testing.T, backing string) string {
+	t.Helper()
 	out, err := exec.Command("losetup", "-f", "--show", backing).CombinedOutput()
 	if err != nil {
 		t.Skipf("no loop device on this machine (losetup: %v: %s): block volumes are not tested", err, out)

@@ -100,13 +100,7 @@ func failingDevice(t *testing.T, room, size int64) string {
 	if err := os.Truncate(backing, size); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("losetup", "-f", "--show", backing).CombinedOutput()
-	if err != nil {
-		t.Skipf("no loop device on this machine (losetup: %v: %s): a failing disk is not tested", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
-	return dev
+	return attachLoop(t, backing)
 }
 
 // TestWritebackLeavesErrorsForFsync writes 32 MiB into a disk with room for 8 and lets the
