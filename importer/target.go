@@ -234,7 +234,7 @@ func (t *Target) write(p []byte, off int64) error {
 	n, err := t.f.WriteAt(p, off)
 	t.writing.Unlock()
 	t.written.Add(int64(n))
-	t.behind.written(t.f, off, int64(n))
+	t.behind.written(off, int64(n))
 	if err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
 			return transfer.Permanent(transfer.ReasonTargetError, "the target volume is full after %s: %w", bytesString(t.Written()), err)

@@ -54,11 +54,13 @@ func startWriteback(path string) *writeback {
 
 // written starts writing [off, off+n) to the disk and queues it for the behind goroutine,
 // first waiting while the window is full.
-func (w *writeback) written(f *os.File, off, n int64) {
+func (w *writeback) written(off, n int64) {
 	if w == nil || n == 0 {
 		return
 	}
-	_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE) //nolint:gosec // an fd fits an int
+	// Starting writeback waits for nothing and reports no write error: the second
+	// description serves.
+	_ = unix.SyncFileRange(int(w.fd.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE) //nolint:gosec // an fd fits an int
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for w.queued >= writebackWindow && !w.closed {

@@ -127,7 +127,7 @@ func TestWritebackLeavesErrorsForFsync(t *testing.T) {
 		if _, err := f.WriteAt(data[off:off+1<<20], off); err != nil {
 			t.Fatalf("a write into the page cache failed: %v", err)
 		}
-		w.written(f, off, 1<<20)
+		w.written(off, 1<<20)
 	}
 	w.stop(true)
 	if err := f.Sync(); err == nil {
