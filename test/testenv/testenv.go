@@ -24,6 +24,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/test/freeport"
@@ -215,31 +216,46 @@ func (e *Env) InstallWebhooks(cfg *admissionregistrationv1.ValidatingWebhookConf
 }
 
 // InstallFinalizerPolicy installs the chart's finalizer policy (admission.FinalizerPolicy) and
-// its binding, and returns once the apiserver applies it: a dry-run image comes back with its
-// finalizer.
+// its binding, and returns once the apiserver applies it to every kind it matches: a dry-run
+// image, template and export each come back with a finalizer.
 func (e *Env) InstallFinalizerPolicy(ctx context.Context) error {
 	for _, o := range []client.Object{admission.FinalizerPolicy(), admission.FinalizerPolicyBinding()} {
 		if err := e.Client.Create(ctx, o); err != nil {
 			return fmt.Errorf("installing the finalizer policy: %w", err)
 		}
 	}
-	// The apiserver needs to have seen the policy and learnt the CRDs' schemas (every 5 s).
-	deadline := time.Now().Add(time.Minute)
-	for {
-		probe := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "finalizer-policy-probe", Namespace: metav1.NamespaceDefault},
-			Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://images.example.com/probe.qcow2")}}}
-		err := e.Client.Create(ctx, probe, client.DryRunAll)
-		if err == nil && len(probe.Finalizers) > 0 {
-			return nil
-		}
-		if err == nil {
-			err = errors.New("a dry-run image came back without a finalizer")
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the finalizer policy is not applied after a minute (last error: %w)", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	// The apiserver needs to have seen the policy and learnt each CRD's schema (every 5 s, one
+	// kind at a time: until it knows a kind, creating one fails with 503 "Resource kind ... not
+	// found").
+	meta := func() metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: "finalizer-policy-probe", Namespace: metav1.NamespaceDefault}
 	}
+	probes := []client.Object{
+		&hypercloud.VirtualMachineImage{ObjectMeta: meta(),
+			Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://images.example.com/probe.qcow2")}}},
+		&virtualmachine.ImageTemplate{ObjectMeta: meta(),
+			Spec: virtualmachine.ImageTemplateSpec{Source: virtualmachine.ImageTemplateSource{HTTP: &common.HTTPSource{URL: "https://images.example.com/probe.qcow2"}}}},
+		&hypercloud.VirtualMachineVolumeExport{ObjectMeta: meta(),
+			Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: "probe", ObjectStore: &common.ObjectStoreSource{BucketName: "probe", ObjectName: "probe.qcow2"}}},
+	}
+	deadline := time.Now().Add(time.Minute)
+	for _, probe := range probes {
+		for {
+			err := e.Client.Create(ctx, probe, client.DryRunAll)
+			if err == nil && len(probe.GetFinalizers()) > 0 {
+				break
+			}
+			if err == nil {
+				err = fmt.Errorf("a dry-run %T came back without a finalizer", probe)
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the finalizer policy is not applied after a minute (last error: %w)", err)
+			}
+			probe.SetResourceVersion("")
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // User returns a client authenticated as a new user of the given name and groups.
