@@ -1,6 +1,7 @@
 package manager_test
 
 import (
+	"context"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -26,9 +27,9 @@ func TestFinalizerPolicy(t *testing.T) {
 	ns, err := env.CreateNamespace(ctx, "finalizers")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(env.InstallFinalizerPolicy(ctx)).To(Succeed())
-	t.Cleanup(func() {
-		_ = env.Client.Delete(ctx, admission.FinalizerPolicyBinding())
-		_ = env.Client.Delete(ctx, admission.FinalizerPolicy())
+	t.Cleanup(func() { // t.Context() is done by now
+		_ = env.Client.Delete(context.Background(), admission.FinalizerPolicyBinding())
+		_ = env.Client.Delete(context.Background(), admission.FinalizerPolicy())
 	})
 
 	vmi := func(name string, finalizers ...string) *hypercloud.VirtualMachineImage {
