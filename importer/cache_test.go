@@ -3,6 +3,7 @@ package importer
 import (
 	"bytes"
 	"sync/atomic"
+	"time"
 	"testing"
 )
 
@@ -59,5 +60,35 @@ func TestCacheEvictsReadBlocksFirst(t *testing.T) {
 		if got, want := src.read.Load(), int64(len(data))+c.readTwice; got != want {
 			t.Errorf("%s: the source was read for %d bytes of %d, want %d", c.name, got, len(data), want)
 		}
+	}
+}
+
+// TestCacheReadaheadSkipsBlocksReadWhole: a worker starting on a block behind the others does
+// not make the read-ahead fetch again the next block, which a worker ahead read whole and the
+// cache let go.
+func TestCacheReadaheadSkipsBlocksReadWhole(t *testing.T) {
+	data := make([]byte, 4*16)
+	for i := range data {
+		data[i] = byte(i + 1)
+	}
+	src := &countingReaderAt{Reader: bytes.NewReader(data)}
+	cache := newBlockCache(src, int64(len(data)), 16, 2, 1, 1)
+	for _, off := range []int{16, 48, 0} { // block 1 (and block 2 read ahead), block 3, block 0
+		p := make([]byte, 16)
+		if _, err := cache.ReadAt(p, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(p, data[off:off+16]) {
+			t.Fatalf("read 16 bytes at %d: %v, want %v", off, p, data[off:off+16])
+		}
+	}
+	// Block 2, read ahead, finishes in the background.
+	deadline := time.Now().Add(10 * time.Second)
+	for src.read.Load() < int64(len(data)) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // room for a fetch of block 1 again, the defect
+	if got := src.read.Load(); got != int64(len(data)) {
+		t.Errorf("the source was read for %d bytes of %d: a block read whole was fetched again", got, len(data))
 	}
 }
