@@ -15,6 +15,15 @@ import (
 // nginx on 127.0.0.1 (sendfile, Range) into a raw file, beside curl fetching the same URL to
 // /dev/null and qemu-img converting the same file locally. Each contender runs BENCH_RUNS
 // times (default 3) from a cold page cache; the medians are compared.
+//
+// Each image is served from two places (BENCH_SOURCE=disk or memory runs one): from the
+// project's bin/bench, on the disk the import writes, and from a copy in memory (/dev/shm), as
+// a mirror holding a popular image hot serves it. This machine has one virtual disk with one
+// queue: served from it, the mirror's reads and the import's writes take turns on it, which
+// no import from a mirror on another machine pays, and curl and unflushed qemu-img, which
+// write nothing to the disk while timed, do not pay either. The disk's own floor is measured
+// beside them: reading the image and writing the import's bytes durably (dd conv=fdatasync)
+// at once.
 func benchImport(root, work string) error {
 	raw, err := fsImage(work)
 	if err != nil {
@@ -24,14 +33,23 @@ func benchImport(root, work string) error {
 	if _, err := os.Stat(importer); err != nil {
 		return fmt.Errorf("%s: run 'make build' first: %w", importer, err)
 	}
+	// The in-memory copies are served through a link in the directory nginx serves.
+	mem, err := os.MkdirTemp("/dev/shm", "diskpipe-bench-")
+	if err != nil {
+		return fmt.Errorf("a directory in memory for the served images: %w", err)
+	}
+	defer os.RemoveAll(mem)
+	memLink := filepath.Join(work, "memory")
+	_ = os.Remove(memLink)
+	if err := os.Symlink(mem, memLink); err != nil {
+		return err
+	}
+	defer os.Remove(memLink)
 	srv, err := startNginx(work)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	// BENCH_BASELINE names another build of the importer (say, of the commit before a
-	// change), run right before ours in each round.
-	baseline := os.Getenv("BENCH_BASELINE")
 	runs := 3
 	if v, err := strconv.Atoi(os.Getenv("BENCH_RUNS")); err == nil && v > 0 {
 		runs = v
@@ -53,130 +71,178 @@ func benchImport(root, work string) error {
 		if err := convertOnce(raw, img, v.args...); err != nil {
 			return err
 		}
-		url := srv.URL + filepath.Base(img)
-		out := filepath.Join(work, "imported.raw")
-		ref := filepath.Join(work, "qemu-img.raw")
-		size := fileSize(img)
-
-		fmt.Printf("\n%s: %s, %.2f GiB file (%d bytes)\n", v.name, filepath.Base(img), float64(size)/(1<<30), size)
-		// qemu-img convert leaves its output in the page cache (its default cache mode for the
-		// target ignores flushes); the importer's disk is on stable storage when it ends, as
-		// qemu-img's is with -t writeback (its fdatasync at the end), the way CDI runs it.
-		var curl, qemu, qemuFlushed, floor, ours, base []measurement
-		floorFile := filepath.Join(work, "floor.raw")
-		var curlServed, oursServed int64
-		var curlReqs, oursReqs int
-		// importOnce runs an importer build into out from a cold page cache and checks its
-		// disk against qemu-img's conversion; what nginx served it is read by the caller.
-		importOnce := func(name, bin string) (measurement, error) {
-			_ = os.Remove(out)
-			dropCaches()
-			srv.Read()
-			m, err := timed(name, size, bin, importerArgs(url, out)...)
-			if err != nil {
-				return m, err
-			}
-			if err := sh("qemu-img", "compare", "-f", "raw", "-F", "raw", ref, out); err != nil {
-				return m, fmt.Errorf("%s: the import differs from qemu-img's conversion: %w", name, err)
-			}
-			return m, nil
-		}
-		// The contenders in the order they run in a round, each appending to its own list.
-		// On this VM what one process leaves behind sets what the next one's page cache costs
-		// (qemu-img's CPU for the same conversion was 0.6 s after qemu-img -t writeback, 2.7-3.0 s
-		// after the importer, 3.8-4.7 s after curl or after itself), so the order turns by one
-		// each round: no contender always follows the same one.
-		type contender struct {
-			into *[]measurement
-			run  func() (measurement, error)
-		}
-		// convert times qemu-img converting the local file into ref, from a cold page cache.
-		convert := func(name string, cache ...string) func() (measurement, error) {
-			return func() (measurement, error) {
-				_ = os.Remove(ref)
-				dropCaches()
-				return timed(name, size, "qemu-img", slices.Concat([]string{"convert"}, cache, []string{"-O", "raw", img, ref})...)
-			}
-		}
-		contenders := []contender{
-			{&curl, func() (measurement, error) {
-				dropCaches()
-				srv.Read()
-				m, err := timed("curl -o /dev/null", size, "curl", "-sSf", "-o", "/dev/null", url)
-				curlReqs, curlServed = srv.Read()
-				return m, err
-			}},
-			{&qemu, convert("qemu-img convert -O raw (local)")},
-			{&qemuFlushed, convert("qemu-img convert -t writeback", "-t", "writeback")},
-			{&ours, func() (measurement, error) {
-				m, err := importOnce("diskpipe importer (HTTP, Range)", importer)
-				// The round nginx sent the most in: a byte read twice in any round shows.
-				if reqs, served := srv.Read(); served > oursServed {
-					oursReqs, oursServed = reqs, served
-				}
-				return m, err
-			}},
-		}
-		// What the disk takes to hold the import's data on stable storage, with nothing else to
-		// do: dd writing as many bytes as qemu-img's conversion holds, then fdatasync. A durable
-		// import cannot end sooner; unflushed qemu-img and curl need not wait for it.
-		contenders = append(contenders, contender{&floor, func() (measurement, error) {
-			_ = os.Remove(floorFile)
-			dropCaches()
-			m, err := timed("dd conv=fdatasync (the disk alone)", size, "dd", "if=/dev/zero", "of="+floorFile, "bs=1M",
-				fmt.Sprintf("count=%d", allocated(ref)>>20), "conv=fdatasync", "status=none")
-			_ = os.Remove(floorFile)
-			return m, err
-		}})
-		if baseline != "" { // another build of the importer, measured in the same run
-			contenders = append(contenders, contender{&base, func() (measurement, error) {
-				return importOnce("baseline importer ($BENCH_BASELINE)", baseline)
-			}})
-		}
 		// qemu-img's output is the disk every import is compared with: made once up front.
+		ref := filepath.Join(work, "qemu-img.raw")
 		if err := sh("qemu-img", "convert", "-O", "raw", img, ref); err != nil {
 			return err
 		}
-		for round := range runs {
-			for i := range contenders {
-				c := contenders[(round+i)%len(contenders)]
-				m, err := c.run()
-				if err != nil {
+		b := importBench{srv: srv, importer: importer, runs: runs, work: work, ref: ref,
+			refBytes: allocated(ref), baseline: os.Getenv("BENCH_BASELINE")}
+		for _, source := range []string{"disk", "memory"} {
+			if only := os.Getenv("BENCH_SOURCE"); only != "" && only != source {
+				continue
+			}
+			path, url := img, srv.URL+filepath.Base(img)
+			if source == "memory" {
+				path, url = filepath.Join(mem, filepath.Base(img)), srv.URL+"memory/"+filepath.Base(img)
+				if err := sh("cp", img, path); err != nil {
 					return err
 				}
-				*c.into = append(*c.into, m)
+			}
+			fmt.Printf("\n%s: %s, %.2f GiB file (%d bytes), served from %s\n", v.name, filepath.Base(img),
+				float64(fileSize(img))/(1<<30), fileSize(img), map[string]string{
+					"disk": "the disk the import writes (bin/bench)", "memory": "memory (/dev/shm)"}[source])
+			err := b.rounds(path, url, source == "disk")
+			if source == "memory" {
+				_ = os.Remove(path)
+			}
+			if err != nil {
+				return err
 			}
 		}
-		c, q, qf, o := median(curl), median(qemu), median(qemuFlushed), median(ours)
-		for _, m := range []measurement{c, q, qf, median(floor), o} {
-			fmt.Println("  " + m.String())
-		}
-		if len(base) > 0 {
-			fmt.Println("  " + median(base).String())
-		}
-		refWall := max(c.wall, q.wall)
-		fmt.Printf("  nginx served curl %d bytes in %d request(s), the importer at most %d bytes in %d request(s) in a round (%.3f× the file)\n",
-			curlServed, curlReqs, oursServed, oursReqs, float64(oursServed)/float64(size))
-		fmt.Printf("  our wall / max(curl, qemu-img) = %.2f (target <= 1.0); against max(curl, qemu-img flushed) = %.2f; "+
-			"our CPU / qemu-img's = %.2f; peak RSS %.0f MiB (target <= 160); wrote %.2f GiB, identical by qemu-img compare\n",
-			o.wall.Seconds()/refWall.Seconds(), o.wall.Seconds()/max(c.wall, qf.wall).Seconds(),
-			o.cpu.Seconds()/q.cpu.Seconds(), float64(o.peakRSS)/(1<<20), float64(allocated(out))/(1<<30))
-		// A shared machine's pace drifts between rounds; the contenders of one round ran
-		// minutes apart at most, so each round's own ratio is the steadier figure.
-		fmt.Printf("  each round's ratio against max(curl, qemu-img): %s; against max(curl, qemu-img flushed): %s\n",
-			roundRatios(ours, curl, qemu), roundRatios(ours, curl, qemuFlushed))
-		// The target's references leave their output unflushed (qemu-img) or write none (curl).
-		// qemu-img -t writeback converting the local file, no network at all, against the same
-		// references shows what a conversion that ends on stable storage reaches in each round;
-		// the same qemu-img's CPU, round by round, how dear the page cache was.
-		fmt.Printf("  each round against max(curl, qemu-img): qemu-img flushed (local, no network) %s; the disk alone %s\n",
-			roundRatios(qemuFlushed, curl, qemu), roundRatios(floor, curl, qemu))
-		fmt.Printf("  each round's CPU: qemu-img %s; ours %s\n", cpuTimes(qemu), cpuTimes(ours))
-		if len(base) > 0 {
-			fmt.Printf("  each round's wall against the baseline importer's: %s\n", roundRatios(ours, base))
-		}
-		_ = os.Remove(out)
 		_ = os.Remove(ref)
+	}
+	return nil
+}
+
+// importBench times the importer against its references for one served image.
+type importBench struct {
+	srv      *nginx
+	importer string
+	runs     int
+	work     string
+	ref      string // qemu-img's conversion: every import must equal it
+	refBytes int64  // the bytes it holds
+	// baseline names another build of the importer (BENCH_BASELINE, say of the commit
+	// before a change), run in each round too.
+	baseline string
+}
+
+// rounds runs every contender b.runs times, serving img (at path) at url, and prints the
+// medians and each round's ratios. onDisk says the image is read from the disk the import
+// writes.
+func (b importBench) rounds(path, url string, onDisk bool) error {
+	size := fileSize(path)
+	out := filepath.Join(b.work, "imported.raw")
+	ref := filepath.Join(b.work, "qemu-img-timed.raw")
+	defer os.Remove(out)
+	defer os.Remove(ref)
+	// qemu-img convert leaves its output in the page cache (its default cache mode for the
+	// target ignores flushes); the importer's disk is on stable storage when it ends, as
+	// qemu-img's is with -t writeback (its fdatasync at the end), the way CDI runs it.
+	var curl, qemu, qemuFlushed, floor, ours, base []measurement
+	floorFile := filepath.Join(b.work, "floor.raw")
+	var curlServed, oursServed int64
+	var curlReqs, oursReqs int
+	// importOnce runs an importer build into out from a cold page cache and checks its
+	// disk against qemu-img's conversion; what nginx served it is read by the caller.
+	importOnce := func(name, bin string) (measurement, error) {
+		_ = os.Remove(out)
+		dropCaches()
+		b.srv.Read()
+		m, err := timed(name, size, bin, importerArgs(url, out)...)
+		if err != nil {
+			return m, err
+		}
+		if err := sh("qemu-img", "compare", "-f", "raw", "-F", "raw", b.ref, out); err != nil {
+			return m, fmt.Errorf("%s: the import differs from qemu-img's conversion: %w", name, err)
+		}
+		return m, nil
+	}
+	// The contenders in the order they run in a round, each appending to its own list.
+	// On this VM what one process leaves behind sets what the next one's page cache costs
+	// (qemu-img's CPU for the same conversion was 0.6 s after qemu-img -t writeback, 2.7-3.0 s
+	// after the importer, 3.8-4.7 s after curl or after itself), so the order turns by one
+	// each round: no contender always follows the same one.
+	type contender struct {
+		into *[]measurement
+		run  func() (measurement, error)
+	}
+	// convert times qemu-img converting the local file into ref, from a cold page cache.
+	convert := func(name string, cache ...string) func() (measurement, error) {
+		return func() (measurement, error) {
+			_ = os.Remove(ref)
+			dropCaches()
+			return timed(name, size, "qemu-img", slices.Concat([]string{"convert"}, cache, []string{"-O", "raw", path, ref})...)
+		}
+	}
+	// What the disk takes to hold the import's data on stable storage: dd writing as many
+	// bytes as qemu-img's conversion holds, then fdatasync, and, when the image is on the same
+	// disk, reading the image at the same time. A durable import cannot end sooner;
+	// unflushed qemu-img and curl need not wait for it.
+	floorName, floorCmd := "dd conv=fdatasync (the disk alone)", "exec dd if=/dev/zero of=\"$1\" bs=1M count=$2 conv=fdatasync status=none"
+	if onDisk {
+		floorName = "dd conv=fdatasync + cat (the disk alone)"
+		floorCmd = "cat \"$3\" >/dev/null & dd if=/dev/zero of=\"$1\" bs=1M count=$2 conv=fdatasync status=none && wait $!"
+	}
+	contenders := []contender{
+		{&curl, func() (measurement, error) {
+			dropCaches()
+			b.srv.Read()
+			m, err := timed("curl -o /dev/null", size, "curl", "-sSf", "-o", "/dev/null", url)
+			curlReqs, curlServed = b.srv.Read()
+			return m, err
+		}},
+		{&qemu, convert("qemu-img convert -O raw (local)")},
+		{&qemuFlushed, convert("qemu-img convert -t writeback", "-t", "writeback")},
+		{&ours, func() (measurement, error) {
+			m, err := importOnce("diskpipe importer (HTTP, Range)", b.importer)
+			// The round nginx sent the most in: a byte read twice in any round shows.
+			if reqs, served := b.srv.Read(); served > oursServed {
+				oursReqs, oursServed = reqs, served
+			}
+			return m, err
+		}},
+		{&floor, func() (measurement, error) {
+			_ = os.Remove(floorFile)
+			dropCaches()
+			m, err := timed(floorName, size, "sh", "-c", floorCmd, "floor", floorFile, strconv.FormatInt(b.refBytes>>20, 10), path)
+			_ = os.Remove(floorFile)
+			return m, err
+		}},
+	}
+	if b.baseline != "" {
+		contenders = append(contenders, contender{&base, func() (measurement, error) {
+			return importOnce("baseline importer ($BENCH_BASELINE)", b.baseline)
+		}})
+	}
+	for round := range b.runs {
+		for i := range contenders {
+			c := contenders[(round+i)%len(contenders)]
+			m, err := c.run()
+			if err != nil {
+				return err
+			}
+			*c.into = append(*c.into, m)
+		}
+	}
+	c, q, qf, o := median(curl), median(qemu), median(qemuFlushed), median(ours)
+	for _, m := range []measurement{c, q, qf, median(floor), o} {
+		fmt.Println("  " + m.String())
+	}
+	if len(base) > 0 {
+		fmt.Println("  " + median(base).String())
+	}
+	refWall := max(c.wall, q.wall)
+	fmt.Printf("  nginx served curl %d bytes in %d request(s), the importer at most %d bytes in %d request(s) in a round (%.3f× the file)\n",
+		curlServed, curlReqs, oursServed, oursReqs, float64(oursServed)/float64(size))
+	fmt.Printf("  our wall / max(curl, qemu-img) = %.2f (target <= 1.0); against max(curl, qemu-img flushed) = %.2f; "+
+		"against the disk's floor %.2f; our CPU / qemu-img's = %.2f; peak RSS %.0f MiB (target <= 160); wrote %.2f GiB, identical by qemu-img compare\n",
+		o.wall.Seconds()/refWall.Seconds(), o.wall.Seconds()/max(c.wall, qf.wall).Seconds(), o.wall.Seconds()/median(floor).wall.Seconds(),
+		o.cpu.Seconds()/q.cpu.Seconds(), float64(o.peakRSS)/(1<<20), float64(b.refBytes)/(1<<30))
+	// A shared machine's pace drifts between rounds; the contenders of one round ran
+	// minutes apart at most, so each round's own ratio is the steadier figure.
+	fmt.Printf("  each round's ratio against max(curl, qemu-img): %s; against max(curl, qemu-img flushed): %s; against the disk's floor: %s\n",
+		roundRatios(ours, curl, qemu), roundRatios(ours, curl, qemuFlushed), roundRatios(ours, floor))
+	// The target's references leave their output unflushed (qemu-img) or write none (curl).
+	// qemu-img -t writeback converting the local file, no network at all, against the same
+	// references shows what a conversion that ends on stable storage reaches in each round;
+	// the same qemu-img's CPU, round by round, how dear the page cache was.
+	fmt.Printf("  each round against max(curl, qemu-img): qemu-img flushed (local, no network) %s; the disk's floor %s\n",
+		roundRatios(qemuFlushed, curl, qemu), roundRatios(floor, curl, qemu))
+	fmt.Printf("  each round's CPU: qemu-img %s; ours %s\n", cpuTimes(qemu), cpuTimes(ours))
+	if len(base) > 0 {
+		fmt.Printf("  each round's wall against the baseline importer's: %s\n", roundRatios(ours, base))
 	}
 	return nil
 }
