@@ -3,8 +3,8 @@ package importer
 import (
 	"bytes"
 	"sync/atomic"
-	"time"
 	"testing"
+	"time"
 )
 
 // countingReaderAt counts the bytes read from it.
