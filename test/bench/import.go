@@ -78,23 +78,27 @@ func benchImport(root, work string) error {
 		}
 		b := importBench{srv: srv, importer: importer, runs: runs, work: work, ref: ref,
 			refBytes: allocated(ref), baseline: os.Getenv("BENCH_BASELINE")}
-		for _, source := range []string{"disk", "memory"} {
-			if only := os.Getenv("BENCH_SOURCE"); only != "" && only != source {
+		name := filepath.Base(img)
+		for _, source := range []struct {
+			name, label, path, url string
+			onDisk                 bool
+		}{
+			{"disk", "the disk the import writes (bin/bench)", img, srv.URL + name, true},
+			{"memory", "memory (/dev/shm)", filepath.Join(mem, name), srv.URL + "memory/" + name, false},
+		} {
+			if only := os.Getenv("BENCH_SOURCE"); only != "" && only != source.name {
 				continue
 			}
-			path, url := img, srv.URL+filepath.Base(img)
-			if source == "memory" {
-				path, url = filepath.Join(mem, filepath.Base(img)), srv.URL+"memory/"+filepath.Base(img)
-				if err := sh("cp", img, path); err != nil {
+			if !source.onDisk {
+				if err := sh("cp", img, source.path); err != nil {
 					return err
 				}
 			}
-			fmt.Printf("\n%s: %s, %.2f GiB file (%d bytes), served from %s\n", v.name, filepath.Base(img),
-				float64(fileSize(img))/(1<<30), fileSize(img), map[string]string{
-					"disk": "the disk the import writes (bin/bench)", "memory": "memory (/dev/shm)"}[source])
-			err := b.rounds(path, url, source == "disk")
-			if source == "memory" {
-				_ = os.Remove(path)
+			fmt.Printf("\n%s: %s, %.2f GiB file (%d bytes), served from %s\n", v.name, name,
+				float64(fileSize(img))/(1<<30), fileSize(img), source.label)
+			err := b.rounds(source.path, source.url, source.onDisk)
+			if !source.onDisk {
+				_ = os.Remove(source.path)
 			}
 			if err != nil {
 				return err
@@ -172,7 +176,7 @@ func (b importBench) rounds(path, url string, onDisk bool) error {
 	// unflushed qemu-img and curl need not wait for it.
 	floorName, floorCmd := "dd conv=fdatasync (the disk alone)", "exec dd if=/dev/zero of=\"$1\" bs=1M count=$2 conv=fdatasync status=none"
 	if onDisk {
-		floorName = "dd conv=fdatasync + cat (the disk alone)"
+		floorName = "dd conv=fdatasync + cat (the disk)"
 		floorCmd = "cat \"$3\" >/dev/null & dd if=/dev/zero of=\"$1\" bs=1M count=$2 conv=fdatasync status=none && wait $!"
 	}
 	contenders := []contender{
@@ -229,7 +233,7 @@ func (b importBench) rounds(path, url string, onDisk bool) error {
 	fmt.Printf("  our wall / max(curl, qemu-img) = %.2f (target <= 1.0); against max(curl, qemu-img flushed) = %.2f; "+
 		"against the disk's floor %.2f; our CPU / qemu-img's = %.2f; peak RSS %.0f MiB (target <= 160); wrote %.2f GiB, identical by qemu-img compare\n",
 		o.wall.Seconds()/refWall.Seconds(), o.wall.Seconds()/max(c.wall, qf.wall).Seconds(), o.wall.Seconds()/median(floor).wall.Seconds(),
-		o.cpu.Seconds()/q.cpu.Seconds(), float64(o.peakRSS)/(1<<20), float64(b.refBytes)/(1<<30))
+		o.cpu.Seconds()/q.cpu.Seconds(), float64(o.peakRSS)/(1<<20), float64(allocated(out))/(1<<30))
 	// A shared machine's pace drifts between rounds; the contenders of one round ran
 	// minutes apart at most, so each round's own ratio is the steadier figure.
 	fmt.Printf("  each round's ratio against max(curl, qemu-img): %s; against max(curl, qemu-img flushed): %s; against the disk's floor: %s\n",
