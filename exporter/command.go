@@ -49,7 +49,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 		sink, where, err := openSink(ctx, sinkFlags{
 			output: *output, bucket: *bucket, object: *object, createBucket: *createBkt, keepStale: *keepStale, partSize: *partSize, parallel: *parallel,
-			client:   objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure},
+			client:   objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure, Egress: &cmd.Egress},
 			credsDir: *s3Creds, source: *source, format: *format, compression: *compression, log: cmd.Log,
 		})
 		if err != nil {

@@ -109,13 +109,13 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				}
 				*url = strings.TrimSpace(string(b))
 			}
-			s := &HTTPSource{URL: *url, CAFile: *caFile, Insecure: *insecure, Header: http.Header{}}
+			s := &HTTPSource{URL: *url, CAFile: *caFile, Insecure: *insecure, Header: http.Header{}, Egress: &cmd.Egress}
 			if err := s.loadCredentials(*authDir, headers, headerFiles); err != nil {
 				return nil, err
 			}
 			o.Source = s
 		case "s3":
-			cfg := objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure}
+			cfg := objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure, Egress: &cmd.Egress}
 			if *s3Creds != "" {
 				if err := cfg.LoadCredentials(*s3Creds); err != nil {
 					return nil, err
@@ -123,7 +123,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			}
 			o.Source = &S3Source{Config: cfg, Bucket: *bucket, Object: *object}
 		case "registry":
-			o.Source = &RegistrySource{URL: *url, AuthFile: *authFile, CAFile: *caFile, Insecure: *insecure, Architecture: *arch, PublicKeyFile: *publicKey}
+			o.Source = &RegistrySource{URL: *url, AuthFile: *authFile, CAFile: *caFile, Insecure: *insecure, Architecture: *arch, PublicKeyFile: *publicKey, Egress: &cmd.Egress}
 		case "file":
 			o.Source, o.Format = &FileSource{Path: *path}, FormatRaw
 		case "blank":
@@ -169,7 +169,13 @@ func (s *HTTPSource) loadCredentials(authDir string, headers, headerFiles []stri
 		if err != nil {
 			return transfer.Permanent(transfer.ReasonInvalidArgument, "reading header: %w", err)
 		}
-		headers = append(headers, strings.TrimSpace(string(b)))
+		// The value is a secret: a malformed one is named by its file, never echoed.
+		name, value, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "the header in %s must be written \"Name: value\"", f)
+		}
+		s.Header.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+		s.SecretHeaders = append(s.SecretHeaders, http.CanonicalHeaderKey(strings.TrimSpace(name)))
 	}
 	for _, h := range headers {
 		name, value, ok := strings.Cut(h, ":")

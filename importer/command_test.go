@@ -16,13 +16,16 @@ import (
 	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
+// loopback is where the tests' servers listen, which the importer refuses unless allowed.
+const loopback = "127.0.0.0/8"
+
 // runMain runs the importer command and returns its exit code, result and log.
 func runMain(t *testing.T, args ...string) (int, *transfer.Result, string) {
 	t.Helper()
 	term := filepath.Join(t.TempDir(), "termination-log")
 	var log bytes.Buffer
 	code := Main(t.Context(), append([]string{"--termination-message-path", term, "--metrics-addr", "",
-		"--retries", "2"}, args...), &log)
+		"--retries", "2", "--allow-destination", loopback}, args...), &log)
 	msg, err := os.ReadFile(term)
 	if err != nil {
 		t.Fatalf("no termination message (exit %d): %v\n%s", code, err, log.String())
@@ -123,7 +126,7 @@ func TestCommandMetrics(t *testing.T) {
 
 	done := make(chan int, 1)
 	go func() {
-		done <- Main(t.Context(), []string{"--url", url, "--target", filepath.Join(t.TempDir(), "disk.img"),
+		done <- Main(t.Context(), []string{"--url", url, "--allow-destination", loopback, "--target", filepath.Join(t.TempDir(), "disk.img"),
 			"--metrics-addr", addr, "--termination-message-path", "", "--progress-interval", "100ms"}, io.Discard)
 	}()
 	var body string
@@ -175,7 +178,7 @@ func TestCommandStopped(t *testing.T) {
 			}()
 			term := filepath.Join(t.TempDir(), "termination-log")
 			var log bytes.Buffer
-			code := Main(ctx, []string{"--termination-message-path", term, "--metrics-addr", "", "--url", url,
+			code := Main(ctx, []string{"--termination-message-path", term, "--metrics-addr", "", "--url", url, "--allow-destination", loopback,
 				"--target", filepath.Join(t.TempDir(), "disk.img")}, &log)
 			msg, err := os.ReadFile(term)
 			if err != nil {

@@ -26,6 +26,11 @@ type HTTPSource struct {
 	Username, Password string
 	// Header is sent with every request.
 	Header http.Header
+	// SecretHeaders are the names of the headers in Header that came from a Secret: like
+	// basic auth, they are sent only to the URL's host, never to a host a redirect names.
+	SecretHeaders []string
+	// Egress is where the source may connect (nil: anywhere).
+	Egress *transfer.Egress
 	// Transport overrides the transport (tests); nil builds one from the fields above, with
 	// the proxy taken from the environment.
 	Transport http.RoundTripper
@@ -42,15 +47,16 @@ func (s *HTTPSource) String() string {
 }
 
 func (s *HTTPSource) client() (*http.Client, error) {
+	redirects := transfer.RedirectPolicy(s.SecretHeaders)
 	if s.Transport != nil {
-		return &http.Client{Transport: s.Transport}, nil
+		return &http.Client{Transport: s.Transport, CheckRedirect: redirects}, nil
 	}
 	tr, err := transfer.HTTPTransport(s.CAFile, s.Insecure)
 	if err != nil {
 		return nil, err
 	}
 	tr.ResponseHeaderTimeout = time.Minute
-	return &http.Client{Transport: tr}, nil
+	return &http.Client{Transport: s.Egress.Apply(tr), CheckRedirect: redirects}, nil
 }
 
 // Open probes the URL with a one-byte Range request: 206 means random access and tells the

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -41,6 +43,11 @@ type RegistrySource struct {
 	// PublicKeyFile, when set, is the PEM public key the image must carry a cosign signature
 	// by (signature.go); it is checked before a byte is written.
 	PublicKeyFile string
+	// Egress is where the source may connect (nil: anywhere). The registry client takes no
+	// dialer, so its connections go through an in-process SOCKS proxy that dials by the rule.
+	Egress *transfer.Egress
+
+	socks *transfer.SOCKS
 }
 
 func (s *RegistrySource) String() string { return s.URL }
@@ -64,7 +71,7 @@ func (s *RegistrySource) reference() (types.ImageReference, error) {
 	return ref, nil
 }
 
-func (s *RegistrySource) system() (*types.SystemContext, func(), error) {
+func (s *RegistrySource) system(ctx context.Context) (*types.SystemContext, func(), error) {
 	sys := &types.SystemContext{
 		AuthFilePath:                s.AuthFile,
 		DockerInsecureSkipTLSVerify: types.NewOptionalBool(s.Insecure),
@@ -72,8 +79,12 @@ func (s *RegistrySource) system() (*types.SystemContext, func(), error) {
 		OSChoice:                    "linux",
 		DockerRegistryUserAgent:     "diskpipe-importer",
 	}
+	stop, err := s.egress(ctx, sys)
+	if err != nil {
+		return nil, nil, err
+	}
 	if s.CAFile == "" {
-		return sys, func() {}, nil
+		return sys, stop, nil
 	}
 	// containers/image reads CAs from a directory of *.crt files.
 	dir, err := os.MkdirTemp("", "diskpipe-registry-ca-")
@@ -86,10 +97,57 @@ func (s *RegistrySource) system() (*types.SystemContext, func(), error) {
 	}
 	if err != nil {
 		os.RemoveAll(dir)
+		stop()
 		return nil, nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading CA bundle: %w", err)
 	}
 	sys.DockerCertPath = dir
-	return sys, func() { os.RemoveAll(dir) }, nil
+	return sys, func() { os.RemoveAll(dir); stop() }, nil
+}
+
+// egress makes the registry client obey s.Egress: through the environment's proxy, the
+// target's addresses are checked before each request; else every connection goes through an
+// in-process SOCKS proxy that checks the address it dials.
+func (s *RegistrySource) egress(ctx context.Context, sys *types.SystemContext) (func(), error) {
+	if s.Egress == nil || s.Egress.Unrestricted || !strings.HasPrefix(s.URL, "docker://") {
+		return func() {}, nil
+	}
+	if os.Getenv("HTTPS_PROXY") != "" || os.Getenv("https_proxy") != "" || os.Getenv("HTTP_PROXY") != "" || os.Getenv("http_proxy") != "" {
+		sys.DockerProxy = func(u *url.URL) (*url.URL, error) {
+			if err := s.Egress.CheckHost(ctx, u.Hostname()); err != nil {
+				return nil, err
+			}
+			return http.ProxyFromEnvironment(&http.Request{URL: u})
+		}
+		return func() {}, nil
+	}
+	socks, err := s.Egress.ServeSOCKS(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.socks, sys.DockerProxyURL = socks, socks.URL
+	return socks.Close, nil
+}
+
+// fail names a registry failure; a connection the egress rule refused is told as such.
+func (s *RegistrySource) fail(err error) error {
+	if r := s.refused(nil); r != nil {
+		return r
+	}
+	return registryError(err, s.URL)
+}
+
+// refused returns the egress rule's refusal if the rule refused a connection, else err.
+func (s *RegistrySource) refused(err error) error {
+	if s.socks != nil {
+		if r := s.socks.Refusal(); r != nil {
+			return r
+		}
+	}
+	var te *transfer.Error
+	if errors.As(err, &te) && te.Reason == transfer.ReasonForbiddenDestination {
+		return te
+	}
+	return err
 }
 
 // Open reads the manifest (choosing the architecture from an index) and finds the disk.
@@ -98,12 +156,13 @@ func (s *RegistrySource) Open(ctx context.Context) (Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	sys, cleanup, err := s.system()
+	sys, cleanup, err := s.system(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if s.PublicKeyFile != "" {
 		if ref, err = s.verify(ctx, sys, ref); err != nil {
+			err = s.refused(err)
 			cleanup()
 			return nil, err
 		}
@@ -111,23 +170,23 @@ func (s *RegistrySource) Open(ctx context.Context) (Object, error) {
 	src, err := ref.NewImageSource(ctx, sys)
 	if err != nil {
 		cleanup()
-		return nil, registryError(err, s.URL)
+		return nil, s.fail(err)
 	}
 	o := &registryObject{s: s, src: src, cleanup: cleanup}
 	unparsed := image.UnparsedInstance(src, nil)
 	raw, _, err := unparsed.Manifest(ctx) // cached: FromUnparsedImage reads it from there
 	if err != nil {
 		o.Close()
-		return nil, registryError(err, s.URL)
+		return nil, s.fail(err)
 	}
 	if o.digest, err = manifest.Digest(raw); err != nil {
 		o.Close()
-		return nil, registryError(err, s.URL)
+		return nil, s.fail(err)
 	}
 	img, err := image.FromUnparsedImage(ctx, sys, unparsed)
 	if err != nil {
 		o.Close()
-		return nil, registryError(err, s.URL)
+		return nil, s.fail(err)
 	}
 	layers := img.LayerInfos()
 	for i := len(layers) - 1; i >= 0; i-- { // the top-most layer with a disk wins
@@ -152,14 +211,14 @@ func (s *RegistrySource) Revision(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sys, cleanup, err := s.system()
+	sys, cleanup, err := s.system(ctx)
 	if err != nil {
 		return "", err
 	}
 	defer cleanup()
 	if s.PublicKeyFile != "" {
 		if ref, err = s.verify(ctx, sys, ref); err != nil {
-			return "", err
+			return "", s.refused(err)
 		}
 	}
 	dgst, err := manifestDigest(ctx, sys, ref, s.URL)
@@ -227,7 +286,7 @@ func (o *registryObject) ReadRange(ctx context.Context, off, _ int64) (io.ReadCl
 func (o *registryObject) openDisk(ctx context.Context, info types.BlobInfo) (io.ReadCloser, int64, error) {
 	blob, _, err := o.src.GetBlob(ctx, info, none.NoCache)
 	if err != nil {
-		return nil, 0, registryError(err, o.s.URL)
+		return nil, 0, o.s.fail(err)
 	}
 	verifier := info.Digest.Verifier()
 	raw := io.TeeReader(blob, verifier)

@@ -36,6 +36,9 @@ type ClientConfig struct {
 	// Scoped says the store is diskpipe's bundled one, which makes an account per writer
 	// (scoped.go), so pods never get these keys.
 	Scoped bool
+	// Egress is where the client may connect (nil: anywhere): set in pods that reach a store a
+	// user names.
+	Egress *transfer.Egress
 }
 
 // BindFlags registers the --objectstore-* flags of the programs that reach the store (the
@@ -93,18 +96,19 @@ func NewClient(c ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	rt := c.Egress.Apply(tr)
 	creds := credentials.NewStaticV4(c.AccessKey, c.SecretKey, "")
 	if c.AccessKey == "" && c.SecretKey == "" {
 		creds = credentials.New(&credentials.Static{}) // anonymous
 	}
 	mc, err := minio.New(u.Host, &minio.Options{
-		Creds: creds, Secure: u.Scheme == "https", Region: c.Region, BucketLookup: lookup, Transport: tr,
+		Creds: creds, Secure: u.Scheme == "https", Region: c.Region, BucketLookup: lookup, Transport: rt,
 		MaxRetries: 1, // diskpipe retries with its own policy and reasons
 	})
 	if err != nil {
 		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "S3 client for %s: %w", c.Endpoint, err)
 	}
-	return &Client{Client: mc, endpoint: u, cfg: c, http: &http.Client{Transport: tr, Timeout: time.Minute}}, nil
+	return &Client{Client: mc, endpoint: u, cfg: c, http: &http.Client{Transport: rt, Timeout: time.Minute, CheckRedirect: transfer.RedirectPolicy(nil)}}, nil
 }
 
 // CheckBucketName says clearly why a bucket name is not valid for S3.

@@ -31,6 +31,9 @@ func LoadConfig(path string) (FileConfig, error) {
 	if err := c.CloneStrategy.Validate(); err != nil {
 		return c, fmt.Errorf("the configuration %s: %w", path, err)
 	}
+	if err := c.Importer.ValidateEgress(); err != nil {
+		return c, fmt.Errorf("the configuration %s: %w", path, err)
+	}
 	if err := c.FilesystemOverhead.Validate(); err != nil {
 		return c, fmt.Errorf("the configuration %s: %w", path, err)
 	}

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -130,6 +132,12 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	if opts.ObjectStore != nil {
+		// Pods reach the bundled store wherever it is, inside the cluster's networks too.
+		if u, err := url.Parse(opts.ObjectStore.Endpoint); err == nil && u.Hostname() != "" {
+			opts.Importer.AllowedDestinations = append(slices.Clip(opts.Importer.AllowedDestinations), u.Hostname())
+		}
 	}
 	imageOpts := image.Options{Pods: opts.Importer}
 	if opts.ObjectStore != nil {

@@ -19,6 +19,8 @@ import (
 type Command struct {
 	Log      *slog.Logger
 	Progress *Progress
+	// Egress is where the command may connect (--forbid-cidr, --allow-destination).
+	Egress Egress
 
 	metricsAddr string
 	interval    time.Duration
@@ -37,6 +39,7 @@ func (c *Command) Flags(fs *flag.FlagSet, memLimit int64) {
 	fs.DurationVar(&c.interval, "progress-interval", 5*time.Second, "how often progress is logged")
 	fs.StringVar(&c.termPath, "termination-message-path", "/dev/termination-log", "where the JSON result is written (empty: nowhere)")
 	fs.Int64Var(&c.memLimit, "memory-limit", memLimit, "soft limit of the Go heap in bytes")
+	c.Egress.Flags(fs)
 }
 
 // Run runs work with metrics served and progress logged, records its result and returns the

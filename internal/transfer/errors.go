@@ -33,6 +33,9 @@ const (
 	ReasonUnsigned             Reason = "Unsigned"
 	ReasonSignatureInvalid     Reason = "SignatureInvalid"
 	ReasonSignedDigestMismatch Reason = "SignedDigestMismatch"
+	// ReasonForbiddenDestination: the source (its URL, a redirect or its DNS answer) points
+	// where importers may not connect (Egress), or a redirect to a scheme other than http(s).
+	ReasonForbiddenDestination Reason = "ForbiddenDestination"
 	ReasonTargetError          Reason = "TargetError"
 	ReasonTargetNotFound       Reason = "TargetNotFound"
 	ReasonTargetForbidden      Reason = "TargetForbidden"

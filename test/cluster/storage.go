@@ -131,6 +131,9 @@ func (c *Cluster) install(ctx context.Context) error {
 		"--set", "objectStore.bundled.service.type=NodePort", "--set", fmt.Sprintf("objectStore.bundled.service.nodePort=%d", StoreNodePort),
 		"--set", "objectStore.bundled.publicEndpoint=" + StoreEndpoint, "--set", "objectStore.bundled.storage.size=20Gi",
 		"--set", testenv.ThickOverhead,
+		// The node's own address serves the tests' images and registry: a trusted mirror inside
+		// the cluster's networks, which importers otherwise may not reach.
+		"--set", "importer.clusterCIDRs={" + ClusterCIDR + "," + ServiceCIDR + "}", "--set", "importer.allowedDestinations={" + NodeIP + "}",
 		"--wait", "--timeout", "5m"}, c.opts.HelmArgs...)
 	c.step("helm %s", strings.Join(args, " "))
 	cmd := exec.CommandContext(ctx, c.bin("helm"), args...) //nolint:gosec // the pinned helm

@@ -225,7 +225,9 @@ func (c *Cluster) managerIdentity(ctx context.Context) (string, error) {
 func (c *Cluster) managerConfig(ctx context.Context) (string, error) {
 	repository, tag, _ := strings.Cut(Image, ":")
 	objs, _, err := testenv.RenderChart(ctx, testenv.ChartRelease, ManagerNamespace, "--show-only", "templates/manager.yaml",
-		"--set", "image.repository="+repository, "--set", "image.tag="+tag, "--set", testenv.ThickOverhead)
+		"--set", "image.repository="+repository, "--set", "image.tag="+tag, "--set", testenv.ThickOverhead,
+		// Every server of the local cluster (the tests', the store, pods) listens on loopback.
+		"--set", "importer.allowedDestinations={127.0.0.0/8}")
 	if err != nil {
 		return "", err
 	}

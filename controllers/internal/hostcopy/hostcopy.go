@@ -68,7 +68,7 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 	}
 	s.Args = append(s.Args, "--source", "http", "--format", "raw",
 		"--url", "http://"+net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(importpod.ServePort))+"/disk",
-		"--header-file", tokenDir+"/header")
+		"--header-file", tokenDir+"/header", "--allow-destination", pod.Status.PodIP)
 	s.Mounts = append(s.Mounts, importpod.Mount{Secret: tokenSecretName(owner), Path: tokenDir})
 	return true, nil
 }

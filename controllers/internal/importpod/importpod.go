@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +43,12 @@ type Config struct {
 	// FilesystemOverhead is the share of a filesystem volume its pods keep free for the
 	// filesystem, by StorageClass (the chart's filesystemOverhead values).
 	FilesystemOverhead FilesystemOverhead `json:"filesystemOverhead,omitzero"`
+	// ClusterCIDRs are networks the pods may not connect to (the cluster's pod and service
+	// networks), beyond loopback, link-local, unspecified and multicast, which they never may.
+	ClusterCIDRs []string `json:"clusterCIDRs,omitempty"`
+	// AllowedDestinations are CIDRs, addresses or host names the pods may connect to even
+	// inside those: in-cluster mirrors. The manager adds the bundled store's host.
+	AllowedDestinations []string `json:"allowedDestinations,omitempty"`
 
 	prepared *sync.Map // namespaces PrepareNamespace has seen to
 }
@@ -50,6 +57,10 @@ type Config struct {
 type NetworkPolicyConfig struct {
 	ManagerNamespace string            `json:"managerNamespace"`
 	ManagerLabels    map[string]string `json:"managerLabels"`
+	// StoreLabels and StorePort select the bundled store's pods in ManagerNamespace, which
+	// importer and exporter pods may reach (none: an external store, reached as the internet).
+	StoreLabels map[string]string `json:"storeLabels,omitempty"`
+	StorePort   int32             `json:"storePort,omitempty"`
 }
 
 // FilesystemOverhead is the share of a filesystem volume kept for the filesystem itself: a
@@ -92,6 +103,34 @@ func (o FilesystemOverhead) Validate() error {
 		}
 	}
 	return nil
+}
+
+// ValidateEgress checks ClusterCIDRs and AllowedDestinations as the pods will parse them.
+func (c Config) ValidateEgress() error {
+	var e transfer.Egress
+	for _, v := range c.ClusterCIDRs {
+		if _, err := netip.ParsePrefix(v); err != nil {
+			return fmt.Errorf("importer.clusterCIDRs: %q is not a CIDR", v)
+		}
+	}
+	for _, v := range c.AllowedDestinations {
+		if err := e.Allow(v); err != nil {
+			return fmt.Errorf("importer.allowedDestinations: %w", err)
+		}
+	}
+	return nil
+}
+
+// egressArgs are the flags that give a pod the egress rule (transfer.Egress).
+func (c Config) egressArgs() []string {
+	var args []string
+	for _, v := range c.ClusterCIDRs {
+		args = append(args, "--forbid-cidr", v)
+	}
+	for _, v := range c.AllowedDestinations {
+		args = append(args, "--allow-destination", v)
+	}
+	return args
 }
 
 // Defaults fills what is not set.
@@ -180,6 +219,7 @@ func (s Spec) SourcePath() string {
 // are the controller's.
 func Build(c Config, s Spec) *corev1.Pod {
 	args := append([]string{}, s.Args...)
+	args = append(args, c.egressArgs()...)
 	args = append(args, "--metrics-addr", ":"+strconv.Itoa(int(c.MetricsPort)),
 		"--termination-message-path", corev1.TerminationMessagePathDefault)
 	command := s.Command

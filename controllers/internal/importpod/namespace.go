@@ -3,6 +3,7 @@ package importpod
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -15,8 +16,12 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 )
 
-// NetworkPolicyName is the policy PrepareNamespace gives each namespace diskpipe runs pods in.
-const NetworkPolicyName = "diskpipe-pods"
+// NetworkPolicyName is the policy PrepareNamespace gives each namespace diskpipe runs pods in;
+// EgressPolicyName limits where its importer and exporter pods connect.
+const (
+	NetworkPolicyName = "diskpipe-pods"
+	EgressPolicyName  = "diskpipe-pods-egress"
+)
 
 // PrepareNamespace makes, once per namespace and manager, what c's pods need there: the
 // service account they run as (bound to nothing; its token is never mounted) and, with
@@ -34,7 +39,7 @@ func PrepareNamespace(ctx context.Context, cl client.Client, c Config, ns string
 		objs = append(objs, &corev1.ServiceAccount{ObjectMeta: objectMeta(c.ServiceAccountName, ns), AutomountServiceAccountToken: ptr.To(false)})
 	}
 	if np := c.NetworkPolicy; np != nil {
-		objs = append(objs, c.networkPolicy(ns))
+		objs = append(objs, c.networkPolicy(ns), c.egressPolicy(ns))
 	}
 	for _, o := range objs {
 		if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -80,6 +85,58 @@ func (c Config) networkPolicy(ns string) *networkingv1.NetworkPolicy {
 					NamespaceSelector: &metav1.LabelSelector{}, PodSelector: diskpipePods,
 				}}},
 			},
+		},
+	}
+}
+
+// egressPolicy lets importer and exporter pods reach DNS, the bundled store, clone sources,
+// the allowed destinations and the internet, and nothing else in the cluster: the second layer
+// under the pods' own refusal (transfer.Egress), for a cluster whose network enforces it.
+// Allowed host names cannot be written as a peer; an allowed in-cluster mirror is reached by
+// the CIDR it is listed by.
+func (c Config) egressPolicy(ns string) *networkingv1.NetworkPolicy {
+	port := func(proto corev1.Protocol, p int32) networkingv1.NetworkPolicyPort {
+		return networkingv1.NetworkPolicyPort{Protocol: ptr.To(proto), Port: ptr.To(intstr.FromInt32(p))}
+	}
+	rules := []networkingv1.NetworkPolicyEgressRule{
+		{Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolUDP, 53), port(corev1.ProtocolTCP, 53)}},
+		{Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, ServePort)}, To: []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelComponent: ComponentCloneSource}},
+		}}},
+	}
+	if np := c.NetworkPolicy; len(np.StoreLabels) > 0 && np.StorePort != 0 {
+		rules = append(rules, networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, np.StorePort)},
+			To: []networkingv1.NetworkPolicyPeer{{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: np.ManagerNamespace}},
+				PodSelector:       &metav1.LabelSelector{MatchLabels: np.StoreLabels},
+			}}})
+	}
+	var allowed []networkingv1.NetworkPolicyPeer
+	for _, d := range c.AllowedDestinations {
+		if p, err := netip.ParsePrefix(d); err == nil {
+			allowed = append(allowed, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: p.Masked().String()}})
+		} else if a, err := netip.ParseAddr(d); err == nil {
+			allowed = append(allowed, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(a, a.BitLen()).String()}})
+		}
+	}
+	// The internet: everything but the cluster's networks.
+	internet := map[bool]*networkingv1.IPBlock{true: {CIDR: "0.0.0.0/0"}, false: {CIDR: "::/0"}}
+	for _, v := range c.ClusterCIDRs {
+		if p, err := netip.ParsePrefix(v); err == nil {
+			b := internet[p.Addr().Is4()]
+			b.Except = append(b.Except, p.Masked().String())
+		}
+	}
+	allowed = append(allowed, networkingv1.NetworkPolicyPeer{IPBlock: internet[true]}, networkingv1.NetworkPolicyPeer{IPBlock: internet[false]})
+	rules = append(rules, networkingv1.NetworkPolicyEgressRule{To: allowed})
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: objectMeta(EgressPolicyName, ns),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy},
+				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: LabelComponent, Operator: metav1.LabelSelectorOpIn, Values: []string{"importer", "exporter"}}}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress:      rules,
 		},
 	}
 }

@@ -1,0 +1,274 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http/httpproxy"
+)
+
+// Egress is where the importer, its probe and check, and the exporter may connect. A user
+// names the source, so without it a URL, a redirect or a DNS answer could point a pod at the
+// cloud's metadata service, the node's own ports or the cluster's Services, and the reply would
+// become a disk the user can read. The rule is checked on the address actually dialled (after
+// DNS, on every redirect, for every source kind), so a host name that resolves differently a
+// second time gains nothing.
+//
+// Refused unless allowed: loopback, link-local, unspecified and multicast addresses (always),
+// and Forbidden (the cluster's pod and service CIDRs, from the chart). Allowed networks and
+// host names pass even inside those: the bundled store and in-cluster mirrors.
+type Egress struct {
+	// Forbidden networks beyond the built-in ones.
+	Forbidden []netip.Prefix
+	// Allowed networks pass even inside a forbidden one.
+	Allowed []netip.Prefix
+	// AllowedHosts are host names (exact, case-insensitive) that pass whatever they resolve to.
+	AllowedHosts []string
+	// Unrestricted turns the rule off (tests of other things, and the manager's own clients).
+	Unrestricted bool
+
+	dialer *net.Dialer
+}
+
+// AllowedDestinationsValue is the chart value that lets importers reach a refused address; the
+// refusal names it.
+const AllowedDestinationsValue = "importer.allowedDestinations"
+
+var builtinForbidden = []struct {
+	prefix netip.Prefix
+	what   string
+}{
+	{netip.MustParsePrefix("127.0.0.0/8"), "a loopback address"},
+	{netip.MustParsePrefix("::1/128"), "a loopback address"},
+	{netip.MustParsePrefix("169.254.0.0/16"), "a link-local address (cloud metadata services live there)"},
+	{netip.MustParsePrefix("fe80::/10"), "a link-local address"},
+	{netip.MustParsePrefix("0.0.0.0/8"), "an unspecified address"},
+	{netip.MustParsePrefix("::/128"), "an unspecified address"},
+	{netip.MustParsePrefix("224.0.0.0/4"), "a multicast address"},
+	{netip.MustParsePrefix("ff00::/8"), "a multicast address"},
+}
+
+// Flags registers --forbid-cidr and --allow-destination (both repeatable).
+func (e *Egress) Flags(fs *flag.FlagSet) {
+	fs.Func("forbid-cidr", "a network importers may not connect to, e.g. the cluster's pod or service CIDR (repeatable)", func(v string) error {
+		p, err := netip.ParsePrefix(strings.TrimSpace(v))
+		if err != nil {
+			return err
+		}
+		e.Forbidden = append(e.Forbidden, p.Masked())
+		return nil
+	})
+	fs.Func("allow-destination", "a CIDR, address or host name that may be connected to even where refused by default (repeatable)", e.Allow)
+}
+
+// Allow adds a CIDR, an address or a host name to what passes.
+func (e *Egress) Allow(v string) error {
+	v = strings.TrimSpace(v)
+	if p, err := netip.ParsePrefix(v); err == nil {
+		e.Allowed = append(e.Allowed, p.Masked())
+		return nil
+	}
+	if a, err := netip.ParseAddr(v); err == nil {
+		e.Allowed = append(e.Allowed, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+		return nil
+	}
+	if v == "" || strings.ContainsAny(v, "/: ") {
+		return fmt.Errorf("%q is neither a CIDR, an address nor a host name", v)
+	}
+	e.AllowedHosts = append(e.AllowedHosts, strings.ToLower(strings.TrimSuffix(v, ".")))
+	return nil
+}
+
+// hostAllowed reports whether host is named in AllowedHosts.
+func (e *Egress) hostAllowed(host string) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	for _, h := range e.AllowedHosts {
+		if h == host {
+			return true
+		}
+	}
+	return false
+}
+
+// Check returns a permanent ForbiddenDestination failure when addr may not be connected to;
+// host is what the user named, for the message.
+func (e *Egress) Check(host string, addr netip.Addr) error {
+	if e == nil || e.Unrestricted {
+		return nil
+	}
+	addr = addr.Unmap()
+	for _, p := range e.Allowed {
+		if p.Contains(addr) {
+			return nil
+		}
+	}
+	what := ""
+	for _, f := range builtinForbidden {
+		if f.prefix.Contains(addr) {
+			what = f.what
+			break
+		}
+	}
+	if what == "" {
+		for _, p := range e.Forbidden {
+			if p.Contains(addr) {
+				what = fmt.Sprintf("in the cluster's network %s", p)
+				break
+			}
+		}
+	}
+	if what == "" {
+		return nil
+	}
+	name := addr.String()
+	if host != "" && host != name {
+		name = fmt.Sprintf("%s (%s)", host, addr)
+	}
+	return Permanent(ReasonForbiddenDestination,
+		"refusing to connect to %s: it is %s, which importers may not reach; if it is a server you trust (an in-cluster mirror), add it to the chart's %s",
+		name, what, AllowedDestinationsValue)
+}
+
+// CheckHost resolves host and checks every address it has: for a request sent through an HTTP
+// proxy, where the proxy, not this process, dials the host.
+func (e *Egress) CheckHost(ctx context.Context, host string) error {
+	if e == nil || e.Unrestricted || e.hostAllowed(host) {
+		return nil
+	}
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return err
+	}
+	for _, a := range addrs {
+		if err := e.Check(host, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DialContext dials addr ("host:port") if the rule lets it: the check runs on each address
+// the dialer actually connects to (net.Dialer.Control), after DNS.
+func (e *Egress) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	base := e.baseDialer()
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || e == nil || e.Unrestricted || e.hostAllowed(host) {
+		return base.DialContext(ctx, network, addr)
+	}
+	d := *base
+	var refused error
+	d.Control = func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return fmt.Errorf("dialling %q: %w", address, err)
+		}
+		if err := e.Check(host, ap.Addr()); err != nil {
+			refused = err
+			return err
+		}
+		return nil
+	}
+	conn, err := d.DialContext(ctx, network, addr)
+	if err != nil && refused != nil {
+		return nil, refused // every address was refused: say why, not "connection refused"
+	}
+	return conn, err
+}
+
+func (e *Egress) baseDialer() *net.Dialer {
+	if e != nil && e.dialer != nil {
+		return e.dialer
+	}
+	return &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+}
+
+// Apply makes tr obey the rule: its own dials are checked, a dial to the proxy of the
+// environment passes, and a request sent through that proxy has its target host's addresses
+// checked first.
+func (e *Egress) Apply(tr *http.Transport) http.RoundTripper {
+	if e == nil || e.Unrestricted {
+		return tr
+	}
+	proxies := map[string]bool{}
+	cfg := httpproxy.FromEnvironment()
+	for _, p := range []string{cfg.HTTPProxy, cfg.HTTPSProxy} {
+		if p == "" {
+			continue
+		}
+		if !strings.Contains(p, "://") {
+			p = "http://" + p
+		}
+		if u, err := url.Parse(p); err == nil && u.Hostname() != "" {
+			port := u.Port()
+			if port == "" {
+				port = map[string]string{"https": "443", "socks5": "1080"}[u.Scheme]
+			}
+			if port == "" {
+				port = "80"
+			}
+			proxies[net.JoinHostPort(u.Hostname(), port)] = true
+		}
+	}
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if proxies[addr] {
+			return e.baseDialer().DialContext(ctx, network, addr)
+		}
+		return e.DialContext(ctx, network, addr)
+	}
+	return &egressTransport{Transport: tr, e: e}
+}
+
+type egressTransport struct {
+	*http.Transport
+	e *Egress
+}
+
+func (t *egressTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.Proxy != nil {
+		if p, err := t.Proxy(req); err == nil && p != nil {
+			if err := t.e.CheckHost(req.Context(), req.URL.Hostname()); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return t.Transport.RoundTrip(req)
+}
+
+// IsForbiddenDestination reports whether err is the rule's refusal.
+func IsForbiddenDestination(err error) bool {
+	var te *Error
+	return errors.As(err, &te) && te.Reason == ReasonForbiddenDestination
+}
+
+// MaxRedirects is how many redirects a request follows.
+const MaxRedirects = 5
+
+// RedirectPolicy is an http.Client's CheckRedirect for a user's source: at most MaxRedirects,
+// only http and https, and the credentials (basic auth and each header in secret, by canonical
+// name) are sent only to the host the user named, never to another one a redirect names.
+func RedirectPolicy(secret []string) func(req *http.Request, via []*http.Request) error {
+	return func(req *http.Request, via []*http.Request) error {
+		if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+			return Permanent(ReasonForbiddenDestination, "the server redirected to a %s: URL; only http and https redirects are followed", req.URL.Scheme)
+		}
+		if len(via) >= MaxRedirects {
+			return Permanent(ReasonSourceNotFound, "stopped after %d redirects (the last to %s)", MaxRedirects, req.URL.Host)
+		}
+		if first := via[0].URL; !strings.EqualFold(first.Host, req.URL.Host) || (first.Scheme == "https" && req.URL.Scheme != "https") {
+			req.Header.Del("Authorization")
+			for _, h := range secret {
+				req.Header.Del(h)
+			}
+		}
+		return nil
+	}
+}
