@@ -11,11 +11,13 @@ export GOFLAGS ?= -buildvcs=false
 
 # Pinned tool versions.
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
+CRD_REF_DOCS_VERSION     ?= v0.3.0
 GOLANGCI_LINT_VERSION    ?= v2.15.0
 KUBE_VERSION             ?= v1.36.3
 HELM_VERSION             ?= v4.3.1
 
 CONTROLLER_GEN := $(BIN)/controller-gen
+CRD_REF_DOCS   := $(BIN)/crd-ref-docs
 GOLANGCI_LINT  := $(BIN)/golangci-lint
 KUBE_BINS      := $(BIN)/kube-apiserver $(BIN)/etcd $(BIN)/kubectl
 HELM           := $(BIN)/helm
@@ -38,8 +40,10 @@ help: ## List the targets.
 ##@ Development
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Write the generated deepcopy functions of apis/.
+generate: $(CONTROLLER_GEN) $(CRD_REF_DOCS) ## Write the generated deepcopy functions of apis/, the API reference (docs/api.md) and the troubleshooting page's reasons.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./apis/...
+	$(CRD_REF_DOCS) --source-path=./apis --config=hack/crd-ref-docs/config.yaml --renderer=markdown --output-path=docs/api.md --log-level=error
+	go run ./hack/docs reasons
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds (templates/crds.yaml installs them), the manager's ClusterRole, and the VolumeSnapshot, KubeVirt VirtualMachine and Prometheus Operator CRDs tests install into test/crds.
@@ -57,7 +61,7 @@ manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds (
 	find test/crds/monitoring -type f ! -name '*_servicemonitors.yaml' ! -name '*_prometheusrules.yaml' -delete
 
 .PHONY: verify
-verify: ## Fail when generated files or go.mod are stale.
+verify: $(CRD_REF_DOCS) ## Fail when generated files, docs links or go.mod are stale, or a binary or large file is tracked.
 	hack/verify.sh
 
 .PHONY: lint
@@ -120,7 +124,7 @@ setup: ## Install the Debian packages the tests use (qemu-utils, awscli, ...).
 cluster-tools: tools cluster-bins ## Build what the real single-node cluster adds: kubelet, controller-manager, scheduler, kube-proxy, CoreDNS, CNI plugins, CSI sidecars.
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(KUBE_BINS) $(HELM) ## Build the pinned tools, helm and the Kubernetes binaries.
+tools: $(CONTROLLER_GEN) $(CRD_REF_DOCS) $(KUBE_BINS) $(HELM) ## Build the pinned tools, helm and the Kubernetes binaries.
 
 
 # The tests' bootable disk (test/bootdisk): Debian's kernel and busybox, syslinux, in raw, qcow2
@@ -213,6 +217,9 @@ demo: $(CLUSTER_DEPS_$(CLUSTER)) ## Run the whole pipeline on a local cluster (C
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+
+$(CRD_REF_DOCS):
+	GOBIN=$(BIN) go install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
 
 $(HELM):
 	GOBIN=$(BIN) go install -ldflags "-X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)" helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/diskpipe/diskpipe/internal/transfer"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -152,25 +154,9 @@ func stateOf(r ref, obj *unstructured.Unstructured) state {
 // done says whether the object reached an end: Ready, or failed for good.
 func (s state) done() bool { return s.Phase == "Ready" || s.Phase == "Failed" }
 
-// advice is what to do about a failure's reason (the README's "Troubleshooting" table).
-func advice(reason string) string {
-	return map[string]string{
-		"SourceNotFound":    "the source is not there (HTTP 404, no such object or tag): fix the URL or name and make the object again",
-		"SourceForbidden":   "the source refused the credentials: check the secret the source names",
-		"SourceUnavailable": "the source could not be reached after every retry: check that it is up and reachable from the cluster, then make the object again",
-		"TLSError":          "the source's certificate is not trusted: give its CA bundle (certConfigMap)",
-		"ChecksumMismatch":  "the bytes do not match the checksum in the spec: the source changed or the checksum is wrong",
-		"UnsupportedFormat": "the image's format is not one diskpipe reads: convert it with qemu-img to qcow2 or raw",
-		"BackingFile":       "the qcow2 image has a backing file: flatten it with 'qemu-img convert -O qcow2'",
-		"Encrypted":         "the image is encrypted: decrypt it with qemu-img first",
-		"MalformedImage":    "the image is damaged: check it with 'qemu-img check'",
-		"TruncatedImage":    "the image is cut short: download or upload it again",
-		"TooLarge":          "the image is larger than the volume: ask for more storage in the spec",
-		"NeedsRandomAccess": "this format needs a source that serves byte ranges: serve it with Range support, or convert it to qcow2",
-		"TargetUnavailable": "the object store could not be reached: check the store and export again",
-		"TargetForbidden":   "the object store refused the export's credentials",
-	}[reason]
-}
+// advice is what to do about a failure's reason: the troubleshooting table's words
+// (internal/transfer's Catalog).
+func advice(reason string) string { return transfer.Advice(reason) }
 
 func (s state) String() string {
 	var b strings.Builder

@@ -42,6 +42,10 @@ func TestLoadChartConfig(t *testing.T) {
 	g.Expect(imp.Resources.Limits.Memory().String()).To(Equal("1Gi"))
 	g.Expect(imp.NetworkPolicy.ManagerNamespace).To(Equal("diskpipe-system"))
 	g.Expect(imp.NetworkPolicy.ManagerLabels).To(HaveKeyWithValue("app.kubernetes.io/component", "manager"))
+	g.Expect(imp.NetworkPolicy.StoreLabels).To(HaveKeyWithValue("app.kubernetes.io/component", "objectstore"))
+	g.Expect(imp.NetworkPolicy.StorePort).To(BeNumerically(">", 0))
+	g.Expect(imp.ClusterCIDRs).To(Equal([]string{"10.244.0.0/16", "10.96.0.0/12"}))
+	g.Expect(imp.AllowedDestinations).To(Equal([]string{"10.244.0.1", "mirror.images.svc.cluster.local"}))
 	g.Expect(cfg.CloneStrategy.Default).To(Equal(common.CloneStrategySnapshot))
 	g.Expect(cfg.CloneStrategy.StorageClasses).To(HaveKeyWithValue("nfs", common.CloneStrategyHostAssisted))
 	g.Expect(cfg.FilesystemOverhead.For("cephfs")).To(Equal(0.1))
@@ -52,6 +56,8 @@ func TestLoadChartConfig(t *testing.T) {
 		"importer:\n  nodeSelecter: {a: b}\n":               `unknown field "nodeSelecter"`,
 		"cloneStrategy:\n  storageClasses: {nfs: Rsync}\n":  `cloneStrategy.storageClasses[nfs] "Rsync" is not one of`,
 		"filesystemOverhead:\n  storageClasses: {nfs: 6}\n": `filesystemOverhead of StorageClass nfs is 6: give a fraction from 0 to 0.5`,
+		"importer:\n  clusterCIDRs: [10.96.0.0]\n":        `importer.clusterCIDRs: "10.96.0.0" is not a CIDR`,
+		"importer:\n  allowedDestinations: [\"a b\"]\n":   `importer.allowedDestinations: "a b" is neither a CIDR, an address nor a host name`,
 	} {
 		g.Expect(os.WriteFile(path, []byte(body), 0o600)).To(Succeed())
 		_, err := manager.LoadConfig(path)

@@ -172,6 +172,13 @@ func podState(p *corev1.Pod) string {
 }
 
 // storeKeys reads the bundled store's root keys from the Secret the chart made.
+// StoreAccess is the bundled store's public endpoint and its keys, read from the Secret the
+// README tells users to read them from.
+func (c *Cluster) StoreAccess(ctx context.Context) (endpoint, id, secret string, err error) {
+	id, secret, err = c.storeKeys(ctx)
+	return StoreEndpoint, id, secret, err
+}
+
 func (c *Cluster) storeKeys(ctx context.Context) (id, secret string, err error) {
 	s := &corev1.Secret{}
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: Release + "-objectstore"}, s); err != nil {

@@ -31,6 +31,9 @@ type Cluster interface {
 	RestartManager() error
 	// AWS runs awscli against the bundled store with its keys.
 	AWS(ctx context.Context, args ...string) (string, error)
+	// StoreAccess is the bundled store's address outside the cluster and its keys, as a user
+	// following the README finds them.
+	StoreAccess(ctx context.Context) (endpoint, accessKey, secretKey string, err error)
 	StopStore() error
 	StartStore() error
 	UploadURL() string
@@ -64,6 +67,9 @@ func (l local) APIClient() client.Client { return l.Client }
 func (l local) HostAddress() string      { return "127.0.0.1" }
 func (l local) AWS(ctx context.Context, args ...string) (string, error) {
 	return l.Store.AWS(ctx, l.Store.SecretKey, args...)
+}
+func (l local) StoreAccess(context.Context) (string, string, string, error) {
+	return l.Store.Endpoint, l.Store.AccessKey, l.Store.SecretKey, nil
 }
 func (l local) StopStore() error       { l.Store.Kill(); return nil }
 func (l local) StartStore() error      { l.Store.Restart(); return nil }

@@ -15,6 +15,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -79,7 +80,7 @@ var _ = Describe("kubectl diskpipe", func() {
 		_, errOut, code := plugin("wait", "vmim/wrong", "-n", ns)
 		Expect(code).To(Equal(1))
 		Expect(errOut).To(ContainSubstring("VirtualMachineImage/wrong failed: ChecksumMismatch"))
-		Expect(errOut).To(ContainSubstring("What to do: the bytes do not match the checksum"))
+		Expect(errOut).To(ContainSubstring("What to do: " + transfer.Advice("ChecksumMismatch")))
 
 		_, errOut, code = plugin("wait", "pods/anything", "-n", ns)
 		Expect(code).To(Equal(2))

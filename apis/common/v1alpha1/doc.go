@@ -6,5 +6,9 @@
 // hypercloud.tmaxanc.com, virtualmachine.kubesphere.io and diskvolume.kubesphere.io, so one
 // validation rule (a checksum's format, a bucket name) reads and fails the same way in each.
 //
+// The group name below only gives the API reference (docs/api.md, crd-ref-docs) a section
+// for these types; no kind is served in it.
+//
 // +kubebuilder:object:generate=true
+// +groupName=shared.diskpipe.io
 package v1alpha1

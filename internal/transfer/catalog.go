@@ -1,0 +1,76 @@
+package transfer
+
+// ReasonDoc says what a reason means and what to do about it. Catalog is the one place these
+// words live: `kubectl diskpipe` prints Advice after a failure, and docs/troubleshooting.md's
+// tables are generated from it (hack/reasons, checked by make verify).
+type ReasonDoc struct {
+	// Reason as it appears in conditions, results and Events (several joined by " / ").
+	Reason string
+	// Transient: "yes", "no", or which of several is.
+	Transient string
+	// On names the objects a controller's reason appears on (empty for the data plane's).
+	On      string
+	Meaning string
+	Advice  string
+}
+
+// Catalog holds the data plane's failure reasons (an importer's or exporter's result: the
+// Reason constants) and then the reasons controllers give their conditions.
+var Catalog = []ReasonDoc{
+	{Reason: string(ReasonSourceNotFound), Transient: "no", Meaning: "404, no such object, bucket or tag, no file under `/disk/`, or a redirect loop", Advice: "fix the URL, bucket/object or tag and make the object again"},
+	{Reason: string(ReasonSourceForbidden), Transient: "no", Meaning: "401/403, wrong S3 keys, registry authentication required", Advice: "fix or add the credentials Secret the source names"},
+	{Reason: string(ReasonSourceUnavailable), Transient: "yes", Meaning: "connection refused or reset, 5xx, a response that stalled", Advice: "wait; check that the server is up and reachable from the cluster"},
+	{Reason: string(ReasonForbiddenDestination), Transient: "no", Meaning: "the source's URL, a redirect or its DNS answer points at loopback, link-local (cloud metadata), the cluster's pod or service networks (`importer.clusterCIDRs`), or a redirect leaves http(s)", Advice: "use a public address; for a mirror you trust inside the cluster, add its address, CIDR or host name to the chart's `importer.allowedDestinations`"},
+	{Reason: string(ReasonTLSError), Transient: "no", Meaning: "the server's certificate is not trusted", Advice: "give its CA bundle (`certConfigMap`)"},
+	{Reason: string(ReasonChecksumMismatch), Transient: "no", Meaning: "the downloaded bytes (or a registry layer) differ from the digest", Advice: "the bytes do not match `checksum`: fix it, or find out who changed the source"},
+	{Reason: string(ReasonUnsigned), Transient: "no", Meaning: "`registry.signature` is set and the image's digest has no cosign signature", Advice: "sign it: `cosign sign --key cosign.key <image>`"},
+	{Reason: string(ReasonSignatureInvalid), Transient: "no", Meaning: "the image's signatures are by other keys (or unreadable)", Advice: "check `publicKeySecretRef`'s `cosign.pub`, or who signed the image"},
+	{Reason: string(ReasonSignedDigestMismatch), Transient: "no", Meaning: "a signature by the key, stored for this digest, signs another digest: the image was replaced after it was signed", Advice: "find out who changed the tag; sign the image you trust"},
+	{Reason: string(ReasonBackingFile), Transient: "no", Meaning: "qcow2 with a backing file, vmdk/vpc/vdi/vhdx with a parent", Advice: "flatten it: `qemu-img convert -O qcow2 in out`"},
+	{Reason: string(ReasonEncrypted), Transient: "no", Meaning: "an encrypted qcow2", Advice: "decrypt it with qemu-img first"},
+	{Reason: string(ReasonUnsupportedFormat), Transient: "no", Meaning: "external data file, unknown qcow2 features, a vmdk whose data is in other files, a vhdx with a log to replay", Advice: "convert it to one qcow2 or raw file with qemu-img"},
+	{Reason: string(ReasonMalformedImage), Transient: "no", Meaning: "the image is damaged, or claims tables or windows larger than diskpipe reads", Advice: "check it with `qemu-img check`; download or upload it again"},
+	{Reason: string(ReasonTruncatedImage), Transient: "no", Meaning: "the image is cut short", Advice: "download or upload it again"},
+	{Reason: string(ReasonNeedsRandomAccess), Transient: "no", Meaning: "a monolithicSparse vmdk, vhdx, vpc or vdi (or an unusually laid-out qcow2) from a server without Range, or compressed with gz/xz/zst", Advice: "serve it with Range support (any S3 store, nginx, the bundled store), or convert it to qcow2 or a streamOptimized vmdk"},
+	{Reason: string(ReasonTooLarge), Transient: "no", Meaning: "the disk is larger than the volume less its filesystem overhead", Advice: "request a larger size (the message names the least that fits)"},
+	{Reason: string(ReasonNoRevision), Transient: "no", Meaning: "a scheduled image's check: the server gives no ETag or Last-Modified", Advice: "serve it from a server that does (nginx, any S3 store, the bundled store)"},
+	{Reason: string(ReasonInvalidArgument), Transient: "no", Meaning: "a malformed URL, header, checksum or bucket name", Advice: "fix the spec; the message names the value"},
+	{Reason: string(ReasonTargetError), Transient: "no", Meaning: "the volume or the object store is full, or cannot be written", Advice: "free space or request more"},
+	{Reason: string(ReasonTargetNotFound), Transient: "no", Meaning: "the export's bucket does not exist", Advice: "create the bucket"},
+	{Reason: string(ReasonTargetForbidden), Transient: "no", Meaning: "the object store refused the export's credentials", Advice: "fix the credentials Secret"},
+	{Reason: string(ReasonTargetUnavailable), Transient: "yes", Meaning: "the object store could not be reached", Advice: "check the store; the export is retried"},
+	{Reason: string(ReasonCancelled), Transient: "yes", Meaning: "the pod was stopped (deleted, evicted, its node drained) before it finished", Advice: "nothing: the next attempt goes on"},
+	{Reason: string(ReasonInternal), Transient: "yes", Meaning: "a failure diskpipe could not classify, or a pod that ended without a result", Advice: "read the importer pod's log; report it if it repeats"},
+
+	{Reason: "SourceNotFound / SourceNotReady / SourceDeleting", On: "disks, copied images", Meaning: "the image, disk or PVC read from is missing, not Ready yet, or being deleted", Advice: "create it or wait; the object goes on by itself"},
+	{Reason: "SnapshotNotFound", On: "DiskVolume `snap`", Meaning: "the VolumeSnapshot does not exist", Advice: "create it"},
+	{Reason: "ObjectStoreNotConfigured", On: "`objectStore`/`upload` images, exports", Meaning: "the installation has no bundled store", Advice: "use an `s3` source or destination"},
+	{Reason: "WaitingForUpload", On: "`upload` images", Meaning: "the upload proxy has not stored the whole image yet", Advice: "upload it ([uploads](uploads.md))"},
+	{Reason: "InUseWithoutSnapshot", On: "exports", Meaning: "the PVC is mounted by a running pod and its driver has no VolumeSnapshotClass", Advice: "stop the VM, or install a VolumeSnapshotClass"},
+	{Reason: "WaitingForSnapshot", On: "exports", Meaning: "the in-use PVC's snapshot is being taken", Advice: "wait"},
+	{Reason: "CredentialsNotFound", On: "exports to `s3`", Meaning: "the credentials Secret is missing", Advice: "create it"},
+	{Reason: "InvalidHardware", On: "VirtualMachines", Meaning: "`spec.hardware` is not a KubeVirt VirtualMachineInstance spec", Advice: "fix the named field"},
+	{Reason: "WaitingForDisks / DiskFailed", On: "VirtualMachines", Meaning: "a DiskVolume is not Ready yet, or failed", Advice: "wait, or read that DiskVolume's reason"},
+	{Reason: "WaitingForCloneSource", On: "cross-namespace copies", Meaning: "the clone-source pod in the image's namespace is not serving yet", Advice: "wait; check that pod"},
+	{Reason: "WaitingForBinding", On: "CSI clones, restores", Meaning: "the storage has not bound the PVC yet", Advice: "check the CSI driver"},
+	{Reason: "WaitingForFirstConsumer", On: "Ready disks", Meaning: "the volume is provisioned when the VM's pod is scheduled", Advice: "nothing"},
+	{Reason: "WaitingForClones", On: "images being deleted", Meaning: "disks are still being cloned from the image", Advice: "wait, or delete those disks"},
+	{Reason: "WaitingForRevision", On: "scheduled images", Meaning: "no revision is imported yet (the first check or import is under way)", Advice: "wait"},
+	{Reason: "InvalidSchedule", On: "scheduled images", Meaning: "`spec.schedule.cron` does not parse", Advice: "fix it"},
+	{Reason: "CheckTimedOut", On: "scheduled images", Meaning: "a check pod did not finish in 10 minutes", Advice: "check that the source answers quickly; the next check tries again"},
+	{Reason: "WaitingForRevisions", On: "scheduled images being deleted", Meaning: "the images of its revisions are being deleted", Advice: "wait"},
+	{Reason: "TooSmall", On: "disks", Meaning: "the requested size is smaller than the source", Advice: "ask for at least the source's size"},
+	{Reason: "SizeRequired", On: "images, blank disks", Meaning: "the size cannot be known without importing (compressed raw), or a blank disk has none", Advice: "set `resources.requests.storage`"},
+	{Reason: "NameTaken", On: "images, disks", Meaning: "a PVC of the child's name exists and belongs to something else", Advice: "rename the object or remove that PVC"},
+	{Reason: "Retrying", On: "all", Meaning: "an attempt failed transiently; the next one comes after 2, 4, 8 … s (at most 5 min)", Advice: "nothing, or read the message"},
+}
+
+// Advice is what to do about reason ("" when the catalog does not know it).
+func Advice(reason string) string {
+	for _, d := range Catalog {
+		if d.Reason == reason {
+			return d.Advice
+		}
+	}
+	return ""
+}
