@@ -37,11 +37,11 @@ type blockCache struct {
 	blocks map[int64]*block
 	lru    *list.List // front: most recently used
 	free   [][]byte   // buffers of blocks gone from the cache
-	// whole marks the blocks read whole (one bit per block): read-ahead skips them, as no
+	// whole marks the blocks read whole (a set of indexes, one per block read): read-ahead skips them, as no
 	// reader is to come back for them. Without it, a worker starting on a block behind
 	// the others fetched its next block again after a worker ahead had read it whole and the
 	// cache had let it go (nginx sent 1-2 of 814 blocks twice in 5 imports of 30).
-	whole []uint64
+	whole map[int64]bool
 }
 
 type block struct {
@@ -63,7 +63,7 @@ func newBlockCache(src io.ReaderAt, size, blockSize int64, maxBlocks, parallel, 
 		src: src, size: size, blockSize: blockSize, maxBlocks: maxBlocks, readahead: readahead, readers: 1,
 		sem: make(chan struct{}, parallel), blocks: map[int64]*block{}, lru: list.New(),
 		free:  hugeBuffers(min(int64(maxBlocks), (size+blockSize-1)/blockSize), blockSize),
-		whole: make([]uint64, ((size+blockSize-1)/blockSize+63)/64),
+		whole: map[int64]bool{}, // a set, not a bitmap: its size is not the source's to choose
 	}
 }
 
@@ -129,7 +129,7 @@ func (c *blockCache) get(idx int64) *block {
 	b = c.fetch(idx)
 	b.refs++
 	for i := idx + 1; i <= idx+int64(c.readahead) && i*c.blockSize < c.size; i++ {
-		if _, ok := c.blocks[i]; !ok && c.whole[i/64]&(1<<(i%64)) == 0 {
+		if _, ok := c.blocks[i]; !ok && !c.whole[i] {
 			c.fetch(i)
 		}
 	}
@@ -143,7 +143,7 @@ func (c *blockCache) release(b *block, read int) {
 	defer c.mu.Unlock()
 	b.read += read
 	if b.err == nil && b.read >= c.readers*len(b.data) {
-		c.whole[b.idx/64] |= 1 << (b.idx % 64)
+		c.whole[b.idx] = true
 	}
 	c.unref(b)
 }

@@ -30,7 +30,8 @@ var (
 	clusterBuffers = sync.Pool{New: func() any { return new([]byte) }}
 	inflaters      = sync.Pool{New: func() any { return flate.NewReader(bytes.NewReader(nil)) }}
 	zstdDecoders   = sync.Pool{New: func() any {
-		d, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		// A cluster is at most 2 MiB, so no frame of one needs a larger window.
+		d, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxWindow(2*maxClusterSize))
 		return d
 	}}
 )
@@ -113,6 +114,22 @@ type pooledReader struct {
 
 func (p *pooledReader) Close() error { p.release(); return nil }
 
+// maxZstdWindow is the largest zstd window diskpipe decodes: 128 MiB, what zstd --long and
+// --ultra -22 use; a frame may declare up to 3.75 TB, which the decoder would allocate.
+const maxZstdWindow = 128 << 20
+
+// zstdWindow names a frame whose window is over maxZstdWindow.
+type zstdWindow struct{ io.ReadCloser }
+
+func (z *zstdWindow) Read(p []byte) (int, error) {
+	n, err := z.ReadCloser.Read(p)
+	if errors.Is(err, zstd.ErrWindowSizeExceeded) {
+		err = transfer.Permanent(transfer.ReasonMalformedImage,
+			"the zstd stream declares a window larger than the %d MiB diskpipe decodes (zstd --long and --ultra -22 use 128 MiB): recompress it", maxZstdWindow>>20)
+	}
+	return n, err
+}
+
 // decompress unwraps a compressed stream.
 func decompress(c Compression, r io.Reader) (io.ReadCloser, error) {
 	var (
@@ -124,13 +141,13 @@ func decompress(c Compression, r io.Reader) (io.ReadCloser, error) {
 		out, err = gzip.NewReader(r)
 	case CompressionXz:
 		var x *xz.Reader
-		x, err = xz.NewReader(r)
+		x, err = xz.NewReader(newXzGuard(r))
 		out = io.NopCloser(x)
 	case CompressionZstd:
 		var d *zstd.Decoder
-		d, err = zstd.NewReader(r, zstd.WithDecoderMaxMemory(512<<20))
+		d, err = zstd.NewReader(r, zstd.WithDecoderMaxMemory(512<<20), zstd.WithDecoderMaxWindow(maxZstdWindow), zstd.WithDecoderLowmem(true))
 		if err == nil {
-			out = d.IOReadCloser()
+			out = &zstdWindow{d.IOReadCloser()}
 		}
 	default:
 		return io.NopCloser(r), nil

@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	qcow2reader "github.com/lima-vm/go-qcow2reader"
 	"github.com/lima-vm/go-qcow2reader/convert"
 	"github.com/lima-vm/go-qcow2reader/image"
 	"github.com/lima-vm/go-qcow2reader/image/qcow2"
@@ -262,7 +261,7 @@ func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Im
 		if _, err := parseQcow2Header(head, size); err != nil {
 			return nil, err
 		}
-		img, err := qcow2.Open(ra, qcow2reader.OpenWithType)
+		img, err := qcow2.Open(checkedHead{head, ra}, noBackingFile)
 		if err != nil {
 			return nil, imageError(err)
 		}
@@ -294,7 +293,7 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	if cs.Want != "" {
 		cache.readers = 2 // the hasher reads every byte too
 	}
-	img, err := openImage(format, head, boundedReaderAt{r: cache, size: size}, size)
+	img, err := openImage(format, head, checkedHead{head, boundedReaderAt{r: cache, size: size}}, size)
 	if err != nil {
 		return err
 	}

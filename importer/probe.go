@@ -83,7 +83,7 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 				format = FormatVPC
 			}
 			if format != FormatRaw && format != FormatISO && format != FormatOVA {
-				img, err := openImage(format, head, boundedReaderAt{r: f, size: obj.Size()}, obj.Size())
+				img, err := openImage(format, head, checkedHead{head, boundedReaderAt{r: f, size: obj.Size()}}, obj.Size())
 				if err != nil {
 					return res, err
 				}

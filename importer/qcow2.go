@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/lima-vm/go-qcow2reader/image"
+
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -103,6 +105,11 @@ func parseQcow2Header(head []byte, fileSize int64) (*qcow2Header, error) {
 	if need := (h.Size + clusterSize*l2Entries - 1) / (clusterSize * l2Entries); uint64(h.L1Size) < need {
 		return nil, malformed("L1 table of %d entries cannot map %d bytes", h.L1Size, h.Size)
 	}
+	// The L1 table is read whole before any cluster: qemu refuses one over 32 MiB (4 Mi entries,
+	// 2 PiB of 64 KiB clusters), and so does diskpipe, before a byte of it is allocated.
+	if uint64(h.L1Size)*8 > maxL1Bytes {
+		return nil, malformed("its L1 table claims %d entries (%d MiB); images have at most %d MiB of L1 table", h.L1Size, uint64(h.L1Size)*8>>20, maxL1Bytes>>20)
+	}
 	if h.L1TableOffset == 0 || h.L1TableOffset%clusterSize != 0 {
 		return nil, malformed("L1 table offset %#x is not cluster-aligned", h.L1TableOffset)
 	}
@@ -113,6 +120,35 @@ func parseQcow2Header(head []byte, fileSize int64) (*qcow2Header, error) {
 		}
 	}
 	return h, nil
+}
+
+// maxL1Bytes is the largest L1 table diskpipe reads, qemu's QCOW_MAX_L1_SIZE.
+const maxL1Bytes = 32 << 20
+
+// checkedHead serves the image's first bytes from head, the bytes its header was checked in,
+// and the rest from r: every later decision reads the header that was checked, never a second
+// copy a server may change between requests.
+type checkedHead struct {
+	head []byte
+	r    io.ReaderAt
+}
+
+func (c checkedHead) ReadAt(p []byte, off int64) (int, error) {
+	if off < int64(len(c.head)) {
+		n := copy(p, c.head[off:])
+		if n == len(p) {
+			return n, nil
+		}
+		m, err := c.r.ReadAt(p[n:], off+int64(n))
+		return n + m, err
+	}
+	return c.r.ReadAt(p, off)
+}
+
+// noBackingFile is go-qcow2reader's opener of backing files: diskpipe never opens one (the
+// header check refuses such images first; this is the second lock).
+func noBackingFile(io.ReaderAt, image.Type) (image.Image, error) {
+	return nil, transfer.Permanent(transfer.ReasonBackingFile, "the image names a backing file: diskpipe imports only self-contained images")
 }
 
 // boundedReaderAt turns a read that starts past the end of a random-access image, which a

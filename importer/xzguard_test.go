@@ -1,0 +1,112 @@
+package importer
+
+import (
+	"bytes"
+	"hash/crc32"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// xzFile compresses raw with the real xz and these options.
+func xzFile(t *testing.T, raw string, opts ...string) []byte {
+	t.Helper()
+	out, err := exec.Command("xz", append([]string{"-c"}, append(opts, raw)...)...).Output()
+	if err != nil {
+		t.Fatalf("xz %v: %v", opts, err)
+	}
+	return out
+}
+
+// The guard passes every layout the real xz writes through unchanged, byte for byte, and the
+// import of each is the disk.
+func TestXzGuardPassesRealStreams(t *testing.T) {
+	dir := t.TempDir()
+	raw := makeRaw(t, dir)
+	one := xzFile(t, raw, "-1")
+	cases := map[string][]byte{
+		"preset 1":                     one,
+		"preset 9 (64 MiB dictionary)": xzFile(t, raw, "-9"),
+		"blocks of 256 KiB, sizes in their headers": xzFile(t, raw, "-T2", "--block-size=262144"),
+		"x86 filter before LZMA2":                   xzFile(t, raw, "--x86", "--lzma2=preset=1"),
+		"no check":                                  xzFile(t, raw, "-1", "-C", "none"),
+		"sha256 check":                              xzFile(t, raw, "-1", "-C", "sha256"),
+		"two streams with padding":                  append(append(append([]byte{}, one...), 0, 0, 0, 0), one...),
+	}
+	want, err := os.ReadFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := io.ReadAll(newXzGuard(bytes.NewReader(data)))
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("the guard changed the stream (err %v, %d of %d bytes)", err, len(got), len(data))
+			}
+			if name == "two streams with padding" || strings.HasPrefix(name, "x86") {
+				return // the disk would be the image twice; the decoder reads no BCJ filter
+			}
+			target, _ := mustImport(t, t.TempDir(), Options{Source: &memSource{data: data, sequential: true}})
+			b, err := os.ReadFile(target)
+			if err != nil || !bytes.Equal(b[:len(want)], want) {
+				t.Fatal("the imported disk differs from the image")
+			}
+		})
+	}
+}
+
+// A block declaring a 3 GiB dictionary is refused before the decoder allocates it, with the
+// size it claimed.
+func TestXzGuardRefusesHugeDictionary(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	data := xzFile(t, raw, "-1")
+	h := data[12:]
+	size := (int(h[0]) + 1) * 4
+	i := bytes.Index(h[:size], []byte{0x21, 0x01})
+	if i < 0 {
+		t.Fatal("no LZMA2 filter in the first block header")
+	}
+	h[i+2] = 39 // 3 GiB
+	binary := crc32.ChecksumIEEE(h[:size-4])
+	h[size-4], h[size-3], h[size-2], h[size-1] = byte(binary), byte(binary>>8), byte(binary>>16), byte(binary>>24)
+	_, _, err := importTo(t, t.TempDir(), Options{Source: &memSource{data: data, sequential: true}})
+	if transfer.ReasonOf(err) != transfer.ReasonMalformedImage || !strings.Contains(err.Error(), "3072 MiB dictionary") {
+		t.Fatalf("reason %s: %v", transfer.ReasonOf(err), err)
+	}
+	if _, err := os.Stat(filepath.Join(t.TempDir(), "disk.img")); err == nil {
+		t.Error("a disk was left")
+	}
+}
+
+// A zstd frame declaring a 512 MiB window is refused with a reason that says so, where the
+// decoder would have allocated it.
+func TestZstdWindowBounded(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	cmd := exec.Command("zstd", "-1", "-c", "--no-check")
+	f, err := os.Open(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd.Stdin = f // from a pipe: no content size, so the frame has a window descriptor
+	data, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data[4]&0x20 != 0 {
+		t.Fatal("the frame is single-segment: no window descriptor to change")
+	}
+	if _, _, err := importTo(t, t.TempDir(), Options{Source: &memSource{data: bytes.Clone(data), sequential: true}}); err != nil {
+		t.Fatalf("the unchanged frame: %v", err)
+	}
+	data[5] = (29 - 10) << 3 // 2^29 bytes
+	_, _, err = importTo(t, t.TempDir(), Options{Source: &memSource{data: data, sequential: true}})
+	if transfer.ReasonOf(err) != transfer.ReasonMalformedImage || !strings.Contains(err.Error(), "window larger than the 128 MiB") {
+		t.Fatalf("reason %s: %v", transfer.ReasonOf(err), err)
+	}
+}
