@@ -22,8 +22,8 @@ type xzGuard struct {
 	pending []byte // structure bytes read by the parser, not yet returned
 	skip    int64  // payload bytes to pass through before the next structure
 	state   int
-	check   int   // size of each block's check field
-	block   int64 // bytes of the current block so far (header and data), for its padding
+	check   int    // size of each block's check field
+	block   int64  // bytes of the current block so far (header and data), for its padding
 	records uint64 // index records still to read
 	index   int64  // bytes of the index so far, for its padding
 	err     error

@@ -30,8 +30,8 @@ func TestXzGuardPassesRealStreams(t *testing.T) {
 	raw := makeRaw(t, dir)
 	one := xzFile(t, raw, "-1")
 	cases := map[string][]byte{
-		"preset 1":                     one,
-		"preset 9 (64 MiB dictionary)": xzFile(t, raw, "-9"),
+		"preset 1":                                  one,
+		"preset 9 (64 MiB dictionary)":              xzFile(t, raw, "-9"),
 		"blocks of 256 KiB, sizes in their headers": xzFile(t, raw, "-T2", "--block-size=262144"),
 		"x86 filter before LZMA2":                   xzFile(t, raw, "--x86", "--lzma2=preset=1"),
 		"no check":                                  xzFile(t, raw, "-1", "-C", "none"),
