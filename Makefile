@@ -148,7 +148,7 @@ FUZZTIME ?= 60000x
 # FuzzImportQcow2 and FuzzImportMapped run whole imports: under the fuzzer's instrumentation they
 # manage about one input a second, too few for a short run to find anything, so CI leaves them
 # out (their seed corpora still run in every `go test`; run them with `make fuzz-imports`).
-FUZZ_TARGETS := importer:FuzzSniff importer:FuzzQcow2Header importer:FuzzOVF
+FUZZ_TARGETS := importer:FuzzSniff importer:FuzzQcow2Header importer:FuzzOVF importer:FuzzQcow2Stream importer:FuzzVMDKStream importer:FuzzOVA importer:FuzzXzGuard
 FUZZ_IMPORT_TARGETS := importer:FuzzImportQcow2 importer:FuzzImportMapped
 
 .PHONY: fuzz

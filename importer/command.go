@@ -123,6 +123,11 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			}
 			o.Source = &S3Source{Config: cfg, Bucket: *bucket, Object: *object}
 		case "registry":
+			if !strings.HasPrefix(*url, "docker://") {
+				// An archive would be a file of this pod (none is mounted) unpacked into scratch
+				// space (there is none): only a registry is a source here.
+				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "registry URL %q must start with docker://: push an oci-archive to a registry", *url)
+			}
 			o.Source = &RegistrySource{URL: *url, AuthFile: *authFile, CAFile: *caFile, Insecure: *insecure, Architecture: *arch, PublicKeyFile: *publicKey, Egress: &cmd.Egress}
 		case "file":
 			o.Source, o.Format = &FileSource{Path: *path}, FormatRaw

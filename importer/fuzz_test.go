@@ -1,12 +1,16 @@
 package importer
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/xml"
+	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -173,6 +177,107 @@ func FuzzOVF(f *testing.F) {
 		}
 		if err == nil && (d.capacity < 0 || d.file == "") {
 			t.Errorf("picked %+v", d)
+		}
+	})
+}
+
+// fuzzTarget is a small file target for the stream converters.
+func fuzzTarget(t *testing.T) *Target {
+	tg, err := OpenTarget(filepath.Join(t.TempDir(), "disk.img"), fuzzCapacity, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tg.Wipe() })
+	return tg
+}
+
+// classified fails t for an error no reason was given to (a panic fails it by itself).
+func classified(t *testing.T, what string, err error) {
+	if err != nil && transfer.ReasonOf(err) == transfer.ReasonInternal && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		t.Errorf("%s: unclassified error: %v", what, err)
+	}
+}
+
+// FuzzQcow2Stream converts arbitrary bytes shaped like a qcow2 image front to back: success
+// or a classified error, never a panic, never past the target.
+func FuzzQcow2Stream(f *testing.F) {
+	for _, s := range qcow2Seeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 4 {
+			return
+		}
+		data = append([]byte("QFI\xfb"), data[4:]...)
+		_, err := importQcow2Stream(bytes.NewReader(data), data[:min(len(data), sniffLen)], fuzzTarget(t))
+		classified(t, "qcow2 stream", err)
+	})
+}
+
+// FuzzVMDKStream converts arbitrary bytes shaped like a streamOptimized vmdk front to back.
+func FuzzVMDKStream(f *testing.F) {
+	dir := f.TempDir()
+	raw := filepath.Join(dir, "seed.raw")
+	if err := os.WriteFile(raw, bytes.Repeat([]byte("seed"), 64<<10), 0o600); err != nil {
+		f.Fatal(err)
+	}
+	out := filepath.Join(dir, "seed.vmdk")
+	if b, err := qemuImgOutput("convert", "-f", "raw", "-O", "vmdk", "-o", "subformat=streamOptimized", raw, out); err != nil {
+		f.Fatalf("qemu-img: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, err := importVMDKStream(bytes.NewReader(data), fuzzTarget(t))
+		classified(t, "vmdk stream", err)
+	})
+}
+
+// FuzzOVA reads arbitrary tar streams as OVA appliances: a disk, or a classified error.
+func FuzzOVA(f *testing.F) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, m := range []struct{ name, body string }{
+		{"vm.ovf", ovf([4]string{"vmdisk1", "disk1.raw", "65536", ""})},
+		{"disk1.raw", strings.Repeat("disk", 16<<10)},
+	} {
+		_ = tw.WriteHeader(&tar.Header{Name: m.name, Mode: 0o644, Size: int64(len(m.body))})
+		_, _ = tw.Write([]byte(m.body))
+	}
+	_ = tw.Close()
+	f.Add(buf.Bytes(), "")
+	f.Add(buf.Bytes(), "vmdisk1")
+	f.Fuzz(func(t *testing.T, data []byte, disk string) {
+		_, _, err := importOVA(bytes.NewReader(data), disk, fuzzTarget(t))
+		classified(t, "ova", err)
+	})
+}
+
+// FuzzXzGuard passes arbitrary bytes through the xz guard: it never panics, never changes a
+// byte it passes on, and never passes on a block header it refused.
+func FuzzXzGuard(f *testing.F) {
+	dir := f.TempDir()
+	raw := filepath.Join(dir, "seed.raw")
+	if err := os.WriteFile(raw, bytes.Repeat([]byte("seed"), 16<<10), 0o600); err != nil {
+		f.Fatal(err)
+	}
+	for _, opts := range [][]string{{"-1"}, {"-T2", "--block-size=16384"}, {"-C", "sha256"}} {
+		b, err := exec.Command("xz", append([]string{"-c"}, append(opts, raw)...)...).Output()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := io.ReadAll(newXzGuard(bytes.NewReader(data)))
+		if !bytes.HasPrefix(data, got) {
+			t.Fatalf("the guard passed on bytes that are not the input's (%d bytes)", len(got))
+		}
+		if err == nil && !bytes.Equal(got, data) {
+			t.Fatalf("the guard ended early without an error (%d of %d bytes)", len(got), len(data))
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -503,7 +504,7 @@ func importStream(o *Options, f *fetcher, cs *transfer.Checksum, t *Target, res 
 		}
 		return streamError(comp, err)
 	}
-	return finishStream(src, cs, t, res, format, comp, vsize)
+	return finishStream(src, f.obj.Size() >= 0, cs, t, res, format, comp, vsize)
 }
 
 // openedStream is a source's byte stream opened to read its image: the compression found (unless
@@ -611,10 +612,22 @@ func needsRandomAccess(format Format, comp Compression) error {
 }
 
 // finishStream reads what follows the image in the source, so the checksum covers all of it,
-// verifies the checksum, and completes the target.
-func finishStream(src io.Reader, cs *transfer.Checksum, t *Target, res *transfer.Result, format Format, comp Compression, vsize int64) error {
-	if _, err := io.Copy(io.Discard, src); err != nil {
+// verifies the checksum, and completes the target. A source of unknown length (no
+// Content-Length) is read past the image up to maxTrailing(vsize) and no further: what follows
+// an image is metadata it does not need (a qcow2's last refcount blocks), and a source that
+// goes on and on is refused rather than read forever.
+func finishStream(src io.Reader, sized bool, cs *transfer.Checksum, t *Target, res *transfer.Result, format Format, comp Compression, vsize int64) error {
+	limit := maxTrailing(vsize)
+	if sized {
+		limit = math.MaxInt64 - 1 // the source ends where it said
+	}
+	n, err := io.Copy(io.Discard, io.LimitReader(src, limit+1))
+	if err != nil {
 		return err
+	}
+	if n > limit {
+		return transfer.Permanent(transfer.ReasonMalformedImage,
+			"the source goes on past the end of the %s image: more than %d MiB follow it, where an image keeps at most its refcount tables", format, limit>>20)
 	}
 	res.Format, res.Compression, res.VirtualSize = string(format), string(comp), vsize
 	res.Digest = cs.Digest()
@@ -623,6 +636,10 @@ func finishStream(src io.Reader, cs *transfer.Checksum, t *Target, res *transfer
 	}
 	return t.Finish(vsize)
 }
+
+// maxTrailing is how much may follow an image of virtual size vsize in its stream: 64 MiB and
+// 1/1024 of the disk, more than a qcow2's refcount blocks (2 bytes per 64 KiB cluster).
+func maxTrailing(vsize int64) int64 { return 64<<20 + max(vsize, 0)/1024 }
 
 func streamError(comp Compression, err error) error {
 	var te *transfer.Error

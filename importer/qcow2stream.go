@@ -3,9 +3,9 @@ package importer
 import (
 	"bytes"
 	"encoding/binary"
+	"container/heap"
 	"errors"
 	"io"
-	"sort"
 
 	"github.com/lima-vm/go-qcow2reader/image/qcow2"
 
@@ -21,6 +21,12 @@ import (
 // it needs random access.
 const maxUnclaimed = 64 << 20
 
+// maxPending bounds the clusters the tables that passed map ahead of their data (about 40
+// bytes of memory each, so 80 MiB at most): 128 GiB of 64 KiB clusters mapped before any of
+// them arrives. A stream of tables that map clusters which never come stops there, not at the
+// pod's memory limit.
+const maxPending = 1 << 21
+
 type qcow2Stream struct {
 	h     *qcow2Header
 	cs    int64
@@ -31,7 +37,7 @@ type qcow2Stream struct {
 	cur, prev  []byte           // the current cluster and the one before
 	l2         map[int64]int64  // host offset of an L2 table → its L1 index
 	data       map[int64]int64  // host offset of a data cluster still to come → its guest offset
-	comp       []compressedRef  // compressed clusters still to come, by host offset
+	comp       compressedHeap   // compressed clusters still to come, the lowest host offset first
 	unclaimed  map[int64][]byte // passed non-zero clusters no table has claimed yet
 	order      []int64          // unclaimed, oldest first
 	dropped    map[int64]bool   // unclaimed clusters let go of
@@ -39,6 +45,21 @@ type qcow2Stream struct {
 }
 
 type compressedRef struct{ host, size, guest int64 }
+
+// compressedHeap orders compressed clusters by host offset as the tables add them: each table
+// costs O(its entries · log n), not a sort of all that are pending.
+type compressedHeap []compressedRef
+
+func (h compressedHeap) Len() int           { return len(h) }
+func (h compressedHeap) Less(i, j int) bool { return h[i].host < h[j].host }
+func (h compressedHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *compressedHeap) Push(x any)        { *h = append(*h, x.(compressedRef)) }
+func (h *compressedHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
 
 // importQcow2Stream converts the qcow2 image read from r; head is its start.
 // Progress is the caller's: it counts the source bytes as they are read.
@@ -84,6 +105,9 @@ func importQcow2Stream(r io.Reader, head []byte, t *Target) (int64, error) {
 			return 0, err
 		}
 		s.prev = buf
+		if len(l1) == cap(l1) && len(s.l2) == 0 && len(s.data) == 0 && len(s.comp) == 0 {
+			break // every table has passed and every cluster they map is written: the image ends here
+		}
 	}
 	s.pos += s.cs
 	s.cur, s.prev = nil, s.cur
@@ -177,7 +201,6 @@ func (s *qcow2Stream) mapL2(idx int64, table []byte) error {
 	entries := s.cs / 8
 	bits := int64(s.h.ClusterBits)
 	x := 62 - (bits - 8)
-	added := false
 	for j := int64(0); j < entries; j++ {
 		guest := (idx*entries + j) * s.cs
 		e := binary.BigEndian.Uint64(table[j*8:])
@@ -188,8 +211,10 @@ func (s *qcow2Stream) mapL2(idx int64, table []byte) error {
 			off := int64(e & (1<<x - 1))                 //nolint:gosec // masked
 			sectors := int64((e>>x)&(1<<(bits-8)-1)) + 1 //nolint:gosec // masked
 			c := compressedRef{host: off, size: sectors*512 - off&511, guest: guest}
-			s.comp = append(s.comp, c)
-			added = true
+			if len(s.data)+len(s.comp) >= maxPending {
+				return s.tooFarAhead()
+			}
+			heap.Push(&s.comp, c)
 			continue
 		}
 		off := int64(e & 0x00fffffffffffe00) //nolint:gosec // masked
@@ -198,6 +223,9 @@ func (s *qcow2Stream) mapL2(idx int64, table []byte) error {
 		}
 		switch {
 		case off >= s.pos+s.cs:
+			if len(s.data)+len(s.comp) >= maxPending {
+				return s.tooFarAhead()
+			}
 			s.data[off] = guest
 		case off == s.pos:
 			if err := s.write(s.cur, guest); err != nil {
@@ -214,10 +242,13 @@ func (s *qcow2Stream) mapL2(idx int64, table []byte) error {
 			}
 		}
 	}
-	if added {
-		sort.Slice(s.comp, func(a, b int) bool { return s.comp[a].host < s.comp[b].host })
-	}
 	return nil
+}
+
+func (s *qcow2Stream) tooFarAhead() error {
+	return transfer.Permanent(transfer.ReasonNeedsRandomAccess,
+		"the qcow2 image's tables map more than %d clusters before their data arrives, more than a stream is followed for: "+
+			"serve it from a server that supports Range, or rewrite it with 'qemu-img convert -O qcow2'", maxPending)
 }
 
 // finishCompressed decompresses the compressed clusters whose bytes have all passed.
@@ -245,7 +276,7 @@ func (s *qcow2Stream) finishCompressed() error {
 		if err := s.write(out, c.guest); err != nil {
 			return err
 		}
-		s.comp = s.comp[1:]
+		heap.Pop(&s.comp)
 	}
 	return nil
 }

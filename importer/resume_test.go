@@ -34,7 +34,15 @@ func TestImporterChild(t *testing.T) {
 	if v, err := strconv.ParseInt(os.Getenv(childEveryEnv), 10, 64); err == nil {
 		checkpointEvery, checkpointInterval = v, 0 // by size alone, so the bounds below are tight
 	}
-	os.Exit(Main(context.Background(), append(strings.Split(args, "\x1f"), "--allow-destination", loopback), os.Stderr))
+	code := Main(context.Background(), append(strings.Split(args, "\x1f"), "--allow-destination", loopback), os.Stderr)
+	if status, err := os.ReadFile("/proc/self/status"); err == nil { // the peak RSS, for bounded_test.go
+		for _, line := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(line, "VmHWM:") {
+				fmt.Fprintln(os.Stderr, line)
+			}
+		}
+	}
+	os.Exit(code)
 }
 
 // importer starts the importer command as a child process.

@@ -101,7 +101,8 @@ func openVMDK(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 		return nil, err
 	}
 	var mu sync.Mutex            // lookup runs on the converter's workers at once
-	tables := map[int64][]byte{} // grain tables, read once each
+	tables := map[int64][]byte{} // grain tables, read once each while the cache has room
+	cached := int64(0)
 	m := &mappedImage{ra: ra, typ: "vmdk", size: size, blockSize: grain}
 	m.lookup = func(b int64) (int64, bool, error) {
 		mu.Lock()
@@ -116,6 +117,11 @@ func openVMDK(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 			if gt, err = readTable(ra, at, gtes, "grain table"); err != nil {
 				return 0, false, err
 			}
+			if cached += int64(len(gt)); cached > maxGrainTableCache {
+				// The converter walks the disk in order: the tables behind it are done with.
+				clear(tables)
+				cached = int64(len(gt))
+			}
 			tables[t] = gt
 		}
 		s := int64(le.Uint32(gt[(b%gtes)*4:]))
@@ -129,6 +135,10 @@ func openVMDK(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 	}
 	return m, nil
 }
+
+// maxGrainTableCache bounds the grain tables kept in memory (a table is up to 256 KiB; a 2 TiB
+// disk of 64 KiB grains has 128 MiB of them).
+const maxGrainTableCache = 16 << 20
 
 // readVMDKGrain inflates a streamOptimized grain: a 12-byte marker (LBA, size), then zlib data.
 func readVMDKGrain(ra io.ReaderAt, host int64, p []byte) error {

@@ -46,7 +46,12 @@ func (g *xzGuard) Read(p []byte) (int, error) {
 		if g.err != nil {
 			return 0, g.err
 		}
-		g.err = g.next()
+		if g.err = g.next(); g.err != nil {
+			// Refused: the decoder must not get the structure read (a block header it would
+			// then act on), only the error.
+			g.pending = nil
+			return 0, g.err
+		}
 	}
 	if len(g.pending) > 0 {
 		n := copy(p, g.pending)

@@ -129,10 +129,12 @@ type S3Source struct {
 
 // RegistrySource imports the disk of a container disk image: the single file under /disk/.
 type RegistrySource struct {
-	// url of the image, "docker://registry/repository:tag" or "oci-archive:/path".
+	// url of the image, "docker://registry/repository:tag" or "...@sha256:<digest>". An
+	// "oci-archive:" path would name a file inside the importer's pod, which holds none:
+	// push the archive to a registry instead.
 	// +required
 	// +kubebuilder:validation:MaxLength=2048
-	// +kubebuilder:validation:XValidation:rule="self.startsWith('docker://') || self.startsWith('oci-archive:')",message="url must start with docker:// or oci-archive:"
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('docker://')",message="url must start with docker:// (an oci-archive: path names a file inside the importer pod, which holds none: push the image to a registry)"
 	URL string `json:"url"`
 
 	// secretRef names a Secret of type kubernetes.io/dockerconfigjson in the same namespace.
