@@ -2,8 +2,8 @@ package importer
 
 import (
 	"bytes"
-	"encoding/binary"
 	"container/heap"
+	"encoding/binary"
 	"errors"
 	"io"
 
