@@ -56,8 +56,8 @@ func TestLoadChartConfig(t *testing.T) {
 		"importer:\n  nodeSelecter: {a: b}\n":               `unknown field "nodeSelecter"`,
 		"cloneStrategy:\n  storageClasses: {nfs: Rsync}\n":  `cloneStrategy.storageClasses[nfs] "Rsync" is not one of`,
 		"filesystemOverhead:\n  storageClasses: {nfs: 6}\n": `filesystemOverhead of StorageClass nfs is 6: give a fraction from 0 to 0.5`,
-		"importer:\n  clusterCIDRs: [10.96.0.0]\n":        `importer.clusterCIDRs: "10.96.0.0" is not a CIDR`,
-		"importer:\n  allowedDestinations: [\"a b\"]\n":   `importer.allowedDestinations: "a b" is neither a CIDR, an address nor a host name`,
+		"importer:\n  clusterCIDRs: [10.96.0.0]\n":          `importer.clusterCIDRs: "10.96.0.0" is not a CIDR`,
+		"importer:\n  allowedDestinations: [\"a b\"]\n":     `importer.allowedDestinations: "a b" is neither a CIDR, an address nor a host name`,
 	} {
 		g.Expect(os.WriteFile(path, []byte(body), 0o600)).To(Succeed())
 		_, err := manager.LoadConfig(path)

@@ -37,7 +37,8 @@ func TestDocsExamples(t *testing.T) {
 				continue // a fragment (values, a spec excerpt)
 			}
 			n++
-			name := filepath.Base(p) + "#" + strings.TrimSpace(strings.SplitN(string(doc[bytes.Index(doc, []byte("kind:")):]), "\n", 2)[0])
+			_, kind, _ := strings.Cut(string(doc), "kind:")
+			name := filepath.Base(p) + "#" + strings.TrimSpace(strings.SplitN(kind, "\n", 2)[0])
 			t.Run(name, func(t *testing.T) {
 				obj := decode(t, doc)
 				ns := namespaceFor(t, obj)

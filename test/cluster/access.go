@@ -171,7 +171,6 @@ func podState(p *corev1.Pod) string {
 	return strings.Join(parts, ", ")
 }
 
-// storeKeys reads the bundled store's root keys from the Secret the chart made.
 // StoreAccess is the bundled store's public endpoint and its keys, read from the Secret the
 // README tells users to read them from.
 func (c *Cluster) StoreAccess(ctx context.Context) (endpoint, id, secret string, err error) {
@@ -179,6 +178,7 @@ func (c *Cluster) StoreAccess(ctx context.Context) (endpoint, id, secret string,
 	return StoreEndpoint, id, secret, err
 }
 
+// storeKeys reads the bundled store's root keys from the Secret the chart made.
 func (c *Cluster) storeKeys(ctx context.Context) (id, secret string, err error) {
 	s := &corev1.Secret{}
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: Release + "-objectstore"}, s); err != nil {
