@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,4 +212,72 @@ func TestCraftedInputsBoundedMemory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// swappingServer serves first, then (from request number after on) second: a server that
+// changes the image under the importer between the requests it makes.
+type swappingServer struct {
+	first, second []byte
+	after         int64
+	requests      atomic.Int64
+}
+
+func (s *swappingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	data := s.first
+	if s.requests.Add(1) > s.after {
+		data = s.second
+	}
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+}
+
+// The probe and the import decide from the header they checked: a server that adds a backing
+// file to the header after the first requests does not make either read it (go-qcow2reader
+// would open the backing file, a path on the importer's own machine, by its name).
+func TestHeaderCheckedOnce(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	good, err := os.ReadFile(convertTo(t, raw, "qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Clone(good)
+	name := "/nonexistent/backing.img" // opened, it fails the probe: the test sees that it was
+	binary.BigEndian.PutUint64(bad[8:], 0x1f0) // the backing file's name, inside the first cluster
+	binary.BigEndian.PutUint32(bad[16:], uint32(len(name)))
+	copy(bad[0x1f0:], name)
+	for _, after := range []int64{1, 2, 3, 4} {
+		srv := &swappingServer{first: good, second: bad, after: after}
+		hs := httptest.NewServer(srv)
+		url := hs.URL + "/disk.qcow2"
+		res, err := Probe(t.Context(), Options{Source: &HTTPSource{URL: url}, Retry: fastRetry})
+		switch {
+		case after == 1: // the 1-byte open, then the header read: the bad one, refused
+			if transfer.ReasonOf(err) != transfer.ReasonBackingFile {
+				t.Errorf("probe of a header with a backing file: %v", err)
+			}
+		case err != nil || res.VirtualSize != int64(len(mustRead(t, raw))):
+			t.Errorf("probe with the header swapped after %d requests: %v (%+v)", after, err, res)
+		}
+		srv.requests.Store(0)
+		target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: url}})
+		switch {
+		case after == 1:
+			if transfer.ReasonOf(err) != transfer.ReasonBackingFile {
+				t.Errorf("import of a header with a backing file: %v", err)
+			}
+		case err != nil:
+			t.Errorf("import with the header swapped after %d requests: %v", after, err)
+		default:
+			sameDisk(t, raw, target)
+		}
+		hs.Close()
+	}
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
