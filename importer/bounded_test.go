@@ -240,7 +240,7 @@ func TestHeaderCheckedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad := bytes.Clone(good)
-	name := "/nonexistent/backing.img" // opened, it fails the probe: the test sees that it was
+	name := "/nonexistent/backing.img"         // opened, it fails the probe: the test sees that it was
 	binary.BigEndian.PutUint64(bad[8:], 0x1f0) // the backing file's name, inside the first cluster
 	binary.BigEndian.PutUint32(bad[16:], uint32(len(name)))
 	copy(bad[0x1f0:], name)

@@ -37,6 +37,7 @@ const (
 	PathPods    = "/validate-pods"
 	PathSources = "/validate-sources"
 	PathTokens  = "/mutate-uploadtokenrequests"
+	PathVMs     = "/validate-virtualmachines"
 )
 
 // ConfigurationName is the name of the ValidatingWebhookConfiguration and of the
@@ -46,7 +47,7 @@ const ConfigurationName = "diskpipe-validating"
 // Register serves the webhooks on mgr's webhook server. The manager's own user name, which
 // alone may mount golden PVCs, is learnt from the apiserver (SelfSubjectReview). Upload
 // tokens are issued when tokens is not nil; its key is made now if there is none.
-func Register(ctx context.Context, mgr ctrl.Manager, tokens *UploadTokens) error {
+func Register(ctx context.Context, mgr ctrl.Manager, tokens *UploadTokens, allowHostDisk bool) error {
 	self, err := whoAmI(ctx, mgr)
 	if err != nil {
 		return fmt.Errorf("learning the manager's identity: %w", err)
@@ -54,7 +55,9 @@ func Register(ctx context.Context, mgr ctrl.Manager, tokens *UploadTokens) error
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv := mgr.GetWebhookServer()
 	srv.Register(PathPods, &webhook.Admission{Handler: &goldenGuard{reader: mgr.GetClient(), decoder: dec, self: self}})
-	srv.Register(PathSources, &webhook.Admission{Handler: &sourceGuard{client: mgr.GetClient(), decoder: dec}})
+	sources := &sourceGuard{client: mgr.GetClient(), decoder: dec}
+	srv.Register(PathSources, &webhook.Admission{Handler: sources})
+	srv.Register(PathVMs, &webhook.Admission{Handler: &vmGuard{sources: sources, decoder: dec, allowHostDisk: allowHostDisk}})
 	if tokens != nil {
 		if _, err := tokens.Key.Ensure(ctx); err != nil {
 			return err
@@ -108,6 +111,10 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 	goldenPods := hook("golden-pvcs.diskpipe.io", PathPods, []admissionregistrationv1.RuleWithOperations{rule("", "v1", "pods")},
 		[]admissionregistrationv1.MatchCondition{{Name: "mounts-a-pvc",
 			Expression: "has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.persistentVolumeClaim))"}})
+	// VirtualMachines are checked on every creation and update: what they do is the manager's.
+	vmRule := rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "virtualmachines")
+	vmRule.Operations = append(vmRule.Operations, admissionregistrationv1.Update)
+	vms := hook("virtualmachines.diskpipe.io", PathVMs, []admissionregistrationv1.RuleWithOperations{vmRule}, nil)
 	goldenPods.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace}}}}
 	return &admissionregistrationv1.ValidatingWebhookConfiguration{
@@ -120,6 +127,7 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 				rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "imagetemplates"),
 				rule(hypercloud.GroupVersion.Group, hypercloud.GroupVersion.Version, "virtualmachineimages"),
 			}, []admissionregistrationv1.MatchCondition{{Name: "source-in-another-namespace", Expression: crossNamespaceSource}}),
+			vms,
 		},
 	}
 }

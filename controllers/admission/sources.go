@@ -42,6 +42,11 @@ func (h *sourceGuard) Handle(ctx context.Context, req admission.Request) admissi
 	if src == nil || src.namespace == req.Namespace {
 		return admission.Allowed("")
 	}
+	return h.check(ctx, req, src)
+}
+
+// check admits reading src, in another namespace than the request's, for the request's user.
+func (h *sourceGuard) check(ctx context.Context, req admission.Request, src *source) admission.Response {
 	if src.image != nil {
 		err := h.client.Get(ctx, client.ObjectKey{Namespace: src.namespace, Name: src.name}, src.image)
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -71,14 +76,16 @@ func (h *sourceGuard) Handle(ctx context.Context, req admission.Request) admissi
 	return admission.Allowed("the user may read the source")
 }
 
+// The resources a source may be.
+var (
+	imageTemplates = virtualmachine.GroupVersion.WithResource("imagetemplates")
+	images         = hypercloud.GroupVersion.WithResource("virtualmachineimages")
+	diskVolumes    = diskvolume.GroupVersion.WithResource("diskvolumes")
+	pvcs           = schema.GroupVersionResource{Version: "v1", Resource: "persistentvolumeclaims"}
+)
+
 // crossNamespaceSource is the object's source in another namespace, if it has one.
 func (h *sourceGuard) crossNamespaceSource(req admission.Request) (*source, error) {
-	var (
-		imageTemplates = virtualmachine.GroupVersion.WithResource("imagetemplates")
-		images         = hypercloud.GroupVersion.WithResource("virtualmachineimages")
-		diskVolumes    = diskvolume.GroupVersion.WithResource("diskvolumes")
-		pvcs           = schema.GroupVersionResource{Version: "v1", Resource: "persistentvolumeclaims"}
-	)
 	switch req.Kind.Kind {
 	case "DiskVolume":
 		d := &diskvolume.DiskVolume{}

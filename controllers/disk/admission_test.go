@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -158,4 +159,69 @@ func TestLeastPrivilege(t *testing.T) {
 		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "list", Resource: "secrets"}}}
 	g.Expect(env.Client.Create(t.Context(), sar)).To(Succeed())
 	g.Expect(sar.Status.Allowed).To(BeFalse(), "the manager never lists Secrets")
+}
+
+// TestVirtualMachineChecksItsAuthor: a VirtualMachine (virtualmachine.kubesphere.io) is
+// admitted only when its author may do what the manager then does for them: create the
+// KubeVirt VM, read a template's image in another namespace, and use each volume of its
+// hardware. Each refusal says what was missing.
+func TestVirtualMachineChecksItsAuthor(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	images, team := namespace(t), namespace(t)
+	readyImage(t, images, "private", classCSI)
+	grant := func(ns, name string, rules ...rbacv1.PolicyRule) {
+		g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Rules: rules})).To(Succeed())
+		g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
+			Subjects: []rbacv1.Subject{{Kind: "User", Name: "carol"}}})).To(Succeed())
+	}
+	grant(team, "ksvms", rbacv1.PolicyRule{APIGroups: []string{"virtualmachine.kubesphere.io"}, Resources: []string{"virtualmachines"}, Verbs: []string{"*"}})
+	carol, err := env.User("carol")
+	g.Expect(err).NotTo(HaveOccurred())
+	vm := func(name, hardware string, templates ...virtualmachine.DiskVolumeTemplate) *virtualmachine.VirtualMachine {
+		return &virtualmachine.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: team},
+			Spec: virtualmachine.VirtualMachineSpec{Hardware: runtime.RawExtension{Raw: []byte(hardware)}, DiskVolumeTemplates: templates}}
+	}
+	const plain = `{"domain":{"devices":{}}}`
+	refused := func(obj *virtualmachine.VirtualMachine, says string) {
+		t.Helper()
+		var err error
+		g.Eventually(func() error { // RBAC learns carol's Role a moment after it is made
+			err = carol.Create(ctx, obj)
+			if err != nil && strings.Contains(err.Error(), `User "carol" cannot create resource`) {
+				return err
+			}
+			return nil
+		}, 10*time.Second).Should(Succeed())
+		g.Expect(err).To(MatchError(ContainSubstring(says)), "VM %s", obj.Name)
+	}
+
+	refused(vm("novm", plain), "carol may not create virtualmachines.kubevirt.io novm in "+team+", which the KubeVirt VirtualMachine it makes needs: ask for create on virtualmachines.kubevirt.io in "+team)
+
+	grant(team, "kubevirt-vms", rbacv1.PolicyRule{APIGroups: []string{"kubevirt.io"}, Resources: []string{"virtualmachines"}, Verbs: []string{"create", "update"}})
+	g.Eventually(func() error { return carol.Create(ctx, vm("plain", plain)) }, 10*time.Second).Should(Succeed())
+	refused(vm("hostdisk", `{"domain":{"devices":{}},"volumes":[{"name":"node","hostDisk":{"path":"/var/lib/kubelet","type":"Disk"}}]}`),
+		`volume "node" of spec.hardware is a hostDisk (/var/lib/kubelet on the node): VirtualMachines may not reach the node's files unless the chart's virtualMachines.allowHostDisk is true`)
+	withSecret := vm("secret", `{"domain":{"devices":{}},"volumes":[{"name":"creds","secret":{"secretName":"db-password"}}]}`)
+	refused(withSecret.DeepCopy(), `carol may not get secrets db-password in `+team+`, which volume "creds" of spec.hardware needs`)
+	refused(vm("cloudinit", `{"domain":{"devices":{}},"volumes":[{"name":"ci","cloudInitNoCloud":{"secretRef":{"name":"admin-userdata"}}}]}`),
+		`carol may not get secrets admin-userdata`)
+	refused(vm("token", `{"domain":{"devices":{}},"volumes":[{"name":"sa","serviceAccount":{"serviceAccountName":"deployer"}}]}`),
+		`carol may not create serviceaccounts/token deployer`)
+	refused(vm("stolen", plain, virtualmachine.DiskVolumeTemplate{Metadata: virtualmachine.TemplateMeta{Name: "root"},
+		Spec: newDiskVolume(team, "root", fromImage(images, "private"), classCSI, "1Gi").Spec}),
+		"carol may not read the VirtualMachineImage "+images+"/private, so cannot copy it into namespace "+team)
+
+	grant(team, "db-password", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"db-password"}, Verbs: []string{"get"}})
+	g.Eventually(func() error { return carol.Create(ctx, withSecret) }, 10*time.Second).Should(Succeed())
+
+	// An update is checked as a creation is: adding a volume carol may not use is refused.
+	p := vm("plain", `{"domain":{"devices":{}},"volumes":[{"name":"other","configMap":{"name":"cluster-config"}}]}`)
+	g.Expect(carol.Get(ctx, client.ObjectKeyFromObject(p), &virtualmachine.VirtualMachine{})).To(Succeed())
+	cur := &virtualmachine.VirtualMachine{}
+	g.Expect(carol.Get(ctx, client.ObjectKeyFromObject(p), cur)).To(Succeed())
+	cur.Spec.Hardware = p.Spec.Hardware
+	g.Expect(carol.Update(ctx, cur)).To(MatchError(ContainSubstring("carol may not get configmaps cluster-config")))
 }

@@ -16,6 +16,13 @@ type FileConfig struct {
 	Importer           importpod.Config             `json:"importer"`
 	CloneStrategy      disk.StrategyDefaults        `json:"cloneStrategy"`
 	FilesystemOverhead importpod.FilesystemOverhead `json:"filesystemOverhead"`
+	VirtualMachines    VirtualMachinesConfig        `json:"virtualMachines"`
+}
+
+// VirtualMachinesConfig is the chart's virtualMachines values.
+type VirtualMachinesConfig struct {
+	// AllowHostDisk lets VirtualMachines use hostDisk volumes: files on the node.
+	AllowHostDisk bool `json:"allowHostDisk"`
 }
 
 // LoadConfig reads path strictly: an unknown key is an error, not a silently ignored setting.
@@ -44,4 +51,5 @@ func LoadConfig(path string) (FileConfig, error) {
 func (c FileConfig) Apply(o *Options) {
 	o.Importer, o.CloneStrategies = c.Importer, c.CloneStrategy
 	o.Importer.FilesystemOverhead = c.FilesystemOverhead
+	o.AllowHostDisk = c.VirtualMachines.AllowHostDisk
 }

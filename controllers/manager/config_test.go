@@ -49,6 +49,7 @@ func TestLoadChartConfig(t *testing.T) {
 	g.Expect(cfg.CloneStrategy.Default).To(Equal(common.CloneStrategySnapshot))
 	g.Expect(cfg.CloneStrategy.StorageClasses).To(HaveKeyWithValue("nfs", common.CloneStrategyHostAssisted))
 	g.Expect(cfg.FilesystemOverhead.For("cephfs")).To(Equal(0.1))
+	g.Expect(cfg.VirtualMachines.AllowHostDisk).To(BeTrue())
 	g.Expect(cfg.FilesystemOverhead.For("cephrbd")).To(Equal(0.055))
 
 	// A misspelt key or an unknown strategy stops the manager rather than being ignored.

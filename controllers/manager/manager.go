@@ -50,6 +50,9 @@ type Options struct {
 	Importer importpod.Config
 	// CloneStrategies are the installation's clone strategy defaults.
 	CloneStrategies disk.StrategyDefaults
+	// AllowHostDisk lets VirtualMachines use hostDisk volumes (the chart's
+	// virtualMachines.allowHostDisk).
+	AllowHostDisk bool
 	// ObjectStore is the bundled object store (objectStore sources, exports); nil: none.
 	ObjectStore *objectstore.ClientConfig
 	// ObjectStorePublicEndpoint is the store's URL outside the cluster (an Ingress), used in
@@ -169,7 +172,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := populator.Setup(mgr); err != nil {
 		return nil, fmt.Errorf("setting up the populator: %w", err)
 	}
-	if err := virtualmachine.Setup(mgr); err != nil {
+	if err := virtualmachine.Setup(mgr, opts.AllowHostDisk); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)
 	}
 	if opts.Webhook != nil {
@@ -193,7 +196,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			tokens = &admission.UploadTokens{Key: &uploadproxy.TokenKey{Client: direct, Namespace: w.UploadTokenSecret.Namespace, Name: w.UploadTokenSecret.Name},
 				URL: w.UploadProxyURL, Service: w.UploadProxyService}
 		}
-		if err := admission.Register(ctx, mgr, tokens); err != nil {
+		if err := admission.Register(ctx, mgr, tokens, opts.AllowHostDisk); err != nil {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
 		}
 	}

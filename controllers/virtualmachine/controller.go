@@ -48,11 +48,13 @@ const (
 type Reconciler struct {
 	client.Client
 	Events events.EventRecorder
+	// AllowHostDisk lets a VM's hardware name hostDisk volumes.
+	AllowHostDisk bool
 }
 
 // Setup registers the controller.
-func Setup(mgr ctrl.Manager) error {
-	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-virtualmachine")}
+func Setup(mgr ctrl.Manager, allowHostDisk bool) error {
+	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-virtualmachine"), AllowHostDisk: allowHostDisk}
 	return ctrl.NewControllerManagedBy(mgr).Named("virtualmachine").For(&vmv1.VirtualMachine{}).
 		Owns(&diskvolume.DiskVolume{}).Owns(&kubevirtv1.VirtualMachine{}).Complete(r)
 }
@@ -81,6 +83,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 func (r *Reconciler) reconcile(ctx context.Context, vm *vmv1.VirtualMachine) (ctrl.Result, error) {
 	st := &vm.Status
 	spec, err := decodeHardware(vm.Spec.Hardware.Raw)
+	if err == nil && !r.AllowHostDisk {
+		err = refuseHostDisk(spec)
+	}
 	if err != nil {
 		st.Phase = common.PhaseFailed
 		setCondition(st, common.ConditionReady, metav1.ConditionFalse, reasonInvalidHardware, err.Error())

@@ -45,6 +45,17 @@ func decodeHardware(raw []byte) (*kubevirtv1.VirtualMachineInstanceSpec, error) 
 	return spec, nil
 }
 
+// refuseHostDisk fails a spec with a hostDisk volume, which reaches the node's files: the
+// admission webhook refuses it first, this holds where the webhook is off.
+func refuseHostDisk(spec *kubevirtv1.VirtualMachineInstanceSpec) error {
+	for _, v := range spec.Volumes {
+		if v.HostDisk != nil {
+			return fmt.Errorf("volume %q of spec.hardware is a hostDisk (%s on the node): VirtualMachines may not reach the node's files unless the chart's virtualMachines.allowHostDisk is true", v.Name, v.HostDisk.Path)
+		}
+	}
+	return nil
+}
+
 // StrictDecode decodes raw into v and fails on any field v's type does not have. KubeVirt's
 // VirtualMachineInstanceSpec has its own UnmarshalJSON, which decodes leniently whatever the
 // decoder asks, so the check is made again by encoding v and looking for every field of raw

@@ -167,6 +167,19 @@ func TestInvalidHardware(t *testing.T) {
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "disk0-vm-blank"}, &diskvolume.DiskVolume{})).NotTo(Succeed())
 }
 
+// TestHostDiskRefused: a hostDisk volume (files on the node) fails the VM unless the
+// installation allows it, even where no admission webhook refused it first.
+func TestHostDiskRefused(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	vm := seedVM(t, ns)
+	vm.Name = "hostdisk"
+	vm.Spec.Hardware.Raw = []byte(`{"domain":{"devices":{}},"volumes":[{"name":"node","hostDisk":{"path":"/etc/kubernetes/admin.conf","type":"Disk"}}]}`)
+	g.Expect(env.Client.Create(t.Context(), vm)).To(Succeed())
+	g.Eventually(vmStatus(t, vm), 20*time.Second).Should(WithTransform(ready, ContainSubstring(
+		`Failed InvalidHardware: volume "node" of spec.hardware is a hostDisk (/etc/kubernetes/admin.conf on the node)`)))
+}
+
 // TestDiskMadeOutside: a DiskVolume that exists before the VM, named like its template, is
 // used but not taken over: the VM does not own it, so deleting the VM keeps it.
 func TestDiskMadeOutside(t *testing.T) {
