@@ -141,21 +141,9 @@ func fuzzImport(t *testing.T, data []byte) {
 
 // FuzzImportMapped imports arbitrary bytes shaped like vmdk, vpc and vdi images.
 func FuzzImportMapped(f *testing.F) {
-	dir := f.TempDir()
-	raw := filepath.Join(dir, "seed.raw")
-	if err := os.WriteFile(raw, bytes.Repeat([]byte("seed"), 64<<10), 0o600); err != nil { // 256 KiB
-		f.Fatal(err)
-	}
+	raw := seedRaw(f, 64<<10) // 256 KiB
 	for _, args := range [][]string{{"-O", "vmdk"}, {"-O", "vmdk", "-o", "subformat=streamOptimized"}, {"-O", "vpc"}, {"-O", "vdi"}, {"-O", "vhdx"}} {
-		out := filepath.Join(dir, "seed.img")
-		if b, err := qemuImgOutput(append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
-			f.Fatalf("qemu-img: %v\n%s", err, b)
-		}
-		b, err := os.ReadFile(out)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
+		f.Add(seedImage(f, raw, args...))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fuzzImport(t, data) // streamOptimized vmdk streams too
@@ -198,6 +186,28 @@ func classified(t *testing.T, what string, err error) {
 	}
 }
 
+// seedRaw writes a raw disk of n repetitions of "seed" for a fuzz target's seeds.
+func seedRaw(f *testing.F, n int) string {
+	raw := filepath.Join(f.TempDir(), "seed.raw")
+	if err := os.WriteFile(raw, bytes.Repeat([]byte("seed"), n), 0o600); err != nil {
+		f.Fatal(err)
+	}
+	return raw
+}
+
+// seedImage converts raw with qemu-img and these options and returns the image's bytes.
+func seedImage(f *testing.F, raw string, args ...string) []byte {
+	out := filepath.Join(f.TempDir(), "seed.img")
+	if b, err := qemuImgOutput(append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
+		f.Fatalf("qemu-img: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		f.Fatal(err)
+	}
+	return b
+}
+
 // FuzzQcow2Stream converts arbitrary bytes shaped like a qcow2 image front to back: success
 // or a classified error, never a panic, never past the target.
 func FuzzQcow2Stream(f *testing.F) {
@@ -216,20 +226,7 @@ func FuzzQcow2Stream(f *testing.F) {
 
 // FuzzVMDKStream converts arbitrary bytes shaped like a streamOptimized vmdk front to back.
 func FuzzVMDKStream(f *testing.F) {
-	dir := f.TempDir()
-	raw := filepath.Join(dir, "seed.raw")
-	if err := os.WriteFile(raw, bytes.Repeat([]byte("seed"), 64<<10), 0o600); err != nil {
-		f.Fatal(err)
-	}
-	out := filepath.Join(dir, "seed.vmdk")
-	if b, err := qemuImgOutput("convert", "-f", "raw", "-O", "vmdk", "-o", "subformat=streamOptimized", raw, out); err != nil {
-		f.Fatalf("qemu-img: %v\n%s", err, b)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(b)
+	f.Add(seedImage(f, seedRaw(f, 64<<10), "-O", "vmdk", "-o", "subformat=streamOptimized"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, err := importVMDKStream(bytes.NewReader(data), fuzzTarget(t))
 		classified(t, "vmdk stream", err)
@@ -259,11 +256,7 @@ func FuzzOVA(f *testing.F) {
 // FuzzXzGuard passes arbitrary bytes through the xz guard: it never panics, never changes a
 // byte it passes on, and never passes on a block header it refused.
 func FuzzXzGuard(f *testing.F) {
-	dir := f.TempDir()
-	raw := filepath.Join(dir, "seed.raw")
-	if err := os.WriteFile(raw, bytes.Repeat([]byte("seed"), 16<<10), 0o600); err != nil {
-		f.Fatal(err)
-	}
+	raw := seedRaw(f, 16<<10)
 	for _, opts := range [][]string{{"-1"}, {"-T2", "--block-size=16384"}, {"-C", "sha256"}} {
 		b, err := exec.Command("xz", append([]string{"-c"}, append(opts, raw)...)...).Output()
 		if err != nil {
