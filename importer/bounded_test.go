@@ -104,6 +104,26 @@ func tablesMappingNothing() []byte {
 	return img
 }
 
+// manyGrainTables is a monolithicSparse vmdk of 8 GiB of 512-byte grains whose 256 grain
+// tables (256 KiB each, all empty) the converter reads one after another: 64 MiB of tables,
+// which a cache without a bound would keep.
+func manyGrainTables() []byte {
+	const tables, gtes, grain = 256, 65536, 512
+	le := binary.LittleEndian
+	h := make([]byte, 3*512+gtes*4)
+	copy(h, "KDMV")
+	le.PutUint32(h[4:], 1)
+	le.PutUint64(h[12:], tables*gtes*grain/512) // capacity in sectors
+	le.PutUint64(h[20:], grain/512)
+	le.PutUint32(h[44:], gtes)
+	le.PutUint64(h[56:], 1) // the grain directory at sector 1
+	le.PutUint64(h[64:], 1) // overhead
+	for i := range tables {
+		le.PutUint32(h[512+i*4:], 3) // every table at sector 3
+	}
+	return h
+}
+
 // runChild runs the importer command in a child process of this test binary and returns its
 // result, its peak RSS and how long it took.
 func runChild(t *testing.T, args ...string) (*transfer.Result, int64, time.Duration, string) {
@@ -186,6 +206,7 @@ func TestCraftedInputsBoundedMemory(t *testing.T) {
 		{"zstd with a 512 MiB window", &craftedServer{data: zstdData, noRange: true}, nil, transfer.ReasonMalformedImage, "window larger than"},
 		{"qcow2 stream whose tables map clusters that never come", &craftedServer{data: tablesMappingNothing(), noRange: true}, []string{"--capacity", strconv.FormatInt(1<<45, 10)}, transfer.ReasonNeedsRandomAccess, "more than 2097152 clusters"},
 		{"a valid qcow2 followed by endless zeros, no length", &craftedServer{data: qcow, endless: true}, nil, transfer.ReasonMalformedImage, "goes on past the end"},
+		{"a monolithicSparse vmdk of 256 grain tables", &craftedServer{data: manyGrainTables()}, []string{"--capacity", strconv.FormatInt(16<<30, 10)}, "", ""},
 		{"a valid qcow2 claiming 2^62 bytes", &craftedServer{data: qcow, claim: 1 << 62}, nil, "", ""},
 		{"a valid qcow2 (the normal figure)", &craftedServer{data: qcow}, nil, "", ""},
 	} {

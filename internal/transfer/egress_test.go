@@ -2,7 +2,10 @@ package transfer
 
 import (
 	"flag"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -54,5 +57,34 @@ func TestEgressCheck(t *testing.T) {
 	}
 	if err := (&Egress{Unrestricted: true}).Check("", netip.MustParseAddr("127.0.0.1")); err != nil {
 		t.Error(err)
+	}
+}
+
+// Through a proxy the target's addresses are checked before the request goes: the proxy, not
+// this process, would dial them.
+func TestEgressThroughProxy(t *testing.T) {
+	var got []string
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.URL.String()) // a forward proxy sees the absolute URL
+		_, _ = w.Write([]byte("proxied"))
+	}))
+	defer proxy.Close()
+	pu, _ := url.Parse(proxy.URL)
+	e := &Egress{Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}} // the proxy itself
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = http.ProxyURL(pu)
+	c := &http.Client{Transport: e.Apply(tr)}
+
+	_, err := c.Get("http://169.254.169.254/latest/meta-data/")
+	if !IsForbiddenDestination(err) || !strings.Contains(err.Error(), "169.254.169.254") {
+		t.Fatalf("the metadata address through the proxy: %v", err)
+	}
+	resp, err := c.Get("http://192.0.2.10/disk.img") // a public-looking address: passed to the proxy
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(got) != 1 || got[0] != "http://192.0.2.10/disk.img" {
+		t.Fatalf("the proxy saw %q", got)
 	}
 }
