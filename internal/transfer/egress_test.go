@@ -75,11 +75,14 @@ func TestEgressThroughProxy(t *testing.T) {
 	tr.Proxy = http.ProxyURL(pu)
 	c := &http.Client{Transport: e.Apply(tr)}
 
-	_, err := c.Get("http://169.254.169.254/latest/meta-data/")
+	resp, err := c.Get("http://169.254.169.254/latest/meta-data/")
+	if err == nil {
+		resp.Body.Close()
+	}
 	if !IsForbiddenDestination(err) || !strings.Contains(err.Error(), "169.254.169.254") {
 		t.Fatalf("the metadata address through the proxy: %v", err)
 	}
-	resp, err := c.Get("http://192.0.2.10/disk.img") // a public-looking address: passed to the proxy
+	resp, err = c.Get("http://192.0.2.10/disk.img") // a public-looking address: passed to the proxy
 	if err != nil {
 		t.Fatal(err)
 	}
