@@ -104,6 +104,34 @@ func tablesMappingNothing() []byte {
 	return img
 }
 
+// compressedTablesFirst is a qcow2 stream of 512-byte clusters whose 32,000 L2 tables come
+// first, each naming 64 compressed clusters far ahead that never come: 2.05 million clusters
+// to track in host order, which sorting them again after every table made quadratic.
+func compressedTablesFirst() []byte {
+	const bits, tables = 9, 32000
+	cs := uint64(1) << bits
+	entries := cs / 8
+	l1Clusters := (tables*8 + cs - 1) / cs
+	img := qcow2HeaderBytes(tables*entries*cs, bits, tables, 2*cs)
+	img = append(img, make([]byte, cs)...) // the refcount table's cluster
+	l1 := make([]byte, l1Clusters*cs)
+	first := 2 + l1Clusters // the first table's cluster
+	for i := range uint64(tables) {
+		binary.BigEndian.PutUint64(l1[i*8:], (first+i)*cs|1<<63)
+	}
+	img = append(img, l1...)
+	x := 62 - (bits - 8)
+	for i := range uint64(tables) {
+		l2 := make([]byte, cs)
+		for j := range entries {
+			host := uint64(1)<<40 + (i*entries+j)*cs
+			binary.BigEndian.PutUint64(l2[j*8:], 1<<62|host&(1<<x-1))
+		}
+		img = append(img, l2...)
+	}
+	return img
+}
+
 // manyGrainTables is a monolithicSparse vmdk of 8 GiB of 512-byte grains whose 256 grain
 // tables (256 KiB each, all empty) the converter reads one after another: 64 MiB of tables,
 // which a cache without a bound would keep.
@@ -206,6 +234,7 @@ func TestCraftedInputsBoundedMemory(t *testing.T) {
 		{"zstd with a 512 MiB window", &craftedServer{data: zstdData, noRange: true}, nil, transfer.ReasonMalformedImage, "window larger than"},
 		{"qcow2 stream whose tables map clusters that never come", &craftedServer{data: tablesMappingNothing(), noRange: true}, []string{"--capacity", strconv.FormatInt(1<<45, 10)}, transfer.ReasonNeedsRandomAccess, "more than 2097152 clusters"},
 		{"a valid qcow2 followed by endless zeros, no length", &craftedServer{data: qcow, endless: true}, nil, transfer.ReasonMalformedImage, "goes on past the end"},
+		{"qcow2 stream of 32,000 tables of compressed clusters first", &craftedServer{data: compressedTablesFirst(), noRange: true}, []string{"--capacity", strconv.FormatInt(2<<30, 10)}, transfer.ReasonMalformedImage, "compressed cluster at 1099511627776"},
 		{"a monolithicSparse vmdk of 256 grain tables", &craftedServer{data: manyGrainTables()}, []string{"--capacity", strconv.FormatInt(16<<30, 10)}, "", ""},
 		{"a valid qcow2 claiming 2^62 bytes", &craftedServer{data: qcow, claim: 1 << 62}, nil, "", ""},
 		{"a valid qcow2 (the normal figure)", &craftedServer{data: qcow}, nil, "", ""},
@@ -227,6 +256,9 @@ func TestCraftedInputsBoundedMemory(t *testing.T) {
 				t.Errorf("failed: %s: %s\n%s", res.Reason, res.Message, log)
 			case c.reason != "" && (res.Reason != c.reason || res.Transient || !strings.Contains(res.Message, c.says)):
 				t.Errorf("reason %s (transient %v): %s; want %s saying %q", res.Reason, res.Transient, res.Message, c.reason, c.says)
+			}
+			if took > time.Minute {
+				t.Errorf("took %s: the work grows faster than the input", took)
 			}
 			if rss > maxImporterRSS {
 				t.Errorf("peak RSS %d MiB, over the %d MiB bound", rss>>20, maxImporterRSS>>20)
