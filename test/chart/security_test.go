@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -87,6 +90,43 @@ func TestRBAC(t *testing.T) {
 		check{uploads, res("vms", "list", "hypercloud.tmaxanc.com", "virtualmachineimages"), false},
 		check{uploads, res("vms", "update", "hypercloud.tmaxanc.com", "virtualmachineimages"), false},
 	)
+	// The users' roles, bound in "vms": dora uses diskpipe there, vic reads it.
+	if err := env.EnsureNamespace(ctx, "vms"); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []struct{ user, role string }{{"dora", "diskpipe-user"}, {"vic", "diskpipe-viewer"}} {
+		if err := env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: b.user, Namespace: "vms"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: b.role},
+			Subjects: []rbacv1.Subject{{Kind: "User", Name: b.user}}}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		attrs authorizationv1.ResourceAttributes
+		dora  bool
+		vic   bool
+	}{
+		{res("vms", "create", "hypercloud.tmaxanc.com", "virtualmachineimages"), true, false},
+		{res("vms", "list", "hypercloud.tmaxanc.com", "virtualmachineimages"), true, true},
+		{res("vms", "create", "virtualmachine.kubesphere.io", "virtualmachines"), true, false},
+		{res("vms", "delete", "diskvolume.kubesphere.io", "diskvolumes"), true, false},
+		{res("vms", "get", "hypercloud.tmaxanc.com", "virtualmachinevolumeexports"), true, true},
+		{authorizationv1.ResourceAttributes{Namespace: "vms", Verb: "create", Group: "hypercloud.tmaxanc.com", Resource: "virtualmachineimages", Subresource: "upload"}, true, false},
+		{authorizationv1.ResourceAttributes{Namespace: "vms", Verb: "update", Group: "hypercloud.tmaxanc.com", Resource: "virtualmachineimages", Subresource: "status"}, false, false},
+		{res("other", "create", "hypercloud.tmaxanc.com", "virtualmachineimages"), false, false},
+		{res("other", "list", "hypercloud.tmaxanc.com", "virtualmachineimages"), false, false},
+		{res("vms", "get", "", "secrets"), false, false},
+	} {
+		checks = append(checks, check{"dora", c.attrs, c.dora}, check{"vic", c.attrs, c.vic})
+	}
+	// The apiserver's RBAC learns new bindings a moment after they are made.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		attrs := res("vms", "list", "hypercloud.tmaxanc.com", "virtualmachineimages")
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: "vic", ResourceAttributes: &attrs}}
+		if err := env.Client.Create(ctx, sar); err == nil && sar.Status.Allowed {
+			break
+		}
+	}
 	for _, c := range checks {
 		attrs := c.attrs
 		name := fmt.Sprintf("%s %s %s/%s in %q", c.user, attrs.Verb, attrs.Group, attrs.Resource, attrs.Namespace)

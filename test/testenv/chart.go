@@ -84,7 +84,7 @@ func (e *Env) ApplyChartRBAC(ctx context.Context, namespace string) (string, err
 		return "", err
 	}
 	_, out, err := RenderChart(ctx, ChartRelease, namespace, "--show-only", "templates/serviceaccounts.yaml",
-		"--show-only", "templates/rbac/role.yaml", "--show-only", "templates/rbac/bindings.yaml")
+		"--show-only", "templates/rbac/role.yaml", "--show-only", "templates/rbac/bindings.yaml", "--show-only", "templates/rbac/users.yaml")
 	if err != nil {
 		return "", err
 	}
