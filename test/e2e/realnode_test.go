@@ -119,7 +119,7 @@ var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Or
 		// CA of the serving certificate it issued.
 		hooks := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 		Expect(get("", realcluster.Release, hooks)).To(Succeed())
-		Expect(hooks.Webhooks).To(HaveLen(2))
+		Expect(hooks.Webhooks).To(HaveLen(3)) // golden PVCs, cross-namespace sources, VirtualMachines
 		for _, h := range hooks.Webhooks {
 			Expect(h.ClientConfig.URL).To(BeNil(), "webhook %s", h.Name)
 			Expect(h.ClientConfig.Service).NotTo(BeNil(), "webhook %s", h.Name)
