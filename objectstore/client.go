@@ -111,6 +111,13 @@ func NewClient(c ClientConfig) (*Client, error) {
 	return &Client{Client: mc, endpoint: u, cfg: c, http: &http.Client{Transport: rt, Timeout: time.Minute, CheckRedirect: transfer.RedirectPolicy(nil)}}, nil
 }
 
+// WithKeys is a client of the same store signing with other keys (a scoped account's).
+func (c *Client) WithKeys(access, secret string) (*Client, error) {
+	cfg := c.cfg
+	cfg.AccessKey, cfg.SecretKey = access, secret
+	return NewClient(cfg)
+}
+
 // CheckBucketName says clearly why a bucket name is not valid for S3.
 func CheckBucketName(bucket string) error {
 	if err := s3utils.CheckValidBucketNameStrict(bucket); err != nil {

@@ -202,11 +202,18 @@ func TestExport(t *testing.T) {
 	g.Expect(code).To(Equal(http.StatusOK))
 	g.Expect(got).To(Equal(body))
 
-	// Retain: the object outlives the export.
+	// The URL is signed by the export's own read account, not the store's root keys.
+	g.Expect(ex.Status.DownloadURL).To(ContainSubstring("X-Amz-Credential=" + export.DownloadAccess(ex) + "%2F"))
+	g.Expect(ex.Status.DownloadURL).NotTo(ContainSubstring(store.AccessKey))
+
+	// Retain: the object outlives the export, its download URLs do not.
+	url := ex.Status.DownloadURL
 	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
 	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
 	out, err = store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://vmexport/vm-disk.qcow2")
 	g.Expect(err).NotTo(HaveOccurred(), out)
+	code, got = get(t, url)
+	g.Expect(code).To(Equal(http.StatusForbidden), "a deleted export's download URL still works: %s", got)
 }
 
 // TestRetainPolicyDelete deletes the object with the export.

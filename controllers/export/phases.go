@@ -360,6 +360,17 @@ func (r *Reconciler) presign(ctx context.Context, ex *hypercloud.VirtualMachineV
 	if d.presigner != nil {
 		signer = d.presigner
 	}
+	if d.kind == "bundled" && r.StoreConfig != nil && r.StoreConfig.Scoped {
+		// Signed by an account of the export's own that may read its one object: deleting the
+		// export deletes the account, and every URL it signed stops working at once.
+		access, secret, err := r.Store.Scope(ctx, downloadAccount(ex), d.bucket, d.object, []string{"s3:GetObject"})
+		if err != nil {
+			return err
+		}
+		if signer, err = signer.WithKeys(access, secret); err != nil {
+			return err
+		}
+	}
 	u, err := signer.PresignGet(ctx, d.bucket, d.object, expiry)
 	if err != nil {
 		return err
@@ -367,6 +378,15 @@ func (r *Reconciler) presign(ctx context.Context, ex *hypercloud.VirtualMachineV
 	at := metav1.NewTime(time.Now().Add(expiry))
 	ex.Status.DownloadURL, ex.Status.DownloadURLExpiresAt = u.String(), &at
 	return nil
+}
+
+// downloadAccount names the bundled store's account whose keys sign an export's download URL.
+func downloadAccount(ex *hypercloud.VirtualMachineVolumeExport) string { return "dl-" + string(ex.UID) }
+
+// DownloadAccess is the access key of that account, for tests and the chaos suite's count of
+// accounts left over.
+func DownloadAccess(ex *hypercloud.VirtualMachineVolumeExport) string {
+	return objectstore.ScopedAccess(downloadAccount(ex))
 }
 
 // renew presigns a fresh download URL, writes it, and clears the annotation that asked.
@@ -412,6 +432,11 @@ func (r *Reconciler) delete(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	}
 	if err := r.cleanupTemp(ctx, ex); err != nil {
 		return err
+	}
+	if t := ex.Spec.ObjectStore; t != nil && ex.Spec.S3 == nil && r.Store != nil && r.StoreConfig != nil && r.StoreConfig.Scoped {
+		if err := r.Store.Unscope(ctx, downloadAccount(ex), string(t.BucketName)); err != nil { // its URLs stop working
+			return err
+		}
 	}
 	if ex.Spec.RetainPolicy != hypercloud.RetainPolicyDelete || ex.Status.ObjectURL == "" {
 		return nil
