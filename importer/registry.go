@@ -111,7 +111,7 @@ func (s *RegistrySource) egress(ctx context.Context, sys *types.SystemContext) (
 	if s.Egress == nil || s.Egress.Unrestricted || !strings.HasPrefix(s.URL, "docker://") {
 		return func() {}, nil
 	}
-	if os.Getenv("HTTPS_PROXY") != "" || os.Getenv("https_proxy") != "" || os.Getenv("HTTP_PROXY") != "" || os.Getenv("http_proxy") != "" {
+	if transfer.ProxyConfigured() {
 		sys.DockerProxy = func(u *url.URL) (*url.URL, error) {
 			if err := s.Egress.CheckHost(ctx, u.Hostname()); err != nil {
 				return nil, err

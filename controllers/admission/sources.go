@@ -56,19 +56,12 @@ func (h *sourceGuard) check(ctx context.Context, req admission.Request, src *sou
 			return admission.Allowed("a public image")
 		}
 	}
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range req.UserInfo.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
-	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: req.UserInfo.Username, Groups: req.UserInfo.Groups, UID: req.UserInfo.UID, Extra: extra,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: src.namespace, Verb: "get",
-			Group: src.resource.Group, Version: src.resource.Version, Resource: src.resource.Resource, Name: src.name},
-	}}
-	if err := h.client.Create(ctx, sar); err != nil {
+	allowed, err := review(ctx, h.client, req, authorizationv1.ResourceAttributes{Namespace: src.namespace, Verb: "get",
+		Group: src.resource.Group, Version: src.resource.Version, Resource: src.resource.Resource, Name: src.name})
+	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("asking whether %s may read the source: %w", req.UserInfo.Username, err))
 	}
-	if !sar.Status.Allowed {
+	if !allowed {
 		return denied("%s may not read the %s %s/%s, so cannot copy it into namespace %s: ask for get on %s in %s, or, for an image, "+
 			"have it labelled %s: \"yes\"", req.UserInfo.Username, src.kind, src.namespace, src.name, req.Namespace,
 			src.resource.Resource, src.namespace, virtualmachine.LabelImagePublic)
@@ -84,6 +77,30 @@ var (
 	pvcs           = schema.GroupVersionResource{Version: "v1", Resource: "persistentvolumeclaims"}
 )
 
+// imageSource is the golden image a disk is made from, as a source to check.
+func imageSource(img *diskvolume.ImageSource) *source {
+	obj, _ := image.NewObject(img.Kind)
+	s := &source{resource: images, kind: string(diskvolume.ImageKindVirtualMachineImage), namespace: img.Namespace, name: string(img.Name), image: obj}
+	if img.Kind == diskvolume.ImageKindImageTemplate {
+		s.resource, s.kind = imageTemplates, string(img.Kind)
+	}
+	return s
+}
+
+// review asks the apiserver whether the request's user may do what attrs say.
+func review(ctx context.Context, c client.Client, req admission.Request, attrs authorizationv1.ResourceAttributes) (bool, error) {
+	extra := map[string]authorizationv1.ExtraValue{}
+	for k, v := range req.UserInfo.Extra {
+		extra[k] = authorizationv1.ExtraValue(v)
+	}
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: req.UserInfo.Username, Groups: req.UserInfo.Groups, UID: req.UserInfo.UID, Extra: extra, ResourceAttributes: &attrs}}
+	if err := c.Create(ctx, sar); err != nil {
+		return false, err
+	}
+	return sar.Status.Allowed, nil
+}
+
 // crossNamespaceSource is the object's source in another namespace, if it has one.
 func (h *sourceGuard) crossNamespaceSource(req admission.Request) (*source, error) {
 	switch req.Kind.Kind {
@@ -93,12 +110,7 @@ func (h *sourceGuard) crossNamespaceSource(req admission.Request) (*source, erro
 			return nil, err
 		}
 		if img := d.Spec.Source.Image; img != nil && img.Namespace != "" {
-			obj, _ := image.NewObject(img.Kind)
-			s := &source{resource: images, kind: string(diskvolume.ImageKindVirtualMachineImage), namespace: img.Namespace, name: string(img.Name), image: obj}
-			if img.Kind == diskvolume.ImageKindImageTemplate {
-				s.resource, s.kind = imageTemplates, string(img.Kind)
-			}
-			return s, nil
+			return imageSource(img), nil
 		}
 	case "ImageTemplate":
 		t := &virtualmachine.ImageTemplate{}

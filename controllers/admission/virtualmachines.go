@@ -12,9 +12,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
 )
 
 // vmGuard admits a VirtualMachine (virtualmachine.kubesphere.io) only when its author may do
@@ -50,12 +48,7 @@ func (h *vmGuard) Handle(ctx context.Context, req admission.Request) admission.R
 		if img == nil || img.Namespace == "" || img.Namespace == req.Namespace {
 			continue
 		}
-		obj, _ := image.NewObject(img.Kind)
-		src := &source{resource: images, kind: string(diskvolume.ImageKindVirtualMachineImage), namespace: img.Namespace, name: string(img.Name), image: obj}
-		if img.Kind == diskvolume.ImageKindImageTemplate {
-			src.resource, src.kind = imageTemplates, string(img.Kind)
-		}
-		if r := h.sources.check(ctx, req, src); !r.Allowed {
+		if r := h.sources.check(ctx, req, imageSource(img)); !r.Allowed {
 			return r
 		}
 	}
@@ -146,20 +139,13 @@ func volumeUses(v kubevirtv1.Volume) []use {
 // may asks the apiserver whether the request's user may verb the resource's object name in the
 // request's namespace; a refusal names what for and what to ask for.
 func (h *vmGuard) may(ctx context.Context, req admission.Request, verb string, r schema.GroupVersionResource, sub, name, what string) *admission.Response {
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range req.UserInfo.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
-	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: req.UserInfo.Username, Groups: req.UserInfo.Groups, UID: req.UserInfo.UID, Extra: extra,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: req.Namespace, Verb: verb,
-			Group: r.Group, Version: r.Version, Resource: r.Resource, Subresource: sub, Name: name},
-	}}
-	if err := h.sources.client.Create(ctx, sar); err != nil {
+	allowed, err := review(ctx, h.sources.client, req, authorizationv1.ResourceAttributes{Namespace: req.Namespace, Verb: verb,
+		Group: r.Group, Version: r.Version, Resource: r.Resource, Subresource: sub, Name: name})
+	if err != nil {
 		resp := admission.Errored(http.StatusInternalServerError, fmt.Errorf("asking whether %s may %s %s: %w", req.UserInfo.Username, verb, r.Resource, err))
 		return &resp
 	}
-	if sar.Status.Allowed {
+	if allowed {
 		return nil
 	}
 	resource := r.Resource

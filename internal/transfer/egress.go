@@ -199,11 +199,7 @@ func (e *Egress) Apply(tr *http.Transport) http.RoundTripper {
 		return tr
 	}
 	proxies := map[string]bool{}
-	cfg := httpproxy.FromEnvironment()
-	for _, p := range []string{cfg.HTTPProxy, cfg.HTTPSProxy} {
-		if p == "" {
-			continue
-		}
+	for _, p := range envProxies() {
 		if !strings.Contains(p, "://") {
 			p = "http://" + p
 		}
@@ -226,6 +222,21 @@ func (e *Egress) Apply(tr *http.Transport) http.RoundTripper {
 	}
 	return &egressTransport{Transport: tr, e: e}
 }
+
+// envProxies are the HTTP and HTTPS proxies the environment names (empty ones left out).
+func envProxies() []string {
+	cfg := httpproxy.FromEnvironment()
+	var out []string
+	for _, p := range []string{cfg.HTTPProxy, cfg.HTTPSProxy} {
+		if p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ProxyConfigured reports whether the environment names an HTTP or HTTPS proxy.
+func ProxyConfigured() bool { return len(envProxies()) > 0 }
 
 type egressTransport struct {
 	*http.Transport
