@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -199,23 +198,9 @@ func TestCraftedInputsBoundedMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	xzData := xzFile(t, raw, "-1")
-	h := xzData[12:]
-	hsize := (int(h[0]) + 1) * 4
-	h[bytes.Index(h[:hsize], []byte{0x21, 0x01})+2] = 39 // a 3 GiB dictionary, the header's CRC32 made good
-	binary.LittleEndian.PutUint32(h[hsize-4:], crc32.ChecksumIEEE(h[:hsize-4]))
-	zstdCmd := exec.Command("zstd", "-1", "-c", "--no-check")
-	f, err := os.Open(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zstdCmd.Stdin = f
-	zstdData, err := zstdCmd.Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	zstdData[5] = (29 - 10) << 3 // a 512 MiB window
+	xzData := hugeDictXz(t, raw)
+	zstdData := zstdStream(t, raw)
+	zstdData[5] = zstdWindow512MiB
 
 	huge := qcow2HeaderBytes(1<<56, 16, 1<<27, 1<<16) // an L1 table of 2^27 entries (1 GiB)
 	widest := qcow2HeaderBytes(1<<56, 16, 1<<32-1, 1<<16)

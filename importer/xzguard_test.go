@@ -2,6 +2,7 @@ package importer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"hash/crc32"
 	"io"
 	"os"
@@ -60,10 +61,10 @@ func TestXzGuardPassesRealStreams(t *testing.T) {
 	}
 }
 
-// A block declaring a 3 GiB dictionary is refused before the decoder allocates it, with the
-// size it claimed.
-func TestXzGuardRefusesHugeDictionary(t *testing.T) {
-	raw := makeRaw(t, t.TempDir())
+// hugeDictXz is raw compressed by xz with its first block header declaring a 3 GiB
+// dictionary, the header's CRC32 made good.
+func hugeDictXz(t *testing.T, raw string) []byte {
+	t.Helper()
 	data := xzFile(t, raw, "-1")
 	h := data[12:]
 	size := (int(h[0]) + 1) * 4
@@ -72,8 +73,38 @@ func TestXzGuardRefusesHugeDictionary(t *testing.T) {
 		t.Fatal("no LZMA2 filter in the first block header")
 	}
 	h[i+2] = 39 // 3 GiB
-	binary := crc32.ChecksumIEEE(h[:size-4])
-	h[size-4], h[size-3], h[size-2], h[size-1] = byte(binary), byte(binary>>8), byte(binary>>16), byte(binary>>24)
+	binary.LittleEndian.PutUint32(h[size-4:], crc32.ChecksumIEEE(h[:size-4]))
+	return data
+}
+
+// zstdStream is raw compressed by zstd from a pipe: no content size, so the frame has a window
+// descriptor (byte 5) to change.
+func zstdStream(t *testing.T, raw string) []byte {
+	t.Helper()
+	cmd := exec.Command("zstd", "-1", "-c", "--no-check")
+	f, err := os.Open(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd.Stdin = f
+	data, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data[4]&0x20 != 0 {
+		t.Fatal("the frame is single-segment: no window descriptor to change")
+	}
+	return data
+}
+
+// zstdWindow512MiB is the window descriptor of a 2^29-byte window.
+const zstdWindow512MiB = (29 - 10) << 3
+
+// A block declaring a 3 GiB dictionary is refused before the decoder allocates it, with the
+// size it claimed.
+func TestXzGuardRefusesHugeDictionary(t *testing.T) {
+	data := hugeDictXz(t, makeRaw(t, t.TempDir()))
 	_, _, err := importTo(t, t.TempDir(), Options{Source: &memSource{data: data, sequential: true}})
 	if transfer.ReasonOf(err) != transfer.ReasonMalformedImage || !strings.Contains(err.Error(), "3072 MiB dictionary") {
 		t.Fatalf("reason %s: %v", transfer.ReasonOf(err), err)
@@ -86,26 +117,12 @@ func TestXzGuardRefusesHugeDictionary(t *testing.T) {
 // A zstd frame declaring a 512 MiB window is refused with a reason that says so, where the
 // decoder would have allocated it.
 func TestZstdWindowBounded(t *testing.T) {
-	raw := makeRaw(t, t.TempDir())
-	cmd := exec.Command("zstd", "-1", "-c", "--no-check")
-	f, err := os.Open(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	cmd.Stdin = f // from a pipe: no content size, so the frame has a window descriptor
-	data, err := cmd.Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if data[4]&0x20 != 0 {
-		t.Fatal("the frame is single-segment: no window descriptor to change")
-	}
+	data := zstdStream(t, makeRaw(t, t.TempDir()))
 	if _, _, err := importTo(t, t.TempDir(), Options{Source: &memSource{data: bytes.Clone(data), sequential: true}}); err != nil {
 		t.Fatalf("the unchanged frame: %v", err)
 	}
-	data[5] = (29 - 10) << 3 // 2^29 bytes
-	_, _, err = importTo(t, t.TempDir(), Options{Source: &memSource{data: data, sequential: true}})
+	data[5] = zstdWindow512MiB
+	_, _, err := importTo(t, t.TempDir(), Options{Source: &memSource{data: data, sequential: true}})
 	if transfer.ReasonOf(err) != transfer.ReasonMalformedImage || !strings.Contains(err.Error(), "window larger than the 128 MiB") {
 		t.Fatalf("reason %s: %v", transfer.ReasonOf(err), err)
 	}
