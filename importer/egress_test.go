@@ -235,3 +235,12 @@ func TestEgressOtherSources(t *testing.T) {
 		sameDisk(t, raw, target)
 	})
 }
+
+// An oci-archive: source would be a file of the importer's own pod, unpacked into scratch
+// space it does not have: refused for good, saying what to do instead.
+func TestOCIArchiveRefused(t *testing.T) {
+	code, res, log := runEgress(t, "", "--source", "registry", "--url", "oci-archive:/etc/passwd", "--target", filepath.Join(t.TempDir(), "disk.img"))
+	if code != 1 || res.Reason != transfer.ReasonInvalidArgument || res.Transient || !strings.Contains(res.Message, "must start with docker://") {
+		t.Fatalf("exit %d, reason %s: %s\n%s", code, res.Reason, res.Message, log)
+	}
+}
