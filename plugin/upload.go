@@ -139,8 +139,9 @@ type endpoint struct {
 	service *upload.ProxyService
 }
 
-// token asks the apiserver for an upload token (a dry-run UploadTokenRequest, answered by
-// diskpipe's webhook) and learns where the proxy is.
+// token asks the apiserver for an upload token (an UploadTokenRequest, answered by diskpipe's
+// aggregated API; sent as a dry run, which older installations, answering from a webhook,
+// required) and learns where the proxy is.
 func (u *uploader) token(ctx context.Context) (endpoint, error) {
 	req := &upload.UploadTokenRequest{TypeMeta: metav1.TypeMeta{APIVersion: upload.GroupVersion.String(), Kind: "UploadTokenRequest"},
 		ObjectMeta: metav1.ObjectMeta{GenerateName: u.r.name + "-"}, Spec: upload.UploadTokenRequestSpec{Kind: u.r.kind, Name: u.r.name}}
@@ -161,7 +162,7 @@ func (u *uploader) token(ctx context.Context) (endpoint, error) {
 	}
 	st := req.Status
 	if st.Token == "" {
-		return endpoint{}, errors.New("the apiserver issued no upload token: diskpipe's webhooks are off (webhook.enabled=false); upload with curl and a Kubernetes token (README, Uploads)")
+		return endpoint{}, errors.New("the apiserver issued no upload token: diskpipe's upload token API is off (webhook.enabled=false); upload with curl and a Kubernetes token (docs/uploads.md)")
 	}
 	e := endpoint{token: st.Token, client: &http.Client{}}
 	switch {

@@ -6,9 +6,8 @@
 //     user's right to read that source (a SubjectAccessReview as that user), unless the
 //     image is labelled virtualmachine.kubesphere.io/image-public: "yes".
 //
-// and one mutating webhook, which issues upload tokens: a dry-run UploadTokenRequest by a user
-// allowed to upload to its image is answered with a token for the upload proxy
-// (uploadtoken.go).
+// Upload tokens are not issued here but by an aggregated API (uploadproxy.TokenAPI): a webhook
+// learns its user from the request body, which anything that reaches the port can write.
 package admission
 
 import (
@@ -28,7 +27,6 @@ import (
 
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	upload "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 )
 
@@ -36,18 +34,15 @@ import (
 const (
 	PathPods    = "/validate-pods"
 	PathSources = "/validate-sources"
-	PathTokens  = "/mutate-uploadtokenrequests"
 	PathVMs     = "/validate-virtualmachines"
 )
 
-// ConfigurationName is the name of the ValidatingWebhookConfiguration and of the
-// MutatingWebhookConfiguration.
+// ConfigurationName is the name of the ValidatingWebhookConfiguration.
 const ConfigurationName = "diskpipe-validating"
 
 // Register serves the webhooks on mgr's webhook server. The manager's own user name, which
-// alone may mount golden PVCs, is learnt from the apiserver (SelfSubjectReview). Upload
-// tokens are issued when tokens is not nil; its key is made now if there is none.
-func Register(ctx context.Context, mgr ctrl.Manager, tokens *UploadTokens, allowHostDisk bool) error {
+// alone may mount golden PVCs, is learnt from the apiserver (SelfSubjectReview).
+func Register(ctx context.Context, mgr ctrl.Manager, allowHostDisk bool) error {
 	self, err := whoAmI(ctx, mgr)
 	if err != nil {
 		return fmt.Errorf("learning the manager's identity: %w", err)
@@ -58,12 +53,6 @@ func Register(ctx context.Context, mgr ctrl.Manager, tokens *UploadTokens, allow
 	sources := &sourceGuard{client: mgr.GetClient(), decoder: dec}
 	srv.Register(PathSources, &webhook.Admission{Handler: sources})
 	srv.Register(PathVMs, &webhook.Admission{Handler: &vmGuard{sources: sources, decoder: dec, allowHostDisk: allowHostDisk}})
-	if tokens != nil {
-		if _, err := tokens.Key.Ensure(ctx); err != nil {
-			return err
-		}
-		srv.Register(PathTokens, &webhook.Admission{Handler: &tokenIssuer{client: mgr.GetClient(), reader: mgr.GetAPIReader(), decoder: dec, cfg: *tokens}})
-	}
 	return nil
 }
 
@@ -129,29 +118,6 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 			}, []admissionregistrationv1.MatchCondition{{Name: "source-in-another-namespace", Expression: crossNamespaceSource}}),
 			vms,
 		},
-	}
-}
-
-// MutatingConfiguration is the MutatingWebhookConfiguration of the upload token webhook, sent
-// to the manager's Service (namespace/name) with caBundle. It has no side effects: only dry
-// runs are admitted, and nothing is written.
-func MutatingConfiguration(namespace, service string, caBundle []byte) *admissionregistrationv1.MutatingWebhookConfiguration {
-	return &admissionregistrationv1.MutatingWebhookConfiguration{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingWebhookConfiguration"},
-		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
-		Webhooks: []admissionregistrationv1.MutatingWebhook{{
-			Name: "upload-tokens.diskpipe.io",
-			ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: caBundle,
-				Service: &admissionregistrationv1.ServiceReference{Namespace: namespace, Name: service, Path: ptr.To(PathTokens)}},
-			Rules: []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-				Rule: admissionregistrationv1.Rule{APIGroups: []string{upload.GroupVersion.Group}, APIVersions: []string{upload.GroupVersion.Version},
-					Resources: []string{"uploadtokenrequests"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}},
-			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-			AdmissionReviewVersions: []string{"v1"},
-			TimeoutSeconds:          ptr.To[int32](10),
-			ReinvocationPolicy:      ptr.To(admissionregistrationv1.NeverReinvocationPolicy),
-		}},
 	}
 }
 

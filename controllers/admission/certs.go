@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -20,6 +21,9 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -55,6 +59,9 @@ type CertKeeper struct {
 	Namespace, SecretName string
 	// Configuration is the ValidatingWebhookConfiguration whose caBundle is kept.
 	Configuration string
+	// APIService, when set, is the APIService (served by the same server) whose caBundle is
+	// kept.
+	APIService string
 	// Hosts are the certificate's DNS names and IP addresses.
 	Hosts []string
 	// Every is how often Start syncs (default 10 minutes).
@@ -154,18 +161,24 @@ func (k *CertKeeper) patchBundle(ctx context.Context, bundle []byte) error {
 	}); err != nil {
 		return err
 	}
-	// The upload token webhook, of the same name; an installation without upload tokens has none.
-	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	err := k.patchOne(ctx, "mutating webhook configuration", mutating, bundle, func() (cs []*admissionregistrationv1.WebhookClientConfig) {
-		for i := range mutating.Webhooks {
-			cs = append(cs, &mutating.Webhooks[i].ClientConfig)
-		}
-		return cs
-	})
-	if apierrors.IsNotFound(err) {
+	if k.APIService == "" {
 		return nil
 	}
-	return err
+	// The aggregated API of upload tokens: the apiserver checks the manager's certificate
+	// against the APIService's caBundle.
+	svc := &unstructured.Unstructured{}
+	svc.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
+	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.APIService}, svc); err != nil {
+		return fmt.Errorf("reading the APIService %s: %w", k.APIService, err)
+	}
+	if current, _, _ := unstructured.NestedString(svc.Object, "spec", "caBundle"); current == base64.StdEncoding.EncodeToString(bundle) {
+		return nil
+	}
+	patch := fmt.Appendf(nil, `{"spec":{"caBundle":%q}}`, base64.StdEncoding.EncodeToString(bundle))
+	if err := k.Client.Patch(ctx, svc, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("patching the caBundle of the APIService %s: %w", k.APIService, err)
+	}
+	return nil
 }
 
 // patchOne reads the configuration obj (what names it) and patches bundle into the client

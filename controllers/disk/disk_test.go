@@ -75,7 +75,7 @@ func setup(t *testing.T) {
 			Driver: driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {
 			t.Fatal(err)
 		}
-		host, port, certDir, err := env.InstallWebhooks(admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
+		host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
 		if err != nil {
 			t.Fatal(err)
 		}

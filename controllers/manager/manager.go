@@ -83,12 +83,32 @@ type WebhookOptions struct {
 	// CertSync is how often every replica re-reads the certificate Secret, renews what is
 	// due and re-patches caBundle (default 10 minutes).
 	CertSync time.Duration
-	// UploadTokenSecret, when set, makes the manager issue upload tokens (UploadTokenRequest),
-	// signed with the key in this Secret (made if missing).
+	// UploadTokenSecret, when set, makes the manager serve the upload token API
+	// (uploadproxy.TokenAPI, an aggregated API on the webhook server), signing tokens with the
+	// key in this Secret (made if missing).
 	UploadTokenSecret types.NamespacedName
 	// UploadProxyURL and UploadProxyService tell token requesters where the upload proxy is.
 	UploadProxyURL     string
 	UploadProxyService *upload.ProxyService
+}
+
+// serveTokenAPI serves the upload token API on the webhook server; its signing key is made
+// now if there is none.
+func serveTokenAPI(ctx context.Context, cfg *rest.Config, mgr ctrl.Manager, w *WebhookOptions) error {
+	direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
+	if err != nil {
+		return err
+	}
+	key := &uploadproxy.TokenKey{Client: direct, Namespace: w.UploadTokenSecret.Namespace, Name: w.UploadTokenSecret.Name}
+	if _, err := key.Ensure(ctx); err != nil {
+		return err
+	}
+	api := &uploadproxy.TokenAPI{Auth: &uploadproxy.FrontProxy{Reader: direct}, Client: direct, Reader: direct, Key: key,
+		URL: w.UploadProxyURL, Service: w.UploadProxyService}
+	for _, p := range uploadproxy.TokenAPIPaths {
+		mgr.GetWebhookServer().Register(p, api)
+	}
+	return nil
 }
 
 // LeaderElectionID is the name of the Lease the manager's replicas contend for.
@@ -105,7 +125,11 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		keeper *admission.CertKeeper
 	)
 	if w := opts.Webhook; w != nil {
-		hookOpts := webhook.Options{Host: w.Host, Port: w.Port, CertDir: w.CertDir}
+		// A client certificate is asked for, never required: the apiserver presents its
+		// front-proxy certificate when it forwards to the upload token API (checked there), and
+		// none when it calls a webhook.
+		hookOpts := webhook.Options{Host: w.Host, Port: w.Port, CertDir: w.CertDir,
+			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.ClientAuth = tls.RequestClientCert }}}
 		if w.CertSecret != "" {
 			// The manager's own certificate, served from memory; its first Sync is below.
 			direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
@@ -114,7 +138,10 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			}
 			keeper = &admission.CertKeeper{Client: direct, Reader: direct, Namespace: w.Namespace,
 				SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, Every: w.CertSync}
-			hookOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.GetCertificate = keeper.GetCertificate }}
+			if w.UploadTokenSecret.Name != "" {
+				keeper.APIService = uploadproxy.TokenAPIService
+			}
+			hookOpts.TLSOpts = append(hookOpts.TLSOpts, func(c *tls.Config) { c.GetCertificate = keeper.GetCertificate })
 		}
 		hooks = webhook.NewServer(hookOpts)
 	}
@@ -187,17 +214,13 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 				return nil, err
 			}
 		}
-		var tokens *admission.UploadTokens
-		if w := opts.Webhook; w.UploadTokenSecret.Name != "" {
-			direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
-			if err != nil {
-				return nil, err
-			}
-			tokens = &admission.UploadTokens{Key: &uploadproxy.TokenKey{Client: direct, Namespace: w.UploadTokenSecret.Namespace, Name: w.UploadTokenSecret.Name},
-				URL: w.UploadProxyURL, Service: w.UploadProxyService}
-		}
-		if err := admission.Register(ctx, mgr, tokens, opts.AllowHostDisk); err != nil {
+		if err := admission.Register(ctx, mgr, opts.AllowHostDisk); err != nil {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
+		}
+		if w := opts.Webhook; w.UploadTokenSecret.Name != "" {
+			if err := serveTokenAPI(ctx, cfg, mgr, w); err != nil {
+				return nil, fmt.Errorf("setting up the upload token API: %w", err)
+			}
 		}
 	}
 	if err := metrics.Install(mgr.GetClient(), mgr.Elected()); err != nil {

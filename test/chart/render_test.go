@@ -100,8 +100,8 @@ func TestDryRun(t *testing.T) {
 func TestRenderedParts(t *testing.T) {
 	def := render(t, "diskpipe-system")
 	got := kinds(def)
-	for kind, n := range map[string]int{"CustomResourceDefinition": 7, "Deployment": 2, "StatefulSet": 1, "Secret": 1,
-		"ValidatingWebhookConfiguration": 1, "MutatingWebhookConfiguration": 1, "NetworkPolicy": 3, "ServiceAccount": 4, "PodDisruptionBudget": 1} {
+	for kind, n := range map[string]int{"CustomResourceDefinition": 6, "Deployment": 2, "StatefulSet": 1, "Secret": 1,
+		"ValidatingWebhookConfiguration": 1, "APIService": 1, "NetworkPolicy": 3, "ServiceAccount": 4, "PodDisruptionBudget": 1} {
 		if got[kind] != n {
 			t.Errorf("default values render %d %s, want %d (all: %v)", got[kind], kind, n, got)
 		}

@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // TestRBAC applies the chart's service accounts, roles and bindings and asks the apiserver,
@@ -188,7 +190,8 @@ func podOf(t *testing.T, w *unstructured.Unstructured) *unstructured.Unstructure
 }
 
 // TestWebhookConfiguration: the chart's webhooks are the ones the manager serves
-// (admission.Configuration), pointed at the chart's Service.
+// (admission.Configuration), and its upload token APIService the one the manager serves
+// (uploadproxy.APIService), pointed at the chart's Service.
 func TestWebhookConfiguration(t *testing.T) {
 	objs := map[string]map[string]any{}
 	for _, o := range render(t, "diskpipe-system", "--show-only", "templates/webhook.yaml") {
@@ -208,17 +211,18 @@ func TestWebhookConfiguration(t *testing.T) {
 			t.Errorf("webhook %s differs:\nchart:   %+v\nmanager: %+v", want.Webhooks[i].Name, got.Webhooks[i], want.Webhooks[i])
 		}
 	}
-	var gotMutating admissionregistrationv1.MutatingWebhookConfiguration
-	if objs["MutatingWebhookConfiguration"] == nil {
-		t.Fatalf("the chart has no MutatingWebhookConfiguration")
+	if objs["MutatingWebhookConfiguration"] != nil {
+		t.Errorf("the chart has a MutatingWebhookConfiguration: upload tokens are an aggregated API, not a webhook")
 	}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs["MutatingWebhookConfiguration"], &gotMutating); err != nil {
-		t.Fatal(err)
+	gotAPI, wantAPI := objs["APIService"], uploadproxy.APIService("diskpipe-system", testenv.ChartRelease+"-manager", 443, nil).Object
+	if gotAPI == nil {
+		t.Fatalf("the chart has no APIService for upload tokens")
 	}
-	wantMutating := admission.MutatingConfiguration("diskpipe-system", testenv.ChartRelease+"-manager", nil)
-	wantMutating.Webhooks[0].ClientConfig.Service.Port = ptr.To[int32](443)
-	if gotMutating.Name != got.Name || len(gotMutating.Webhooks) != 1 || !equality.Semantic.DeepEqual(gotMutating.Webhooks[0], wantMutating.Webhooks[0]) {
-		t.Errorf("the upload token webhook differs:\nchart:   %+v\nmanager: %+v", gotMutating.Webhooks, wantMutating.Webhooks)
+	gotName, _, _ := unstructured.NestedString(gotAPI, "metadata", "name")
+	gotSpec, _ := json.Marshal(gotAPI["spec"])
+	wantSpec, _ := json.Marshal(wantAPI["spec"])
+	if string(gotSpec) != string(wantSpec) || gotName != uploadproxy.TokenAPIService {
+		t.Errorf("the upload token APIService differs:\nchart:   %v\nmanager: %v", gotAPI, wantAPI)
 	}
 }
 

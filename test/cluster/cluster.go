@@ -5,11 +5,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/test/pki"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -76,7 +79,7 @@ type Cluster struct {
 	// Registry is the address of the registry containerd pulls from.
 	Registry string
 
-	pki   *pki
+	pki   *pki.Authority
 	mu    sync.Mutex
 	procs []*proc
 	// killedMetrics is what each manager pod RestartManager deleted served last; unscraped
@@ -301,25 +304,35 @@ func (c *Cluster) network() error {
 
 func (c *Cluster) controlPlane(ctx context.Context) error {
 	var err error
-	if c.pki, err = newPKI(c.path("pki")); err != nil {
+	if c.pki, err = pki.New(c.path("pki"), "diskpipe-test-cluster-ca"); err != nil {
 		return err
 	}
 	server := "https://" + net.JoinHostPort(NodeIP, apiPort)
-	apiCrt, apiKey, err := c.pki.issue("apiserver", "kube-apiserver", nil, NodeIP, APIServerIP, "127.0.0.1", "localhost",
+	apiCrt, apiKey, err := c.pki.Issue("apiserver", "kube-apiserver", nil, NodeIP, APIServerIP, "127.0.0.1", "localhost",
 		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
 	if err != nil {
 		return err
 	}
-	kubeletClientCrt, kubeletClientKey, err := c.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"})
+	kubeletClientCrt, kubeletClientKey, err := c.pki.Issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"})
 	if err != nil {
 		return err
 	}
-	saKey, saPub, err := c.pki.serviceAccountKeys()
+	saKey, saPub, err := c.pki.ServiceAccountKeys()
 	if err != nil {
 		return err
 	}
-	if c.Kubeconfig, err = c.pki.kubeconfig("admin", server, "kubernetes-admin", "system:masters"); err != nil {
+	if c.Kubeconfig, err = c.pki.Kubeconfig("admin", server, "kubernetes-admin", "system:masters"); err != nil {
 		return err
+	}
+	// The front-proxy, so that the apiserver forwards to aggregated APIs (diskpipe's upload
+	// tokens), reaching their pods directly.
+	frontProxy, err := pki.FrontProxyFlags(c.path("pki", "front-proxy"))
+	if err != nil {
+		return err
+	}
+	aggregator := []string{"--enable-aggregator-routing=true"}
+	for _, name := range slices.Sorted(maps.Keys(frontProxy)) {
+		aggregator = append(aggregator, "--"+name, frontProxy[name])
 	}
 
 	c.step("etcd")
@@ -330,15 +343,15 @@ func (c *Cluster) controlPlane(ctx context.Context) error {
 		return err
 	}
 	c.step("kube-apiserver on %s", server)
-	if err := c.start("kube-apiserver", c.bin("kube-apiserver"), "--etcd-servers", "http://127.0.0.1:2479",
+	if err := c.start("kube-apiserver", c.bin("kube-apiserver"), append([]string{"--etcd-servers", "http://127.0.0.1:2479",
 		"--bind-address", NodeIP, "--advertise-address", NodeIP, "--secure-port", apiPort,
-		"--service-cluster-ip-range", ServiceCIDR, "--client-ca-file", c.pki.caFile,
+		"--service-cluster-ip-range", ServiceCIDR, "--client-ca-file", c.pki.CAFile,
 		"--tls-cert-file", apiCrt, "--tls-private-key-file", apiKey,
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction", "--allow-privileged=true",
 		"--kubelet-client-certificate", kubeletClientCrt, "--kubelet-client-key", kubeletClientKey,
-		"--kubelet-preferred-address-types", "InternalIP"); err != nil {
+		"--kubelet-preferred-address-types", "InternalIP"}, aggregator...)...); err != nil {
 		return err
 	}
 	if c.Config, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
@@ -352,7 +365,7 @@ func (c *Cluster) controlPlane(ctx context.Context) error {
 		return err
 	}
 
-	kcm, err := c.pki.kubeconfig("controller-manager", server, "system:kube-controller-manager")
+	kcm, err := c.pki.Kubeconfig("controller-manager", server, "system:kube-controller-manager")
 	if err != nil {
 		return err
 	}
@@ -360,13 +373,13 @@ func (c *Cluster) controlPlane(ctx context.Context) error {
 	if err := c.start("kube-controller-manager", c.bin("kube-controller-manager"), "--kubeconfig", kcm,
 		"--authentication-kubeconfig", kcm, "--authorization-kubeconfig", kcm,
 		"--bind-address", "127.0.0.1", "--secure-port", "10257", "--leader-elect=false",
-		"--service-account-private-key-file", saKey, "--root-ca-file", c.pki.caFile, "--use-service-account-credentials",
-		"--cluster-signing-cert-file", c.pki.caFile, "--cluster-signing-key-file", c.path("pki", "ca.key"),
+		"--service-account-private-key-file", saKey, "--root-ca-file", c.pki.CAFile, "--use-service-account-credentials",
+		"--cluster-signing-cert-file", c.pki.CAFile, "--cluster-signing-key-file", c.path("pki", "ca.key"),
 		"--service-cluster-ip-range", ServiceCIDR, "--cluster-cidr", ClusterCIDR, "--allocate-node-cidrs=false",
 		"--controllers", "*"); err != nil {
 		return err
 	}
-	sched, err := c.pki.kubeconfig("scheduler", server, "system:kube-scheduler")
+	sched, err := c.pki.Kubeconfig("scheduler", server, "system:kube-scheduler")
 	if err != nil {
 		return err
 	}

@@ -127,7 +127,7 @@ state = %q
 	}
 
 	server := "https://" + net.JoinHostPort(NodeIP, apiPort)
-	kubeletKC, err := c.pki.kubeconfig("kubelet", server, "system:node:"+NodeName, "system:nodes")
+	kubeletKC, err := c.pki.Kubeconfig("kubelet", server, "system:node:"+NodeName, "system:nodes")
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 serializeImagePulls: false
 maxPods: 200
-`, NodeIP, sock, EvictionDiskFree, EvictionDiskFree, c.path("logs", "pods"), c.path("kubelet", "volume-plugins"), c.pki.caFile), 0o644); err != nil {
+`, NodeIP, sock, EvictionDiskFree, EvictionDiskFree, c.path("logs", "pods"), c.path("kubelet", "volume-plugins"), c.pki.CAFile), 0o644); err != nil {
 		return err
 	}
 	c.step("kubelet")
@@ -162,7 +162,7 @@ maxPods: 200
 		return err
 	}
 
-	proxyKC, err := c.pki.kubeconfig("kube-proxy", server, "system:kube-proxy")
+	proxyKC, err := c.pki.Kubeconfig("kube-proxy", server, "system:kube-proxy")
 	if err != nil {
 		return err
 	}

@@ -2,9 +2,16 @@ package e2e
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -13,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,11 +32,15 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // uploaders makes, in ns, a service account allowed to upload images ("uploader") and one
@@ -215,6 +227,37 @@ func (m *muted) Write(b []byte) (int, error) {
 	return m.ResponseWriter.Write(b)
 }
 
+// tokenAPIAddress is where the manager serves the upload token API, as its APIService says:
+// an ExternalName Service (the local cluster) or a Service's cluster IP (the real node).
+func tokenAPIAddress() string {
+	GinkgoHelper()
+	api := &unstructured.Unstructured{}
+	api.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
+	Expect(cluster.APIClient().Get(context.Background(), client.ObjectKey{Name: uploadproxy.TokenAPIService}, api)).To(Succeed())
+	ns, _, _ := unstructured.NestedString(api.Object, "spec", "service", "namespace")
+	name, _, _ := unstructured.NestedString(api.Object, "spec", "service", "name")
+	port, _, _ := unstructured.NestedInt64(api.Object, "spec", "service", "port")
+	svc := &corev1.Service{}
+	Expect(cluster.APIClient().Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, svc)).To(Succeed())
+	host := svc.Spec.ClusterIP
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		host = svc.Spec.ExternalName
+	}
+	return net.JoinHostPort(host, strconv.FormatInt(port, 10))
+}
+
+// selfSignedClientCert is a client certificate for cn from a CA of its own.
+func selfSignedClientCert(cn string) tls.Certificate {
+	GinkgoHelper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	Expect(err).NotTo(HaveOccurred())
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	Expect(err).NotTo(HaveOccurred())
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
 var uploaded = regexp.MustCompile(`uploaded, (sha256:[0-9a-f]{64})`)
 
 var _ = Describe("kubectl diskpipe upload", func() {
@@ -241,15 +284,62 @@ var _ = Describe("kubectl diskpipe upload", func() {
 		_, errOut, code = pluginAs(viewer, "upload", "refused", "--file", images["qcow2"])
 		Expect(code).To(Equal(1))
 		Expect(errOut).To(ContainSubstring(fmt.Sprintf("system:serviceaccount:%s:viewer may not upload to virtualmachineimages %s/refused: it needs create on virtualmachineimages/upload", ns, ns)))
-		// Nothing is stored of a token request, and one without dry run is refused.
-		_, stderr, err := cluster.Kubectl(context.Background(), []byte(`apiVersion: upload.diskpipe.io/v1alpha1
+		// A token request needs no dry run, and nothing of it is stored.
+		token, _, err := cluster.Kubectl(context.Background(), []byte(`apiVersion: upload.diskpipe.io/v1alpha1
 kind: UploadTokenRequest
-metadata: {name: stored}
+metadata: {name: not-stored}
 spec: {kind: VirtualMachineImage, name: refused}
-`), "create", "-n", ns, "-f", "-")
+`), "create", "-n", ns, "-f", "-", "-o", "jsonpath={.status.token}")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(token).To(HavePrefix(uploadproxy.TokenPrefix))
+		_, stderr, err := cluster.Kubectl(context.Background(), nil, "get", "uploadtokenrequests", "-n", ns)
 		Expect(err).To(HaveOccurred())
-		Expect(stderr).To(ContainSubstring("only made with server-side dry run"))
-		Expect(kubectl("", "get", "uploadtokenrequests", "-n", ns, "-o", "name")).To(BeEmpty())
+		Expect(stderr).To(ContainSubstring("none is stored"))
+	})
+
+	It("issues no token to a request that reaches the manager's port without the apiserver, whatever it claims", func() {
+		ns := namespace()
+		kubectl(vmi("target", "    upload: {}"), "apply", "-n", ns, "-f", "-")
+		addr := tokenAPIAddress()
+		review := fmt.Sprintf(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","kind":{"group":"upload.diskpipe.io","version":"v1alpha1","kind":"UploadTokenRequest"},`+
+			`"resource":{"group":"upload.diskpipe.io","version":"v1alpha1","resource":"uploadtokenrequests"},"namespace":%q,"operation":"CREATE","dryRun":true,`+
+			`"userInfo":{"username":"system:admin","groups":["system:masters"]},"object":{"apiVersion":"upload.diskpipe.io/v1alpha1","kind":"UploadTokenRequest",`+
+			`"metadata":{"name":"forged","namespace":%q},"spec":{"kind":"VirtualMachineImage","name":"target"}}}}`, ns, ns)
+		request := `{"apiVersion":"upload.diskpipe.io/v1alpha1","kind":"UploadTokenRequest","metadata":{"name":"forged"},"spec":{"kind":"VirtualMachineImage","name":"target"}}`
+		api := "/apis/upload.diskpipe.io/v1alpha1/namespaces/" + ns + "/uploadtokenrequests"
+		// A client certificate of the front-proxy's name, but from a CA of the attacker's.
+		forgedCert := selfSignedClientCert("front-proxy-client")
+		for _, cert := range []*tls.Certificate{nil, &forgedCert} {
+			c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, //nolint:gosec // an attacker's client
+				GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+					if cert == nil {
+						return &tls.Certificate{}, nil
+					}
+					return cert, nil
+				}}}}
+			for _, path := range []string{api, "/mutate-uploadtokenrequests", "/validate-sources", "/validate-pods", "/validate-virtualmachines", "/", "/apis"} {
+				for _, body := range []string{review, request} {
+					req, err := http.NewRequest(http.MethodPost, "https://"+addr+path, strings.NewReader(body))
+					Expect(err).NotTo(HaveOccurred())
+					req.Header.Set("Content-Type", "application/json")
+					req.Header.Set("X-Remote-User", "system:admin")
+					req.Header.Set("X-Remote-Group", "system:masters")
+					resp, err := c.Do(req)
+					Expect(err).NotTo(HaveOccurred())
+					got, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					Expect(string(got)).NotTo(ContainSubstring(uploadproxy.TokenPrefix), "POST %s with a client certificate: %v", path, cert != nil)
+					if path == api {
+						Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized))
+						Expect(string(got)).To(ContainSubstring("only requests forwarded by kube-apiserver are served here"))
+					}
+				}
+			}
+		}
+		// The same request through the apiserver, as the administrator, gets one.
+		token, _, err := cluster.Kubectl(context.Background(), []byte(request), "create", "-n", ns, "-f", "-", "-o", "jsonpath={.status.token}")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(token).To(HavePrefix(uploadproxy.TokenPrefix))
 	})
 
 	It("goes on by itself after its connection is cut at 10, 50 and 90 %, and the disk is identical", func() {

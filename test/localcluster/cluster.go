@@ -33,6 +33,7 @@ import (
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/freeport"
 	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // Options shape a cluster.
@@ -115,8 +116,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err := env.InstallFinalizerPolicy(ctx); err != nil {
 		return nil, err
 	}
-	host, port, certDir, err := env.InstallWebhooks(admission.Configuration("diskpipe-system", "diskpipe-webhook", nil),
-		admission.MutatingConfiguration("diskpipe-system", "diskpipe-webhook", nil))
+	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil),
+		uploadproxy.APIService("diskpipe-system", "diskpipe-webhook", 443, nil))
 	if err != nil {
 		return nil, err
 	}

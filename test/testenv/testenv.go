@@ -5,20 +5,26 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -28,6 +34,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/test/freeport"
+	"github.com/diskpipe/diskpipe/test/pki"
 )
 
 // Env is a running control plane.
@@ -88,18 +95,27 @@ func Start() (*Env, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                manager.NewScheme(),
 	}
+	dir, err := os.MkdirTemp("", "diskpipe-testenv-")
+	if err != nil {
+		return nil, err
+	}
+	// The front-proxy, so that the apiserver forwards to aggregated APIs (upload tokens).
+	frontProxy, err := pki.FrontProxyFlags(filepath.Join(dir, "front-proxy"))
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	for name, value := range frontProxy {
+		e.ControlPlane.GetAPIServer().Configure().Set(name, value)
+	}
 	cfg, err := e.Start()
 	if err != nil {
-		return nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
+		return nil, errors.Join(fmt.Errorf("starting kube-apiserver and etcd: %w", err), os.RemoveAll(dir))
 	}
-	env := &Env{env: e, Config: cfg}
+	env := &Env{env: e, Config: cfg, dir: dir}
 	stop := func(err error) (*Env, error) { return nil, errors.Join(err, env.Stop()) }
 
 	if env.Client, err = client.New(cfg, client.Options{Scheme: e.Scheme, FieldValidation: metav1.FieldValidationStrict}); err != nil {
 		return stop(fmt.Errorf("creating client: %w", err))
-	}
-	if env.dir, err = os.MkdirTemp("", "diskpipe-testenv-"); err != nil {
-		return stop(err)
 	}
 	user, err := e.ControlPlane.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
 	if err != nil {
@@ -197,22 +213,61 @@ func (e *Env) TempDir() string {
 	return d
 }
 
-// InstallWebhooks installs cfg with its services replaced by a local URL and a serving
-// certificate made for the test, and returns where a manager must serve them.
-func (e *Env) InstallWebhooks(cfg *admissionregistrationv1.ValidatingWebhookConfiguration, mutating ...*admissionregistrationv1.MutatingWebhookConfiguration) (host string, port int, certDir string, err error) {
-	port, err = freeport.Port("127.0.0.1")
+// InstallWebhooks installs cfg with its Services replaced by a local URL, and apiServices with
+// theirs replaced by ExternalName Services of 127.0.0.1 (which the apiserver dials as it would a
+// Service's pods), and returns where a manager must serve them all: host, port, and a
+// directory holding a serving certificate made for the test, good for 127.0.0.1 and for each
+// APIService's Service name (the name the apiserver checks).
+func (e *Env) InstallWebhooks(ctx context.Context, cfg *admissionregistrationv1.ValidatingWebhookConfiguration, apiServices ...*unstructured.Unstructured) (host string, port int, certDir string, err error) {
+	host = "127.0.0.1"
+	if port, err = freeport.Port(host); err != nil {
+		return "", 0, "", err
+	}
+	hosts := []string{host, "localhost"}
+	for _, a := range apiServices {
+		ns, _, _ := unstructured.NestedString(a.Object, "spec", "service", "namespace")
+		name, _, _ := unstructured.NestedString(a.Object, "spec", "service", "name")
+		hosts = append(hosts, name+"."+ns+".svc")
+	}
+	certDir = e.TempDir()
+	ca, err := pki.New(certDir, "diskpipe-test-webhook-ca")
 	if err != nil {
 		return "", 0, "", err
 	}
-	o := &envtest.WebhookInstallOptions{
-		ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{cfg}, MutatingWebhooks: mutating,
-		LocalServingHost: "127.0.0.1", LocalServingPort: port,
+	if _, _, err := ca.Issue("tls", hosts[0], nil, hosts...); err != nil {
+		return "", 0, "", err
 	}
-	if err := o.Install(e.Config); err != nil {
-		return "", 0, "", fmt.Errorf("installing webhooks: %w", err)
+	bundle, err := os.ReadFile(ca.CAFile)
+	if err != nil {
+		return "", 0, "", err
 	}
-	e.OnStop(func() { _ = o.Cleanup() })
-	return o.LocalServingHost, o.LocalServingPort, o.LocalServingCertDir, nil
+	cfg = cfg.DeepCopy()
+	for i := range cfg.Webhooks {
+		c := &cfg.Webhooks[i].ClientConfig
+		c.URL = ptr.To(fmt.Sprintf("https://%s%s", net.JoinHostPort(host, strconv.Itoa(port)), ptr.Deref(c.Service.Path, "/")))
+		c.Service, c.CABundle = nil, bundle
+	}
+	objs := []client.Object{cfg}
+	for _, a := range apiServices {
+		a = a.DeepCopy()
+		ns, _, _ := unstructured.NestedString(a.Object, "spec", "service", "namespace")
+		name, _, _ := unstructured.NestedString(a.Object, "spec", "service", "name")
+		if err := unstructured.SetNestedField(a.Object, int64(port), "spec", "service", "port"); err != nil {
+			return "", 0, "", err
+		}
+		if err := unstructured.SetNestedField(a.Object, base64.StdEncoding.EncodeToString(bundle), "spec", "caBundle"); err != nil {
+			return "", 0, "", err
+		}
+		objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+			&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+				Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: host}}, a)
+	}
+	for _, o := range objs {
+		if err := e.Client.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", 0, "", fmt.Errorf("installing %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	return host, port, certDir, nil
 }
 
 // InstallFinalizerPolicy installs the chart's finalizer policy (admission.FinalizerPolicy) and

@@ -3,6 +3,9 @@
 //
 // +kubebuilder:object:generate=true
 // +groupName=upload.diskpipe.io
+//
+// The group is served by the manager as an aggregated API (uploadproxy.TokenAPI), not by a CRD:
+// +kubebuilder:skip
 package v1alpha1
 
 import (

@@ -5,11 +5,11 @@ import (
 )
 
 // UploadTokenRequest asks for a token that lets its creator upload one image through the
-// upload proxy. It is only ever created with server-side dry run (`kubectl create
-// --dry-run=server`, what `kubectl diskpipe upload` does): the apiserver authenticates the
-// user with whatever credential their kubeconfig holds, diskpipe's admission webhook checks
-// that the user may `create` the image's `upload` subresource and answers with the token in
-// the status, and nothing is stored. A request without dry run is refused.
+// upload proxy. It is created (`kubectl create -f`, what `kubectl diskpipe upload` does) and
+// answered, never stored: the apiserver authenticates the user with whatever credential their
+// kubeconfig holds and forwards the request to diskpipe's aggregated API, which checks that
+// the user may `create` the image's `upload` subresource and answers with the token in the
+// status. There is nothing to get, list or delete.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Namespaced

@@ -1,4 +1,6 @@
-package cluster
+// Package pki issues the certificates of the test clusters: a CA, client and serving
+// certificates, kubeconfigs, service account keys, and the apiserver's front-proxy.
+package pki
 
 import (
 	"crypto"
@@ -16,15 +18,17 @@ import (
 	"time"
 )
 
-// pki is the cluster's certificate authority and the files it issued, under dir.
-type pki struct {
-	dir    string
+// Authority is a certificate authority and the files it issued, under Dir.
+type Authority struct {
+	Dir string
+	// CAFile is the CA's certificate, ca.crt.
+	CAFile string
 	ca     *x509.Certificate
 	caKey  crypto.Signer
-	caFile string
 }
 
-func newPKI(dir string) (*pki, error) {
+// New makes a CA named cn and writes it to dir as ca.crt and ca.key.
+func New(dir, cn string) (*Authority, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -32,7 +36,7 @@ func newPKI(dir string) (*pki, error) {
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "diskpipe-test-cluster-ca"},
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(1, 0, 0), IsCA: true, BasicConstraintsValid: true,
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
@@ -40,14 +44,14 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	ca, _ := x509.ParseCertificate(der)
-	p := &pki{dir: dir, ca: ca, caKey: key, caFile: filepath.Join(dir, "ca.crt")}
-	if err := writePEM(p.caFile, "CERTIFICATE", der); err != nil {
+	p := &Authority{Dir: dir, ca: ca, caKey: key, CAFile: filepath.Join(dir, "ca.crt")}
+	if err := writePEM(p.CAFile, "CERTIFICATE", der); err != nil {
 		return nil, err
 	}
 	return p, p.writeKey(filepath.Join(dir, "ca.key"), key)
 }
 
-func (p *pki) writeKey(path string, key *ecdsa.PrivateKey) error {
+func (p *Authority) writeKey(path string, key *ecdsa.PrivateKey) error {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		return err
@@ -59,9 +63,9 @@ func writePEM(path, typ string, der []byte) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
 }
 
-// issue writes name.crt and name.key: a client certificate for cn in groups, and a serving
+// Issue writes name.crt and name.key: a client certificate for cn in groups, and a serving
 // one for the hosts given.
-func (p *pki) issue(name, cn string, groups []string, hosts ...string) (crt, key string, err error) {
+func (p *Authority) Issue(name, cn string, groups []string, hosts ...string) (crt, key string, err error) {
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return "", "", err
@@ -84,20 +88,20 @@ func (p *pki) issue(name, cn string, groups []string, hosts ...string) (crt, key
 	if err != nil {
 		return "", "", err
 	}
-	crt, key = filepath.Join(p.dir, name+".crt"), filepath.Join(p.dir, name+".key")
+	crt, key = filepath.Join(p.Dir, name+".crt"), filepath.Join(p.Dir, name+".key")
 	if err := writePEM(crt, "CERTIFICATE", der); err != nil {
 		return "", "", err
 	}
 	return crt, key, p.writeKey(key, k)
 }
 
-// kubeconfig writes name.kubeconfig: server, the CA, and a client certificate for cn.
-func (p *pki) kubeconfig(name, server, cn string, groups ...string) (string, error) {
-	crt, key, err := p.issue(name, cn, groups)
+// Kubeconfig writes name.kubeconfig: server, the CA, and a client certificate for cn.
+func (p *Authority) Kubeconfig(name, server, cn string, groups ...string) (string, error) {
+	crt, key, err := p.Issue(name, cn, groups)
 	if err != nil {
 		return "", err
 	}
-	path := filepath.Join(p.dir, name+".kubeconfig")
+	path := filepath.Join(p.Dir, name+".kubeconfig")
 	return path, os.WriteFile(path, fmt.Appendf(nil, `apiVersion: v1
 kind: Config
 clusters:
@@ -110,11 +114,11 @@ contexts:
 - name: diskpipe-test
   context: {cluster: diskpipe-test, user: %s}
 current-context: diskpipe-test
-`, server, p.caFile, name, crt, key, name), 0o600)
+`, server, p.CAFile, name, crt, key, name), 0o600)
 }
 
-// serviceAccountKeys writes the key pair that signs and verifies service account tokens.
-func (p *pki) serviceAccountKeys() (key, pub string, err error) {
+// ServiceAccountKeys writes the key pair that signs and verifies service account tokens.
+func (p *Authority) ServiceAccountKeys() (key, pub string, err error) {
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return "", "", err
@@ -127,9 +131,35 @@ func (p *pki) serviceAccountKeys() (key, pub string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	key, pub = filepath.Join(p.dir, "sa.key"), filepath.Join(p.dir, "sa.pub")
+	key, pub = filepath.Join(p.Dir, "sa.key"), filepath.Join(p.Dir, "sa.pub")
 	if err := writePEM(key, "EC PRIVATE KEY", der); err != nil {
 		return "", "", err
 	}
 	return key, pub, writePEM(pub, "PUBLIC KEY", pubDER)
+}
+
+// FrontProxyClient is the name of the apiserver's front-proxy client certificate.
+const FrontProxyClient = "front-proxy-client"
+
+// FrontProxyFlags makes a front-proxy CA under dir and the apiserver's client certificate,
+// and returns the kube-apiserver flags (by name, without dashes) that make it authenticate to
+// aggregated APIs with them, as kubeadm sets them up.
+func FrontProxyFlags(dir string) (map[string]string, error) {
+	ca, err := New(dir, "front-proxy-ca")
+	if err != nil {
+		return nil, err
+	}
+	crt, key, err := ca.Issue(FrontProxyClient, FrontProxyClient, nil)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{
+		"requestheader-client-ca-file":       ca.CAFile,
+		"requestheader-allowed-names":        FrontProxyClient,
+		"requestheader-username-headers":     "X-Remote-User",
+		"requestheader-group-headers":        "X-Remote-Group",
+		"requestheader-extra-headers-prefix": "X-Remote-Extra-",
+		"proxy-client-cert-file":             crt,
+		"proxy-client-key-file":              key,
+	}, nil
 }

@@ -1,0 +1,199 @@
+package uploadproxy
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	uploadapi "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
+)
+
+// TokenAPI serves upload.diskpipe.io/v1alpha1 as an aggregated API (registered with an
+// APIService, served by the manager): creating an UploadTokenRequest returns a token for the
+// upload proxy when the user may create the image's upload subresource. The apiserver
+// authenticates the user with whatever credential their kubeconfig holds, checks their right
+// to create uploadtokenrequests, and forwards the request; Auth believes the user it names only
+// from the apiserver's front-proxy certificate. Nothing is stored: a request returns its
+// token, and there is nothing to get, list or delete.
+type TokenAPI struct {
+	Auth *FrontProxy
+	// Client makes SubjectAccessReviews; Reader reads images from the apiserver, not a cache:
+	// a user asks for a token right after making the image.
+	Client client.Client
+	Reader client.Reader
+	// Key signs the tokens.
+	Key *TokenKey
+	// URL is the upload proxy's address outside the cluster; empty when it has none.
+	URL string
+	// Service is the upload proxy's Service.
+	Service *uploadapi.ProxyService
+	// Lifetime of a token (default TokenLifetime).
+	Lifetime time.Duration
+}
+
+// TokenAPIPaths are the paths TokenAPI answers under (register it for each).
+var TokenAPIPaths = []string{"/apis", "/apis/"}
+
+// TokenAPIService is the name of the APIService that registers TokenAPI with the apiserver.
+var TokenAPIService = uploadapi.GroupVersion.Version + "." + uploadapi.GroupVersion.Group
+
+// maxRequestBody bounds what is read of a request: an UploadTokenRequest is a few hundred bytes.
+const maxRequestBody = 64 << 10
+
+func (a *TokenAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	user, err := a.Auth.Authenticate(ctx, r)
+	if err != nil {
+		writeStatus(ctx, w, err)
+		return
+	}
+	gv := uploadapi.GroupVersion
+	group := metav1.APIGroup{TypeMeta: metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"}, Name: gv.Group,
+		Versions:         []metav1.GroupVersionForDiscovery{{GroupVersion: gv.String(), Version: gv.Version}},
+		PreferredVersion: metav1.GroupVersionForDiscovery{GroupVersion: gv.String(), Version: gv.Version}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /apis", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: []metav1.APIGroup{group}})
+	})
+	mux.HandleFunc("GET /apis/"+gv.Group, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, &group) })
+	mux.HandleFunc("GET /apis/"+gv.String(), func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, &metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
+			GroupVersion: gv.String(), APIResources: []metav1.APIResource{{Name: "uploadtokenrequests", SingularName: "uploadtokenrequest",
+				Namespaced: true, Kind: "UploadTokenRequest", Verbs: metav1.Verbs{"create"}}}})
+	})
+	requests := "/apis/" + gv.String() + "/namespaces/{namespace}/uploadtokenrequests"
+	mux.HandleFunc("POST "+requests, func(w http.ResponseWriter, r *http.Request) { a.create(w, r, user) })
+	mux.HandleFunc(requests, func(w http.ResponseWriter, _ *http.Request) {
+		writeStatus(ctx, w, fail(http.StatusMethodNotAllowed, "UploadTokenRequests are only created: none is stored, so there is nothing to get, list or delete"))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeStatus(ctx, w, fail(http.StatusNotFound, "%s is not served here", r.URL.Path))
+	})
+	mux.ServeHTTP(w, r)
+}
+
+// create answers an UploadTokenRequest with its token.
+func (a *TokenAPI) create(w http.ResponseWriter, r *http.Request, user authenticationv1.UserInfo) {
+	ctx := r.Context()
+	ns := r.PathValue("namespace")
+	req := &uploadapi.UploadTokenRequest{}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
+	if err == nil && len(body) > maxRequestBody {
+		err = fmt.Errorf("the request is larger than %d bytes", maxRequestBody)
+	}
+	if err == nil {
+		err = json.Unmarshal(body, req)
+	}
+	if err == nil {
+		err = validateTokenRequest(req, ns)
+	}
+	if err != nil {
+		writeStatus(ctx, w, fail(http.StatusBadRequest, "invalid UploadTokenRequest: %v", err))
+		return
+	}
+	resource := Resources[req.Spec.Kind]
+	img, err := GetImage(ctx, a.Reader, ns, resource, req.Spec.Name)
+	if err == nil {
+		err = MayUpload(ctx, a.Client, user, ns, resource, req.Spec.Name)
+	}
+	var key []byte
+	if err == nil {
+		key, err = a.Key.Ensure(ctx)
+	}
+	if err != nil {
+		writeStatus(ctx, w, err)
+		return
+	}
+	lifetime := a.Lifetime
+	if lifetime == 0 {
+		lifetime = TokenLifetime
+	}
+	expires := time.Now().Add(lifetime).Truncate(time.Second)
+	token, err := IssueToken(key, Claims{Namespace: ns, Resource: resource, Name: req.Spec.Name,
+		UID: img.UID, User: user.Username, Expires: expires.Unix()})
+	if err != nil {
+		writeStatus(ctx, w, err)
+		return
+	}
+	req.APIVersion, req.Kind = uploadapi.GroupVersion.String(), "UploadTokenRequest"
+	req.Namespace, req.CreationTimestamp = ns, metav1.Now()
+	if req.Name == "" {
+		req.Name = req.GenerateName + utilrand.String(5)
+	}
+	req.Status = uploadapi.UploadTokenRequestStatus{Token: token, ExpirationTimestamp: &metav1.Time{Time: expires},
+		Path: fmt.Sprintf("/v1/namespaces/%s/%s/%s", ns, resource, req.Spec.Name), URL: a.URL, Service: a.Service}
+	writeJSON(w, http.StatusCreated, req)
+}
+
+// validateTokenRequest checks what the API's schema would: the kind, the image's name and
+// the namespace.
+func validateTokenRequest(req *uploadapi.UploadTokenRequest, ns string) error {
+	switch {
+	case req.APIVersion != "" && req.APIVersion != uploadapi.GroupVersion.String(), req.Kind != "" && req.Kind != "UploadTokenRequest":
+		return fmt.Errorf("it is a %s %s, not an %s UploadTokenRequest", req.APIVersion, req.Kind, uploadapi.GroupVersion)
+	case req.Namespace != "" && req.Namespace != ns:
+		return fmt.Errorf("metadata.namespace %q is not the request's namespace %q", req.Namespace, ns)
+	case Resources[req.Spec.Kind] == "":
+		return fmt.Errorf("spec.kind %q is not VirtualMachineImage or ImageTemplate", req.Spec.Kind)
+	}
+	if errs := validation.IsDNS1123Subdomain(req.Spec.Name); len(errs) > 0 {
+		return fmt.Errorf("spec.name %q: %v", req.Spec.Name, errs[0])
+	}
+	return nil
+}
+
+// writeStatus answers with err as a Kubernetes Status, which kubectl and client-go show as
+// the error's message; errors of no status of this package are logged and answered 500.
+func writeStatus(ctx context.Context, w http.ResponseWriter, err error) {
+	code := StatusOf(err)
+	msg := err.Error()
+	if code == http.StatusInternalServerError {
+		log.FromContext(ctx).Error(err, "Could not answer an UploadTokenRequest")
+	}
+	reason := metav1.StatusReasonUnknown
+	for c, r := range map[int]metav1.StatusReason{http.StatusBadRequest: metav1.StatusReasonBadRequest,
+		http.StatusUnauthorized: metav1.StatusReasonUnauthorized, http.StatusForbidden: metav1.StatusReasonForbidden,
+		http.StatusNotFound: metav1.StatusReasonNotFound, http.StatusConflict: metav1.StatusReasonConflict,
+		http.StatusMethodNotAllowed: metav1.StatusReasonMethodNotAllowed, http.StatusInternalServerError: metav1.StatusReasonInternalError} {
+		if c == code {
+			reason = r
+		}
+	}
+	writeJSON(w, code, &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status: metav1.StatusFailure, Message: msg, Reason: reason, Code: int32(code)}) //nolint:gosec // an HTTP status
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	out, err := json.Marshal(v)
+	if err != nil {
+		code, out = http.StatusInternalServerError, []byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","code":500}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(out)
+}
+
+// APIService registers TokenAPI with the apiserver, served by the Service namespace/name on
+// port with caBundle (the chart's templates/uploadtokens.yaml is the same, a test compares).
+func APIService(namespace, name string, port int32, caBundle []byte) *unstructured.Unstructured {
+	gv := uploadapi.GroupVersion
+	spec := map[string]any{"group": gv.Group, "version": gv.Version, "groupPriorityMinimum": int64(1000), "versionPriority": int64(15),
+		"service": map[string]any{"namespace": namespace, "name": name, "port": int64(port)}}
+	if len(caBundle) > 0 {
+		spec["caBundle"] = base64.StdEncoding.EncodeToString(caBundle)
+	}
+	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+		"metadata": map[string]any{"name": TokenAPIService}, "spec": spec}}
+}
