@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -71,6 +72,12 @@ type Client struct {
 	endpoint *url.URL
 	cfg      ClientConfig
 	http     *http.Client
+	// root is the client with the root keys this one came from, and tenant its namespace,
+	// when this is a tenant's client (Tenant).
+	root   *Client
+	tenant string
+	// tenants are the tenants' clients made from this one, by namespace.
+	tenants sync.Map
 }
 
 // NewClient returns a client for c.
@@ -111,11 +118,17 @@ func NewClient(c ClientConfig) (*Client, error) {
 	return &Client{Client: mc, endpoint: u, cfg: c, http: &http.Client{Transport: rt, Timeout: time.Minute, CheckRedirect: transfer.RedirectPolicy(nil)}}, nil
 }
 
-// WithKeys is a client of the same store signing with other keys (a scoped account's).
+// WithKeys is a client of the same store signing with other keys (a scoped account's); it
+// keeps c's tenant, for its errors.
 func (c *Client) WithKeys(access, secret string) (*Client, error) {
 	cfg := c.cfg
 	cfg.AccessKey, cfg.SecretKey = access, secret
-	return NewClient(cfg)
+	n, err := NewClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	n.tenant = c.tenant
+	return n, nil
 }
 
 // CheckBucketName says clearly why a bucket name is not valid for S3.
@@ -134,7 +147,7 @@ func (c *Client) EnsureBucket(ctx context.Context, bucket string) error {
 	}
 	exists, err := c.BucketExists(ctx, bucket)
 	if err != nil {
-		return Classify(err, "checking bucket "+bucket)
+		return c.Forbidden(err, transfer.ReasonTargetForbidden, "use", "bucket "+bucket)
 	}
 	if exists {
 		return nil
@@ -143,7 +156,7 @@ func (c *Client) EnsureBucket(ctx context.Context, bucket string) error {
 		if e := minio.ToErrorResponse(err); e.Code == "BucketAlreadyOwnedByYou" {
 			return nil
 		}
-		return Classify(err, "creating bucket "+bucket)
+		return c.Forbidden(err, transfer.ReasonTargetForbidden, "create", "bucket "+bucket)
 	}
 	return nil
 }

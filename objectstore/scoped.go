@@ -46,9 +46,12 @@ func ScopedAccess(id string) string {
 }
 
 // ScopedSecret is the secret key of the account named id, derived from the root secret.
-func ScopedSecret(rootSecret, id string) string {
+func ScopedSecret(rootSecret, id string) string { return accountSecret(rootSecret, ScopedAccess(id)) }
+
+// accountSecret is the secret key of the account access, derived from the root secret.
+func accountSecret(rootSecret, access string) string {
 	mac := hmac.New(sha256.New, []byte(rootSecret))
-	mac.Write([]byte("diskpipe-scoped-account:" + ScopedAccess(id)))
+	mac.Write([]byte("diskpipe-scoped-account:" + access))
 	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
 
@@ -56,19 +59,12 @@ func ScopedSecret(rootSecret, id string) string {
 var policyMu sync.Mutex
 
 // Scope creates (or finds) the account named id, grants it actions on bucket/object and
-// returns its keys. The bucket must exist.
+// returns its keys. The bucket must exist; on a tenant's client (Tenant) it must be the
+// tenant's own, since only a bucket's owner may change its policy.
 func (c *Client) Scope(ctx context.Context, id, bucket, object string, actions []string) (access, secret string, err error) {
-	access, secret = ScopedAccess(id), ScopedSecret(c.cfg.SecretKey, id)
-	body, err := xml.Marshal(struct {
-		XMLName xml.Name `xml:"Account"`
-		Access  string   `xml:"Access"`
-		Secret  string   `xml:"Secret"`
-		Role    string   `xml:"Role"`
-	}{Access: access, Secret: secret, Role: "user"})
-	if err != nil {
-		return "", "", err
-	}
-	if err := c.admin(ctx, "/create-user", nil, body); err != nil && !strings.Contains(err.Error(), "already exists") {
+	root := c.rootClient()
+	access, secret = ScopedAccess(id), ScopedSecret(root.cfg.SecretKey, id)
+	if err := root.createAccount(ctx, access, secret, "user"); err != nil {
 		return "", "", err
 	}
 	err = c.editPolicy(ctx, bucket, func(p *bucketPolicy) {
@@ -80,15 +76,24 @@ func (c *Client) Scope(ctx context.Context, id, bucket, object string, actions [
 	return access, secret, err
 }
 
+// rootClient is the client with the root keys: c, or the one a tenant's client came from.
+func (c *Client) rootClient() *Client {
+	if c.root != nil {
+		return c.root
+	}
+	return c
+}
+
 // Unscope removes the account named id and its statement in bucket's policy; either may be
 // gone already.
 func (c *Client) Unscope(ctx context.Context, id, bucket string) error {
 	access := ScopedAccess(id)
 	err := c.editPolicy(ctx, bucket, func(p *bucketPolicy) { p.remove(policySid(access)) })
-	if err != nil && !isNoSuchBucket(err) {
+	// A tenant that may not edit the bucket's policy cannot have granted anything in it.
+	if err != nil && !isNoSuchBucket(err) && (c.tenant == "" || transfer.ReasonOf(err) != transfer.ReasonTargetForbidden) {
 		return err
 	}
-	if err := c.admin(ctx, "/delete-user", url.Values{"access": {access}}, nil); err != nil &&
+	if err := c.rootClient().admin(ctx, "/delete-user", url.Values{"access": {access}}, nil); err != nil &&
 		!strings.Contains(err.Error(), "not found") && !strings.Contains(err.Error(), "NoSuchUser") {
 		return err
 	}
@@ -97,7 +102,7 @@ func (c *Client) Unscope(ctx context.Context, id, bucket string) error {
 
 // ScopedAccounts lists the accounts Scope made and Unscope has not removed yet.
 func (c *Client) ScopedAccounts(ctx context.Context) ([]string, error) {
-	body, err := c.adminBody(ctx, "/list-users", nil, nil)
+	body, err := c.rootClient().adminBody(ctx, "/list-users", nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +124,9 @@ func (c *Client) ScopedAccounts(ctx context.Context) ([]string, error) {
 }
 
 func policySid(access string) string { return "diskpipe" + access }
+
+// ownerSid is the statement that keeps a tenant's own access to its bucket in the policy.
+const ownerSid = "diskpipeowner"
 
 type bucketPolicy struct {
 	Version   string            `json:"Version"`
@@ -144,7 +152,7 @@ func (c *Client) editPolicy(ctx context.Context, bucket string, edit func(*bucke
 	defer policyMu.Unlock()
 	cur, err := c.GetBucketPolicy(ctx, bucket)
 	if err != nil && minio.ToErrorResponse(err).Code != "NoSuchBucketPolicy" {
-		return Classify(err, "reading the policy of bucket "+bucket)
+		return c.Forbidden(err, transfer.ReasonTargetForbidden, "read the policy of", "bucket "+bucket)
 	}
 	p := &bucketPolicy{Version: "2012-10-17"}
 	if cur != "" {
@@ -154,6 +162,16 @@ func (c *Client) editPolicy(ctx context.Context, bucket string, edit func(*bucke
 		}
 	}
 	edit(p)
+	if c.tenant != "" && len(p.Statement) > 0 {
+		// The store applies a bucket's policy to its owner too: without a statement of its own
+		// the namespace would lock itself out of its bucket.
+		p.remove(ownerSid)
+		p.Statement = append([]policyStatement{{Sid: ownerSid, Effect: "Allow", Principal: map[string][]string{"AWS": {c.cfg.AccessKey}},
+			Action: []string{"s3:*"}, Resource: []string{"arn:aws:s3:::" + bucket, "arn:aws:s3:::" + bucket + "/*"}}}, p.Statement...)
+		if len(p.Statement) == 1 {
+			p.Statement = nil
+		}
+	}
 	doc := ""
 	if len(p.Statement) > 0 {
 		b, err := json.Marshal(p)
@@ -166,7 +184,7 @@ func (c *Client) editPolicy(ctx context.Context, bucket string, edit func(*bucke
 		return nil
 	}
 	if err := c.SetBucketPolicy(ctx, bucket, doc); err != nil {
-		return Classify(err, "writing the policy of bucket "+bucket)
+		return c.Forbidden(err, transfer.ReasonTargetForbidden, "write the policy of", "bucket "+bucket)
 	}
 	return nil
 }

@@ -60,25 +60,13 @@ func GetImage(ctx context.Context, c client.Reader, ns, resource, name string) (
 // MayUpload asks the apiserver whether user may `create` the image's `upload` subresource;
 // a refusal is a *httpError (403) naming the right.
 func MayUpload(ctx context.Context, c client.Client, user authenticationv1.UserInfo, ns, resource, name string) error {
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range user.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
-	}
 	group := hypercloud.GroupVersion.Group
 	if resource == "imagetemplates" {
 		group = virtualmachine.GroupVersion.Group
 	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: user.Username, Groups: user.Groups, UID: user.UID, Extra: extra,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Group: group,
-			Resource: resource, Subresource: "upload", Name: name}}}
-	if err := c.Create(ctx, sar); err != nil {
-		return fmt.Errorf("reviewing access: %w", err)
-	}
-	if !sar.Status.Allowed {
-		return fail(http.StatusForbidden, "%s may not upload to %s %s/%s: it needs create on %s/upload", user.Username, resource, ns, name, resource)
-	}
-	return nil
+	return review(ctx, c, user, &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Group: group,
+		Resource: resource, Subresource: "upload", Name: name},
+		fmt.Sprintf("%s may not upload to %s %s/%s: it needs create on %s/upload", user.Username, resource, ns, name, resource))
 }
 
 // caller is who sends a request: a Kubernetes user, or the holder of an upload token for

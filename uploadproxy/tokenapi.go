@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -18,11 +19,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	uploadapi "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
+	"github.com/diskpipe/diskpipe/objectstore"
 )
 
 // TokenAPI serves upload.diskpipe.io/v1alpha1 as an aggregated API (registered with an
 // APIService, served by the manager): creating an UploadTokenRequest returns a token for the
-// upload proxy when the user may create the image's upload subresource. The apiserver
+// upload proxy when the user may create the image's upload subresource; creating an
+// ObjectStoreKeysRequest writes the namespace's keys of the bundled store into a Secret. The apiserver
 // authenticates the user with whatever credential their kubeconfig holds, checks their right
 // to create uploadtokenrequests, and forwards the request; Auth believes the user it names only
 // from the apiserver's front-proxy certificate. Nothing is stored: a request returns its
@@ -41,6 +44,11 @@ type TokenAPI struct {
 	Service *uploadapi.ProxyService
 	// Lifetime of a token (default TokenLifetime).
 	Lifetime time.Duration
+	// Store, the bundled store's client with its root keys, makes namespaces' accounts for
+	// ObjectStoreKeysRequests (storekeys.go); nil: the installation has none. StoreEndpoint is
+	// its address for users.
+	Store         *objectstore.Client
+	StoreEndpoint string
 }
 
 // TokenAPIPaths are the paths TokenAPI answers under (register it for each).
@@ -70,38 +78,83 @@ func (a *TokenAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	mux.HandleFunc("GET /apis/"+gv.Group, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, &group) })
 	mux.HandleFunc("GET /apis/"+gv.String(), func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, &metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
-			GroupVersion: gv.String(), APIResources: []metav1.APIResource{{Name: "uploadtokenrequests", SingularName: "uploadtokenrequest",
-				Namespaced: true, Kind: "UploadTokenRequest", Verbs: metav1.Verbs{"create"}}}})
+			GroupVersion: gv.String(), APIResources: []metav1.APIResource{
+				{Name: "uploadtokenrequests", SingularName: "uploadtokenrequest", Namespaced: true, Kind: "UploadTokenRequest", Verbs: metav1.Verbs{"create"}},
+				{Name: "objectstorekeysrequests", SingularName: "objectstorekeysrequest", Namespaced: true, Kind: "ObjectStoreKeysRequest", Verbs: metav1.Verbs{"create"}},
+			}})
 	})
-	requests := "/apis/" + gv.String() + "/namespaces/{namespace}/uploadtokenrequests"
-	mux.HandleFunc("POST "+requests, func(w http.ResponseWriter, r *http.Request) { a.create(w, r, user) })
-	mux.HandleFunc(requests, func(w http.ResponseWriter, _ *http.Request) {
-		writeStatus(ctx, w, fail(http.StatusMethodNotAllowed, "UploadTokenRequests are only created: none is stored, so there is nothing to get, list or delete"))
-	})
+	for kind, answer := range map[string]func(ctx context.Context, ns string, body []byte) (any, error){
+		"UploadTokenRequest": func(ctx context.Context, ns string, body []byte) (any, error) {
+			req := &uploadapi.UploadTokenRequest{}
+			if err := decode(body, req, ns, &req.TypeMeta, &req.ObjectMeta); err != nil {
+				return nil, err
+			}
+			return req, a.token(ctx, ns, req, user)
+		},
+		"ObjectStoreKeysRequest": func(ctx context.Context, ns string, body []byte) (any, error) {
+			req := &uploadapi.ObjectStoreKeysRequest{}
+			if err := decode(body, req, ns, &req.TypeMeta, &req.ObjectMeta); err != nil {
+				return nil, err
+			}
+			return req, a.storeKeys(ctx, ns, req, user)
+		},
+	} {
+		requests := "/apis/" + gv.String() + "/namespaces/{namespace}/" + strings.ToLower(kind) + "s"
+		mux.HandleFunc("POST "+requests, func(w http.ResponseWriter, r *http.Request) {
+			body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
+			if err == nil && len(body) > maxRequestBody {
+				err = fail(http.StatusBadRequest, "the request is larger than %d bytes", maxRequestBody)
+			}
+			var out any
+			if err == nil {
+				out, err = answer(r.Context(), r.PathValue("namespace"), body)
+			}
+			if err != nil {
+				writeStatus(ctx, w, err)
+				return
+			}
+			writeJSON(w, http.StatusCreated, out)
+		})
+		mux.HandleFunc(requests, func(w http.ResponseWriter, _ *http.Request) {
+			writeStatus(ctx, w, fail(http.StatusMethodNotAllowed, "%ss are only created: none is stored, so there is nothing to get, list or delete", kind))
+		})
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeStatus(ctx, w, fail(http.StatusNotFound, "%s is not served here", r.URL.Path))
 	})
 	mux.ServeHTTP(w, r)
 }
 
-// create answers an UploadTokenRequest with its token.
-func (a *TokenAPI) create(w http.ResponseWriter, r *http.Request, user authenticationv1.UserInfo) {
-	ctx := r.Context()
-	ns := r.PathValue("namespace")
-	req := &uploadapi.UploadTokenRequest{}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
-	if err == nil && len(body) > maxRequestBody {
-		err = fmt.Errorf("the request is larger than %d bytes", maxRequestBody)
+// decode reads a request of kind into obj and completes its metadata as the apiserver would
+// for a created object: the namespace of the path, a name from generateName.
+func decode(body []byte, obj any, ns string, tm *metav1.TypeMeta, om *metav1.ObjectMeta) error {
+	kind := strings.TrimPrefix(fmt.Sprintf("%T", obj), "*v1alpha1.")
+	if len(body) > 0 {
+		if err := json.Unmarshal(body, obj); err != nil {
+			return fail(http.StatusBadRequest, "invalid %s: %v", kind, err)
+		}
 	}
-	if err == nil {
-		err = json.Unmarshal(body, req)
+	switch {
+	case tm.APIVersion != "" && tm.APIVersion != uploadapi.GroupVersion.String(), tm.Kind != "" && tm.Kind != kind:
+		return fail(http.StatusBadRequest, "invalid %s: it is a %s %s, not an %s %s", kind, tm.APIVersion, tm.Kind, uploadapi.GroupVersion, kind)
+	case om.Namespace != "" && om.Namespace != ns:
+		return fail(http.StatusBadRequest, "invalid %s: metadata.namespace %q is not the request's namespace %q", kind, om.Namespace, ns)
 	}
-	if err == nil {
-		err = validateTokenRequest(req, ns)
+	tm.APIVersion, tm.Kind = uploadapi.GroupVersion.String(), kind
+	om.Namespace, om.CreationTimestamp = ns, metav1.Now()
+	if om.Name == "" {
+		om.Name = om.GenerateName + utilrand.String(5)
 	}
-	if err != nil {
-		writeStatus(ctx, w, fail(http.StatusBadRequest, "invalid UploadTokenRequest: %v", err))
-		return
+	return nil
+}
+
+// token answers an UploadTokenRequest with its token.
+func (a *TokenAPI) token(ctx context.Context, ns string, req *uploadapi.UploadTokenRequest, user authenticationv1.UserInfo) error {
+	if Resources[req.Spec.Kind] == "" {
+		return fail(http.StatusBadRequest, "invalid UploadTokenRequest: spec.kind %q is not VirtualMachineImage or ImageTemplate", req.Spec.Kind)
+	}
+	if errs := validation.IsDNS1123Subdomain(req.Spec.Name); len(errs) > 0 {
+		return fail(http.StatusBadRequest, "invalid UploadTokenRequest: spec.name %q: %s", req.Spec.Name, errs[0])
 	}
 	resource := Resources[req.Spec.Kind]
 	img, err := GetImage(ctx, a.Reader, ns, resource, req.Spec.Name)
@@ -113,8 +166,7 @@ func (a *TokenAPI) create(w http.ResponseWriter, r *http.Request, user authentic
 		key, err = a.Key.Ensure(ctx)
 	}
 	if err != nil {
-		writeStatus(ctx, w, err)
-		return
+		return err
 	}
 	lifetime := a.Lifetime
 	if lifetime == 0 {
@@ -124,33 +176,10 @@ func (a *TokenAPI) create(w http.ResponseWriter, r *http.Request, user authentic
 	token, err := IssueToken(key, Claims{Namespace: ns, Resource: resource, Name: req.Spec.Name,
 		UID: img.UID, User: user.Username, Expires: expires.Unix()})
 	if err != nil {
-		writeStatus(ctx, w, err)
-		return
-	}
-	req.APIVersion, req.Kind = uploadapi.GroupVersion.String(), "UploadTokenRequest"
-	req.Namespace, req.CreationTimestamp = ns, metav1.Now()
-	if req.Name == "" {
-		req.Name = req.GenerateName + utilrand.String(5)
+		return err
 	}
 	req.Status = uploadapi.UploadTokenRequestStatus{Token: token, ExpirationTimestamp: &metav1.Time{Time: expires},
 		Path: fmt.Sprintf("/v1/namespaces/%s/%s/%s", ns, resource, req.Spec.Name), URL: a.URL, Service: a.Service}
-	writeJSON(w, http.StatusCreated, req)
-}
-
-// validateTokenRequest checks what the API's schema would: the kind, the image's name and
-// the namespace.
-func validateTokenRequest(req *uploadapi.UploadTokenRequest, ns string) error {
-	switch {
-	case req.APIVersion != "" && req.APIVersion != uploadapi.GroupVersion.String(), req.Kind != "" && req.Kind != "UploadTokenRequest":
-		return fmt.Errorf("it is a %s %s, not an %s UploadTokenRequest", req.APIVersion, req.Kind, uploadapi.GroupVersion)
-	case req.Namespace != "" && req.Namespace != ns:
-		return fmt.Errorf("metadata.namespace %q is not the request's namespace %q", req.Namespace, ns)
-	case Resources[req.Spec.Kind] == "":
-		return fmt.Errorf("spec.kind %q is not VirtualMachineImage or ImageTemplate", req.Spec.Kind)
-	}
-	if errs := validation.IsDNS1123Subdomain(req.Spec.Name); len(errs) > 0 {
-		return fmt.Errorf("spec.name %q: %v", req.Spec.Name, errs[0])
-	}
 	return nil
 }
 

@@ -88,8 +88,11 @@ func newPVC(t *testing.T, ns, name, class string) {
 func newExport(ns, name, pvc, object string) *hypercloud.VirtualMachineVolumeExport {
 	return &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: pvc,
-			ObjectStore: &common.ObjectStoreSource{BucketName: "vmexport", ObjectName: common.ObjectName(object)}}}
+			ObjectStore: &common.ObjectStoreSource{BucketName: common.BucketName(bucketOf(ns)), ObjectName: common.ObjectName(object)}}}
 }
+
+// bucketOf is namespace ns's bucket: a bucket belongs to the namespace that made it.
+func bucketOf(ns string) string { return "vm-" + ns }
 
 func exportStatus(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport) func() string {
 	return func() string {
@@ -102,14 +105,18 @@ func exportStatus(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport) func(
 	}
 }
 
-// upload plays the exporter's part in the store: the object it would have written.
-func upload(t *testing.T, object string, body []byte) {
+// upload plays the exporter's part in the store: the object it would have written in ns's
+// bucket, with ns's keys.
+func upload(t *testing.T, ns, object string, body []byte) {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "export.qcow2")
 	g := NewWithT(t)
 	g.Expect(os.WriteFile(p, body, 0o600)).To(Succeed())
-	g.Expect(store.Client().EnsureBucket(t.Context(), "vmexport")).To(Succeed())
-	out, err := store.AWS(t.Context(), store.SecretKey, "s3", "cp", p, "s3://vmexport/"+object)
+	tenant, err := store.Client().Tenant(t.Context(), ns)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(tenant.EnsureBucket(t.Context(), bucketOf(ns))).To(Succeed())
+	access, secret := tenant.Keys()
+	out, err := store.AWSAs(t.Context(), access, secret, "s3", "cp", p, "s3://"+bucketOf(ns)+"/"+object)
 	g.Expect(err).NotTo(HaveOccurred(), out)
 }
 
@@ -150,7 +157,7 @@ func TestExport(t *testing.T) {
 	g.Expect(c.Command).To(Equal([]string{"/exporter"}))
 	args := strings.Join(c.Args, " ")
 	g.Expect(args).To(HavePrefix("--source /source/disk.img --format qcow2 --compression none --endpoint " + store.Endpoint +
-		" --region us-east-1 --bucket-lookup Path --bucket vmexport --object vm-disk.qcow2 --s3-credentials-dir /var/run/diskpipe/auth --keep-stale-uploads"))
+		" --region us-east-1 --bucket-lookup Path --bucket "+bucketOf(ns)+" --object vm-disk.qcow2 --s3-credentials-dir /var/run/diskpipe/auth --keep-stale-uploads"))
 	g.Expect(pod.Spec.Volumes).To(ContainElement(HaveField("PersistentVolumeClaim", Equal(&corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-disk", ReadOnly: true}))))
 	creds := &corev1.Secret{}
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "backup-export-store"}, creds)).To(Succeed())
@@ -163,19 +170,19 @@ func TestExport(t *testing.T) {
 	body := []byte("QFI\xfb stands in for the exported qcow2")
 	p := filepath.Join(t.TempDir(), "export.qcow2")
 	g.Expect(os.WriteFile(p, body, 0o600)).To(Succeed())
-	out, err := store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://vmexport/vm-disk.qcow2")
+	out, err := store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://"+bucketOf(ns)+"/vm-disk.qcow2")
 	g.Expect(err).NotTo(HaveOccurred(), out)
-	out, err = store.AWSAs(ctx, access, secret, "s3", "ls", "s3://vmexport/")
+	out, err = store.AWSAs(ctx, access, secret, "s3", "ls", "s3://"+bucketOf(ns)+"/")
 	g.Expect(err).To(HaveOccurred(), "the export's keys list the bucket:\n"+out)
 	g.Expect(out).To(ContainSubstring("AccessDenied"))
-	out, err = store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://vmexport/elsewhere.qcow2")
+	out, err = store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://"+bucketOf(ns)+"/elsewhere.qcow2")
 	g.Expect(err).To(HaveOccurred(), "the export's keys write another object:\n"+out)
 	ctrltest.Complete(t, env, ns, "backup-export-0", transfer.Result{Format: "qcow2", VirtualSize: 10 << 30, BytesWritten: int64(len(body)),
-		Digest: "sha256:0123", URL: "s3://vmexport/vm-disk.qcow2", DurationSeconds: 4})
-	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported: exported vm-disk as qcow2 to s3://vmexport/vm-disk.qcow2"))
-	g.Expect(ex.Status.ObjectURL).To(Equal("s3://vmexport/vm-disk.qcow2"))
+		Digest: "sha256:0123", URL: "s3://"+bucketOf(ns)+"/vm-disk.qcow2", DurationSeconds: 4})
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported: exported vm-disk as qcow2 to s3://"+bucketOf(ns)+"/vm-disk.qcow2"))
+	g.Expect(ex.Status.ObjectURL).To(Equal("s3://"+bucketOf(ns)+"/vm-disk.qcow2"))
 	g.Expect(ex.Status.Digest).To(Equal("sha256:0123"))
-	g.Expect(time.Until(ex.Status.DownloadURLExpiresAt.Time)).To(BeNumerically("~", 24*time.Hour, time.Minute))
+	g.Expect(time.Until(ex.Status.DownloadURLExpiresAt.Time)).To(BeNumerically("~", 4*time.Hour, time.Minute))
 	g.Expect(ex.Status.DownloadURL).To(HavePrefix("http://"+publicHost+"/"), "the download URL names the public endpoint")
 	code, got := get(t, ex.Status.DownloadURL)
 	g.Expect(code).To(Equal(http.StatusOK))
@@ -183,7 +190,7 @@ func TestExport(t *testing.T) {
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(creds), creds))
 	}, 10*time.Second).Should(BeTrue(), "the store's keys leave the namespace with the exporter")
-	out, err = store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://vmexport/vm-disk.qcow2")
+	out, err = store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://"+bucketOf(ns)+"/vm-disk.qcow2")
 	g.Expect(err).To(HaveOccurred(), "the export's keys still work after it ended:\n"+out)
 	g.Expect(out).To(ContainSubstring("InvalidAccessKeyId"))
 
@@ -210,10 +217,31 @@ func TestExport(t *testing.T) {
 	url := ex.Status.DownloadURL
 	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
 	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
-	out, err = store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://vmexport/vm-disk.qcow2")
+	out, err = store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://"+bucketOf(ns)+"/vm-disk.qcow2")
 	g.Expect(err).NotTo(HaveOccurred(), out)
 	code, got = get(t, url)
 	g.Expect(code).To(Equal(http.StatusForbidden), "a deleted export's download URL still works: %s", got)
+}
+
+// TestAnotherNamespacesBucket: an export into a bucket of another namespace fails for good,
+// saying so, before an exporter runs and without touching the bucket; deleting it is not held
+// up by the bucket it could not use.
+func TestAnotherNamespacesBucket(t *testing.T) {
+	owner, ns := setup(t), setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	upload(t, owner, "theirs.qcow2", []byte("the owner's export"))
+	newPVC(t, ns, "disk", "csi")
+	ex := newExport(ns, "intruder", "disk", "theirs.qcow2")
+	ex.Spec.ObjectStore.BucketName = common.BucketName(bucketOf(owner))
+	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Failed TargetForbidden: namespace " + ns +
+		" may not use bucket " + bucketOf(owner) + " in the bundled object store: the bucket belongs to another namespace"))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "intruder-export-0"}, &corev1.Pod{})).NotTo(Succeed(), "no exporter runs")
+	out, err := store.AWS(ctx, store.SecretKey, "s3api", "get-bucket-policy", "--bucket", bucketOf(owner))
+	g.Expect(err).To(HaveOccurred(), "the owner's bucket got a policy: %s", out)
+	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
+	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
 }
 
 // TestRetainPolicyDelete deletes the object with the export.
@@ -225,12 +253,12 @@ func TestRetainPolicyDelete(t *testing.T) {
 	ex := newExport(ns, "temp", "scratch", ns+"-scratch.qcow2")
 	ex.Spec.RetainPolicy = hypercloud.RetainPolicyDelete
 	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
-	upload(t, ns+"-scratch.qcow2", []byte("exported"))
-	ctrltest.Complete(t, env, ns, "temp-export-0", transfer.Result{Format: "qcow2", URL: "s3://vmexport/" + ns + "-scratch.qcow2"})
+	upload(t, ns, ns+"-scratch.qcow2", []byte("exported"))
+	ctrltest.Complete(t, env, ns, "temp-export-0", transfer.Result{Format: "qcow2", URL: "s3://"+bucketOf(ns)+"/" + ns + "-scratch.qcow2"})
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
 	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
 	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
-	out, err := store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://vmexport/"+ns+"-scratch.qcow2")
+	out, err := store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://"+bucketOf(ns)+"/"+ns+"-scratch.qcow2")
 	g.Expect(err).To(HaveOccurred(), "the object is gone: %s", out)
 }
 
@@ -274,7 +302,7 @@ func TestInUseDiskIsSnapshotted(t *testing.T) {
 	g.Expect(temp.Spec.DataSource.Kind).To(Equal("VolumeSnapshot"))
 	g.Expect(ex.Status.SnapshotName).To(Equal("live-export"))
 
-	ctrltest.Complete(t, env, ns, "live-export-0", transfer.Result{Format: "qcow2", URL: "s3://vmexport/" + ns + "-busy.qcow2"})
+	ctrltest.Complete(t, env, ns, "live-export-0", transfer.Result{Format: "qcow2", URL: "s3://"+bucketOf(ns)+"/" + ns + "-busy.qcow2"})
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
 	g.Eventually(func() bool {
 		pvcGone := apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "live-export"}, temp)) || !temp.DeletionTimestamp.IsZero()
@@ -337,7 +365,12 @@ func TestExternalStore(t *testing.T) {
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "offsite-export-store"}, &corev1.Secret{})).NotTo(Succeed(),
 		"the bundled store's keys are not copied for an external store")
 
-	upload(t, ns+"-data.raw", []byte("raw disk"))
+	// The user's own keys of the external store (here the bundled one's root keys).
+	p := filepath.Join(t.TempDir(), "data.raw")
+	g.Expect(os.WriteFile(p, []byte("raw disk"), 0o600)).To(Succeed())
+	g.Expect(store.Client().EnsureBucket(ctx, "vmexport")).To(Succeed())
+	out, err := store.AWS(ctx, store.SecretKey, "s3", "cp", p, "s3://vmexport/"+ns+"-data.raw")
+	g.Expect(err).NotTo(HaveOccurred(), out)
 	ctrltest.Complete(t, env, ns, "offsite-export-0", transfer.Result{Format: "raw", URL: "s3://vmexport/" + ns + "-data.raw"})
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
 	code, got := get(t, ex.Status.DownloadURL)

@@ -40,7 +40,7 @@ const (
 	authDir = "/var/run/diskpipe/auth"
 	caDir   = "/var/run/diskpipe/ca"
 	// defaultExpiry and maxExpiry bound the download URL (SigV4 allows 7 days at most).
-	defaultExpiry = 24 * time.Hour
+	defaultExpiry = 4 * time.Hour
 	maxExpiry     = 7 * 24 * time.Hour
 )
 
@@ -99,7 +99,11 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		if apierrors.IsNotFound(err) {
 			err = r.prepareStore(ctx, ex, dest)
 		}
-		if err != nil {
+		if te := (*transfer.Error)(nil); errors.As(err, &te) && !te.Transient {
+			// The store refused for good (a bucket of another namespace, an invalid name).
+			tracked(ex).SetFailed(string(te.Reason), te.Error())
+			return ctrl.Result{}, nil
+		} else if err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -268,7 +272,12 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	if target == nil {
 		return nil, &image.NotReadyError{Reason: "InvalidSpec", Message: "spec.objectStore or spec.s3 is required"}
 	}
-	d := &destination{kind: "bundled", client: r.Store, presigner: r.Downloads, bucket: string(target.BucketName), object: string(target.ObjectName)}
+	// Everything in the store is done as the export's namespace: its own buckets only.
+	store, err := r.Store.Namespace(ctx, ex.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	d := &destination{kind: "bundled", client: store, presigner: r.Downloads, bucket: string(target.BucketName), object: string(target.ObjectName)}
 	if !forPod {
 		return d, nil
 	}
@@ -314,17 +323,17 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 // aborting "stale" uploads would abort the running one.
 func (r *Reconciler) prepareStore(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination) error {
 	if r.StoreConfig.Scoped {
-		if err := r.Store.EnsureBucket(ctx, d.bucket); err != nil {
+		if err := d.client.EnsureBucket(ctx, d.bucket); err != nil {
 			return err
 		}
-		ids, err := r.Store.AbortUploads(ctx, d.bucket, d.object)
+		ids, err := d.client.AbortUploads(ctx, d.bucket, d.object)
 		if err != nil {
 			return err
 		}
 		if len(ids) > 0 {
 			log.FromContext(ctx).Info("Aborted uploads an earlier attempt left behind", "object", objectstore.ObjectURL(d.bucket, d.object), "uploads", len(ids))
 		}
-		access, secret, err := r.Store.Scope(ctx, string(ex.UID), d.bucket, d.object, objectstore.ScopedActions)
+		access, secret, err := d.client.Scope(ctx, string(ex.UID), d.bucket, d.object, objectstore.ScopedActions)
 		if err != nil {
 			return err
 		}
@@ -363,7 +372,7 @@ func (r *Reconciler) presign(ctx context.Context, ex *hypercloud.VirtualMachineV
 	if d.kind == "bundled" && r.StoreConfig != nil && r.StoreConfig.Scoped {
 		// Signed by an account of the export's own that may read its one object: deleting the
 		// export deletes the account, and every URL it signed stops working at once.
-		access, secret, err := r.Store.Scope(ctx, downloadAccount(ex), d.bucket, d.object, []string{"s3:GetObject"})
+		access, secret, err := d.client.Scope(ctx, downloadAccount(ex), d.bucket, d.object, []string{"s3:GetObject"})
 		if err != nil {
 			return err
 		}
@@ -410,10 +419,8 @@ func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVol
 // cleanupTemp removes the snapshot and temporary PVC of an in-use export, and the store
 // credentials (on the bundled store, the export's account too).
 func (r *Reconciler) cleanupTemp(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
-	if t := ex.Spec.ObjectStore; t != nil && ex.Spec.S3 == nil && r.Store != nil && r.StoreConfig != nil && r.StoreConfig.Scoped {
-		if err := r.Store.Unscope(ctx, string(ex.UID), string(t.BucketName)); err != nil {
-			return err
-		}
+	if err := r.unscope(ctx, ex, string(ex.UID)); err != nil {
+		return err
 	}
 	meta := metav1.ObjectMeta{Name: ex.Name + "-export", Namespace: ex.Namespace}
 	for _, obj := range []client.Object{&corev1.PersistentVolumeClaim{ObjectMeta: meta}, &snapshotv1.VolumeSnapshot{ObjectMeta: meta},
@@ -425,6 +432,20 @@ func (r *Reconciler) cleanupTemp(ctx context.Context, ex *hypercloud.VirtualMach
 	return nil
 }
 
+// unscope removes the bundled store's account id of ex (the exporter's or the download URLs'),
+// as ex's namespace, which owns the bucket's policy.
+func (r *Reconciler) unscope(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, id string) error {
+	t := ex.Spec.ObjectStore
+	if t == nil || ex.Spec.S3 != nil || r.Store == nil || r.StoreConfig == nil || !r.StoreConfig.Scoped {
+		return nil
+	}
+	store, err := r.Store.Namespace(ctx, ex.Namespace)
+	if err != nil {
+		return err
+	}
+	return store.Unscope(ctx, id, string(t.BucketName))
+}
+
 // delete removes what the export made and, with retainPolicy Delete, the exported object.
 func (r *Reconciler) delete(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
 	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ex.Namespace), client.MatchingLabels{LabelExport: string(ex.UID)}); err != nil {
@@ -433,10 +454,8 @@ func (r *Reconciler) delete(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	if err := r.cleanupTemp(ctx, ex); err != nil {
 		return err
 	}
-	if t := ex.Spec.ObjectStore; t != nil && ex.Spec.S3 == nil && r.Store != nil && r.StoreConfig != nil && r.StoreConfig.Scoped {
-		if err := r.Store.Unscope(ctx, downloadAccount(ex), string(t.BucketName)); err != nil { // its URLs stop working
-			return err
-		}
+	if err := r.unscope(ctx, ex, downloadAccount(ex)); err != nil { // its URLs stop working
+		return err
 	}
 	if ex.Spec.RetainPolicy != hypercloud.RetainPolicyDelete || ex.Status.ObjectURL == "" {
 		return nil

@@ -334,8 +334,12 @@ func TestObjectStoreSource(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	obj := filepath.Join(t.TempDir(), "cirros.qcow2")
 	g.Expect(os.WriteFile(obj, []byte("QFI\xfb not really an image, but the URL must fetch exactly these bytes"), 0o600)).To(Succeed())
-	g.Expect(store.Client().EnsureBucket(ctx, "images")).To(Succeed())
-	out, err := store.AWS(ctx, store.SecretKey, "s3", "cp", obj, "s3://images/cirros.qcow2")
+	// Uploaded as the namespace, with its keys: the bucket is the namespace's.
+	tenant, err := store.Client().Tenant(ctx, ns)
+	g.Expect(err).NotTo(HaveOccurred())
+	access, secret := tenant.Keys()
+	g.Expect(tenant.EnsureBucket(ctx, "images")).To(Succeed())
+	out, err := store.AWSAs(ctx, access, secret, "s3", "cp", obj, "s3://images/cirros.qcow2")
 	g.Expect(err).NotTo(HaveOccurred(), out)
 
 	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "cirros", Namespace: ns},
@@ -364,6 +368,25 @@ func TestObjectStoreSource(t *testing.T) {
 	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
 		return st.SourceType + " " + string(st.Phase)
 	}, Equal("objectStore Pending")))
+
+	// Another namespace naming the same object is refused by the store, before any pod runs.
+	other, err := env.CreateNamespace(ctx, "objectstore-other")
+	g.Expect(err).NotTo(HaveOccurred())
+	stolen := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "stolen", Namespace: other},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{
+			ObjectStore: &common.ObjectStoreSource{BucketName: "images", ObjectName: "cirros.qcow2"}}}}
+	stolen.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
+	g.Expect(env.Client.Create(ctx, stolen)).To(Succeed())
+	g.Eventually(status(t, stolen, &stolen.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
+		c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
+		if c == nil {
+			return string(st.Phase)
+		}
+		return string(st.Phase) + " " + c.Reason + ": " + c.Message
+	}, HavePrefix("Failed SourceForbidden: namespace "+other+" may not read s3://images/cirros.qcow2 in the bundled object store")))
+	pods := &corev1.PodList{}
+	g.Expect(env.Client.List(ctx, pods, client.InNamespace(other))).To(Succeed())
+	g.Expect(pods.Items).To(BeEmpty(), "no importer runs for a refused source")
 }
 
 // TestCopySources makes images from a PVC of their namespace and from another ImageTemplate:

@@ -149,9 +149,14 @@ func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
 func (r *Reconciler) childError(g *goldenImage, err error) (ctrl.Result, bool) {
 	var notOwned *owned.ErrNotOwned
 	var notReady *NotReadyError
+	var refused *transfer.Error
 	switch {
 	case errors.As(err, &notOwned):
 		g.tracked().SetFailed("NameTaken", notOwned.Error())
+		return ctrl.Result{}, true
+	case errors.As(err, &refused) && !refused.Transient:
+		// The manager's own step with the source failed for good (the bundled store refused).
+		g.tracked().SetFailed(string(refused.Reason), refused.Error())
 		return ctrl.Result{}, true
 	case errors.As(err, &notReady):
 		g.status.Phase = common.PhasePending
@@ -170,7 +175,9 @@ func (r *Reconciler) work(g *goldenImage, action string) importpod.Work {
 func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) (ctrl.Result, error) {
 	w := r.work(g, "Import")
 	pod, err := r.ensurePod(ctx, g, importpod.Spec{Name: fmt.Sprintf("%s-probe-%d", pvcName, g.status.Retries), Args: []string{"--probe"}}, w)
-	if err != nil {
+	if res, handled := r.childError(g, err); handled {
+		return res, nil
+	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	st := g.status
@@ -235,12 +242,27 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 }
 
 // presign writes a presigned GET URL of the source object into the Secret name: the importer
-// reads the one object, for a day, without the store's keys.
+// reads the one object, for a day, without the store's keys. It is signed with the keys of the
+// image's namespace, so the store refuses an object the namespace may not read; the refusal is
+// learnt here, before a pod starts.
 func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.ObjectStoreSource, name string) error {
 	if r.ObjectStore == nil {
 		return &NotReadyError{"ObjectStoreNotConfigured", "this installation has no bundled object store; use an s3 source"}
 	}
-	u, err := r.ObjectStore.PresignGet(ctx, string(src.BucketName), string(src.ObjectName), presignExpiry)
+	// As the image's namespace: its own buckets, or those another namespace shared with it. An
+	// upload is read from the upload proxy's own bucket, which no namespace can name.
+	store := r.ObjectStore
+	if g.source.upload == "" {
+		var err error
+		if store, err = r.ObjectStore.Namespace(ctx, g.obj.GetNamespace()); err != nil {
+			return err
+		}
+	}
+	// A store that is away is the importer's to wait for, with its retries.
+	if err := store.CheckRead(ctx, string(src.BucketName), string(src.ObjectName)); err != nil && !transfer.IsTransient(err) {
+		return err
+	}
+	u, err := store.PresignGet(ctx, string(src.BucketName), string(src.ObjectName), presignExpiry)
 	if err != nil {
 		return err
 	}

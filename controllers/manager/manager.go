@@ -3,6 +3,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -92,9 +93,9 @@ type WebhookOptions struct {
 	UploadProxyService *upload.ProxyService
 }
 
-// serveTokenAPI serves the upload token API on the webhook server; its signing key is made
-// now if there is none.
-func serveTokenAPI(ctx context.Context, cfg *rest.Config, mgr ctrl.Manager, w *WebhookOptions) error {
+// serveTokenAPI serves api, the upload token API, on the webhook server; its signing key is
+// made now if there is none.
+func serveTokenAPI(ctx context.Context, cfg *rest.Config, mgr ctrl.Manager, w *WebhookOptions, api *uploadproxy.TokenAPI) error {
 	direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
 	if err != nil {
 		return err
@@ -103,8 +104,7 @@ func serveTokenAPI(ctx context.Context, cfg *rest.Config, mgr ctrl.Manager, w *W
 	if _, err := key.Ensure(ctx); err != nil {
 		return err
 	}
-	api := &uploadproxy.TokenAPI{Auth: &uploadproxy.FrontProxy{Reader: direct}, Client: direct, Reader: direct, Key: key,
-		URL: w.UploadProxyURL, Service: w.UploadProxyService}
+	api.Auth, api.Client, api.Reader, api.Key = &uploadproxy.FrontProxy{Reader: direct}, direct, direct, key
 	for _, p := range uploadproxy.TokenAPIPaths {
 		mgr.GetWebhookServer().Register(p, api)
 	}
@@ -218,7 +218,11 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
 		}
 		if w := opts.Webhook; w.UploadTokenSecret.Name != "" {
-			if err := serveTokenAPI(ctx, cfg, mgr, w); err != nil {
+			api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService}
+			if opts.ObjectStore != nil && opts.ObjectStore.Scoped {
+				api.Store, api.StoreEndpoint = imageOpts.ObjectStore, cmp.Or(opts.ObjectStorePublicEndpoint, opts.ObjectStore.Endpoint)
+			}
+			if err := serveTokenAPI(ctx, cfg, mgr, w, api); err != nil {
 				return nil, fmt.Errorf("setting up the upload token API: %w", err)
 			}
 		}

@@ -92,7 +92,7 @@ func check(ctx context.Context, c config, cl cluster, raw string, images []*hype
 		return rows
 	}
 	uploads := 0
-	for _, bucket := range []string{"chaos-src", "chaos-exports"} {
+	for _, bucket := range []string{"chaos-src", exportBucket("chaos-a"), exportBucket("chaos-b"), exportBucket("chaos-c")} {
 		if res, err := (minio.Core{Client: store.Client}).ListMultipartUploads(ctx, bucket, "", "", "", "", 1000); err == nil {
 			uploads += len(res.Uploads)
 		}

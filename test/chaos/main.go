@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,6 +32,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -116,17 +118,14 @@ func run(c config) (bool, error) {
 	go func() { _ = srv.Serve(l) }()
 	defer srv.Close()
 	base := "http://" + l.Addr().String() + "/"
-	if out, err := cl.AWS(ctx, "s3", "mb", "s3://chaos-src"); err != nil {
-		return false, fmt.Errorf("%w: %s", err, out)
-	}
-	if out, err := cl.AWS(ctx, "s3", "cp", "--only-show-errors", raw, "s3://chaos-src/disk.raw"); err != nil {
-		return false, fmt.Errorf("%w: %s", err, out)
-	}
 	namespaces := []string{"chaos-a", "chaos-b", "chaos-c"}
 	for _, ns := range namespaces {
 		if err := cl.Namespace(ctx, ns); err != nil {
 			return false, err
 		}
+	}
+	if err := shareSource(ctx, cl, raw, namespaces); err != nil {
+		return false, err
 	}
 
 	// Faults, at seeded times, while the work runs.
@@ -188,7 +187,7 @@ func run(c config) (bool, error) {
 		}
 		ex := &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("export-%d", i), Namespace: img.Namespace},
 			Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: img.Status.PVCName,
-				ObjectStore: &common.ObjectStoreSource{BucketName: "chaos-exports", ObjectName: common.ObjectName(fmt.Sprintf("export-%d.qcow2", i))}, Retry: retries()}}
+				ObjectStore: &common.ObjectStoreSource{BucketName: common.BucketName(exportBucket(img.Namespace)), ObjectName: common.ObjectName(fmt.Sprintf("export-%d.qcow2", i))}, Retry: retries()}}
 		if err := create(ctx, k, ex); err != nil {
 			return false, err
 		}
@@ -433,4 +432,40 @@ func (c *cutter) Write(p []byte) (int, error) {
 	}
 	c.left -= int64(len(p))
 	return c.ResponseWriter.Write(p)
+}
+
+// exportBucket is the bucket namespace ns exports to: each namespace's own, since a bucket
+// belongs to the namespace that made it.
+func exportBucket(ns string) string { return "chaos-exports-" + ns }
+
+// shareSource puts raw into the bundled store as the first namespace, in its bucket chaos-src,
+// and shares it with the others by the bucket's policy, as a tenant shares an image.
+func shareSource(ctx context.Context, cl cluster, raw string, namespaces []string) error {
+	root, err := cl.StoreClient(ctx)
+	if err != nil {
+		return err
+	}
+	owner, err := root.Tenant(ctx, namespaces[0])
+	if err != nil {
+		return err
+	}
+	if err := owner.EnsureBucket(ctx, "chaos-src"); err != nil {
+		return err
+	}
+	if _, err := owner.FPutObject(ctx, "chaos-src", "disk.raw", raw, minio.PutObjectOptions{}); err != nil {
+		return fmt.Errorf("uploading the source: %w", err)
+	}
+	access, _ := owner.Keys()
+	readers := []string{}
+	for _, ns := range namespaces[1:] {
+		readers = append(readers, fmt.Sprintf("%q", objectstore.TenantAccess(ns)))
+	}
+	policy := fmt.Sprintf(`{"Version":"2012-10-17","Statement":[`+
+		`{"Effect":"Allow","Principal":{"AWS":[%q]},"Action":["s3:*"],"Resource":["arn:aws:s3:::chaos-src","arn:aws:s3:::chaos-src/*"]},`+
+		`{"Effect":"Allow","Principal":{"AWS":[%s]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::chaos-src/disk.raw"]}]}`,
+		access, strings.Join(readers, ","))
+	if err := owner.SetBucketPolicy(ctx, "chaos-src", policy); err != nil {
+		return fmt.Errorf("sharing the source: %w", err)
+	}
+	return nil
 }

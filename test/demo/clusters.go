@@ -8,6 +8,7 @@ import (
 
 	realcluster "github.com/diskpipe/diskpipe/test/cluster"
 	"github.com/diskpipe/diskpipe/test/localcluster"
+	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
 // demoCluster is what the demo asks of a cluster: the local cluster (the fast default) or
@@ -15,7 +16,8 @@ import (
 // installed diskpipe's image.
 type demoCluster interface {
 	Kubectl(ctx context.Context, stdin []byte, args ...string) (stdout, stderr string, err error)
-	AWS(ctx context.Context, args ...string) (string, error)
+	// AWS runs awscli against the bundled store as a user of namespace ns, with its keys.
+	AWS(ctx context.Context, ns string, args ...string) (string, error)
 	EnsureNamespace(ctx context.Context, name string) error
 	// HostAddress is where the demo's HTTP server listens so that pods reach it.
 	HostAddress() string
@@ -58,8 +60,8 @@ type local struct {
 	dir string
 }
 
-func (l local) AWS(ctx context.Context, args ...string) (string, error) {
-	return l.Store.AWS(ctx, l.Store.SecretKey, args...)
+func (l local) AWS(ctx context.Context, ns string, args ...string) (string, error) {
+	return testenv.TenantAWS(ctx, l.Client, l.Store.Endpoint, ns, args...)
 }
 func (l local) HostAddress() string    { return "127.0.0.1" }
 func (l local) StoreEndpoint() string  { return l.Store.Endpoint }
@@ -69,5 +71,8 @@ func (l local) Logs() string           { return l.dir + "/*.log and " + l.dir + 
 type realNode struct{ *realcluster.Cluster }
 
 func (r realNode) StoreEndpoint() string  { return realcluster.StoreEndpoint }
+func (r realNode) AWS(ctx context.Context, ns string, args ...string) (string, error) {
+	return testenv.TenantAWS(ctx, r.Client, realcluster.StoreEndpoint, ns, args...)
+}
 func (r realNode) KubeconfigPath() string { return r.Kubeconfig }
 func (r realNode) Logs() string           { return r.Dir() + "/logs/" }

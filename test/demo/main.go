@@ -86,18 +86,18 @@ func run(ctx context.Context, c demoCluster, dir string) error {
 		return err
 	}
 	go func() { _ = http.Serve(l, http.FileServer(http.Dir(dir))) }() //nolint:gosec // a demo server
-	t = time.Now()
-	if out, err := c.AWS(ctx, "s3", "mb", "s3://vmimage"); err != nil {
-		return fmt.Errorf("aws s3 mb: %w: %s", err, out)
-	}
-	if out, err := c.AWS(ctx, "s3", "cp", image, "s3://vmimage/bionic-server-cloudimg-amd64.img"); err != nil {
-		return fmt.Errorf("aws s3 cp: %w: %s", err, out)
-	}
-	done("aws s3 cp demo.qcow2 s3://vmimage/bionic-server-cloudimg-amd64.img", t, c.StoreEndpoint())
-
 	if err := c.EnsureNamespace(ctx, ns); err != nil {
 		return err
 	}
+	t = time.Now()
+	if out, err := c.AWS(ctx, ns, "s3", "mb", "s3://vmimage"); err != nil {
+		return fmt.Errorf("aws s3 mb: %w: %s", err, out)
+	}
+	if out, err := c.AWS(ctx, ns, "s3", "cp", image, "s3://vmimage/bionic-server-cloudimg-amd64.img"); err != nil {
+		return fmt.Errorf("aws s3 cp: %w: %s", err, out)
+	}
+	done("aws s3 cp demo.qcow2 s3://vmimage/bionic-server-cloudimg-amd64.img, with namespace "+ns+"'s keys (an ObjectStoreKeysRequest)", t, c.StoreEndpoint())
+
 	t = time.Now()
 	objectStoreImage, err := seed("003-virtualmachineimage-objectstore-fixed.yaml")
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/diskpipe/diskpipe/test/bootdisk"
+	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
 func vmi(name, source string) string {
@@ -42,6 +43,16 @@ func importHTTP(ns, name, file string) {
 }
 
 // golden is the disk of an image's golden PVC.
+// awsIn runs awscli against the bundled store as a user of namespace ns, with the keys the
+// namespace's ObjectStoreKeysRequest gives.
+func awsIn(ctx context.Context, ns string, args ...string) (string, error) {
+	endpoint, _, _, err := cluster.StoreAccess(ctx)
+	if err != nil {
+		return "", err
+	}
+	return testenv.TenantAWS(ctx, cluster.APIClient(), endpoint, ns, args...)
+}
+
 func golden(ns, name string) string {
 	return filepath.Join(cluster.VolumePath(ns, "vmim-"+name), "disk.img")
 }
@@ -52,9 +63,9 @@ var _ = Describe("the seed's stories", Ordered, func() {
 
 	It("imports an image uploaded to the bundled store with awscli, and lists it with kubectl", func() {
 		ctx := context.Background()
-		out, err := cluster.AWS(ctx, "s3", "mb", "s3://vmimage")
+		out, err := awsIn(ctx, ns, "s3", "mb", "s3://vmimage")
 		Expect(err).NotTo(HaveOccurred(), out)
-		out, err = cluster.AWS(ctx, "s3", "cp", images["qcow2"], "s3://vmimage/bionic.qcow2")
+		out, err = awsIn(ctx, ns, "s3", "cp", images["qcow2"], "s3://vmimage/bionic.qcow2")
 		Expect(err).NotTo(HaveOccurred(), out)
 		kubectl(vmi("ubuntu18.04", "    objectStore:\n      bucketName: vmimage\n      objectName: bionic.qcow2"), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmim", "ubuntu18.04"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
@@ -170,7 +181,7 @@ spec:
 		Expect(kubectl("", "get", "vmve", "export", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal("sha256:" + sha256Of(got)))
 		// awscli gets the same object.
 		viaAWS := filepath.Join(work, "via-aws.qcow2")
-		out, err := cluster.AWS(context.Background(), "s3", "cp", "s3://vmimage/mydisk", viaAWS)
+		out, err := awsIn(context.Background(), ns, "s3", "cp", "s3://vmimage/mydisk", viaAWS)
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(sha256Of(viaAWS)).To(Equal(sha256Of(got)))
 		g, err := bootdisk.Check(context.Background(), got, "qcow2", grown(1<<30))
@@ -342,9 +353,9 @@ spec:
 	It("retries an import while the object store restarts", func() {
 		ns := namespace()
 		ctx := context.Background()
-		out, err := cluster.AWS(ctx, "s3", "mb", "s3://restart")
+		out, err := awsIn(ctx, ns, "s3", "mb", "s3://restart")
 		Expect(err).NotTo(HaveOccurred(), out)
-		out, err = cluster.AWS(ctx, "s3", "cp", images["qcow2"], "s3://restart/disk.qcow2")
+		out, err = awsIn(ctx, ns, "s3", "cp", images["qcow2"], "s3://restart/disk.qcow2")
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(cluster.StopStore()).To(Succeed())
 		kubectl(vmi("patient", "    objectStore: {bucketName: restart, objectName: disk.qcow2}")+"  retry: 10\n", "apply", "-n", ns, "-f", "-")

@@ -78,7 +78,7 @@ type VirtualMachineVolumeExportSpec struct {
 	RetainPolicy RetainPolicy `json:"retainPolicy,omitempty"`
 
 	// downloadURLExpiry is how long the presigned download URL in status stays valid
-	// (default 24h, at most 7 days, S3's limit). Changing it renews the URL.
+	// (default 4h, at most 7 days, S3's limit). Changing it renews the URL.
 	// +optional
 	DownloadURLExpiry *metav1.Duration `json:"downloadURLExpiry,omitempty"`
 

@@ -26,7 +26,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &UploadTokenRequest{}, &UploadTokenRequestList{})
+	s.AddKnownTypes(GroupVersion, &UploadTokenRequest{}, &UploadTokenRequestList{}, &ObjectStoreKeysRequest{}, &ObjectStoreKeysRequestList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -1,0 +1,125 @@
+package objectstore_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
+)
+
+// TestTenants: with their namespaces' keys and awscli, tenant B cannot list, read, overwrite or
+// delete tenant A's objects, nor change A's bucket policy, and sees only its own buckets; what
+// diskpipe does as B (a read check, an export's grant) is refused with the reason; A can share
+// one object with B by its bucket policy, and an exporter A grants writes its one object.
+func TestTenants(t *testing.T) {
+	s := objectstoretest.Start(t)
+	ctx := t.Context()
+	root := s.Client()
+	a, err := root.Tenant(ctx, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := root.Tenant(ctx, "team-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := root.Tenant(ctx, "team-a"); err != nil || fmt.Sprint(again.Keys()) != fmt.Sprint(a.Keys()) {
+		t.Fatalf("the same namespace's account again: %v, keys changed %v", err, fmt.Sprint(again.Keys()) != fmt.Sprint(a.Keys()))
+	}
+	aAccess, aSecret := a.Keys()
+	bAccess, bSecret := b.Keys()
+	if aAccess == s.AccessKey || aSecret == s.SecretKey || aAccess == bAccess {
+		t.Fatal("a tenant's keys are the root keys or another tenant's")
+	}
+	asA := func(args ...string) (string, error) { return s.AWSAs(ctx, aAccess, aSecret, args...) }
+	asB := func(args ...string) (string, error) { return s.AWSAs(ctx, bAccess, bSecret, args...) }
+	// Small enough that the store's refusal arrives before the request is sent whole (for a
+	// larger one it closes the connection, and awscli reports that instead).
+	src, _ := randomFile(t, 4<<10)
+	for _, args := range [][]string{{"s3", "mb", "s3://team-a-images"}, {"s3", "cp", "--only-show-errors", src, "s3://team-a-images/disk.qcow2"}} {
+		if out, err := asA(args...); err != nil {
+			t.Fatalf("tenant A: aws %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	if out, err := asB("s3", "mb", "s3://team-b-images"); err != nil {
+		t.Fatalf("tenant B makes its own bucket: %v\n%s", err, out)
+	}
+
+	for _, c := range []struct {
+		what string
+		args []string
+	}{
+		{"list A's bucket", []string{"s3", "ls", "s3://team-a-images/"}},
+		{"read A's object", []string{"s3", "cp", "s3://team-a-images/disk.qcow2", t.TempDir() + "/x"}},
+		{"overwrite A's object", []string{"s3", "cp", src, "s3://team-a-images/disk.qcow2"}},
+		{"write into A's bucket", []string{"s3", "cp", src, "s3://team-a-images/planted.qcow2"}},
+		{"delete A's object", []string{"s3", "rm", "s3://team-a-images/disk.qcow2"}},
+		{"delete A's bucket", []string{"s3", "rb", "s3://team-a-images"}},
+		{"change A's bucket policy", []string{"s3api", "put-bucket-policy", "--bucket", "team-a-images", "--policy",
+			`{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"AWS":["` + bAccess + `"]},"Action":["s3:*"],"Resource":["arn:aws:s3:::team-a-images/*"]}]}`}},
+	} {
+		out, err := asB(c.args...)
+		if err == nil {
+			t.Errorf("tenant B could %s:\n%s", c.what, out)
+		} else if !strings.Contains(out, "AccessDenied") && !strings.Contains(out, "Forbidden") && !strings.Contains(out, "403") {
+			t.Errorf("%s: refused, but not as access denied:\n%s", c.what, out)
+		}
+	}
+	if out, err := asB("s3", "ls"); err != nil || strings.Contains(out, "team-a-images") || !strings.Contains(out, "team-b-images") {
+		t.Errorf("tenant B's bucket list is not its own buckets: %v\n%s", err, out)
+	}
+	if out, err := asA("s3", "ls", "s3://team-a-images/"); err != nil || !strings.Contains(out, "disk.qcow2") {
+		t.Errorf("tenant A's object is gone or changed: %v\n%s", err, out)
+	}
+
+	// What diskpipe does as B: the refusal names the namespace and the way to share.
+	err = b.CheckRead(ctx, "team-a-images", "disk.qcow2")
+	if err == nil || !strings.Contains(err.Error(), "namespace team-b may not read s3://team-a-images/disk.qcow2 in the bundled object store") ||
+		!strings.Contains(err.Error(), bAccess) {
+		t.Errorf("B's read check of A's object: %v", err)
+	}
+	if err := b.EnsureBucket(ctx, "team-a-images"); err == nil || !strings.Contains(err.Error(), "namespace team-b may not use bucket team-a-images") {
+		t.Errorf("B's export into A's bucket: %v", err)
+	}
+	if _, _, err := b.Scope(ctx, "export-of-b", "team-a-images", "disk.qcow2", objectstore.ScopedActions); err == nil ||
+		!strings.Contains(err.Error(), "namespace team-b may not read the policy of bucket team-a-images") {
+		t.Errorf("B granting an exporter A's object: %v", err)
+	}
+	if err := a.CheckRead(ctx, "team-a-images", "disk.qcow2"); err != nil {
+		t.Errorf("A's own object: %v", err)
+	}
+
+	// A shares one object with B, by B's access key in its bucket policy (with a statement
+	// for itself: the store applies the policy to the owner too).
+	if out, err := asA("s3api", "put-bucket-policy", "--bucket", "team-a-images", "--policy", `{"Version":"2012-10-17","Statement":[`+
+		`{"Effect":"Allow","Principal":{"AWS":["`+aAccess+`"]},"Action":["s3:*"],"Resource":["arn:aws:s3:::team-a-images","arn:aws:s3:::team-a-images/*"]},`+
+		`{"Effect":"Allow","Principal":{"AWS":["`+bAccess+`"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::team-a-images/disk.qcow2"]}]}`); err != nil {
+		t.Fatalf("A shares an object: %v\n%s", err, out)
+	}
+	if err := a.CheckRead(ctx, "team-a-images", "disk.qcow2"); err != nil {
+		t.Errorf("A's own object once it shares it: %v", err)
+	}
+	if err := b.CheckRead(ctx, "team-a-images", "disk.qcow2"); err != nil {
+		t.Errorf("B reads what A shared: %v", err)
+	}
+	if out, err := asB("s3", "cp", src, "s3://team-a-images/disk.qcow2"); err == nil {
+		t.Errorf("sharing for reading let B overwrite:\n%s", out)
+	}
+
+	// An exporter A grants writes its one object; A's own policy statement stays.
+	access, secret, err := a.Scope(ctx, "export-of-a", "team-a-images", "vm/disk.qcow2", objectstore.ScopedActions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := s.AWSAs(ctx, access, secret, "s3", "cp", "--only-show-errors", src, "s3://team-a-images/vm/disk.qcow2"); err != nil {
+		t.Errorf("the exporter A granted: %v\n%s", err, out)
+	}
+	if err := b.CheckRead(ctx, "team-a-images", "disk.qcow2"); err != nil {
+		t.Errorf("the share after A granted an exporter: %v", err)
+	}
+	if err := a.Unscope(ctx, "export-of-a", "team-a-images"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,94 @@
+package uploadproxy
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	uploadapi "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
+)
+
+// DefaultKeysSecret is the Secret an ObjectStoreKeysRequest writes by default.
+const DefaultKeysSecret = "diskpipe-objectstore-keys"
+
+// LabelStoreKeys marks the Secrets the API wrote, the only ones it updates.
+const LabelStoreKeys = "diskpipe.io/objectstore-keys"
+
+// storeKeys answers an ObjectStoreKeysRequest: the namespace's keys, written to a Secret the
+// user may write.
+func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.ObjectStoreKeysRequest, user authenticationv1.UserInfo) error {
+	if a.Store == nil {
+		return fail(http.StatusNotFound, "this installation has no bundled object store: there are no keys to give")
+	}
+	name := req.Spec.SecretName
+	if name == "" {
+		name = DefaultKeysSecret
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fail(http.StatusBadRequest, "invalid ObjectStoreKeysRequest: spec.secretName %q: %s", name, errs[0])
+	}
+	sec := &corev1.Secret{}
+	err := a.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sec)
+	exists := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if exists && sec.Labels[LabelStoreKeys] != "true" {
+		return fail(http.StatusConflict, "the Secret %s/%s exists and diskpipe did not make it: name another in spec.secretName", ns, name)
+	}
+	// The manager writes the Secret for the user: only for one who may write it themselves.
+	verb := "create"
+	if exists {
+		verb = "update"
+	}
+	if err := review(ctx, a.Client, user, &authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Resource: "secrets", Name: name},
+		fmt.Sprintf("%s may not %s the Secret %s/%s the keys are written to: it needs %s on secrets", user.Username, verb, ns, name, verb)); err != nil {
+		return err
+	}
+	tenant, err := a.Store.Tenant(ctx, ns)
+	if err != nil {
+		return err
+	}
+	access, secret := tenant.Keys()
+	sec.Name, sec.Namespace = name, ns
+	if sec.Labels == nil {
+		sec.Labels = map[string]string{}
+	}
+	sec.Labels[LabelStoreKeys], sec.Labels["app.kubernetes.io/part-of"] = "true", "diskpipe"
+	sec.Data = map[string][]byte{"accessKeyId": []byte(access), "secretAccessKey": []byte(secret), "endpoint": []byte(a.StoreEndpoint)}
+	if exists {
+		err = a.Client.Update(ctx, sec)
+	} else {
+		err = a.Client.Create(ctx, sec)
+	}
+	if err != nil {
+		return fmt.Errorf("writing the Secret %s/%s: %w", ns, name, err)
+	}
+	req.Status = uploadapi.ObjectStoreKeysRequestStatus{SecretName: name, Endpoint: a.StoreEndpoint, AccessKeyID: access}
+	return nil
+}
+
+// review asks the apiserver whether user may do what attrs say; a refusal is a *httpError
+// (403) with the message refusal.
+func review(ctx context.Context, c client.Client, user authenticationv1.UserInfo, attrs *authorizationv1.ResourceAttributes, refusal string) error {
+	extra := map[string]authorizationv1.ExtraValue{}
+	for k, v := range user.Extra {
+		extra[k] = authorizationv1.ExtraValue(v)
+	}
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: user.Username, Groups: user.Groups, UID: user.UID, Extra: extra, ResourceAttributes: attrs}}
+	if err := c.Create(ctx, sar); err != nil {
+		return fmt.Errorf("reviewing access: %w", err)
+	}
+	if !sar.Status.Allowed {
+		return fail(http.StatusForbidden, "%s", refusal)
+	}
+	return nil
+}
