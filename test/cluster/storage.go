@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // Classes are the StorageClasses of the harness's driver; the first is the default. All bind
@@ -142,5 +143,5 @@ func (c *Cluster) install(ctx context.Context) error {
 		pods, _, _ := c.Kubectl(ctx, nil, "get", "pods,pvc,events", "-n", ReleaseNamespace, "-o", "wide")
 		return fmt.Errorf("helm install: %w: %s\n%s", err, out, pods)
 	}
-	return nil
+	return testenv.WaitAPIService(ctx, c.Client, uploadproxy.TokenAPIService)
 }

@@ -157,6 +157,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err := waitListening(net.JoinHostPort(host, strconv.Itoa(port))); err != nil {
 		return nil, fmt.Errorf("the manager's webhooks: %w", err)
 	}
+	if err := testenv.WaitAPIService(ctx, env.Client, uploadproxy.TokenAPIService); err != nil {
+		return nil, err
+	}
 	if err := c.run("uploadproxy", "--listen", upload, "--objectstore-endpoint", c.Store.Endpoint, "--objectstore-credentials-dir", creds,
 		"--token-secret", tokenSecret); err != nil {
 		return nil, err
