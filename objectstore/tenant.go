@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -97,11 +98,14 @@ func (c *Client) Forbidden(err error, reason transfer.Reason, verb, what string)
 	return Classify(err, verb+" "+what)
 }
 
-// createAccount makes an account of the store, unless it exists.
+// createAccount makes an account of the store, or sets the secret and role of the one that
+// exists: its secret is derived from the root secret, which an administrator may have rotated.
 func (c *Client) createAccount(ctx context.Context, access, secret, role string) error {
 	body := fmt.Appendf(nil, "<Account><Access>%s</Access><Secret>%s</Secret><Role>%s</Role></Account>", access, secret, role)
-	if err := c.admin(ctx, "/create-user", nil, body); err != nil && !strings.Contains(err.Error(), "already exists") {
+	err := c.admin(ctx, "/create-user", nil, body)
+	if err == nil || !strings.Contains(err.Error(), "already exists") {
 		return err
 	}
-	return nil
+	props := fmt.Appendf(nil, "<MutableProps><Secret>%s</Secret><Role>%s</Role></MutableProps>", secret, role)
+	return c.admin(ctx, "/update-user", url.Values{"access": {access}}, props)
 }

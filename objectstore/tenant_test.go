@@ -123,3 +123,25 @@ func TestTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTenantAfterRotation: an account whose secret no longer matches the one derived from the
+// root secret (the root keys were rotated) is set right the next time a manager makes its
+// tenant's client, and the keys work again.
+func TestTenantAfterRotation(t *testing.T) {
+	s := objectstoretest.Start(t)
+	ctx := t.Context()
+	if _, err := s.Client().Tenant(ctx, "rotated"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Client().SetAccountSecret(ctx, objectstore.TenantAccess("rotated"), "derived-from-the-old-root-secret", "userplus"); err != nil {
+		t.Fatal(err)
+	}
+	tenant, err := s.Client().Tenant(ctx, "rotated") // a manager that starts again: nothing cached
+	if err != nil {
+		t.Fatal(err)
+	}
+	access, secret := tenant.Keys()
+	if out, err := s.AWSAs(ctx, access, secret, "s3", "mb", "s3://rotated"); err != nil {
+		t.Fatalf("the tenant's keys after the account was set right: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,13 @@
+package objectstore
+
+import (
+	"context"
+	"net/url"
+)
+
+// SetAccountSecret sets the secret of the account access, as the store's admin API does, for
+// tests of accounts whose secret went stale.
+func (c *Client) SetAccountSecret(ctx context.Context, access, secret, role string) error {
+	return c.admin(ctx, "/update-user", url.Values{"access": {access}},
+		[]byte("<MutableProps><Secret>"+secret+"</Secret><Role>"+role+"</Role></MutableProps>"))
+}
