@@ -157,7 +157,7 @@ func TestExport(t *testing.T) {
 	g.Expect(c.Command).To(Equal([]string{"/exporter"}))
 	args := strings.Join(c.Args, " ")
 	g.Expect(args).To(HavePrefix("--source /source/disk.img --format qcow2 --compression none --endpoint " + store.Endpoint +
-		" --region us-east-1 --bucket-lookup Path --bucket "+bucketOf(ns)+" --object vm-disk.qcow2 --s3-credentials-dir /var/run/diskpipe/auth --keep-stale-uploads"))
+		" --region us-east-1 --bucket-lookup Path --bucket " + bucketOf(ns) + " --object vm-disk.qcow2 --s3-credentials-dir /var/run/diskpipe/auth --keep-stale-uploads"))
 	g.Expect(pod.Spec.Volumes).To(ContainElement(HaveField("PersistentVolumeClaim", Equal(&corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-disk", ReadOnly: true}))))
 	creds := &corev1.Secret{}
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "backup-export-store"}, creds)).To(Succeed())
@@ -178,9 +178,9 @@ func TestExport(t *testing.T) {
 	out, err = store.AWSAs(ctx, access, secret, "s3", "cp", p, "s3://"+bucketOf(ns)+"/elsewhere.qcow2")
 	g.Expect(err).To(HaveOccurred(), "the export's keys write another object:\n"+out)
 	ctrltest.Complete(t, env, ns, "backup-export-0", transfer.Result{Format: "qcow2", VirtualSize: 10 << 30, BytesWritten: int64(len(body)),
-		Digest: "sha256:0123", URL: "s3://"+bucketOf(ns)+"/vm-disk.qcow2", DurationSeconds: 4})
-	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported: exported vm-disk as qcow2 to s3://"+bucketOf(ns)+"/vm-disk.qcow2"))
-	g.Expect(ex.Status.ObjectURL).To(Equal("s3://"+bucketOf(ns)+"/vm-disk.qcow2"))
+		Digest: "sha256:0123", URL: "s3://" + bucketOf(ns) + "/vm-disk.qcow2", DurationSeconds: 4})
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported: exported vm-disk as qcow2 to s3://" + bucketOf(ns) + "/vm-disk.qcow2"))
+	g.Expect(ex.Status.ObjectURL).To(Equal("s3://" + bucketOf(ns) + "/vm-disk.qcow2"))
 	g.Expect(ex.Status.Digest).To(Equal("sha256:0123"))
 	g.Expect(time.Until(ex.Status.DownloadURLExpiresAt.Time)).To(BeNumerically("~", 4*time.Hour, time.Minute))
 	g.Expect(ex.Status.DownloadURL).To(HavePrefix("http://"+publicHost+"/"), "the download URL names the public endpoint")
@@ -254,7 +254,7 @@ func TestRetainPolicyDelete(t *testing.T) {
 	ex.Spec.RetainPolicy = hypercloud.RetainPolicyDelete
 	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
 	upload(t, ns, ns+"-scratch.qcow2", []byte("exported"))
-	ctrltest.Complete(t, env, ns, "temp-export-0", transfer.Result{Format: "qcow2", URL: "s3://"+bucketOf(ns)+"/" + ns + "-scratch.qcow2"})
+	ctrltest.Complete(t, env, ns, "temp-export-0", transfer.Result{Format: "qcow2", URL: "s3://" + bucketOf(ns) + "/" + ns + "-scratch.qcow2"})
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
 	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
 	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
@@ -302,7 +302,7 @@ func TestInUseDiskIsSnapshotted(t *testing.T) {
 	g.Expect(temp.Spec.DataSource.Kind).To(Equal("VolumeSnapshot"))
 	g.Expect(ex.Status.SnapshotName).To(Equal("live-export"))
 
-	ctrltest.Complete(t, env, ns, "live-export-0", transfer.Result{Format: "qcow2", URL: "s3://"+bucketOf(ns)+"/" + ns + "-busy.qcow2"})
+	ctrltest.Complete(t, env, ns, "live-export-0", transfer.Result{Format: "qcow2", URL: "s3://" + bucketOf(ns) + "/" + ns + "-busy.qcow2"})
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
 	g.Eventually(func() bool {
 		pvcGone := apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "live-export"}, temp)) || !temp.DeletionTimestamp.IsZero()

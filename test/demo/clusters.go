@@ -70,7 +70,7 @@ func (l local) Logs() string           { return l.dir + "/*.log and " + l.dir + 
 
 type realNode struct{ *realcluster.Cluster }
 
-func (r realNode) StoreEndpoint() string  { return realcluster.StoreEndpoint }
+func (r realNode) StoreEndpoint() string { return realcluster.StoreEndpoint }
 func (r realNode) AWS(ctx context.Context, ns string, args ...string) (string, error) {
 	return testenv.TenantAWS(ctx, r.Client, realcluster.StoreEndpoint, ns, args...)
 }
