@@ -2,6 +2,8 @@ package plugin
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -9,8 +11,16 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// exportBucket is the bundled store's bucket the plugin's exports are written to.
-const exportBucket = "kubectl-diskpipe"
+// ExportBucket is the bundled store's bucket the plugin's exports of namespace ns are written
+// to: one per namespace, since a bucket belongs to the namespace that made it.
+func ExportBucket(ns string) string {
+	const prefix = "kubectl-diskpipe-"
+	if len(prefix)+len(ns) <= 63 {
+		return prefix + ns
+	}
+	sum := sha256.Sum256([]byte(ns))
+	return prefix + ns[:63-len(prefix)-9] + "-" + hex.EncodeToString(sum[:4])
+}
 
 // export makes a VirtualMachineVolumeExport of pvc, waits for it, downloads its object and,
 // unless --keep, deletes the export and with it the object.
@@ -27,7 +37,7 @@ func (o *options) export(ctx context.Context, c *client, pvc string) error {
 		"format":       o.format,
 		"retainPolicy": retain,
 		"objectStore": map[string]any{
-			"bucketName": exportBucket,
+			"bucketName": ExportBucket(c.namespace),
 			"objectName": fmt.Sprintf("%s/%s-%s.%s", c.namespace, pvc, time.Now().UTC().Format("20060102-150405"), o.format),
 		},
 	}

@@ -18,7 +18,7 @@ type ReasonDoc struct {
 // Reason constants) and then the reasons controllers give their conditions.
 var Catalog = []ReasonDoc{
 	{Reason: string(ReasonSourceNotFound), Transient: "no", Meaning: "404, no such object, bucket or tag, no file under `/disk/`, or a redirect loop", Advice: "fix the URL, bucket/object or tag and make the object again"},
-	{Reason: string(ReasonSourceForbidden), Transient: "no", Meaning: "401/403, wrong S3 keys, registry authentication required", Advice: "fix or add the credentials Secret the source names"},
+	{Reason: string(ReasonSourceForbidden), Transient: "no", Meaning: "401/403, wrong S3 keys, registry authentication required; on the bundled store, a bucket of another namespace", Advice: "fix or add the credentials Secret the source names; on the bundled store, use your namespace's bucket or have its owner share it"},
 	{Reason: string(ReasonSourceUnavailable), Transient: "yes", Meaning: "connection refused or reset, 5xx, a response that stalled", Advice: "wait; check that the server is up and reachable from the cluster"},
 	{Reason: string(ReasonForbiddenDestination), Transient: "no", Meaning: "the source's URL, a redirect or its DNS answer points at loopback, link-local (cloud metadata), the cluster's pod or service networks (`importer.clusterCIDRs`), or a redirect leaves http(s)", Advice: "use a public address; for a mirror you trust inside the cluster, add its address, CIDR or host name to the chart's `importer.allowedDestinations`"},
 	{Reason: string(ReasonTLSError), Transient: "no", Meaning: "the server's certificate is not trusted", Advice: "give its CA bundle (`certConfigMap`)"},
@@ -37,7 +37,7 @@ var Catalog = []ReasonDoc{
 	{Reason: string(ReasonInvalidArgument), Transient: "no", Meaning: "a malformed URL, header, checksum or bucket name", Advice: "fix the spec; the message names the value"},
 	{Reason: string(ReasonTargetError), Transient: "no", Meaning: "the volume or the object store is full, or cannot be written", Advice: "free space or request more"},
 	{Reason: string(ReasonTargetNotFound), Transient: "no", Meaning: "the export's bucket does not exist", Advice: "create the bucket"},
-	{Reason: string(ReasonTargetForbidden), Transient: "no", Meaning: "the object store refused the export's credentials", Advice: "fix the credentials Secret"},
+	{Reason: string(ReasonTargetForbidden), Transient: "no", Meaning: "the object store refused the export's credentials; on the bundled store, a bucket of another namespace", Advice: "fix the credentials Secret; on the bundled store, export to a bucket of your namespace"},
 	{Reason: string(ReasonTargetUnavailable), Transient: "yes", Meaning: "the object store could not be reached", Advice: "check the store; the export is retried"},
 	{Reason: string(ReasonCancelled), Transient: "yes", Meaning: "the pod was stopped (deleted, evicted, its node drained) before it finished", Advice: "nothing: the next attempt goes on"},
 	{Reason: string(ReasonInternal), Transient: "yes", Meaning: "a failure diskpipe could not classify, or a pod that ended without a result", Advice: "read the importer pod's log; report it if it repeats"},

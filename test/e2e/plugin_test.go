@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	diskpipeplugin "github.com/diskpipe/diskpipe/plugin"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -99,7 +100,7 @@ var _ = Describe("kubectl diskpipe", func() {
 		run("qemu-img", "compare", "-F", "qcow2", raw, file)
 		Eventually(func() string { return kubectl("", "get", "vmve", "-n", ns, "-o", "name") }, time.Minute).Should(BeEmpty())
 		Eventually(func() string {
-			ls, _ := cluster.AWS(context.Background(), "s3", "ls", "--recursive", "s3://kubectl-diskpipe/"+ns+"/")
+			ls, _ := cluster.AWS(context.Background(), "s3", "ls", "--recursive", "s3://"+diskpipeplugin.ExportBucket(ns)+"/"+ns+"/")
 			return ls
 		}, time.Minute, time.Second).Should(BeEmpty(), "the export's object went with it")
 	})
