@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/versity/versitygw/backend"
 	"github.com/versity/versitygw/backend/meta"
 	"github.com/versity/versitygw/backend/posix"
 	"github.com/versity/versitygw/embedgw"
@@ -35,6 +36,9 @@ type ServerConfig struct {
 	// IAMDir keeps the accounts of scoped credentials (scoped.go); default Dir/.diskpipe-iam,
 	// which is no valid bucket name, so no request reaches it as one.
 	IAMDir string
+	// QuotaPerAccount, when above 0, bounds the bytes the buckets of each account other than
+	// root may hold (quota.go): a namespace's, since each namespace has its account.
+	QuotaPerAccount int64
 }
 
 // Serve runs the store until ctx ends, then shuts it down gracefully.
@@ -63,7 +67,11 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 	if err != nil {
 		return fmt.Errorf("objectstore: opening %s: %w", cfg.Dir, err)
 	}
-	return embedgw.RunVersityGW(ctx, be, &embedgw.Config{
+	var served backend.Backend = be
+	if cfg.QuotaPerAccount > 0 {
+		served = &quota{Backend: be, dir: cfg.Dir, root: cfg.AccessKey, limit: cfg.QuotaPerAccount}
+	}
+	return embedgw.RunVersityGW(ctx, served, &embedgw.Config{
 		RootUserAccess:    cfg.AccessKey,
 		RootUserSecret:    cfg.SecretKey,
 		Region:            cfg.Region,

@@ -145,3 +145,58 @@ func TestTenantAfterRotation(t *testing.T) {
 		t.Fatalf("the tenant's keys after the account was set right: %v\n%s", err, out)
 	}
 }
+
+// TestQuota: with --quota-per-namespace a namespace's buckets hold at most that many bytes, in
+// single PUTs and in parts: the write that would cross it is refused with QuotaExceeded,
+// naming the quota; deleting frees room; another namespace and the root account have their
+// own room.
+func TestQuota(t *testing.T) {
+	s := objectstoretest.StartWith(t, "--quota-per-namespace", "1Mi")
+	ctx := t.Context()
+	a, err := s.Client().Tenant(ctx, "quota-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Client().Tenant(ctx, "quota-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	aAccess, aSecret := a.Keys()
+	bAccess, bSecret := b.Keys()
+	asA := func(args ...string) (string, error) { return s.AWSAs(ctx, aAccess, aSecret, args...) }
+	small, _ := randomFile(t, 600<<10)
+	for _, args := range [][]string{{"s3", "mb", "s3://quota-a"}, {"s3", "mb", "s3://quota-a2"}, {"s3", "cp", "--only-show-errors", small, "s3://quota-a/one"}} {
+		if out, err := asA(args...); err != nil {
+			t.Fatalf("aws %v: %v\n%s", args, err, out)
+		}
+	}
+	// 600 KiB more, in another bucket of the same namespace: over 1 MiB.
+	out, err := asA("s3api", "put-object", "--bucket", "quota-a2", "--key", "two", "--body", small)
+	if err == nil || !strings.Contains(out, "QuotaExceeded") || !strings.Contains(out, "1048576 bytes") {
+		t.Errorf("a PUT over the quota: %v\n%s", err, out)
+	}
+	big, _ := randomFile(t, 9<<20) // awscli sends it in parts
+	if out, err := asA("s3", "cp", "--only-show-errors", big, "s3://quota-a/big"); err == nil {
+		t.Errorf("an upload in parts over the quota:\n%s", out)
+	}
+	// Another namespace, and the root account, are not held by A's use.
+	if out, err := s.AWSAs(ctx, bAccess, bSecret, "s3", "mb", "s3://quota-b"); err != nil {
+		t.Fatal(err, out)
+	}
+	if out, err := s.AWSAs(ctx, bAccess, bSecret, "s3", "cp", "--only-show-errors", small, "s3://quota-b/one"); err != nil {
+		t.Errorf("namespace B within its own quota: %v\n%s", err, out)
+	}
+	if out, err := s.AWS(ctx, s.SecretKey, "s3", "mb", "s3://root-bucket"); err != nil {
+		t.Fatal(err, out)
+	}
+	if out, err := s.AWS(ctx, s.SecretKey, "s3", "cp", "--only-show-errors", big, "s3://root-bucket/big"); err != nil {
+		t.Errorf("the root account has no quota: %v\n%s", err, out)
+	}
+	// Deleting frees room.
+	if out, err := asA("s3", "rm", "s3://quota-a/one"); err != nil {
+		t.Fatal(err, out)
+	}
+	if out, err := asA("s3api", "put-object", "--bucket", "quota-a2", "--key", "two", "--body", small); err != nil {
+		t.Errorf("a PUT after room was freed: %v\n%s", err, out)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
@@ -24,11 +26,18 @@ func main() {
 	flag.StringVar(&cfg.CertFile, "tls-cert", "", "TLS certificate (with --tls-key)")
 	flag.StringVar(&cfg.KeyFile, "tls-key", "", "TLS key (with --tls-cert)")
 	flag.StringVar(&cfg.VirtualDomain, "virtual-domain", "", "domain for virtual-host-style requests")
+	quota := flag.String("quota-per-namespace", "", "bytes each namespace's buckets may hold, e.g. 100Gi (empty: no quota)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	var err error
 	if cfg.AccessKey, err = objectstore.ReadSecret(access, "DISKPIPE_S3_ACCESS_KEY"); err == nil {
 		cfg.SecretKey, err = objectstore.ReadSecret(secret, "DISKPIPE_S3_SECRET_KEY")
+	}
+	if err == nil && *quota != "" {
+		var q resource.Quantity
+		if q, err = resource.ParseQuantity(*quota); err == nil {
+			cfg.QuotaPerAccount = q.Value()
+		}
 	}
 	if err == nil {
 		err = objectstore.Serve(ctx, cfg)

@@ -32,6 +32,7 @@ type Server struct {
 	addr string
 	cmd  *exec.Cmd
 	log  string
+	args []string
 }
 
 var (
@@ -74,6 +75,17 @@ func Start(t testing.TB) *Server {
 // StartIn runs a store whose data lives in dir.
 func StartIn(t testing.TB, dir string) *Server {
 	t.Helper()
+	return startIn(t, dir)
+}
+
+// StartWith runs a store for the test with more flags of cmd/objectstore (--quota-per-namespace).
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
+	return startIn(t, filepath.Join(t.TempDir(), "data"), args...)
+}
+
+func startIn(t testing.TB, dir string, args ...string) *Server {
+	t.Helper()
 	bin, err := build()
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +96,7 @@ func StartIn(t testing.TB, dir string) *Server {
 	}
 	s := &Server{
 		Endpoint: "http://" + addr, AccessKey: "diskpipe-test", SecretKey: "diskpipe-test-secret",
-		Dir: dir, t: t, addr: addr, log: filepath.Join(t.TempDir(), "objectstore.log"),
+		Dir: dir, t: t, addr: addr, log: filepath.Join(t.TempDir(), "objectstore.log"), args: args,
 	}
 	s.start(bin)
 	t.Cleanup(s.Stop)
@@ -97,7 +109,7 @@ func (s *Server) start(bin string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.cmd = exec.Command(bin, "--data-dir", s.Dir, "--listen", s.addr)
+	s.cmd = exec.Command(bin, append([]string{"--data-dir", s.Dir, "--listen", s.addr}, s.args...)...) //nolint:gosec // the test's own store
 	s.cmd.Env = append(os.Environ(), "DISKPIPE_S3_ACCESS_KEY="+s.AccessKey, "DISKPIPE_S3_SECRET_KEY="+s.SecretKey)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {

@@ -267,3 +267,23 @@ func TestManagerArgs(t *testing.T) {
 		t.Error("with cert-manager the manager must not issue its own certificate")
 	}
 }
+
+// TestStoreQuota: objectStore.bundled.quotaPerNamespace reaches the store's command line, and
+// without it the store runs with no quota.
+func TestStoreQuota(t *testing.T) {
+	args := func(objs []*unstructured.Unstructured) string {
+		sts := find(objs, "StatefulSet")
+		if sts == nil {
+			t.Fatal("no StatefulSet")
+		}
+		containers, _, _ := unstructured.NestedSlice(sts.Object, "spec", "template", "spec", "containers")
+		a, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+		return strings.Join(a, " ")
+	}
+	if got := args(render(t, "diskpipe-system", "--set", "objectStore.bundled.quotaPerNamespace=20Gi")); !strings.Contains(got, "--quota-per-namespace=20Gi") {
+		t.Errorf("the store's args with a quota: %s", got)
+	}
+	if got := args(render(t, "diskpipe-system")); strings.Contains(got, "quota") {
+		t.Errorf("the store's args without a quota: %s", got)
+	}
+}
