@@ -32,7 +32,6 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -458,7 +457,13 @@ func shareSource(ctx context.Context, cl cluster, raw string, namespaces []strin
 	access, _ := owner.Keys()
 	readers := []string{}
 	for _, ns := range namespaces[1:] {
-		readers = append(readers, fmt.Sprintf("%q", objectstore.TenantAccess(ns)))
+		// The store takes only principals it knows: the readers' accounts must exist.
+		reader, err := root.Tenant(ctx, ns)
+		if err != nil {
+			return err
+		}
+		r, _ := reader.Keys()
+		readers = append(readers, fmt.Sprintf("%q", r))
 	}
 	policy := fmt.Sprintf(`{"Version":"2012-10-17","Statement":[`+
 		`{"Effect":"Allow","Principal":{"AWS":[%q]},"Action":["s3:*"],"Resource":["arn:aws:s3:::chaos-src","arn:aws:s3:::chaos-src/*"]},`+
