@@ -110,6 +110,60 @@ func TestExportToStore(t *testing.T) {
 	}
 }
 
+// TestObjectActions: the exporter signs the download URL itself after an export, and as its
+// own action later, and deletes the object: what the manager asks of a pod for an external
+// store, so that only the pod reads the user's keys.
+func TestObjectActions(t *testing.T) {
+	s := objectstoretest.Start(t)
+	src := makeDisk(t, 8<<20, false)
+	before := time.Now()
+	code, res, log := runExporter(t, s, "--source", src, "--bucket", "offsite", "--object", "disk.qcow2", "--create-bucket",
+		"--download-url-expiry", "90m")
+	if code != 0 || !res.Succeeded || res.DownloadURL == "" || res.DownloadURLExpiresAt == nil {
+		t.Fatalf("exit %d %+v\n%s", code, res, log)
+	}
+	if d := res.DownloadURLExpiresAt.Sub(before); d < 90*time.Minute || d > 91*time.Minute {
+		t.Errorf("the URL expires %v after the start, asked 90m", d)
+	}
+	download := func(u string) (string, error) {
+		p := filepath.Join(t.TempDir(), "download.qcow2")
+		out, err := exec.Command("curl", "-sSf", "-o", p, u).CombinedOutput()
+		if err != nil {
+			return string(out), err
+		}
+		return fileDigest(t, p), nil
+	}
+	if got, err := download(res.DownloadURL); err != nil || got != res.Digest {
+		t.Fatalf("the export's own URL: %v %s (the object is %s)", err, got, res.Digest)
+	}
+
+	code, signed, log := runExporter(t, s, "--action", "presign", "--bucket", "offsite", "--object", "disk.qcow2", "--download-url-expiry", "2h")
+	if code != 0 || signed.DownloadURL == "" || signed.DownloadURL == res.DownloadURL || signed.URL != "s3://offsite/disk.qcow2" {
+		t.Fatalf("presign: exit %d %+v\n%s", code, signed, log)
+	}
+	if got, err := download(signed.DownloadURL); err != nil || got != res.Digest {
+		t.Fatalf("the presigned URL: %v %s", err, got)
+	}
+	if code, res, _ := runExporter(t, s, "--action", "presign", "--bucket", "offsite", "--object", "disk.qcow2"); code != transfer.ExitFailed ||
+		res.Reason != transfer.ReasonInvalidArgument {
+		t.Errorf("presign without an expiry: exit %d %+v", code, res)
+	}
+
+	for range 2 { // deleting an object already gone succeeds
+		if code, res, log := runExporter(t, s, "--action", "delete", "--bucket", "offsite", "--object", "disk.qcow2"); code != 0 || !res.Succeeded {
+			t.Fatalf("delete: exit %d %+v\n%s", code, res, log)
+		}
+		noObject(t, s, "offsite", "disk.qcow2")
+	}
+	if _, err := download(signed.DownloadURL); err == nil {
+		t.Error("the URL still downloads a deleted object")
+	}
+	var stderr bytes.Buffer
+	if code := Main(t.Context(), []string{"--action", "copy"}, &stderr); code != transfer.ExitUsage || !strings.Contains(stderr.String(), "export, presign or delete") {
+		t.Errorf("an unknown action: exit %d %s", code, stderr.String())
+	}
+}
+
 // TestBlockSource exports a block device (a loop device).
 func TestBlockSource(t *testing.T) {
 	src := makeDisk(t, 24<<20, false)

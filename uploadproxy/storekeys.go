@@ -34,14 +34,19 @@ func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.Obje
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 		return fail(http.StatusBadRequest, "invalid ObjectStoreKeysRequest: spec.secretName %q: %s", name, errs[0])
 	}
+	// The manager may read only the Secrets of the default name (its RBAC names it): one of
+	// another name is written only if it does not exist yet.
 	sec := &corev1.Secret{}
-	err := a.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sec)
-	exists := err == nil
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	if exists && sec.Labels[LabelStoreKeys] != "true" {
-		return fail(http.StatusConflict, "the Secret %s/%s exists and diskpipe did not make it: name another in spec.secretName", ns, name)
+	exists := false
+	if name == DefaultKeysSecret {
+		err := a.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, sec)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		exists = err == nil
+		if exists && sec.Labels[LabelStoreKeys] != "true" {
+			return fail(http.StatusConflict, "the Secret %s/%s exists and diskpipe did not make it: name another in spec.secretName", ns, name)
+		}
 	}
 	// The manager writes the Secret for the user: only for one who may write it themselves.
 	verb := "create"
@@ -65,8 +70,8 @@ func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.Obje
 	sec.Data = map[string][]byte{"accessKeyId": []byte(access), "secretAccessKey": []byte(secret), "endpoint": []byte(a.StoreEndpoint)}
 	if exists {
 		err = a.Client.Update(ctx, sec)
-	} else {
-		err = a.Client.Create(ctx, sec)
+	} else if err = a.Client.Create(ctx, sec); apierrors.IsAlreadyExists(err) {
+		return fail(http.StatusConflict, "the Secret %s/%s exists: diskpipe rewrites only %s; delete it to have it written again, or name another", ns, name, DefaultKeysSecret)
 	}
 	if err != nil {
 		return fmt.Errorf("writing the Secret %s/%s: %w", ns, name, err)

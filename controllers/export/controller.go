@@ -7,6 +7,7 @@ package export
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -73,7 +74,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !ex.DeletionTimestamp.IsZero() {
-		if err := r.delete(ctx, ex); err != nil {
+		if err := r.delete(ctx, ex); errors.Is(err, errDeleting) {
+			return ctrl.Result{RequeueAfter: 10 * time.Second}, nil // the pod's end also wakes this
+		} else if err != nil {
 			return ctrl.Result{}, err
 		}
 		if controllerutil.RemoveFinalizer(ex, Finalizer) {
@@ -87,8 +90,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		}
 	}
 	if _, ok := ex.Annotations[AnnotationRenewURL]; ok && ex.Status.Phase == common.PhaseReady {
-		err := r.renew(ctx, ex)
+		done, err := r.renew(ctx, ex)
 		r.Fresh.Saw(ex)
+		if !done && err == nil {
+			return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
+		}
 		return ctrl.Result{}, err
 	}
 	base := ex.DeepCopy()

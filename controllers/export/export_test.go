@@ -13,6 +13,7 @@ import (
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	"github.com/minio/minio-go/v7"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -28,6 +29,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/export"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/exporter"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -342,7 +344,9 @@ func TestInUseWithoutSnapshotClass(t *testing.T) {
 }
 
 // TestExternalStore exports to an S3 store named in the spec, with the user's credentials
-// Secret: the exporter mounts that Secret, and the download URL is signed with those keys.
+// Secret, which only the pods read: the real exporter runs each pod's command line. It
+// exports and signs the download URL with those keys, signs a new one on request, and deletes
+// the object with retainPolicy Delete; a Secret that does not exist is named as the reason.
 func TestExternalStore(t *testing.T) {
 	ns := setup(t)
 	g := NewWithT(t)
@@ -350,30 +354,136 @@ func TestExternalStore(t *testing.T) {
 	newPVC(t, ns, "data", "csi")
 	g.Expect(env.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s3-creds", Namespace: ns},
 		StringData: map[string]string{"accessKeyId": store.AccessKey, "secretAccessKey": store.SecretKey}})).To(Succeed())
-	ex := &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: "offsite", Namespace: ns},
-		Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: "data", Format: hypercloud.ExportFormatRaw,
-			Compression: hypercloud.ExportCompressionNone,
-			S3: &common.S3Source{Endpoint: common.HTTPURL(store.Endpoint), Region: "us-east-1", BucketLookup: common.BucketLookupPath,
-				BucketName: "vmexport", ObjectName: common.ObjectName(ns + "-data.raw"), SecretRef: "s3-creds"}}}
+	g.Expect(store.Client().EnsureBucket(ctx, "vmexport")).To(Succeed())
+	offsite := func(name, secret string) *hypercloud.VirtualMachineVolumeExport {
+		return &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: "data", Format: hypercloud.ExportFormatRaw,
+				Compression: hypercloud.ExportCompressionNone, RetainPolicy: hypercloud.RetainPolicyDelete,
+				S3: &common.S3Source{Endpoint: common.HTTPURL(store.Endpoint), Region: "us-east-1", BucketLookup: common.BucketLookupPath,
+					BucketName: "vmexport", ObjectName: common.ObjectName(ns + "-" + name + ".raw"), SecretRef: common.LocalName(secret)}}}
+	}
+	ex := offsite("offsite", "s3-creds")
 	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
 	pod := ctrltest.Pod(t, env, ns, "offsite-export-0")
 	args := strings.Join(pod.Spec.Containers[0].Args, " ")
 	g.Expect(args).To(ContainSubstring("--format raw"))
-	g.Expect(args).To(ContainSubstring("--bucket vmexport --object " + ns + "-data.raw --s3-credentials-dir /var/run/diskpipe/auth"))
+	g.Expect(args).To(ContainSubstring("--bucket vmexport --object " + ns + "-offsite.raw --s3-credentials-dir /var/run/diskpipe/auth"))
+	g.Expect(args).To(ContainSubstring("--download-url-expiry 4h0m0s"), "the pod signs the download URL")
 	g.Expect(args).NotTo(ContainSubstring("--create-bucket"))
 	g.Expect(pod.Spec.Volumes).To(ContainElement(HaveField("Secret.SecretName", "s3-creds")))
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "offsite-export-store"}, &corev1.Secret{})).NotTo(Succeed(),
 		"the bundled store's keys are not copied for an external store")
 
-	// The user's own keys of the external store (here the bundled one's root keys).
-	p := filepath.Join(t.TempDir(), "data.raw")
-	g.Expect(os.WriteFile(p, []byte("raw disk"), 0o600)).To(Succeed())
-	g.Expect(store.Client().EnsureBucket(ctx, "vmexport")).To(Succeed())
-	out, err := store.AWS(ctx, store.SecretKey, "s3", "cp", p, "s3://vmexport/"+ns+"-data.raw")
-	g.Expect(err).NotTo(HaveOccurred(), out)
-	ctrltest.Complete(t, env, ns, "offsite-export-0", transfer.Result{Format: "raw", URL: "s3://vmexport/" + ns + "-data.raw"})
+	disk := []byte(strings.Repeat("raw disk ", 1<<16))
+	res := runPod(t, ns, "offsite-export-0", disk)
+	g.Expect(res.Succeeded).To(BeTrue(), res.Message)
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
+	g.Expect(time.Until(ex.Status.DownloadURLExpiresAt.Time)).To(BeNumerically("~", 4*time.Hour, time.Minute))
 	code, got := get(t, ex.Status.DownloadURL)
 	g.Expect(code).To(Equal(http.StatusOK))
-	g.Expect(string(got)).To(Equal("raw disk"))
+	g.Expect(got).To(Equal(disk))
+
+	// A new URL on request, signed by a pod of its own.
+	first := ex.Status.DownloadURL
+	time.Sleep(1100 * time.Millisecond) // a presigned URL carries its signing second
+	patch := client.MergeFrom(ex.DeepCopy())
+	ex.Annotations = map[string]string{export.AnnotationRenewURL: "true"}
+	g.Expect(env.Client.Patch(ctx, ex, patch)).To(Succeed())
+	g.Expect(runPod(t, ns, "offsite-presign", nil).Succeeded).To(BeTrue())
+	g.Eventually(func() bool {
+		exportStatus(t, ex)()
+		_, asked := ex.Annotations[export.AnnotationRenewURL]
+		return ex.Status.DownloadURL != first && !asked
+	}, 10*time.Second).Should(BeTrue(), "a new URL, and the request cleared")
+	code, got = get(t, ex.Status.DownloadURL)
+	g.Expect(code).To(Equal(http.StatusOK))
+	g.Expect(got).To(Equal(disk))
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "offsite-presign"}, &corev1.Pod{}))
+	}, 10*time.Second).Should(BeTrue(), "the signing pod is deleted")
+
+	// Keys that do not exist: the pod says so, and it is tried again.
+	nokeys := offsite("nokeys", "absent")
+	g.Expect(env.Client.Create(ctx, nokeys)).To(Succeed())
+	res = runPod(t, ns, "nokeys-export-0", disk)
+	g.Expect(res.Reason).To(Equal(transfer.ReasonCredentialsNotFound))
+	g.Eventually(exportStatus(t, nokeys), 20*time.Second).Should(ContainSubstring(
+		"Retrying: attempt 1 failed (CredentialsNotFound: no S3 keys in "))
+	g.Expect(exportStatus(t, nokeys)()).To(ContainSubstring("the Secret that secretRef names does not exist in this namespace"))
+
+	// retainPolicy Delete: a pod deletes the object, then the export goes.
+	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
+	g.Expect(runPod(t, ns, "offsite-delete", nil).Succeeded).To(BeTrue())
+	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 20*time.Second).Should(BeTrue())
+	_, err := store.Client().StatObject(ctx, "vmexport", ns+"-offsite.raw", minio.StatObjectOptions{})
+	g.Expect(minio.ToErrorResponse(err).Code).To(Equal("NoSuchKey"), "the exported object is deleted")
+}
+
+// runPod plays the kubelet for an exporter pod with the real exporter: each Secret and
+// ConfigMap volume becomes a directory of its keys, read as the kubelet reads them (an
+// optional Secret that does not exist: an empty directory), the source PVC a directory with
+// disk as its disk.img; exporter.Main runs the pod's arguments, and its result and exit code
+// become the pod's status.
+func runPod(t *testing.T, ns, name string, disk []byte) *transfer.Result {
+	t.Helper()
+	ctx := t.Context()
+	pod := ctrltest.Pod(t, env, ns, name)
+	ctr := pod.Spec.Containers[0]
+	var paths []string // mount path, local directory, ...
+	for _, m := range ctr.VolumeMounts {
+		dir := t.TempDir()
+		files := map[string][]byte{}
+		for _, v := range pod.Spec.Volumes {
+			switch {
+			case v.Name != m.Name:
+			case v.Secret != nil:
+				sec := &corev1.Secret{}
+				err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: v.Secret.SecretName}, sec)
+				if !apierrors.IsNotFound(err) || !ptr.Deref(v.Secret.Optional, false) {
+					if err != nil {
+						t.Fatalf("the pod's Secret %s: %v", v.Secret.SecretName, err)
+					}
+					files = sec.Data
+				}
+			case v.ConfigMap != nil:
+				cm := &corev1.ConfigMap{}
+				if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: v.ConfigMap.Name}, cm); err != nil {
+					t.Fatalf("the pod's ConfigMap %s: %v", v.ConfigMap.Name, err)
+				}
+				for k, d := range cm.Data {
+					files[k] = []byte(d)
+				}
+			case v.PersistentVolumeClaim != nil:
+				files["disk.img"] = disk
+			}
+		}
+		for k, b := range files {
+			if err := os.WriteFile(filepath.Join(dir, k), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		paths = append(paths, m.MountPath, dir)
+	}
+	args := make([]string, len(ctr.Args))
+	for i, a := range ctr.Args {
+		args[i] = strings.NewReplacer(paths...).Replace(a)
+	}
+	term := filepath.Join(t.TempDir(), "termination-log")
+	var log strings.Builder
+	exit := exporter.Main(ctx, append(args, "--metrics-addr", "", "--termination-message-path", term,
+		"--allow-destination", "127.0.0.0/8"), &log)
+	msg, err := os.ReadFile(term)
+	if err != nil {
+		t.Fatalf("%s left no result (exit %d): %v\n%s", name, exit, err, log.String())
+	}
+	res, err := transfer.ReadResult(string(msg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	phase := corev1.PodSucceeded
+	if exit != 0 {
+		phase = corev1.PodFailed
+	}
+	ctrltest.Kubelet(t, env, ns, name, phase, res, int32(exit))
+	return res
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -17,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -87,6 +87,9 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		Labels:    map[string]string{LabelExport: string(ex.UID), image.LabelRole: "exporter"},
 		SourcePVC: src.Name, SourceBlock: image.IsBlock(src), Mounts: dest.mounts}
 	spec.Args = append([]string{"--source", spec.SourcePath(), "--format", string(format), "--compression", string(compression)}, dest.args...)
+	if dest.client == nil { // the user's store: the pod signs the download URL with the user's keys
+		spec.Args = append(spec.Args, "--download-url-expiry", expiryOf(ex).String())
+	}
 	pod := importpod.Build(r.Pods.Config, spec)
 	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry), Source: dest.kind}
 	if dest.secret != nil {
@@ -116,7 +119,11 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		st.VirtualSize = resource.NewQuantity(res.VirtualSize, resource.BinarySI)
 		st.StoredSize = resource.NewQuantity(res.BytesWritten, resource.BinarySI)
 		msg := fmt.Sprintf("exported %s as %s to %s in %.0f s", ex.Spec.PVCName, format, res.URL, res.DurationSeconds)
-		if err := r.presign(ctx, ex, dest); err != nil {
+		if dest.client == nil {
+			if !setDownloadURL(ex, res) {
+				msg += "; no download URL: the exporter could not sign one (its log says why)"
+			}
+		} else if err := r.presign(ctx, ex, dest); err != nil {
 			msg += "; no download URL: " + err.Error()
 		}
 		tracked(ex).SetReady(metav1.ConditionTrue, reasonExported, msg)
@@ -220,6 +227,8 @@ type destination struct {
 	kind   string // for metrics: "s3" (the user's store) or "bundled"
 	args   []string
 	mounts []importpod.Mount
+	// client is the bundled store as the export's namespace; nil for the user's store, which
+	// only pods reach.
 	client *objectstore.Client
 	// presigner signs the download URL; nil: client.
 	presigner *objectstore.Client
@@ -233,36 +242,20 @@ type destination struct {
 // mounts (the manager alone needs no Secret of its own to presign or delete).
 func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, forPod bool) (*destination, error) {
 	if s3 := ex.Spec.S3; s3 != nil {
-		cfg := objectstore.ClientConfig{Endpoint: string(s3.Endpoint), Region: s3.Region, BucketLookup: string(s3.BucketLookup)}
+		// The user's store: the manager reads neither the keys nor the CA. Only the pods of
+		// the export's namespace do, as volumes; they also sign the download URL and delete
+		// the object (storeAction).
 		d := &destination{kind: "s3", bucket: string(s3.BucketName), object: string(s3.ObjectName),
-			args: []string{"--endpoint", cfg.Endpoint, "--region", s3.Region, "--bucket-lookup", string(orAuto(s3.BucketLookup)),
+			args: []string{"--endpoint", string(s3.Endpoint), "--region", s3.Region, "--bucket-lookup", string(orAuto(s3.BucketLookup)),
 				"--bucket", string(s3.BucketName), "--object", string(s3.ObjectName)}}
 		if s3.SecretRef != "" {
-			sec := &corev1.Secret{}
-			if err := r.Get(ctx, client.ObjectKey{Namespace: ex.Namespace, Name: string(s3.SecretRef)}, sec); err != nil {
-				if apierrors.IsNotFound(err) {
-					return nil, &image.NotReadyError{Reason: "CredentialsNotFound", Message: "the Secret " + string(s3.SecretRef) + " does not exist"}
-				}
-				return nil, err
-			}
-			cfg.AccessKey, cfg.SecretKey = string(sec.Data["accessKeyId"]), string(sec.Data["secretAccessKey"])
 			d.args = append(d.args, "--s3-credentials-dir", authDir)
-			d.mounts = append(d.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir})
+			d.mounts = append(d.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir, Optional: true})
 		}
 		if s3.CertConfigMap != "" {
 			d.args = append(d.args, "--ca-file", caDir+"/ca.crt")
 			d.mounts = append(d.mounts, importpod.Mount{ConfigMap: string(s3.CertConfigMap), Path: caDir})
-			ca, err := r.caFile(ctx, ex, string(s3.CertConfigMap))
-			if err != nil {
-				return nil, err
-			}
-			cfg.CAFile = ca
 		}
-		c, err := objectstore.NewClient(cfg)
-		if err != nil {
-			return nil, err
-		}
-		d.client = c
 		return d, nil
 	}
 	if r.Store == nil || r.StoreConfig == nil {
@@ -339,17 +332,7 @@ func (r *Reconciler) prepareStore(ctx context.Context, ex *hypercloud.VirtualMac
 		}
 		d.secret.StringData["accessKeyId"], d.secret.StringData["secretAccessKey"] = access, secret
 	}
-	return owned.Create(ctx, r.Client, ex, d.secret)
-}
-
-// caFile writes the CA bundle of a ConfigMap where the manager's client can read it.
-func (r *Reconciler) caFile(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, name string) (string, error) {
-	cm := &corev1.ConfigMap{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: ex.Namespace, Name: name}, cm); err != nil {
-		return "", err
-	}
-	p := filepath.Join(os.TempDir(), "diskpipe-ca-"+string(ex.UID)+".crt")
-	return p, os.WriteFile(p, []byte(cm.Data["ca.crt"]), 0o600)
+	return owned.Put(ctx, r.Client, ex, d.secret)
 }
 
 func orAuto(l common.BucketLookup) common.BucketLookup {
@@ -359,12 +342,27 @@ func orAuto(l common.BucketLookup) common.BucketLookup {
 	return l
 }
 
-// presign sets the download URL.
-func (r *Reconciler) presign(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination) error {
-	expiry := defaultExpiry
+// expiryOf is how long ex's download URLs work.
+func expiryOf(ex *hypercloud.VirtualMachineVolumeExport) time.Duration {
 	if e := ex.Spec.DownloadURLExpiry; e != nil && e.Duration > 0 {
-		expiry = min(e.Duration, maxExpiry)
+		return min(e.Duration, maxExpiry)
 	}
+	return defaultExpiry
+}
+
+// setDownloadURL takes the download URL a pod signed, and says whether there was one.
+func setDownloadURL(ex *hypercloud.VirtualMachineVolumeExport, res *transfer.Result) bool {
+	if res.DownloadURL == "" || res.DownloadURLExpiresAt == nil {
+		return false
+	}
+	at := metav1.NewTime(*res.DownloadURLExpiresAt)
+	ex.Status.DownloadURL, ex.Status.DownloadURLExpiresAt = res.DownloadURL, &at
+	return true
+}
+
+// presign sets the download URL of an export to the bundled store.
+func (r *Reconciler) presign(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination) error {
+	expiry := expiryOf(ex)
 	signer := d.client
 	if d.presigner != nil {
 		signer = d.presigner
@@ -398,16 +396,35 @@ func DownloadAccess(ex *hypercloud.VirtualMachineVolumeExport) string {
 	return objectstore.ScopedAccess(downloadAccount(ex))
 }
 
-// renew presigns a fresh download URL, writes it, and clears the annotation that asked.
-func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
+// renew presigns a fresh download URL, writes it, and clears the annotation that asked; for
+// the user's store, a pod signs it (false while it runs).
+func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) (bool, error) {
 	d, err := r.destination(ctx, ex, false)
 	if err != nil {
-		return err
+		return false, err
 	}
 	base := ex.DeepCopy()
-	if err := r.presign(ctx, ex, d); err != nil {
-		return err
+	if d.client != nil {
+		err = r.presign(ctx, ex, d)
+	} else {
+		res, aerr := r.storeAction(ctx, ex, d, "presign", "--download-url-expiry", expiryOf(ex).String())
+		if res == nil || aerr != nil {
+			return false, aerr
+		}
+		if !res.Succeeded || !setDownloadURL(ex, res) {
+			// The old URL stays; the user reads why and may ask again.
+			r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, string(res.Reason), "RenewURL", "No new download URL: %s", res.Message)
+		}
 	}
+	if err != nil {
+		return false, err
+	}
+	return true, r.clearRenew(ctx, ex, base)
+}
+
+// clearRenew writes ex's status (read as base) and removes the annotation that asked for a
+// new URL.
+func (r *Reconciler) clearRenew(ctx context.Context, ex, base *hypercloud.VirtualMachineVolumeExport) error {
 	if err := r.Status().Patch(ctx, ex, client.MergeFrom(base)); err != nil {
 		return err
 	}
@@ -464,8 +481,66 @@ func (r *Reconciler) delete(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	if err != nil {
 		return err
 	}
-	if err := d.client.RemoveObject(ctx, d.bucket, d.object, minio.RemoveObjectOptions{}); err != nil {
-		return objectstore.Classify(err, "deleting "+ex.Status.ObjectURL)
+	if d.client != nil {
+		if err := d.client.RemoveObject(ctx, d.bucket, d.object, minio.RemoveObjectOptions{}); err != nil {
+			return objectstore.Classify(err, "deleting "+ex.Status.ObjectURL)
+		}
+		return nil
 	}
-	return nil
+	res, err := r.storeAction(ctx, ex, d, "delete")
+	switch {
+	case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		// The namespace is going, with the Secret a pod would need: the object stays.
+		r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, "ObjectKept", "Delete",
+			"%s was not deleted: its namespace is being deleted, so no pod can delete it", ex.Status.ObjectURL)
+		return nil
+	case err != nil:
+		return err
+	case res == nil:
+		return errDeleting
+	case res.Succeeded:
+		return nil
+	case res.Transient:
+		r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, string(res.Reason), "Delete",
+			"Deleting %s failed, tried again: %s", ex.Status.ObjectURL, res.Message)
+		return errDeleting
+	default:
+		r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, string(res.Reason), "Delete",
+			"%s was not deleted (%s): the export goes, the object stays", ex.Status.ObjectURL, res.Message)
+		return nil
+	}
+}
+
+// errDeleting: a pod is deleting the export's object from the user's store.
+var errDeleting = errors.New("a pod is deleting the exported object")
+
+// LabelStoreAction marks the pod that signs a URL or deletes the object of an export to the
+// user's store, with the export's UID.
+const LabelStoreAction = "diskpipe.io/export-store-action"
+
+// storeAction runs the exporter with --action (presign or delete) in the export's namespace
+// for an export to the user's store, whose keys only that pod reads. It returns the pod's
+// result once it ended, deleting the pod; nil while it runs.
+func (r *Reconciler) storeAction(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination, action string, args ...string) (*transfer.Result, error) {
+	spec := importpod.Spec{Name: ex.Name + "-" + action, Namespace: ex.Namespace, Command: "/exporter",
+		Labels: map[string]string{LabelStoreAction: string(ex.UID), image.LabelRole: "exporter"}, Mounts: d.mounts,
+		Args: append(append([]string{"--action", action}, d.args...), args...)}
+	pod := importpod.Build(r.Pods.Config, spec)
+	if err := controllerutil.SetControllerReference(ex, pod, r.Scheme()); err != nil {
+		return nil, err
+	}
+	err := r.Get(ctx, client.ObjectKeyFromObject(pod), pod)
+	if apierrors.IsNotFound(err) {
+		return nil, importpod.Create(ctx, r.Client, r.Pods.Config, pod)
+	} else if err != nil {
+		return nil, err
+	}
+	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		return nil, nil
+	}
+	res := importpod.Result(pod)
+	if pod.Status.Phase == corev1.PodFailed {
+		res.Succeeded = false
+	}
+	return res, client.IgnoreNotFound(r.Delete(ctx, pod))
 }

@@ -275,15 +275,7 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 		}
 		sec.StringData["ca.crt"] = string(ca)
 	}
-	if err := controllerutil.SetControllerReference(g.obj, sec, r.Scheme()); err != nil {
-		return err
-	}
-	if err := r.Create(ctx, sec); apierrors.IsAlreadyExists(err) {
-		return r.Update(ctx, sec)
-	} else if err != nil {
-		return err
-	}
-	return nil
+	return owned.Put(ctx, r.Client, g.obj, sec)
 }
 
 // delete stops the import and removes what the image made, once no disk is being cloned

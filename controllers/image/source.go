@@ -82,7 +82,7 @@ func s3Source(s3 *common.S3Source) source {
 		"--bucket-lookup", string(lookup), "--bucket", string(s3.BucketName), "--object", string(s3.ObjectName)}}
 	if s3.SecretRef != "" {
 		s.args = append(s.args, "--s3-credentials-dir", authDir)
-		s.mounts = append(s.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir})
+		s.mounts = append(s.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir, Optional: true})
 	}
 	s.addCA(s3.CertConfigMap)
 	return s

@@ -8,8 +8,13 @@ package manager
 // configuration's caBundle in a ClusterRole limited to its name: both are in
 // charts/diskpipe/templates/rbac/bindings.yaml, as markers cannot say either.
 //
-// Secrets are read one at a time (never listed or watched: the cache skips them) and written
-// only where the manager makes them (presigned URLs, clone tokens, export credentials).
+// Secrets: the manager writes those it makes (presigned URLs, clone tokens, export
+// credentials, a namespace's store keys) without reading them back, and reads no user's
+// Secret: the pods that need a user's keys mount them. It may read Secrets of one name only,
+// the store keys it wrote at a user's request (it checks that it made them before it
+// rewrites them), plus, in the release namespace, its webhook certificate and upload token
+// key (charts/diskpipe/templates/rbac/bindings.yaml). No ConfigMap is read but the
+// apiserver's front-proxy CA in kube-system (a built-in Role, bound in the chart).
 //
 // +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachinepvcs;virtualmachinevolumeexports,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages,verbs=get;list;watch;create;update;patch;delete
@@ -25,8 +30,8 @@ package manager
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;delete;deletecollection
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=create;update;delete;deletecollection
+// +kubebuilder:rbac:groups="",resources=secrets,resourceNames=diskpipe-objectstore-keys,verbs=get
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=create
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch

@@ -36,6 +36,7 @@ const (
 	// ReasonForbiddenDestination: the source (its URL, a redirect or its DNS answer) points
 	// where importers may not connect (Egress), or a redirect to a scheme other than http(s).
 	ReasonForbiddenDestination Reason = "ForbiddenDestination"
+	ReasonCredentialsNotFound  Reason = "CredentialsNotFound"
 	ReasonTargetError          Reason = "TargetError"
 	ReasonTargetNotFound       Reason = "TargetNotFound"
 	ReasonTargetForbidden      Reason = "TargetForbidden"

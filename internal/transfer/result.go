@@ -40,6 +40,11 @@ type Result struct {
 	Digest string `json:"digest,omitempty"`
 	// URL of the written object, for an export.
 	URL string `json:"url,omitempty"`
+	// DownloadURL is a presigned GET of the exported object and DownloadURLExpiresAt when it
+	// stops working, signed in the pod with the user's keys of an external store (the
+	// manager never reads them).
+	DownloadURL          string     `json:"downloadURL,omitempty"`
+	DownloadURLExpiresAt *time.Time `json:"downloadURLExpiresAt,omitempty"`
 	// DurationSeconds the copy took.
 	DurationSeconds float64 `json:"durationSeconds"`
 	// Reason of a failure.

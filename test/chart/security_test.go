@@ -56,7 +56,11 @@ func TestRBAC(t *testing.T) {
 	for _, a := range []authorizationv1.ResourceAttributes{
 		// what the controllers do, in any namespace
 		res("vms", "create", "", "pods"), res("vms", "delete", "", "pods"), res("vms", "watch", "", "pods"),
-		res("vms", "get", "", "secrets"), res("vms", "create", "", "secrets"),
+		res("vms", "create", "", "secrets"), res("vms", "update", "", "secrets"), res("vms", "delete", "", "secrets"),
+		{Namespace: "vms", Verb: "get", Resource: "secrets", Name: uploadproxy.DefaultKeysSecret}, // the store keys it wrote
+		{Namespace: release, Verb: "get", Resource: "secrets", Name: "diskpipe-webhook-cert"},
+		{Namespace: release, Verb: "get", Resource: "secrets", Name: "diskpipe-upload-token"},
+		{Namespace: "kube-system", Verb: "get", Resource: "configmaps", Name: "extension-apiserver-authentication"},
 		res("vms", "create", "", "persistentvolumeclaims"), res("vms", "create", "", "serviceaccounts"),
 		res("vms", "create", "networking.k8s.io", "networkpolicies"),
 		res("vms", "create", "snapshot.storage.k8s.io", "volumesnapshots"),
@@ -71,7 +75,11 @@ func TestRBAC(t *testing.T) {
 		checks = append(checks, check{manager, a, true})
 	}
 	for _, a := range []authorizationv1.ResourceAttributes{
-		res("vms", "list", "", "secrets"), res("vms", "watch", "", "secrets"), // Secrets are read one by one
+		// No user's Secret, nor ConfigMap: the pods that need them mount them.
+		res("vms", "get", "", "secrets"), res("vms", "list", "", "secrets"), res("vms", "watch", "", "secrets"),
+		{Namespace: "vms", Verb: "get", Resource: "secrets", Name: "s3-credentials"},
+		{Namespace: release, Verb: "get", Resource: "secrets", Name: "diskpipe-objectstore"}, // the store's root keys: a volume
+		res("vms", "get", "", "configmaps"), res("kube-system", "get", "", "configmaps"),
 		res("vms", "update", "", "persistentvolumeclaims"), res("vms", "delete", "", "namespaces"),
 		res("vms", "update", "coordination.k8s.io", "leases"), // its Lease lives in the release namespace only
 		{Verb: "patch", Group: "admissionregistration.k8s.io", Resource: "validatingwebhookconfigurations", Name: "someone-elses"},

@@ -20,9 +20,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
-	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 )
 
 // Source is the PVC whose disk is copied.
@@ -75,28 +75,58 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 
 // ensureToken makes the token Secrets: one owned by owner in its namespace holding the
 // header the importer sends, one in the source's namespace holding the token the server
-// expects.
+// expects. Neither is read back (the manager may not read Secrets): a pair that exists was
+// made together with one token; when only one of them did (a pass cut short), it is made
+// again with the other's new token.
 func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcNamespace string) error {
-	mine := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tokenSecretName(owner), Namespace: owner.GetNamespace()}}
-	err := c.Get(ctx, client.ObjectKeyFromObject(mine), mine)
-	if apierrors.IsNotFound(err) {
-		b := make([]byte, 32)
-		_, _ = rand.Read(b)
-		token := hex.EncodeToString(b)
-		mine.StringData = map[string]string{"token": token, "header": "Authorization: Bearer " + token}
-		if err := owned.Create(ctx, c, owner, mine); err != nil {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	token := hex.EncodeToString(b)
+	theirs := func() *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace,
+			Labels: map[string]string{LabelFor: string(owner.GetUID())}}, StringData: map[string]string{"token": token}}
+	}
+	mine := func() (*corev1.Secret, error) {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tokenSecretName(owner), Namespace: owner.GetNamespace()},
+			StringData: map[string]string{"token": token, "header": "Authorization: Bearer " + token}}
+		return s, controllerutil.SetControllerReference(owner, s, c.Scheme())
+	}
+	made := func(s *corev1.Secret) (bool, error) {
+		err := c.Create(ctx, s)
+		if apierrors.IsAlreadyExists(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	replace := func(s *corev1.Secret) error {
+		if err := c.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
-		err = c.Get(ctx, client.ObjectKeyFromObject(mine), mine)
+		s.ResourceVersion = ""
+		return c.Create(ctx, s)
 	}
+	t := theirs()
+	newTheirs, err := made(t)
+	if err != nil {
+		return fmt.Errorf("creating the clone source's token: %w", err)
+	}
+	m, err := mine()
 	if err != nil {
 		return err
 	}
-	token := string(mine.Data["token"])
-	theirs := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace,
-		Labels: map[string]string{LabelFor: string(owner.GetUID())}}, StringData: map[string]string{"token": token}}
-	if err := c.Create(ctx, theirs); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating the clone source's token: %w", err)
+	newMine, err := made(m)
+	switch {
+	case err != nil:
+		return fmt.Errorf("creating the clone's token: %w", err)
+	case newTheirs && !newMine:
+		return replace(m)
+	case newMine && !newTheirs:
+		if err := replace(t); err != nil {
+			return err
+		}
+		// A clone source serving the old token starts again with the new one.
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace}}
+		return client.IgnoreNotFound(c.Delete(ctx, pod))
 	}
 	return nil
 }

@@ -168,6 +168,9 @@ const ServePort = 8091
 type Mount struct {
 	Secret, ConfigMap string
 	Path              string
+	// Optional: the pod starts without the Secret, and says itself that it is missing
+	// (the manager may not read users' Secrets to find out).
+	Optional bool
 }
 
 // Spec describes one importer pod.
@@ -292,6 +295,9 @@ func Build(c Config, s Spec) *corev1.Pod {
 		v := corev1.Volume{Name: name}
 		if m.Secret != "" {
 			v.Secret = &corev1.SecretVolumeSource{SecretName: m.Secret, DefaultMode: ptr.To[int32](0o440)}
+			if m.Optional {
+				v.Secret.Optional = ptr.To(true)
+			}
 		} else {
 			v.ConfigMap = &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: m.ConfigMap}}
 		}

@@ -27,6 +27,20 @@ func Create(ctx context.Context, c client.Client, owner, obj client.Object) erro
 	return err
 }
 
+// Put creates obj controlled by owner, or overwrites the one of its name, without reading it:
+// for the Secrets the manager writes but may not read.
+func Put(ctx context.Context, c client.Client, owner, obj client.Object) error {
+	if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
+		return err
+	}
+	if err := c.Create(ctx, obj); apierrors.IsAlreadyExists(err) {
+		return c.Update(ctx, obj)
+	} else if err != nil {
+		return fmt.Errorf("creating %s: %w", obj.GetName(), err)
+	}
+	return nil
+}
+
 // Ensure is Create that also says whether this call created obj.
 func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (bool, error) {
 	if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {

@@ -1,0 +1,63 @@
+package hostcopy
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+)
+
+// TestTokenPair: the two token Secrets are made without reading either back, and end up
+// holding one token whichever of them a pass cut short left behind.
+func TestTokenPair(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	// The fake client stores StringData as given; the apiserver would move it to Data.
+	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: "vms", UID: "u1"}}
+	mine := client.ObjectKey{Namespace: "vms", Name: tokenSecretName(owner)}
+	theirs := client.ObjectKey{Namespace: "images", Name: sourceName(owner)}
+	tokens := func() (string, string) {
+		t.Helper()
+		m, th := &corev1.Secret{}, &corev1.Secret{}
+		if err := c.Get(t.Context(), mine, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Get(t.Context(), theirs, th); err != nil {
+			t.Fatal(err)
+		}
+		if m.StringData["header"] != "Authorization: Bearer "+m.StringData["token"] {
+			t.Errorf("header %q for token %q", m.StringData["header"], m.StringData["token"])
+		}
+		return m.StringData["token"], th.StringData["token"]
+	}
+	ensure := func() {
+		t.Helper()
+		if err := ensureToken(t.Context(), c, owner, "images"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ensure()
+	a, b := tokens()
+	if a == "" || a != b {
+		t.Fatalf("tokens %q and %q", a, b)
+	}
+	ensure()
+	if a2, _ := tokens(); a2 != a {
+		t.Error("a second pass changed a complete pair")
+	}
+	for _, gone := range []client.ObjectKey{mine, theirs} {
+		if err := c.Delete(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: gone.Namespace, Name: gone.Name}}); err != nil {
+			t.Fatal(err)
+		}
+		ensure()
+		if x, y := tokens(); x != y || x == a {
+			t.Errorf("after losing %s: tokens %q and %q (first %q)", gone.Name, x, y, a)
+		}
+	}
+}
