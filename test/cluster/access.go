@@ -171,6 +171,12 @@ func podState(p *corev1.Pod) string {
 	return strings.Join(parts, ", ")
 }
 
+// StoreInCluster is the bundled store's address as pods reach it: its Service (the chart's
+// default port).
+func (c *Cluster) StoreInCluster() string {
+	return fmt.Sprintf("http://%s-objectstore.%s.svc:9000", Release, ReleaseNamespace)
+}
+
 // StoreAccess is the bundled store's public endpoint and its keys, read from the Secret the
 // README tells users to read them from.
 func (c *Cluster) StoreAccess(ctx context.Context) (endpoint, id, secret string, err error) {

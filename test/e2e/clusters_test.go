@@ -34,6 +34,8 @@ type Cluster interface {
 	// StoreAccess is the bundled store's address outside the cluster and its keys, as a user
 	// following the README finds them.
 	StoreAccess(ctx context.Context) (endpoint, accessKey, secretKey string, err error)
+	// StoreInCluster is the bundled store's address as pods reach it.
+	StoreInCluster() string
 	StopStore() error
 	StartStore() error
 	UploadURL() string
@@ -71,6 +73,7 @@ func (l local) AWS(ctx context.Context, args ...string) (string, error) {
 func (l local) StoreAccess(context.Context) (string, string, string, error) {
 	return l.Store.Endpoint, l.Store.AccessKey, l.Store.SecretKey, nil
 }
+func (l local) StoreInCluster() string { return l.Store.Endpoint }
 func (l local) StopStore() error       { l.Store.Kill(); return nil }
 func (l local) StartStore() error      { l.Store.Restart(); return nil }
 func (l local) UploadURL() string      { return l.Cluster.UploadURL }

@@ -189,6 +189,49 @@ spec:
 		GinkgoWriter.Printf("the export booted in %.1f s\n", g.Took.Seconds())
 	})
 
+	It("exports to an S3 store named in the spec with keys only the pods read, and deletes the object with the export", func() {
+		// The bundled store stands in for an external one, with the namespace's own keys in
+		// the Secret an ObjectStoreKeysRequest wrote.
+		ctx := context.Background()
+		out, err := awsIn(ctx, ns, "s3", "mb", "s3://offsite")
+		Expect(err).NotTo(HaveOccurred(), out)
+		kubectl(fmt.Sprintf(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachineVolumeExport
+metadata:
+  name: offsite
+spec:
+  pvcName: vmrootdisk
+  retainPolicy: Delete
+  s3:
+    endpoint: %s
+    bucketName: offsite
+    objectName: rootdisk.qcow2
+    bucketLookup: Path
+    secretRef: diskpipe-objectstore-keys
+`, cluster.StoreInCluster()), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmve", "offsite"), 2*time.Minute, time.Second).Should(Equal("Ready Exported"))
+		got := filepath.Join(work, "offsite.qcow2")
+		out, err = awsIn(ctx, ns, "s3", "cp", "s3://offsite/rootdisk.qcow2", got)
+		Expect(err).NotTo(HaveOccurred(), out)
+		run("qemu-img", "compare", "-F", "qcow2", raw, got)
+		Expect(kubectl("", "get", "vmve", "offsite", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal("sha256:" + sha256Of(got)))
+		// The exporter pod signed the URL, with the Secret's keys, for the spec's endpoint.
+		access, _, err := testenv.StoreKeys(ctx, cluster.APIClient(), ns)
+		Expect(err).NotTo(HaveOccurred())
+		url := kubectl("", "get", "vmve", "offsite", "-n", ns, "-o", "jsonpath={.status.downloadURL}")
+		Expect(url).To(HavePrefix(cluster.StoreInCluster() + "/offsite/rootdisk.qcow2?"))
+		Expect(url).To(ContainSubstring("X-Amz-Credential=" + access + "%2F"))
+		if !real() { // the Service's name resolves only inside the cluster
+			run("curl", "-sSf", "-o", got, url)
+			Expect(sha256Of(got)).To(Equal(strings.TrimPrefix(kubectl("", "get", "vmve", "offsite", "-n", ns, "-o", "jsonpath={.status.digest}"), "sha256:")))
+		}
+
+		kubectl("", "delete", "vmve", "offsite", "-n", ns, "--wait=true", "--timeout=2m")
+		out, err = awsIn(ctx, ns, "s3", "ls", "s3://offsite/")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).NotTo(ContainSubstring("rootdisk.qcow2"), "a pod deleted the object with the export")
+	})
+
 	It("imports the downloaded export as a new image, which boots", func() {
 		importHTTP(ns, "reimported", "downloaded.qcow2")
 		Expect(kubectl("", "get", "vmim", "reimported", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("qcow2"))
