@@ -197,19 +197,7 @@ func TestExport(t *testing.T) {
 	g.Expect(out).To(ContainSubstring("InvalidAccessKeyId"))
 
 	// Renewed on request.
-	first := ex.Status.DownloadURL
-	time.Sleep(1100 * time.Millisecond) // a presigned URL carries its signing second
-	patch := client.MergeFrom(ex.DeepCopy())
-	ex.Annotations = map[string]string{export.AnnotationRenewURL: "true"}
-	g.Expect(env.Client.Patch(ctx, ex, patch)).To(Succeed())
-	g.Eventually(func() bool {
-		exportStatus(t, ex)()
-		_, asked := ex.Annotations[export.AnnotationRenewURL]
-		return ex.Status.DownloadURL != first && !asked
-	}, 10*time.Second).Should(BeTrue(), "a new URL, and the request cleared")
-	code, got = get(t, ex.Status.DownloadURL)
-	g.Expect(code).To(Equal(http.StatusOK))
-	g.Expect(got).To(Equal(body))
+	renew(t, ex, body, nil)
 
 	// The URL is signed by the export's own read account, not the store's root keys.
 	g.Expect(ex.Status.DownloadURL).To(ContainSubstring("X-Amz-Credential=" + export.DownloadAccess(ex) + "%2F"))
@@ -384,20 +372,7 @@ func TestExternalStore(t *testing.T) {
 	g.Expect(got).To(Equal(disk))
 
 	// A new URL on request, signed by a pod of its own.
-	first := ex.Status.DownloadURL
-	time.Sleep(1100 * time.Millisecond) // a presigned URL carries its signing second
-	patch := client.MergeFrom(ex.DeepCopy())
-	ex.Annotations = map[string]string{export.AnnotationRenewURL: "true"}
-	g.Expect(env.Client.Patch(ctx, ex, patch)).To(Succeed())
-	g.Expect(runPod(t, ns, "offsite-presign", nil).Succeeded).To(BeTrue())
-	g.Eventually(func() bool {
-		exportStatus(t, ex)()
-		_, asked := ex.Annotations[export.AnnotationRenewURL]
-		return ex.Status.DownloadURL != first && !asked
-	}, 10*time.Second).Should(BeTrue(), "a new URL, and the request cleared")
-	code, got = get(t, ex.Status.DownloadURL)
-	g.Expect(code).To(Equal(http.StatusOK))
-	g.Expect(got).To(Equal(disk))
+	renew(t, ex, disk, func() { g.Expect(runPod(t, ns, "offsite-presign", nil).Succeeded).To(BeTrue()) })
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "offsite-presign"}, &corev1.Pod{}))
 	}, 10*time.Second).Should(BeTrue(), "the signing pod is deleted")
@@ -417,6 +392,29 @@ func TestExternalStore(t *testing.T) {
 	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 20*time.Second).Should(BeTrue())
 	_, err := store.Client().StatObject(ctx, "vmexport", ns+"-offsite.raw", minio.StatObjectOptions{})
 	g.Expect(minio.ToErrorResponse(err).Code).To(Equal("NoSuchKey"), "the exported object is deleted")
+}
+
+// renew asks for a new download URL of ex, runs signer (the pod's part, if any), and checks
+// that the new URL downloads want and that the request was cleared.
+func renew(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport, want []byte, signer func()) {
+	t.Helper()
+	g := NewWithT(t)
+	first := ex.Status.DownloadURL
+	time.Sleep(1100 * time.Millisecond) // a presigned URL carries its signing second
+	patch := client.MergeFrom(ex.DeepCopy())
+	ex.Annotations = map[string]string{export.AnnotationRenewURL: "true"}
+	g.Expect(env.Client.Patch(t.Context(), ex, patch)).To(Succeed())
+	if signer != nil {
+		signer()
+	}
+	g.Eventually(func() bool {
+		exportStatus(t, ex)()
+		_, asked := ex.Annotations[export.AnnotationRenewURL]
+		return ex.Status.DownloadURL != first && !asked
+	}, 10*time.Second).Should(BeTrue(), "a new URL, and the request cleared")
+	code, got := get(t, ex.Status.DownloadURL)
+	g.Expect(code).To(Equal(http.StatusOK))
+	g.Expect(got).To(Equal(want))
 }
 
 // runPod plays the kubelet for an exporter pod with the real exporter: each Secret and
