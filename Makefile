@@ -271,3 +271,22 @@ $(BIN)/csi-provisioner: test/tools/csi-provisioner/go.mod test/tools/csi-provisi
 
 $(BIN)/csi-snapshotter $(BIN)/snapshot-controller: test/tools/csi-snapshotter/go.mod test/tools/csi-snapshotter/go.sum
 	cd test/tools/csi-snapshotter && go build -o $@ github.com/kubernetes-csi/external-snapshotter/v8/cmd/$(notdir $@)
+
+# Real KubeVirt for the real node (test/tools/kubevirt, a module of its own): the operator, api
+# and controller are static; the handler and launcher link Debian's libvirt (libvirt-dev,
+# hack/setup.sh kubevirt) and the kernel's kvm.h. virtctl too, and the tools that render the
+# operator's manifest.
+KUBEVIRT_STATIC  := virt-operator virt-api virt-controller virtctl manifest-templator resource-generator
+KUBEVIRT_CGO     := virt-handler virt-launcher virt-launcher-monitor virt-chroot virt-freezer virt-probe virt-tail
+KUBEVIRT_PKG_manifest-templator := tools/manifest-templator
+KUBEVIRT_PKG_resource-generator := tools/resource-generator
+
+.PHONY: kubevirt
+kubevirt: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO)) ## Build KubeVirt v1.7.0's commands into bin/kubevirt/ (the real node's KubeVirt).
+
+$(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum
+	cd test/tools/kubevirt && CGO_ENABLED=0 go build -trimpath -o $@ kubevirt.io/kubevirt/$(or $(KUBEVIRT_PKG_$(notdir $@)),cmd/$(notdir $@))
+
+$(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_CGO)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum
+	hack/setup.sh kubevirt
+	cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -o $@ kubevirt.io/kubevirt/cmd/$(notdir $@)

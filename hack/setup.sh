@@ -16,6 +16,11 @@ packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-regis
 if [ "${1:-}" = cluster ]; then
   packages+=(containerd runc iptables conntrack iproute2 socat ethtool)
 fi
+# `hack/setup.sh kubevirt`: what building KubeVirt's handler and launcher links (libvirt) and
+# what makes their images' Debian root filesystems.
+if [ "${1:-}" = kubevirt ]; then
+  packages+=(libvirt-dev linux-libc-dev mmdebstrap)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
