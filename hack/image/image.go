@@ -6,7 +6,9 @@
 //
 // The image has no base: a layer of what a Go binary needs at run time (a passwd and group
 // entry for the non-root uid 65532 every diskpipe pod runs as, the CA certificates of the
-// machine that builds it, nsswitch.conf), then a layer of the binaries, each at /NAME. Every
+// machine that builds it, nsswitch.conf), then a layer of the binaries, each at /NAME (NAME may
+// name directories: usr/bin/virt-api). With --rootfs, a root filesystem in a tar (what
+// mmdebstrap --format=tar writes) is the first layer instead: the real node's KubeVirt images. Every
 // timestamp is the Unix epoch (or SOURCE_DATE_EPOCH) and every list is sorted, so the same
 // binaries give the same digest on every build. The archive is an OCI image layout in a tar
 // (what `ctr images import`, skopeo's oci-archive: and crane read).
@@ -61,6 +63,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	out := fl.String("out", "bin/diskpipe-image.tar", "build: the OCI archive to write")
 	ref := fl.String("ref", "", "build: the image's name and tag, recorded in the archive")
 	entrypoint := fl.String("entrypoint", "", "build: the image's entrypoint (diskpipe's pods name their command)")
+	rootfs := fl.String("rootfs", "", "build: a root filesystem tar as the first layer, instead of passwd, group and CA certificates")
+	user := fl.String("user", fmt.Sprintf("%d:%d", UID, UID), "build: the user the image runs as")
 	ca := fl.String("ca-certificates", caBundle, "build: the CA bundle to ship")
 	arch := fl.String("arch", runtime.GOARCH, "build: the binaries' architecture")
 	archive := fl.String("archive", "bin/diskpipe-image.tar", "push, digest: the OCI archive to read")
@@ -74,7 +78,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		img, err := Build(files, Options{Ref: *ref, Entrypoint: *entrypoint, CABundle: *ca, Arch: *arch})
+		img, err := Build(files, Options{Ref: *ref, Entrypoint: *entrypoint, CABundle: *ca, Arch: *arch, RootFS: *rootfs, User: *user})
 		if err != nil {
 			return err
 		}
@@ -149,7 +153,14 @@ type Options struct {
 	CABundle string
 	// Arch is the binaries' architecture (GOARCH).
 	Arch string
+	// RootFS is a root filesystem's tar, the first layer in place of the minimal one.
+	RootFS string
+	// User runs the image's process (default the non-root UID).
+	User string
 }
+
+// pathDirs is the image's PATH: / (diskpipe's binaries), then the usual directories.
+const pathDirs = "/:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // epoch is every timestamp the image holds: SOURCE_DATE_EPOCH, or 1970.
 func epoch() time.Time {
@@ -159,25 +170,8 @@ func epoch() time.Time {
 	return time.Unix(0, 0).UTC()
 }
 
-// Build makes the image from files, on no base.
+// Build makes the image from files, on no base or on o.RootFS.
 func Build(files []File, o Options) (v1.Image, error) {
-	ca, err := os.ReadFile(o.CABundle)
-	if err != nil {
-		return nil, fmt.Errorf("the CA certificates (apt-get install ca-certificates): %w", err)
-	}
-	base := []entry{
-		{path: "/etc/", mode: 0o755},
-		{path: "/etc/group", mode: 0o644, data: fmt.Appendf(nil, "root:x:0:\nnonroot:x:%d:\n", UID)},
-		{path: "/etc/nsswitch.conf", mode: 0o644, data: []byte("hosts: files dns\n")},
-		{path: "/etc/passwd", mode: 0o644, data: fmt.Appendf(nil,
-			"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n", UID, UID)},
-		{path: "/etc/ssl/", mode: 0o755},
-		{path: "/etc/ssl/certs/", mode: 0o755},
-		{path: "/etc/ssl/certs/ca-certificates.crt", mode: 0o644, data: ca},
-		{path: "/home/", mode: 0o755},
-		{path: "/home/nonroot/", mode: 0o700, uid: UID},
-		{path: "/tmp/", mode: 0o1777},
-	}
 	var bins []entry
 	for _, f := range files {
 		data, err := os.ReadFile(f.Source)
@@ -187,15 +181,29 @@ func Build(files []File, o Options) (v1.Image, error) {
 		bins = append(bins, entry{path: f.Path, mode: 0o755, data: data})
 	}
 	img := empty.Image
-	for _, l := range []struct {
-		entries []entry
-		what    string
-	}{{base, "passwd, group, nsswitch.conf, CA certificates"}, {bins, "binaries"}} {
-		layer, err := tarLayer(l.entries)
-		if err != nil {
+	var base v1.Layer
+	what := "passwd, group, nsswitch.conf, CA certificates"
+	if o.RootFS != "" {
+		var err error
+		if base, err = tarball.LayerFromFile(o.RootFS, tarball.WithMediaType(types.OCILayer)); err != nil {
+			return nil, fmt.Errorf("the root filesystem %s: %w", o.RootFS, err)
+		}
+		what = "root filesystem " + filepath.Base(o.RootFS)
+	} else {
+		var err error
+		if base, err = minimalBase(o.CABundle); err != nil {
 			return nil, err
 		}
-		img, err = mutate.Append(img, mutate.Addendum{Layer: layer, MediaType: types.OCILayer,
+	}
+	binLayer, err := tarLayer(bins)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range []struct {
+		layer v1.Layer
+		what  string
+	}{{base, what}, {binLayer, "binaries"}} {
+		img, err = mutate.Append(img, mutate.Addendum{Layer: l.layer, MediaType: types.OCILayer,
 			History: v1.History{Created: v1.Time{Time: epoch()}, CreatedBy: "diskpipe hack/image: " + l.what}})
 		if err != nil {
 			return nil, err
@@ -210,9 +218,12 @@ func Build(files []File, o Options) (v1.Image, error) {
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", o.Arch
 	cf.Created = v1.Time{Time: epoch()}
-	cf.Config.User = fmt.Sprintf("%d:%d", UID, UID)
+	cf.Config.User = o.User
+	if cf.Config.User == "" {
+		cf.Config.User = fmt.Sprintf("%d:%d", UID, UID)
+	}
 	cf.Config.WorkingDir = "/"
-	cf.Config.Env = []string{"PATH=/", "SSL_CERT_FILE=" + caBundle}
+	cf.Config.Env = []string{"PATH=" + pathDirs, "SSL_CERT_FILE=" + caBundle}
 	if o.Entrypoint != "" {
 		cf.Config.Entrypoint = []string{o.Entrypoint}
 	}
@@ -226,6 +237,27 @@ func Build(files []File, o Options) (v1.Image, error) {
 	return mutate.ConfigFile(img, cf)
 }
 
+// minimalBase is the layer of what a Go binary needs at run time.
+func minimalBase(caBundle string) (v1.Layer, error) {
+	ca, err := os.ReadFile(caBundle)
+	if err != nil {
+		return nil, fmt.Errorf("the CA certificates (apt-get install ca-certificates): %w", err)
+	}
+	return tarLayer([]entry{
+		{path: "/etc/", mode: 0o755},
+		{path: "/etc/group", mode: 0o644, data: fmt.Appendf(nil, "root:x:0:\nnonroot:x:%d:\n", UID)},
+		{path: "/etc/nsswitch.conf", mode: 0o644, data: []byte("hosts: files dns\n")},
+		{path: "/etc/passwd", mode: 0o644, data: fmt.Appendf(nil,
+			"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n", UID, UID)},
+		{path: "/etc/ssl/", mode: 0o755},
+		{path: "/etc/ssl/certs/", mode: 0o755},
+		{path: "/etc/ssl/certs/ca-certificates.crt", mode: 0o644, data: ca},
+		{path: "/home/", mode: 0o755},
+		{path: "/home/nonroot/", mode: 0o700, uid: UID},
+		{path: "/tmp/", mode: 0o1777},
+	})
+}
+
 // entry is a file or, with a trailing slash, a directory of a layer.
 type entry struct {
 	path string
@@ -234,8 +266,21 @@ type entry struct {
 	data []byte
 }
 
-// tarLayer writes entries as a tar in path order, owned by root unless said, stamped epoch().
+// tarLayer writes entries as a tar in path order, owned by root unless said, stamped epoch(),
+// with the directories they are in that entries do not list (0755).
 func tarLayer(entries []entry) (v1.Layer, error) {
+	listed := map[string]bool{}
+	for _, e := range entries {
+		listed[e.path] = true
+	}
+	for _, e := range entries {
+		for d := filepath.Dir(strings.TrimSuffix(e.path, "/")); d != "/" && d != "."; d = filepath.Dir(d) {
+			if !listed[d+"/"] {
+				listed[d+"/"] = true
+				entries = append(entries, entry{path: d + "/", mode: 0o755})
+			}
+		}
+	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].path < entries[j].path })
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)

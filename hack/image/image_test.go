@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	. "github.com/onsi/gomega"
 
@@ -141,6 +142,77 @@ func TestContents(t *testing.T) {
 	if err == nil {
 		g.Expect(string(out)).To(ContainSubstring("statically linked"))
 	}
+}
+
+// layerFiles reads every file of img's layers, in order, by name.
+func layerFiles(t *testing.T, img interface{ Layers() ([]v1.Layer, error) }) []map[string][]byte {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string][]byte
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		files := map[string][]byte{}
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			files[h.Name], _ = io.ReadAll(tr)
+		}
+		rc.Close()
+		out = append(out, files)
+	}
+	return out
+}
+
+// TestRootFS builds on a root filesystem's tar (as the real node's KubeVirt images are): it is
+// the first layer as it was, the binaries go where their names say, in directories the layer
+// lists, and the image runs as the user asked.
+func TestRootFS(t *testing.T) {
+	g := NewWithT(t)
+	dir := t.TempDir()
+	var rootfs bytes.Buffer
+	tw := tar.NewWriter(&rootfs)
+	for _, f := range []struct{ name, data string }{{"etc/", ""}, {"etc/os-release", "ID=debian\n"}, {"usr/", ""}, {"usr/bin/", ""}} {
+		h := &tar.Header{Name: f.name, Mode: 0o644, Typeflag: tar.TypeReg, Size: int64(len(f.data))}
+		if strings.HasSuffix(f.name, "/") {
+			h.Typeflag, h.Mode = tar.TypeDir, 0o755
+		}
+		g.Expect(tw.WriteHeader(h)).To(Succeed())
+		_, _ = tw.Write([]byte(f.data))
+	}
+	g.Expect(tw.Close()).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(dir, "rootfs.tar"), rootfs.Bytes(), 0o644)).To(Succeed())
+	tool := filepath.Join(dir, "tool")
+	g.Expect(os.WriteFile(tool, []byte("#!/bin/sh\n"), 0o755)).To(Succeed())
+
+	build(t, filepath.Join(dir, "image.tar"), "--rootfs", filepath.Join(dir, "rootfs.tar"), "--user", "107:107",
+		"--entrypoint", "/usr/bin/tool", "usr/bin/tool="+tool, "opt/kubevirt/bin/helper="+tool)
+	img, cleanup, err := ReadArchive(filepath.Join(dir, "image.tar"))
+	g.Expect(err).NotTo(HaveOccurred())
+	defer cleanup()
+	layers := layerFiles(t, img)
+	g.Expect(layers).To(HaveLen(2))
+	g.Expect(layers[0]).To(HaveKeyWithValue("etc/os-release", []byte("ID=debian\n")))
+	g.Expect(layers[0]).NotTo(HaveKey("etc/passwd"), "the root filesystem replaces the minimal layer")
+	g.Expect(layers[1]).To(HaveKeyWithValue("usr/bin/tool", []byte("#!/bin/sh\n")))
+	g.Expect(layers[1]).To(HaveKey("opt/kubevirt/bin/helper"))
+	g.Expect(layers[1]).To(HaveKey("opt/kubevirt/"), "the directories a binary is in")
+	cf, err := img.ConfigFile()
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cf.Config.User).To(Equal("107:107"))
+	g.Expect(cf.Config.Entrypoint).To(Equal([]string{"/usr/bin/tool"}))
+	g.Expect(cf.Config.Env).To(ContainElement(ContainSubstring(":/usr/bin:")))
 }
 
 // TestPush pushes the archive to a real registry (Debian's docker-registry) and reads the
