@@ -290,3 +290,35 @@ $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC)): test/tools/kubevirt/go.mod tes
 $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_CGO)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum
 	hack/setup.sh kubevirt
 	cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -o $@ kubevirt.io/kubevirt/cmd/$(notdir $@)
+
+# KubeVirt's five images, as OCI archives in bin/kubevirt/ that the real node pushes to its
+# registry: the operator, api and controller on diskpipe's minimal base; the handler and the
+# launcher on Debian root filesystems (test/kubevirt/rootfs.sh: libvirt, QEMU, the virtqemud
+# shim). Each is rebuilt only when what it holds changes.
+KUBEVIRT_VERSION := v1.7.0
+KUBEVIRT_IMAGES  := virt-operator virt-api virt-controller virt-handler virt-launcher
+KUBEVIRT_FILES_virt-operator   := virt-operator
+KUBEVIRT_FILES_virt-api        := virt-api
+KUBEVIRT_FILES_virt-controller := virt-controller
+KUBEVIRT_FILES_virt-handler    := virt-handler virt-chroot
+KUBEVIRT_FILES_virt-launcher   := virt-launcher virt-launcher-monitor virt-freezer virt-probe virt-tail
+KUBEVIRT_IMAGE_ARGS_virt-handler  := --rootfs $(BIN)/kubevirt/handler-rootfs.tar --user 0:0
+KUBEVIRT_IMAGE_ARGS_virt-launcher := --rootfs $(BIN)/kubevirt/launcher-rootfs.tar --user 107:107
+
+.PHONY: kubevirt-images
+kubevirt-images: $(foreach i,$(KUBEVIRT_IMAGES),$(BIN)/kubevirt/$(i)-image.tar) ## Build KubeVirt's images for the real node into bin/kubevirt/.
+
+$(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh
+	hack/setup.sh kubevirt
+	test/kubevirt/rootfs.sh $* $@
+
+$(BIN)/kubevirt/virt-handler-image.tar: $(BIN)/kubevirt/handler-rootfs.tar
+$(BIN)/kubevirt/virt-launcher-image.tar: $(BIN)/kubevirt/launcher-rootfs.tar
+
+define KUBEVIRT_IMAGE_RULE
+$(BIN)/kubevirt/$(1)-image.tar: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_FILES_$(1))) hack/image/image.go
+	go build -o $(BIN)/image ./hack/image
+	$(BIN)/image build --out $$@ --ref kubevirt.diskpipe.test/$(1):$(KUBEVIRT_VERSION) --arch $(IMAGE_GOARCH) \
+		--entrypoint /usr/bin/$(1) $(KUBEVIRT_IMAGE_ARGS_$(1)) $(foreach f,$(KUBEVIRT_FILES_$(1)),usr/bin/$(f)=$(BIN)/kubevirt/$(f))
+endef
+$(foreach i,$(KUBEVIRT_IMAGES),$(eval $(call KUBEVIRT_IMAGE_RULE,$(i))))
