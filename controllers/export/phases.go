@@ -268,7 +268,7 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	// Everything in the store is done as the export's namespace: its own buckets only.
 	store, err := r.Store.Namespace(ctx, ex.Namespace)
 	if err != nil {
-		return nil, err
+		return nil, image.StoreUnavailable(ex.Namespace, err)
 	}
 	d := &destination{kind: "bundled", client: store, presigner: r.Downloads, bucket: string(target.BucketName), object: string(target.ObjectName)}
 	if !forPod {

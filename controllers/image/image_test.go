@@ -387,6 +387,36 @@ func TestObjectStoreSource(t *testing.T) {
 	pods := &corev1.PodList{}
 	g.Expect(env.Client.List(ctx, pods, client.InNamespace(other))).To(Succeed())
 	g.Expect(pods.Items).To(BeEmpty(), "no importer runs for a refused source")
+
+	// A store that is away when the manager first acts for a namespace: it cannot make the
+	// namespace's account, so no pod starts; status says why, and the import goes on once the
+	// store is back.
+	late, err := env.CreateNamespace(ctx, "objectstore-late")
+	g.Expect(err).NotTo(HaveOccurred())
+	store.Kill()
+	defer store.Restart() // for the other tests, if this one fails before it restarts it
+	waiting := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "waiting", Namespace: late},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{
+			ObjectStore: &common.ObjectStoreSource{BucketName: "late", ObjectName: "disk.qcow2"}}}}
+	waiting.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
+	g.Expect(env.Client.Create(ctx, waiting)).To(Succeed())
+	g.Eventually(status(t, waiting, &waiting.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
+		c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
+		if c == nil {
+			return string(st.Phase)
+		}
+		return string(st.Phase) + " " + c.Reason + ": " + c.Message
+	}, HavePrefix("Pending ObjectStoreUnavailable: waiting for the bundled object store to act as namespace "+late)))
+	g.Expect(env.Client.List(ctx, pods, client.InNamespace(late))).To(Succeed())
+	g.Expect(pods.Items).To(BeEmpty(), "no importer runs while the store is away")
+	store.Restart()
+	lateTenant, err := store.Client().Tenant(ctx, late)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(lateTenant.EnsureBucket(ctx, "late")).To(Succeed())
+	la, ls := lateTenant.Keys()
+	out, err = store.AWSAs(ctx, la, ls, "s3", "cp", obj, "s3://late/disk.qcow2")
+	g.Expect(err).NotTo(HaveOccurred(), out)
+	ctrltest.Pod(t, env, late, "vmim-waiting-import-0")
 }
 
 // TestCopySources makes images from a PVC of their namespace and from another ImageTemplate:

@@ -20,6 +20,13 @@ type NotReadyError struct{ Reason, Message string }
 
 func (e *NotReadyError) Error() string { return e.Message }
 
+// StoreUnavailable is a *NotReadyError for a bundled store that could not act as namespace ns
+// (it is away, or refused to make the namespace's account): no pod starts until it can, and
+// status says why.
+func StoreUnavailable(ns string, err error) error {
+	return &NotReadyError{"ObjectStoreUnavailable", fmt.Sprintf("waiting for the bundled object store to act as namespace %s: %v", ns, err)}
+}
+
 // Golden is a Ready golden image and its PVC.
 type Golden struct {
 	Obj    client.Object

@@ -255,7 +255,7 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 	if g.source.upload == "" {
 		var err error
 		if store, err = r.ObjectStore.Namespace(ctx, g.obj.GetNamespace()); err != nil {
-			return err
+			return StoreUnavailable(g.obj.GetNamespace(), err)
 		}
 	}
 	// A store that is away is the importer's to wait for, with its retries.

@@ -402,8 +402,11 @@ spec:
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(cluster.StopStore()).To(Succeed())
 		kubectl(vmi("patient", "    objectStore: {bucketName: restart, objectName: disk.qcow2}")+"  retry: 10\n", "apply", "-n", ns, "-f", "-")
-		// The importer retries its requests, then the controller retries the pod.
-		Eventually(phase(ns, "vmim", "patient"), time.Minute, 200*time.Millisecond).Should(Or(Equal("Importing Running"), HaveSuffix(" Retrying")))
+		// The importer retries its requests, then the controller retries the pod; or, when the
+		// manager must first make the namespace's account in the store (a manager that has not
+		// acted for it yet), no pod starts until the store answers, and status says so.
+		Eventually(phase(ns, "vmim", "patient"), time.Minute, 200*time.Millisecond).Should(
+			Or(Equal("Importing Running"), HaveSuffix(" Retrying"), Equal("Pending ObjectStoreUnavailable")))
 		time.Sleep(3 * time.Second)
 		Expect(cluster.StartStore()).To(Succeed())
 		Eventually(phase(ns, "vmim", "patient"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
