@@ -301,16 +301,22 @@ KUBEVIRT_FILES_virt-operator   := virt-operator
 KUBEVIRT_FILES_virt-api        := virt-api
 KUBEVIRT_FILES_virt-controller := virt-controller
 KUBEVIRT_FILES_virt-handler    := virt-handler virt-chroot
-KUBEVIRT_FILES_virt-launcher   := virt-launcher virt-launcher-monitor virt-freezer virt-probe virt-tail
+KUBEVIRT_FILES_virt-launcher   := virt-launcher virt-launcher-monitor virt-freezer virt-probe virt-tail node-labeller.sh
 KUBEVIRT_IMAGE_ARGS_virt-handler  := --rootfs $(BIN)/kubevirt/handler-rootfs.tar --user 0:0
-KUBEVIRT_IMAGE_ARGS_virt-launcher := --rootfs $(BIN)/kubevirt/launcher-rootfs.tar --user 107:107
+KUBEVIRT_IMAGE_ARGS_virt-launcher := --rootfs $(BIN)/kubevirt/launcher-rootfs.tar --user 0:0 --cap usr/bin/virt-launcher-monitor=cap_net_bind_service
 
 .PHONY: kubevirt-images
-kubevirt-images: $(foreach i,$(KUBEVIRT_IMAGES),$(BIN)/kubevirt/$(i)-image.tar) ## Build KubeVirt's images for the real node into bin/kubevirt/.
+kubevirt-images: $(foreach i,$(KUBEVIRT_IMAGES),$(BIN)/kubevirt/$(i)-image.tar) $(BIN)/kubevirt/kubevirt-operator.yaml ## Build KubeVirt's images for the real node into bin/kubevirt/.
 
 $(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh
 	hack/setup.sh kubevirt
 	test/kubevirt/rootfs.sh $* $@
+
+# The script virt-handler's init container runs from the launcher image: what libvirt says of
+# the host's CPU, for the node's labels.
+$(BIN)/kubevirt/node-labeller.sh: test/tools/kubevirt/go.mod
+	cd test/tools/kubevirt && cp "$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)/cmd/virt-launcher/node-labeller/node-labeller.sh" $@
+	chmod 0755 $@
 
 $(BIN)/kubevirt/virt-handler-image.tar: $(BIN)/kubevirt/handler-rootfs.tar
 $(BIN)/kubevirt/virt-launcher-image.tar: $(BIN)/kubevirt/launcher-rootfs.tar
@@ -322,3 +328,14 @@ $(BIN)/kubevirt/$(1)-image.tar: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_FILES_$(
 		--entrypoint /usr/bin/$(1) $(KUBEVIRT_IMAGE_ARGS_$(1)) $(foreach f,$(KUBEVIRT_FILES_$(1)),usr/bin/$(f)=$(BIN)/kubevirt/$(f))
 endef
 $(foreach i,$(KUBEVIRT_IMAGES),$(eval $(call KUBEVIRT_IMAGE_RULE,$(i))))
+
+# virt-operator's manifest as KubeVirt's release renders it (its CRD, RBAC and Deployment),
+# naming the images as the real node's registry serves them.
+KUBEVIRT_REGISTRY := 127.0.0.1:5055/kubevirt
+$(BIN)/kubevirt/kubevirt-operator.yaml: $(BIN)/kubevirt/manifest-templator
+	cd test/tools/kubevirt && mod=$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt) && \
+	$(BIN)/kubevirt/manifest-templator --process-files --generated-manifests-dir $$mod/manifests/generated \
+		--input-file $$mod/manifests/release/kubevirt-operator.yaml.in > $@.in && \
+	$(BIN)/kubevirt/manifest-templator --process-vars --namespace kubevirt --container-prefix $(KUBEVIRT_REGISTRY) \
+		--container-tag $(KUBEVIRT_VERSION) --image-pull-policy IfNotPresent --kubevirt-logo-path /dev/null --input-file $@.in > $@.tmp
+	rm -f $@.in && mv $@.tmp $@

@@ -9,10 +9,11 @@ set -euo pipefail
 # its kernel and busybox are fetched as .deb files (apt-get download), never installed. tmux runs
 # kubectl diskpipe in a real terminal in the end-to-end suite.
 # gcc, libc6-dev and libdeflate-dev build the importer's libdeflate inflater (cgo; `file` checks
-# the image's importer is static); nginx-light serves `make bench-import`'s image as a mirror would.
+# the image's importer is static); nginx-light serves `make bench-import`'s image as a mirror would; getcap (libcap2-bin) reads
+# the file capabilities hack/image gives.
 packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry ca-certificates
   qemu-system-x86 syslinux syslinux-common mtools dosfstools tmux
-  gcc libc6-dev libdeflate-dev file nginx-light)
+  gcc libc6-dev libdeflate-dev file nginx-light libcap2-bin)
 if [ "${1:-}" = cluster ]; then
   packages+=(containerd runc iptables conntrack iproute2 socat ethtool)
 fi

@@ -18,6 +18,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -65,6 +66,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	entrypoint := fl.String("entrypoint", "", "build: the image's entrypoint (diskpipe's pods name their command)")
 	rootfs := fl.String("rootfs", "", "build: a root filesystem tar as the first layer, instead of passwd, group and CA certificates")
 	user := fl.String("user", fmt.Sprintf("%d:%d", UID, UID), "build: the user the image runs as")
+	var caps capsFlag
+	fl.Var(&caps, "cap", "build: NAME=CAP: give the file NAME the file capability CAP (+ep), e.g. usr/bin/virt-launcher-monitor=cap_net_bind_service; repeatable")
 	ca := fl.String("ca-certificates", caBundle, "build: the CA bundle to ship")
 	arch := fl.String("arch", runtime.GOARCH, "build: the binaries' architecture")
 	archive := fl.String("archive", "bin/diskpipe-image.tar", "push, digest: the OCI archive to read")
@@ -77,6 +80,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		files, err := parseFiles(fl.Args())
 		if err != nil {
 			return err
+		}
+		for i, f := range files {
+			files[i].Caps = caps[f.Path]
 		}
 		img, err := Build(files, Options{Ref: *ref, Entrypoint: *entrypoint, CABundle: *ca, Arch: *arch, RootFS: *rootfs, User: *user})
 		if err != nil {
@@ -125,8 +131,51 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	return fmt.Errorf("unknown command %q: build, push or digest", args[0])
 }
 
-// File is one file of the image: Path in the image, Source on this machine.
-type File struct{ Path, Source string }
+// File is one file of the image: Path in the image, Source on this machine, and the file
+// capabilities it is given (Linux capability numbers, permitted and effective).
+type File struct {
+	Path, Source string
+	Caps         []int
+}
+
+// fileCaps are the capabilities --cap knows, by name.
+var fileCaps = map[string]int{"cap_net_bind_service": 10, "cap_net_admin": 12, "cap_sys_nice": 23}
+
+// capsFlag collects --cap NAME=CAP.
+type capsFlag map[string][]int
+
+func (c *capsFlag) String() string { return fmt.Sprint(map[string][]int(*c)) }
+func (c *capsFlag) Set(v string) error {
+	p, name, ok := strings.Cut(v, "=")
+	n, known := fileCaps[strings.ToLower(name)]
+	if !ok || !known {
+		return fmt.Errorf("%q: want NAME=CAP, CAP one of cap_net_bind_service, cap_net_admin, cap_sys_nice", v)
+	}
+	if *c == nil {
+		*c = capsFlag{}
+	}
+	p = "/" + strings.TrimPrefix(p, "/")
+	(*c)[p] = append((*c)[p], n)
+	return nil
+}
+
+// capXattr is the security.capability extended attribute (VFS_CAP_REVISION_2) that gives caps
+// as permitted and effective.
+func capXattr(caps []int) string {
+	var lo, hi uint32
+	for _, n := range caps {
+		if n < 32 {
+			lo |= 1 << n
+		} else {
+			hi |= 1 << (n - 32)
+		}
+	}
+	b := make([]byte, 20)
+	binary.LittleEndian.PutUint32(b[0:], 0x02000000|0x1) // revision 2, effective
+	binary.LittleEndian.PutUint32(b[4:], lo)             // permitted, low word
+	binary.LittleEndian.PutUint32(b[12:], hi)            // permitted, high word
+	return string(b)
+}
 
 func parseFiles(args []string) ([]File, error) {
 	var files []File
@@ -178,7 +227,11 @@ func Build(files []File, o Options) (v1.Image, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s (make image builds it): %w", f.Path, err)
 		}
-		bins = append(bins, entry{path: f.Path, mode: 0o755, data: data})
+		e := entry{path: f.Path, mode: 0o755, data: data}
+		if len(f.Caps) > 0 {
+			e.xattrs = map[string]string{"security.capability": capXattr(f.Caps)}
+		}
+		bins = append(bins, e)
 	}
 	img := empty.Image
 	var base v1.Layer
@@ -260,10 +313,11 @@ func minimalBase(caBundle string) (v1.Layer, error) {
 
 // entry is a file or, with a trailing slash, a directory of a layer.
 type entry struct {
-	path string
-	mode int64
-	uid  int
-	data []byte
+	path   string
+	mode   int64
+	uid    int
+	data   []byte
+	xattrs map[string]string
 }
 
 // tarLayer writes entries as a tar in path order, owned by root unless said, stamped epoch(),
@@ -287,6 +341,12 @@ func tarLayer(entries []entry) (v1.Layer, error) {
 	for _, e := range entries {
 		h := &tar.Header{Name: strings.TrimPrefix(e.path, "/"), Mode: e.mode, Uid: e.uid, Gid: e.uid,
 			ModTime: epoch(), Format: tar.FormatPAX, Typeflag: tar.TypeReg, Size: int64(len(e.data))}
+		for k, v := range e.xattrs { // as GNU tar and containerd write and read them
+			if h.PAXRecords == nil {
+				h.PAXRecords = map[string]string{}
+			}
+			h.PAXRecords["SCHILY.xattr."+k] = v
+		}
 		if strings.HasSuffix(e.path, "/") {
 			h.Typeflag, h.Size = tar.TypeDir, 0
 		}

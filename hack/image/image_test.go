@@ -175,6 +175,30 @@ func layerFiles(t *testing.T, img interface{ Layers() ([]v1.Layer, error) }) []m
 	return out
 }
 
+// layerTar writes img's layer i, uncompressed, to a file.
+func layerTar(t *testing.T, img interface{ Layers() ([]v1.Layer, error) }, i int) string {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[i].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	p := filepath.Join(t.TempDir(), "layer.tar")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, rc); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestRootFS builds on a root filesystem's tar (as the real node's KubeVirt images are): it is
 // the first layer as it was, the binaries go where their names say, in directories the layer
 // lists, and the image runs as the user asked.
@@ -197,7 +221,7 @@ func TestRootFS(t *testing.T) {
 	g.Expect(os.WriteFile(tool, []byte("#!/bin/sh\n"), 0o755)).To(Succeed())
 
 	build(t, filepath.Join(dir, "image.tar"), "--rootfs", filepath.Join(dir, "rootfs.tar"), "--user", "107:107",
-		"--entrypoint", "/usr/bin/tool", "usr/bin/tool="+tool, "opt/kubevirt/bin/helper="+tool)
+		"--entrypoint", "/usr/bin/tool", "--cap", "usr/bin/tool=cap_net_bind_service", "usr/bin/tool="+tool, "opt/kubevirt/bin/helper="+tool)
 	img, cleanup, err := ReadArchive(filepath.Join(dir, "image.tar"))
 	g.Expect(err).NotTo(HaveOccurred())
 	defer cleanup()
@@ -208,6 +232,12 @@ func TestRootFS(t *testing.T) {
 	g.Expect(layers[1]).To(HaveKeyWithValue("usr/bin/tool", []byte("#!/bin/sh\n")))
 	g.Expect(layers[1]).To(HaveKey("opt/kubevirt/bin/helper"))
 	g.Expect(layers[1]).To(HaveKey("opt/kubevirt/"), "the directories a binary is in")
+	// The file capability, as setcap writes it: GNU tar reads it back.
+	out, err := exec.Command("tar", "--xattrs", "--xattrs-include=security.capability", "-xf", layerTar(t, img, 1), "-C", dir, "usr/bin/tool").CombinedOutput()
+	g.Expect(err).NotTo(HaveOccurred(), string(out))
+	out, err = exec.Command("/usr/sbin/getcap", filepath.Join(dir, "usr/bin/tool")).CombinedOutput() // libcap2-bin, hack/setup.sh
+	g.Expect(err).NotTo(HaveOccurred(), string(out))
+	g.Expect(string(out)).To(ContainSubstring("cap_net_bind_service=ep"))
 	cf, err := img.ConfigFile()
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(cf.Config.User).To(Equal("107:107"))

@@ -67,6 +67,9 @@ type Options struct {
 	HelmArgs []string
 	// Log receives what the cluster does.
 	Log io.Writer
+	// KubeVirt installs the real KubeVirt (make kubevirt-images) in place of the trimmed
+	// VirtualMachine CRD of test/crds/kubevirt.
+	KubeVirt bool
 }
 
 // Cluster is a running single-node cluster.
@@ -82,6 +85,8 @@ type Cluster struct {
 	pki   *pki.Authority
 	mu    sync.Mutex
 	procs []*proc
+	// nodePID is PID 1 of the node's namespace, as the machine sees it (nodeNamespace).
+	nodePID int
 	// killedMetrics is what each manager pod RestartManager deleted served last; unscraped
 	// says which could not be read first.
 	killedMetrics []string
@@ -141,6 +146,11 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	if err := c.storage(ctx); err != nil {
 		return nil, err
+	}
+	if o.KubeVirt {
+		if err := c.kubevirt(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.install(ctx); err != nil {
 		return nil, err

@@ -39,12 +39,23 @@ type hostPath struct {
 	node string
 	dir  string // volumes/<id>/, snapshots/<id>/
 	log  io.Writer
+	// kubeletRoot is the kubelet's root directory as this process sees it: the kubelet, in
+	// the node's mount namespace, names paths under KubeletRoot, a bind mount of it there.
+	kubeletRoot string
 
 	mu    sync.Mutex
 	loops map[string]string // publish target → loop device
 }
 
-func (d *hostPath) volumeDir(id string) string   { return filepath.Join(d.dir, "volumes", id) }
+func (d *hostPath) volumeDir(id string) string { return filepath.Join(d.dir, "volumes", id) }
+
+// here is where a path the kubelet names is in this process's mount namespace.
+func (d *hostPath) here(p string) string {
+	if rest, ok := strings.CutPrefix(p, KubeletRoot+"/"); ok && d.kubeletRoot != "" {
+		return filepath.Join(d.kubeletRoot, rest)
+	}
+	return p
+}
 func (d *hostPath) snapshotDir(id string) string { return filepath.Join(d.dir, "snapshots", id) }
 
 // serve serves CSI on sock and the kubelet's plugin registration on regSock until ctx ends.
@@ -321,7 +332,7 @@ func (d *hostPath) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilities
 // NodePublishVolume bind-mounts the volume's directory, or the loop device of its block.img,
 // at the kubelet's target path.
 func (d *hostPath) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	target, id := req.GetTargetPath(), req.GetVolumeId()
+	target, id := d.here(req.GetTargetPath()), req.GetVolumeId()
 	if target == "" || id == "" || req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "a volume, a target path and a capability are required")
 	}
@@ -365,7 +376,7 @@ func (d *hostPath) NodePublishVolume(_ context.Context, req *csi.NodePublishVolu
 }
 
 func (d *hostPath) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	target := req.GetTargetPath()
+	target := d.here(req.GetTargetPath())
 	if target == "" {
 		return nil, status.Error(codes.InvalidArgument, "a target path is required")
 	}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,9 +64,83 @@ http: {addr: %s}
 // Image is diskpipe's image as the cluster pulls it: the chart's default tag in the registry.
 func (c *Cluster) Image() string { return registry + "/diskpipe:" + ImageTag }
 
+// KubeletRoot is the kubelet's root directory in the node's mount namespace: KubeVirt's
+// virt-handler hard-codes it.
+const KubeletRoot = "/var/lib/kubelet"
+
+// nodeNamespace starts the node's own PID and mount namespace, whose PID 1 is the harness's
+// pause binary (it reaps orphans): containerd and the kubelet, and so every pod, run in it.
+// KubeVirt's virt-handler needs what it gives: a PID 1 whose /proc/1/ns/mnt it may read (the
+// machine's own init is out of reach here), the kubelet's root at /var/lib/kubelet (the
+// harness's directory, bind-mounted there in the namespace only), and shared mount propagation
+// for its Bidirectional mounts. The kubelet's directory is also a shared mount on the machine:
+// what the CSI driver (in the test's process) mounts there reaches the kubelet, and what the
+// kubelet mounts the teardown finds.
+func (c *Cluster) nodeNamespace(ctx context.Context) error {
+	root := c.path("kubelet", "root")
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(KubeletRoot, 0o750); err != nil { // empty on the machine
+		return err
+	}
+	for _, args := range [][]string{{"--bind", root, root}, {"--make-shared", root}} {
+		if out, err := exec.CommandContext(ctx, "mount", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("mount %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	initBin := c.bin(filepath.Join("linux_"+runtime.GOARCH, "pause"))
+	if _, err := os.Stat(initBin); err != nil {
+		return fmt.Errorf("the node's init (make pause-image builds it): %w", err)
+	}
+	c.step("the node's PID and mount namespace")
+	// The init names the cluster's directory, so that a later teardown finds it.
+	script := fmt.Sprintf("set -e; mount --make-rshared /; mount --bind %q %s; exec %q %q", root, KubeletRoot, initBin, root)
+	if err := c.start("node", "unshare", "--pid", "--fork", "--mount", "--mount-proc", "--propagation", "unchanged", "--", "sh", "-c", script); err != nil {
+		return err
+	}
+	return c.wait(ctx, "the node's namespace", "node", 30*time.Second, func(context.Context) error {
+		pid, err := c.nodeInit(initBin)
+		c.nodePID = pid
+		return err
+	})
+}
+
+// nodeInit finds PID 1 of the node's namespace, as the machine sees it: the child of unshare
+// that runs initBin, with its mount in place.
+func (c *Cluster) nodeInit(initBin string) (int, error) {
+	c.mu.Lock()
+	var unshare int
+	for _, p := range c.procs {
+		if p.name == "node" {
+			unshare = p.cmd.Process.Pid
+		}
+	}
+	c.mu.Unlock()
+	children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", unshare, unshare))
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range strings.Fields(string(children)) {
+		pid, _ := strconv.Atoi(f)
+		if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe == initBin {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s under unshare (%d) yet", initBin, unshare)
+}
+
+// startInNode starts a component inside the node's namespace.
+func (c *Cluster) startInNode(name, bin string, args ...string) error {
+	return c.start(name, "nsenter", append([]string{"--target", strconv.Itoa(c.nodePID), "--pid", "--mount", "--", bin}, args...)...)
+}
+
 // node starts containerd, the kubelet, kube-proxy and CoreDNS, and waits until the node is
 // Ready.
 func (c *Cluster) node(ctx context.Context) error {
+	if err := c.nodeNamespace(ctx); err != nil {
+		return err
+	}
 	sock := c.path("containerd", "containerd.sock")
 	hosts := c.path("containerd", "certs.d", registry)
 	if err := os.MkdirAll(hosts, 0o755); err != nil {
@@ -117,7 +193,7 @@ state = %q
 		return err
 	}
 	c.step("containerd")
-	if err := c.start("containerd", "containerd", "--config", config); err != nil {
+	if err := c.startInNode("containerd", "containerd", "--config", config); err != nil {
 		return err
 	}
 	if err := c.wait(ctx, "containerd", "containerd", time.Minute, func(ctx context.Context) error {
@@ -156,8 +232,8 @@ maxPods: 200
 		return err
 	}
 	c.step("kubelet")
-	if err := c.start("kubelet", c.bin("kubelet"), "--config", kubeletConfig, "--kubeconfig", kubeletKC,
-		"--root-dir", c.path("kubelet", "root"), "--cert-dir", c.path("kubelet", "pki"),
+	if err := c.startInNode("kubelet", c.bin("kubelet"), "--config", kubeletConfig, "--kubeconfig", kubeletKC,
+		"--root-dir", KubeletRoot, "--cert-dir", c.path("kubelet", "pki"),
 		"--hostname-override", NodeName, "--node-ip", NodeIP); err != nil {
 		return err
 	}

@@ -31,9 +31,14 @@ const SnapshotClass = "local"
 // storage installs the VolumeSnapshot and KubeVirt CRDs, serves the harness's CSI driver,
 // starts the real sidecars that drive it, and makes its classes.
 func (c *Cluster) storage(ctx context.Context) error {
-	c.step("CRDs: VolumeSnapshot, KubeVirt VirtualMachine")
-	crds := envtest.CRDInstallOptions{Paths: []string{testenv.Path("test", "crds", "snapshot"), testenv.Path("test", "crds", "kubevirt")},
-		ErrorIfPathMissing: true}
+	paths := []string{testenv.Path("test", "crds", "snapshot")}
+	if c.opts.KubeVirt {
+		c.step("CRDs: VolumeSnapshot (KubeVirt's operator installs its own)")
+	} else {
+		c.step("CRDs: VolumeSnapshot, KubeVirt VirtualMachine (trimmed)")
+		paths = append(paths, testenv.Path("test", "crds", "kubevirt"))
+	}
+	crds := envtest.CRDInstallOptions{Paths: paths, ErrorIfPathMissing: true}
 	if err := envtest.ReadCRDFiles(&crds); err != nil {
 		return err
 	}
@@ -50,7 +55,8 @@ func (c *Cluster) storage(ctx context.Context) error {
 	reg := c.path("kubelet", "root", "plugins_registry", Driver+"-reg.sock")
 	ctx2, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
-	d := &hostPath{node: NodeName, dir: c.path("csi"), log: c.logFile("csi-driver"), loops: map[string]string{}}
+	d := &hostPath{node: NodeName, dir: c.path("csi"), log: c.logFile("csi-driver"), loops: map[string]string{},
+		kubeletRoot: c.path("kubelet", "root")}
 	c.step("CSI driver %s (the harness's), csi-provisioner, csi-snapshotter, snapshot-controller", Driver)
 	if err := d.serve(ctx2, sock, reg); err != nil {
 		return fmt.Errorf("the CSI driver: %w", err)

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -13,9 +14,13 @@ import (
 )
 
 func main() {
+	kubevirt := flag.Bool("kubevirt", false, "install the real KubeVirt too (make kubevirt-images)")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	c, err := cluster.Start(ctx, cluster.DefaultOptions(os.Stderr))
+	o := cluster.DefaultOptions(os.Stderr)
+	o.KubeVirt = *kubevirt
+	c, err := cluster.Start(ctx, o)
 	if err != nil {
 		stop()
 		fmt.Fprintln(os.Stderr, "cluster:", err)

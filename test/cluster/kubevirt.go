@@ -1,0 +1,84 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// KubeVirtVersion is the KubeVirt the real node runs (test/tools/kubevirt).
+const KubeVirtVersion = "v1.7.0"
+
+// kubeVirtImages are KubeVirt's images (make kubevirt-images writes bin/kubevirt/NAME-image.tar).
+var kubeVirtImages = []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-launcher"}
+
+// kubeVirtCR is the KubeVirt object, as a user writes it for a one-node cluster without
+// /dev/kvm: software emulation, one replica of virt-api and virt-controller.
+const kubeVirtCR = `apiVersion: kubevirt.io/v1
+kind: KubeVirt
+metadata:
+  name: kubevirt
+  namespace: kubevirt
+spec:
+  imagePullPolicy: IfNotPresent
+  infra:
+    replicas: 1
+  configuration:
+    developerConfiguration:
+      useEmulation: true
+`
+
+// kubevirt installs the real KubeVirt as its documentation tells users: virt-operator from its
+// release manifest (rendered by make kubevirt-images for the registry's names), then a
+// KubeVirt object; it waits until KubeVirt says it is Available. The node is labelled a
+// control-plane node first: virt-operator, virt-api and virt-controller run only on one.
+func (c *Cluster) kubevirt(ctx context.Context) error {
+	dir := c.bin("kubevirt")
+	for _, name := range kubeVirtImages {
+		ref := fmt.Sprintf("%s/kubevirt/%s:%s", registry, name, KubeVirtVersion)
+		c.step("push %s", ref)
+		archive := filepath.Join(dir, name+"-image.tar")
+		if out, err := exec.CommandContext(ctx, c.bin("image"), "push", "--archive", archive, ref).CombinedOutput(); err != nil { //nolint:gosec // hack/image
+			return fmt.Errorf("pushing %s (make kubevirt-images builds it): %w: %s", ref, err, out)
+		}
+	}
+	if _, stderr, err := c.Kubectl(ctx, nil, "label", "node", NodeName, "node-role.kubernetes.io/control-plane=", "--overwrite"); err != nil {
+		return fmt.Errorf("labelling the node: %w: %s", err, stderr)
+	}
+	c.step("KubeVirt %s: virt-operator, then the KubeVirt object", KubeVirtVersion)
+	if _, stderr, err := c.Kubectl(ctx, nil, "apply", "--server-side", "-f", filepath.Join(dir, "kubevirt-operator.yaml")); err != nil {
+		return fmt.Errorf("installing virt-operator: %w: %s", err, stderr)
+	}
+	if _, stderr, err := c.Kubectl(ctx, []byte(kubeVirtCR), "apply", "-f", "-"); err != nil {
+		return fmt.Errorf("creating the KubeVirt object: %w: %s", err, stderr)
+	}
+	return c.wait(ctx, "KubeVirt to be Available", "kubelet", 10*time.Minute, func(ctx context.Context) error {
+		kv := &unstructured.Unstructured{}
+		kv.SetGroupVersionKind(schema.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "KubeVirt"})
+		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: "kubevirt", Name: "kubevirt"}, kv); err != nil {
+			return err
+		}
+		conds, _, _ := unstructured.NestedSlice(kv.Object, "status", "conditions")
+		for _, cond := range conds {
+			m, _ := cond.(map[string]any)
+			if m["type"] == "Available" && m["status"] == string(corev1.ConditionTrue) {
+				return nil
+			}
+		}
+		phase, _, _ := unstructured.NestedString(kv.Object, "status", "phase")
+		pods := &corev1.PodList{}
+		_ = c.Client.List(ctx, pods, client.InNamespace("kubevirt"))
+		var states []string
+		for i := range pods.Items {
+			states = append(states, podState(&pods.Items[i]))
+		}
+		return fmt.Errorf("KubeVirt is %q; its pods: %v", phase, states)
+	})
+}
