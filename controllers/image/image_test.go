@@ -99,6 +99,15 @@ func readyReason(st *common.ImageStatus) string {
 	return ""
 }
 
+// phaseReasonMessage is "<phase> <Ready reason>: <message>", or the phase alone.
+func phaseReasonMessage(st *common.ImageStatus) string {
+	c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
+	if c == nil {
+		return string(st.Phase)
+	}
+	return string(st.Phase) + " " + c.Reason + ": " + c.Message
+}
+
 // TestImport is a VirtualMachineImage's life: golden PVC and a restricted importer pod with
 // the source's arguments and mounts, progress read from the running pod, then the result.
 func TestImport(t *testing.T) {
@@ -377,13 +386,7 @@ func TestObjectStoreSource(t *testing.T) {
 			ObjectStore: &common.ObjectStoreSource{BucketName: "images", ObjectName: "cirros.qcow2"}}}}
 	stolen.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
 	g.Expect(env.Client.Create(ctx, stolen)).To(Succeed())
-	g.Eventually(status(t, stolen, &stolen.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
-		c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
-		if c == nil {
-			return string(st.Phase)
-		}
-		return string(st.Phase) + " " + c.Reason + ": " + c.Message
-	}, HavePrefix("Failed SourceForbidden: namespace "+other+" may not read s3://images/cirros.qcow2 in the bundled object store")))
+	g.Eventually(status(t, stolen, &stolen.Status), 20*time.Second).Should(WithTransform(phaseReasonMessage, HavePrefix("Failed SourceForbidden: namespace "+other+" may not read s3://images/cirros.qcow2 in the bundled object store")))
 	pods := &corev1.PodList{}
 	g.Expect(env.Client.List(ctx, pods, client.InNamespace(other))).To(Succeed())
 	g.Expect(pods.Items).To(BeEmpty(), "no importer runs for a refused source")
@@ -400,13 +403,7 @@ func TestObjectStoreSource(t *testing.T) {
 			ObjectStore: &common.ObjectStoreSource{BucketName: "late", ObjectName: "disk.qcow2"}}}}
 	waiting.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
 	g.Expect(env.Client.Create(ctx, waiting)).To(Succeed())
-	g.Eventually(status(t, waiting, &waiting.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
-		c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
-		if c == nil {
-			return string(st.Phase)
-		}
-		return string(st.Phase) + " " + c.Reason + ": " + c.Message
-	}, HavePrefix("Pending ObjectStoreUnavailable: waiting for the bundled object store to act as namespace "+late)))
+	g.Eventually(status(t, waiting, &waiting.Status), 20*time.Second).Should(WithTransform(phaseReasonMessage, HavePrefix("Pending ObjectStoreUnavailable: waiting for the bundled object store to act as namespace "+late)))
 	g.Expect(env.Client.List(ctx, pods, client.InNamespace(late))).To(Succeed())
 	g.Expect(pods.Items).To(BeEmpty(), "no importer runs while the store is away")
 	store.Restart()
