@@ -197,15 +197,20 @@ bench: bench-import bench-export bench-upload bench-controllers ## Run every ben
 fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.
 	$(MAKE) fuzz FUZZ_TARGETS="$(FUZZ_IMPORT_TARGETS)"
 
+# KUBEVIRT=1 installs the real KubeVirt on the real node (make kubevirt kubevirt-images), and
+# the specs that boot VMs under it run.
+KUBEVIRT ?= 0
+KUBEVIRT_DEPS_1 = kubevirt kubevirt-images
+
 .PHONY: test-cluster
-test-cluster: setup cluster-tools build image pause-image bootdisk ## Run the end-to-end suite on a real single-node cluster (as root): diskpipe installed by helm from its image.
+test-cluster: setup cluster-tools build image pause-image bootdisk $(KUBEVIRT_DEPS_$(KUBEVIRT)) ## Run the end-to-end suite on a real single-node cluster (as root): diskpipe installed by helm from its image; KUBEVIRT=1 adds the real KubeVirt.
 	hack/setup.sh cluster
-	DISKPIPE_E2E_CLUSTER=real go test $(GO_TEST_FLAGS) ./test/e2e/ -args -ginkgo.v -ginkgo.timeout=$(E2E_TIMEOUT)
+	DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_E2E_CLUSTER=real go test $(GO_TEST_FLAGS) ./test/e2e/ -args -ginkgo.v -ginkgo.timeout=$(E2E_TIMEOUT)
 
 .PHONY: cluster-up
-cluster-up: setup cluster-tools build image pause-image ## Start the real single-node cluster (root) with diskpipe installed by its chart, and keep it until Ctrl-C.
+cluster-up: setup cluster-tools build image pause-image $(KUBEVIRT_DEPS_$(KUBEVIRT)) ## Start the real single-node cluster (root) with diskpipe installed by its chart (KUBEVIRT=1: and KubeVirt), and keep it until Ctrl-C.
 	hack/setup.sh cluster
-	go run ./test/cluster/up
+	DISKPIPE_KUBEVIRT=$(KUBEVIRT) go run ./test/cluster/up
 
 
 .PHONY: demo

@@ -272,6 +272,9 @@ func (c *Cluster) Dir() string { return filepath.Clean(c.opts.Dir) }
 // stands in for a VM's virt-launcher.
 func (c *Cluster) IdleImage() string { return PauseImage }
 
+// KubeVirt says whether the real KubeVirt runs on the node (Options.KubeVirt).
+func (c *Cluster) KubeVirt() bool { return c.opts.KubeVirt }
+
 // SnapshotPath is the directory of a snapshot in the harness's CSI driver, by its handle.
 func (c *Cluster) SnapshotPath(handle string) string { return c.path("csi", "snapshots", handle) }
 

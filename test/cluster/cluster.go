@@ -489,8 +489,10 @@ func (c *Cluster) Kubectl(ctx context.Context, stdin []byte, args ...string) (st
 }
 
 // DefaultOptions are the options of a cluster of this checkout: binaries and images from bin/
-// (make cluster-tools image pause-image), the chart from charts/diskpipe.
+// (make cluster-tools image pause-image), the chart from charts/diskpipe; the real KubeVirt
+// when DISKPIPE_KUBEVIRT=1 (make kubevirt-images).
 func DefaultOptions(log io.Writer) Options {
 	return Options{Bin: testenv.Path("bin"), Dir: DefaultDir, Image: testenv.Path("bin", "diskpipe-image.tar"),
-		Pause: testenv.Path("bin", "pause-image.tar"), Chart: testenv.ChartPath(), Log: log}
+		Pause: testenv.Path("bin", "pause-image.tar"), Chart: testenv.ChartPath(), Log: log,
+		KubeVirt: os.Getenv("DISKPIPE_KUBEVIRT") == "1"}
 }

@@ -42,6 +42,8 @@ type Cluster interface {
 	// IdleImage is an image whose container runs until stopped, standing in for a VM's
 	// virt-launcher (the local cluster runs only diskpipe's pods; the real node runs it).
 	IdleImage() string
+	// KubeVirt says whether the real KubeVirt runs VMs (the real node with DISKPIPE_KUBEVIRT=1).
+	KubeVirt() bool
 	// KubeconfigFile is an administrator's kubeconfig (client certificates), for kubectl plugins.
 	KubeconfigFile() string
 	Stop()
@@ -79,3 +81,4 @@ func (l local) StartStore() error      { l.Store.Restart(); return nil }
 func (l local) UploadURL() string      { return l.Cluster.UploadURL }
 func (l local) IdleImage() string      { return "quay.io/kubevirt/virt-launcher" }
 func (l local) KubeconfigFile() string { return l.Kubeconfig }
+func (l local) KubeVirt() bool         { return false }

@@ -14,7 +14,7 @@ import (
 )
 
 func main() {
-	kubevirt := flag.Bool("kubevirt", false, "install the real KubeVirt too (make kubevirt-images)")
+	kubevirt := flag.Bool("kubevirt", os.Getenv("DISKPIPE_KUBEVIRT") == "1", "install the real KubeVirt too (make kubevirt-images)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
