@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	uploadapi "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/authz"
 )
 
 // DefaultKeysSecret is the Secret an ObjectStoreKeysRequest writes by default.
@@ -83,16 +84,11 @@ func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.Obje
 // review asks the apiserver whether user may do what attrs say; a refusal is a *httpError
 // (403) with the message refusal.
 func review(ctx context.Context, c client.Client, user authenticationv1.UserInfo, attrs *authorizationv1.ResourceAttributes, refusal string) error {
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range user.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
+	allowed, err := authz.Allowed(ctx, c, user, *attrs)
+	if err != nil {
+		return err
 	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: user.Username, Groups: user.Groups, UID: user.UID, Extra: extra, ResourceAttributes: attrs}}
-	if err := c.Create(ctx, sar); err != nil {
-		return fmt.Errorf("reviewing access: %w", err)
-	}
-	if !sar.Status.Allowed {
+	if !allowed {
 		return fail(http.StatusForbidden, "%s", refusal)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/internal/authz"
 )
 
 // sourceGuard admits a disk or image whose source is in another namespace only when the
@@ -89,16 +90,7 @@ func imageSource(img *diskvolume.ImageSource) *source {
 
 // review asks the apiserver whether the request's user may do what attrs say.
 func review(ctx context.Context, c client.Client, req admission.Request, attrs authorizationv1.ResourceAttributes) (bool, error) {
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range req.UserInfo.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
-	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: req.UserInfo.Username, Groups: req.UserInfo.Groups, UID: req.UserInfo.UID, Extra: extra, ResourceAttributes: &attrs}}
-	if err := c.Create(ctx, sar); err != nil {
-		return false, err
-	}
-	return sar.Status.Allowed, nil
+	return authz.Allowed(ctx, c, req.UserInfo, attrs)
 }
 
 // crossNamespaceSource is the object's source in another namespace, if it has one.
