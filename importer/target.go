@@ -88,7 +88,7 @@ func OpenTarget(path string, capacity int64, overhead float64) (*Target, error) 
 			}
 			capacity = int64(st.Blocks) * st.Bsize //nolint:gosec // sizes fit
 		}
-		t.usable = int64(float64(capacity) * (1 - overhead))
+		t.usable = transfer.Usable(capacity, overhead)
 	}
 	return t, nil
 }

@@ -222,6 +222,14 @@ func TestCSIClone(t *testing.T) {
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "same-size-grow-0"}, &corev1.Pod{})).
 		To(WithTransform(apierrors.IsNotFound, BeTrue()))
 
+	// Asking for exactly the golden PVC's size, which holds more than the image's 1 GiB disk:
+	// the clone is grown to fill it, as a copy would be, so the guest sees what was asked.
+	asked := newDiskVolume(ns, "asked", fromImage("", "ubuntu"), "", goldenSize)
+	g.Expect(env.Client.Create(t.Context(), asked)).To(Succeed())
+	ctrltest.Bind(t, env, ns, "asked")
+	grow = ctrltest.Pod(t, env, ns, "asked-grow-0")
+	g.Expect(strings.Join(grow.Spec.Containers[0].Args, " ")).To(ContainSubstring("--grow-only"))
+
 	// Smaller than the image: refused, with the sizes.
 	small := newDiskVolume(ns, "small", fromImage("", "ubuntu"), "", "1Gi")
 	g.Expect(env.Client.Create(t.Context(), small)).To(Succeed())

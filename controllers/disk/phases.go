@@ -50,7 +50,19 @@ type plan struct {
 	// sourceSize is the size of what the disk is made from (0 for a blank disk).
 	sourceSize resource.Quantity
 	size       resource.Quantity
-	class      *storagev1.StorageClass
+	// asked: the size is the user's, not the source's.
+	asked bool
+	class *storagev1.StorageClass
+}
+
+// fillsMore says whether a filesystem volume of the size the user asked holds more than the
+// image's disk, which is then grown to fill it: the guest sees the size asked for, whether the
+// storage copied the disk (a CSI clone of a golden PVC as large) or an importer did.
+func (p *plan) fillsMore(overhead float64) bool {
+	if !p.asked || p.golden == nil || p.golden.Status.VirtualSize == nil {
+		return false
+	}
+	return p.golden.Status.VirtualSize.Value() < transfer.GrownSize(p.size.Value(), overhead)
 }
 
 func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, error) {
@@ -112,7 +124,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 			tr.SetReady(metav1.ConditionFalse, reasonWaitingForCloneSource, "waiting for the pod that serves the image from namespace "+src.Namespace)
 			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
 		}
-	case !block && (p.size.Cmp(p.sourceSize) > 0 || preallocate):
+	case !block && (p.size.Cmp(p.sourceSize) > 0 || preallocate || p.fillsMore(r.Pods.Config.FilesystemOverhead.For(spec.StorageClass))):
 		// The storage copied the disk; a larger volume needs disk.img grown to fill it, and a
 		// preallocated disk its holes allocated.
 		spec.Name = fmt.Sprintf("%s-grow-%d", pvcName, st.Retries)
@@ -166,7 +178,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 
 	switch req := d.pvc.Resources.Requests.Storage; {
 	case req != nil:
-		p.size = *req
+		p.size, p.asked = *req, true
 	case d.blank:
 		tr.SetFailed(reasonSizeRequired, "a blank disk needs spec.resources.requests.storage")
 		return nil, nil

@@ -12,3 +12,13 @@ func VolumeSizeFor(size int64, overhead float64) int64 {
 
 // RoundMiB rounds n up to a whole MiB.
 func RoundMiB(n int64) int64 { return (n + 1<<20 - 1) &^ (1<<20 - 1) }
+
+// Usable is how much of a filesystem volume of capacity bytes a disk file may take, keeping
+// overhead (a fraction) for the filesystem.
+func Usable(capacity int64, overhead float64) int64 { return int64(float64(capacity) * (1 - overhead)) }
+
+// GrownSize is the size a disk file grown to fill such a volume gets: Usable, rounded down to a
+// whole MiB.
+func GrownSize(capacity int64, overhead float64) int64 {
+	return Usable(capacity, overhead) &^ (1<<20 - 1)
+}
