@@ -56,6 +56,9 @@ func (c *Cluster) kubevirt(ctx context.Context) error {
 	if _, stderr, err := c.Kubectl(ctx, nil, "apply", "--server-side", "-f", filepath.Join(dir, "kubevirt-operator.yaml")); err != nil {
 		return fmt.Errorf("installing virt-operator: %w: %s", err, stderr)
 	}
+	if _, stderr, err := c.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s", "crd/kubevirts.kubevirt.io"); err != nil {
+		return fmt.Errorf("waiting for KubeVirt's CRD: %w: %s", err, stderr)
+	}
 	if _, stderr, err := c.Kubectl(ctx, []byte(kubeVirtCR), "apply", "-f", "-"); err != nil {
 		return fmt.Errorf("creating the KubeVirt object: %w: %s", err, stderr)
 	}
