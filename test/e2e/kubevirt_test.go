@@ -72,7 +72,7 @@ func guestLine(ns, name string) string {
 	GinkgoHelper()
 	var line string
 	Eventually(func() string {
-		pod := kubectl("", "get", "pods", "-n", ns, "-l", "vm.kubevirt.io/name="+name, "-o", "jsonpath={.items[0].metadata.name}")
+		pod, _, _ := strings.Cut(kubectl("", "get", "pods", "-n", ns, "-l", "vm.kubevirt.io/name="+name, "-o", "jsonpath={.items[*].metadata.name}"), " ")
 		if pod == "" {
 			return "no launcher pod yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
 		}
