@@ -21,7 +21,7 @@ var _ = Describe("real KubeVirt", func() {
 	})
 
 	It("boots a VirtualMachine written by hand from a VirtualMachinePvc's PVC, and the guest sees the disk grown", func() {
-		ns := namespace()
+		ns := vmNamespace()
 		importHTTP(ns, "golden", "disk.qcow2")
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachinePvc
@@ -41,6 +41,16 @@ spec:
 		Expect(line).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=diskpipe-bootdisk-v1", grown(1<<30))))
 	})
 })
+
+// vmNamespace is a new namespace where KubeVirt may run VMs: its launcher pods are privileged,
+// so the namespace enforces the privileged Pod Security level (KubeVirt refuses to make a
+// launcher pod in a restricted one: "it needs a privileged namespace to run").
+func vmNamespace() string {
+	GinkgoHelper()
+	ns := namespace()
+	kubectl("", "label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged", "--overwrite")
+	return ns
+}
 
 // kubeVirtVM is a KubeVirt VirtualMachine that boots once from the PVC claim: no network (its
 // pod interface would need a tun device per VM), 128 MiB.
