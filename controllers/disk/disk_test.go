@@ -173,7 +173,9 @@ func pvcOf(t *testing.T, ns, name string) *corev1.PersistentVolumeClaim {
 }
 
 // TestCSIClone is the seed's VirtualMachinePvc: a CSI clone of the golden PVC, larger than
-// the image, so disk.img is grown to the volume by a grow pod once the clone is bound.
+// the image, so disk.img is grown to the volume by a grow pod once the clone is bound. The
+// clone and the grow happen in a PVC of diskpipe's (the prime); the disk's own PVC is bound to
+// that volume only once the disk is whole.
 func TestCSIClone(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
@@ -187,7 +189,8 @@ func TestCSIClone(t *testing.T) {
 	vmpvc.Spec.PVC.StorageClassName = ptr.To(classCSI)
 	g.Expect(env.Client.Create(t.Context(), vmpvc)).To(Succeed())
 
-	pvc := pvcOf(t, ns, "vm-disk")
+	prime := disk.PrimeName(vmpvc.UID)
+	pvc := pvcOf(t, ns, prime)
 	g.Expect(pvc.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-ubuntu"}))
 	g.Expect(pvc.Spec.Resources.Requests.Storage().String()).To(Equal("10Gi"))
 	g.Expect(pvc.Labels).To(HaveKeyWithValue(image.LabelCloneOf, string(vmi.UID)), "marked while cloning")
@@ -196,14 +199,36 @@ func TestCSIClone(t *testing.T) {
 		Equal("Preferred: CSIClone, as preferred")))
 	g.Expect(vmpvc.Status.CloneStrategy).To(Equal(common.CloneStrategyCSIClone))
 
-	ctrltest.Bind(t, env, ns, "vm-disk")
+	primed := ctrltest.Bind(t, env, ns, prime)
 	grow := ctrltest.Pod(t, env, ns, "vm-disk-grow-0")
 	args := strings.Join(grow.Spec.Containers[0].Args, " ")
 	g.Expect(args).To(ContainSubstring("--grow-only"))
 	g.Expect(args).To(ContainSubstring("--target /data/disk.img --overhead 0.06 --capacity 10737418240"))
+	g.Expect(grow.Spec.Volumes).To(ContainElement(HaveField("PersistentVolumeClaim.ClaimName", prime)))
+
+	// The disk's PVC exists while the pod runs, pre-bound to the prime's volume and Pending:
+	// a VM made now waits for it.
+	final := pvcOf(t, ns, "vm-disk")
+	g.Expect(final.Spec.VolumeName).To(Equal(primed.Spec.VolumeName))
+	g.Expect(final.Spec.DataSource).To(BeNil())
+	g.Expect(final.Annotations).To(HaveKeyWithValue(disk.AnnotationPrime, prime))
+	g.Expect(metav1.IsControlledBy(final, vmpvc)).To(BeTrue())
+	g.Consistently(func() corev1.PersistentVolumeClaimPhase { return pvcOf(t, ns, "vm-disk").Status.Phase }, time.Second).
+		ShouldNot(Equal(corev1.ClaimBound))
+
 	ctrltest.Complete(t, env, ns, "vm-disk-grow-0", transfer.Result{Format: "raw", VirtualSize: 10090985472})
+	g.Eventually(diskStatus(t, vmpvc, &vmpvc.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
+		HavePrefix("HandingOver: the disk is complete")))
+	g.Expect(vmpvc.Status.Phase).To(Equal(common.PhaseCloning))
+	ctrltest.Bind(t, env, ns, "vm-disk") // the PV controller, once the volume's claimRef is the disk's PVC
 
 	g.Eventually(diskStatus(t, vmpvc, &vmpvc.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(condition(common.ConditionReady)(&vmpvc.Status)).To(MatchRegexp(`^Made: CSIClone of .*/ubuntu in \d+ s$`))
+	g.Eventually(func() bool {
+		p := &corev1.PersistentVolumeClaim{}
+		err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: prime}, p)
+		return apierrors.IsNotFound(err) || (err == nil && !p.DeletionTimestamp.IsZero()) // pvc-protection holds it here
+	}, 20*time.Second).Should(BeTrue(), "the prime goes; its volume is the disk's")
 	g.Expect(vmpvc.Status.PVCName).To(Equal("vm-disk"))
 	g.Expect(vmpvc.Status.VirtualSize.Value()).To(Equal(int64(10090985472)))
 	g.Expect(vmpvc.Status.Capacity.String()).To(Equal("10Gi"))
@@ -226,7 +251,7 @@ func TestCSIClone(t *testing.T) {
 	// the clone is grown to fill it, as a copy would be, so the guest sees what was asked.
 	asked := newDiskVolume(ns, "asked", fromImage("", "ubuntu"), "", goldenSize)
 	g.Expect(env.Client.Create(t.Context(), asked)).To(Succeed())
-	ctrltest.Bind(t, env, ns, "asked")
+	ctrltest.Bind(t, env, ns, disk.PrimeName(asked.UID))
 	grow = ctrltest.Pod(t, env, ns, "asked-grow-0")
 	g.Expect(strings.Join(grow.Spec.Containers[0].Args, " ")).To(ContainSubstring("--grow-only"))
 
@@ -299,8 +324,9 @@ func TestFallback(t *testing.T) {
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy), Equal(
 		`FellBack: HostAssisted, because CSIClone is not possible: the image's storage class is "csi" and the disk's "other"; `+
 			`Snapshot is not possible: the image's driver is "csi.diskpipe.test" and the disk's "other.diskpipe.test"`)))
-	pvc := pvcOf(t, ns, "other-class")
+	pvc := pvcOf(t, ns, disk.PrimeName(d.UID))
 	g.Expect(pvc.Spec.DataSource).To(BeNil())
+	ctrltest.Bind(t, env, ns, pvc.Name)
 
 	pod := ctrltest.Pod(t, env, ns, "other-class-clone-0")
 	args := strings.Join(pod.Spec.Containers[0].Args, " ")
@@ -319,7 +345,7 @@ func TestFallback(t *testing.T) {
 	ctrltest.Kubelet(t, env, ns, "other-class-clone-0", corev1.PodFailed,
 		&transfer.Result{Reason: transfer.ReasonSourceUnavailable, Transient: true, Message: "read error"}, 3)
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), HavePrefix("Retrying")))
-	ctrltest.Complete(t, env, ns, "other-class-clone-1", transfer.Result{Format: "raw", VirtualSize: 4037017600, DurationSeconds: 3})
+	ctrltest.Fill(t, env, ns, pvc.Name, "other-class-clone-1", "other-class", transfer.Result{Format: "raw", VirtualSize: 4037017600, DurationSeconds: 3})
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
 	g.Expect(d.Status.Retries).To(Equal(int32(1)))
 	g.Expect(d.Status.VirtualSize.Value()).To(Equal(int64(4037017600)))
@@ -338,7 +364,7 @@ func TestFallback(t *testing.T) {
 		&transfer.Result{Reason: transfer.ReasonTooLarge, Message: "the image's virtual size 2.0 GiB is larger than the block device (1.0 GiB)"}, 1)
 	g.Eventually(diskStatus(t, blk, &blk.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseFailed)))
 	g.Expect(condition(common.ConditionReady)(&blk.Status)).To(HavePrefix("TooLarge: "))
-	g.Eventually(func() map[string]string { return pvcOf(t, ns, "block").Labels }, 20*time.Second).ShouldNot(HaveKey(image.LabelCloneOf))
+	g.Eventually(func() map[string]string { return pvcOf(t, ns, disk.PrimeName(blk.UID)).Labels }, 20*time.Second).ShouldNot(HaveKey(image.LabelCloneOf))
 }
 
 // TestCrossNamespace copies an image of another namespace: a clone-source pod there serves
@@ -376,7 +402,7 @@ func TestCrossNamespace(t *testing.T) {
 	g.Expect(string(myToken.Data["header"])).To(Equal("Authorization: Bearer " + string(srcToken.Data["token"])))
 	g.Expect(metav1.IsControlledBy(myToken, d)).To(BeTrue())
 
-	ctrltest.Complete(t, env, ns, "centos-disk-clone-0", transfer.Result{Format: "raw", VirtualSize: 2018508800})
+	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), "centos-disk-clone-0", "centos-disk", transfer.Result{Format: "raw", VirtualSize: 2018508800})
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, &corev1.Pod{})) &&
@@ -406,8 +432,8 @@ func TestBlankAndSnapshotDisks(t *testing.T) {
 	g.Expect(env.Client.Create(t.Context(), blank)).To(Succeed())
 	pod := ctrltest.Pod(t, env, ns, "data-blank-0")
 	g.Expect(strings.Join(pod.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source blank --grow --metrics-addr :"))
-	g.Expect(pvcOf(t, ns, "data").Spec.DataSource).To(BeNil())
-	ctrltest.Complete(t, env, ns, "data-blank-0", transfer.Result{Format: "raw", VirtualSize: 20185088000})
+	g.Expect(pvcOf(t, ns, disk.PrimeName(blank.UID)).Spec.DataSource).To(BeNil())
+	ctrltest.Fill(t, env, ns, disk.PrimeName(blank.UID), "data-blank-0", "data", transfer.Result{Format: "raw", VirtualSize: 20185088000})
 	g.Eventually(diskStatus(t, blank, &blank.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
 	g.Expect(condition(common.ConditionReady)(&blank.Status)).To(HavePrefix("Made: blank"))
 

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -69,7 +70,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	st, tr := d.status, d.tracked()
 	pvcName := d.obj.GetName()
 	if st.Phase == common.PhaseFailed {
-		return ctrl.Result{}, r.unmark(ctx, d.obj.GetNamespace(), pvcName)
+		return ctrl.Result{}, errors.Join(r.unmark(ctx, d.obj.GetNamespace(), pvcName), r.unmark(ctx, d.obj.GetNamespace(), PrimeName(d.obj.GetUID())))
 	}
 	if st.Phase == common.PhaseReady {
 		return ctrl.Result{}, r.noteCapacity(ctx, d, pvcName)
@@ -90,26 +91,16 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		return ctrl.Result{}, nil // failed, with the reason in status
 	}
 	st.CloneStrategy = p.strategy
-	pvc, err := r.ensurePVC(ctx, d, pvcName, p)
-	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
-		tr.SetFailed(reasonNameTaken, nt.Error())
-		return ctrl.Result{}, nil
-	} else if err != nil {
-		return ctrl.Result{}, err
-	}
-	st.PVCName = pvcName
-	if st.Phase == "" || st.Phase == common.PhasePending {
-		st.Phase = common.PhaseCloning
-	}
 
 	block := modeOf(d.pvc.VolumeMode) == corev1.PersistentVolumeBlock
 	preallocate := ptr.Deref(d.pvc.Preallocation, false)
-	spec := importpod.Spec{Namespace: d.obj.GetNamespace(), PVC: pvcName, Block: block, Capacity: p.size.Value(),
+	spec := importpod.Spec{Namespace: d.obj.GetNamespace(), Block: block, Capacity: p.size.Value(),
 		Preallocate: preallocate, Labels: map[string]string{LabelDisk: string(d.obj.GetUID()), image.LabelRole: "importer"}}
 	if p.class != nil {
 		spec.StorageClass = p.class.Name
 	}
 	source := "grow" // how the disk is made, for metrics
+	var copyFrom *hostcopy.Source
 	switch {
 	case p.dataSource == nil && d.blank:
 		source = "blank"
@@ -119,28 +110,191 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		source = "copy"
 		spec.Name = fmt.Sprintf("%s-clone-%d", pvcName, st.Retries)
 		spec.Args = []string{"--grow"}
-		src := hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC)}
-		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, d.obj, src, &spec); err != nil || !ready {
-			tr.SetReady(metav1.ConditionFalse, reasonWaitingForCloneSource, "waiting for the pod that serves the image from namespace "+src.Namespace)
-			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
-		}
+		copyFrom = &hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC)}
 	case !block && (p.size.Cmp(p.sourceSize) > 0 || preallocate || p.fillsMore(r.Pods.Config.FilesystemOverhead.For(spec.StorageClass))):
 		// The storage copied the disk; a larger volume needs disk.img grown to fill it, and a
 		// preallocated disk its holes allocated.
 		spec.Name = fmt.Sprintf("%s-grow-%d", pvcName, st.Retries)
 		spec.Args = []string{"--grow-only"}
 	default:
+		// The storage makes the whole disk (a CSI clone, a restore): its PVC is bound once
+		// the storage is done.
+		pvc, err := r.ensurePVC(ctx, d, pvcName, p)
+		if err != nil {
+			return r.nameTaken(d, err)
+		}
+		st.PVCName = pvcName
+		r.cloning(d)
 		return r.waitForBinding(ctx, d, pvc, p)
 	}
+	return r.fill(ctx, d, p, spec, source, copyFrom)
+}
+
+// cloning is the phase of a disk on its way.
+func (r *Reconciler) cloning(d *vmDisk) {
+	if st := d.status; st.Phase == "" || st.Phase == common.PhasePending {
+		st.Phase = common.PhaseCloning
+	}
+}
+
+// nameTaken fails the disk whose PVC's name is taken by a PVC it does not own.
+func (r *Reconciler) nameTaken(d *vmDisk, err error) (ctrl.Result, error) {
+	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
+		d.tracked().SetFailed(reasonNameTaken, nt.Error())
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{}, err
+}
+
+// Annotations of the PVCs of a disk an importer pod fills.
+const (
+	// AnnotationPrime, on a disk's PVC, names the PVC of diskpipe's (the prime) whose volume
+	// it is given once the importer has filled that.
+	AnnotationPrime = "diskpipe.io/prime"
+	// AnnotationFilled, on a prime PVC, says its volume holds the whole disk and how it was
+	// made.
+	AnnotationFilled = "diskpipe.io/filled"
+)
+
+// PrimeName names the PVC an importer pod fills for the disk of that UID.
+func PrimeName(uid types.UID) string { return "prime-" + string(uid) }
+
+// fill makes a disk that an importer pod writes (a host-assisted copy, a blank disk, a clone
+// grown to its volume). No one may use a half-written disk, and a VM (KubeVirt's included)
+// boots from any PVC that is Bound, so the pod fills a PVC of diskpipe's own, the prime; the
+// disk's PVC is made pre-bound to the prime's volume, and Kubernetes binds it only once the
+// whole disk is there and the volume's claimRef is turned to it. A VM made early waits for
+// its PVC to be bound, as for any volume.
+//
+// A host-assisted copy reads copyFrom, through a clone-source pod when it is in another
+// namespace.
+func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpod.Spec, source string, copyFrom *hostcopy.Source) (ctrl.Result, error) {
+	st, tr, ns, name := d.status, d.tracked(), d.obj.GetNamespace(), d.obj.GetName()
+	final := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, final); apierrors.IsNotFound(err) {
+		final = nil
+	} else if err != nil {
+		return ctrl.Result{}, err
+	}
+	primeName := PrimeName(d.obj.GetUID())
+	switch {
+	case final != nil && final.Annotations[AnnotationPrime] == "" && metav1.IsControlledBy(final, d.obj):
+		// Made by a diskpipe from before primes, which fills the disk's own PVC: finish so.
+		primeName = name
+	case final != nil && final.Status.Phase == corev1.ClaimBound && final.Annotations[AnnotationPrime] != "":
+		return ctrl.Result{}, r.handedOver(ctx, d, p, final)
+	}
+
+	prime, err := r.ensurePVC(ctx, d, primeName, p)
+	if err != nil {
+		return r.nameTaken(d, err)
+	}
+	st.PVCName = name
+	r.cloning(d)
+	if final == nil && prime.Spec.VolumeName != "" {
+		if final, err = r.ensurePreBound(ctx, d, prime); err != nil {
+			return r.nameTaken(d, err)
+		}
+	}
+	if how := prime.Annotations[AnnotationFilled]; how != "" {
+		switch {
+		case primeName == name: // the disk's own PVC, filled in place
+			r.made(ctx, d, prime, p, st.VirtualSize, how)
+			return ctrl.Result{}, nil
+		case final == nil: // filled, so bound: the cache has not seen it yet
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		return r.handOver(ctx, d, prime, final)
+	}
+
+	if copyFrom != nil {
+		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, d.obj, *copyFrom, &spec); err != nil || !ready {
+			tr.SetReady(metav1.ConditionFalse, reasonWaitingForCloneSource, "waiting for the pod that serves the image from namespace "+copyFrom.Namespace)
+			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
+		}
+	}
+	spec.PVC = primeName
 	pod := importpod.Build(r.Pods.Config, spec)
 	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry, Source: source}
 	if err := r.Pods.Start(ctx, work, pod); err != nil {
 		return ctrl.Result{}, err
 	}
-	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) {
-		r.made(ctx, d, pvc, p, resource.NewQuantity(res.VirtualSize, resource.BinarySI),
-			fmt.Sprintf("%s in %.0f s", describe(d, p), res.DurationSeconds))
+	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) error {
+		st.VirtualSize = resource.NewQuantity(res.VirtualSize, resource.BinarySI)
+		how := fmt.Sprintf("%s in %.0f s", describe(d, p), res.DurationSeconds)
+		patch := client.MergeFrom(prime.DeepCopy())
+		metav1.SetMetaDataAnnotation(&prime.ObjectMeta, AnnotationFilled, how)
+		if err := r.Patch(ctx, prime, patch); err != nil {
+			return fmt.Errorf("marking %s filled: %w", prime.Name, err)
+		}
+		tr.SetReady(metav1.ConditionFalse, reasonHandingOver, "the disk is complete in "+prime.Name+"; handing its volume to the PVC "+name)
+		return nil
 	})
+}
+
+// reasonHandingOver: the prime is filled and its volume is being bound to the disk's PVC.
+const reasonHandingOver = "HandingOver"
+
+// ensurePreBound makes the disk's PVC, pre-bound to the prime's volume: Pending until the
+// volume's claimRef names it. It exists from early on, so that a VM made meanwhile finds it
+// (and waits for it to be bound) rather than finding no PVC.
+func (r *Reconciler) ensurePreBound(ctx context.Context, d *vmDisk, prime *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, error) {
+	labels := map[string]string{}
+	for k, v := range prime.Labels {
+		labels[k] = v
+	}
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: d.obj.GetName(), Namespace: prime.Namespace,
+		Labels: labels, Annotations: map[string]string{AnnotationPrime: prime.Name}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: prime.Spec.AccessModes, Resources: prime.Spec.Resources,
+			StorageClassName: prime.Spec.StorageClassName, VolumeMode: prime.Spec.VolumeMode, VolumeName: prime.Spec.VolumeName}}
+	if err := owned.Create(ctx, r.Client, d.obj, pvc); err != nil {
+		return nil, err
+	}
+	return pvc, nil
+}
+
+// handOver turns the filled prime's volume to the disk's PVC; Kubernetes' PV controller then
+// binds that PVC to it, and the disk is made (handedOver).
+func (r *Reconciler) handOver(ctx context.Context, d *vmDisk, prime, final *corev1.PersistentVolumeClaim) (ctrl.Result, error) {
+	if final.Spec.VolumeName != prime.Spec.VolumeName {
+		// Pre-bound to a volume that is no longer the prime's (the prime was deleted and made
+		// again): made again, with the new one.
+		return ctrl.Result{Requeue: true}, client.IgnoreNotFound(r.Delete(ctx, final))
+	}
+	pv := &corev1.PersistentVolume{}
+	if err := r.Get(ctx, client.ObjectKey{Name: prime.Spec.VolumeName}, pv); err != nil {
+		return ctrl.Result{}, err
+	}
+	if ref := pv.Spec.ClaimRef; ref == nil || ref.UID != final.UID {
+		patch := client.MergeFrom(pv.DeepCopy())
+		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1",
+			Namespace: final.Namespace, Name: final.Name, UID: final.UID}
+		if err := r.Patch(ctx, pv, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("giving volume %s to the PVC %s: %w", pv.Name, final.Name, err)
+		}
+	}
+	d.tracked().SetReady(metav1.ConditionFalse, reasonHandingOver, fmt.Sprintf("the disk is complete; waiting for Kubernetes to bind its volume %s to the PVC %s", pv.Name, final.Name))
+	return ctrl.Result{RequeueAfter: 5 * time.Second}, nil // the PVC's binding brings the disk back sooner
+}
+
+// handedOver makes the disk whose PVC is bound to the volume its prime filled, and deletes
+// the prime (the volume stays: its claimRef is the disk's PVC).
+func (r *Reconciler) handedOver(ctx context.Context, d *vmDisk, p *plan, final *corev1.PersistentVolumeClaim) error {
+	prime := &corev1.PersistentVolumeClaim{}
+	how := describe(d, p)
+	switch err := r.Get(ctx, client.ObjectKey{Namespace: final.Namespace, Name: final.Annotations[AnnotationPrime]}, prime); {
+	case err == nil:
+		if prime.Annotations[AnnotationFilled] != "" {
+			how = prime.Annotations[AnnotationFilled]
+		}
+		if err := r.Delete(ctx, prime); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	case !apierrors.IsNotFound(err):
+		return err
+	}
+	r.made(ctx, d, final, p, d.status.VirtualSize, how)
+	return nil
 }
 
 // plan resolves the disk's source and chooses how to make it; nil (with the reason in

@@ -47,18 +47,11 @@ func TestPopulator(t *testing.T) {
 	g.Expect(metav1.IsControlledBy(d, claim)).To(BeTrue(), "the claim owns it: deleting the claim takes it")
 
 	// The DiskVolume's PVC is made as any disk's: a CSI clone of the golden PVC, grown.
-	prime := pvcOf(t, ns, name)
-	g.Expect(prime.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-fedora"}))
-	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pv-" + name}, Spec: corev1.PersistentVolumeSpec{
-		Capacity:    corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")},
-		AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: classCSI,
-		PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: name}},
-		ClaimRef:               &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ns, Name: name, UID: prime.UID}}}
-	g.Expect(env.Client.Create(t.Context(), pv)).To(Succeed())
-	prime.Spec.VolumeName = pv.Name
-	g.Expect(env.Client.Update(t.Context(), prime)).To(Succeed())
-	ctrltest.Bind(t, env, ns, name)
-	ctrltest.Complete(t, env, ns, name+"-grow-0", transfer.Result{Format: "raw", VirtualSize: 10090985472})
+	fill := pvcOf(t, ns, disk.PrimeName(d.UID))
+	g.Expect(fill.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-fedora"}))
+	ctrltest.Fill(t, env, ns, fill.Name, name+"-grow-0", name, transfer.Result{Format: "raw", VirtualSize: 10090985472})
+	pv := &corev1.PersistentVolume{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Name: pvcOf(t, ns, name).Spec.VolumeName}, pv)).To(Succeed())
 
 	// Once the disk is Ready, its volume is pointed at the claim.
 	g.Eventually(func() claimRef {
@@ -160,6 +153,7 @@ func TestPopulatorWaitsForFirstConsumer(t *testing.T) {
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(claim), claim)).To(Succeed())
 	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, disk.AnnotationSelectedNode, "node-a")
 	g.Expect(env.Client.Update(t.Context(), claim)).To(Succeed())
-	prime := pvcOf(t, ns, name)
+	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, d) }, 20*time.Second).Should(Succeed())
+	prime := pvcOf(t, ns, disk.PrimeName(d.UID)) // grown to the claim's size by a pod, so filled in a prime
 	g.Expect(prime.Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "node-a"), "provisioned where the claim's pod runs")
 }

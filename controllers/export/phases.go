@@ -113,7 +113,7 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	if err := r.Pods.Start(ctx, work, pod); err != nil {
 		return ctrl.Result{}, err
 	}
-	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) {
+	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) error {
 		now := metav1.Now()
 		st.Phase, st.Progress, st.ObjectURL, st.Digest, st.CompletionTime = common.PhaseReady, "100%", res.URL, res.Digest, &now
 		st.VirtualSize = resource.NewQuantity(res.VirtualSize, resource.BinarySI)
@@ -131,6 +131,7 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		if err := r.cleanupTemp(ctx, ex); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Could not remove the export's snapshot")
 		}
+		return nil
 	})
 }
 

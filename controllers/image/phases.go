@@ -114,7 +114,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		return ctrl.Result{}, err
 	}
 	st.PVCName = pvcName
-	return r.Pods.Observe(ctx, r.work(g, "Import"), pod, func(res *transfer.Result) {
+	return r.Pods.Observe(ctx, r.work(g, "Import"), pod, func(res *transfer.Result) error {
 		setImported(st, res, pvcName)
 		r.Pods.Events.Eventf(g.obj, nil, corev1.EventTypeNormal, reasonImported, "Import",
 			"Imported %s (%s, %d bytes) into %s", g.source.kind, res.Format, res.VirtualSize, pvcName)
@@ -123,6 +123,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 				ctrl.LoggerFrom(ctx).Error(err, "Could not remove the clone source")
 			}
 		}
+		return nil
 	})
 }
 
@@ -181,14 +182,15 @@ func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) 
 		return ctrl.Result{}, err
 	}
 	st := g.status
-	return r.Pods.Observe(ctx, w, pod, func(res *transfer.Result) {
+	return r.Pods.Observe(ctx, w, pod, func(res *transfer.Result) error {
 		if res.VirtualSize < 0 {
 			g.tracked().SetReady(metav1.ConditionFalse, reasonSizeRequired,
 				"the source's size cannot be known without importing it (a compressed raw image): set spec.resources.requests.storage")
 			st.Phase = common.PhasePending
-			return
+			return nil
 		}
 		st.Format, st.VirtualSize = res.Format, resource.NewQuantity(res.VirtualSize, resource.BinarySI)
+		return nil
 	})
 }
 

@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -42,6 +43,7 @@ const (
 	reasonDiskFailed      = "DiskFailed"
 	reasonDisksReady      = "DisksReady"
 	reasonCreated         = "VirtualMachineCreated"
+	reasonKubeVirtRefused = "KubeVirtRefused"
 )
 
 // Reconciler reconciles VirtualMachines.
@@ -117,10 +119,18 @@ func (r *Reconciler) reconcile(ctx context.Context, vm *vmv1.VirtualMachine) (ct
 	kv, err := r.ensureKubeVirtVM(ctx, vm, spec)
 	if err != nil {
 		var nt *owned.ErrNotOwned
-		if errors.As(err, &nt) {
+		switch {
+		case errors.As(err, &nt):
 			st.Phase = common.PhaseFailed
 			setCondition(st, common.ConditionReady, metav1.ConditionFalse, "NameTaken", nt.Error())
 			return ctrl.Result{}, nil
+		case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsForbidden(err):
+			// KubeVirt's webhook (or the apiserver) refused the hardware as written: say why.
+			// KubeVirt's configuration may change (a feature gate), so it is tried again.
+			st.Phase = common.PhaseFailed
+			setCondition(st, common.ConditionReady, metav1.ConditionFalse, reasonKubeVirtRefused,
+				"KubeVirt refused the VirtualMachine made of spec.hardware: "+err.Error())
+			return ctrl.Result{RequeueAfter: time.Minute}, nil
 		}
 		return ctrl.Result{}, err
 	}

@@ -21,6 +21,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	vmv1 "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
@@ -117,7 +118,7 @@ func TestSeedVirtualMachine(t *testing.T) {
 	g.Eventually(vmStatus(t, vm), 20*time.Second).Should(WithTransform(ready, HavePrefix("Pending WaitingForDisks: waiting for DiskVolumes: disk0-vm-blank (")))
 	g.Expect(vm.Status.DiskVolumes).To(Equal([]string{"disk0-vm-blank"}))
 
-	ctrltest.Complete(t, env, ns, "disk0-vm-blank-blank-0", transfer.Result{Format: "raw", VirtualSize: 4037017600})
+	ctrltest.Fill(t, env, ns, disk.PrimeName(dv.UID), "disk0-vm-blank-blank-0", "disk0-vm-blank", transfer.Result{Format: "raw", VirtualSize: 4037017600})
 	kv := kubeVirtVM(t, ns, "vm1")
 	g.Expect(metav1.IsControlledBy(kv, vm)).To(BeTrue())
 	g.Expect(*kv.Spec.RunStrategy).To(Equal(kubevirtv1.RunStrategyAlways))
@@ -190,7 +191,7 @@ func TestDiskMadeOutside(t *testing.T) {
 		Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}}}
 	outside.Spec.Resources.Requests.Storage = &q
 	g.Expect(env.Client.Create(t.Context(), outside)).To(Succeed())
-	ctrltest.Complete(t, env, ns, "disk0-vm-blank-blank-0", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
+	ctrltest.Fill(t, env, ns, disk.PrimeName(outside.UID), "disk0-vm-blank-blank-0", "disk0-vm-blank", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
 
 	vm := seedVM(t, ns)
 	g.Expect(env.Client.Create(t.Context(), vm)).To(Succeed())

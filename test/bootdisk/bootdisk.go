@@ -4,11 +4,13 @@
 // The disk (Build, make bootdisk) is a raw 64 MiB disk: an MBR with syslinux's boot code and
 // one FAT16 partition from 1 MiB holding syslinux, Debian's kernel (linux-image-amd64) and an
 // initramfs of busybox (busybox-static) and the virtio modules. A marker line sits in the gap
-// before the partition, at 32 KiB. The init prints one line to the serial console,
+// before the partition, at 32 KiB. The init prints a line to the serial console for the disk
+// it booted from (the first that holds a marker),
 //
 //	DISKPIPE-BOOT disk=vda size=<bytes the guest sees> marker=<the marker>
 //
-// and powers off. Boot runs qemu-system-x86_64 with the disk on a virtio bus (as KubeVirt's
+// then one for each of the VM's virtio disks (DISKPIPE-DISK disk=vdb size=... marker=...), and
+// powers off. Boot runs qemu-system-x86_64 with the disk on a virtio bus (as KubeVirt's
 // disks are), -snapshot (the disk is never written) and the serial console to a file, and
 // parses that line.
 package bootdisk

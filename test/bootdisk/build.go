@@ -26,8 +26,9 @@ LABEL linux
   INITRD /initrd.gz
   APPEND console=ttyS0,115200 earlyprintk=serial,ttyS0,115200 panic=-1 rdinit=/init
 `
-	// The init loads the virtio modules, reads the disk's size and marker, prints the line
-	// and powers off.
+	// The init loads the virtio modules, prints the boot line for the first disk that holds a
+	// marker (the one it booted from; vda when none does) and a line for each disk, and
+	// powers off.
 	initScript = `#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
@@ -38,10 +39,22 @@ for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
 done
 i=0
 while [ ! -e /sys/block/vda/size ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+sleep 0.3 # a VM's other virtio disks are probed beside vda
 dmesg -n 1 # the kernel's own messages would cut into the line on the console
-size=$(( $(cat /sys/block/vda/size) * 512 ))
-marker=$(dd if=/dev/vda bs=512 skip=64 count=1 2>/dev/null | tr -d '\000' | head -n 1)
-echo "DISKPIPE-BOOT disk=vda size=$size marker=$marker"
+boot=vda
+disks=
+for d in /sys/block/vd*; do
+  n=${d##*/}
+  size=$(( $(cat $d/size) * 512 ))
+  marker=$(dd if=/dev/$n bs=512 skip=64 count=1 2>/dev/null | tr -d '\000' | head -n 1 | tr -cd 'A-Za-z0-9._-')
+  eval "size_$n=$size marker_$n=$marker"
+  if [ -n "$marker" ] && [ -z "$found" ]; then boot=$n; found=1; fi
+  disks="$disks $n"
+done
+eval "echo \"DISKPIPE-BOOT disk=$boot size=\$size_$boot marker=\$marker_$boot\""
+for n in $disks; do
+  eval "echo \"DISKPIPE-DISK disk=$n size=\$size_$n marker=\$marker_$n\""
+done
 poweroff -f
 `
 )

@@ -3,11 +3,16 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/diskpipe/diskpipe/test/bootdisk"
+	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
 // These specs run VMs under the real KubeVirt (the real node with DISKPIPE_KUBEVIRT=1): each
@@ -20,7 +25,7 @@ var _ = Describe("real KubeVirt", func() {
 		}
 	})
 
-	It("boots a VirtualMachine written by hand from a VirtualMachinePvc's PVC, and the guest sees the disk grown", func() {
+	It("boots a VirtualMachine written by hand from the PVCs of a VirtualMachinePvc, a DiskVolume and a block DiskVolume, grown as asked, and again after it stopped", func() {
 		ns := vmNamespace()
 		importHTTP(ns, "golden", "disk.qcow2")
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
@@ -32,13 +37,162 @@ spec:
   pvc:
     accessModes: [ReadWriteOnce]
     resources: {requests: {storage: 1Gi}}
+---
+apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: data
+spec:
+  source:
+    image: {name: golden, kind: VirtualMachineImage}
+  resources: {requests: {storage: 512Mi}}
+---
+apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: raw
+spec:
+  source:
+    image: {name: golden, kind: VirtualMachineImage}
+  volumeMode: Block
+  resources: {requests: {storage: 256Mi}}
 `, "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmpvc", "root"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		for _, d := range []string{"vmpvc/root", "dvol/data", "dvol/raw"} {
+			kind, name, _ := strings.Cut(d, "/")
+			Eventually(phase(ns, kind, name), 2*time.Minute, time.Second).Should(Equal("Ready Made"), d)
+		}
 		start := time.Now()
-		kubectl(kubeVirtVM("byhand", "root"), "apply", "-n", ns, "-f", "-")
-		line := guestLine(ns, "byhand")
-		GinkgoWriter.Printf("from kubectl apply to the guest's line: %.1f s\n", time.Since(start).Seconds())
-		Expect(line).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=diskpipe-bootdisk-v1", grown(1<<30))))
+		kubectl(kubeVirtVM("byhand", "Manual", "root", "data", "raw"), "apply", "-n", ns, "-f", "-")
+		virtctl("start", "byhand", "-n", ns)
+		lines := guestConsole(ns, "byhand", "")
+		GinkgoWriter.Printf("from virtctl start to the guest's line: %.1f s\n", time.Since(start).Seconds())
+		want := []string{
+			fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=%s", grown(1<<30), bootdisk.Marker),
+			fmt.Sprintf("DISKPIPE-DISK disk=vda size=%d marker=%s", grown(1<<30), bootdisk.Marker),
+			fmt.Sprintf("DISKPIPE-DISK disk=vdb size=%d marker=%s", grown(512<<20), bootdisk.Marker),
+			fmt.Sprintf("DISKPIPE-DISK disk=vdc size=%d marker=%s", 256<<20, bootdisk.Marker), // a block volume is the disk
+		}
+		Expect(lines).To(Equal(want))
+
+		// The guest powered itself off: the VM is stopped. Started again, it boots again, in a
+		// new launcher pod, from the same disks.
+		first := vmiUID(ns, "byhand")
+		Eventually(func() string { return kubectl("", "get", "vm", "byhand", "-n", ns, "-o", "jsonpath={.status.printableStatus}") },
+			2*time.Minute, time.Second).Should(Equal("Stopped"))
+		virtctl("start", "byhand", "-n", ns)
+		Eventually(func() string { return vmiUID(ns, "byhand") }, 2*time.Minute, time.Second).ShouldNot(Or(BeEmpty(), Equal(first)))
+		Expect(guestConsole(ns, "byhand", first)).To(Equal(want))
+	})
+
+	It("starts no VM before its disk is whole, for each way diskpipe fills a disk, and boots it once the disk is complete", func() {
+		ns, images := vmNamespace(), namespace()
+		// The host-assisted copies read an image of another namespace through a clone-source
+		// pod there: a quota of no pods holds them mid-way, with their PVCs made.
+		importHTTP(images, "golden", "disk.qcow2")
+		kubectl(`apiVersion: v1
+kind: ResourceQuota
+metadata:
+  name: hold
+spec:
+  hard: {pods: "0"}
+`, "apply", "-n", images, "-f", "-")
+		// The VirtualMachinePvc's and the populated claim's image imports slowly (about 25 s).
+		kubectl(vmi("slow", fmt.Sprintf("    http: %s/disk.qcow2?rate=400000", server)), "apply", "-n", ns, "-f", "-")
+
+		vms := map[string]string{"copy": "copy", "block": "block", "vmpvc": "vmpvc", "populated": "populated"}
+		for vm, claim := range vms {
+			kubectl(kubeVirtVM(vm, "Once", claim), "apply", "-n", ns, "-f", "-")
+		}
+		kubectl(fmt.Sprintf(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: copy
+spec:
+  source:
+    image: {name: golden, namespace: %[1]s, kind: VirtualMachineImage}
+  resources: {requests: {storage: 512Mi}}
+---
+apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: block
+spec:
+  source:
+    image: {name: golden, namespace: %[1]s, kind: VirtualMachineImage}
+  volumeMode: Block
+  resources: {requests: {storage: 256Mi}}
+---
+apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachinePvc
+metadata:
+  name: vmpvc
+spec:
+  virtualMachineImageName: slow
+  pvc:
+    accessModes: [ReadWriteOnce]
+    resources: {requests: {storage: 512Mi}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: populated
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 512Mi}}
+  dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: slow}
+`, images), "apply", "-n", ns, "-f", "-")
+
+		// The copies' PVCs exist, pre-bound to the volumes diskpipe fills, and stay Pending;
+		// no VM starts while any disk is incomplete.
+		Eventually(func() string {
+			return kubectl("", "get", "pvc", "copy", "block", "-n", ns, "-o", "jsonpath={.items[*].status.phase}")
+		}, time.Minute, time.Second).Should(Equal("Pending Pending"))
+		Consistently(func() string {
+			return kubectl("", "get", "vmi", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase};{end}`) +
+				kubectl("", "get", "pvc", "copy", "block", "vmpvc", "populated", "-n", ns, "--ignore-not-found", "-o", "jsonpath={.items[*].status.phase}")
+		}, 20*time.Second, 2*time.Second).ShouldNot(Or(ContainSubstring("Running"), ContainSubstring("Succeeded"), ContainSubstring("Bound")))
+		Expect(phase(ns, "dvol", "copy")()).To(Equal("Cloning WaitingForCloneSource"))
+
+		released := time.Now()
+		kubectl("", "delete", "resourcequota", "hold", "-n", images)
+		sizes := map[string]int64{"copy": grown(512 << 20), "block": 256 << 20, "vmpvc": grown(512 << 20), "populated": grown(512 << 20)}
+		for vm := range vms {
+			Expect(guestConsole(ns, vm, "")[0]).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=%s", sizes[vm], bootdisk.Marker)), vm)
+			GinkgoWriter.Printf("%s: booted %.1f s after the copies were let go\n", vm, time.Since(released).Seconds())
+		}
+	})
+
+	It("boots five VMs made at once from one golden image", func() {
+		ns := vmNamespace()
+		importHTTP(ns, "golden", "disk.qcow2")
+		var all strings.Builder
+		for i := range 5 {
+			fmt.Fprintf(&all, `apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachinePvc
+metadata:
+  name: disk%d
+spec:
+  virtualMachineImageName: golden
+  pvc:
+    accessModes: [ReadWriteOnce]
+    resources: {requests: {storage: 256Mi}}
+---
+%s---
+`, i, kubeVirtVM(fmt.Sprintf("vm%d", i), "Once", fmt.Sprintf("disk%d", i)))
+		}
+		start := time.Now()
+		kubectl(all.String(), "apply", "-n", ns, "-f", "-")
+		var wg sync.WaitGroup
+		took := make([]time.Duration, 5)
+		for i := range 5 {
+			wg.Go(func() {
+				defer GinkgoRecover()
+				Expect(guestConsole(ns, fmt.Sprintf("vm%d", i), "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda size=%d ", grown(256<<20)))
+				took[i] = time.Since(start)
+			})
+		}
+		wg.Wait()
+		GinkgoWriter.Printf("five VMs from kubectl apply to each guest's line: %v\n", took)
 	})
 })
 
@@ -52,47 +206,79 @@ func vmNamespace() string {
 	return ns
 }
 
-// kubeVirtVM is a KubeVirt VirtualMachine that boots once from the PVC claim: no network (its
-// pod interface would need a tun device per VM), 128 MiB.
-func kubeVirtVM(name, claim string) string {
+// kubeVirtVM is a KubeVirt VirtualMachine that boots from the PVCs claims (the first is vda):
+// no network (its pod interface would need a tun device per VM), 128 MiB.
+func kubeVirtVM(name, runStrategy string, claims ...string) string {
+	var disks, volumes strings.Builder
+	for _, c := range claims {
+		fmt.Fprintf(&disks, "          - name: %s\n            disk: {bus: virtio}\n", c)
+		fmt.Fprintf(&volumes, "      - name: %s\n        persistentVolumeClaim: {claimName: %s}\n", c, c)
+	}
 	return fmt.Sprintf(`apiVersion: kubevirt.io/v1
 kind: VirtualMachine
 metadata:
   name: %s
 spec:
-  runStrategy: Once
+  runStrategy: %s
   template:
     spec:
       domain:
         devices:
           autoattachPodInterface: false
           disks:
-          - name: root
-            disk: {bus: virtio}
-        resources: {requests: {memory: 128Mi}}
+%s        resources: {requests: {memory: 128Mi}}
       volumes:
-      - name: root
-        persistentVolumeClaim: {claimName: %s}
-`, name, claim)
+%s`, name, runStrategy, disks.String(), volumes.String())
 }
 
-// guestLine waits for the bootable disk's line on VM name's serial console, as KubeVirt logs
-// it, and returns it.
-func guestLine(ns, name string) string {
+// vmiUID is the UID of VM name's VirtualMachineInstance, "" when there is none.
+func vmiUID(ns, name string) string {
+	out, _, _ := cluster.Kubectl(context.Background(), nil, "get", "vmi", name, "-n", ns, "--ignore-not-found", "-o", "jsonpath={.metadata.uid}")
+	return out
+}
+
+// virtctl runs KubeVirt's virtctl, built from the KubeVirt module, against the cluster.
+func virtctl(args ...string) string {
 	GinkgoHelper()
-	var line string
+	out, err := exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), append([]string{"--kubeconfig", cluster.KubeconfigFile()}, args...)...).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "virtctl %s: %s", strings.Join(args, " "), out)
+	return string(out)
+}
+
+// guestConsole waits for the bootable disk's lines on VM name's serial console, as KubeVirt
+// logs it (the launcher pod's guest-console-log container), and returns them: the boot line,
+// then one per disk. A VMI of UID not is not the one looked for (a run before a restart).
+func guestConsole(ns, name, not string) []string {
+	GinkgoHelper()
+	var lines []string
+	last := ""
 	Eventually(func() string {
-		pod, _, _ := strings.Cut(kubectl("", "get", "pods", "-n", ns, "-l", "vm.kubevirt.io/name="+name, "-o", "jsonpath={.items[*].metadata.name}"), " ")
+		uid := vmiUID(ns, name)
+		if uid == "" || uid == not {
+			return "no new VMI yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+		}
+		pod, _, _ := strings.Cut(kubectl("", "get", "pods", "-n", ns, "-l", "kubevirt.io/created-by="+uid, "-o", "jsonpath={.items[*].metadata.name}"), " ")
 		if pod == "" {
 			return "no launcher pod yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
 		}
 		out, _, _ := cluster.Kubectl(context.Background(), nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
+		lines = nil
 		for _, l := range strings.Split(out, "\n") {
-			if i := strings.Index(l, "DISKPIPE-BOOT "); i >= 0 {
-				line = strings.TrimSpace(l[i:])
+			if i := strings.Index(l, "DISKPIPE-"); i >= 0 && strings.Contains(l, " marker=") {
+				lines = append(lines, strings.TrimSpace(l[i:]))
 			}
 		}
-		return line
+		if len(lines) == 0 || !strings.HasPrefix(lines[0], "DISKPIPE-BOOT ") {
+			last = ""
+			return "no boot line yet in the console of " + pod
+		}
+		// The disks' lines follow the boot line: the same lines twice are all of them.
+		read := strings.Join(lines, "\n")
+		if read != last {
+			last = read
+			return "reading the console of " + pod + " again"
+		}
+		return lines[0]
 	}, 4*time.Minute, 2*time.Second).Should(HavePrefix("DISKPIPE-BOOT "), "the guest's line on KubeVirt's serial console")
-	return line
+	return lines
 }

@@ -151,7 +151,7 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 			return errWait
 		}
 		size := pvc.Status.Capacity[corev1.ResourceStorage]
-		dev, err := a.csi.blockDevice(p.Namespace, pvc.Name, size.Value())
+		dev, err := a.csi.blockDevice(pvc.Spec.VolumeName, size.Value())
 		if err != nil {
 			return err
 		}
@@ -252,7 +252,7 @@ func (a *agent) mount(ctx context.Context, p *corev1.Pod, v corev1.Volume, podDi
 		if pvc.Status.Phase != corev1.ClaimBound {
 			return "", errWait
 		}
-		return a.csi.volumeDir(p.Namespace, pvc.Name), nil
+		return a.csi.volumeDir(pvc.Spec.VolumeName), nil
 	case v.Secret != nil:
 		sec := &corev1.Secret{}
 		if err := a.c.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: v.Secret.SecretName}, sec); err != nil {

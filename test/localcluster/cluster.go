@@ -28,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
@@ -245,8 +246,15 @@ func (c *Cluster) managerConfig(ctx context.Context) (string, error) {
 	return "", errors.New("the chart rendered no manager ConfigMap")
 }
 
-// VolumePath is the directory that holds a bound PVC's data (disk.img on a filesystem volume).
-func (c *Cluster) VolumePath(ns, pvc string) string { return c.agent.csi.volumeDir(ns, pvc) }
+// VolumePath is the directory that holds a bound PVC's data (disk.img on a filesystem volume);
+// "" when the PVC is not bound to a volume.
+func (c *Cluster) VolumePath(ns, pvc string) string {
+	claim := &corev1.PersistentVolumeClaim{}
+	if err := c.agent.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: pvc}, claim); err != nil || claim.Spec.VolumeName == "" {
+		return ""
+	}
+	return c.agent.csi.volumeDir(claim.Spec.VolumeName)
+}
 
 // KillPod kills the process of a running pod, as a node failure or OOM kill would: it ends
 // without a result.

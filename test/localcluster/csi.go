@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -21,8 +22,10 @@ import (
 // Driver is the CSI stand-in's provisioner name.
 const Driver = "local.csi.diskpipe.io"
 
-// csi stands in for a CSI driver and the external provisioner and snapshotter: a volume is a
-// directory, a clone or restore a sparse (reflink where the filesystem can) copy of one.
+// csi stands in for a CSI driver, the external provisioner and snapshotter, and Kubernetes'
+// PV controller: a volume is a directory named as its PersistentVolume, a clone or restore a
+// sparse (reflink where the filesystem can) copy of one; a claim made pre-bound to a volume
+// is bound once the volume's claimRef names it (diskpipe hands filled volumes over so).
 type csi struct {
 	c   client.Client
 	dir string
@@ -33,8 +36,8 @@ type csi struct {
 
 // blockDevice is a block volume's device: its file, block.img, attached to a loop device
 // where the machine allows it (root, /dev/loop-control), else the file itself.
-func (s *csi) blockDevice(ns, name string, size int64) (string, error) {
-	file := filepath.Join(s.volumeDir(ns, name), "block.img")
+func (s *csi) blockDevice(volume string, size int64) (string, error) {
+	file := filepath.Join(s.volumeDir(volume), "block.img")
 	if _, err := os.Stat(file); os.IsNotExist(err) {
 		f, err := os.Create(file)
 		if err != nil {
@@ -75,7 +78,8 @@ func (s *csi) detach(dir string) {
 	}
 }
 
-func (s *csi) volumeDir(ns, name string) string   { return filepath.Join(s.dir, "volumes", ns, name) }
+// volumeDir is the directory of the PersistentVolume named volume.
+func (s *csi) volumeDir(volume string) string     { return filepath.Join(s.dir, "volumes", volume) }
 func (s *csi) snapshotDir(ns, name string) string { return filepath.Join(s.dir, "snapshots", ns, name) }
 
 // sync provisions, clones, restores and snapshots what is waiting; deleted objects' data goes.
@@ -101,6 +105,12 @@ func (s *csi) sync(ctx context.Context, pods []corev1.Pod) error {
 		if pvc.Status.Phase == corev1.ClaimBound {
 			continue
 		}
+		if pvc.Spec.VolumeName != "" {
+			if err := s.bindPreBound(ctx, pvc); err != nil {
+				return fmt.Errorf("binding %s/%s: %w", pvc.Namespace, pvc.Name, err)
+			}
+			continue
+		}
 		sc, err := s.class(ctx, pvc)
 		if err != nil || sc == nil {
 			continue // not ours
@@ -112,7 +122,9 @@ func (s *csi) sync(ctx context.Context, pods []corev1.Pod) error {
 			return fmt.Errorf("provisioning %s/%s: %w", pvc.Namespace, pvc.Name, err)
 		}
 	}
-	s.release(pvcs.Items)
+	if err := s.release(ctx, pvcs.Items); err != nil {
+		return err
+	}
 	snaps := &snapshotv1.VolumeSnapshotList{}
 	if err := s.c.List(ctx, snaps); err != nil {
 		return err
@@ -140,21 +152,75 @@ func (s *csi) unprotect(ctx context.Context, pvc *corev1.PersistentVolumeClaim, 
 	_ = s.c.Patch(ctx, pvc, patch)
 }
 
-const pvcProtection = "kubernetes.io/pvc-protection"
+const (
+	pvcProtection = "kubernetes.io/pvc-protection"
+	pvProtection  = "kubernetes.io/pv-protection"
+)
 
-// release deletes the data of volumes whose PVC is gone.
-func (s *csi) release(pvcs []corev1.PersistentVolumeClaim) {
-	exists := map[string]bool{}
+// release deletes the volumes (their PersistentVolume and data) whose claim is gone.
+func (s *csi) release(ctx context.Context, pvcs []corev1.PersistentVolumeClaim) error {
+	claims := map[types.UID]bool{}
 	for _, p := range pvcs {
-		exists[s.volumeDir(p.Namespace, p.Name)] = true
+		claims[p.UID] = true
 	}
-	dirs, _ := filepath.Glob(filepath.Join(s.dir, "volumes", "*", "*"))
+	pvs := &corev1.PersistentVolumeList{}
+	if err := s.c.List(ctx, pvs); err != nil {
+		return err
+	}
+	exists := map[string]bool{}
+	for i := range pvs.Items {
+		pv := &pvs.Items[i]
+		if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != Driver {
+			continue
+		}
+		exists[s.volumeDir(pv.Name)] = true
+		ref := pv.Spec.ClaimRef
+		if ref == nil || claims[ref.UID] {
+			continue
+		}
+		// Not in the list: gone, or made (or handed the volume) since it was taken.
+		claim := &corev1.PersistentVolumeClaim{}
+		err := s.c.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, claim)
+		if err == nil && claim.UID == ref.UID {
+			continue
+		}
+		if client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		if controllerutil.RemoveFinalizer(pv, pvProtection) { // kube-controller-manager's pv-protection
+			if err := s.c.Update(ctx, pv); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+		if err := s.c.Delete(ctx, pv); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		delete(exists, s.volumeDir(pv.Name))
+	}
+	dirs, _ := filepath.Glob(filepath.Join(s.dir, "volumes", "*"))
 	for _, d := range dirs {
 		if !exists[d] {
 			s.detach(d)
 			_ = os.RemoveAll(d)
 		}
 	}
+	return nil
+}
+
+// bindPreBound plays the PV controller for a claim that names its volume: bound once the
+// volume's claimRef is the claim.
+func (s *csi) bindPreBound(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	pv := &corev1.PersistentVolume{}
+	if err := s.c.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != pvc.UID {
+		return nil // the volume is another claim's still
+	}
+	pvc.Status.Phase = corev1.ClaimBound
+	pvc.Status.AccessModes = pv.Spec.AccessModes
+	pvc.Status.Capacity = pv.Spec.Capacity
+	return s.c.Status().Update(ctx, pvc)
 }
 
 // class is the PVC's StorageClass when the stand-in provisions it.
@@ -174,8 +240,11 @@ func (s *csi) class(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (*st
 	return nil, nil
 }
 
+// provision makes the claim's volume (a PersistentVolume named as the external-provisioner
+// names it) and binds the claim to it.
 func (s *csi) provision(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
-	dst := s.volumeDir(pvc.Namespace, pvc.Name)
+	volume := "pvc-" + string(pvc.UID)
+	dst := s.volumeDir(volume)
 	if ds := pvc.Spec.DataSource; ds != nil {
 		var src string
 		switch ds.Kind {
@@ -184,7 +253,7 @@ func (s *csi) provision(ctx context.Context, pvc *corev1.PersistentVolumeClaim) 
 			if err := s.c.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: ds.Name}, from); err != nil || from.Status.Phase != corev1.ClaimBound {
 				return nil // the source is not there yet
 			}
-			src = s.volumeDir(pvc.Namespace, ds.Name)
+			src = s.volumeDir(from.Spec.VolumeName)
 		case "VolumeSnapshot":
 			snap := &snapshotv1.VolumeSnapshot{}
 			if err := s.c.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: ds.Name}, snap); err != nil ||
@@ -200,9 +269,24 @@ func (s *csi) provision(ctx context.Context, pvc *corev1.PersistentVolumeClaim) 
 		return err
 	}
 	_ = os.Chmod(dst, 0o777) //nolint:gosec // the pods' processes share it, as a volume's fsGroup would
+	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: volume}, Spec: corev1.PersistentVolumeSpec{
+		Capacity: corev1.ResourceList{corev1.ResourceStorage: size}, AccessModes: pvc.Spec.AccessModes,
+		StorageClassName: ptr.Deref(pvc.Spec.StorageClassName, ""), VolumeMode: pvc.Spec.VolumeMode,
+		PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+		ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID},
+		PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: Driver, VolumeHandle: dst}},
+	}}
+	if err := s.c.Create(ctx, pv); client.IgnoreAlreadyExists(err) != nil {
+		return err
+	}
+	pvc.Spec.VolumeName = volume
+	if err := s.c.Update(ctx, pvc); err != nil {
+		return err
+	}
 	pvc.Status.Phase = corev1.ClaimBound
 	pvc.Status.AccessModes = pvc.Spec.AccessModes
-	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: pvc.Spec.Resources.Requests[corev1.ResourceStorage]}
+	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: size}
 	return s.c.Status().Update(ctx, pvc)
 }
 
@@ -212,7 +296,7 @@ func (s *csi) snapshot(ctx context.Context, snap *snapshotv1.VolumeSnapshot) err
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: snap.Namespace, Name: name}, pvc); err != nil || pvc.Status.Phase != corev1.ClaimBound {
 		return nil
 	}
-	if err := copyDir(s.volumeDir(snap.Namespace, name), s.snapshotDir(snap.Namespace, snap.Name)); err != nil {
+	if err := copyDir(s.volumeDir(pvc.Spec.VolumeName), s.snapshotDir(snap.Namespace, snap.Name)); err != nil {
 		return err
 	}
 	size := pvc.Status.Capacity[corev1.ResourceStorage]

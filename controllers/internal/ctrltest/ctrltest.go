@@ -18,7 +18,10 @@ import (
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -133,17 +136,56 @@ func Complete(t *testing.T, env *testenv.Env, ns, name string, res transfer.Resu
 	Kubelet(t, env, ns, name, corev1.PodSucceeded, &res, 0)
 }
 
-// Bind plays the CSI driver: the PVC is bound at its requested size.
+// Bind plays the CSI provisioner and Kubernetes' PV controller for a PVC: a new one gets a
+// volume of its requested size (a PersistentVolume, whose claimRef is the PVC) and is bound to
+// it; one made pre-bound to a volume (spec.volumeName) is bound once that volume's claimRef
+// names it.
 func Bind(t *testing.T, env *testenv.Env, ns, name string) *corev1.PersistentVolumeClaim {
 	t.Helper()
 	pvc := &corev1.PersistentVolumeClaim{}
 	g := gomega.NewWithT(t)
 	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pvc) },
 		20*time.Second).Should(gomega.Succeed(), "PVC %s/%s", ns, name)
+	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	if pvc.Spec.VolumeName == "" {
+		pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-" + string(pvc.UID)},
+			Spec: corev1.PersistentVolumeSpec{Capacity: corev1.ResourceList{corev1.ResourceStorage: size},
+				AccessModes: pvc.Spec.AccessModes, StorageClassName: ptr.Deref(pvc.Spec.StorageClassName, ""), VolumeMode: pvc.Spec.VolumeMode,
+				ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ns, Name: name, UID: pvc.UID},
+				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+				PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "test.diskpipe.io", VolumeHandle: string(pvc.UID)}}}}
+		g.Expect(env.Client.Create(t.Context(), pv)).To(gomega.Succeed())
+		pvc.Spec.VolumeName = pv.Name
+		g.Expect(env.Client.Update(t.Context(), pvc)).To(gomega.Succeed())
+	} else {
+		pv := &corev1.PersistentVolume{}
+		g.Eventually(func() types.UID {
+			if err := env.Client.Get(t.Context(), client.ObjectKey{Name: pvc.Spec.VolumeName}, pv); err != nil || pv.Spec.ClaimRef == nil {
+				return ""
+			}
+			return pv.Spec.ClaimRef.UID
+		}, 20*time.Second).Should(gomega.Equal(pvc.UID), "the claimRef of volume %s", pvc.Spec.VolumeName)
+		size = pv.Spec.Capacity[corev1.ResourceStorage]
+	}
 	pvc.Status.Phase = corev1.ClaimBound
-	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: pvc.Spec.Resources.Requests[corev1.ResourceStorage]}
+	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: size}
 	g.Expect(env.Client.Status().Update(t.Context(), pvc)).To(gomega.Succeed())
 	return pvc
+}
+
+// Fill plays the storage and the kubelet for a disk an importer pod fills: the prime PVC is
+// bound, the pod ends with res, and the disk's PVC is bound to the prime's volume once the
+// disk controller hands it over.
+func Fill(t *testing.T, env *testenv.Env, ns, prime, pod, pvc string, res transfer.Result) {
+	t.Helper()
+	p := &corev1.PersistentVolumeClaim{}
+	gomega.NewWithT(t).Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: prime}, p) },
+		20*time.Second).Should(gomega.Succeed(), "PVC %s/%s", ns, prime)
+	if p.Status.Phase != corev1.ClaimBound {
+		Bind(t, env, ns, prime)
+	}
+	Complete(t, env, ns, pod, res)
+	Bind(t, env, ns, pvc)
 }
 
 // Quantity parses s.

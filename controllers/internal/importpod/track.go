@@ -106,8 +106,9 @@ func (w Work) op() metrics.Op {
 }
 
 // Observe moves status along with pod; done is called with a successful result, after which
-// the pod is deleted (the next pass of the owner's reconcile takes the next step).
-func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done func(*transfer.Result)) (ctrl.Result, error) {
+// the pod is deleted (the next pass of the owner's reconcile takes the next step). When done
+// fails the pod stays, and done is called again on the next pass.
+func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done func(*transfer.Result) error) (ctrl.Result, error) {
 	st := w.Status
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
@@ -120,8 +121,10 @@ func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done fun
 	case corev1.PodSucceeded, corev1.PodFailed:
 		res := Result(pod)
 		if pod.Status.Phase == corev1.PodSucceeded && res.Succeeded {
+			if err := done(res); err != nil {
+				return ctrl.Result{}, err
+			}
 			w.op().Succeeded(res.BytesWritten, res.DurationSeconds)
-			done(res)
 			if tr := *st.Transfer; tr != nil {
 				tr.BytesDone = tr.BytesTotal
 			}
