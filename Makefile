@@ -214,7 +214,7 @@ cluster-up: setup cluster-tools build image pause-image $(KUBEVIRT_DEPS_$(KUBEVI
 
 
 .PHONY: demo
-demo: $(CLUSTER_DEPS_$(CLUSTER)) ## Run the whole pipeline on a local cluster (CLUSTER=real: on a real node); DEMO_FLAGS=--keep keeps it running.
+demo: $(CLUSTER_DEPS_$(CLUSTER)) $(if $(filter real,$(CLUSTER)),kubevirt kubevirt-images) ## Run the whole pipeline on a local cluster (CLUSTER=real: on a real node, where KubeVirt boots the VM); DEMO_FLAGS=--keep keeps it running.
 	$(if $(filter real,$(CLUSTER)),hack/setup.sh cluster)
 	go run ./test/demo --cluster=$(CLUSTER) $(DEMO_FLAGS)
 

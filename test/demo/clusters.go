@@ -28,6 +28,8 @@ type demoCluster interface {
 	VolumePath(ns, pvc string) string
 	// Logs says where the cluster's logs are.
 	Logs() string
+	// KubeVirt says whether the real KubeVirt runs VMs (the real node).
+	KubeVirt() bool
 	Stop()
 }
 
@@ -42,10 +44,11 @@ func startCluster(ctx context.Context, kind, root, dir string) (demoCluster, err
 		return local{c, dir}, nil
 	case "real":
 		o := realcluster.DefaultOptions(os.Stdout)
+		o.KubeVirt = true
 		if err := realcluster.Preflight(o.Bin); err != nil {
 			return nil, err
 		}
-		say("Starting a real single-node Kubernetes in %s (etcd, kube-apiserver, controller-manager, scheduler, kubelet, containerd, kube-proxy, CoreDNS, CSI sidecars), then helm install diskpipe from its image", o.Dir)
+		say("Starting a real single-node Kubernetes in %s (etcd, kube-apiserver, controller-manager, scheduler, kubelet, containerd, kube-proxy, CoreDNS, CSI sidecars), KubeVirt installed by its operator, then helm install diskpipe from its image", o.Dir)
 		c, err := realcluster.Start(ctx, o)
 		if err != nil {
 			return nil, err
@@ -67,6 +70,7 @@ func (l local) HostAddress() string    { return "127.0.0.1" }
 func (l local) StoreEndpoint() string  { return l.Store.Endpoint }
 func (l local) KubeconfigPath() string { return l.Kubeconfig }
 func (l local) Logs() string           { return l.dir + "/*.log and " + l.dir + "/pods/*/*/log" }
+func (l local) KubeVirt() bool         { return false }
 
 type realNode struct{ *realcluster.Cluster }
 

@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -145,7 +147,8 @@ spec:
 		// The copies' PVCs exist, pre-bound to the volumes diskpipe fills, and stay Pending;
 		// no VM starts while any disk is incomplete.
 		Eventually(func() string {
-			return kubectl("", "get", "pvc", "copy", "block", "-n", ns, "-o", "jsonpath={.items[*].status.phase}")
+			out, _, _ := cluster.Kubectl(context.Background(), nil, "get", "pvc", "copy", "block", "-n", ns, "-o", "jsonpath={.items[*].status.phase}")
+			return out
 		}, time.Minute, time.Second).Should(Equal("Pending Pending"))
 		Consistently(func() string {
 			return kubectl("", "get", "vmi", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase};{end}`) +
@@ -160,6 +163,41 @@ spec:
 			Expect(guestConsole(ns, vm, "")[0]).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=%s", sizes[vm], bootdisk.Marker)), vm)
 			GinkgoWriter.Printf("%s: booted %.1f s after the copies were let go\n", vm, time.Since(released).Seconds())
 		}
+	})
+
+	It("makes the seed's VirtualMachine a KubeVirt VM: KubeVirt's refusal of its hardware is its status, and, fixed, it runs and boots from its diskpipe disk", func() {
+		ns := vmNamespace()
+		importHTTP(ns, "centos", "disk.qcow2")
+		kubectl(strings.Replace(diskFromImage("disk1-from-image", "centos", "CSIClone"), "  cloneStrategy: CSIClone\n", "", 1), "apply", "-n", ns, "-f", "-")
+		seed, err := os.ReadFile(filepath.Join("..", "fixtures", "seeds", "000-virtualmachine.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		kubectl(strings.Replace(string(seed), "namespace: test2", "namespace: "+ns, 1), "apply", "-n", ns, "-f", "-")
+		// As written, the seed asks for 1024 bytes of memory and a macvtap interface (a
+		// feature gate, and a Multus network, this cluster has not): KubeVirt's webhook says so.
+		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Failed KubeVirtRefused"))
+		msg := kubectl("", "get", "ksvm", "vm1", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
+		Expect(msg).To(And(ContainSubstring("KubeVirt refused the VirtualMachine made of spec.hardware"),
+			ContainSubstring("must be greater than or equal to 1M"), ContainSubstring("Macvtap feature gate is not enabled")))
+		Expect(phase(ns, "dvol", "disk0-vm-blank")()).To(Equal("Ready Made"), "its disks are made all the same")
+
+		kubectl("", "patch", "ksvm", "vm1", "-n", ns, "--type=json", "-p", `[
+{"op": "replace", "path": "/spec/hardware/domain/resources/requests/memory", "value": "256Mi"},
+{"op": "remove", "path": "/spec/hardware/domain/devices/interfaces"},
+{"op": "add", "path": "/spec/hardware/domain/devices/autoattachPodInterface", "value": false}]`)
+		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Ready VirtualMachineCreated"))
+		Eventually(func() string { return kubectl("", "get", "ksvm", "vm1", "-n", ns, "-o", "jsonpath={.status.printableStatus}") },
+			3*time.Minute, 500*time.Millisecond).Should(Equal("Running"), "KubeVirt's printable status, mirrored")
+		// disk1 (bootOrder 1) is the second disk, vdb; disk0-vm-blank, the blank 4Gi, is vda.
+		lines := guestConsole(ns, "vm1", "")
+		Expect(lines[0]).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vdb size=%d marker=%s", bootdisk.Size, bootdisk.Marker)))
+		Expect(lines).To(ContainElement(fmt.Sprintf("DISKPIPE-DISK disk=vda size=%d marker=", grown(4<<30))))
+
+		kubectl("", "delete", "ksvm", "vm1", "-n", ns, "--wait=true", "--timeout=60s")
+		Eventually(func() string {
+			return kubectl("", "get", "virtualmachines.kubevirt.io,vmi,diskvolumes,pvc", "-n", ns, "-o", "name")
+		}, 2*time.Minute, time.Second).Should(Equal("diskvolume.diskvolume.kubesphere.io/disk1-from-image\n"+
+			"persistentvolumeclaim/disk1-from-image\npersistentvolumeclaim/vmim-centos\n"),
+			"the KubeVirt VM and its VMI, the VM's blank disk and its PVC are gone; the disk it only used stays")
 	})
 
 	It("boots five VMs made at once from one golden image", func() {

@@ -193,9 +193,7 @@ var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Or
 
 	It("removes a deleted VM's KubeVirt VM and the disks it made, and keeps the disk it only uses", func() {
 		kubectl(strings.Replace(diskFromImage("disk1-from-image", "base", "CSIClone"), "  cloneStrategy: CSIClone\n", "", 1), "apply", "-n", ns, "-f", "-")
-		seed, err := os.ReadFile(filepath.Join("..", "fixtures", "seeds", "000-virtualmachine.yaml"))
-		Expect(err).NotTo(HaveOccurred())
-		kubectl(strings.Replace(string(seed), "namespace: test2", "namespace: "+ns, 1), "apply", "-n", ns, "-f", "-")
+		kubectl(seedVM(ns), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Ready VirtualMachineCreated"))
 		Eventually(phase(ns, "dvol", "disk0-vm-blank"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
 		blank := pvOf(ns, "disk0-vm-blank")
