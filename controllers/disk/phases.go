@@ -261,19 +261,10 @@ func (r *Reconciler) handOver(ctx context.Context, d *vmDisk, prime, final *core
 		// again): made again, with the new one.
 		return ctrl.Result{Requeue: true}, client.IgnoreNotFound(r.Delete(ctx, final))
 	}
-	pv := &corev1.PersistentVolume{}
-	if err := r.Get(ctx, client.ObjectKey{Name: prime.Spec.VolumeName}, pv); err != nil {
+	if _, err := storage.GiveVolume(ctx, r.Client, prime.Spec.VolumeName, final); err != nil {
 		return ctrl.Result{}, err
 	}
-	if ref := pv.Spec.ClaimRef; ref == nil || ref.UID != final.UID {
-		patch := client.MergeFrom(pv.DeepCopy())
-		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1",
-			Namespace: final.Namespace, Name: final.Name, UID: final.UID}
-		if err := r.Patch(ctx, pv, patch); err != nil {
-			return ctrl.Result{}, fmt.Errorf("giving volume %s to the PVC %s: %w", pv.Name, final.Name, err)
-		}
-	}
-	d.tracked().SetReady(metav1.ConditionFalse, reasonHandingOver, fmt.Sprintf("the disk is complete; waiting for Kubernetes to bind its volume %s to the PVC %s", pv.Name, final.Name))
+	d.tracked().SetReady(metav1.ConditionFalse, reasonHandingOver, fmt.Sprintf("the disk is complete; waiting for Kubernetes to bind its volume %s to the PVC %s", prime.Spec.VolumeName, final.Name))
 	return ctrl.Result{RequeueAfter: 5 * time.Second}, nil // the PVC's binding brings the disk back sooner
 }
 

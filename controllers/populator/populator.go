@@ -216,23 +216,15 @@ func (r *Reconciler) rebind(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf("waiting for PVC %s to be bound to a volume", prime.Name))
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
-	pv := &corev1.PersistentVolume{}
-	if err := r.Get(ctx, types.NamespacedName{Name: prime.Spec.VolumeName}, pv); err != nil {
+	if gave, err := storage.GiveVolume(ctx, r.Client, prime.Spec.VolumeName, pvc); err != nil {
 		return ctrl.Result{}, err
-	}
-	if ref := pv.Spec.ClaimRef; ref == nil || ref.UID != pvc.UID {
-		patch := client.MergeFrom(pv.DeepCopy())
-		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1",
-			Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID}
-		if err := r.Patch(ctx, pv, patch); err != nil {
-			return ctrl.Result{}, fmt.Errorf("binding volume %s to the claim: %w", pv.Name, err)
-		}
+	} else if gave {
 		size := "size unknown"
 		if d.Status.VirtualSize != nil {
 			size = "a disk of " + d.Status.VirtualSize.String()
 		}
 		r.event(pvc, corev1.EventTypeNormal, ReasonPopulated, "filled from %s %s (%s): volume %s is the claim's",
-			d.Spec.Source.Image.Kind, d.Spec.Source.Image.Name, size, pv.Name)
+			d.Spec.Source.Image.Kind, d.Spec.Source.Image.Name, size, prime.Spec.VolumeName)
 	}
 	return ctrl.Result{RequeueAfter: 2 * time.Second}, nil // until the PV controller binds the claim
 }

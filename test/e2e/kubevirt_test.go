@@ -40,25 +40,7 @@ spec:
     accessModes: [ReadWriteOnce]
     resources: {requests: {storage: 1Gi}}
 ---
-apiVersion: diskvolume.kubesphere.io/v1alpha1
-kind: DiskVolume
-metadata:
-  name: data
-spec:
-  source:
-    image: {name: golden, kind: VirtualMachineImage}
-  resources: {requests: {storage: 512Mi}}
----
-apiVersion: diskvolume.kubesphere.io/v1alpha1
-kind: DiskVolume
-metadata:
-  name: raw
-spec:
-  source:
-    image: {name: golden, kind: VirtualMachineImage}
-  volumeMode: Block
-  resources: {requests: {storage: 256Mi}}
-`, "apply", "-n", ns, "-f", "-")
+`+diskOf("data", "", "Filesystem", "512Mi")+"---\n"+diskOf("raw", "", "Block", "256Mi"), "apply", "-n", ns, "-f", "-")
 		for _, d := range []string{"vmpvc/root", "dvol/data", "dvol/raw"} {
 			kind, name, _ := strings.Cut(d, "/")
 			Eventually(phase(ns, kind, name), 2*time.Minute, time.Second).Should(Equal("Ready Made"), d)
@@ -105,25 +87,7 @@ spec:
 		for vm, claim := range vms {
 			kubectl(kubeVirtVM(vm, "Once", claim), "apply", "-n", ns, "-f", "-")
 		}
-		kubectl(fmt.Sprintf(`apiVersion: diskvolume.kubesphere.io/v1alpha1
-kind: DiskVolume
-metadata:
-  name: copy
-spec:
-  source:
-    image: {name: golden, namespace: %[1]s, kind: VirtualMachineImage}
-  resources: {requests: {storage: 512Mi}}
----
-apiVersion: diskvolume.kubesphere.io/v1alpha1
-kind: DiskVolume
-metadata:
-  name: block
-spec:
-  source:
-    image: {name: golden, namespace: %[1]s, kind: VirtualMachineImage}
-  volumeMode: Block
-  resources: {requests: {storage: 256Mi}}
----
+		kubectl(diskOf("copy", images, "Filesystem", "512Mi")+"---\n"+diskOf("block", images, "Block", "256Mi")+`---
 apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachinePvc
 metadata:
@@ -142,7 +106,7 @@ spec:
   accessModes: [ReadWriteOnce]
   resources: {requests: {storage: 512Mi}}
   dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: slow}
-`, images), "apply", "-n", ns, "-f", "-")
+`, "apply", "-n", ns, "-f", "-")
 
 		// The copies' PVCs exist, pre-bound to the volumes diskpipe fills, and stay Pending;
 		// no VM starts while any disk is incomplete.
@@ -172,17 +136,20 @@ spec:
 		seed, err := os.ReadFile(filepath.Join("..", "fixtures", "seeds", "000-virtualmachine.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		kubectl(strings.Replace(string(seed), "namespace: test2", "namespace: "+ns, 1), "apply", "-n", ns, "-f", "-")
-		// As written, the seed asks for 1024 bytes of memory and a macvtap interface (a
-		// feature gate, and a Multus network, this cluster has not): KubeVirt's webhook says so.
+		// As written, the seed asks for a macvtap interface (a feature gate, and a Multus
+		// network, this cluster has not): KubeVirt's webhook says so.
 		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Failed KubeVirtRefused"))
 		msg := kubectl("", "get", "ksvm", "vm1", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
 		Expect(msg).To(And(ContainSubstring("KubeVirt refused the VirtualMachine made of spec.hardware"),
-			ContainSubstring("must be greater than or equal to 1M"), ContainSubstring("Macvtap feature gate is not enabled")))
+			ContainSubstring(`admission webhook "virtualmachine-validator.kubevirt.io" denied the request: Macvtap feature gate is not enabled`)))
 		Expect(phase(ns, "dvol", "disk0-vm-blank")()).To(Equal("Ready Made"), "its disks are made all the same")
 
+		// The seed's CPU model, Westmere, is not one this machine's CPU offers (libvirt finds no
+		// named model usable on it): KubeVirt could not schedule the VM. It goes with the
+		// interface.
 		kubectl("", "patch", "ksvm", "vm1", "-n", ns, "--type=json", "-p", `[
-{"op": "replace", "path": "/spec/hardware/domain/resources/requests/memory", "value": "256Mi"},
 {"op": "remove", "path": "/spec/hardware/domain/devices/interfaces"},
+{"op": "remove", "path": "/spec/hardware/domain/cpu/model"},
 {"op": "add", "path": "/spec/hardware/domain/devices/autoattachPodInterface", "value": false}]`)
 		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Ready VirtualMachineCreated"))
 		Eventually(func() string { return kubectl("", "get", "ksvm", "vm1", "-n", ns, "-o", "jsonpath={.status.printableStatus}") },
@@ -267,6 +234,21 @@ spec:
 %s        resources: {requests: {memory: 128Mi}}
       volumes:
 %s`, name, runStrategy, disks.String(), volumes.String())
+}
+
+// diskOf is a DiskVolume of the VirtualMachineImage golden of namespace imageNS ("": the
+// disk's own), of volume mode and size.
+func diskOf(name, imageNS, mode, size string) string {
+	return fmt.Sprintf(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: %s
+spec:
+  source:
+    image: {name: golden, namespace: "%s", kind: VirtualMachineImage}
+  volumeMode: %s
+  resources: {requests: {storage: %s}}
+`, name, imageNS, mode, size)
 }
 
 // vmiUID is the UID of VM name's VirtualMachineInstance, "" when there is none.

@@ -54,9 +54,9 @@ func awsIn(ctx context.Context, ns string, args ...string) (string, error) {
 }
 
 // seedVM is the seed's VirtualMachine in namespace ns. Where KubeVirt runs VMs its hardware
-// is made what KubeVirt accepts (the seed asks for 1024 bytes of memory and a macvtap
-// interface: the "real KubeVirt" specs show the refusal), and it is not started
-// (runStrategy Halted): these specs are about the objects it binds.
+// is made what KubeVirt accepts (the seed asks for a macvtap interface: the "real KubeVirt"
+// specs show the refusal), and it is not started (runStrategy Halted): these specs are about
+// the objects it binds.
 func seedVM(ns string) string {
 	GinkgoHelper()
 	b, err := os.ReadFile(filepath.Join("..", "fixtures", "seeds", "000-virtualmachine.yaml"))
@@ -64,7 +64,6 @@ func seedVM(ns string) string {
 	seed := strings.Replace(string(b), "namespace: test2", "namespace: "+ns, 1)
 	if cluster.KubeVirt() {
 		for from, to := range map[string]string{
-			"            memory: 1024\n": "            memory: 256Mi\n",
 			"          interfaces:\n            - macvtap: {}\n              model: e1000\n              name: eth0\n": "          autoattachPodInterface: false\n",
 			"spec:\n  ippool:": "spec:\n  runStrategy: Halted\n  ippool:",
 		} {

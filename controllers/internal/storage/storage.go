@@ -4,8 +4,10 @@ package storage
 
 import (
 	"context"
+	"fmt"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -78,4 +80,24 @@ func SnapshotClassFor(ctx context.Context, c client.Reader, driver string) (stri
 		}
 	}
 	return found, nil
+}
+
+// GiveVolume turns the claimRef of the volume named pv to claim, so that Kubernetes' PV
+// controller binds claim to it (a volume filled through another claim is handed over so); it
+// says whether it changed anything.
+func GiveVolume(ctx context.Context, c client.Client, pv string, claim *corev1.PersistentVolumeClaim) (bool, error) {
+	vol := &corev1.PersistentVolume{}
+	if err := c.Get(ctx, client.ObjectKey{Name: pv}, vol); err != nil {
+		return false, err
+	}
+	if ref := vol.Spec.ClaimRef; ref != nil && ref.UID == claim.UID {
+		return false, nil
+	}
+	patch := client.MergeFrom(vol.DeepCopy())
+	vol.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1",
+		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID}
+	if err := c.Patch(ctx, vol, patch); err != nil {
+		return false, fmt.Errorf("giving volume %s to the claim %s: %w", pv, claim.Name, err)
+	}
+	return true, nil
 }
