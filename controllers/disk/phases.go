@@ -259,7 +259,7 @@ func (r *Reconciler) handOver(ctx context.Context, d *vmDisk, prime, final *core
 	if final.Spec.VolumeName != prime.Spec.VolumeName {
 		// Pre-bound to a volume that is no longer the prime's (the prime was deleted and made
 		// again): made again, with the new one.
-		return ctrl.Result{Requeue: true}, client.IgnoreNotFound(r.Delete(ctx, final))
+		return ctrl.Result{RequeueAfter: time.Second}, client.IgnoreNotFound(r.Delete(ctx, final))
 	}
 	if _, err := storage.GiveVolume(ctx, r.Client, prime.Spec.VolumeName, final); err != nil {
 		return ctrl.Result{}, err

@@ -20,7 +20,11 @@ const KubeVirtVersion = "v1.7.0"
 var kubeVirtImages = []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-launcher"}
 
 // kubeVirtCR is the KubeVirt object, as a user writes it for a one-node cluster without
-// /dev/kvm: software emulation, one replica of virt-api and virt-controller.
+// /dev/kvm: software emulation, one replica of virt-api and virt-controller. VMs are rolled
+// out by restarting them (Stage), not updated live: live updates give a VM of 1 GiB or more
+// hot-pluggable memory, whose domain (a maximum memory without memory slots) Debian 12's
+// libvirt 9.0, in the launcher image, refuses ("both maximum memory size and memory slot
+// count must be specified").
 const kubeVirtCR = `apiVersion: kubevirt.io/v1
 kind: KubeVirt
 metadata:
@@ -31,6 +35,7 @@ spec:
   infra:
     replicas: 1
   configuration:
+    vmRolloutStrategy: Stage
     developerConfiguration:
       useEmulation: true
 `

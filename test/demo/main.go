@@ -381,13 +381,14 @@ func bootUnderKubeVirt(ctx context.Context, c demoCluster) error {
 		pod, _, _ := c.Kubectl(ctx, nil, "get", "pods", "-n", ns, "-l", "vm.kubevirt.io/name=vm1", "-o", "jsonpath={.items[0].metadata.name}")
 		if pod != "" {
 			log, _, _ := c.Kubectl(ctx, nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
-			if i := strings.Index(log, "DISKPIPE-BOOT "); i >= 0 {
+			if strings.Contains(log, "DISKPIPE-BOOT ") {
 				time.Sleep(2 * time.Second) // the disks' lines follow
 				log, _, _ = c.Kubectl(ctx, nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
+				_, boot, _ := strings.Cut(log, "DISKPIPE-BOOT ")
 				show(ctx, c, "get", "virtualmachines.kubevirt.io,virtualmachineinstances.kubevirt.io", "-n", ns)
 				fmt.Println("  The VM's serial console (kubectl logs " + pod + " -c guest-console-log), its last lines:")
 				fmt.Print(indent(lastLines(log, 6)))
-				done("KubeVirt ran the seed's VM; it booted from its diskpipe disk", t, strings.TrimSpace(firstLine(log[strings.Index(log, "DISKPIPE-BOOT "):])))
+				done("KubeVirt ran the seed's VM; it booted from its diskpipe disk", t, "DISKPIPE-BOOT "+strings.TrimSpace(firstLine(boot)))
 				break
 			}
 		}

@@ -61,7 +61,9 @@ spec:
 		// The guest powered itself off: the VM is stopped. Started again, it boots again, in a
 		// new launcher pod, from the same disks.
 		first := vmiUID(ns, "byhand")
-		Eventually(func() string { return kubectl("", "get", "vm", "byhand", "-n", ns, "-o", "jsonpath={.status.printableStatus}") },
+		Eventually(func() string {
+			return kubectl("", "get", "vm", "byhand", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+		},
 			2*time.Minute, time.Second).Should(Equal("Stopped"))
 		virtctl("start", "byhand", "-n", ns)
 		Eventually(func() string { return vmiUID(ns, "byhand") }, 2*time.Minute, time.Second).ShouldNot(Or(BeEmpty(), Equal(first)))
@@ -152,7 +154,9 @@ spec:
 {"op": "remove", "path": "/spec/hardware/domain/cpu/model"},
 {"op": "add", "path": "/spec/hardware/domain/devices/autoattachPodInterface", "value": false}]`)
 		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Ready VirtualMachineCreated"))
-		Eventually(func() string { return kubectl("", "get", "ksvm", "vm1", "-n", ns, "-o", "jsonpath={.status.printableStatus}") },
+		Eventually(func() string {
+			return kubectl("", "get", "ksvm", "vm1", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+		},
 			3*time.Minute, 500*time.Millisecond).Should(Equal("Running"), "KubeVirt's printable status, mirrored")
 		// disk1 (bootOrder 1) is the second disk, vdb; disk0-vm-blank, the blank 4Gi, is vda.
 		lines := guestConsole(ns, "vm1", "")
@@ -258,11 +262,10 @@ func vmiUID(ns, name string) string {
 }
 
 // virtctl runs KubeVirt's virtctl, built from the KubeVirt module, against the cluster.
-func virtctl(args ...string) string {
+func virtctl(args ...string) {
 	GinkgoHelper()
 	out, err := exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), append([]string{"--kubeconfig", cluster.KubeconfigFile()}, args...)...).CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "virtctl %s: %s", strings.Join(args, " "), out)
-	return string(out)
 }
 
 // guestConsole waits for the bootable disk's lines on VM name's serial console, as KubeVirt
