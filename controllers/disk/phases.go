@@ -197,6 +197,12 @@ func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpo
 		}
 	}
 	if how := prime.Annotations[AnnotationFilled]; how != "" {
+		// The pod that filled it is deleted once its result is read; a manager stopped in
+		// between leaves it, and nothing else would come back to it.
+		done := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: spec.Name}}
+		if err := r.Delete(ctx, done); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, err
+		}
 		switch {
 		case primeName == name: // the disk's own PVC, filled in place
 			r.made(ctx, d, prime, p, st.VirtualSize, how)
