@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -245,12 +246,8 @@ const reasonHandingOver = "HandingOver"
 // volume's claimRef names it. It exists from early on, so that a VM made meanwhile finds it
 // (and waits for it to be bound) rather than finding no PVC.
 func (r *Reconciler) ensurePreBound(ctx context.Context, d *vmDisk, prime *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, error) {
-	labels := map[string]string{}
-	for k, v := range prime.Labels {
-		labels[k] = v
-	}
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: d.obj.GetName(), Namespace: prime.Namespace,
-		Labels: labels, Annotations: map[string]string{AnnotationPrime: prime.Name}},
+		Labels: maps.Clone(prime.Labels), Annotations: map[string]string{AnnotationPrime: prime.Name}},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: prime.Spec.AccessModes, Resources: prime.Spec.Resources,
 			StorageClassName: prime.Spec.StorageClassName, VolumeMode: prime.Spec.VolumeMode, VolumeName: prime.Spec.VolumeName}}
 	if err := owned.Create(ctx, r.Client, d.obj, pvc); err != nil {
