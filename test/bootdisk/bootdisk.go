@@ -10,9 +10,10 @@
 //	DISKPIPE-BOOT disk=vda size=<bytes the guest sees> marker=<the marker>
 //
 // then one for each of the VM's virtio disks (DISKPIPE-DISK disk=vdb size=... marker=...), and
-// powers off. Boot runs qemu-system-x86_64 with the disk on a virtio bus (as KubeVirt's
-// disks are), -snapshot (the disk is never written) and the serial console to a file, and
-// parses that line.
+// powers off; a machine whose SMBIOS serial is HotplugSerial first watches for hot-plugged
+// disks and prints a line for each. Boot runs qemu-system-x86_64 with the disk on a virtio
+// bus (as KubeVirt's disks are), -snapshot (the disk is never written) and the serial console
+// to a file, and parses that line.
 package bootdisk
 
 import (

@@ -2,11 +2,16 @@ package bootdisk
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
@@ -97,4 +102,54 @@ func TestLine(t *testing.T) {
 			t.Errorf("%q: marker %q, want %q (empty: no whole line)", console, got, want)
 		}
 	}
+}
+
+// TestHotplug boots the disk with the SMBIOS serial HotplugSerial, as KubeVirt's
+// firmware.serial sets it, adds a second disk (1 MiB, with a marker) to the running machine
+// through QEMU's monitor, and reads the guest's line for it; a machine without the serial
+// powers off after its lines (TestBootGrown), so this is the one that waits.
+func TestHotplug(t *testing.T) {
+	disk := copyDisk(t)
+	dir := t.TempDir()
+	extra := filepath.Join(dir, "extra.raw")
+	b := make([]byte, 1<<20)
+	copy(b[MarkerOffset:], "hot-plugged\n")
+	if err := os.WriteFile(extra, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	serial, monitor := filepath.Join(dir, "serial.log"), filepath.Join(dir, "monitor.sock")
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-machine", "pc,accel=tcg", "-m", "256", "-smp", "1",
+		"-nodefaults", "-display", "none", "-no-reboot", "-snapshot", "-serial", "file:"+serial,
+		"-smbios", "type=1,serial="+HotplugSerial, "-monitor", "unix:"+monitor+",server,nowait",
+		"-drive", "file="+disk+",format=raw,if=virtio,cache=unsafe")
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir)
+	if out, err := cmd.StdoutPipe(); err == nil {
+		go func() { _, _ = io.Copy(io.Discard, out) }()
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+
+	waitFor := func(want string) {
+		t.Helper()
+		for ctx.Err() == nil {
+			if b, _ := os.ReadFile(serial); bytes.Contains(b, []byte(want)) {
+				return
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		b, _ := os.ReadFile(serial)
+		t.Fatalf("no %q on the console; it printed:\n%s", want, b)
+	}
+	waitFor("DISKPIPE-DISK disk=vda size=67108864 marker=" + Marker)
+	c, err := net.Dial("unix", monitor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "drive_add 0 if=none,id=hp,file=%s,format=raw\ndevice_add virtio-blk-pci,drive=hp,id=hp\n", extra)
+	waitFor("DISKPIPE-DISK disk=vdb size=1048576 marker=hot-plugged")
 }

@@ -12,6 +12,13 @@ import (
 	"strings"
 )
 
+// HotplugSerial is the SMBIOS serial (KubeVirt's spec.domain.firmware.serial) that keeps the
+// guest up for hotplugWatchSeconds, printing a line for each disk that appears.
+const (
+	HotplugSerial       = "diskpipe-hotplug"
+	hotplugWatchSeconds = "300"
+)
+
 // The recipe. Changing any of it changes the disk; make bootdisk rebuilds it when this file
 // changes.
 const (
@@ -28,7 +35,8 @@ LABEL linux
 `
 	// The init loads the virtio modules, prints the boot line for the first disk that holds a
 	// marker (the one it booted from; vda when none does) and a line for each disk, and
-	// powers off.
+	// powers off. A machine whose SMBIOS serial is HotplugSerial stays up for hotplugWatchSeconds
+	// instead, printing a line for each disk that appears (a hot-plugged one), then powers off.
 	initScript = `#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
@@ -41,20 +49,37 @@ i=0
 while [ ! -e /sys/block/vda/size ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 sleep 0.3 # a VM's other virtio disks are probed beside vda
 dmesg -n 1 # the kernel's own messages would cut into the line on the console
+probe() { # sets size_<disk> and marker_<disk>
+  size=$(( $(cat /sys/block/$1/size) * 512 ))
+  marker=$(dd if=/dev/$1 bs=512 skip=64 count=1 2>/dev/null | tr -d '\000' | head -n 1 | tr -cd 'A-Za-z0-9._-')
+  eval "size_$1=$size marker_$1=$marker"
+}
+say() { eval "echo \"DISKPIPE-$1 disk=$2 size=\$size_$2 marker=\$marker_$2\""; }
 boot=vda
 disks=
 for d in /sys/block/vd*; do
   n=${d##*/}
-  size=$(( $(cat $d/size) * 512 ))
-  marker=$(dd if=/dev/$n bs=512 skip=64 count=1 2>/dev/null | tr -d '\000' | head -n 1 | tr -cd 'A-Za-z0-9._-')
-  eval "size_$n=$size marker_$n=$marker"
+  probe $n
   if [ -n "$marker" ] && [ -z "$found" ]; then boot=$n; found=1; fi
   disks="$disks $n"
 done
-eval "echo \"DISKPIPE-BOOT disk=$boot size=\$size_$boot marker=\$marker_$boot\""
-for n in $disks; do
-  eval "echo \"DISKPIPE-DISK disk=$n size=\$size_$n marker=\$marker_$n\""
-done
+say BOOT $boot
+for n in $disks; do say DISK $n; done
+if [ "$(cat /sys/class/dmi/id/product_serial 2>/dev/null)" = "` + HotplugSerial + `" ]; then
+  i=0
+  while [ $i -lt ` + hotplugWatchSeconds + ` ]; do
+    for d in /sys/block/vd*; do
+      n=${d##*/}
+      case " $disks " in *" $n "*) continue;; esac
+      [ "$(cat $d/size)" != 0 ] || continue
+      probe $n
+      say DISK $n
+      disks="$disks $n"
+    done
+    sleep 1
+    i=$((i+1))
+  done
+fi
 poweroff -f
 `
 )
