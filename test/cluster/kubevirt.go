@@ -24,7 +24,9 @@ var kubeVirtImages = []string{"virt-operator", "virt-api", "virt-controller", "v
 // out by restarting them (Stage), not updated live: live updates give a VM of 1 GiB or more
 // hot-pluggable memory, whose domain (a maximum memory without memory slots) Debian 12's
 // libvirt 9.0, in the launcher image, refuses ("both maximum memory size and memory slot
-// count must be specified").
+// count must be specified"). The feature gates Snapshot (beta in 1.7, off unless named:
+// VirtualMachineSnapshot and VirtualMachineRestore) and HotplugVolumes (virtctl addvolume)
+// are on.
 const kubeVirtCR = `apiVersion: kubevirt.io/v1
 kind: KubeVirt
 metadata:
@@ -38,6 +40,7 @@ spec:
     vmRolloutStrategy: Stage
     developerConfiguration:
       useEmulation: true
+      featureGates: [Snapshot, HotplugVolumes]
 `
 
 // kubevirt installs the real KubeVirt as its documentation tells users: virt-operator from its

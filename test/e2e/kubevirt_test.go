@@ -70,7 +70,7 @@ spec:
 		Expect(guestConsole(ns, "byhand", first)).To(Equal(want))
 	})
 
-	It("starts no VM before its disk is whole, for each way diskpipe fills a disk, and boots it once the disk is complete", func() {
+	It("starts no VM before its disk is whole, for each way diskpipe fills a disk and when its importer is deleted mid-way, and boots it once the disk is complete", func() {
 		ns, images := vmNamespace(), namespace()
 		// The host-assisted copies read an image of another namespace through a clone-source
 		// pod there: a quota of no pods holds them mid-way, with their PVCs made.
@@ -116,6 +116,11 @@ spec:
 			out, _, _ := cluster.Kubectl(context.Background(), nil, "get", "pvc", "copy", "block", "-n", ns, "-o", "jsonpath={.items[*].status.phase}")
 			return out
 		}, time.Minute, time.Second).Should(Equal("Pending Pending"))
+		// The slow image's importer is deleted mid-way, as an eviction would: the import is made
+		// again, and its VMs go on waiting for the whole disk.
+		Eventually(phase(ns, "vmim", "slow"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		time.Sleep(2 * time.Second) // part of the image is in
+		kubectl("", "delete", "pod", "vmim-slow-import-0", "-n", ns, "--wait=false")
 		Consistently(func() string {
 			return kubectl("", "get", "vmi", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase};{end}`) +
 				kubectl("", "get", "pvc", "copy", "block", "vmpvc", "populated", "-n", ns, "--ignore-not-found", "-o", "jsonpath={.items[*].status.phase}")
@@ -169,6 +174,106 @@ spec:
 		}, 2*time.Minute, time.Second).Should(Equal("diskvolume.diskvolume.kubesphere.io/disk1-from-image\n"+
 			"persistentvolumeclaim/disk1-from-image\npersistentvolumeclaim/vmim-centos\n"),
 			"the KubeVirt VM and its VMI, the VM's blank disk and its PVC are gone; the disk it only used stays")
+	})
+
+	It("snapshots a stopped VM on a diskpipe disk with KubeVirt's VirtualMachineSnapshot, restores it, and the restored disk holds the snapshot's bytes and boots", func() {
+		ns := vmNamespace()
+		importHTTP(ns, "golden", "disk.qcow2")
+		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachinePvc
+metadata:
+  name: root
+spec:
+  virtualMachineImageName: golden
+  pvc:
+    accessModes: [ReadWriteOnce]
+    resources: {requests: {storage: 512Mi}}
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmpvc", "root"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		kubectl(kubeVirtVM("snapped", "Halted", "root"), "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+		}, time.Minute, time.Second).Should(Equal("Stopped"))
+
+		kubectl(`apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata:
+  name: before
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapped}
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "vmsnapshot", "before", "-n", ns, "-o", "jsonpath={.status.phase} {.status.readyToUse}")
+		}, 2*time.Minute, time.Second).Should(Equal("Succeeded true"))
+		Expect(kubectl("", "get", "volumesnapshot", "-n", ns, "-o", "jsonpath={.items[*].spec.source.persistentVolumeClaimName}")).To(Equal("root"),
+			"KubeVirt snapshotted the disk's PVC by CSI")
+
+		// After the snapshot the disk is changed (its marker overwritten), as a guest would
+		// change it; a copy of what it held is kept to compare the restored disk with.
+		before := filepath.Join(work, ns+"-before.img")
+		disk := filepath.Join(cluster.VolumePath(ns, "root"), "disk.img")
+		run("cp", "--sparse=always", disk, before)
+		f, err := os.OpenFile(disk, os.O_WRONLY, 0)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = f.WriteAt(make([]byte, 512), bootdisk.MarkerOffset)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(f.Close()).To(Succeed())
+		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", before, disk).Run()).To(HaveOccurred(), "the disk was changed")
+
+		kubectl(`apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineRestore
+metadata:
+  name: back
+spec:
+  target: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapped}
+  virtualMachineSnapshotName: before
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "vmrestore", "back", "-n", ns, "-o", "jsonpath={.status.complete}")
+		}, 3*time.Minute, time.Second).Should(Equal("true"))
+		restored := kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.spec.template.spec.volumes[0].persistentVolumeClaim.claimName}")
+		Expect(restored).NotTo(Equal("root"), "the VM now names the PVC KubeVirt restored from the snapshot")
+		Expect(kubectl("", "get", "pvc", restored, "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
+		got := filepath.Join(cluster.VolumePath(ns, restored), "disk.img")
+		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", before, got).CombinedOutput()).To(ContainSubstring("Images are identical"))
+
+		virtctl("start", "snapped", "-n", ns)
+		Expect(guestConsole(ns, "snapped", "")[0]).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=%s", grown(512<<20), bootdisk.Marker)))
+	})
+
+	It("hot-plugs a DiskVolume into a running VM with virtctl addvolume, and the guest sees it whole", func() {
+		ns := vmNamespace()
+		importHTTP(ns, "golden", "disk.qcow2")
+		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachinePvc
+metadata:
+  name: root
+spec:
+  virtualMachineImageName: golden
+  pvc:
+    accessModes: [ReadWriteOnce]
+    resources: {requests: {storage: 256Mi}}
+---
+`+diskOf("extra", "", "Filesystem", "512Mi"), "apply", "-n", ns, "-f", "-")
+		for _, d := range []string{"vmpvc/root", "dvol/extra"} {
+			kind, name, _ := strings.Cut(d, "/")
+			Eventually(phase(ns, kind, name), 2*time.Minute, time.Second).Should(Equal("Ready Made"), d)
+		}
+		// The firmware's serial keeps the guest up, watching for new disks.
+		vm := strings.Replace(kubeVirtVM("hot", "Always", "root"), "      domain:\n", "      domain:\n        firmware: {serial: "+bootdisk.HotplugSerial+"}\n", 1)
+		kubectl(vm, "apply", "-n", ns, "-f", "-")
+		DeferCleanup(func() { kubectl("", "delete", "vm", "hot", "-n", ns, "--wait=false") })
+		Expect(guestConsole(ns, "hot", "")).To(Equal([]string{
+			fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=%s", grown(256<<20), bootdisk.Marker),
+			fmt.Sprintf("DISKPIPE-DISK disk=vda size=%d marker=%s", grown(256<<20), bootdisk.Marker),
+		}))
+		pod, _ := launcherPod(ns, "hot", "")
+
+		virtctl("addvolume", "hot", "--volume-name=extra", "--bus=virtio", "-n", ns)
+		Eventually(func() []string { return consoleLines(ns, pod) }, 3*time.Minute, 2*time.Second).Should(
+			ContainElement(fmt.Sprintf("DISKPIPE-DISK disk=vdb size=%d marker=%s", grown(512<<20), bootdisk.Marker)),
+			"the hot-plugged disk, whole, in the guest")
+		Expect(kubectl("", "get", "vmi", "hot", "-n", ns, "-o", `jsonpath={.status.volumeStatus[?(@.name=="extra")].phase}`)).To(Equal("Ready"))
 	})
 
 	It("boots five VMs made at once from one golden image", func() {
@@ -276,21 +381,11 @@ func guestConsole(ns, name, not string) []string {
 	var lines []string
 	last := ""
 	Eventually(func() string {
-		uid := vmiUID(ns, name)
-		if uid == "" || uid == not {
-			return "no new VMI yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
-		}
-		pod, _, _ := strings.Cut(kubectl("", "get", "pods", "-n", ns, "-l", "kubevirt.io/created-by="+uid, "-o", "jsonpath={.items[*].metadata.name}"), " ")
+		pod, why := launcherPod(ns, name, not)
 		if pod == "" {
-			return "no launcher pod yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+			return why
 		}
-		out, _, _ := cluster.Kubectl(context.Background(), nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
-		lines = nil
-		for _, l := range strings.Split(out, "\n") {
-			if i := strings.Index(l, "DISKPIPE-"); i >= 0 && strings.Contains(l, " marker=") {
-				lines = append(lines, strings.TrimSpace(l[i:]))
-			}
-		}
+		lines = consoleLines(ns, pod)
 		if len(lines) == 0 || !strings.HasPrefix(lines[0], "DISKPIPE-BOOT ") {
 			last = ""
 			return "no boot line yet in the console of " + pod
@@ -303,5 +398,31 @@ func guestConsole(ns, name, not string) []string {
 		}
 		return lines[0]
 	}, 4*time.Minute, 2*time.Second).Should(HavePrefix("DISKPIPE-BOOT "), "the guest's line on KubeVirt's serial console")
+	return lines
+}
+
+// launcherPod is the launcher pod of VM name's VirtualMachineInstance (not of UID not), or ""
+// and what there is instead.
+func launcherPod(ns, name, not string) (pod, why string) {
+	uid := vmiUID(ns, name)
+	if uid == "" || uid == not {
+		return "", "no new VMI yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+	}
+	pod, _, _ = strings.Cut(kubectl("", "get", "pods", "-n", ns, "-l", "kubevirt.io/created-by="+uid, "-o", "jsonpath={.items[*].metadata.name}"), " ")
+	if pod == "" {
+		return "", "no launcher pod yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+	}
+	return pod, ""
+}
+
+// consoleLines are the bootable disk's lines in a launcher pod's serial console log.
+func consoleLines(ns, pod string) []string {
+	out, _, _ := cluster.Kubectl(context.Background(), nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if i := strings.Index(l, "DISKPIPE-"); i >= 0 && strings.Contains(l, " marker=") {
+			lines = append(lines, strings.TrimSpace(l[i:]))
+		}
+	}
 	return lines
 }
