@@ -30,17 +30,7 @@ var _ = Describe("real KubeVirt", func() {
 	It("boots a VirtualMachine written by hand from the PVCs of a VirtualMachinePvc, a DiskVolume and a block DiskVolume, grown as asked, and again after it stopped", func() {
 		ns := vmNamespace()
 		importHTTP(ns, "golden", "disk.qcow2")
-		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
-kind: VirtualMachinePvc
-metadata:
-  name: root
-spec:
-  virtualMachineImageName: golden
-  pvc:
-    accessModes: [ReadWriteOnce]
-    resources: {requests: {storage: 1Gi}}
----
-`+diskOf("data", "", "Filesystem", "512Mi")+"---\n"+diskOf("raw", "", "Block", "256Mi"), "apply", "-n", ns, "-f", "-")
+		kubectl(vmPvc("root", "golden", "1Gi")+"---\n"+diskOf("data", "", "Filesystem", "512Mi")+"---\n"+diskOf("raw", "", "Block", "256Mi"), "apply", "-n", ns, "-f", "-")
 		for _, d := range []string{"vmpvc/root", "dvol/data", "dvol/raw"} {
 			kind, name, _ := strings.Cut(d, "/")
 			Eventually(phase(ns, kind, name), 2*time.Minute, time.Second).Should(Equal("Ready Made"), d)
@@ -89,17 +79,8 @@ spec:
 		for vm, claim := range vms {
 			kubectl(kubeVirtVM(vm, "Once", claim), "apply", "-n", ns, "-f", "-")
 		}
-		kubectl(diskOf("copy", images, "Filesystem", "512Mi")+"---\n"+diskOf("block", images, "Block", "256Mi")+`---
-apiVersion: hypercloud.tmaxanc.com/v1alpha1
-kind: VirtualMachinePvc
-metadata:
-  name: vmpvc
-spec:
-  virtualMachineImageName: slow
-  pvc:
-    accessModes: [ReadWriteOnce]
-    resources: {requests: {storage: 512Mi}}
----
+		kubectl(diskOf("copy", images, "Filesystem", "512Mi")+"---\n"+diskOf("block", images, "Block", "256Mi")+"---\n"+
+			vmPvc("vmpvc", "slow", "512Mi")+`---
 apiVersion: v1
 kind: PersistentVolumeClaim
 metadata:
@@ -179,16 +160,7 @@ spec:
 	It("snapshots a stopped VM on a diskpipe disk with KubeVirt's VirtualMachineSnapshot, restores it, and the restored disk holds the snapshot's bytes and boots", func() {
 		ns := vmNamespace()
 		importHTTP(ns, "golden", "disk.qcow2")
-		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
-kind: VirtualMachinePvc
-metadata:
-  name: root
-spec:
-  virtualMachineImageName: golden
-  pvc:
-    accessModes: [ReadWriteOnce]
-    resources: {requests: {storage: 512Mi}}
-`, "apply", "-n", ns, "-f", "-")
+		kubectl(vmPvc("root", "golden", "512Mi"), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmpvc", "root"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
 		kubectl(kubeVirtVM("snapped", "Halted", "root"), "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
@@ -233,7 +205,7 @@ spec:
 		}, 3*time.Minute, time.Second).Should(Equal("true"))
 		restored := kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.spec.template.spec.volumes[0].persistentVolumeClaim.claimName}")
 		Expect(restored).NotTo(Equal("root"), "the VM now names the PVC KubeVirt restored from the snapshot")
-		Expect(kubectl("", "get", "pvc", restored, "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
+		Eventually(func() string { return kubectl("", "get", "pvc", restored, "-n", ns, "-o", "jsonpath={.status.phase}") }, time.Minute, time.Second).Should(Equal("Bound"))
 		got := filepath.Join(cluster.VolumePath(ns, restored), "disk.img")
 		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", before, got).CombinedOutput()).To(ContainSubstring("Images are identical"))
 
@@ -244,17 +216,7 @@ spec:
 	It("hot-plugs a DiskVolume into a running VM with virtctl addvolume, and the guest sees it whole", func() {
 		ns := vmNamespace()
 		importHTTP(ns, "golden", "disk.qcow2")
-		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
-kind: VirtualMachinePvc
-metadata:
-  name: root
-spec:
-  virtualMachineImageName: golden
-  pvc:
-    accessModes: [ReadWriteOnce]
-    resources: {requests: {storage: 256Mi}}
----
-`+diskOf("extra", "", "Filesystem", "512Mi"), "apply", "-n", ns, "-f", "-")
+		kubectl(vmPvc("root", "golden", "256Mi")+"---\n"+diskOf("extra", "", "Filesystem", "512Mi"), "apply", "-n", ns, "-f", "-")
 		for _, d := range []string{"vmpvc/root", "dvol/extra"} {
 			kind, name, _ := strings.Cut(d, "/")
 			Eventually(phase(ns, kind, name), 2*time.Minute, time.Second).Should(Equal("Ready Made"), d)
@@ -281,18 +243,8 @@ spec:
 		importHTTP(ns, "golden", "disk.qcow2")
 		var all strings.Builder
 		for i := range 5 {
-			fmt.Fprintf(&all, `apiVersion: hypercloud.tmaxanc.com/v1alpha1
-kind: VirtualMachinePvc
-metadata:
-  name: disk%d
-spec:
-  virtualMachineImageName: golden
-  pvc:
-    accessModes: [ReadWriteOnce]
-    resources: {requests: {storage: 256Mi}}
----
-%s---
-`, i, kubeVirtVM(fmt.Sprintf("vm%d", i), "Once", fmt.Sprintf("disk%d", i)))
+			fmt.Fprintf(&all, "%s---\n%s---\n", vmPvc(fmt.Sprintf("disk%d", i), "golden", "256Mi"),
+				kubeVirtVM(fmt.Sprintf("vm%d", i), "Once", fmt.Sprintf("disk%d", i)))
 		}
 		start := time.Now()
 		kubectl(all.String(), "apply", "-n", ns, "-f", "-")
@@ -343,6 +295,20 @@ spec:
 %s        resources: {requests: {memory: 128Mi}}
       volumes:
 %s`, name, runStrategy, disks.String(), volumes.String())
+}
+
+// vmPvc is a VirtualMachinePvc of size from the VirtualMachineImage image.
+func vmPvc(name, image, size string) string {
+	return fmt.Sprintf(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachinePvc
+metadata:
+  name: %s
+spec:
+  virtualMachineImageName: %s
+  pvc:
+    accessModes: [ReadWriteOnce]
+    resources: {requests: {storage: %s}}
+`, name, image, size)
 }
 
 // diskOf is a DiskVolume of the VirtualMachineImage golden of namespace imageNS ("": the
