@@ -312,7 +312,7 @@ KUBEVIRT_FILES_virt-operator   := virt-operator
 KUBEVIRT_FILES_virt-api        := virt-api
 KUBEVIRT_FILES_virt-controller := virt-controller
 KUBEVIRT_FILES_virt-handler    := virt-handler virt-chroot
-KUBEVIRT_FILES_virt-launcher   := virt-launcher virt-launcher-monitor virt-freezer virt-probe virt-tail node-labeller.sh
+KUBEVIRT_FILES_virt-launcher   := virt-launcher virt-launcher-monitor virt-freezer virt-probe virt-tail node-labeller.sh container-disk
 KUBEVIRT_IMAGE_ARGS_virt-handler  := --rootfs $(BIN)/kubevirt/handler-rootfs.tar --user 0:0
 KUBEVIRT_IMAGE_ARGS_virt-launcher := --rootfs $(BIN)/kubevirt/launcher-rootfs.tar --user 0:0 --cap usr/bin/virt-launcher-monitor=cap_net_bind_service
 
@@ -328,6 +328,11 @@ $(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh
 $(BIN)/kubevirt/node-labeller.sh: test/tools/kubevirt/go.mod
 	cd test/tools/kubevirt && cp "$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)/cmd/virt-launcher/node-labeller/node-labeller.sh" $@
 	chmod 0755 $@
+
+# KubeVirt's one C helper, which a hot-plugged volume's attachment pod runs from the launcher
+# image (it holds the volume's mount open): static, as KubeVirt builds it.
+$(BIN)/kubevirt/container-disk: test/tools/kubevirt/go.mod
+	cd test/tools/kubevirt && gcc -static -O2 -o $@ "$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)/cmd/container-disk-v2alpha/main.c"
 
 $(BIN)/kubevirt/virt-handler-image.tar: $(BIN)/kubevirt/handler-rootfs.tar
 $(BIN)/kubevirt/virt-launcher-image.tar: $(BIN)/kubevirt/launcher-rootfs.tar
