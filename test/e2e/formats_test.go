@@ -49,7 +49,7 @@ var _ = Describe("any format from any stream", func() {
 		boots(disk)
 	})
 
-	It("refuses a vhdx from a server without Range for good, naming the ways out", func() {
+	It("refuses a vhdx from a server without Range for good, naming the ways out", localProves, func() {
 		ns := namespace()
 		vhdx := filepath.Join(work, "disk-"+ns+".vhdx")
 		run("qemu-img", "convert", "-f", "raw", "-O", "vhdx", raw, vhdx)

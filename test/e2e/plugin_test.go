@@ -59,7 +59,7 @@ func pluginAs(kubeconfig string, args ...string) (string, string, int) {
 }
 
 var _ = Describe("kubectl diskpipe", func() {
-	It("waits for an image, showing its progress, then says it is Ready", func() {
+	It("waits for an image, showing its progress, then says it is Ready", localProves, func() {
 		ns := namespace()
 		kubectl(vmi("slow", fmt.Sprintf("    http: %s/disk.qcow2?rate=2000000", server)), "apply", "-n", ns, "-f", "-")
 		out, errOut, code := plugin("wait", "vmim/slow", "-n", ns, "--interval", "500ms")
@@ -75,7 +75,7 @@ var _ = Describe("kubectl diskpipe", func() {
 		Expect(s).To(HaveKeyWithValue("reason", "Imported"))
 	})
 
-	It("exits 1 for an image that failed for good, with its reason and what to do", func() {
+	It("exits 1 for an image that failed for good, with its reason and what to do", localProves, func() {
 		ns := namespace()
 		kubectl(vmi("wrong", fmt.Sprintf("    http: %s/disk.qcow2\n    checksum: sha256:%s", server, strings.Repeat("0", 64))), "apply", "-n", ns, "-f", "-")
 		_, errOut, code := plugin("wait", "vmim/wrong", "-n", ns)

@@ -103,7 +103,7 @@ var _ = Describe("the seed's stories", Ordered, func() {
 		sameDisk(golden(ns, "centos"))
 	})
 
-	It("imports a raw image over HTTP", func() {
+	It("imports a raw image over HTTP", localProves, func() {
 		importHTTP(ns, "raw", "disk.raw")
 		Expect(kubectl("", "get", "vmim", "raw", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("raw"))
 		sameDisk(golden(ns, "raw"))
@@ -338,7 +338,7 @@ var _ = Describe("faults", func() {
 		Eventually(dir, 10*time.Second).ShouldNot(BeADirectory())
 	})
 
-	It("fails an image whose bytes do not match its checksum, without retrying, leaving no disk", func() {
+	It("fails an image whose bytes do not match its checksum, without retrying, leaving no disk", localProves, func() {
 		ns := namespace()
 		kubectl(vmi("tampered", fmt.Sprintf("    http: %s/disk.qcow2\n    checksum: sha256:%s", server, strings.Repeat("0", 64))), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmim", "tampered"), 2*time.Minute, time.Second).Should(Equal("Failed ChecksumMismatch"))
@@ -351,7 +351,7 @@ var _ = Describe("faults", func() {
 func grown(capacity int64) int64 { return int64(float64(capacity)*0.94) &^ (1<<20 - 1) }
 
 var _ = Describe("the boot check", func() {
-	It("fails for a disk cloned from a golden image whose kernel was corrupted after import", func() {
+	It("fails for a disk cloned from a golden image whose kernel was corrupted after import", localProves, func() {
 		ns := namespace()
 		importHTTP(ns, "flipped", "disk.qcow2")
 		// One 64 KiB cluster of the kernel overwritten in the golden disk, as a bad disk would.

@@ -342,7 +342,7 @@ spec: {kind: VirtualMachineImage, name: refused}
 		Expect(token).To(HavePrefix(uploadproxy.TokenPrefix))
 	})
 
-	It("goes on by itself after its connection is cut at 10, 50 and 90 %, and the disk is identical", func() {
+	It("goes on by itself after its connection is cut at 10, 50 and 90 %, and the disk is identical", localProves, func() {
 		ns := namespace()
 		const size = 40 << 20 // three parts of the proxy's 16 MiB
 		file := randomDisk("cut-"+ns+".raw", size)
@@ -357,7 +357,7 @@ spec: {kind: VirtualMachineImage, name: refused}
 		run("qemu-img", "compare", "-f", "raw", "-F", "raw", file, golden(ns, "cut"))
 	})
 
-	It("resumes with --resume after it was killed, without sending again what was stored", func() {
+	It("resumes with --resume after it was killed, without sending again what was stored", localProves, func() {
 		ns := namespace()
 		const size = 40 << 20
 		file := randomDisk("killed-"+ns+".raw", size)
@@ -382,7 +382,7 @@ spec: {kind: VirtualMachineImage, name: refused}
 		run("qemu-img", "compare", "-f", "raw", "-F", "raw", file, golden(ns, "killed"))
 	})
 
-	It("draws a live bar in a terminal", func() {
+	It("draws a live bar in a terminal", localProves, func() {
 		if _, err := exec.LookPath("tmux"); err != nil {
 			Fail("tmux is missing: hack/setup.sh installs it")
 		}
