@@ -51,10 +51,11 @@ type Cluster interface {
 
 // localProves labels a spec whose proof is the same on any cluster: what it checks is a
 // client's behaviour (kubectl diskpipe, its terminal output, its retries through the test's
-// proxy), a format's or a checksum's verdict in the importer, or the test's own QEMU boot
-// check. make test runs it on the local cluster; make test-cluster leaves it out
-// (E2E_LABELS), so that the real node's time goes to what only it shows: a kubelet, CSI,
-// Kubernetes' controllers and KubeVirt.
+// proxy), the importer's verdict on a format, a checksum or a source that goes away, a
+// controller's policy (schedules, volume knobs), the bundled store's accounts, or the test's
+// own QEMU boot check. make test runs it on the local cluster; make test-cluster leaves it out
+// (E2E_LABELS), so that the real node's time goes to what only it shows: a kubelet and
+// containerd running diskpipe's image, CSI, Kubernetes' controllers, and KubeVirt.
 var localProves = Label("local-proves")
 
 // real says whether the suite runs on the real node.

@@ -27,7 +27,7 @@ const appliance = `<?xml version="1.0" encoding="UTF-8"?>
 `
 
 var _ = Describe("any format from any stream", func() {
-	It("imports the chosen disk of an xz-compressed OVA from a server without Range, at the OVF's capacity, and it boots", func() {
+	It("imports the chosen disk of an xz-compressed OVA from a server without Range, at the OVF's capacity, and it boots", localProves, func() {
 		ns := namespace()
 		dir := filepath.Join(work, "ova-"+ns)
 		Expect(os.Mkdir(dir, 0o755)).To(Succeed())

@@ -24,7 +24,7 @@ func allocated(path string) int64 {
 }
 
 var _ = Describe("volume knobs", func() {
-	It("sizes a golden PVC by its StorageClass's filesystem overhead, and preallocates the golden disk and a disk grown from it", func() {
+	It("sizes a golden PVC by its StorageClass's filesystem overhead, and preallocates the golden disk and a disk grown from it", localProves, func() {
 		ns := namespace()
 		kubectl(fmt.Sprintf(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineImage

@@ -88,7 +88,7 @@ var _ = Describe("kubectl diskpipe", func() {
 		Expect(errOut).To(ContainSubstring("is not one of diskpipe's kinds"))
 	})
 
-	It("exports a PVC to a file that qemu-img reads back identical, verified, and leaves no export behind", func() {
+	It("exports a PVC to a file that qemu-img reads back identical, verified, and leaves no export behind", localProves, func() {
 		ns := namespace()
 		importHTTP(ns, "source", "disk.qcow2")
 		file := filepath.Join(work, "plugin-export.qcow2")
@@ -105,7 +105,7 @@ var _ = Describe("kubectl diskpipe", func() {
 		}, time.Minute, time.Second).Should(BeEmpty(), "the export's object went with it")
 	})
 
-	It("downloads a kept export, and renews its URL when it has expired", func() {
+	It("downloads a kept export, and renews its URL when it has expired", localProves, func() {
 		ns := namespace()
 		importHTTP(ns, "kept", "disk.qcow2")
 		file := filepath.Join(work, "plugin-kept.raw")

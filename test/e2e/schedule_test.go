@@ -13,7 +13,7 @@ import (
 )
 
 var _ = Describe("scheduled golden images", func() {
-	It("imports each new revision of a file served over HTTP, makes new disks from the newest, keeps the disks already made, and prunes old revisions", func() {
+	It("imports each new revision of a file served over HTTP, makes new disks from the newest, keeps the disks already made, and prunes old revisions", localProves, func() {
 		ns := namespace()
 		// The source: the test disk as qcow2, later the same disk 16 MiB larger (a new release
 		// that qemu-img compare still finds the same disk, and a guest still boots), then 32.

@@ -72,7 +72,7 @@ spec:
 })
 
 var _ = Describe("a source that goes away", func() {
-	It("fails with SourceUnavailable, after the importer's own retries, when the server is cut off", func() {
+	It("fails with SourceUnavailable, after the importer's own retries, when the server is cut off", localProves, func() {
 		ns := namespace()
 		gone := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			hj, ok := w.(http.Hijacker)

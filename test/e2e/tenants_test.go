@@ -15,7 +15,7 @@ import (
 )
 
 var _ = Describe("tenants of the bundled store", func() {
-	It("keeps a namespace out of another's buckets, with awscli and through images, exports and schedules", func() {
+	It("keeps a namespace out of another's buckets, with awscli and through images, exports and schedules", localProves, func() {
 		ctx := context.Background()
 		a, b := namespace(), namespace()
 		bucket := "tenant-" + a
