@@ -89,6 +89,13 @@ func run(ctx context.Context, c demoCluster, dir string) error {
 	if err := c.EnsureNamespace(ctx, ns); err != nil {
 		return err
 	}
+	if c.KubeVirt() {
+		// KubeVirt's launcher pods are privileged: KubeVirt makes none in a namespace that
+		// enforces a stricter Pod Security level ("it needs a privileged namespace to run").
+		if _, stderr, err := c.Kubectl(ctx, nil, "label", "namespace", ns, "pod-security.kubernetes.io/enforce=privileged", "--overwrite"); err != nil {
+			return fmt.Errorf("labelling namespace %s privileged for KubeVirt: %w: %s", ns, err, stderr)
+		}
+	}
 	t = time.Now()
 	if out, err := c.AWS(ctx, ns, "s3", "mb", "s3://vmimage"); err != nil {
 		return fmt.Errorf("aws s3 mb: %w: %s", err, out)
