@@ -319,9 +319,15 @@ KUBEVIRT_IMAGE_ARGS_virt-launcher := --rootfs $(BIN)/kubevirt/launcher-rootfs.ta
 .PHONY: kubevirt-images
 kubevirt-images: $(foreach i,$(KUBEVIRT_IMAGES),$(BIN)/kubevirt/$(i)-image.tar) $(BIN)/kubevirt/kubevirt-operator.yaml ## Build KubeVirt's images for the real node into bin/kubevirt/.
 
+# A root filesystem takes minutes of downloads; it is kept in ROOTFS_CACHE, under the hash of
+# the script that made it, so that a clean clone on a machine that made it once copies it.
+ROOTFS_CACHE ?= $(HOME)/.cache/diskpipe/rootfs
+
 $(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh
 	hack/setup.sh kubevirt
-	test/kubevirt/rootfs.sh $* $@
+	cached=$(ROOTFS_CACHE)/$*-$$(sha256sum test/kubevirt/rootfs.sh | cut -c1-16).tar; \
+	if [ -f "$$cached" ]; then cp "$$cached" $@; \
+	else test/kubevirt/rootfs.sh $* $@ && mkdir -p $(ROOTFS_CACHE) && cp $@ "$$cached.tmp" && mv "$$cached.tmp" "$$cached"; fi
 
 # The script virt-handler's init container runs from the launcher image: what libvirt says of
 # the host's CPU, for the node's labels.
