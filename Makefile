@@ -45,12 +45,19 @@ generate: $(CONTROLLER_GEN) $(CRD_REF_DOCS) ## Write the generated deepcopy func
 	$(CRD_REF_DOCS) --source-path=./apis --config=hack/crd-ref-docs/config.yaml --renderer=markdown --output-path=docs/api.md --log-level=error
 	go run ./hack/docs reasons
 
+# The kinds of CDI's API the chart installs with cdi.compatibility.enabled: those KubeVirt and
+# virtctl read. CDI's volume populator sources (VolumeImportSource, ...) are not served.
+CDI_KINDS := datavolumes datasources dataimportcrons storageprofiles cdiconfigs cdis
+
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds (templates/crds.yaml installs them), the manager's ClusterRole, and the VolumeSnapshot, KubeVirt VirtualMachine and Prometheus Operator CRDs tests install into test/crds.
+manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds and CDI's into files/cdi (templates/crds.yaml installs them), the manager's ClusterRole, and the VolumeSnapshot, KubeVirt VirtualMachine and Prometheus Operator CRDs tests install into test/crds.
 	rm -f charts/diskpipe/files/crds/*.yaml test/crds/snapshot/*.yaml
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/diskpipe/files/crds
 	$(CONTROLLER_GEN) rbac:roleName=diskpipe-manager paths=./controllers/... output:rbac:dir=charts/diskpipe/templates/rbac
 	$(CONTROLLER_GEN) crd paths=github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1 output:crd:dir=test/crds/snapshot
+	rm -rf charts/diskpipe/files/cdi
+	$(CONTROLLER_GEN) crd paths=kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1 output:crd:dir=charts/diskpipe/files/cdi
+	find charts/diskpipe/files/cdi -type f $(foreach k,$(CDI_KINDS),! -name cdi.kubevirt.io_$(k).yaml) -delete
 	rm -rf test/crds/kubevirt
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=kubevirt.io/api/core/v1 output:crd:dir=test/crds/kubevirt
 	find test/crds/kubevirt -type f ! -name kubevirt.io_virtualmachines.yaml -delete

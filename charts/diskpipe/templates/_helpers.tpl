@@ -167,3 +167,20 @@ priorityClassName: {{ . }}
 {{- define "diskpipe.uploadTokenSecret" -}}
 {{ .Release.Namespace }}/{{ include "diskpipe.fullname" . }}-upload-token
 {{- end }}
+
+{{- /*
+refuseBesideCDI fails the install when CDI's API is already served by someone else: a
+DataVolume CRD that this release did not make is CDI's (its operator made it), and two
+controllers answering one DataVolume would fight over its PVC. helm template (no cluster)
+sees nothing and renders.
+*/ -}}
+{{- define "diskpipe.refuseBesideCDI" -}}
+{{- $crd := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "datavolumes.cdi.kubevirt.io" -}}
+{{- if $crd -}}
+{{- $annotations := default (dict) $crd.metadata.annotations -}}
+{{- $owner := get $annotations "meta.helm.sh/release-name" -}}
+{{- if ne $owner .Release.Name -}}
+{{- fail (printf "cdi.compatibility.enabled: the CRD datavolumes.cdi.kubevirt.io already exists and is not this release's (labels %v): CDI serves its API in this cluster, and diskpipe will not serve it beside a running CDI. Install with cdi.compatibility.enabled=false beside CDI (docs/cdi.md)." (default (dict) $crd.metadata.labels)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,111 @@
+package manager_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/diskpipe/diskpipe/controllers/admission"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// TestCDIPolicy: with CDI's CRDs (generated from CDI's API module) and the chart's
+// ValidatingAdmissionPolicy, the apiserver refuses each DataVolume, and each DataImportCron
+// template, that asks for what diskpipe does not serve, naming it and saying what to do
+// instead; what diskpipe serves is accepted. No manager runs.
+func TestCDIPolicy(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{testenv.Path("charts", "diskpipe", "files", "cdi")},
+		ErrorIfPathMissing: true})
+	g.Expect(err).NotTo(HaveOccurred())
+	ns, err := env.CreateNamespace(ctx, "cdi-policy")
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, o := range []client.Object{admission.CDIPolicy(), admission.CDIPolicyBinding()} {
+		g.Expect(env.Client.Create(ctx, o)).To(Succeed())
+	}
+	t.Cleanup(func() { // t.Context() is done by now
+		_ = env.Client.Delete(context.Background(), admission.CDIPolicyBinding())
+		_ = env.Client.Delete(context.Background(), admission.CDIPolicy())
+	})
+
+	object := func(kind, name, spec string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		g.Expect(yaml.Unmarshal([]byte(spec), &u.Object)).To(Succeed())
+		u.SetAPIVersion("cdi.kubevirt.io/v1beta1")
+		u.SetKind(kind)
+		u.SetNamespace(ns)
+		u.SetName(name)
+		return u
+	}
+	const storage = "storage: {resources: {requests: {storage: 1Gi}}}\n"
+	dv := func(name, spec string) *unstructured.Unstructured {
+		return object("DataVolume", name, "spec: {"+spec+", "+strings.TrimSuffix(storage, "\n")+"}")
+	}
+	cron := func(name, source string) *unstructured.Unstructured {
+		return object("DataImportCron", name, fmt.Sprintf(`spec:
+  schedule: "0 */12 * * *"
+  managedDataSource: fedora
+  template: {spec: {source: %s, %s}}`, source, strings.TrimSuffix(storage, "\n")))
+	}
+
+	// The apiserver applies a new policy within seconds: until then the first refusal passes.
+	g.Eventually(func() error {
+		return env.Client.Create(ctx, dv("probe", "source: {gcs: {url: 'https://storage.googleapis.com/b/o'}}"), client.DryRunAll)
+	}).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(MatchError(ContainSubstring("source gcs is not served")))
+
+	for _, tc := range []struct {
+		name   string
+		obj    *unstructured.Unstructured
+		refuse string // "" when accepted
+	}{
+		{"gcs", dv("gcs", "source: {gcs: {url: 'https://storage.googleapis.com/b/o'}}"),
+			"source gcs is not served by diskpipe's CDI API: import the object over http (a signed URL) or through Cloud Storage's S3-compatible endpoint"},
+		{"imageio", dv("imageio", "source: {imageio: {url: 'https://ovirt/ovirt-engine/api', secretRef: s, certConfigMap: c, diskId: d}}"),
+			"source imageio (oVirt) is not served by diskpipe's CDI API: export the disk from oVirt and import it over http or s3"},
+		{"vddk", dv("vddk", "source: {vddk: {url: 'https://vcenter', uuid: u, backingFile: f, thumbprint: t, secretRef: s}}"),
+			"source vddk (VMware) is not served by diskpipe's CDI API: import the VM's VMDK or OVA over http or s3"},
+		{"image stream", dv("stream", "source: {registry: {imageStream: fedora}}"),
+			"source registry imageStream (OpenShift) is not served"},
+		{"node pull", dv("node", "source: {registry: {url: 'docker://quay.io/containerdisks/fedora:41', pullMethod: node}}"),
+			"source registry pullMethod node is not served by diskpipe's CDI API: diskpipe's importer pulls the image itself"},
+		{"archive", dv("archive", "source: {http: {url: 'https://example.com/files.tar'}}, contentType: archive"),
+			"contentType archive is not served by diskpipe's CDI API: diskpipe imports disk images (contentType kubevirt) only"},
+		{"checkpoints", dv("warm", "source: {http: {url: 'https://example.com/d.qcow2'}}, checkpoints: [{previous: '', current: s1}]"),
+			"checkpoints (multi-stage warm imports) are not served"},
+		{"cron of gcs", cron("gcs", "{gcs: {url: 'https://storage.googleapis.com/b/o'}}"), "source gcs is not served"},
+
+		{"http", dv("http", "source: {http: {url: 'https://example.com/d.qcow2'}}, contentType: kubevirt"), ""},
+		{"pod pull", dv("pod", "source: {registry: {url: 'docker://quay.io/containerdisks/fedora:41', pullMethod: pod}}"), ""},
+		{"blank", dv("blank", "source: {blank: {}}"), ""},
+		{"clone", dv("clone", "source: {pvc: {namespace: golden, name: fedora}}"), ""},
+		{"source ref", dv("ref", "sourceRef: {kind: DataSource, name: fedora}"), ""},
+		{"cron of a registry", cron("registry", "{registry: {url: 'docker://quay.io/containerdisks/fedora:41'}}"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			err := env.Client.Create(ctx, tc.obj)
+			if tc.refuse == "" {
+				g.Expect(err).NotTo(HaveOccurred())
+				return
+			}
+			g.Expect(err).To(MatchError(ContainSubstring(tc.refuse)))
+			g.Expect(err.Error()).To(ContainSubstring("diskpipe-cdi-unsupported"), "the refusal names the policy")
+		})
+	}
+
+	// What is refused on creation is refused on a change too.
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(dv("", "source: {blank: {}}").GroupVersionKind())
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "http"}, u)).To(Succeed())
+	g.Expect(unstructured.SetNestedField(u.Object, "archive", "spec", "contentType")).To(Succeed())
+	g.Expect(env.Client.Update(ctx, u)).To(MatchError(ContainSubstring("contentType archive is not served")))
+}

@@ -1,0 +1,120 @@
+package chart
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/controllers/admission"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// cdiKinds are the kinds of CDI's API the chart installs with cdi.compatibility.enabled.
+var cdiKinds = []string{"datavolumes", "datasources", "dataimportcrons", "storageprofiles", "cdiconfigs", "cdis"}
+
+// TestCDICompatibility: CDI's API is installed only when asked for: CDI's CRDs (the generated
+// files, labelled and kept like diskpipe's own) and the policy that refuses what diskpipe does
+// not serve, the same policy the manager's tests prove.
+func TestCDICompatibility(t *testing.T) {
+	for _, o := range render(t, "diskpipe-system") {
+		if groupOf(o) == "cdi.kubevirt.io" || strings.HasPrefix(o.GetName(), admission.CDIPolicyName) {
+			t.Errorf("default values render %s %s: CDI's API is off by default", o.GetKind(), o.GetName())
+		}
+	}
+	objs := render(t, "diskpipe-system", "--set", "cdi.compatibility.enabled=true")
+	var crds []string
+	for _, o := range objs {
+		if o.GetKind() != "CustomResourceDefinition" || groupOf(o) != "cdi.kubevirt.io" {
+			continue
+		}
+		crds = append(crds, pluralOf(o))
+		if o.GetAnnotations()["helm.sh/resource-policy"] != "keep" || o.GetLabels()["app.kubernetes.io/instance"] != testenv.ChartRelease {
+			t.Errorf("CRD %s is not kept on uninstall or not labelled as the release's: %v %v", o.GetName(), o.GetAnnotations(), o.GetLabels())
+		}
+	}
+	if !slices.Equal(slices.Sorted(slices.Values(crds)), slices.Sorted(slices.Values(cdiKinds))) {
+		t.Errorf("CDI's CRDs rendered: %v, want %v", crds, cdiKinds)
+	}
+	for _, k := range cdiKinds {
+		readFile(t, "charts", "diskpipe", "files", "cdi", "cdi.kubevirt.io_"+k+".yaml") // fails when make manifests did not write it
+	}
+
+	var policy admissionregistrationv1.ValidatingAdmissionPolicy
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	for _, o := range []struct {
+		kind string
+		into any
+	}{{"ValidatingAdmissionPolicy", &policy}, {"ValidatingAdmissionPolicyBinding", &binding}} {
+		u := find(objs, o.kind)
+		if u == nil {
+			t.Fatalf("no %s rendered with cdi.compatibility.enabled", o.kind)
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, o.into); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := admission.CDIPolicy(); policy.Name != want.Name || !equality.Semantic.DeepEqual(policy.Spec, want.Spec) {
+		t.Errorf("the CDI policy differs:\nchart:   %+v\nmanager: %+v", policy.Spec, want.Spec)
+	}
+	if want := admission.CDIPolicyBinding(); binding.Name != want.Name || !equality.Semantic.DeepEqual(binding.Spec, want.Spec) {
+		t.Errorf("the CDI policy binding differs:\nchart:   %+v\nmanager: %+v", binding.Spec, want.Spec)
+	}
+}
+
+// TestRefuseBesideCDI: an install with cdi.compatibility.enabled into a cluster where CDI's
+// operator made the DataVolume CRD fails, saying so, whether or not the chart installs CRDs; a
+// CRD this release made (an upgrade) does not stop it. (The test environment's CRDs are not
+// Helm's, hence crds.install=false.)
+func TestRefuseBesideCDI(t *testing.T) {
+	ctx := t.Context()
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "datavolumes.cdi.kubevirt.io", Labels: map[string]string{"cdi.kubevirt.io": "", "operator.cdi.kubevirt.io": ""}},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{Group: "cdi.kubevirt.io", Scope: apiextensionsv1.NamespaceScoped,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: "DataVolume", ListKind: "DataVolumeList", Plural: "datavolumes", Singular: "datavolume"},
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1beta1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object",
+					XPreserveUnknownFields: ptr.To(true)}}}}},
+	}
+	scheme := runtime.NewScheme()
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(env.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, crd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), crd) }) // t.Context() is done by now
+	install := func() ([]byte, error) {
+		return testenv.Helm(ctx, "install", testenv.ChartRelease, testenv.ChartPath(), "--namespace", "beside-cdi", "--kubeconfig", env.Kubeconfig,
+			"--dry-run=server", "--set", "crds.install=false", "--set", "cdi.compatibility.enabled=true")
+	}
+	out, err := install()
+	if err == nil || !strings.Contains(err.Error()+string(out), "the CRD datavolumes.cdi.kubevirt.io already exists and is not this release's") ||
+		!strings.Contains(err.Error()+string(out), "diskpipe will not serve it beside a running CDI") {
+		t.Fatalf("the install beside CDI was not refused with the reason: %v\n%s", err, out)
+	}
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata": {"annotations": {"meta.helm.sh/release-name": "`+testenv.ChartRelease+`", "meta.helm.sh/release-namespace": "beside-cdi"}}}`))
+	if err := c.Patch(ctx, crd, patch); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := install(); err != nil {
+		t.Fatalf("the release's own CRD stopped the install: %v\n%s", err, out)
+	}
+	if out, err := testenv.Helm(ctx, "install", testenv.ChartRelease, testenv.ChartPath(), "--namespace", "beside-cdi", "--kubeconfig", env.Kubeconfig,
+		"--dry-run=server", "--set", "crds.install=false"); err != nil {
+		t.Fatalf("with cdi.compatibility.enabled=false CDI's CRD must not matter: %v\n%s", err, out)
+	}
+}
