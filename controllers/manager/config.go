@@ -17,6 +17,13 @@ type FileConfig struct {
 	CloneStrategy      disk.StrategyDefaults        `json:"cloneStrategy"`
 	FilesystemOverhead importpod.FilesystemOverhead `json:"filesystemOverhead"`
 	VirtualMachines    VirtualMachinesConfig        `json:"virtualMachines"`
+	CDI                CDIConfig                    `json:"cdi"`
+}
+
+// CDIConfig is the chart's cdi values.
+type CDIConfig struct {
+	// Compatibility serves CDI's API (cdi.kubevirt.io), whose CRDs the chart then installs.
+	Compatibility bool `json:"compatibility"`
 }
 
 // VirtualMachinesConfig is the chart's virtualMachines values.
@@ -52,4 +59,5 @@ func (c FileConfig) Apply(o *Options) {
 	o.Importer, o.CloneStrategies = c.Importer, c.CloneStrategy
 	o.Importer.FilesystemOverhead = c.FilesystemOverhead
 	o.AllowHostDisk = c.VirtualMachines.AllowHostDisk
+	o.CDICompatibility = c.CDI.Compatibility
 }

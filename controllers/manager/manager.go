@@ -26,6 +26,7 @@ import (
 
 	upload "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
+	"github.com/diskpipe/diskpipe/controllers/cdi"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/export"
 	"github.com/diskpipe/diskpipe/controllers/image"
@@ -54,6 +55,9 @@ type Options struct {
 	// AllowHostDisk lets VirtualMachines use hostDisk volumes (the chart's
 	// virtualMachines.allowHostDisk).
 	AllowHostDisk bool
+	// CDICompatibility serves CDI's API: DataVolumes (the chart's cdi.compatibility.enabled,
+	// which installs its CRDs).
+	CDICompatibility bool
 	// ObjectStore is the bundled object store (objectStore sources, exports); nil: none.
 	ObjectStore *objectstore.ClientConfig
 	// ObjectStorePublicEndpoint is the store's URL outside the cluster (an Ingress), used in
@@ -201,6 +205,11 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := virtualmachine.Setup(mgr, opts.AllowHostDisk); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)
+	}
+	if opts.CDICompatibility {
+		if err := cdi.Setup(mgr, cdi.Options{FilesystemOverhead: opts.Importer.FilesystemOverhead}); err != nil {
+			return nil, fmt.Errorf("setting up the DataVolume controller: %w", err)
+		}
 	}
 	if opts.Webhook != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -6,6 +6,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 
 	diskvolumev1alpha1 "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloudv1alpha1 "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
@@ -14,7 +15,7 @@ import (
 )
 
 // NewScheme returns a scheme with every kind diskpipe reads or writes: Kubernetes' built-in
-// kinds, diskpipe's three groups, snapshot.storage.k8s.io/v1 and kubevirt.io/v1.
+// kinds, diskpipe's groups, snapshot.storage.k8s.io/v1, kubevirt.io/v1 and cdi.kubevirt.io/v1beta1.
 func NewScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
@@ -24,5 +25,6 @@ func NewScheme() *runtime.Scheme {
 	utilruntime.Must(uploadv1alpha1.AddToScheme(s))
 	utilruntime.Must(snapshotv1.AddToScheme(s))
 	utilruntime.Must(kubevirtv1.AddToScheme(s))
+	utilruntime.Must(cdiv1beta1.AddToScheme(s))
 	return s
 }

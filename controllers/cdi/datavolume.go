@@ -1,0 +1,313 @@
+// Package cdi serves CDI's API (cdi.kubevirt.io) with diskpipe's engine, so that what KubeVirt
+// and its users write for CDI works unchanged.
+//
+// A DataVolume is made by a DiskVolume of its name, which it controls: the DiskVolume's PVC,
+// of the same name, is the DataVolume's claim, filled and bound the way every diskpipe disk is
+// (never Bound before its bytes are all there). The DataVolume's status is the DiskVolume's,
+// in CDI's words: the phases, progress, restart count and Bound/Ready/Running conditions that
+// KubeVirt's virt-controller reads (a Running condition False with reason "Error" is what makes
+// it show a VM's DataVolumeError).
+//
+// A DataVolume annotated cdi.kubevirt.io/storage.prePopulated names a claim that is already
+// whole (KubeVirt's VirtualMachineRestore, a volume kept from CDI): it succeeds at once and
+// nothing is written.
+package cdi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// Reasons of the DataVolume's conditions and events: CDI's where KubeVirt reads them.
+const (
+	ReasonError           = "Error" // Running False: KubeVirt shows the VM's DataVolumeError
+	ReasonCompleted       = "Completed"
+	ReasonBound           = "Bound"
+	ReasonPending         = "Pending"
+	ReasonResourceExists  = "ErrResourceExists"
+	ReasonSourceNotServed = "SourceNotServed"
+	ReasonInvalidSpec     = "InvalidSpec"
+	ReasonPrePopulated    = "PrePopulated"
+	ReasonClaimNotFound   = "ClaimNotFound"
+	annPrePopulated       = cdiv1.AnnPrePopulated
+)
+
+// refusal is why a DataVolume gets no DiskVolume: a spec that cannot be served (reason
+// ReasonInvalidSpec, final) or a source not served yet.
+type refusal struct{ reason, message string }
+
+func (r *refusal) Error() string { return r.message }
+
+func invalid(message string) error { return &refusal{ReasonInvalidSpec, message} }
+
+func notServed(source string) error {
+	return &refusal{ReasonSourceNotServed, "diskpipe's CDI API serves the sources blank and snapshot (same namespace) so far, not " + source + " (docs/cdi.md)"}
+}
+
+// Options configure the DataVolume controller.
+type Options struct {
+	// FilesystemOverhead is kept free in a Filesystem-mode claim asked for by spec.storage,
+	// as CDI does: the disk gets the size asked for, the claim more.
+	FilesystemOverhead importpod.FilesystemOverhead
+}
+
+// Reconciler serves DataVolumes.
+type Reconciler struct {
+	client.Client
+	Events events.EventRecorder
+	Options
+}
+
+// Setup registers the DataVolume controller.
+func Setup(mgr ctrl.Manager, o Options) error {
+	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
+	return ctrl.NewControllerManagedBy(mgr).Named("datavolume").
+		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Complete(r)
+}
+
+// Reconcile makes the DataVolume's DiskVolume and writes the DataVolume's status from it.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	dv := &cdiv1.DataVolume{}
+	if err := r.Get(ctx, req.NamespacedName, dv); err != nil || !dv.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, client.IgnoreNotFound(err) // its DiskVolume goes with it
+	}
+	base := dv.DeepCopy()
+	st, err := r.status(ctx, dv)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	now := metav1.Now()
+	for i := range st.Conditions {
+		c := &st.Conditions[i]
+		if old := findCondition(dv.Status.Conditions, c.Type); old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+			c.LastTransitionTime, c.LastHeartbeatTime = old.LastTransitionTime, old.LastHeartbeatTime
+		} else {
+			c.LastTransitionTime, c.LastHeartbeatTime = now, now
+		}
+	}
+	dv.Status = st
+	return ctrl.Result{}, owned.WriteStatus(ctx, r.Client, base, dv, base.Status, dv.Status)
+}
+
+// status is the DataVolume's status now, after making its DiskVolume if it needs one.
+func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.DataVolumeStatus, error) {
+	st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.Pending, Progress: "N/A"}
+	if claim, ok := dv.Annotations[annPrePopulated]; ok {
+		return r.prePopulated(ctx, dv, claim)
+	}
+	spec, err := r.diskSpec(ctx, dv)
+	if ref := (*refusal)(nil); errors.As(err, &ref) {
+		st.Conditions = conditions(ref.reason, ref.message, corev1.ConditionFalse, ref.reason, ref.message)
+		if ref.reason == ReasonInvalidSpec {
+			st.Phase = cdiv1.Failed
+		}
+		return st, nil
+	} else if err != nil {
+		return st, err
+	}
+	disk := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: dv.Name, Namespace: dv.Namespace,
+		Labels: map[string]string{LabelDataVolume: string(dv.UID)}}, Spec: spec}
+	created, err := owned.Ensure(ctx, r.Client, dv, disk)
+	if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
+		msg := fmt.Sprintf("DiskVolume %s already exists and is not managed by DataVolume %s", dv.Name, dv.Name)
+		st.Conditions = conditions(ReasonResourceExists, msg, corev1.ConditionFalse, ReasonResourceExists, msg)
+		return st, nil
+	} else if err != nil {
+		return st, err
+	}
+	if created {
+		r.Events.Eventf(dv, disk, corev1.EventTypeNormal, "DiskVolumeCreated", "Create", "Made by DiskVolume %s", disk.Name)
+	}
+	return statusOf(dv, disk), nil
+}
+
+// LabelDataVolume marks the DiskVolume that makes a DataVolume with the DataVolume's UID.
+const LabelDataVolume = "cdi.diskpipe.io/datavolume"
+
+// prePopulated is the status of a DataVolume whose claim is already whole.
+func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume, claim string) (cdiv1.DataVolumeStatus, error) {
+	if claim == "" {
+		claim = dv.Name
+	}
+	st := cdiv1.DataVolumeStatus{ClaimName: claim, Phase: cdiv1.Pending, Progress: "N/A"}
+	pvc := &corev1.PersistentVolumeClaim{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: claim}, pvc)
+	if apierrors.IsNotFound(err) {
+		msg := fmt.Sprintf("the DataVolume is marked %s=%s, and no PVC %s exists", annPrePopulated, claim, claim)
+		st.Conditions = conditions(ReasonClaimNotFound, msg, corev1.ConditionFalse, ReasonClaimNotFound, msg)
+		return st, nil
+	} else if err != nil {
+		return st, err
+	}
+	st.Phase, st.Progress = cdiv1.Succeeded, "100.0%"
+	st.Conditions = []cdiv1.DataVolumeCondition{
+		boundCondition(pvc), {Type: cdiv1.DataVolumeReady, Status: corev1.ConditionTrue, Reason: ReasonPrePopulated},
+		{Type: cdiv1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: ReasonPrePopulated},
+	}
+	return st, nil
+}
+
+// diskSpec is the DiskVolume that makes dv, or why there can be none.
+func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (diskvolume.DiskVolumeSpec, error) {
+	var spec diskvolume.DiskVolumeSpec
+	src := dv.Spec.Source
+	switch {
+	case dv.Spec.SourceRef != nil:
+		return spec, notServed("sourceRef")
+	case src == nil:
+		return spec, invalid("spec.source or spec.sourceRef is required")
+	case src.Blank != nil:
+		spec.Source.Blank = &common.BlankSource{}
+	case src.Snapshot != nil && (src.Snapshot.Namespace == "" || src.Snapshot.Namespace == dv.Namespace):
+		spec.Source.Snap = &diskvolume.SnapshotSource{Name: common.LocalName(src.Snapshot.Name)}
+	default:
+		return spec, notServed(sourceKind(src, dv.Namespace))
+	}
+	var requested *corev1.VolumeResourceRequirements
+	switch {
+	case dv.Spec.PVC != nil && dv.Spec.Storage != nil:
+		return spec, invalid("spec.pvc and spec.storage are exclusive")
+	case dv.Spec.PVC != nil:
+		p := dv.Spec.PVC
+		spec.AccessModes, spec.StorageClassName, spec.VolumeMode, requested = p.AccessModes, p.StorageClassName, p.VolumeMode, &p.Resources
+	case dv.Spec.Storage != nil:
+		s := dv.Spec.Storage
+		spec.AccessModes, spec.StorageClassName, spec.VolumeMode, requested = s.AccessModes, s.StorageClassName, s.VolumeMode, &s.Resources
+	default:
+		return spec, invalid("spec.pvc or spec.storage is required")
+	}
+	if size, ok := requested.Requests[corev1.ResourceStorage]; ok {
+		if dv.Spec.Storage != nil && (spec.VolumeMode == nil || *spec.VolumeMode == corev1.PersistentVolumeFilesystem) {
+			// spec.storage asks for the disk's size; the claim keeps the filesystem's share besides.
+			class, err := storage.ClassName(ctx, r.Client, spec.StorageClassName)
+			if err != nil {
+				return spec, err
+			}
+			size.Set(transfer.VolumeSizeFor(size.Value(), r.FilesystemOverhead.For(class)))
+		}
+		spec.Resources.Requests.Storage = &size
+	} else if src.Blank != nil {
+		return spec, invalid("a blank DataVolume needs a size: spec.storage.resources.requests.storage")
+	}
+	spec.Preallocation = dv.Spec.Preallocation
+	return spec, nil
+}
+
+// sourceKind names a DataVolume source for a message.
+func sourceKind(src *cdiv1.DataVolumeSource, ns string) string {
+	switch {
+	case src.HTTP != nil:
+		return "http"
+	case src.S3 != nil:
+		return "s3"
+	case src.Registry != nil:
+		return "registry"
+	case src.PVC != nil:
+		return "pvc"
+	case src.Upload != nil:
+		return "upload"
+	case src.Snapshot != nil:
+		return "snapshot from namespace " + src.Snapshot.Namespace + " (into " + ns + ")"
+	default:
+		return "this source"
+	}
+}
+
+// statusOf is the status of a DataVolume made by disk.
+func statusOf(dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume) cdiv1.DataVolumeStatus {
+	ds := disk.Status
+	st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, RestartCount: ds.Retries, Progress: progress(ds)}
+	ready := meta.FindStatusCondition(ds.Conditions, common.ConditionReady)
+	why, msg := ReasonPending, "PVC "+dv.Name+" Pending"
+	if ready != nil && ready.Message != "" {
+		why, msg = ready.Reason, ready.Message
+	}
+	copying := dv.Spec.Source != nil && dv.Spec.Source.Snapshot != nil
+	switch ds.Phase {
+	case common.PhaseReady:
+		st.Phase = cdiv1.Succeeded
+		st.Conditions = []cdiv1.DataVolumeCondition{
+			{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionTrue, Reason: ReasonBound, Message: "PVC " + dv.Name + " Bound"},
+			{Type: cdiv1.DataVolumeReady, Status: corev1.ConditionTrue},
+			{Type: cdiv1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: ReasonCompleted},
+		}
+		return st
+	case common.PhaseFailed:
+		st.Phase = cdiv1.Failed
+		st.Conditions = conditions(why, msg, corev1.ConditionFalse, ReasonError, msg)
+		return st
+	case common.PhaseImporting, common.PhaseCloning:
+		st.Phase = cdiv1.ImportInProgress
+		if copying {
+			st.Phase = cdiv1.CloneInProgress
+		}
+		st.Conditions = conditions(ReasonPending, "PVC "+dv.Name+" Pending", corev1.ConditionTrue, "", "")
+		return st
+	default:
+		st.Phase = cdiv1.Pending
+		if ds.PVCName != "" {
+			st.Phase = cdiv1.ImportScheduled
+			if copying {
+				st.Phase = cdiv1.CloneScheduled
+			}
+		}
+		st.Conditions = conditions(why, msg, corev1.ConditionFalse, why, msg)
+		return st
+	}
+}
+
+// progress is a disk's progress as CDI writes it: "42.10%", "N/A" when unknown.
+func progress(ds common.DiskStatus) cdiv1.DataVolumeProgress {
+	switch t := ds.Transfer; {
+	case ds.Phase == common.PhaseReady:
+		return "100.0%"
+	case t != nil && t.BytesTotal > 0:
+		return cdiv1.DataVolumeProgress(fmt.Sprintf("%.2f%%", float64(t.BytesDone)*100/float64(t.BytesTotal)))
+	default:
+		return "N/A"
+	}
+}
+
+// conditions are a DataVolume's Bound, Ready and Running conditions while it is not ready
+// (its claim is not bound before then).
+func conditions(boundReason, boundMsg string, running corev1.ConditionStatus, runningReason, runningMsg string) []cdiv1.DataVolumeCondition {
+	return []cdiv1.DataVolumeCondition{
+		{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionFalse, Reason: boundReason, Message: boundMsg},
+		{Type: cdiv1.DataVolumeReady, Status: corev1.ConditionFalse},
+		{Type: cdiv1.DataVolumeRunning, Status: running, Reason: runningReason, Message: runningMsg},
+	}
+}
+
+func boundCondition(pvc *corev1.PersistentVolumeClaim) cdiv1.DataVolumeCondition {
+	if pvc.Status.Phase == corev1.ClaimBound {
+		return cdiv1.DataVolumeCondition{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionTrue, Reason: ReasonBound, Message: "PVC " + pvc.Name + " Bound"}
+	}
+	return cdiv1.DataVolumeCondition{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionFalse, Reason: string(pvc.Status.Phase),
+		Message: "PVC " + pvc.Name + " " + string(pvc.Status.Phase)}
+}
+
+func findCondition(cs []cdiv1.DataVolumeCondition, t cdiv1.DataVolumeConditionType) *cdiv1.DataVolumeCondition {
+	for i := range cs {
+		if cs[i].Type == t {
+			return &cs[i]
+		}
+	}
+	return nil
+}

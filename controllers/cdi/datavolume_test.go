@@ -1,0 +1,170 @@
+package cdi_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+
+const managerUser = "system:serviceaccount:diskpipe-system:diskpipe-manager"
+
+// setup installs CDI's CRDs as the chart does and starts the manager serving them, with
+// nothing but the chart's RBAC.
+func setup(t *testing.T) {
+	t.Helper()
+	setupOnce.Do(func() { start(t) })
+}
+
+var setupOnce sync.Once
+
+func start(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{testenv.Path("charts", "diskpipe", "files", "cdi")},
+		ErrorIfPathMissing: true})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "csi",
+		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "csi.diskpipe.test"})).To(Succeed())
+	user, err := env.ApplyChartRBAC(ctx, "diskpipe-system")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(user).To(Equal(managerUser))
+	cfg, err := env.UserConfig(managerUser)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = ctrltest.StartManagerAs(env, cfg, manager.Options{CDICompatibility: true,
+		Importer: importpod.Config{FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2)}}})
+	g.Expect(err).NotTo(HaveOccurred())
+}
+
+func dataVolume(ns, name string, src *cdiv1.DataVolumeSource, size string) *cdiv1.DataVolume {
+	return &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: cdiv1.DataVolumeSpec{Source: src, Storage: &cdiv1.StorageSpec{
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity(size)}}}}}
+}
+
+// dvState is what KubeVirt reads of a DataVolume: "phase progress Bound/Ready/Running" with each
+// condition's status and reason.
+func dvState(t *testing.T, dv *cdiv1.DataVolume) func() string {
+	return func() string {
+		if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(dv), dv); err != nil {
+			return err.Error()
+		}
+		s := string(dv.Status.Phase) + " " + string(dv.Status.Progress)
+		for _, c := range dv.Status.Conditions {
+			s += " " + string(c.Type) + "=" + string(c.Status) + ":" + c.Reason
+		}
+		return s
+	}
+}
+
+// TestDataVolume: a blank DataVolume is made by a DiskVolume of its name, which it controls;
+// its status follows the disk's in CDI's words, and it succeeds only once its claim is bound
+// to the filled volume. spec.storage asks for the disk's size (the claim is larger by the
+// filesystem's share); spec.pvc for the claim's.
+func TestDataVolume(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "dv")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	dv := dataVolume(ns, "data", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "data"}, d) }, 20*time.Second).Should(Succeed())
+	g.Expect(metav1.IsControlledBy(d, dv)).To(BeTrue(), "the DataVolume controls its DiskVolume: %v", d.OwnerReferences)
+	g.Expect(d.Spec.Source.Blank).NotTo(BeNil())
+	g.Expect(d.Spec.Resources.Requests.Storage.Value()).To(Equal(transfer.VolumeSizeFor(1<<30, 0.2)), "1Gi of disk in a claim keeping 20 %% free")
+
+	pod := "data-blank-0"
+	ctrltest.Pod(t, env, ns, pod)
+	ctrltest.Bind(t, env, ns, disk.PrimeName(d.UID))
+	ctrltest.Kubelet(t, env, ns, pod, corev1.PodRunning, nil, 0)
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("ImportInProgress N/A Bound=False:Pending Ready=False: Running=True:"))
+	g.Expect(dv.Status.ClaimName).To(Equal("data"))
+	pvc := &corev1.PersistentVolumeClaim{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "data"}, pvc)).To(Succeed())
+	g.Expect(pvc.Status.Phase).NotTo(Equal(corev1.ClaimBound), "the claim waits, unbound, for the whole disk")
+	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), pod, "data", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True: Running=False:Completed"))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "data"}, pvc)).To(Succeed())
+	g.Expect(pvc.Status.Phase).To(Equal(corev1.ClaimBound))
+
+	exact := dataVolume(ns, "exact", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "2Gi")
+	exact.Spec.PVC, exact.Spec.Storage = &corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+		VolumeMode: ptr.To(corev1.PersistentVolumeBlock), Resources: exact.Spec.Storage.Resources}, nil
+	exact.Spec.Preallocation = ptr.To(true)
+	g.Expect(env.Client.Create(ctx, exact)).To(Succeed())
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "exact"}, d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Spec.Resources.Requests.Storage.String()).To(Equal("2Gi"), "spec.pvc is the claim's own size")
+	g.Expect(d.Spec.AccessModes).To(Equal([]corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}))
+	g.Expect(*d.Spec.VolumeMode).To(Equal(corev1.PersistentVolumeBlock))
+	g.Expect(*d.Spec.Preallocation).To(BeTrue())
+}
+
+// TestDataVolumeRefusals: what cannot be made says why, in the DataVolume's conditions, and
+// nothing is written: a DiskVolume of the name that is not the DataVolume's, a source not
+// served yet, a spec that cannot be served. A DataVolume marked pre-populated adopts its claim.
+func TestDataVolumeRefusals(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "dv-refusals")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	mine := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: "taken", Namespace: ns},
+		Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}}}
+	mine.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
+	g.Expect(env.Client.Create(ctx, mine)).To(Succeed())
+	taken := dataVolume(ns, "taken", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, taken)).To(Succeed())
+	g.Eventually(dvState(t, taken), 20*time.Second).Should(Equal("Pending N/A Bound=False:ErrResourceExists Ready=False: Running=False:ErrResourceExists"))
+	g.Expect(taken.Status.Conditions[0].Message).To(Equal("DiskVolume taken already exists and is not managed by DataVolume taken"))
+
+	http := dataVolume(ns, "http", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/a.qcow2"}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, http)).To(Succeed())
+	g.Eventually(dvState(t, http), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))
+	g.Expect(http.Status.Conditions[0].Message).To(ContainSubstring("not http (docs/cdi.md)"))
+
+	sizeless := dataVolume(ns, "sizeless", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	sizeless.Spec.Storage.Resources = corev1.VolumeResourceRequirements{}
+	g.Expect(env.Client.Create(ctx, sizeless)).To(Succeed())
+	g.Eventually(dvState(t, sizeless), 20*time.Second).Should(Equal("Failed N/A Bound=False:InvalidSpec Ready=False: Running=False:InvalidSpec"))
+	g.Expect(sizeless.Status.Conditions[0].Message).To(Equal("a blank DataVolume needs a size: spec.storage.resources.requests.storage"))
+
+	// KubeVirt's restore and a volume kept from CDI: the claim exists and is whole.
+	kept := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity("1Gi")}}}}
+	g.Expect(env.Client.Create(ctx, kept)).To(Succeed())
+	ctrltest.Bind(t, env, ns, "kept")
+	adopt := dataVolume(ns, "kept", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/a.qcow2"}}, "1Gi")
+	adopt.Annotations = map[string]string{cdiv1.AnnPrePopulated: "kept"}
+	g.Expect(env.Client.Create(ctx, adopt)).To(Succeed())
+	g.Eventually(dvState(t, adopt), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True:PrePopulated Running=False:PrePopulated"))
+	g.Consistently(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kept"}, &diskvolume.DiskVolume{})
+	},
+		2*time.Second).ShouldNot(Succeed(), "nothing is made for a pre-populated claim")
+}
