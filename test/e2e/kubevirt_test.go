@@ -261,6 +261,24 @@ spec:
 		}
 		wg.Wait()
 		GinkgoWriter.Printf("five VMs from kubectl apply to each guest's line: %v\n", took)
+		// Where each one's time went, from the objects' own timestamps (one-second resolution).
+		for i := range 5 {
+			since := func(stamp string) string {
+				t, err := time.Parse(time.RFC3339, stamp)
+				if err != nil {
+					return "?"
+				}
+				return fmt.Sprintf("%.0fs", t.Sub(start.Truncate(time.Second)).Seconds())
+			}
+			ready := kubectl("", "get", "vmpvc", fmt.Sprintf("disk%d", i), "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].lastTransitionTime}`)
+			var phases []string
+			for _, p := range []string{"Scheduling", "Scheduled", "Running"} {
+				stamp := kubectl("", "get", "vmi", fmt.Sprintf("vm%d", i), "-n", ns, "-o",
+					fmt.Sprintf(`jsonpath={.status.phaseTransitionTimestamps[?(@.phase==%q)].phaseTransitionTimestamp}`, p))
+				phases = append(phases, p+" "+since(stamp))
+			}
+			GinkgoWriter.Printf("vm%d: disk Ready %s, VMI %s, guest's line %.0fs\n", i, since(ready), strings.Join(phases, ", "), took[i].Seconds())
+		}
 	})
 })
 
