@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -66,6 +67,8 @@ type Options struct {
 	// FilesystemOverhead is kept free in a Filesystem-mode claim asked for by spec.storage,
 	// as CDI does: the disk gets the size asked for, the claim more.
 	FilesystemOverhead importpod.FilesystemOverhead
+	// UploadProxyURL is the upload proxy's URL outside the cluster, told in the CDIConfig.
+	UploadProxyURL string
 }
 
 // Reconciler serves DataVolumes.
@@ -75,8 +78,12 @@ type Reconciler struct {
 	Options
 }
 
-// Setup registers the DataVolume controller.
+// Setup registers the DataVolume controller and the keeper of the CDI and CDIConfig objects.
 func Setup(mgr ctrl.Manager, o Options) error {
+	if err := mgr.Add(&Config{Client: mgr.GetClient(), FilesystemOverhead: o.FilesystemOverhead, UploadProxyURL: o.UploadProxyURL,
+		Interval: time.Minute}); err != nil {
+		return err
+	}
 	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
 	return ctrl.NewControllerManagedBy(mgr).Named("datavolume").
 		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Complete(r)

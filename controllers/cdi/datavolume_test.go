@@ -11,11 +11,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	sdkapi "kubevirt.io/controller-lifecycle-operator-sdk/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/cdi"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
@@ -53,7 +55,7 @@ func start(t *testing.T) {
 	cfg, err := env.UserConfig(managerUser)
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = ctrltest.StartManagerAs(env, cfg, manager.Options{CDICompatibility: true,
-		Importer: importpod.Config{FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2)}}})
+		Importer: importpod.Config{FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2), StorageClasses: map[string]float64{"thick": 0.3}}}})
 	g.Expect(err).NotTo(HaveOccurred())
 }
 
@@ -167,4 +169,34 @@ func TestDataVolumeRefusals(t *testing.T) {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kept"}, &diskvolume.DiskVolume{})
 	},
 		2*time.Second).ShouldNot(Succeed(), "nothing is made for a pre-populated claim")
+}
+
+// TestCDIObjects: with CDI's API served, the manager keeps the one CDI object (Deployed) and the
+// CDIConfig "config" whose status says the filesystem overhead diskpipe keeps, per class, as
+// KubeVirt reads it to size a VM's disk image; a status overwritten is put back.
+func TestCDIObjects(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	c := &cdiv1.CDI{}
+	g.Eventually(func() sdkapi.Phase {
+		_ = env.Client.Get(ctx, client.ObjectKey{Name: "cdi"}, c)
+		return c.Status.Phase
+	}, 20*time.Second).Should(Equal(sdkapi.PhaseDeployed))
+	config := &cdiv1.CDIConfig{}
+	overhead := func() *cdiv1.FilesystemOverhead {
+		if env.Client.Get(ctx, client.ObjectKey{Name: "config"}, config) != nil {
+			return nil
+		}
+		return config.Status.FilesystemOverhead
+	}
+	want := &cdiv1.FilesystemOverhead{Global: "0.2", StorageClass: map[string]cdiv1.Percent{"thick": "0.3"}}
+	g.Eventually(overhead, 20*time.Second).Should(Equal(want))
+	g.Expect(config.Labels).To(HaveKeyWithValue("app.kubernetes.io/managed-by", "diskpipe"))
+
+	config.Status.FilesystemOverhead = &cdiv1.FilesystemOverhead{Global: "0.5"}
+	g.Expect(env.Client.Update(ctx, config)).To(Succeed())
+	keeper := &cdi.Config{Client: env.Client, FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2), StorageClasses: map[string]float64{"thick": 0.3}}}
+	g.Expect(keeper.Sync(ctx)).To(Succeed())
+	g.Expect(overhead()).To(Equal(want))
 }

@@ -207,7 +207,11 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)
 	}
 	if opts.CDICompatibility {
-		if err := cdi.Setup(mgr, cdi.Options{FilesystemOverhead: opts.Importer.FilesystemOverhead}); err != nil {
+		o := cdi.Options{FilesystemOverhead: opts.Importer.FilesystemOverhead}
+		if opts.Webhook != nil {
+			o.UploadProxyURL = opts.Webhook.UploadProxyURL
+		}
+		if err := cdi.Setup(mgr, o); err != nil {
 			return nil, fmt.Errorf("setting up the DataVolume controller: %w", err)
 		}
 	}

@@ -1,0 +1,138 @@
+package cdi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	sdkapi "kubevirt.io/controller-lifecycle-operator-sdk/api"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+)
+
+// Names of the cluster's one CDI object and one CDIConfig, as CDI names them: KubeVirt, once
+// CDI's CRDs exist, needs exactly one CDI object and the CDIConfig "config" to size a VM's
+// disk image on a Filesystem PVC ("Failed to find CDIConfig but CDI exists" otherwise), and
+// virtctl reads the upload proxy's URL from it.
+const (
+	CDIName       = "cdi"
+	CDIConfigName = "config"
+	// LabelManagedBy marks the objects diskpipe keeps.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	managedBy      = "diskpipe"
+)
+
+// Config keeps the CDI object (its status Deployed) and the CDIConfig (its status: what diskpipe
+// uses: the filesystem overhead of each class and the upload proxy's URL) as they must be,
+// now and every interval, on the elected manager.
+type Config struct {
+	Client             client.Client
+	FilesystemOverhead importpod.FilesystemOverhead
+	// UploadProxyURL is the upload proxy's URL outside the cluster ("" when none is told).
+	UploadProxyURL string
+	Interval       time.Duration
+}
+
+// NeedLeaderElection is true: only the leader writes.
+func (c *Config) NeedLeaderElection() bool { return true }
+
+// Start keeps the objects until ctx ends.
+func (c *Config) Start(ctx context.Context) error {
+	t := time.NewTicker(c.Interval)
+	defer t.Stop()
+	for {
+		if err := c.Sync(ctx); err != nil && ctx.Err() == nil {
+			ctrl.LoggerFrom(ctx).Error(err, "Could not keep CDI's configuration objects")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Sync makes or repairs both objects once.
+func (c *Config) Sync(ctx context.Context) error {
+	return errors.Join(c.syncCDI(ctx), c.syncConfig(ctx))
+}
+
+func (c *Config) syncCDI(ctx context.Context) error {
+	obj := &cdiv1.CDI{ObjectMeta: metav1.ObjectMeta{Name: CDIName}}
+	if err := c.ensure(ctx, obj); err != nil {
+		return err
+	}
+	want := sdkapi.Status{Phase: sdkapi.PhaseDeployed, OperatorVersion: managedBy, TargetVersion: managedBy, ObservedVersion: managedBy}
+	if obj.Status.Phase == want.Phase && obj.Status.ObservedVersion == want.ObservedVersion {
+		return nil
+	}
+	base := obj.DeepCopy()
+	obj.Status.Status = want
+	return c.Client.Patch(ctx, obj, client.MergeFrom(base)) // CDI's CRDs of these two have no status subresource
+}
+
+func (c *Config) syncConfig(ctx context.Context) error {
+	obj := &cdiv1.CDIConfig{ObjectMeta: metav1.ObjectMeta{Name: CDIConfigName}}
+	if err := c.ensure(ctx, obj); err != nil {
+		return err
+	}
+	want := c.status()
+	if statusEqual(obj.Status, want) {
+		return nil
+	}
+	base := obj.DeepCopy()
+	obj.Status = want
+	return c.Client.Patch(ctx, obj, client.MergeFrom(base)) // CDI's CRDs of these two have no status subresource
+}
+
+// status is the CDIConfig's status: what diskpipe does.
+func (c *Config) status() cdiv1.CDIConfigStatus {
+	percent := func(f float64) cdiv1.Percent { return cdiv1.Percent(strconv.FormatFloat(f, 'f', -1, 64)) }
+	fs := &cdiv1.FilesystemOverhead{Global: percent(c.FilesystemOverhead.For("")), StorageClass: map[string]cdiv1.Percent{}}
+	for class, f := range c.FilesystemOverhead.StorageClasses {
+		fs.StorageClass[class] = percent(f)
+	}
+	st := cdiv1.CDIConfigStatus{FilesystemOverhead: fs}
+	if c.UploadProxyURL != "" {
+		st.UploadProxyURL = &c.UploadProxyURL
+	}
+	return st
+}
+
+func statusEqual(a, b cdiv1.CDIConfigStatus) bool {
+	url := func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	}
+	return a.FilesystemOverhead != nil && b.FilesystemOverhead != nil && a.FilesystemOverhead.Global == b.FilesystemOverhead.Global &&
+		maps.Equal(a.FilesystemOverhead.StorageClass, b.FilesystemOverhead.StorageClass) && url(a.UploadProxyURL) == url(b.UploadProxyURL)
+}
+
+// ensure reads obj, making it if missing. One that diskpipe did not make is CDI's own: it is
+// left alone, and said so.
+func (c *Config) ensure(ctx context.Context, obj client.Object) error {
+	err := c.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	if apierrors.IsNotFound(err) {
+		obj.SetLabels(map[string]string{LabelManagedBy: managedBy})
+		if err = c.Client.Create(ctx, obj); apierrors.IsAlreadyExists(err) {
+			err = c.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if obj.GetLabels()[LabelManagedBy] != managedBy {
+		return fmt.Errorf("%T %s was not made by diskpipe (is CDI installed?): left alone", obj, obj.GetName())
+	}
+	return nil
+}
