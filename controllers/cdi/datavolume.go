@@ -20,6 +20,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,6 +31,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
@@ -69,6 +71,8 @@ type Options struct {
 	FilesystemOverhead importpod.FilesystemOverhead
 	// UploadProxyURL is the upload proxy's URL outside the cluster, told in the CDIConfig.
 	UploadProxyURL string
+	// Strategies are the installation's clone strategy defaults, told in StorageProfiles.
+	Strategies disk.StrategyDefaults
 }
 
 // Reconciler serves DataVolumes.
@@ -78,10 +82,15 @@ type Reconciler struct {
 	Options
 }
 
-// Setup registers the DataVolume controller and the keeper of the CDI and CDIConfig objects.
+// Setup registers the DataVolume and StorageProfile controllers and the keeper of the CDI and
+// CDIConfig objects.
 func Setup(mgr ctrl.Manager, o Options) error {
 	if err := mgr.Add(&Config{Client: mgr.GetClient(), FilesystemOverhead: o.FilesystemOverhead, UploadProxyURL: o.UploadProxyURL,
 		Interval: time.Minute}); err != nil {
+		return err
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("storageprofile").For(&storagev1.StorageClass{}).Owns(&cdiv1.StorageProfile{}).
+		Complete(&ProfileReconciler{Client: mgr.GetClient(), Strategies: o.Strategies}); err != nil {
 		return err
 	}
 	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
@@ -200,13 +209,28 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (diskvo
 	default:
 		return spec, invalid("spec.pvc or spec.storage is required")
 	}
+	class, err := storage.ClassName(ctx, r.Client, spec.StorageClassName)
+	if err != nil {
+		return spec, err
+	}
+	if dv.Spec.Storage != nil {
+		// spec.storage is completed from the class's StorageProfile, as CDI does.
+		p := &cdiv1.StorageProfile{}
+		if err := r.Get(ctx, client.ObjectKey{Name: class}, p); client.IgnoreNotFound(err) != nil {
+			return spec, err
+		} else if err == nil {
+			if sets := p.Status.ClaimPropertySets; len(sets) > 0 && len(spec.AccessModes) == 0 {
+				spec.AccessModes = sets[0].AccessModes
+				if spec.VolumeMode == nil {
+					spec.VolumeMode = sets[0].VolumeMode
+				}
+			}
+			spec.CloneStrategy = diskStrategy(p)
+		}
+	}
 	if size, ok := requested.Requests[corev1.ResourceStorage]; ok {
 		if dv.Spec.Storage != nil && (spec.VolumeMode == nil || *spec.VolumeMode == corev1.PersistentVolumeFilesystem) {
 			// spec.storage asks for the disk's size; the claim keeps the filesystem's share besides.
-			class, err := storage.ClassName(ctx, r.Client, spec.StorageClassName)
-			if err != nil {
-				return spec, err
-			}
 			size.Set(transfer.VolumeSizeFor(size.Value(), r.FilesystemOverhead.For(class)))
 		}
 		spec.Resources.Requests.Storage = &size

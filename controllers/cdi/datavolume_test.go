@@ -1,6 +1,7 @@
 package cdi_test
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -199,4 +200,47 @@ func TestCDIObjects(t *testing.T) {
 	keeper := &cdi.Config{Client: env.Client, FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2), StorageClasses: map[string]float64{"thick": 0.3}}}
 	g.Expect(keeper.Sync(ctx)).To(Succeed())
 	g.Expect(overhead()).To(Equal(want))
+}
+
+// TestStorageProfiles: each StorageClass gets a StorageProfile of its name whose status says
+// its provisioner, the clone strategy diskpipe prefers for it and the claim properties; what
+// the administrator writes in its spec overrides them, and a DataVolume's spec.storage is
+// completed from it (access modes, volume mode, clone strategy).
+func TestStorageProfiles(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "fast",
+		Annotations: map[string]string{disk.AnnotationCloneStrategy: "Snapshot"}}, Provisioner: "fast.diskpipe.test"})).To(Succeed())
+	p := &cdiv1.StorageProfile{}
+	status := func() string {
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "fast"}, p); err != nil || p.Status.StorageClass == nil {
+			return fmt.Sprint(err)
+		}
+		s := fmt.Sprintf("%s %s %s", *p.Status.StorageClass, *p.Status.Provisioner, ptr.Deref(p.Status.CloneStrategy, ""))
+		for _, set := range p.Status.ClaimPropertySets {
+			s += fmt.Sprintf(" %v/%s", set.AccessModes, ptr.Deref(set.VolumeMode, ""))
+		}
+		return s
+	}
+	g.Eventually(status, 20*time.Second).Should(Equal("fast fast.diskpipe.test snapshot [ReadWriteOnce]/Filesystem"))
+	g.Expect(p.OwnerReferences).To(HaveLen(1), "the class owns its profile")
+
+	p.Spec.CloneStrategy = ptr.To(cdiv1.CloneStrategyHostAssisted)
+	p.Spec.ClaimPropertySets = []cdiv1.ClaimPropertySet{{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+		VolumeMode: ptr.To(corev1.PersistentVolumeBlock)}}
+	g.Expect(env.Client.Update(ctx, p)).To(Succeed())
+	g.Eventually(status, 20*time.Second).Should(Equal("fast fast.diskpipe.test copy [ReadWriteMany]/Block"))
+
+	ns, err := env.CreateNamespace(ctx, "dv-profile")
+	g.Expect(err).NotTo(HaveOccurred())
+	dv := dataVolume(ns, "completed", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	dv.Spec.Storage.StorageClassName = ptr.To("fast")
+	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(dv), d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Spec.AccessModes).To(Equal([]corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}))
+	g.Expect(*d.Spec.VolumeMode).To(Equal(corev1.PersistentVolumeBlock))
+	g.Expect(d.Spec.Resources.Requests.Storage.String()).To(Equal("1Gi"), "a block volume keeps nothing for a filesystem")
+	g.Expect(*d.Spec.CloneStrategy).To(Equal(common.CloneStrategyHostAssisted))
 }

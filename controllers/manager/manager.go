@@ -207,7 +207,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)
 	}
 	if opts.CDICompatibility {
-		o := cdi.Options{FilesystemOverhead: opts.Importer.FilesystemOverhead}
+		o := cdi.Options{FilesystemOverhead: opts.Importer.FilesystemOverhead, Strategies: opts.CloneStrategies}
 		if opts.Webhook != nil {
 			o.UploadProxyURL = opts.Webhook.UploadProxyURL
 		}
