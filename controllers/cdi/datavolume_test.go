@@ -14,7 +14,6 @@ import (
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	sdkapi "kubevirt.io/controller-lifecycle-operator-sdk/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
@@ -45,9 +44,7 @@ var setupOnce sync.Once
 func start(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
-	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{testenv.Path("charts", "diskpipe", "files", "cdi")},
-		ErrorIfPathMissing: true})
-	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(env.InstallCDICRDs()).To(Succeed())
 	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "csi",
 		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "csi.diskpipe.test"})).To(Succeed())
 	user, err := env.ApplyChartRBAC(ctx, "diskpipe-system")

@@ -10,11 +10,9 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
-	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
 // TestCDIPolicy: with CDI's CRDs (generated from CDI's API module) and the chart's
@@ -24,9 +22,7 @@ import (
 func TestCDIPolicy(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
-	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{testenv.Path("charts", "diskpipe", "files", "cdi")},
-		ErrorIfPathMissing: true})
-	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(env.InstallCDICRDs()).To(Succeed())
 	ns, err := env.CreateNamespace(ctx, "cdi-policy")
 	g.Expect(err).NotTo(HaveOccurred())
 	for _, o := range []client.Object{admission.CDIPolicy(), admission.CDIPolicyBinding()} {

@@ -313,6 +313,13 @@ func (e *Env) InstallFinalizerPolicy(ctx context.Context) error {
 	return nil
 }
 
+// InstallCDICRDs installs CDI's CRDs as the chart does with cdi.compatibility.enabled (the
+// files make manifests generates into charts/diskpipe/files/cdi); envtest waits until they are served.
+func (e *Env) InstallCDICRDs() error {
+	_, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{Path("charts", "diskpipe", "files", "cdi")}, ErrorIfPathMissing: true})
+	return err
+}
+
 // User returns a client authenticated as a new user of the given name and groups.
 func (e *Env) User(name string, groups ...string) (client.Client, error) {
 	cfg, err := e.UserConfig(name, groups...)
