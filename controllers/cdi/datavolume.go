@@ -14,6 +14,7 @@
 package cdi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -93,9 +95,24 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Complete(&ProfileReconciler{Client: mgr.GetClient(), Strategies: o.Strategies}); err != nil {
 		return err
 	}
+	if err := setupDataSources(mgr); err != nil {
+		return err
+	}
+	// A DataVolume made from a DataSource waits for it.
+	byRef := func(o client.Object) []string {
+		dv := o.(*cdiv1.DataVolume)
+		if ref := dv.Spec.SourceRef; ref != nil {
+			return []string{cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace) + "/" + ref.Name}
+		}
+		return nil
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &cdiv1.DataVolume{}, indexSourceRef, byRef); err != nil {
+		return err
+	}
 	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
 	return ctrl.NewControllerManagedBy(mgr).Named("datavolume").
-		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Complete(r)
+		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).
+		Watches(&cdiv1.DataSource{}, enqueue(r, &cdiv1.DataVolumeList{}, indexSourceRef, "")).Complete(r)
 }
 
 // Reconcile makes the DataVolume's DiskVolume and writes the DataVolume's status from it.
@@ -154,6 +171,9 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 	return statusOf(dv, disk), nil
 }
 
+// indexSourceRef indexes DataVolumes by the DataSource they are made from ("ns/name").
+const indexSourceRef = "cdi.diskpipe.io/sourceref"
+
 // LabelDataVolume marks the DiskVolume that makes a DataVolume with the DataVolume's UID.
 const LabelDataVolume = "cdi.diskpipe.io/datavolume"
 
@@ -184,9 +204,27 @@ func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume, cla
 func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (diskvolume.DiskVolumeSpec, error) {
 	var spec diskvolume.DiskVolumeSpec
 	src := dv.Spec.Source
+	if ref := dv.Spec.SourceRef; ref != nil {
+		if ref.Kind != cdiv1.DataVolumeDataSource {
+			return spec, invalid("spec.sourceRef.kind must be DataSource, not " + ref.Kind)
+		}
+		ds := &cdiv1.DataSource{}
+		err := r.Get(ctx, client.ObjectKey{Namespace: cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace), Name: ref.Name}, ds)
+		if apierrors.IsNotFound(err) {
+			return spec, &refusal{ReasonNotFound, fmt.Sprintf("DataSource %s/%s does not exist", cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace), ref.Name)}
+		} else if err != nil {
+			return spec, err
+		}
+		resolved, err := resolve(ctx, r.Client, ds)
+		if err != nil {
+			return spec, err
+		}
+		if resolved.PVC == nil && resolved.Snapshot == nil {
+			return spec, &refusal{ReasonNoSource, fmt.Sprintf("DataSource %s/%s names no PVC or VolumeSnapshot yet", ds.Namespace, ds.Name)}
+		}
+		src = &cdiv1.DataVolumeSource{PVC: resolved.PVC, Snapshot: resolved.Snapshot}
+	}
 	switch {
-	case dv.Spec.SourceRef != nil:
-		return spec, notServed("sourceRef")
 	case src == nil:
 		return spec, invalid("spec.source or spec.sourceRef is required")
 	case src.Blank != nil:

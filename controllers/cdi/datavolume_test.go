@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -240,4 +241,49 @@ func TestStorageProfiles(t *testing.T) {
 	g.Expect(*d.Spec.VolumeMode).To(Equal(corev1.PersistentVolumeBlock))
 	g.Expect(d.Spec.Resources.Requests.Storage.String()).To(Equal("1Gi"), "a block volume keeps nothing for a filesystem")
 	g.Expect(*d.Spec.CloneStrategy).To(Equal(common.CloneStrategyHostAssisted))
+}
+
+// TestDataSources: a DataSource's status names the source it resolves to (one DataSource
+// naming another is followed) and is Ready only once that source can be cloned; a DataVolume
+// made from it (sourceRef) waits for it and then restores its snapshot.
+func TestDataSources(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "datasource")
+	g.Expect(err).NotTo(HaveOccurred())
+	ready := func(ds *cdiv1.DataSource) func() string {
+		return func() string {
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(ds), ds); err != nil || len(ds.Status.Conditions) == 0 {
+				return fmt.Sprint(err)
+			}
+			c := ds.Status.Conditions[0]
+			return fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+		}
+	}
+	fedora := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: "fedora", Namespace: ns},
+		Spec: cdiv1.DataSourceSpec{Source: cdiv1.DataSourceSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Name: "fedora-41"}}}}
+	alias := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: "latest", Namespace: ns},
+		Spec: cdiv1.DataSourceSpec{Source: cdiv1.DataSourceSource{DataSource: &cdiv1.DataSourceRefSourceDataSource{Name: "fedora"}}}}
+	root := dataVolume(ns, "root", nil, "1Gi")
+	root.Spec.SourceRef = &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: "latest"}
+	g.Expect(env.Client.Create(ctx, root)).To(Succeed())
+	g.Eventually(dvState(t, root), 20*time.Second).Should(Equal("Pending N/A Bound=False:NotFound Ready=False: Running=False:NotFound"))
+	g.Expect(env.Client.Create(ctx, fedora)).To(Succeed())
+	g.Expect(env.Client.Create(ctx, alias)).To(Succeed())
+	g.Eventually(ready(fedora), 20*time.Second).Should(Equal("False NotFound: VolumeSnapshot " + ns + "/fedora-41 does not exist"))
+	g.Eventually(ready(alias), 20*time.Second).Should(Equal("False NotFound: VolumeSnapshot " + ns + "/fedora-41 does not exist"))
+	g.Expect(alias.Status.Source.Snapshot).To(Equal(&cdiv1.DataVolumeSourceSnapshot{Namespace: ns, Name: "fedora-41"}), "the alias resolves to fedora's source")
+
+	snap := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "fedora-41", Namespace: ns},
+		Spec: snapshotv1.VolumeSnapshotSpec{Source: snapshotv1.VolumeSnapshotSource{PersistentVolumeClaimName: ptr.To("gone")}}}
+	g.Expect(env.Client.Create(ctx, snap)).To(Succeed())
+	snap.Status = &snapshotv1.VolumeSnapshotStatus{ReadyToUse: ptr.To(true), RestoreSize: ctrltest.Quantity("1Gi")}
+	g.Expect(env.Client.Status().Update(ctx, snap)).To(Succeed())
+	g.Eventually(ready(fedora), 20*time.Second).Should(Equal("True Ready: "), "the snapshot wakes the DataSource")
+
+	// The DataVolume is made from the snapshot the alias resolves to.
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(root), d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Spec.Source.Snap).To(Equal(&diskvolume.SnapshotSource{Name: "fedora-41"}))
 }
