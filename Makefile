@@ -215,7 +215,7 @@ KUBEVIRT_DEPS_1 = kubevirt kubevirt-images
 # E2E_LABELS= runs every spec on the real node.
 E2E_LABELS ?= !local-proves
 
-E2E_REAL = DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_E2E_CLUSTER=real go test $(GO_TEST_FLAGS) -timeout 50m ./test/e2e/ \
+E2E_REAL = DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_E2E_CLUSTER=real go test -v $(GO_TEST_FLAGS) -timeout 50m ./test/e2e/ \
 	-args -ginkgo.v -ginkgo.timeout=$(E2E_TIMEOUT) -ginkgo.label-filter='$(E2E_LABELS)'
 
 .PHONY: test-cluster test-cluster-deps test-cluster-suite
