@@ -25,7 +25,8 @@ HELM           := $(BIN)/helm
 # envtest finds kube-apiserver, etcd and kubectl here.
 export KUBEBUILDER_ASSETS := $(BIN)
 
-GO_TEST_FLAGS ?= -count=1 -timeout 20m
+# 40m: in CI the local cluster's suite shares the cores with the real node's (.ci/run).
+GO_TEST_FLAGS ?= -count=1 -timeout 40m
 # The real node's suite stops itself before go test's timeout, so that a run that is too slow
 # ends with Ginkgo's report (the spec that was running, the failures, the cluster's health)
 # rather than a dump of goroutines. With KubeVirt (installing it, booting VMs) it takes longer.
