@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
@@ -85,7 +85,7 @@ func (c *Config) syncConfig(ctx context.Context) error {
 		return err
 	}
 	want := c.status()
-	if statusEqual(obj.Status, want) {
+	if equality.Semantic.DeepEqual(obj.Status, want) {
 		return nil
 	}
 	base := obj.DeepCopy()
@@ -105,17 +105,6 @@ func (c *Config) status() cdiv1.CDIConfigStatus {
 		st.UploadProxyURL = &c.UploadProxyURL
 	}
 	return st
-}
-
-func statusEqual(a, b cdiv1.CDIConfigStatus) bool {
-	url := func(s *string) string {
-		if s == nil {
-			return ""
-		}
-		return *s
-	}
-	return a.FilesystemOverhead != nil && b.FilesystemOverhead != nil && a.FilesystemOverhead.Global == b.FilesystemOverhead.Global &&
-		maps.Equal(a.FilesystemOverhead.StorageClass, b.FilesystemOverhead.StorageClass) && url(a.UploadProxyURL) == url(b.UploadProxyURL)
 }
 
 // ensure reads obj, making it if missing. One that diskpipe did not make is CDI's own: it is
