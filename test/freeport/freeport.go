@@ -7,6 +7,11 @@
 // took the envtest webhook port before the manager bound it, and the apiserver's admission
 // calls reached a plain HTTP server. Below the range, only a process choosing the same number
 // can take the port.
+//
+// It is drawn below Kubernetes' NodePort range (30000–32767) too: with the real node's cluster
+// running beside the tests, kube-proxy's rules send a NodePort's packets to the Service although
+// nothing listens on the port, so a port that looks free there is not (a test registry on
+// 30900 answered as the cluster's object store).
 package freeport
 
 import (
@@ -18,7 +23,7 @@ import (
 
 const (
 	low  = 20000
-	high = 32767 // the port below the kernel's ephemeral range
+	high = 29999 // below the NodePort range, itself below the kernel's ephemeral range
 )
 
 // Port returns a port on host that was free a moment ago.
