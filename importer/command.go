@@ -31,7 +31,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		urlFile     = fs.String("url-file", "", "http: a file (a mounted Secret key) holding the URL, for URLs that carry a credential (presigned)")
 		caFile      = fs.String("ca-file", "", "http, s3, registry: PEM CA bundle that verifies the server")
 		insecure    = fs.Bool("insecure", false, "http, s3, registry: skip verification of the server's certificate (registry: allow plain HTTP)")
-		authDir     = fs.String("auth-dir", "", "http: directory with the files username and password (a mounted Secret) for basic auth")
+		authDir     = fs.String("auth-dir", "", "http, registry: a mounted Secret with username and password (or CDI's accessKeyId and secretKey) for basic auth; registry: or a .dockerconfigjson")
 		headerFiles = stringList{}
 		headers     = stringList{}
 		endpoint    = fs.String("endpoint", "", "s3: the store's URL")
@@ -64,7 +64,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		tokenFile   = fs.String("token-file", "", "serve: the file (a mounted Secret key) holding the bearer token")
 	)
 	fs.Var(&headers, "header", "http: a header sent with every request, \"Name: value\" (repeatable)")
-	fs.Var(&headerFiles, "header-file", "http: a file (a mounted Secret key) holding a header \"Name: value\" (repeatable)")
+	fs.Var(&headerFiles, "header-file", "http: a file (a mounted Secret key) holding a header \"Name: value\", or a mounted Secret whose every key holds one (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return transfer.ExitUsage
 	}
@@ -128,7 +128,13 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				// space (there is none): only a registry is a source here.
 				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "registry URL %q must start with docker://: push an oci-archive to a registry", *url)
 			}
-			o.Source = &RegistrySource{URL: *url, AuthFile: *authFile, CAFile: *caFile, Insecure: *insecure, Architecture: *arch, PublicKeyFile: *publicKey, Egress: &cmd.Egress}
+			r := &RegistrySource{URL: *url, AuthFile: *authFile, CAFile: *caFile, Insecure: *insecure, Architecture: *arch, PublicKeyFile: *publicKey, Egress: &cmd.Egress}
+			if *authDir != "" {
+				if err := r.loadCredentials(*authDir); err != nil {
+					return nil, err
+				}
+			}
+			o.Source = r
 		case "file":
 			o.Source, o.Format = &FileSource{Path: *path}, FormatRaw
 		case "blank":
@@ -162,14 +168,20 @@ func sourceName(o Options) string {
 // loadCredentials reads basic-auth and header Secrets mounted as files.
 func (s *HTTPSource) loadCredentials(authDir string, headers, headerFiles []string) error {
 	if authDir != "" {
-		user, err1 := os.ReadFile(filepath.Join(authDir, "username"))
-		pass, err2 := os.ReadFile(filepath.Join(authDir, "password"))
-		if err := errors.Join(err1, err2); err != nil {
-			return transfer.Permanent(transfer.ReasonInvalidArgument, "reading basic-auth credentials: %w", err)
+		var err error
+		if s.Username, s.Password, err = basicCredentials(authDir); err != nil {
+			return err
 		}
-		s.Username, s.Password = strings.TrimSpace(string(user)), strings.TrimSpace(string(pass))
 	}
+	var files []string
 	for _, f := range headerFiles {
+		keys, err := transfer.MountedFiles(f)
+		if err != nil {
+			return transfer.Permanent(transfer.ReasonInvalidArgument, "reading header: %w", err)
+		}
+		files = append(files, keys...)
+	}
+	for _, f := range files {
 		b, err := os.ReadFile(f) //nolint:gosec // a mounted Secret
 		if err != nil {
 			return transfer.Permanent(transfer.ReasonInvalidArgument, "reading header: %w", err)
@@ -190,6 +202,46 @@ func (s *HTTPSource) loadCredentials(authDir string, headers, headerFiles []stri
 		s.Header.Add(strings.TrimSpace(name), strings.TrimSpace(value))
 	}
 	return nil
+}
+
+// loadCredentials reads the registry's credentials from a mounted Secret: a .dockerconfigjson
+// (kubernetes.io/dockerconfigjson), or a user name and password.
+func (s *RegistrySource) loadCredentials(dir string) error {
+	if f := filepath.Join(dir, ".dockerconfigjson"); fileExists(f) {
+		s.AuthFile = f
+		return nil
+	}
+	var err error
+	s.Username, s.Password, err = basicCredentials(dir)
+	return err
+}
+
+// basicCredentials reads a user name and password from a mounted Secret: the keys username
+// and password, or CDI's accessKeyId and secretKey.
+func basicCredentials(dir string) (user, pass string, err error) {
+	read := func(keys ...string) (string, error) {
+		for _, k := range keys {
+			b, err := os.ReadFile(filepath.Join(dir, k)) //nolint:gosec // a mounted Secret
+			if err == nil {
+				return strings.TrimSpace(string(b)), nil
+			}
+			if !os.IsNotExist(err) {
+				return "", err
+			}
+		}
+		return "", fmt.Errorf("the Secret has neither %s", strings.Join(keys, " nor "))
+	}
+	user, err1 := read("username", "accessKeyId")
+	pass, err2 := read("password", "secretKey")
+	if err := errors.Join(err1, err2); err != nil {
+		return "", "", transfer.Permanent(transfer.ReasonInvalidArgument, "reading basic-auth credentials in %s: %w", dir, err)
+	}
+	return user, pass, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // stringList is a repeatable flag.

@@ -105,6 +105,28 @@ func TestCommandCredentials(t *testing.T) {
 	}
 	sameDisk(t, raw, target)
 
+	// CDI's forms, as its users' Secrets hold them and a pod mounts them: basic auth under
+	// accessKeyId and secretKey; a header Secret mounted whole, each key a header; the
+	// volume's own dot-entries are not keys.
+	cdi, headers := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(cdi, "accessKeyId"), []byte("alice"))
+	writeFile(t, filepath.Join(cdi, "secretKey"), []byte("s3cret\n"))
+	writeFile(t, filepath.Join(headers, "token"), []byte("X-Token: abc"))
+	writeFile(t, filepath.Join(headers, "tenant"), []byte("X-Tenant: blue"))
+	if err := os.Mkdir(filepath.Join(headers, "..data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target = filepath.Join(t.TempDir(), "disk.img")
+	code, res, log = runMain(t, "--url", srv.URL+"/disk.raw", "--target", target, "--auth-dir", cdi, "--header-file", headers)
+	if code != 0 {
+		t.Fatalf("CDI's Secrets: exit %d, result %+v\n%s", code, res, log)
+	}
+	sameDisk(t, raw, target)
+	code, res, _ = runMain(t, "--url", srv.URL+"/disk.raw", "--target", target, "--auth-dir", headers)
+	if code != transfer.ExitFailed || !strings.Contains(res.Message, "neither password nor secretKey") {
+		t.Errorf("a Secret without credentials: exit %d, result %+v", code, res)
+	}
+
 	code, res, _ = runMain(t, "--url", srv.URL+"/disk.raw", "--target", target)
 	if code != transfer.ExitFailed || res.Reason != transfer.ReasonSourceForbidden {
 		t.Errorf("without credentials: exit %d, result %+v", code, res)

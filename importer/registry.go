@@ -34,6 +34,8 @@ type RegistrySource struct {
 	URL string
 	// AuthFile is a .dockerconfigjson (a mounted Secret) with the registry's credentials.
 	AuthFile string
+	// Username and Password, when set, are the registry's credentials (in place of AuthFile).
+	Username, Password string
 	// CAFile is a PEM bundle that verifies the registry.
 	CAFile string
 	// Insecure skips TLS verification and allows plain HTTP.
@@ -79,6 +81,9 @@ func (s *RegistrySource) system(ctx context.Context) (*types.SystemContext, func
 		OSChoice:                    "linux",
 		DockerRegistryUserAgent:     "diskpipe-importer",
 	}
+	if s.Username != "" {
+		sys.DockerAuthConfig = &types.DockerAuthConfig{Username: s.Username, Password: s.Password}
+	}
 	stop, err := s.egress(ctx, sys)
 	if err != nil {
 		return nil, nil, err
@@ -91,14 +96,14 @@ func (s *RegistrySource) system(ctx context.Context) (*types.SystemContext, func
 	if err != nil {
 		return nil, nil, err
 	}
-	pem, err := os.ReadFile(s.CAFile)
+	pem, err := transfer.ReadCABundle(s.CAFile)
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "ca.crt"), pem, 0o600)
 	}
 	if err != nil {
 		os.RemoveAll(dir)
 		stop()
-		return nil, nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading CA bundle: %w", err)
+		return nil, nil, err
 	}
 	sys.DockerCertPath = dir
 	return sys, func() { os.RemoveAll(dir); stop() }, nil

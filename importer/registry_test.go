@@ -193,6 +193,23 @@ func TestRegistryCredentials(t *testing.T) {
 	target, _ := mustImport(t, t.TempDir(), Options{Source: &RegistrySource{URL: url, CAFile: cert, AuthFile: auth}})
 	sameDisk(t, raw, target)
 
+	// CDI's forms, as mounted: a Secret of accessKeyId and secretKey, a ConfigMap whose key is
+	// not ca.crt.
+	secret, caDir := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(secret, "accessKeyId"), []byte("alice\n"))
+	writeFile(t, filepath.Join(secret, "secretKey"), []byte("s3cret"))
+	writeFile(t, filepath.Join(caDir, "ca.pem"), certPEM)
+	cdi := &RegistrySource{URL: url, CAFile: caDir}
+	if err := cdi.loadCredentials(secret); err != nil {
+		t.Fatal(err)
+	}
+	target, _ = mustImport(t, t.TempDir(), Options{Source: cdi})
+	sameDisk(t, raw, target)
+	// A Secret of neither form says which keys it lacks.
+	if err := (&RegistrySource{}).loadCredentials(t.TempDir()); err == nil || !strings.Contains(err.Error(), "neither username nor accessKeyId") {
+		t.Fatalf("an empty Secret: %v", err)
+	}
+
 	target, _, err = importTo(t, t.TempDir(), Options{Source: &RegistrySource{URL: url, CAFile: cert}})
 	wantFailure(t, target, err, transfer.ReasonSourceForbidden, false, "")
 	target, _, err = importTo(t, t.TempDir(), Options{Source: &RegistrySource{URL: url, AuthFile: auth}})

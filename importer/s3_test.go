@@ -54,19 +54,22 @@ func TestS3Source(t *testing.T) {
 			}
 		})
 	}
-	t.Run("command", func(t *testing.T) {
-		creds := t.TempDir()
-		writeFile(t, filepath.Join(creds, "accessKeyId"), []byte(s.AccessKey))
-		writeFile(t, filepath.Join(creds, "secretAccessKey"), []byte(s.SecretKey+"\n"))
-		target := filepath.Join(t.TempDir(), "disk.img")
-		code, res, log := runMain(t, "--source", "s3", "--endpoint", s.Endpoint, "--bucket-lookup", "Path",
-			"--bucket", "vmimage", "--object", "bionic.qcow2", "--s3-credentials-dir", creds, "--target", target,
-			"--checksum", sha256File(t, qcow))
-		if code != 0 {
-			t.Fatalf("exit %d %+v\n%s", code, res, log)
-		}
-		sameDisk(t, raw, target)
-	})
+	// The Secret's keys: diskpipe's secretAccessKey, or CDI's secretKey.
+	for _, secretKey := range []string{"secretAccessKey", "secretKey"} {
+		t.Run("command with "+secretKey, func(t *testing.T) {
+			creds := t.TempDir()
+			writeFile(t, filepath.Join(creds, "accessKeyId"), []byte(s.AccessKey))
+			writeFile(t, filepath.Join(creds, secretKey), []byte(s.SecretKey+"\n"))
+			target := filepath.Join(t.TempDir(), "disk.img")
+			code, res, log := runMain(t, "--source", "s3", "--endpoint", s.Endpoint, "--bucket-lookup", "Path",
+				"--bucket", "vmimage", "--object", "bionic.qcow2", "--s3-credentials-dir", creds, "--target", target,
+				"--checksum", sha256File(t, qcow))
+			if code != 0 {
+				t.Fatalf("exit %d %+v\n%s", code, res, log)
+			}
+			sameDisk(t, raw, target)
+		})
+	}
 	for _, c := range []struct {
 		name           string
 		bucket, object string

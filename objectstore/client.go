@@ -59,10 +59,13 @@ func (c *ClientConfig) BindFlags(fs *flag.FlagSet, credsDir *string) {
 func (c *ClientConfig) LoadCredentials(dir string) error {
 	ak, err1 := os.ReadFile(filepath.Join(dir, "accessKeyId"))     //nolint:gosec // a mounted Secret
 	sk, err2 := os.ReadFile(filepath.Join(dir, "secretAccessKey")) //nolint:gosec // a mounted Secret
+	if os.IsNotExist(err2) {
+		sk, err2 = os.ReadFile(filepath.Join(dir, "secretKey")) //nolint:gosec // CDI's name of the key
+	}
 	// Neither file: an optional Secret volume of a Secret that does not exist.
 	if os.IsNotExist(err1) && os.IsNotExist(err2) {
 		return transfer.Transient(transfer.ReasonCredentialsNotFound,
-			"no S3 keys in %s: the Secret that secretRef names does not exist in this namespace, or has neither accessKeyId nor secretAccessKey", dir)
+			"no S3 keys in %s: the Secret that secretRef names does not exist in this namespace, or has neither accessKeyId nor secretAccessKey (or CDI's secretKey)", dir)
 	}
 	if err := errors.Join(err1, err2); err != nil {
 		return transfer.Permanent(transfer.ReasonInvalidArgument, "reading S3 credentials: %w", err)

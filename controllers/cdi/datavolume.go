@@ -8,6 +8,9 @@
 // KubeVirt's virt-controller reads (a Running condition False with reason "Error" is what makes
 // it show a VM's DataVolumeError).
 //
+// An http, s3, registry or pvc source is imported by a VirtualMachineImage the DataVolume
+// controls, and the DiskVolume is cloned from it (importsource.go).
+//
 // A DataVolume annotated cdi.kubevirt.io/storage.prePopulated names a claim that is already
 // whole (KubeVirt's VirtualMachineRestore, a volume kept from CDI): it succeeds at once and
 // nothing is written.
@@ -33,6 +36,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
@@ -63,7 +67,7 @@ func (r *refusal) Error() string { return r.message }
 func invalid(message string) error { return &refusal{ReasonInvalidSpec, message} }
 
 func notServed(source string) error {
-	return &refusal{ReasonSourceNotServed, "diskpipe's CDI API serves the sources blank and snapshot (same namespace) so far, not " + source + " (docs/cdi.md)"}
+	return &refusal{ReasonSourceNotServed, "diskpipe's CDI API serves the sources http, s3, registry, pvc, snapshot (the last two within a namespace) and blank so far, not " + source + " (docs/cdi.md)"}
 }
 
 // Options configure the DataVolume controller.
@@ -111,7 +115,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
 	return ctrl.NewControllerManagedBy(mgr).Named("datavolume").
-		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).
+		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Owns(&hypercloud.VirtualMachineImage{}).
 		Watches(&cdiv1.DataSource{}, enqueue(r, &cdiv1.DataVolumeList{}, indexSourceRef, "")).Complete(r)
 }
 
@@ -145,7 +149,7 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 	if claim, ok := dv.Annotations[annPrePopulated]; ok {
 		return r.prePopulated(ctx, dv, claim)
 	}
-	spec, err := r.diskSpec(ctx, dv)
+	spec, imported, err := r.diskSpec(ctx, dv)
 	if ref := (*refusal)(nil); errors.As(err, &ref) {
 		st.Conditions = conditions(ref.reason, ref.message, corev1.ConditionFalse, ref.reason, ref.message)
 		if ref.reason == ReasonInvalidSpec {
@@ -157,18 +161,64 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 	}
 	disk := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: dv.Name, Namespace: dv.Namespace,
 		Labels: map[string]string{LabelDataVolume: string(dv.UID)}}, Spec: spec}
-	created, err := owned.Ensure(ctx, r.Client, dv, disk)
-	if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
-		msg := fmt.Sprintf("DiskVolume %s already exists and is not managed by DataVolume %s", dv.Name, dv.Name)
-		st.Conditions = conditions(ReasonResourceExists, msg, corev1.ConditionFalse, ReasonResourceExists, msg)
-		return st, nil
-	} else if err != nil {
+	var img *hypercloud.VirtualMachineImage
+	if imported != nil {
+		if err := r.Get(ctx, client.ObjectKeyFromObject(disk), disk); client.IgnoreNotFound(err) != nil {
+			return st, err
+		} else if err == nil && metav1.IsControlledBy(disk, dv) && disk.Status.Phase == common.PhaseReady {
+			// The disk is whole: its staging image has done its work.
+			return statusOf(dv, disk), r.deleteSourceImage(ctx, dv)
+		}
+		img = &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: sourceImageName(dv), Namespace: dv.Namespace,
+			Labels: map[string]string{LabelDataVolume: string(dv.UID)}},
+			Spec: hypercloud.VirtualMachineImageSpec{Source: *imported, VolumeOptions: common.VolumeOptions{
+				StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode}}}
+		if st, done, err := r.ensureChild(ctx, dv, img, "VirtualMachineImage"); done || err != nil {
+			return st, err
+		}
+	}
+	if st, done, err := r.ensureChild(ctx, dv, disk, "DiskVolume"); done || err != nil {
 		return st, err
 	}
-	if created {
-		r.Events.Eventf(dv, disk, corev1.EventTypeNormal, "DiskVolumeCreated", "Create", "Made by DiskVolume %s", disk.Name)
+	if img != nil && img.Status.Phase != common.PhaseReady {
+		return statusOfImport(dv, img), nil
 	}
 	return statusOf(dv, disk), nil
+}
+
+// ensureChild makes obj, controlled by dv, unless it exists; done says the status returned
+// is dv's (its name is taken by another object).
+func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj client.Object, kind string) (cdiv1.DataVolumeStatus, bool, error) {
+	st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.Pending, Progress: "N/A"}
+	created, err := owned.Ensure(ctx, r.Client, dv, obj)
+	if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
+		msg := fmt.Sprintf("%s %s already exists and is not managed by DataVolume %s", kind, obj.GetName(), dv.Name)
+		st.Conditions = conditions(ReasonResourceExists, msg, corev1.ConditionFalse, ReasonResourceExists, msg)
+		return st, true, nil
+	} else if apierrors.IsInvalid(err) {
+		// The API refused what the DataVolume asks (a URL that is none, a bucket name that is
+		// not one): the DataVolume fails, in the API's words.
+		msg := fmt.Sprintf("the DataVolume's source cannot be served: %v", err)
+		st.Phase = cdiv1.Failed
+		st.Conditions = conditions(ReasonInvalidSpec, msg, corev1.ConditionFalse, ReasonError, msg)
+		return st, true, nil
+	} else if err != nil {
+		return st, true, err
+	}
+	if created {
+		r.Events.Eventf(dv, obj, corev1.EventTypeNormal, kind+"Created", "Create", "Made by %s %s", kind, obj.GetName())
+	}
+	return st, false, nil
+}
+
+// deleteSourceImage deletes the image that staged dv's source, if it is still there.
+func (r *Reconciler) deleteSourceImage(ctx context.Context, dv *cdiv1.DataVolume) error {
+	img := &hypercloud.VirtualMachineImage{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: sourceImageName(dv)}, img)
+	if err != nil || !metav1.IsControlledBy(img, dv) || !img.DeletionTimestamp.IsZero() {
+		return client.IgnoreNotFound(err)
+	}
+	return client.IgnoreNotFound(r.Delete(ctx, img))
 }
 
 // indexSourceRef indexes DataVolumes by the DataSource they are made from ("ns/name").
@@ -200,44 +250,50 @@ func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume, cla
 	return st, nil
 }
 
-// diskSpec is the DiskVolume that makes dv, or why there can be none.
-func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (diskvolume.DiskVolumeSpec, error) {
-	var spec diskvolume.DiskVolumeSpec
+// diskSpec is the DiskVolume that makes dv and the source of the image that stages its bytes
+// (nil for a source that is not imported), or why there can be none.
+func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec diskvolume.DiskVolumeSpec, imported *hypercloud.VirtualMachineImageSource, err error) {
 	src := dv.Spec.Source
 	if ref := dv.Spec.SourceRef; ref != nil {
 		if ref.Kind != cdiv1.DataVolumeDataSource {
-			return spec, invalid("spec.sourceRef.kind must be DataSource, not " + ref.Kind)
+			return spec, nil, invalid("spec.sourceRef.kind must be DataSource, not " + ref.Kind)
 		}
 		ds := &cdiv1.DataSource{}
 		err := r.Get(ctx, client.ObjectKey{Namespace: cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace), Name: ref.Name}, ds)
 		if apierrors.IsNotFound(err) {
-			return spec, &refusal{ReasonNotFound, fmt.Sprintf("DataSource %s/%s does not exist", cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace), ref.Name)}
+			return spec, nil, &refusal{ReasonNotFound, fmt.Sprintf("DataSource %s/%s does not exist", cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace), ref.Name)}
 		} else if err != nil {
-			return spec, err
+			return spec, nil, err
 		}
 		resolved, err := resolve(ctx, r.Client, ds)
 		if err != nil {
-			return spec, err
+			return spec, nil, err
 		}
 		if resolved.PVC == nil && resolved.Snapshot == nil {
-			return spec, &refusal{ReasonNoSource, fmt.Sprintf("DataSource %s/%s names no PVC or VolumeSnapshot yet", ds.Namespace, ds.Name)}
+			return spec, nil, &refusal{ReasonNoSource, fmt.Sprintf("DataSource %s/%s names no PVC or VolumeSnapshot yet", ds.Namespace, ds.Name)}
 		}
 		src = &cdiv1.DataVolumeSource{PVC: resolved.PVC, Snapshot: resolved.Snapshot}
 	}
+	if src == nil {
+		return spec, nil, invalid("spec.source or spec.sourceRef is required")
+	}
+	if imported, err = imageSource(src, dv.Namespace); err != nil {
+		return spec, nil, err
+	}
 	switch {
-	case src == nil:
-		return spec, invalid("spec.source or spec.sourceRef is required")
+	case imported != nil:
+		spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(sourceImageName(dv)), Kind: diskvolume.ImageKindVirtualMachineImage}
 	case src.Blank != nil:
 		spec.Source.Blank = &common.BlankSource{}
 	case src.Snapshot != nil && (src.Snapshot.Namespace == "" || src.Snapshot.Namespace == dv.Namespace):
 		spec.Source.Snap = &diskvolume.SnapshotSource{Name: common.LocalName(src.Snapshot.Name)}
 	default:
-		return spec, notServed(sourceKind(src, dv.Namespace))
+		return spec, nil, notServed(sourceKind(src, dv.Namespace))
 	}
 	var requested *corev1.VolumeResourceRequirements
 	switch {
 	case dv.Spec.PVC != nil && dv.Spec.Storage != nil:
-		return spec, invalid("spec.pvc and spec.storage are exclusive")
+		return spec, nil, invalid("spec.pvc and spec.storage are exclusive")
 	case dv.Spec.PVC != nil:
 		p := dv.Spec.PVC
 		spec.AccessModes, spec.StorageClassName, spec.VolumeMode, requested = p.AccessModes, p.StorageClassName, p.VolumeMode, &p.Resources
@@ -245,17 +301,17 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (diskvo
 		s := dv.Spec.Storage
 		spec.AccessModes, spec.StorageClassName, spec.VolumeMode, requested = s.AccessModes, s.StorageClassName, s.VolumeMode, &s.Resources
 	default:
-		return spec, invalid("spec.pvc or spec.storage is required")
+		return spec, nil, invalid("spec.pvc or spec.storage is required")
 	}
 	class, err := storage.ClassName(ctx, r.Client, spec.StorageClassName)
 	if err != nil {
-		return spec, err
+		return spec, nil, err
 	}
 	if dv.Spec.Storage != nil {
 		// spec.storage is completed from the class's StorageProfile, as CDI does.
 		p := &cdiv1.StorageProfile{}
 		if err := r.Get(ctx, client.ObjectKey{Name: class}, p); client.IgnoreNotFound(err) != nil {
-			return spec, err
+			return spec, nil, err
 		} else if err == nil {
 			if sets := p.Status.ClaimPropertySets; len(sets) > 0 && len(spec.AccessModes) == 0 {
 				spec.AccessModes = sets[0].AccessModes
@@ -273,10 +329,10 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (diskvo
 		}
 		spec.Resources.Requests.Storage = &size
 	} else if src.Blank != nil {
-		return spec, invalid("a blank DataVolume needs a size: spec.storage.resources.requests.storage")
+		return spec, nil, invalid("a blank DataVolume needs a size: spec.storage.resources.requests.storage")
 	}
 	spec.Preallocation = dv.Spec.Preallocation
-	return spec, nil
+	return spec, imported, nil
 }
 
 // sourceKind names a DataVolume source for a message.
@@ -342,16 +398,45 @@ func statusOf(dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume) cdiv1.DataVolum
 	}
 }
 
+// statusOfImport is the status of a DataVolume whose source img is still being imported.
+func statusOfImport(dv *cdiv1.DataVolume, img *hypercloud.VirtualMachineImage) cdiv1.DataVolumeStatus {
+	is := img.Status
+	st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, RestartCount: is.Retries, Progress: progressOf(is.Transfer)}
+	why, msg := ReasonPending, "PVC "+dv.Name+" Pending"
+	if ready := meta.FindStatusCondition(is.Conditions, common.ConditionReady); ready != nil && ready.Message != "" {
+		why, msg = ready.Reason, ready.Message
+	}
+	switch is.Phase {
+	case common.PhaseFailed:
+		st.Phase = cdiv1.Failed
+		st.Conditions = conditions(why, msg, corev1.ConditionFalse, ReasonError, msg)
+	case common.PhaseImporting:
+		st.Phase = cdiv1.ImportInProgress
+		if dv.Spec.Source != nil && dv.Spec.Source.PVC != nil {
+			st.Phase = cdiv1.CloneInProgress
+		}
+		st.Conditions = conditions(ReasonPending, "PVC "+dv.Name+" Pending", corev1.ConditionTrue, "", "")
+	default:
+		st.Phase = cdiv1.ImportScheduled
+		st.Conditions = conditions(why, msg, corev1.ConditionFalse, why, msg)
+	}
+	return st
+}
+
 // progress is a disk's progress as CDI writes it: "42.10%", "N/A" when unknown.
 func progress(ds common.DiskStatus) cdiv1.DataVolumeProgress {
-	switch t := ds.Transfer; {
-	case ds.Phase == common.PhaseReady:
+	if ds.Phase == common.PhaseReady {
 		return "100.0%"
-	case t != nil && t.BytesTotal > 0:
-		return cdiv1.DataVolumeProgress(fmt.Sprintf("%.2f%%", float64(t.BytesDone)*100/float64(t.BytesTotal)))
-	default:
-		return "N/A"
 	}
+	return progressOf(ds.Transfer)
+}
+
+// progressOf is a transfer's progress as CDI writes it: "42.10%", "N/A" when unknown.
+func progressOf(t *common.Transfer) cdiv1.DataVolumeProgress {
+	if t != nil && t.BytesTotal > 0 {
+		return cdiv1.DataVolumeProgress(fmt.Sprintf("%.2f%%", float64(t.BytesDone)*100/float64(t.BytesTotal)))
+	}
+	return "N/A"
 }
 
 // conditions are a DataVolume's Bound, Ready and Running conditions while it is not ready

@@ -2,6 +2,7 @@ package cdi_test
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
@@ -18,6 +20,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/cdi"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
@@ -143,10 +146,10 @@ func TestDataVolumeRefusals(t *testing.T) {
 	g.Eventually(dvState(t, taken), 20*time.Second).Should(Equal("Pending N/A Bound=False:ErrResourceExists Ready=False: Running=False:ErrResourceExists"))
 	g.Expect(taken.Status.Conditions[0].Message).To(Equal("DiskVolume taken already exists and is not managed by DataVolume taken"))
 
-	http := dataVolume(ns, "http", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/a.qcow2"}}, "1Gi")
-	g.Expect(env.Client.Create(ctx, http)).To(Succeed())
-	g.Eventually(dvState(t, http), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))
-	g.Expect(http.Status.Conditions[0].Message).To(ContainSubstring("not http (docs/cdi.md)"))
+	upload := dataVolume(ns, "upload", &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, upload)).To(Succeed())
+	g.Eventually(dvState(t, upload), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))
+	g.Expect(upload.Status.Conditions[0].Message).To(ContainSubstring("not upload (docs/cdi.md)"))
 
 	sizeless := dataVolume(ns, "sizeless", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
 	sizeless.Spec.Storage.Resources = corev1.VolumeResourceRequirements{}
@@ -286,4 +289,89 @@ func TestDataSources(t *testing.T) {
 	d := &diskvolume.DiskVolume{}
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(root), d) }, 20*time.Second).Should(Succeed())
 	g.Expect(d.Spec.Source.Snap).To(Equal(&diskvolume.SnapshotSource{Name: "fedora-41"}))
+}
+
+// TestDataVolumeImport: an http DataVolume is imported by a VirtualMachineImage it controls,
+// with CDI's source options become the importer's, and its disk cloned from it; the status
+// follows the import, then the clone; once the disk is whole the staging image is deleted.
+func TestDataVolumeImport(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "dv-import")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	dv := dataVolume(ns, "web", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/fedora.qcow2",
+		SecretRef: "basic", CertConfigMap: "ca", ExtraHeaders: []string{"X-Plain: yes"}, SecretExtraHeaders: []string{"token"}}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	img := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dv-web"}, img) }, 20*time.Second).Should(Succeed())
+	g.Expect(metav1.IsControlledBy(img, dv)).To(BeTrue(), "the DataVolume controls the image that stages its source")
+	g.Expect(img.Spec.Source.HTTP).To(Equal(common.HTTPURL("https://images.example.com/fedora.qcow2")))
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(dv), d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: "dv-web", Kind: diskvolume.ImageKindVirtualMachineImage}))
+
+	probe := ctrltest.Pod(t, env, ns, "vmim-dv-web-probe-0")
+	g.Expect(strings.Join(probe.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source http --url https://images.example.com/fedora.qcow2" +
+		" --auth-dir /var/run/diskpipe/auth --ca-file /var/run/diskpipe/ca --header X-Plain: yes --header-file /var/run/diskpipe/headers/0 --probe"))
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(HavePrefix("ImportScheduled N/A Bound=False:"))
+	ctrltest.Complete(t, env, ns, probe.Name, transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+	ctrltest.Bind(t, env, ns, "vmim-dv-web")
+	ctrltest.Kubelet(t, env, ns, "vmim-dv-web-import-0", corev1.PodRunning, nil, 0)
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("ImportInProgress N/A Bound=False:Pending Ready=False: Running=True:"))
+	ctrltest.Complete(t, env, ns, "vmim-dv-web-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+
+	// The disk is a CSI clone of the image's PVC, of the image's size: the storage binds the
+	// claim once the volume is made.
+	p := &corev1.PersistentVolumeClaim{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, p) }, 20*time.Second).Should(Succeed())
+	g.Expect(p.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-dv-web"}))
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("ImportInProgress N/A Bound=False:Pending Ready=False: Running=True:"))
+	ctrltest.Bind(t, env, ns, "web")
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True: Running=False:Completed"))
+	g.Eventually(func() bool {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(img), img)
+		return apierrors.IsNotFound(err) || (err == nil && !img.DeletionTimestamp.IsZero())
+	}, 20*time.Second).Should(BeTrue(), "the staging image is deleted once the disk is whole")
+}
+
+// TestDataVolumeImportFailures: a source that fails for good fails the DataVolume with the
+// importer's reason and Running False "Error" (what KubeVirt shows as the VM's
+// DataVolumeError); a source the API refuses, an S3 URL that names no object, and a clone
+// across namespaces say why, and nothing is imported.
+func TestDataVolumeImportFailures(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "dv-import-fail")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	missing := dataVolume(ns, "missing", &cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To("docker://registry.example.com/nope:1"),
+		Platform: &cdiv1.PlatformOptions{Architecture: "arm64"}}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, missing)).To(Succeed())
+	probe := ctrltest.Pod(t, env, ns, "vmim-dv-missing-probe-0")
+	g.Expect(strings.Join(probe.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source registry --url docker://registry.example.com/nope:1 --architecture arm64 --probe"))
+	ctrltest.Kubelet(t, env, ns, probe.Name, corev1.PodFailed, &transfer.Result{Reason: transfer.ReasonSourceNotFound,
+		Message: "manifest unknown: nope:1"}, transfer.ExitFailed)
+	g.Eventually(dvState(t, missing), 20*time.Second).Should(Equal("Failed N/A Bound=False:SourceNotFound Ready=False: Running=False:Error"))
+	g.Expect(missing.Status.Conditions[2].Message).To(ContainSubstring("manifest unknown: nope:1"))
+
+	for _, c := range []struct {
+		name, state, msg string
+		src              *cdiv1.DataVolumeSource
+	}{
+		{"ftp", "Failed N/A Bound=False:InvalidSpec Ready=False: Running=False:Error", "must be an http:// or https:// URL with a host",
+			&cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "ftp://images.example.com/a.qcow2"}}},
+		{"bucket-only", "Failed N/A Bound=False:InvalidSpec Ready=False: Running=False:InvalidSpec", "names no bucket and key",
+			&cdiv1.DataVolumeSource{S3: &cdiv1.DataVolumeSourceS3{URL: "https://s3.example.com/images"}}},
+		{"other-ns", "Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed", "cloning PVC golden/fedora into namespace " + ns,
+			&cdiv1.DataVolumeSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: "golden", Name: "fedora"}}},
+	} {
+		dv := dataVolume(ns, c.name, c.src, "1Gi")
+		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+		g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal(c.state), c.name)
+		g.Expect(dv.Status.Conditions[0].Message).To(ContainSubstring(c.msg), c.name)
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(dv), &diskvolume.DiskVolume{})).NotTo(Succeed(), "%s: no disk", c.name)
+	}
 }

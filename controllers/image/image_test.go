@@ -133,7 +133,7 @@ func TestImport(t *testing.T) {
 	c := pod.Spec.Containers[0]
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"--source http", "--url https://images.example.com/ubuntu.qcow2", "--auth-dir /var/run/diskpipe/auth",
-		"--ca-file /var/run/diskpipe/ca/ca.crt", "--checksum sha256:9f86", "--target /data/disk.img", "--capacity 10737418240"} {
+		"--ca-file /var/run/diskpipe/ca", "--checksum sha256:9f86", "--target /data/disk.img", "--capacity 10737418240"} {
 		g.Expect(args).To(ContainSubstring(want))
 	}
 	g.Expect(pod.Spec.RestartPolicy).To(Equal(corev1.RestartPolicyNever))
@@ -244,7 +244,7 @@ func TestProbeAndTemplate(t *testing.T) {
 	g.Eventually(func() error {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "imt-centos-probe-0"}, probe)
 	}, 20*time.Second).Should(Succeed())
-	g.Expect(strings.Join(probe.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source registry --url docker://quay.io/containerdisks/centos-stream:9 --registry-auth-file /var/run/diskpipe/auth/.dockerconfigjson --architecture arm64 --probe"))
+	g.Expect(strings.Join(probe.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source registry --url docker://quay.io/containerdisks/centos-stream:9 --auth-dir /var/run/diskpipe/auth --architecture arm64 --probe"))
 	g.Expect(probe.Spec.Volumes).To(HaveLen(1), "a probe mounts no volume, only the pull secret")
 	kubelet(t, ns, probe.Name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 10 << 30}, 0)
 

@@ -68,7 +68,7 @@ func httpSource(url string, o *common.HTTPOptions) source {
 	for i, sec := range o.SecretExtraHeaders {
 		dir := fmt.Sprintf("%s/%d", headersBase, i)
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(sec), Path: dir})
-		s.args = append(s.args, "--header-file", dir+"/header")
+		s.args = append(s.args, "--header-file", dir)
 	}
 	return s
 }
@@ -91,7 +91,7 @@ func s3Source(s3 *common.S3Source) source {
 func registrySource(r *common.RegistrySource) source {
 	s := source{kind: "registry", args: []string{"--source", "registry", "--url", r.URL}}
 	if r.SecretRef != "" {
-		s.args = append(s.args, "--registry-auth-file", authDir+"/.dockerconfigjson")
+		s.args = append(s.args, "--auth-dir", authDir)
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(r.SecretRef), Path: authDir})
 	}
 	s.addCA(r.CertConfigMap)
@@ -110,7 +110,7 @@ func registrySource(r *common.RegistrySource) source {
 
 func (s *source) addCA(cm common.LocalName) {
 	if cm != "" {
-		s.args = append(s.args, "--ca-file", caDir+"/ca.crt")
+		s.args = append(s.args, "--ca-file", caDir)
 		s.mounts = append(s.mounts, importpod.Mount{ConfigMap: string(cm), Path: caDir})
 	}
 }

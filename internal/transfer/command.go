@@ -5,11 +5,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"time"
 )
 
@@ -81,7 +84,8 @@ func (c *Command) Run(ctx context.Context, what string, work func(ctx context.Co
 }
 
 // HTTPTransport returns a transport with the proxy from the environment, verifying servers
-// with the PEM bundle caFile instead of the system roots when it is set.
+// with the PEM bundle caFile instead of the system roots when it is set (a file, or a mounted
+// ConfigMap's directory: ReadCABundle).
 func HTTPTransport(caFile string, insecure bool) (*http.Transport, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: insecure} //nolint:gosec // the user's choice
@@ -89,9 +93,9 @@ func HTTPTransport(caFile string, insecure bool) (*http.Transport, error) {
 	if caFile == "" {
 		return tr, nil
 	}
-	pem, err := os.ReadFile(caFile) //nolint:gosec // a mounted ConfigMap
+	pem, err := ReadCABundle(caFile)
 	if err != nil {
-		return nil, Permanent(ReasonInvalidArgument, "reading CA bundle: %w", err)
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
@@ -99,4 +103,49 @@ func HTTPTransport(caFile string, insecure bool) (*http.Transport, error) {
 	}
 	tr.TLSClientConfig.RootCAs = pool
 	return tr, nil
+}
+
+// ReadCABundle reads the PEM CA bundle at path: a file, or a directory where a ConfigMap is
+// mounted, whose keys are joined whatever their names (diskpipe's ca.crt, or any key, as CDI's
+// certConfigMap allows).
+func ReadCABundle(path string) ([]byte, error) {
+	files, err := MountedFiles(path)
+	if err != nil {
+		return nil, Permanent(ReasonInvalidArgument, "reading CA bundle: %w", err)
+	}
+	var pem []byte
+	for _, f := range files {
+		b, err := os.ReadFile(f) //nolint:gosec // a mounted ConfigMap
+		if err != nil {
+			return nil, Permanent(ReasonInvalidArgument, "reading CA bundle: %w", err)
+		}
+		pem = append(append(pem, b...), '\n')
+	}
+	return pem, nil
+}
+
+// MountedFiles are the files at path: path itself, or, for the directory a Secret or ConfigMap
+// is mounted at, its keys in name order (not the volume's own "..data" links).
+func MountedFiles(path string) ([]string, error) {
+	fi, err := os.Stat(path)
+	if err != nil || !fi.IsDir() {
+		return []string{path}, err
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if fi, err := os.Stat(filepath.Join(path, e.Name())); err == nil && fi.Mode().IsRegular() {
+			files = append(files, filepath.Join(path, e.Name()))
+		}
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("%s holds no file", path)
+	}
+	return files, nil
 }

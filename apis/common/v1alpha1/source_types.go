@@ -29,13 +29,13 @@ type LocalName string
 
 // HTTPOptions are the connection settings of an HTTP(S) source.
 type HTTPOptions struct {
-	// secretRef names a Secret in the same namespace with the keys "username" and "password",
-	// sent as HTTP basic authentication.
+	// secretRef names a Secret in the same namespace with the keys "username" and "password"
+	// (or CDI's "accessKeyId" and "secretKey"), sent as HTTP basic authentication.
 	// +optional
 	SecretRef LocalName `json:"secretRef,omitempty"`
 
-	// certConfigMap names a ConfigMap in the same namespace whose key "ca.crt" holds the PEM CA
-	// bundle that verifies the server, in place of the system roots.
+	// certConfigMap names a ConfigMap in the same namespace whose keys ("ca.crt", or any, as
+	// CDI's) hold the PEM CA bundle that verifies the server, in place of the system roots.
 	// +optional
 	CertConfigMap LocalName `json:"certConfigMap,omitempty"`
 
@@ -51,8 +51,8 @@ type HTTPOptions struct {
 	// +kubebuilder:validation:items:XValidation:rule="self.matches('^[A-Za-z0-9-]+: ?.*$')",message="each header must be written \"Name: value\""
 	ExtraHeaders []string `json:"extraHeaders,omitempty"`
 
-	// secretExtraHeaders name Secrets in the same namespace whose values are further headers,
-	// for tokens that must not stand in the spec.
+	// secretExtraHeaders name Secrets in the same namespace whose values (each key's, as CDI
+	// reads them) are further headers "Name: value", for tokens that must not stand in the spec.
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
@@ -117,12 +117,12 @@ type S3Source struct {
 	ObjectName ObjectName `json:"objectName"`
 
 	// secretRef names a Secret in the same namespace with the keys "accessKeyId" and
-	// "secretAccessKey"; without it requests are anonymous.
+	// "secretAccessKey" (or CDI's "secretKey"); without it requests are anonymous.
 	// +optional
 	SecretRef LocalName `json:"secretRef,omitempty"`
 
-	// certConfigMap names a ConfigMap in the same namespace whose key "ca.crt" holds the PEM CA
-	// bundle that verifies the endpoint.
+	// certConfigMap names a ConfigMap in the same namespace whose keys ("ca.crt", or any) hold
+	// the PEM CA bundle that verifies the endpoint.
 	// +optional
 	CertConfigMap LocalName `json:"certConfigMap,omitempty"`
 }
@@ -137,12 +137,13 @@ type RegistrySource struct {
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('docker://')",message="url must start with docker:// (an oci-archive: path names a file inside the importer pod, which holds none: push the image to a registry)"
 	URL string `json:"url"`
 
-	// secretRef names a Secret of type kubernetes.io/dockerconfigjson in the same namespace.
+	// secretRef names a Secret in the same namespace: of type kubernetes.io/dockerconfigjson,
+	// or with the keys "username" and "password" (or CDI's "accessKeyId" and "secretKey").
 	// +optional
 	SecretRef LocalName `json:"secretRef,omitempty"`
 
-	// certConfigMap names a ConfigMap in the same namespace whose key "ca.crt" holds the PEM CA
-	// bundle that verifies the registry.
+	// certConfigMap names a ConfigMap in the same namespace whose keys ("ca.crt", or any) hold
+	// the PEM CA bundle that verifies the registry.
 	// +optional
 	CertConfigMap LocalName `json:"certConfigMap,omitempty"`
 

@@ -1,0 +1,97 @@
+package cdi
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"k8s.io/utils/ptr"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+)
+
+// A DataVolume with an http, s3, registry or pvc source is imported by diskpipe's image engine:
+// a VirtualMachineImage of the DataVolume's namespace, controlled by it, imports the source
+// (with its probes, retries, checksums, egress rules and progress), and the DataVolume's
+// DiskVolume is cloned from it by the class's clone strategy. Once the disk is whole the image
+// is deleted: it was the DataVolume's staging copy, not a golden image anyone else uses.
+
+// sourceImageName names the VirtualMachineImage that stages a DataVolume's source.
+func sourceImageName(dv *cdiv1.DataVolume) string {
+	n := "dv-" + dv.Name
+	if len(n) <= 200 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(dv.Name))
+	return n[:180] + "-" + hex.EncodeToString(sum[:])[:10]
+}
+
+// imageSource is the VirtualMachineImage source that imports src, or nil for a source that
+// is not imported (blank, snapshot).
+func imageSource(src *cdiv1.DataVolumeSource, ns string) (*hypercloud.VirtualMachineImageSource, error) {
+	switch {
+	case src.HTTP != nil:
+		h := src.HTTP
+		o := &common.HTTPOptions{SecretRef: common.LocalName(h.SecretRef), CertConfigMap: common.LocalName(h.CertConfigMap),
+			ExtraHeaders: h.ExtraHeaders}
+		for _, s := range h.SecretExtraHeaders {
+			o.SecretExtraHeaders = append(o.SecretExtraHeaders, common.LocalName(s))
+		}
+		return &hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL(h.URL), HTTPOptions: o}, nil
+	case src.S3 != nil:
+		s3, err := s3Source(src.S3)
+		if err != nil {
+			return nil, err
+		}
+		return &hypercloud.VirtualMachineImageSource{S3: s3}, nil
+	case src.Registry != nil:
+		r := src.Registry
+		if r.URL == nil {
+			return nil, invalid("spec.source.registry.url is required: diskpipe pulls from a registry, not from an OpenShift image stream")
+		}
+		reg := &common.RegistrySource{URL: *r.URL, SecretRef: common.LocalName(ptr.Deref(r.SecretRef, "")),
+			CertConfigMap: common.LocalName(ptr.Deref(r.CertConfigMap, ""))}
+		if r.Platform != nil {
+			reg.Architecture = r.Platform.Architecture
+		}
+		return &hypercloud.VirtualMachineImageSource{Registry: reg}, nil
+	case src.PVC != nil:
+		if src.PVC.Namespace != "" && src.PVC.Namespace != ns {
+			return nil, &refusal{ReasonSourceNotServed, fmt.Sprintf(
+				"cloning PVC %s/%s into namespace %s is not served yet: diskpipe's CDI API clones within a namespace (docs/cdi.md)",
+				src.PVC.Namespace, src.PVC.Name, ns)}
+		}
+		return &hypercloud.VirtualMachineImageSource{PVC: &common.PVCSource{Name: common.LocalName(src.PVC.Name)}}, nil
+	}
+	return nil, nil
+}
+
+// s3Source reads CDI's S3 URL: "s3://bucket/key" for AWS, or "https://endpoint/bucket/key"
+// (path style) for any other store.
+func s3Source(s *cdiv1.DataVolumeSourceS3) (*common.S3Source, error) {
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		return nil, invalid(fmt.Sprintf("spec.source.s3.url %q is not a URL: %v", s.URL, err))
+	}
+	out := &common.S3Source{SecretRef: common.LocalName(s.SecretRef), CertConfigMap: common.LocalName(s.CertConfigMap)}
+	path := strings.TrimPrefix(u.Path, "/")
+	switch u.Scheme {
+	case "s3":
+		out.Endpoint, out.BucketLookup = "https://s3.amazonaws.com", common.BucketLookupAuto
+		out.BucketName, out.ObjectName = common.BucketName(u.Host), common.ObjectName(path)
+	case "http", "https":
+		bucket, key, _ := strings.Cut(path, "/")
+		out.Endpoint, out.BucketLookup = common.HTTPURL(u.Scheme+"://"+u.Host), common.BucketLookupPath
+		out.BucketName, out.ObjectName = common.BucketName(bucket), common.ObjectName(key)
+	default:
+		return nil, invalid(fmt.Sprintf("spec.source.s3.url %q must be s3://bucket/key or http(s)://endpoint/bucket/key", s.URL))
+	}
+	if out.BucketName == "" || out.ObjectName == "" {
+		return nil, invalid(fmt.Sprintf("spec.source.s3.url %q names no bucket and key: s3://bucket/key or http(s)://endpoint/bucket/key", s.URL))
+	}
+	return out, nil
+}
