@@ -380,33 +380,35 @@ func fixForKubeVirt(ctx context.Context, c demoCluster) error {
 }
 
 // bootUnderKubeVirt waits for the real KubeVirt to run the seed's VM and shows its serial
-// console.
+// console. The bootable disk powers the guest off once it has printed its lines, and KubeVirt
+// starts it again (runStrategy Always) in a new launcher pod: every launcher pod of the VM is
+// read, since the one that printed may already be ending.
 func bootUnderKubeVirt(ctx context.Context, c demoCluster) error {
 	t := time.Now()
-	deadline := time.Now().Add(4 * time.Minute)
+	const wait = 6 * time.Minute
+	deadline := time.Now().Add(wait)
 	for {
-		pod, _, _ := c.Kubectl(ctx, nil, "get", "pods", "-n", ns, "-l", "vm.kubevirt.io/name=vm1", "-o", "jsonpath={.items[0].metadata.name}")
-		if pod != "" {
+		pods, _, _ := c.Kubectl(ctx, nil, "get", "pods", "-n", ns, "-l", "vm.kubevirt.io/name=vm1", "-o", "jsonpath={.items[*].metadata.name}")
+		for _, pod := range strings.Fields(pods) {
 			log, _, _ := c.Kubectl(ctx, nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
-			if strings.Contains(log, "DISKPIPE-BOOT ") {
-				time.Sleep(2 * time.Second) // the disks' lines follow
-				log, _, _ = c.Kubectl(ctx, nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
-				_, boot, _ := strings.Cut(log, "DISKPIPE-BOOT ")
-				show(ctx, c, "get", "virtualmachines.kubevirt.io,virtualmachineinstances.kubevirt.io", "-n", ns)
-				fmt.Println("  The VM's serial console (kubectl logs " + pod + " -c guest-console-log), its last lines:")
-				fmt.Print(indent(lastLines(log, 6)))
-				done("KubeVirt ran the seed's VM; it booted from its diskpipe disk", t, "DISKPIPE-BOOT "+strings.TrimSpace(firstLine(boot)))
-				break
+			_, boot, found := strings.Cut(log, "DISKPIPE-BOOT ")
+			if !found {
+				continue
 			}
+			show(ctx, c, "get", "virtualmachines.kubevirt.io,virtualmachineinstances.kubevirt.io", "-n", ns)
+			fmt.Println("  The VM's serial console (kubectl logs " + pod + " -c guest-console-log), its last lines:")
+			fmt.Print(indent(lastLines(log, 6)))
+			done("KubeVirt ran the seed's VM; it booted from its diskpipe disk", t, "DISKPIPE-BOOT "+strings.TrimSpace(firstLine(boot)))
+			// Left running, it would boot and power off again and again (runStrategy Always).
+			_, _, _ = c.Kubectl(ctx, nil, "patch", "virtualmachines.virtualmachine.kubesphere.io", "vm1", "-n", ns, "--type=merge", "-p", `{"spec":{"runStrategy":"Halted"}}`)
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the seed's VM said nothing on its serial console within 4 minutes; kubectl get vmi -n %s says why", ns)
+			show(ctx, c, "get", "virtualmachineinstances.kubevirt.io,pods", "-n", ns)
+			return fmt.Errorf("the seed's VM said nothing on its serial console within %s; kubectl get vmi -n %s and kubectl get events -n %s say why", wait, ns, ns)
 		}
-		time.Sleep(2 * time.Second)
+		time.Sleep(time.Second)
 	}
-	// Left running, it would boot and power off again and again (runStrategy Always).
-	_, _, _ = c.Kubectl(ctx, nil, "patch", "virtualmachines.virtualmachine.kubesphere.io", "vm1", "-n", ns, "--type=merge", "-p", `{"spec":{"runStrategy":"Halted"}}`)
-	return nil
 }
 
 func lastLines(s string, n int) string {
