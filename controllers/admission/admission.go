@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -68,10 +69,11 @@ func whoAmI(ctx context.Context, mgr ctrl.Manager) (string, error) {
 	return r.Status.UserInfo.Username, nil
 }
 
-// crossNamespaceSource selects the disks and images whose source names another namespace: the
-// apiserver calls the sources webhook for those only, not for every image and disk made.
-const crossNamespaceSource = `has(object.spec.source) && ['image', 'clone', 'disk', 'pvc'].exists(k, k in object.spec.source && ` +
-	`has(object.spec.source[k].namespace) && object.spec.source[k].namespace != request.namespace)`
+// crossNamespaceSource selects the disks, images and DataVolumes whose source names another
+// namespace: the apiserver calls the sources webhook for those only, not for every one made.
+const crossNamespaceSource = `(has(object.spec.source) && ['image', 'clone', 'disk', 'pvc', 'snapshot'].exists(k, k in object.spec.source && ` +
+	`has(object.spec.source[k].namespace) && object.spec.source[k].namespace != request.namespace)) || ` +
+	`(has(object.spec.sourceRef) && has(object.spec.sourceRef.namespace) && object.spec.sourceRef.namespace != request.namespace)`
 
 // Configuration is the ValidatingWebhookConfiguration that sends requests to the manager's
 // Service (namespace/name) with caBundle. Pods are sent only when they mount a PVC and are not
@@ -104,6 +106,10 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 	vmRule := rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "virtualmachines")
 	vmRule.Operations = append(vmRule.Operations, admissionregistrationv1.Update)
 	vms := hook("virtualmachines.diskpipe.io", PathVMs, []admissionregistrationv1.RuleWithOperations{vmRule}, nil)
+	// CDI's DataVolumes (served with cdi.compatibility.enabled): created, and updated, since
+	// their source may change.
+	dataVolumes := rule(cdiv1.SchemeGroupVersion.Group, cdiv1.SchemeGroupVersion.Version, "datavolumes")
+	dataVolumes.Operations = append(dataVolumes.Operations, admissionregistrationv1.Update)
 	goldenPods.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace}}}}
 	return &admissionregistrationv1.ValidatingWebhookConfiguration{
@@ -115,6 +121,7 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 				rule(diskvolume.GroupVersion.Group, diskvolume.GroupVersion.Version, "diskvolumes"),
 				rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "imagetemplates"),
 				rule(hypercloud.GroupVersion.Group, hypercloud.GroupVersion.Version, "virtualmachineimages"),
+				dataVolumes,
 			}, []admissionregistrationv1.MatchCondition{{Name: "source-in-another-namespace", Expression: crossNamespaceSource}}),
 			vms,
 		},

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net/http"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -33,6 +35,8 @@ type source struct {
 	namespace, name string
 	// image is set for sources that may be public images.
 	image client.Object
+	// cdi is set for a DataVolume's source, which CDI's rule guards instead of get.
+	cdi bool
 }
 
 func (h *sourceGuard) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -43,7 +47,54 @@ func (h *sourceGuard) Handle(ctx context.Context, req admission.Request) admissi
 	if src == nil || src.namespace == req.Namespace {
 		return admission.Allowed("")
 	}
+	if src.cdi {
+		return h.checkClone(ctx, req, src)
+	}
 	return h.check(ctx, req, src)
+}
+
+// checkClone admits a DataVolume made from another namespace's PVC, snapshot or DataSource
+// by CDI's rule: its user may create datavolumes/source in that namespace (CDI's
+// ClusterRoles grant it; KubeVirt's virt-controller has it, and KubeVirt checks the user who
+// made the VM). An update is checked only when it changes the source.
+func (h *sourceGuard) checkClone(ctx context.Context, req admission.Request, src *source) admission.Response {
+	if req.Operation == admissionv1.Update {
+		old := &cdiv1.DataVolume{}
+		if err := h.decoder.DecodeRaw(req.OldObject, old); err != nil {
+			return admission.Errored(http.StatusBadRequest, err)
+		}
+		if was := dataVolumeSource(old); was != nil && *was == *src {
+			return admission.Allowed("the source is unchanged")
+		}
+	}
+	allowed, err := review(ctx, h.client, req, authorizationv1.ResourceAttributes{Namespace: src.namespace, Verb: "create",
+		Group: cdiv1.SchemeGroupVersion.Group, Resource: "datavolumes", Subresource: "source"})
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("asking whether %s may clone from %s: %w", req.UserInfo.Username, src.namespace, err))
+	}
+	if !allowed {
+		return denied("%s may not clone the %s %s/%s into namespace %s: CDI's rule asks for create on datavolumes/source "+
+			"(cdi.kubevirt.io) in %s", req.UserInfo.Username, src.kind, src.namespace, src.name, req.Namespace, src.namespace)
+	}
+	return admission.Allowed("the user may clone from the source's namespace")
+}
+
+// dataVolumeSource is what a DataVolume is made from in another namespace than its own, if
+// anything.
+func dataVolumeSource(dv *cdiv1.DataVolume) *source {
+	s := &source{cdi: true}
+	switch src, ref := dv.Spec.Source, dv.Spec.SourceRef; {
+	case ref != nil && ref.Namespace != nil:
+		s.kind, s.namespace, s.name = "DataSource", *ref.Namespace, ref.Name
+	case src != nil && src.PVC != nil:
+		s.kind, s.namespace, s.name = "PersistentVolumeClaim", src.PVC.Namespace, src.PVC.Name
+	case src != nil && src.Snapshot != nil:
+		s.kind, s.namespace, s.name = "VolumeSnapshot", src.Snapshot.Namespace, src.Snapshot.Name
+	}
+	if s.namespace == "" || s.namespace == dv.Namespace {
+		return nil
+	}
+	return s
 }
 
 // check admits reading src, in another namespace than the request's, for the request's user.
@@ -115,6 +166,12 @@ func (h *sourceGuard) crossNamespaceSource(req admission.Request) (*source, erro
 		if d := t.Spec.Source.Disk; d != nil && d.Namespace != "" {
 			return &source{resource: diskVolumes, kind: "DiskVolume", namespace: d.Namespace, name: string(d.Name)}, nil
 		}
+	case "DataVolume":
+		dv := &cdiv1.DataVolume{}
+		if err := h.decoder.Decode(req, dv); err != nil {
+			return nil, err
+		}
+		return dataVolumeSource(dv), nil
 	case "VirtualMachineImage":
 		v := &hypercloud.VirtualMachineImage{}
 		if err := h.decoder.Decode(req, v); err != nil {

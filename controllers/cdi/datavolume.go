@@ -272,6 +272,12 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		if resolved.PVC == nil && resolved.Snapshot == nil {
 			return spec, nil, &refusal{ReasonNoSource, fmt.Sprintf("DataSource %s/%s names no PVC or VolumeSnapshot yet", ds.Namespace, ds.Name)}
 		}
+		// Admission checked that the DataVolume's user may clone from the DataSource's
+		// namespace, and no other: its source must be there.
+		if ns := sourceNamespace(resolved); ns != ds.Namespace {
+			return spec, nil, &refusal{ReasonSourceNotServed, fmt.Sprintf(
+				"DataSource %s/%s resolves to a source in namespace %s: diskpipe clones from a DataSource's own namespace only", ds.Namespace, ds.Name, ns)}
+		}
 		src = &cdiv1.DataVolumeSource{PVC: resolved.PVC, Snapshot: resolved.Snapshot}
 	}
 	if src == nil {
@@ -333,6 +339,13 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 	}
 	spec.Preallocation = dv.Spec.Preallocation
 	return spec, imported, nil
+}
+
+func sourceNamespace(src cdiv1.DataSourceSource) string {
+	if src.PVC != nil {
+		return src.PVC.Namespace
+	}
+	return src.Snapshot.Namespace
 }
 
 // sourceKind names a DataVolume source for a message.

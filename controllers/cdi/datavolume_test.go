@@ -10,6 +10,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +22,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/cdi"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
@@ -51,12 +53,15 @@ func start(t *testing.T) {
 	g.Expect(env.InstallCDICRDs()).To(Succeed())
 	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "csi",
 		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "csi.diskpipe.test"})).To(Succeed())
+	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
+	g.Expect(err).NotTo(HaveOccurred())
 	user, err := env.ApplyChartRBAC(ctx, "diskpipe-system")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(user).To(Equal(managerUser))
 	cfg, err := env.UserConfig(managerUser)
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = ctrltest.StartManagerAs(env, cfg, manager.Options{CDICompatibility: true,
+		Webhook:  &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir},
 		Importer: importpod.Config{FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2), StorageClasses: map[string]float64{"thick": 0.3}}}})
 	g.Expect(err).NotTo(HaveOccurred())
 }
@@ -338,8 +343,8 @@ func TestDataVolumeImport(t *testing.T) {
 
 // TestDataVolumeImportFailures: a source that fails for good fails the DataVolume with the
 // importer's reason and Running False "Error" (what KubeVirt shows as the VM's
-// DataVolumeError); a source the API refuses, an S3 URL that names no object, and a clone
-// across namespaces say why, and nothing is imported.
+// DataVolumeError); a source the API refuses and an S3 URL that names no object say why, and
+// nothing is imported.
 func TestDataVolumeImportFailures(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
@@ -365,8 +370,6 @@ func TestDataVolumeImportFailures(t *testing.T) {
 			&cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "ftp://images.example.com/a.qcow2"}}},
 		{"bucket-only", "Failed N/A Bound=False:InvalidSpec Ready=False: Running=False:InvalidSpec", "names no bucket and key",
 			&cdiv1.DataVolumeSource{S3: &cdiv1.DataVolumeSourceS3{URL: "https://s3.example.com/images"}}},
-		{"other-ns", "Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed", "cloning PVC golden/fedora into namespace " + ns,
-			&cdiv1.DataVolumeSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: "golden", Name: "fedora"}}},
 	} {
 		dv := dataVolume(ns, c.name, c.src, "1Gi")
 		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
@@ -374,4 +377,68 @@ func TestDataVolumeImportFailures(t *testing.T) {
 		g.Expect(dv.Status.Conditions[0].Message).To(ContainSubstring(c.msg), c.name)
 		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(dv), &diskvolume.DiskVolume{})).NotTo(Succeed(), "%s: no disk", c.name)
 	}
+}
+
+// TestDataVolumeCrossNamespace: a DataVolume cloned from another namespace's PVC is admitted
+// by CDI's rule only, create on datavolumes/source in the source's namespace, asked for the
+// user who creates it, and checked again when an update changes the source; a DataSource is
+// followed only to a source in its own namespace.
+func TestDataVolumeCrossNamespace(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	golden, team := namespace(t, "golden"), namespace(t, "team")
+	grant := func(ns, name string, rule rbacv1.PolicyRule) {
+		g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Rules: []rbacv1.PolicyRule{rule}})).To(Succeed())
+		g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
+			Subjects: []rbacv1.Subject{{Kind: "User", Name: "bob"}}})).To(Succeed())
+	}
+	grant(team, "datavolumes", rbacv1.PolicyRule{APIGroups: []string{"cdi.kubevirt.io"}, Resources: []string{"datavolumes", "datasources"}, Verbs: []string{"*"}})
+	bob, err := env.User("bob")
+	g.Expect(err).NotTo(HaveOccurred())
+	clone := func(name, from string) *cdiv1.DataVolume {
+		return dataVolume(team, name, &cdiv1.DataVolumeSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: from, Name: "fedora"}}, "1Gi")
+	}
+
+	var refused error
+	g.Eventually(func() string { // until RBAC knows bob's Role
+		refused = bob.Create(ctx, clone("stolen", golden))
+		return fmt.Sprint(refused)
+	}, 10*time.Second).ShouldNot(ContainSubstring("cannot create resource"))
+	g.Expect(refused).To(MatchError(ContainSubstring("bob may not clone the PersistentVolumeClaim " + golden + "/fedora into namespace " + team +
+		": CDI's rule asks for create on datavolumes/source (cdi.kubevirt.io) in " + golden)))
+
+	// Within the namespace nothing is asked; an update to another namespace's PVC is.
+	own := clone("own", team)
+	g.Expect(bob.Create(ctx, own)).To(Succeed())
+	own.Spec.Source.PVC.Namespace = golden
+	g.Expect(bob.Update(ctx, own)).To(MatchError(ContainSubstring("bob may not clone the PersistentVolumeClaim " + golden + "/fedora")))
+
+	grant(golden, "clone-source", rbacv1.PolicyRule{APIGroups: []string{"cdi.kubevirt.io"}, Resources: []string{"datavolumes/source"}, Verbs: []string{"create"}})
+	allowed := clone("allowed", golden)
+	g.Eventually(func() error { return bob.Create(ctx, allowed) }, 10*time.Second).Should(Succeed())
+	img := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: team, Name: "dv-allowed"}, img) }, 20*time.Second).Should(Succeed())
+	g.Expect(img.Spec.Source.PVC).To(Equal(&common.PVCSource{Namespace: golden, Name: "fedora"}))
+
+	// bob's own DataSource naming golden's PVC is not a way round the rule.
+	ds := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: "sneaky", Namespace: team},
+		Spec: cdiv1.DataSourceSpec{Source: cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: golden, Name: "fedora"}}}}
+	g.Expect(bob.Create(ctx, ds)).To(Succeed())
+	viaRef := dataVolume(team, "via-ref", nil, "1Gi")
+	viaRef.Spec.SourceRef = &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: "sneaky"}
+	g.Expect(bob.Create(ctx, viaRef)).To(Succeed())
+	g.Eventually(dvState(t, viaRef), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))
+	g.Expect(viaRef.Status.Conditions[0].Message).To(Equal("DataSource " + team + "/sneaky resolves to a source in namespace " + golden +
+		": diskpipe clones from a DataSource's own namespace only"))
+}
+
+func namespace(t *testing.T, prefix string) string {
+	t.Helper()
+	ns, err := env.CreateNamespace(t.Context(), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }

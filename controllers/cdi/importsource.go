@@ -60,12 +60,13 @@ func imageSource(src *cdiv1.DataVolumeSource, ns string) (*hypercloud.VirtualMac
 		}
 		return &hypercloud.VirtualMachineImageSource{Registry: reg}, nil
 	case src.PVC != nil:
-		if src.PVC.Namespace != "" && src.PVC.Namespace != ns {
-			return nil, &refusal{ReasonSourceNotServed, fmt.Sprintf(
-				"cloning PVC %s/%s into namespace %s is not served yet: diskpipe's CDI API clones within a namespace (docs/cdi.md)",
-				src.PVC.Namespace, src.PVC.Name, ns)}
+		// A PVC of another namespace: admission checked CDI's rule for the DataVolume's user
+		// (controllers/admission, checkClone).
+		p := &common.PVCSource{Name: common.LocalName(src.PVC.Name)}
+		if src.PVC.Namespace != ns {
+			p.Namespace = src.PVC.Namespace
 		}
-		return &hypercloud.VirtualMachineImageSource{PVC: &common.PVCSource{Name: common.LocalName(src.PVC.Name)}}, nil
+		return &hypercloud.VirtualMachineImageSource{PVC: p}, nil
 	}
 	return nil, nil
 }
