@@ -381,14 +381,16 @@ func fixForKubeVirt(ctx context.Context, c demoCluster) error {
 
 // bootUnderKubeVirt waits for the real KubeVirt to run the seed's VM and shows its serial
 // console. The bootable disk powers the guest off once it has printed its lines, and KubeVirt
-// starts it again (runStrategy Always) in a new launcher pod: every launcher pod of the VM is
-// read, since the one that printed may already be ending.
+// starts it again (runStrategy Always) in a new launcher pod: every launcher pod is read,
+// since the one that printed may already be ending.
 func bootUnderKubeVirt(ctx context.Context, c demoCluster) error {
 	t := time.Now()
 	const wait = 6 * time.Minute
 	deadline := time.Now().Add(wait)
 	for {
-		pods, _, _ := c.Kubectl(ctx, nil, "get", "pods", "-n", ns, "-l", "vm.kubevirt.io/name=vm1", "-o", "jsonpath={.items[*].metadata.name}")
+		// The launcher pods of the namespace's one VM (the seed's template sets its own
+		// vm.kubevirt.io/name label, so that one does not name the VM).
+		pods, _, _ := c.Kubectl(ctx, nil, "get", "pods", "-n", ns, "-l", "kubevirt.io=virt-launcher", "-o", "jsonpath={.items[*].metadata.name}")
 		for _, pod := range strings.Fields(pods) {
 			log, _, _ := c.Kubectl(ctx, nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
 			_, boot, found := strings.Cut(log, "DISKPIPE-BOOT ")
