@@ -142,6 +142,11 @@ func (c *Cluster) install(ctx context.Context) error {
 		// the cluster's networks, which importers otherwise may not reach.
 		"--set", "importer.clusterCIDRs={" + ClusterCIDR + "," + ServiceCIDR + "}", "--set", "importer.allowedDestinations={" + NodeIP + "}",
 		"--wait", "--timeout", "5m"}, c.opts.HelmArgs...)
+	if c.opts.KubeVirt {
+		// KubeVirt runs here: diskpipe serves it CDI's API, as in a cluster where it replaces
+		// CDI (KubeVirt's dataVolumeTemplates, DataSources).
+		args = append(args, "--set", "cdi.compatibility.enabled=true")
+	}
 	c.step("helm %s", strings.Join(args, " "))
 	cmd := exec.CommandContext(ctx, c.bin("helm"), args...) //nolint:gosec // the pinned helm
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+c.path("helm"), "HELM_CONFIG_HOME="+c.path("helm"), "HELM_DATA_HOME="+c.path("helm"))
