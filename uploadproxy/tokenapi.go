@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/validation"
+	cdiupload "kubevirt.io/containerized-data-importer-api/pkg/apis/upload/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -49,13 +50,19 @@ type TokenAPI struct {
 	// its address for users.
 	Store         *objectstore.Client
 	StoreEndpoint string
+	// CDI serves CDI's UploadTokenRequest (upload.cdi.kubevirt.io/v1beta1) as well (cdi.go).
+	CDI bool
 }
 
 // TokenAPIPaths are the paths TokenAPI answers under (register it for each).
 var TokenAPIPaths = []string{"/apis", "/apis/"}
 
-// TokenAPIService is the name of the APIService that registers TokenAPI with the apiserver.
-var TokenAPIService = uploadapi.GroupVersion.Version + "." + uploadapi.GroupVersion.Group
+// TokenAPIService is the name of the APIService that registers TokenAPI with the apiserver,
+// and CDITokenAPIService that of CDI's upload API it serves with CDI set.
+var (
+	TokenAPIService    = uploadapi.GroupVersion.Version + "." + uploadapi.GroupVersion.Group
+	CDITokenAPIService = cdiupload.SchemeGroupVersion.Version + "." + cdiupload.SchemeGroupVersion.Group
+)
 
 // maxRequestBody bounds what is read of a request: an UploadTokenRequest is a few hundred bytes.
 const maxRequestBody = 64 << 10
@@ -72,8 +79,12 @@ func (a *TokenAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Versions:         []metav1.GroupVersionForDiscovery{{GroupVersion: gv.String(), Version: gv.Version}},
 		PreferredVersion: metav1.GroupVersionForDiscovery{GroupVersion: gv.String(), Version: gv.Version}}
 	mux := http.NewServeMux()
+	groups := []metav1.APIGroup{group}
+	if a.CDI {
+		groups = append(groups, a.serveCDI(mux, user))
+	}
 	mux.HandleFunc("GET /apis", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: []metav1.APIGroup{group}})
+		writeJSON(w, http.StatusOK, &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: groups})
 	})
 	mux.HandleFunc("GET /apis/"+gv.Group, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, &group) })
 	mux.HandleFunc("GET /apis/"+gv.String(), func(w http.ResponseWriter, _ *http.Request) {
@@ -100,29 +111,53 @@ func (a *TokenAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		},
 	} {
 		requests := "/apis/" + gv.String() + "/namespaces/{namespace}/" + strings.ToLower(kind) + "s"
-		mux.HandleFunc("POST "+requests, func(w http.ResponseWriter, r *http.Request) {
-			body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
-			if err == nil && len(body) > maxRequestBody {
-				err = fail(http.StatusBadRequest, "the request is larger than %d bytes", maxRequestBody)
-			}
-			var out any
-			if err == nil {
-				out, err = answer(r.Context(), r.PathValue("namespace"), body)
-			}
-			if err != nil {
-				writeStatus(ctx, w, err)
-				return
-			}
-			writeJSON(w, http.StatusCreated, out)
-		})
-		mux.HandleFunc(requests, func(w http.ResponseWriter, _ *http.Request) {
-			writeStatus(ctx, w, fail(http.StatusMethodNotAllowed, "%ss are only created: none is stored, so there is nothing to get, list or delete", kind))
-		})
+		handleCreate(mux, requests, kind, answer)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeStatus(ctx, w, fail(http.StatusNotFound, "%s is not served here", r.URL.Path))
 	})
 	mux.ServeHTTP(w, r)
+}
+
+// handleCreate serves POST to path (namespaces/{namespace}/...) with answer, the only verb of
+// requests of kind.
+func handleCreate(mux *http.ServeMux, path, kind string, answer func(ctx context.Context, ns string, body []byte) (any, error)) {
+	mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
+		if err == nil && len(body) > maxRequestBody {
+			err = fail(http.StatusBadRequest, "the request is larger than %d bytes", maxRequestBody)
+		}
+		var out any
+		if err == nil {
+			out, err = answer(r.Context(), r.PathValue("namespace"), body)
+		}
+		if err != nil {
+			writeStatus(r.Context(), w, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, out)
+	})
+	mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+		writeStatus(r.Context(), w, fail(http.StatusMethodNotAllowed, "%ss are only created: none is stored, so there is nothing to get, list or delete", kind))
+	})
+}
+
+// serveCDI serves CDI's upload.cdi.kubevirt.io/v1beta1 on mux and returns its group.
+func (a *TokenAPI) serveCDI(mux *http.ServeMux, user authenticationv1.UserInfo) metav1.APIGroup {
+	gv := cdiupload.SchemeGroupVersion
+	group := metav1.APIGroup{TypeMeta: metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"}, Name: gv.Group,
+		Versions:         []metav1.GroupVersionForDiscovery{{GroupVersion: gv.String(), Version: gv.Version}},
+		PreferredVersion: metav1.GroupVersionForDiscovery{GroupVersion: gv.String(), Version: gv.Version}}
+	mux.HandleFunc("GET /apis/"+gv.Group, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, &group) })
+	mux.HandleFunc("GET /apis/"+gv.String(), func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, &metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
+			GroupVersion: gv.String(), APIResources: []metav1.APIResource{
+				{Name: "uploadtokenrequests", SingularName: "uploadtokenrequest", Namespaced: true, Kind: "UploadTokenRequest", Verbs: metav1.Verbs{"create"}},
+			}})
+	})
+	handleCreate(mux, "/apis/"+gv.String()+"/namespaces/{namespace}/uploadtokenrequests", "UploadTokenRequest",
+		func(ctx context.Context, ns string, body []byte) (any, error) { return a.cdiToken(ctx, ns, body, user) })
+	return group
 }
 
 // decode reads a request of kind into obj and completes its metadata as the apiserver would
@@ -215,14 +250,22 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 // APIService registers TokenAPI with the apiserver, served by the Service namespace/name on
-// port with caBundle (the chart's templates/uploadtokens.yaml is the same, a test compares).
+// port with caBundle (the chart's templates/webhook.yaml is the same, a test compares).
 func APIService(namespace, name string, port int32, caBundle []byte) *unstructured.Unstructured {
-	gv := uploadapi.GroupVersion
-	spec := map[string]any{"group": gv.Group, "version": gv.Version, "groupPriorityMinimum": int64(1000), "versionPriority": int64(15),
+	return apiService(uploadapi.GroupVersion.Group, uploadapi.GroupVersion.Version, namespace, name, port, caBundle)
+}
+
+// CDIAPIService registers CDI's upload.cdi.kubevirt.io/v1beta1 of TokenAPI (with CDI set).
+func CDIAPIService(namespace, name string, port int32, caBundle []byte) *unstructured.Unstructured {
+	return apiService(cdiupload.SchemeGroupVersion.Group, cdiupload.SchemeGroupVersion.Version, namespace, name, port, caBundle)
+}
+
+func apiService(group, version, namespace, name string, port int32, caBundle []byte) *unstructured.Unstructured {
+	spec := map[string]any{"group": group, "version": version, "groupPriorityMinimum": int64(1000), "versionPriority": int64(15),
 		"service": map[string]any{"namespace": namespace, "name": name, "port": int64(port)}}
 	if len(caBundle) > 0 {
 		spec["caBundle"] = base64.StdEncoding.EncodeToString(caBundle)
 	}
 	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-		"metadata": map[string]any{"name": TokenAPIService}, "spec": spec}}
+		"metadata": map[string]any{"name": version + "." + group}, "spec": spec}}
 }

@@ -4,6 +4,8 @@
 //
 //	PUT  /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
 //	HEAD /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
+//	POST /v1beta1/upload    CDI's, for virtctl image-upload (cdi.go)
+//	GET  /healthz
 //
 // Callers prove their right to upload to the image (auth.go) with an upload token, which the
 // manager's webhook issues for an UploadTokenRequest to users of any credential, or with a
@@ -184,6 +186,9 @@ type upload struct {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
+	if handled, err := s.serveCDI(w, r); handled {
+		return err
+	}
 	m := path.FindStringSubmatch(r.URL.Path)
 	if m == nil {
 		return fail(http.StatusNotFound, "PUT or HEAD /v1/namespaces/<namespace>/<virtualmachineimages|imagetemplates>/<name>")
@@ -192,11 +197,17 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodPut && r.Method != http.MethodHead {
 		return fail(http.StatusMethodNotAllowed, "PUT or HEAD")
 	}
-	ctx := r.Context()
-	who, err := s.authorize(ctx, r, ns, resource, name)
+	who, err := s.authorize(r.Context(), r, ns, resource, name)
 	if err != nil {
 		return err
 	}
+	return s.upload(w, r, ns, resource, name, who)
+}
+
+// upload answers a HEAD with the upload's offset, and stores the body of any other request
+// (a PUT, CDI's POST) from who.
+func (s *Server) upload(w http.ResponseWriter, r *http.Request, ns, resource, name string, who caller) error {
+	ctx := r.Context()
 	img, err := GetImage(ctx, s.Kube, ns, resource, name)
 	if err != nil {
 		return err
@@ -205,7 +216,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
 		return fail(http.StatusForbidden, "the upload token is for an earlier %s %s/%s, since deleted: ask for a new one", resource, ns, name)
 	}
 	key := ObjectKey(ns, resource, name, img.UID)
-	if r.Method == http.MethodPut {
+	if r.Method != http.MethodHead {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()

@@ -59,9 +59,9 @@ type CertKeeper struct {
 	Namespace, SecretName string
 	// Configuration is the ValidatingWebhookConfiguration whose caBundle is kept.
 	Configuration string
-	// APIService, when set, is the APIService (served by the same server) whose caBundle is
-	// kept.
-	APIService string
+	// APIServices are the APIServices (served by the same server) whose caBundle is kept: the
+	// upload token APIs.
+	APIServices []string
 	// Hosts are the certificate's DNS names and IP addresses.
 	Hosts []string
 	// Every is how often Start syncs (default 10 minutes).
@@ -161,22 +161,28 @@ func (k *CertKeeper) patchBundle(ctx context.Context, bundle []byte) error {
 	}); err != nil {
 		return err
 	}
-	if k.APIService == "" {
-		return nil
+	// The aggregated APIs of upload tokens: the apiserver checks the manager's certificate
+	// against each APIService's caBundle.
+	for _, name := range k.APIServices {
+		if err := k.patchAPIService(ctx, name, bundle); err != nil {
+			return err
+		}
 	}
-	// The aggregated API of upload tokens: the apiserver checks the manager's certificate
-	// against the APIService's caBundle.
+	return nil
+}
+
+func (k *CertKeeper) patchAPIService(ctx context.Context, name string, bundle []byte) error {
 	svc := &unstructured.Unstructured{}
 	svc.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
-	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.APIService}, svc); err != nil {
-		return fmt.Errorf("reading the APIService %s: %w", k.APIService, err)
+	if err := k.Reader.Get(ctx, client.ObjectKey{Name: name}, svc); err != nil {
+		return fmt.Errorf("reading the APIService %s: %w", name, err)
 	}
 	if current, _, _ := unstructured.NestedString(svc.Object, "spec", "caBundle"); current == base64.StdEncoding.EncodeToString(bundle) {
 		return nil
 	}
 	patch := fmt.Appendf(nil, `{"spec":{"caBundle":%q}}`, base64.StdEncoding.EncodeToString(bundle))
 	if err := k.Client.Patch(ctx, svc, client.RawPatch(types.MergePatchType, patch)); err != nil {
-		return fmt.Errorf("patching the caBundle of the APIService %s: %w", k.APIService, err)
+		return fmt.Errorf("patching the caBundle of the APIService %s: %w", name, err)
 	}
 	return nil
 }

@@ -38,10 +38,12 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // Reasons of the DataVolume's conditions and events: CDI's where KubeVirt reads them.
@@ -166,7 +168,11 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 		if err := r.Get(ctx, client.ObjectKeyFromObject(disk), disk); client.IgnoreNotFound(err) != nil {
 			return st, err
 		} else if err == nil && metav1.IsControlledBy(disk, dv) && disk.Status.Phase == common.PhaseReady {
-			// The disk is whole: its staging image has done its work.
+			// The disk is whole: the claim says so as CDI's does (virtctl waits on it), and the
+			// staging image has done its work.
+			if err := r.markDone(ctx, dv); err != nil {
+				return st, err
+			}
 			return statusOf(dv, disk), r.deleteSourceImage(ctx, dv)
 		}
 		img = &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: sourceImageName(dv), Namespace: dv.Namespace,
@@ -209,6 +215,21 @@ func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj 
 		r.Events.Eventf(dv, obj, corev1.EventTypeNormal, kind+"Created", "Create", "Made by %s %s", kind, obj.GetName())
 	}
 	return st, false, nil
+}
+
+// markDone annotates dv's claim as CDI's upload and import pods leave it once the disk is
+// written: cdi.kubevirt.io/storage.pod.phase Succeeded.
+func (r *Reconciler) markDone(ctx context.Context, dv *cdiv1.DataVolume) error {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if pvc.Annotations[uploadproxy.AnnPodPhase] == string(corev1.PodSucceeded) {
+		return nil
+	}
+	patch := client.MergeFrom(pvc.DeepCopy())
+	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, uploadproxy.AnnPodPhase, string(corev1.PodSucceeded))
+	return r.Patch(ctx, pvc, patch)
 }
 
 // deleteSourceImage deletes the image that staged dv's source, if it is still there.
@@ -431,6 +452,10 @@ func statusOfImport(dv *cdiv1.DataVolume, img *hypercloud.VirtualMachineImage) c
 		st.Conditions = conditions(ReasonPending, "PVC "+dv.Name+" Pending", corev1.ConditionTrue, "", "")
 	default:
 		st.Phase = cdiv1.ImportScheduled
+		if why == image.ReasonWaitingForUpload {
+			// virtctl image-upload sends the image once it reads this phase.
+			st.Phase = cdiv1.UploadReady
+		}
 		st.Conditions = conditions(why, msg, corev1.ConditionFalse, why, msg)
 	}
 	return st

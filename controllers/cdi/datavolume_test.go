@@ -151,10 +151,10 @@ func TestDataVolumeRefusals(t *testing.T) {
 	g.Eventually(dvState(t, taken), 20*time.Second).Should(Equal("Pending N/A Bound=False:ErrResourceExists Ready=False: Running=False:ErrResourceExists"))
 	g.Expect(taken.Status.Conditions[0].Message).To(Equal("DiskVolume taken already exists and is not managed by DataVolume taken"))
 
-	upload := dataVolume(ns, "upload", &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
-	g.Expect(env.Client.Create(ctx, upload)).To(Succeed())
-	g.Eventually(dvState(t, upload), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))
-	g.Expect(upload.Status.Conditions[0].Message).To(ContainSubstring("not upload (docs/cdi.md)"))
+	snap := dataVolume(ns, "snap", &cdiv1.DataVolumeSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Namespace: "golden", Name: "fedora"}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, snap)).To(Succeed())
+	g.Eventually(dvState(t, snap), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))
+	g.Expect(snap.Status.Conditions[0].Message).To(ContainSubstring("not snapshot from namespace golden (into " + ns + ") (docs/cdi.md)"))
 
 	sizeless := dataVolume(ns, "sizeless", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
 	sizeless.Spec.Storage.Resources = corev1.VolumeResourceRequirements{}
@@ -335,6 +335,10 @@ func TestDataVolumeImport(t *testing.T) {
 	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("ImportInProgress N/A Bound=False:Pending Ready=False: Running=True:"))
 	ctrltest.Bind(t, env, ns, "web")
 	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True: Running=False:Completed"))
+	g.Eventually(func() map[string]string {
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, p)
+		return p.Annotations
+	}, 20*time.Second).Should(HaveKeyWithValue("cdi.kubevirt.io/storage.pod.phase", "Succeeded"), "the claim says it is done, as CDI's does")
 	g.Eventually(func() bool {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(img), img)
 		return apierrors.IsNotFound(err) || (err == nil && !img.DeletionTimestamp.IsZero())

@@ -1,8 +1,6 @@
 package cdi
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net/url"
 	"strings"
@@ -12,6 +10,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // A DataVolume with an http, s3, registry or pvc source is imported by diskpipe's image engine:
@@ -20,15 +19,9 @@ import (
 // DiskVolume is cloned from it by the class's clone strategy. Once the disk is whole the image
 // is deleted: it was the DataVolume's staging copy, not a golden image anyone else uses.
 
-// sourceImageName names the VirtualMachineImage that stages a DataVolume's source.
-func sourceImageName(dv *cdiv1.DataVolume) string {
-	n := "dv-" + dv.Name
-	if len(n) <= 200 {
-		return n
-	}
-	sum := sha256.Sum256([]byte(dv.Name))
-	return n[:180] + "-" + hex.EncodeToString(sum[:])[:10]
-}
+// sourceImageName names the VirtualMachineImage that stages a DataVolume's source (the upload
+// proxy's CDI API finds an upload's image by it).
+func sourceImageName(dv *cdiv1.DataVolume) string { return uploadproxy.DataVolumeImage(dv.Name) }
 
 // imageSource is the VirtualMachineImage source that imports src, or nil for a source that
 // is not imported (blank, snapshot).
@@ -59,6 +52,9 @@ func imageSource(src *cdiv1.DataVolumeSource, ns string) (*hypercloud.VirtualMac
 			reg.Architecture = r.Platform.Architecture
 		}
 		return &hypercloud.VirtualMachineImageSource{Registry: reg}, nil
+	case src.Upload != nil:
+		// virtctl image-upload: the upload proxy's CDI API takes the bytes for this image.
+		return &hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}}, nil
 	case src.PVC != nil:
 		// A PVC of another namespace: admission checked CDI's rule for the DataVolume's user
 		// (controllers/admission, checkClone).

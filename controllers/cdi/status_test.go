@@ -1,6 +1,7 @@
 package cdi
 
 import (
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,6 +10,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 )
 
 // TestStatusOf: a failed disk is a Failed DataVolume whose Running condition is False with
@@ -31,5 +33,42 @@ func TestStatusOf(t *testing.T) {
 	dv.Spec.Source = &cdiv1.DataVolumeSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Name: "s"}}
 	if st := statusOf(dv, importing); st.Phase != cdiv1.CloneInProgress {
 		t.Errorf("a restore: %s", st.Phase)
+	}
+}
+
+// TestStatusOfImport: while its staging image imports, a DataVolume is ImportScheduled, then
+// ImportInProgress (CloneInProgress for a pvc source) with the import's progress; an upload
+// waiting for its bytes is UploadReady, the phase virtctl image-upload waits for; a failed
+// import fails it with KubeVirt's "Error".
+func TestStatusOfImport(t *testing.T) {
+	dv := &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: "root"}, Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}}}
+	img := func(phase common.Phase, reason, msg string, tr *common.Transfer) *hypercloud.VirtualMachineImage {
+		return &hypercloud.VirtualMachineImage{Status: common.ImageStatus{Phase: phase, Transfer: tr, Retries: 1,
+			Conditions: []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: msg}}}}
+	}
+	for _, c := range []struct {
+		img  *hypercloud.VirtualMachineImage
+		src  *cdiv1.DataVolumeSource
+		want string
+	}{
+		{img(common.PhasePending, "WaitingForUpload", "upload the image", nil), nil, "UploadReady N/A WaitingForUpload"},
+		{img(common.PhasePending, "Pending", "probing", nil), &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{}}, "ImportScheduled N/A Pending"},
+		{img(common.PhaseImporting, "Running", "", &common.Transfer{BytesDone: 1, BytesTotal: 4}), &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{}},
+			"ImportInProgress 25.00% Pending"},
+		{img(common.PhaseImporting, "Running", "", nil), &cdiv1.DataVolumeSource{PVC: &cdiv1.DataVolumeSourcePVC{}}, "CloneInProgress N/A Pending"},
+		{img(common.PhaseFailed, "SourceNotFound", "404 Not Found", nil), nil, "Failed N/A SourceNotFound Error: 404 Not Found"},
+	} {
+		if c.src != nil {
+			dv.Spec.Source = c.src
+		}
+		st := statusOfImport(dv, c.img)
+		got := fmt.Sprintf("%s %s %s", st.Phase, st.Progress, findCondition(st.Conditions, cdiv1.DataVolumeBound).Reason)
+		if st.Phase == cdiv1.Failed {
+			r := findCondition(st.Conditions, cdiv1.DataVolumeRunning)
+			got += " " + r.Reason + ": " + r.Message
+		}
+		if got != c.want || st.RestartCount != 1 {
+			t.Errorf("got %q (restarts %d), want %q", got, st.RestartCount, c.want)
+		}
 	}
 }

@@ -136,7 +136,7 @@ func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
 	key := uploadproxy.ObjectKey(g.obj.GetNamespace(), g.source.upload, g.obj.GetName(), string(g.obj.GetUID()))
 	if _, err := r.ObjectStore.StatObject(ctx, uploadproxy.Bucket, uploadproxy.MarkerKey(key), minio.StatObjectOptions{}); err != nil {
 		if minio.ToErrorResponse(err).StatusCode == http.StatusNotFound {
-			return &NotReadyError{reasonWaitingForUpload, fmt.Sprintf("upload the image: PUT it to the upload proxy at /v1/namespaces/%s/%s/%s",
+			return &NotReadyError{ReasonWaitingForUpload, fmt.Sprintf("upload the image: PUT it to the upload proxy at /v1/namespaces/%s/%s/%s",
 				g.obj.GetNamespace(), g.source.upload, g.obj.GetName())}
 		}
 		return objectstore.Classify(err, "looking for the upload")

@@ -15,7 +15,7 @@ import (
 const (
 	reasonImported         = "Imported"
 	reasonSizeRequired     = "SizeRequired"
-	reasonWaitingForUpload = "WaitingForUpload"
+	ReasonWaitingForUpload = "WaitingForUpload"
 	reasonWaitingForClones = "WaitingForClones"
 )
 

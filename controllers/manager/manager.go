@@ -143,7 +143,10 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			keeper = &admission.CertKeeper{Client: direct, Reader: direct, Namespace: w.Namespace,
 				SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, Every: w.CertSync}
 			if w.UploadTokenSecret.Name != "" {
-				keeper.APIService = uploadproxy.TokenAPIService
+				keeper.APIServices = []string{uploadproxy.TokenAPIService}
+				if opts.CDICompatibility {
+					keeper.APIServices = append(keeper.APIServices, uploadproxy.CDITokenAPIService)
+				}
 			}
 			hookOpts.TLSOpts = append(hookOpts.TLSOpts, func(c *tls.Config) { c.GetCertificate = keeper.GetCertificate })
 		}
@@ -231,7 +234,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
 		}
 		if w := opts.Webhook; w.UploadTokenSecret.Name != "" {
-			api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService}
+			api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService, CDI: opts.CDICompatibility}
 			if opts.ObjectStore != nil && opts.ObjectStore.Scoped {
 				api.Store, api.StoreEndpoint = imageOpts.ObjectStore, cmp.Or(opts.ObjectStorePublicEndpoint, opts.ObjectStore.Endpoint)
 			}

@@ -2,6 +2,7 @@ package chart
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // cdiKinds are the kinds of CDI's API the chart installs with cdi.compatibility.enabled.
@@ -68,6 +71,22 @@ func TestCDICompatibility(t *testing.T) {
 	}
 	if want := admission.CDIPolicyBinding(); binding.Name != want.Name || !equality.Semantic.DeepEqual(binding.Spec, want.Spec) {
 		t.Errorf("the CDI policy binding differs:\nchart:   %+v\nmanager: %+v", binding.Spec, want.Spec)
+	}
+
+	// CDI's upload token API, served by the manager as its own is.
+	var api *unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == "APIService" && o.GetName() == uploadproxy.CDITokenAPIService {
+			api = o
+		}
+	}
+	if api == nil {
+		t.Fatalf("no APIService %s rendered with cdi.compatibility.enabled", uploadproxy.CDITokenAPIService)
+	}
+	gotSpec, _ := json.Marshal(api.Object["spec"])
+	wantSpec, _ := json.Marshal(uploadproxy.CDIAPIService("diskpipe-system", testenv.ChartRelease+"-manager", 443, nil).Object["spec"])
+	if string(gotSpec) != string(wantSpec) {
+		t.Errorf("CDI's upload token APIService differs:\nchart:   %s\nmanager: %s", gotSpec, wantSpec)
 	}
 }
 

@@ -1,0 +1,133 @@
+package e2e
+
+import (
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/diskpipe/diskpipe/test/bootdisk"
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// These specs are KubeVirt's own use of CDI's API, served by diskpipe (cdi.compatibility.enabled,
+// which the real node's install sets where KubeVirt runs): VMs whose disks are
+// dataVolumeTemplates, as KubeVirt users and its instance types write them.
+var _ = Describe("CDI's API under the real KubeVirt", func() {
+	BeforeEach(func() {
+		if !cluster.KubeVirt() {
+			Skip("no KubeVirt runs VMs on this cluster: the real node with DISKPIPE_KUBEVIRT=1 (make kubevirt-images) runs these")
+		}
+	})
+
+	It("boots VMs whose dataVolumeTemplates import by http and clone a DataSource of another namespace; a failed import is the VM's DataVolumeError; deleting a VM deletes its DataVolumes and PVCs", func() {
+		ns, images := vmNamespace(), namespace()
+		// The golden disk of a DataSource, in a namespace of its own, as KubeVirt's common
+		// instance types name them (kubevirt-os-images).
+		importHTTP(images, "golden", "disk.qcow2")
+		kubectl(diskOf("fedora", "", "Filesystem", "512Mi")+`---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataSource
+metadata:
+  name: fedora
+spec:
+  source:
+    pvc: {name: fedora}
+`, "apply", "-n", images, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "datasource", "fedora", "-n", images, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		}, 2*time.Minute, time.Second).Should(Equal("True"))
+
+		start := time.Now()
+		kubectl(dvVM("fromhttp", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2"))+"---\n"+
+			dvVM("fromref", "sourceRef: {kind: DataSource, name: fedora, namespace: "+images+"}")+"---\n"+
+			dvVM("broken", fmt.Sprintf("source:\n        http: {url: %q}", server+"/no-such-disk.qcow2")), "apply", "-n", ns, "-f", "-")
+
+		// The import that cannot succeed: KubeVirt shows it as the VM's status, with diskpipe's
+		// reason in the DataVolume's.
+		Eventually(func() string {
+			return kubectl("", "get", "vm", "broken", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+		}, 3*time.Minute, time.Second).Should(Equal("DataVolumeError"))
+		Expect(kubectl("", "get", "dv", "broken-root", "-n", ns, "-o", `jsonpath={.status.phase} {.status.conditions[?(@.type=="Running")].reason}`)).
+			To(Equal("Failed Error"))
+		Expect(kubectl("", "get", "dv", "broken-root", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Running")].message}`)).
+			To(ContainSubstring("404"))
+
+		var wg sync.WaitGroup
+		for _, vm := range []string{"fromhttp", "fromref"} {
+			wg.Go(func() {
+				defer GinkgoRecover()
+				line := guestConsole(ns, vm, "")[0]
+				GinkgoWriter.Printf("%s: from kubectl apply to the guest's line: %.1f s\n", vm, time.Since(start).Seconds())
+				Expect(line).To(HavePrefix("DISKPIPE-BOOT disk=vda size="), vm)
+				Expect(line).To(HaveSuffix(" marker="+bootdisk.Marker), vm)
+				size, err := strconv.ParseInt(strings.Fields(strings.TrimPrefix(line, "DISKPIPE-BOOT disk=vda size="))[0], 10, 64)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(size).To(BeNumerically(">=", 512<<20), "%s: the guest sees at least the size the template asks for", vm)
+			})
+		}
+		wg.Wait()
+		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {.status.progress};{end}`)).
+			To(Equal("broken-root=Failed N/A;fromhttp-root=Succeeded 100.0%;fromref-root=Succeeded 100.0%;"))
+		Expect(kubectl("", "get", "vmim", "-n", ns, "-o", "name")).To(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"),
+			"the staging images of the imports that succeeded are gone")
+
+		kubectl("", "delete", "vm", "fromhttp", "fromref", "broken", "-n", ns, "--wait=true", "--timeout=120s")
+		Eventually(func() string {
+			return kubectl("", "get", "dv,pvc,diskvolumes,vmim", "-n", ns, "-o", "name")
+		}, 2*time.Minute, time.Second).Should(BeEmpty(), "the VMs' DataVolumes, and what made them, are gone")
+	})
+
+	It("uploads with the unmodified virtctl image-upload dv, and a VM boots the uploaded disk", func() {
+		ns := vmNamespace()
+		ip := kubectl("", "get", "service", "diskpipe-uploadproxy", "-n", "diskpipe-system", "-o", "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}")
+		start := time.Now()
+		out, err := exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), "--kubeconfig", cluster.KubeconfigFile(), "image-upload", "dv", "uploaded",
+			"-n", ns, "--size=512Mi", "--image-path="+images["qcow2"], "--uploadproxy-url=http://"+ip, "--insecure").CombinedOutput()
+		GinkgoWriter.Printf("virtctl image-upload (%.1f s):\n%s\n", time.Since(start).Seconds(), out)
+		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload: %s", out)
+		Expect(string(out)).To(ContainSubstring("Processing completed successfully"))
+		Expect(kubectl("", "get", "dv", "uploaded", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Succeeded"))
+		Expect(kubectl("", "get", "pvc", "uploaded", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
+
+		kubectl(strings.Replace(kubeVirtVM("booted", "Once", "uploaded"), "persistentVolumeClaim: {claimName: uploaded}", "dataVolume: {name: uploaded}", 1),
+			"apply", "-n", ns, "-f", "-")
+		Expect(guestConsole(ns, "booted", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda size="))
+	})
+})
+
+// dvVM is a KubeVirt VirtualMachine (runStrategy Once) whose only disk, vda, is the
+// dataVolumeTemplates entry NAME-root of 512Mi made from source (YAML under spec:).
+func dvVM(name, source string) string {
+	return fmt.Sprintf(`apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: %[1]s
+spec:
+  runStrategy: Once
+  dataVolumeTemplates:
+  - metadata:
+      name: %[1]s-root
+    spec:
+      storage:
+        resources: {requests: {storage: 512Mi}}
+      %[2]s
+  template:
+    spec:
+      domain:
+        devices:
+          autoattachPodInterface: false
+          disks:
+          - name: root
+            disk: {bus: virtio}
+        resources: {requests: {memory: 128Mi}}
+      volumes:
+      - name: root
+        dataVolume: {name: %[1]s-root}
+`, name, source)
+}

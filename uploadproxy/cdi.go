@@ -1,0 +1,218 @@
+package uploadproxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	cdiupload "kubevirt.io/containerized-data-importer-api/pkg/apis/upload/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+)
+
+// CDI's upload API, for the unmodified `virtctl image-upload dv`: with CDI's API served by
+// diskpipe (cdi.compatibility.enabled), a DataVolume of source upload is staged by a
+// VirtualMachineImage of source upload (controllers/cdi), and
+//
+//   - the manager's aggregated API answers CDI's UploadTokenRequest
+//     (upload.cdi.kubevirt.io/v1beta1, spec.pvcName) with a token for that image; as with CDI,
+//     the apiserver's check that the user may create uploadtokenrequests in the namespace is
+//     the authorization;
+//   - the upload proxy takes CDI's POST /v1beta1/upload (Authorization: Bearer <token>, the
+//     image as the body) into the same resumable store as a PUT, and answers 200 once the
+//     DataVolume's disk is made (the staging image gone, its claim annotated
+//     cdi.kubevirt.io/storage.pod.phase: Succeeded), as CDI's synchronous upload answers once
+//     its upload server has written the disk; virtctl then finds the claim done.
+//
+// CDI's asynchronous and form uploads are not served: virtctl falls back to the synchronous
+// upload when HEAD /v1beta1/upload-async is not 200.
+
+// CDI's upload paths on the upload proxy.
+const (
+	PathCDIUpload      = "/v1beta1/upload"
+	PathCDIUploadAsync = "/v1beta1/upload-async"
+	PathHealthz        = "/healthz"
+)
+
+// DataVolumeImage names the VirtualMachineImage that stages DataVolume name's source.
+func DataVolumeImage(name string) string {
+	n := "dv-" + name
+	if len(n) <= 200 {
+		return n
+	}
+	return n[:180] + "-" + hashName(name)
+}
+
+// AnnPodPhase is the claim annotation virtctl waits on: Succeeded once the disk is made.
+const AnnPodPhase = "cdi.kubevirt.io/storage.pod.phase"
+
+// serveCDI serves CDI's upload paths; handled says the path was one.
+func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool, err error) {
+	switch r.URL.Path {
+	case PathHealthz:
+		_, _ = io.WriteString(w, "ok\n")
+		return true, nil
+	case PathCDIUploadAsync:
+		return true, fail(http.StatusNotFound, "asynchronous uploads are not served: POST the image to %s", PathCDIUpload)
+	case PathCDIUpload:
+	default:
+		return false, nil
+	}
+	if r.Method != http.MethodPost {
+		return true, fail(http.StatusMethodNotAllowed, "POST the image to %s", PathCDIUpload)
+	}
+	ctx := r.Context()
+	c, err := s.tokenClaims(ctx, r)
+	if err != nil {
+		return true, err
+	}
+	// The upload goes into the store as a PUT's would; its answer is held until the disk is made.
+	held := &heldResponse{ResponseWriter: w, header: http.Header{}}
+	if err := s.upload(held, r, c.Namespace, c.Resource, c.Name, caller{user: c.User, uid: c.UID}); err != nil {
+		return true, err
+	}
+	s.Log.Info("Upload stored; waiting for the DataVolume's disk", "namespace", c.Namespace, "image", c.Name)
+	if err := s.waitMade(ctx, c.Namespace, c.Name); err != nil {
+		return true, err
+	}
+	_, _ = fmt.Fprintf(w, "%s: the disk is made\n", strings.TrimSpace(held.body.String()))
+	return true, nil
+}
+
+// tokenClaims are the claims of the upload token the request bears.
+func (s *Server) tokenClaims(ctx context.Context, r *http.Request) (Claims, error) {
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if token == "" {
+		return Claims{}, fail(http.StatusUnauthorized, "an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)")
+	}
+	if s.TokenKey == nil {
+		return Claims{}, fail(http.StatusUnauthorized, "this upload proxy takes no upload tokens (it was started without --token-secret)")
+	}
+	key, err := s.TokenKey.Get(ctx)
+	if err != nil {
+		return Claims{}, fmt.Errorf("reading the upload token key: %w", err)
+	}
+	c, err := VerifyToken(key, token, time.Now())
+	if err != nil {
+		return Claims{}, fail(http.StatusUnauthorized, "%v", err)
+	}
+	return c, nil
+}
+
+// waitMade waits until the staging image ns/name has made its DataVolume's disk (the DataVolume
+// controller deletes it then), or failed.
+func (s *Server) waitMade(ctx context.Context, ns, name string) error {
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		img := &hypercloud.VirtualMachineImage{}
+		err := s.Kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, img)
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case err != nil:
+			return err
+		case img.Status.Phase == common.PhaseFailed:
+			return fail(http.StatusUnprocessableEntity, "the upload was stored, and its import failed: %s", readyMessage(img))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+func readyMessage(img *hypercloud.VirtualMachineImage) string {
+	for _, c := range img.Status.Conditions {
+		if c.Type == common.ConditionReady {
+			return c.Reason + ": " + c.Message
+		}
+	}
+	return string(img.Status.Phase)
+}
+
+// heldResponse keeps a PUT's success answer for serveCDI to send later; headers go through.
+type heldResponse struct {
+	http.ResponseWriter
+	header http.Header
+	code   int
+	body   strings.Builder
+}
+
+func (h *heldResponse) Header() http.Header         { return h.header }
+func (h *heldResponse) WriteHeader(code int)        { h.code = code }
+func (h *heldResponse) Write(b []byte) (int, error) { return h.body.Write(b) }
+func (h *heldResponse) Unwrap() http.ResponseWriter { return h.ResponseWriter }
+
+// cdiToken answers CDI's UploadTokenRequest: a token for the image that stages DataVolume
+// spec.pvcName, which must be an upload not yet made.
+func (a *TokenAPI) cdiToken(ctx context.Context, ns string, body []byte, user authenticationv1.UserInfo) (*cdiupload.UploadTokenRequest, error) {
+	req := &cdiupload.UploadTokenRequest{}
+	if err := json.Unmarshal(body, req); err != nil {
+		return nil, fail(http.StatusBadRequest, "invalid UploadTokenRequest: %v", err)
+	}
+	gv := cdiupload.SchemeGroupVersion
+	if (req.APIVersion != "" && req.APIVersion != gv.String()) || (req.Kind != "" && req.Kind != "UploadTokenRequest") {
+		return nil, fail(http.StatusBadRequest, "invalid UploadTokenRequest: it is a %s %s, not a %s UploadTokenRequest", req.APIVersion, req.Kind, gv)
+	}
+	if req.Namespace != "" && req.Namespace != ns {
+		return nil, fail(http.StatusBadRequest, "invalid UploadTokenRequest: metadata.namespace %q is not the request's namespace %q", req.Namespace, ns)
+	}
+	if errs := validation.IsDNS1123Subdomain(req.Spec.PvcName); len(errs) > 0 {
+		return nil, fail(http.StatusBadRequest, "invalid UploadTokenRequest: spec.pvcName %q: %s", req.Spec.PvcName, errs[0])
+	}
+	dv := &cdiv1.DataVolume{}
+	if err := a.Reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: req.Spec.PvcName}, dv); apierrors.IsNotFound(err) {
+		return nil, fail(http.StatusNotFound, "no DataVolume %s/%s: diskpipe takes CDI uploads to a DataVolume of source upload (virtctl image-upload dv)", ns, req.Spec.PvcName)
+	} else if err != nil {
+		return nil, err
+	}
+	if dv.Spec.Source == nil || dv.Spec.Source.Upload == nil {
+		return nil, fail(http.StatusConflict, "DataVolume %s/%s does not take uploads: its source is not upload", ns, dv.Name)
+	}
+	if dv.Status.Phase == cdiv1.Succeeded {
+		return nil, fail(http.StatusConflict, "DataVolume %s/%s is already uploaded", ns, dv.Name)
+	}
+	name := DataVolumeImage(dv.Name)
+	img, err := GetImage(ctx, a.Reader, ns, "virtualmachineimages", name)
+	if StatusOf(err) == http.StatusNotFound {
+		return nil, fail(http.StatusConflict, "DataVolume %s/%s is not ready for its upload yet: wait for its phase UploadReady", ns, dv.Name)
+	} else if err != nil {
+		return nil, err
+	}
+	key, err := a.Key.Ensure(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lifetime := a.Lifetime
+	if lifetime == 0 {
+		lifetime = TokenLifetime
+	}
+	token, err := IssueToken(key, Claims{Namespace: ns, Resource: "virtualmachineimages", Name: name,
+		UID: img.UID, User: user.Username, Expires: time.Now().Add(lifetime).Unix()})
+	if err != nil {
+		return nil, err
+	}
+	req.APIVersion, req.Kind, req.Namespace, req.CreationTimestamp = gv.String(), "UploadTokenRequest", ns, metav1.Now()
+	req.Status.Token = token
+	return req, nil
+}
+
+func hashName(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:10]
+}
