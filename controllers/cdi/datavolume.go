@@ -33,6 +33,7 @@ import (
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
@@ -151,6 +152,15 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 	if claim, ok := dv.Annotations[annPrePopulated]; ok {
 		return r.prePopulated(ctx, dv, claim)
 	}
+	if adopt, err := r.adopt(ctx, dv); err != nil {
+		if ref := (*refusal)(nil); errors.As(err, &ref) {
+			st.Conditions = conditions(ref.reason, ref.message, corev1.ConditionFalse, ref.reason, ref.message)
+			return st, nil
+		}
+		return st, err
+	} else if adopt {
+		return r.prePopulated(ctx, dv, dv.Name)
+	}
 	spec, imported, err := r.diskSpec(ctx, dv)
 	if ref := (*refusal)(nil); errors.As(err, &ref) {
 		st.Conditions = conditions(ref.reason, ref.message, corev1.ConditionFalse, ref.reason, ref.message)
@@ -247,6 +257,48 @@ const indexSourceRef = "cdi.diskpipe.io/sourceref"
 
 // LabelDataVolume marks the DiskVolume that makes a DataVolume with the DataVolume's UID.
 const LabelDataVolume = "cdi.diskpipe.io/datavolume"
+
+// Annotations by which a DataVolume takes a claim of its name that exists already.
+const (
+	// AnnAllowClaimAdoption is KubeVirt's, on the DataVolumes of dataVolumeTemplates.
+	AnnAllowClaimAdoption = "cdi.kubevirt.io/allowClaimAdoption"
+	// AnnPopulatedFor is CDI's, on a claim it filled for the DataVolume it names.
+	AnnPopulatedFor = "cdi.kubevirt.io/storage.populatedFor"
+)
+
+// adopt takes the claim of dv's name, when one exists that no DiskVolume makes, and dv allows
+// adopting it (KubeVirt's allowClaimAdoption) or CDI filled it for a DataVolume of this name:
+// a cluster moved from CDI keeps its disks when its DataVolumes are made again, by KubeVirt
+// from its VMs' templates or by the user from their manifests. An adopted claim no other
+// object controls becomes the DataVolume's, so that it goes with it, as under CDI.
+func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	owner := metav1.GetControllerOf(pvc)
+	switch {
+	case owner != nil && owner.Kind == "DiskVolume" && owner.Name == dv.Name:
+		return false, nil // diskpipe makes it for this DataVolume
+	case owner != nil && owner.UID == dv.UID:
+		return true, nil
+	case dv.Annotations[AnnAllowClaimAdoption] != "true" && pvc.Annotations[AnnPopulatedFor] != dv.Name:
+		return false, &refusal{ReasonResourceExists, fmt.Sprintf("PVC %s already exists and is not managed by DataVolume %s: to take it as the "+
+			"DataVolume's disk, annotate the DataVolume %s: \"true\" (or %s: %s)", pvc.Name, dv.Name, AnnAllowClaimAdoption, annPrePopulated, pvc.Name)}
+	case owner != nil:
+		return false, &refusal{ReasonResourceExists, fmt.Sprintf("PVC %s already exists and is controlled by %s %s, not DataVolume %s",
+			pvc.Name, owner.Kind, owner.Name, dv.Name)}
+	}
+	patch := client.MergeFrom(pvc.DeepCopy())
+	if err := controllerutil.SetControllerReference(dv, pvc, r.Scheme()); err != nil {
+		return false, err
+	}
+	if err := r.Patch(ctx, pvc, patch); err != nil {
+		return false, err
+	}
+	r.Events.Eventf(dv, pvc, corev1.EventTypeNormal, "ClaimAdopted", "Adopt", "Took PVC %s, which exists already, as the DataVolume's disk", pvc.Name)
+	return true, nil
+}
 
 // prePopulated is the status of a DataVolume whose claim is already whole.
 func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume, claim string) (cdiv1.DataVolumeStatus, error) {

@@ -30,6 +30,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 var env *testenv.Env
@@ -445,4 +446,50 @@ func namespace(t *testing.T, prefix string) string {
 		t.Fatal(err)
 	}
 	return ns
+}
+
+// TestClaimAdoption: a DataVolume made again for a claim that exists (a cluster moved from
+// CDI: KubeVirt remakes its VMs' DataVolumes with allowClaimAdoption; a user re-applies a
+// DataVolume whose claim CDI marked populatedFor it) takes the claim, which becomes its own,
+// and writes nothing; a claim without either mark is not taken.
+func TestClaimAdoption(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "adopt")
+	claim := func(name string, ann map[string]string) {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: ann},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity("1Gi")}}}}
+		g.Expect(env.Client.Create(ctx, pvc)).To(Succeed())
+		ctrltest.Bind(t, env, ns, name)
+	}
+	claim("vm-root", nil)
+	claim("data", map[string]string{cdi.AnnPopulatedFor: "data"})
+	claim("other", nil)
+	http := &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/a.qcow2"}}
+	fromTemplate := dataVolume(ns, "vm-root", http, "1Gi")
+	fromTemplate.Annotations = map[string]string{cdi.AnnAllowClaimAdoption: "true"}
+	reapplied := dataVolume(ns, "data", http, "1Gi")
+	for _, dv := range []*cdiv1.DataVolume{fromTemplate, reapplied} {
+		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+		g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True:PrePopulated Running=False:PrePopulated"), dv.Name)
+		pvc := &corev1.PersistentVolumeClaim{}
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(dv), pvc)).To(Succeed())
+		g.Expect(metav1.IsControlledBy(pvc, dv)).To(BeTrue(), "%s: the adopted claim is the DataVolume's", dv.Name)
+		g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.DataVolumeImage(dv.Name)}, &hypercloud.VirtualMachineImage{})).
+			NotTo(Succeed(), "%s: nothing is imported", dv.Name)
+	}
+
+	// Without a mark, the claim is someone else's: nothing is made, and the DataVolume says how
+	// to take it.
+	other := dataVolume(ns, "other", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, other)).To(Succeed())
+	g.Eventually(dvState(t, other), 20*time.Second).Should(Equal("Pending N/A Bound=False:ErrResourceExists Ready=False: Running=False:ErrResourceExists"))
+	g.Expect(other.Status.Conditions[0].Message).To(Equal(`PVC other already exists and is not managed by DataVolume other: to take it as the DataVolume's disk, ` +
+		`annotate the DataVolume cdi.kubevirt.io/allowClaimAdoption: "true" (or cdi.kubevirt.io/storage.prePopulated: other)`))
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(other), &diskvolume.DiskVolume{})).NotTo(Succeed(), "no disk is made")
+	pvc := &corev1.PersistentVolumeClaim{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(other), pvc)).To(Succeed())
+	g.Expect(metav1.GetControllerOf(pvc)).To(BeNil(), "the claim is left as it was")
 }
