@@ -86,16 +86,9 @@ func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, n
 		token = bearer
 	}
 	if token != "" {
-		if s.TokenKey == nil {
-			return caller{}, fail(http.StatusUnauthorized, "this upload proxy takes no upload tokens (it was started without --token-secret): use a Kubernetes token")
-		}
-		key, err := s.TokenKey.Get(ctx)
+		c, err := s.verify(ctx, token)
 		if err != nil {
-			return caller{}, fmt.Errorf("reading the upload token key: %w", err)
-		}
-		c, err := VerifyToken(key, token, time.Now())
-		if err != nil {
-			return caller{}, fail(http.StatusUnauthorized, "%v", err)
+			return caller{}, err
 		}
 		if c.Namespace != ns || c.Resource != resource || c.Name != name {
 			return caller{}, fail(http.StatusForbidden, "the upload token is for %s %s/%s, not %s %s/%s", c.Resource, c.Namespace, c.Name, resource, ns, name)
@@ -116,6 +109,22 @@ func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, n
 		return caller{}, err
 	}
 	return caller{user: tr.Status.User.Username}, nil
+}
+
+// verify checks an upload token and returns its claims.
+func (s *Server) verify(ctx context.Context, token string) (Claims, error) {
+	if s.TokenKey == nil {
+		return Claims{}, fail(http.StatusUnauthorized, "this upload proxy takes no upload tokens (it was started without --token-secret): use a Kubernetes token")
+	}
+	key, err := s.TokenKey.Get(ctx)
+	if err != nil {
+		return Claims{}, fmt.Errorf("reading the upload token key: %w", err)
+	}
+	c, err := VerifyToken(key, token, time.Now())
+	if err != nil {
+		return Claims{}, fail(http.StatusUnauthorized, "%v", err)
+	}
+	return c, nil
 }
 
 // httpError is a failure with its status code.

@@ -98,18 +98,7 @@ func (s *Server) tokenClaims(ctx context.Context, r *http.Request) (Claims, erro
 	if token == "" {
 		return Claims{}, fail(http.StatusUnauthorized, "an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)")
 	}
-	if s.TokenKey == nil {
-		return Claims{}, fail(http.StatusUnauthorized, "this upload proxy takes no upload tokens (it was started without --token-secret)")
-	}
-	key, err := s.TokenKey.Get(ctx)
-	if err != nil {
-		return Claims{}, fmt.Errorf("reading the upload token key: %w", err)
-	}
-	c, err := VerifyToken(key, token, time.Now())
-	if err != nil {
-		return Claims{}, fail(http.StatusUnauthorized, "%v", err)
-	}
-	return c, nil
+	return s.verify(ctx, token)
 }
 
 // waitMade waits until the staging image ns/name has made its DataVolume's disk (the DataVolume

@@ -19,11 +19,7 @@ import (
 // which the real node's install sets where KubeVirt runs): VMs whose disks are
 // dataVolumeTemplates, as KubeVirt users and its instance types write them.
 var _ = Describe("CDI's API under the real KubeVirt", func() {
-	BeforeEach(func() {
-		if !cluster.KubeVirt() {
-			Skip("no KubeVirt runs VMs on this cluster: the real node with DISKPIPE_KUBEVIRT=1 (make kubevirt-images) runs these")
-		}
-	})
+	BeforeEach(requireKubeVirt)
 
 	It("boots VMs whose dataVolumeTemplates import by http and clone a DataSource of another namespace; a failed import is the VM's DataVolumeError; deleting a VM deletes its DataVolumes and PVCs", func() {
 		ns, images := vmNamespace(), namespace()

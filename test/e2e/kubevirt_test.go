@@ -21,11 +21,7 @@ import (
 // boot is read from KubeVirt's own serial console log, the launcher pod's guest-console-log
 // container, by the bootable disk's line.
 var _ = Describe("real KubeVirt", func() {
-	BeforeEach(func() {
-		if !cluster.KubeVirt() {
-			Skip("no KubeVirt runs VMs on this cluster: the real node with DISKPIPE_KUBEVIRT=1 (make kubevirt-images) runs these")
-		}
-	})
+	BeforeEach(requireKubeVirt)
 
 	It("boots a VirtualMachine written by hand from the PVCs of a VirtualMachinePvc, a DiskVolume and a block DiskVolume, grown as asked, and again after it stopped", func() {
 		ns := vmNamespace()
@@ -281,6 +277,13 @@ spec:
 		}
 	})
 })
+
+// requireKubeVirt skips a spec where no KubeVirt runs VMs.
+func requireKubeVirt() {
+	if !cluster.KubeVirt() {
+		Skip("no KubeVirt runs VMs on this cluster: the real node with DISKPIPE_KUBEVIRT=1 (make kubevirt-images) runs these")
+	}
+}
 
 // vmNamespace is a new namespace where KubeVirt may run VMs: its launcher pods are privileged,
 // so the namespace enforces the privileged Pod Security level (KubeVirt refuses to make a
