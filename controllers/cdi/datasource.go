@@ -49,13 +49,13 @@ func (r *SourceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	ds.Status.Source = src
 	cond := cdiv1.DataSourceCondition{Type: cdiv1.DataSourceReady, ConditionState: cdiv1.ConditionState{Status: ready, Reason: reason, Message: msg}}
-	now := metav1.Now()
-	cond.LastTransitionTime, cond.LastHeartbeatTime = now, now
-	for _, old := range base.Status.Conditions {
-		if old.Type == cond.Type && old.Status == cond.Status && old.Reason == cond.Reason && old.Message == cond.Message {
-			cond.LastTransitionTime, cond.LastHeartbeatTime = old.LastTransitionTime, old.LastHeartbeatTime
+	var old *cdiv1.ConditionState
+	for i := range base.Status.Conditions {
+		if base.Status.Conditions[i].Type == cond.Type {
+			old = &base.Status.Conditions[i].ConditionState
 		}
 	}
+	stamp(metav1.Now(), &cond.ConditionState, old)
 	ds.Status.Conditions = []cdiv1.DataSourceCondition{cond}
 	if equality.Semantic.DeepEqual(base.Status, ds.Status) {
 		return ctrl.Result{}, nil

@@ -91,8 +91,8 @@ type Reconciler struct {
 	Options
 }
 
-// Setup registers the DataVolume and StorageProfile controllers and the keeper of the CDI and
-// CDIConfig objects.
+// Setup registers the DataVolume, DataSource, DataImportCron and StorageProfile controllers
+// and the keeper of the CDI and CDIConfig objects.
 func Setup(mgr ctrl.Manager, o Options) error {
 	if err := mgr.Add(&Config{Client: mgr.GetClient(), FilesystemOverhead: o.FilesystemOverhead, UploadProxyURL: o.UploadProxyURL,
 		Interval: time.Minute}); err != nil {
@@ -103,6 +103,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return err
 	}
 	if err := setupDataSources(mgr); err != nil {
+		return err
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("dataimportcron").For(&cdiv1.DataImportCron{}).
+		Owns(&hypercloud.VirtualMachineImage{}).Owns(&cdiv1.DataSource{}).Complete(&CronReconciler{Client: mgr.GetClient()}); err != nil {
 		return err
 	}
 	// A DataVolume made from a DataSource waits for it.
@@ -356,10 +360,18 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 	if src == nil {
 		return spec, nil, invalid("spec.source or spec.sourceRef is required")
 	}
-	if imported, err = imageSource(src, dv.Namespace); err != nil {
+	golden, err := r.goldenImage(ctx, src, dv.Namespace)
+	if err != nil {
 		return spec, nil, err
 	}
+	if golden == nil {
+		if imported, err = imageSource(src, dv.Namespace); err != nil {
+			return spec, nil, err
+		}
+	}
 	switch {
+	case golden != nil:
+		spec.Source.Image = golden
 	case imported != nil:
 		spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(sourceImageName(dv)), Kind: diskvolume.ImageKindVirtualMachineImage}
 	case src.Blank != nil:
@@ -421,6 +433,29 @@ func sourceNamespace(src cdiv1.DataSourceSource) string {
 	return src.Snapshot.Namespace
 }
 
+// goldenImage is the image whose golden PVC a pvc source names (a DataImportCron's DataSource
+// names one), which the disk is then cloned from directly; nil for any other source.
+func (r *Reconciler) goldenImage(ctx context.Context, src *cdiv1.DataVolumeSource, ns string) (*diskvolume.ImageSource, error) {
+	if src.PVC == nil {
+		return nil, nil
+	}
+	pvcNS := cmp.Or(src.PVC.Namespace, ns)
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: pvcNS, Name: src.PVC.Name}, pvc); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	owner := metav1.GetControllerOf(pvc)
+	if pvc.Labels[image.LabelGolden] != "true" || owner == nil ||
+		(owner.Kind != string(diskvolume.ImageKindVirtualMachineImage) && owner.Kind != string(diskvolume.ImageKindImageTemplate)) {
+		return nil, nil
+	}
+	img := &diskvolume.ImageSource{Name: common.LocalName(owner.Name), Kind: diskvolume.ImageKind(owner.Kind)}
+	if pvcNS != ns {
+		img.Namespace = pvcNS
+	}
+	return img, nil
+}
+
 // sourceKind names a DataVolume source for a message.
 func sourceKind(src *cdiv1.DataVolumeSource, ns string) string {
 	switch {
@@ -450,7 +485,7 @@ func statusOf(dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume) cdiv1.DataVolum
 	if ready != nil && ready.Message != "" {
 		why, msg = ready.Reason, ready.Message
 	}
-	copying := dv.Spec.Source != nil && dv.Spec.Source.Snapshot != nil
+	copying := dv.Spec.Source != nil && (dv.Spec.Source.Snapshot != nil || dv.Spec.Source.PVC != nil)
 	switch ds.Phase {
 	case common.PhaseReady:
 		st.Phase = cdiv1.Succeeded

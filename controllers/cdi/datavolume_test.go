@@ -25,6 +25,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/cdi"
 	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
@@ -492,4 +493,89 @@ func TestClaimAdoption(t *testing.T) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(other), pvc)).To(Succeed())
 	g.Expect(metav1.GetControllerOf(pvc)).To(BeNil(), "the claim is left as it was")
+}
+
+// TestDataImportCron: a DataImportCron is served by a scheduled image it controls; once a
+// revision is imported its DataSource names that revision's golden PVC, its status says it is
+// up to date, and a DataVolume made from the DataSource is cloned from the revision's image,
+// with nothing staged.
+func TestDataImportCron(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "cron")
+	cron := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "fedora-cron", Namespace: ns}, Spec: cdiv1.DataImportCronSpec{
+		Schedule: "@every 1h", ManagedDataSource: "fedora", ImportsToKeep: ptr.To[int32](2),
+		Template: cdiv1.DataVolume{Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{
+			URL: ptr.To("docker://quay.io/containerdisks/fedora:latest")}}, Storage: &cdiv1.StorageSpec{}}}}}
+	g.Expect(env.Client.Create(ctx, cron)).To(Succeed())
+	img := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dic-fedora-cron"}, img) }, 20*time.Second).Should(Succeed())
+	g.Expect(metav1.IsControlledBy(img, cron)).To(BeTrue())
+	g.Expect(img.Spec.Schedule).To(Equal(&common.ImageSchedule{Cron: "@every 1h", Keep: ptr.To[int32](2)}))
+	g.Expect(img.Spec.Source.Registry.URL).To(Equal("docker://quay.io/containerdisks/fedora:latest"))
+
+	// The schedule's first check finds a revision, which is imported into an image of its own.
+	const digest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	ctrltest.Complete(t, env, ns, "vmim-dic-fedora-cron-check-0", transfer.Result{Revision: digest})
+	rev := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() string {
+		list := &hypercloud.VirtualMachineImageList{}
+		_ = env.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{image.LabelScheduledBy: string(img.UID)})
+		if len(list.Items) == 0 {
+			return ""
+		}
+		*rev = list.Items[0]
+		return rev.Name
+	}, 20*time.Second).ShouldNot(BeEmpty())
+	cronState := func() string {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cron), cron); err != nil {
+			return err.Error()
+		}
+		s := ""
+		for _, c := range cron.Status.Conditions {
+			s += fmt.Sprintf("%s=%s:%s ", c.Type, c.Status, c.Reason)
+		}
+		return strings.TrimSpace(s)
+	}
+	ctrltest.Complete(t, env, ns, "vmim-"+rev.Name+"-probe-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30, Revision: digest})
+	ctrltest.Bind(t, env, ns, "vmim-"+rev.Name)
+	g.Eventually(cronState, 20*time.Second).Should(Equal("Progressing=True:ImportProgressing UpToDate=False:NoImport"))
+	g.Expect(cron.Status.CurrentImports).To(Equal([]cdiv1.ImportStatus{{DataVolumeName: rev.Name, Digest: digest}}))
+	ctrltest.Complete(t, env, ns, "vmim-"+rev.Name+"-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30, Revision: digest})
+	g.Eventually(cronState, 20*time.Second).Should(Equal("Progressing=False:NoImport UpToDate=True:UpToDate"))
+	g.Expect(cron.Status.LastImportedPVC).To(Equal(&cdiv1.DataVolumeSourcePVC{Namespace: ns, Name: "vmim-" + rev.Name}))
+
+	ds := &cdiv1.DataSource{}
+	g.Eventually(func() string {
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fedora"}, ds); err != nil || len(ds.Status.Conditions) == 0 {
+			return fmt.Sprint(err)
+		}
+		return string(ds.Status.Conditions[0].Status)
+	}, 20*time.Second).Should(Equal("True"), "the DataSource is Ready on the revision's golden PVC")
+	g.Expect(ds.Spec.Source.PVC).To(Equal(&cdiv1.DataVolumeSourcePVC{Namespace: ns, Name: "vmim-" + rev.Name}))
+	g.Expect(metav1.IsControlledBy(ds, cron)).To(BeTrue())
+
+	root := dataVolume(ns, "root", nil, "2Gi")
+	root.Spec.SourceRef = &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: "fedora"}
+	g.Expect(env.Client.Create(ctx, root)).To(Succeed())
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(root), d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: common.LocalName(rev.Name), Kind: diskvolume.ImageKindVirtualMachineImage}),
+		"cloned from the revision's image itself")
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.DataVolumeImage("root")}, &hypercloud.VirtualMachineImage{})).
+		NotTo(Succeed(), "nothing is staged")
+
+	// A template diskpipe cannot check for revisions says so.
+	blank := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "blank", Namespace: ns}, Spec: cdiv1.DataImportCronSpec{
+		Schedule: "@daily", ManagedDataSource: "blank", Template: cdiv1.DataVolume{Spec: cdiv1.DataVolumeSpec{
+			Source: &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}}}}}
+	g.Expect(env.Client.Create(ctx, blank)).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(blank), blank)
+		if len(blank.Status.Conditions) == 0 {
+			return ""
+		}
+		return blank.Status.Conditions[1].Reason + ": " + blank.Status.Conditions[1].Message
+	}, 20*time.Second).Should(Equal("InvalidSpec: spec.template.spec.source must be http, s3 or registry: diskpipe checks those for new revisions"))
 }

@@ -32,7 +32,8 @@ package manager
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=cdis;cdiconfigs,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=storageprofiles,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datasources,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datasources,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=dataimportcrons,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=storageprofiles/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete

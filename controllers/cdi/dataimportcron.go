@@ -1,0 +1,209 @@
+package cdi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+)
+
+// A DataImportCron is served by a scheduled VirtualMachineImage, dic-<name>, that it controls:
+// its template's source is checked on its schedule, each new revision is imported into an
+// image of its own, importsToKeep of them are kept (all of them, up to a hundred, with
+// garbageCollect Never), and the managed DataSource names the golden PVC of the newest Ready
+// one. A DataVolume made from that DataSource is cloned from the image itself.
+
+// LabelDataImportCron marks the DataSource a DataImportCron keeps, as CDI does.
+const LabelDataImportCron = "cdi.kubevirt.io/dataImportCron"
+
+// Reasons of a DataImportCron's conditions.
+const (
+	ReasonUpToDate       = "UpToDate"
+	ReasonImportProgress = "ImportProgressing"
+	ReasonNoImport       = "NoImport"
+	ReasonInvalidCron    = "InvalidSpec"
+)
+
+// CronReconciler serves DataImportCrons.
+type CronReconciler struct{ client.Client }
+
+// cronImageName names the scheduled image that serves a DataImportCron.
+func cronImageName(name string) string { return "dic-" + name }
+
+// Reconcile keeps the DataImportCron's image, its DataSource and its status.
+func (r *CronReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cron := &cdiv1.DataImportCron{}
+	if err := r.Get(ctx, req.NamespacedName, cron); err != nil || !cron.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, client.IgnoreNotFound(err) // its image and DataSource go with it
+	}
+	base := cron.DeepCopy()
+	st, err := r.status(ctx, cron)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	now := metav1.Now()
+	for i := range st.Conditions {
+		c := &st.Conditions[i]
+		var old *cdiv1.ConditionState
+		for j := range base.Status.Conditions {
+			if base.Status.Conditions[j].Type == c.Type {
+				old = &base.Status.Conditions[j].ConditionState
+			}
+		}
+		stamp(now, &c.ConditionState, old)
+	}
+	cron.Status = st
+	if equality.Semantic.DeepEqual(base.Status, cron.Status) {
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{}, r.Patch(ctx, cron, client.MergeFrom(base)) // CDI's DataImportCron CRD has no status subresource
+}
+
+// status is the DataImportCron's status now, after keeping its image and DataSource.
+func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron) (cdiv1.DataImportCronStatus, error) {
+	st := cdiv1.DataImportCronStatus{LastImportedPVC: cron.Status.LastImportedPVC, LastImportTimestamp: cron.Status.LastImportTimestamp}
+	failed := func(reason, msg string) cdiv1.DataImportCronStatus {
+		st.Conditions = []cdiv1.DataImportCronCondition{
+			{Type: cdiv1.DataImportCronProgressing, ConditionState: cdiv1.ConditionState{Status: corev1.ConditionFalse, Reason: reason, Message: msg}},
+			{Type: cdiv1.DataImportCronUpToDate, ConditionState: cdiv1.ConditionState{Status: corev1.ConditionFalse, Reason: reason, Message: msg}},
+		}
+		return st
+	}
+	img, err := r.cronImage(cron)
+	if ref := (*refusal)(nil); errors.As(err, &ref) {
+		return failed(ref.reason, ref.message), nil
+	} else if err != nil {
+		return st, err
+	}
+	if err := r.ensureImage(ctx, cron, img); errors.As(err, new(*owned.ErrNotOwned)) {
+		return failed(ReasonResourceExists, fmt.Sprintf("VirtualMachineImage %s already exists and is not managed by DataImportCron %s", img.Name, cron.Name)), nil
+	} else if apierrors.IsInvalid(err) {
+		return failed(ReasonInvalidCron, fmt.Sprintf("the DataImportCron cannot be served: %v", err)), nil
+	} else if err != nil {
+		return st, err
+	}
+
+	sched := ptr.Deref(img.Status.Schedule, common.ScheduleStatus{})
+	st.LastExecutionTimestamp = sched.LastCheckTime
+	for _, rev := range sched.Revisions {
+		if rev.Phase != common.PhaseReady && rev.Phase != common.PhaseFailed {
+			st.CurrentImports = append(st.CurrentImports, cdiv1.ImportStatus{DataVolumeName: rev.Image, Digest: rev.Revision})
+		}
+	}
+	progressing := cdiv1.DataImportCronCondition{Type: cdiv1.DataImportCronProgressing,
+		ConditionState: cdiv1.ConditionState{Status: corev1.ConditionFalse, Reason: ReasonNoImport, Message: "no import is running"}}
+	if len(st.CurrentImports) > 0 {
+		progressing.Status, progressing.Reason = corev1.ConditionTrue, ReasonImportProgress
+		progressing.Message = fmt.Sprintf("importing revision %s into VirtualMachineImage %s", st.CurrentImports[0].Digest, st.CurrentImports[0].DataVolumeName)
+	}
+	upToDate := cdiv1.DataImportCronCondition{Type: cdiv1.DataImportCronUpToDate,
+		ConditionState: cdiv1.ConditionState{Status: corev1.ConditionFalse, Reason: ReasonNoImport, Message: "no revision is imported yet"}}
+
+	golden, err := image.Lookup(ctx, r.Client, image.KindVirtualMachineImage, cron.Namespace, img.Name)
+	if nr := (*image.NotReadyError)(nil); errors.As(err, &nr) {
+		upToDate.Message = nr.Message
+		st.Conditions = []cdiv1.DataImportCronCondition{progressing, upToDate}
+		return st, nil
+	} else if err != nil {
+		return st, err
+	}
+	st.LastImportedPVC = &cdiv1.DataVolumeSourcePVC{Namespace: cron.Namespace, Name: golden.PVC.Name}
+	st.LastImportTimestamp = golden.Status.CompletionTime
+	if len(st.CurrentImports) == 0 {
+		upToDate.Status, upToDate.Reason = corev1.ConditionTrue, ReasonUpToDate
+		upToDate.Message = fmt.Sprintf("PVC %s holds the newest revision (VirtualMachineImage %s)", golden.PVC.Name, golden.Obj.GetName())
+	} else {
+		upToDate.Message = "a newer revision is being imported"
+	}
+	st.Conditions = []cdiv1.DataImportCronCondition{progressing, upToDate}
+	return st, r.keepDataSource(ctx, cron, golden.PVC.Name)
+}
+
+// cronImage is the scheduled image that serves cron, or why there can be none.
+func (r *CronReconciler) cronImage(cron *cdiv1.DataImportCron) (*hypercloud.VirtualMachineImage, error) {
+	t := cron.Spec.Template.Spec
+	if t.Source == nil || (t.Source.HTTP == nil && t.Source.S3 == nil && t.Source.Registry == nil) {
+		return nil, &refusal{ReasonInvalidCron, "spec.template.spec.source must be http, s3 or registry: diskpipe checks those for new revisions"}
+	}
+	src, err := imageSource(t.Source, cron.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	keep := ptr.Deref(cron.Spec.ImportsToKeep, common.DefaultKeep)
+	if ptr.Deref(cron.Spec.GarbageCollect, cdiv1.DataImportCronGarbageCollectOutdated) == cdiv1.DataImportCronGarbageCollectNever {
+		keep = 100 // the most a schedule keeps
+	}
+	keep = min(max(keep, 1), 100)
+	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cronImageName(cron.Name), Namespace: cron.Namespace,
+		Labels: map[string]string{LabelDataImportCron: cron.Name}},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: *src, Schedule: &common.ImageSchedule{Cron: cron.Spec.Schedule, Keep: &keep}}}
+	switch {
+	case t.Storage != nil:
+		img.Spec.StorageClassName, img.Spec.VolumeMode = t.Storage.StorageClassName, t.Storage.VolumeMode
+	case t.PVC != nil:
+		img.Spec.StorageClassName, img.Spec.VolumeMode = t.PVC.StorageClassName, t.PVC.VolumeMode
+	}
+	return img, nil
+}
+
+// ensureImage makes img, controlled by cron, or brings its schedule to cron's.
+func (r *CronReconciler) ensureImage(ctx context.Context, cron *cdiv1.DataImportCron, img *hypercloud.VirtualMachineImage) error {
+	want := img.Spec.Schedule.DeepCopy()
+	if _, err := owned.Ensure(ctx, r.Client, cron, img); err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(img.Spec.Schedule, want) {
+		return nil
+	}
+	patch := client.MergeFrom(img.DeepCopy())
+	img.Spec.Schedule = want
+	return r.Patch(ctx, img, patch)
+}
+
+// keepDataSource points cron's managed DataSource at pvc: made, controlled by cron, when
+// missing; one that exists (made beforehand, as SSP makes them) is kept pointed at it.
+func (r *CronReconciler) keepDataSource(ctx context.Context, cron *cdiv1.DataImportCron, pvc string) error {
+	src := cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: cron.Namespace, Name: pvc}}
+	ds := &cdiv1.DataSource{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: cron.Namespace, Name: cron.Spec.ManagedDataSource}, ds)
+	if apierrors.IsNotFound(err) {
+		ds = &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: cron.Spec.ManagedDataSource, Namespace: cron.Namespace,
+			Labels: map[string]string{LabelDataImportCron: cron.Name}}, Spec: cdiv1.DataSourceSpec{Source: src}}
+		if err := controllerutil.SetControllerReference(cron, ds, r.Scheme()); err != nil {
+			return err
+		}
+		return r.Create(ctx, ds)
+	} else if err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(ds.Spec.Source, src) && ds.Labels[LabelDataImportCron] == cron.Name {
+		return nil
+	}
+	patch := client.MergeFrom(ds.DeepCopy())
+	ds.Spec.Source = src
+	metav1.SetMetaDataLabel(&ds.ObjectMeta, LabelDataImportCron, cron.Name)
+	return r.Patch(ctx, ds, patch)
+}
+
+// stamp sets a condition's times: old's when it says the same, now when it changed.
+func stamp(now metav1.Time, c, old *cdiv1.ConditionState) {
+	if old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+		c.LastTransitionTime, c.LastHeartbeatTime = old.LastTransitionTime, old.LastHeartbeatTime
+		return
+	}
+	c.LastTransitionTime, c.LastHeartbeatTime = now, now
+}
