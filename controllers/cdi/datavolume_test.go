@@ -510,7 +510,9 @@ func TestDataImportCron(t *testing.T) {
 			URL: ptr.To("docker://quay.io/containerdisks/fedora:latest")}}, Storage: &cdiv1.StorageSpec{}}}}}
 	g.Expect(env.Client.Create(ctx, cron)).To(Succeed())
 	img := &hypercloud.VirtualMachineImage{}
-	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dic-fedora-cron"}, img) }, 20*time.Second).Should(Succeed())
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dic-fedora-cron"}, img)
+	}, 20*time.Second).Should(Succeed())
 	g.Expect(metav1.IsControlledBy(img, cron)).To(BeTrue())
 	g.Expect(img.Spec.Schedule).To(Equal(&common.ImageSchedule{Cron: "@every 1h", Keep: ptr.To[int32](2)}))
 	g.Expect(img.Spec.Source.Registry.URL).To(Equal("docker://quay.io/containerdisks/fedora:latest"))
