@@ -33,7 +33,7 @@ metadata:
   name: fedora
 spec:
   source:
-    pvc: {name: fedora}
+    pvc: {name: fedora, namespace: `+images+`}
 `, "apply", "-n", images, "-f", "-")
 		Eventually(func() string {
 			return kubectl("", "get", "datasource", "fedora", "-n", images, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
