@@ -38,6 +38,26 @@ spec:
 		Eventually(func() string {
 			return kubectl("", "get", "datasource", "fedora", "-n", images, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		}, 2*time.Minute, time.Second).Should(Equal("True"))
+		// CDI's rule for a clone across namespaces, which KubeVirt asks of the VM's service
+		// account and diskpipe's webhook of whoever creates the DataVolume: create on
+		// datavolumes/source in the source's namespace.
+		kubectl(fmt.Sprintf(`apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: clone-source
+rules:
+- apiGroups: [cdi.kubevirt.io]
+  resources: [datavolumes/source]
+  verbs: [create]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: clone-source
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: clone-source}
+subjects:
+- {kind: ServiceAccount, name: default, namespace: %s}
+`, ns), "apply", "-n", images, "-f", "-")
 
 		start := time.Now()
 		kubectl(dvVM("fromhttp", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2"))+"---\n"+
