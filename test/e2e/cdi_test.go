@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,26 +40,7 @@ spec:
 		Eventually(func() string {
 			return kubectl("", "get", "datasource", "fedora", "-n", images, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		}, 2*time.Minute, time.Second).Should(Equal("True"))
-		// CDI's rule for a clone across namespaces, which KubeVirt asks of the VM's service
-		// account and diskpipe's webhook of whoever creates the DataVolume: create on
-		// datavolumes/source in the source's namespace.
-		kubectl(fmt.Sprintf(`apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata:
-  name: clone-source
-rules:
-- apiGroups: [cdi.kubevirt.io]
-  resources: [datavolumes/source]
-  verbs: [create]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata:
-  name: clone-source
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: clone-source}
-subjects:
-- {kind: ServiceAccount, name: default, namespace: %s}
-`, ns), "apply", "-n", images, "-f", "-")
+		grantCloneSource(images, ns)
 
 		start := time.Now()
 		kubectl(dvVM("fromhttp", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2"))+"---\n"+
@@ -99,6 +82,64 @@ subjects:
 		}, 2*time.Minute, time.Second).Should(BeEmpty(), "the VMs' DataVolumes, and what made them, are gone")
 	})
 
+	It("keeps a DataImportCron's DataSource on the newest revision: a VM made from it after an update boots the new one, and the old import is collected", func() {
+		ns := vmNamespace()
+		// The source: the test disk as qcow2, then the same disk 64 MiB larger (a new release).
+		source := filepath.Join(work, "cron-"+ns+".qcow2")
+		release := func(grow string, at time.Time) {
+			GinkgoHelper()
+			next := source + ".next"
+			run("cp", images["qcow2"], next)
+			if grow != "" {
+				run("qemu-img", "resize", "-f", "qcow2", next, grow)
+			}
+			Expect(os.Chtimes(next, at, at)).To(Succeed())
+			Expect(os.Rename(next, source)).To(Succeed())
+		}
+		start := time.Now().Truncate(time.Second)
+		release("", start.Add(-time.Hour))
+		kubectl(fmt.Sprintf(`apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataImportCron
+metadata:
+  name: os
+spec:
+  schedule: "@every 5s"
+  managedDataSource: os
+  importsToKeep: 1
+  template:
+    spec:
+      source:
+        http: {url: %q}
+      storage: {}
+`, server+"/"+filepath.Base(source)), "apply", "-n", ns, "-f", "-")
+		imported := func() string {
+			return kubectl("", "get", "dataimportcron", "os", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="UpToDate")].status} {.status.lastImportedPVC.name}`)
+		}
+		Eventually(imported, 3*time.Minute, time.Second).Should(HavePrefix("True vmim-"))
+		first := strings.Fields(imported())[1]
+		Eventually(func() string {
+			return kubectl("", "get", "datasource", "os", "-n", ns, "-o", `jsonpath={.spec.source.pvc.name} {.status.conditions[?(@.type=="Ready")].status}`)
+		}, time.Minute, time.Second).Should(Equal(first + " True"))
+		grantCloneSource(ns, ns)
+		kubectl(dvVM("before", "sourceRef: {kind: DataSource, name: os}"), "apply", "-n", ns, "-f", "-")
+		Expect(guestConsole(ns, "before", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
+
+		// A new release: the next checks find it, import it, and the DataSource moves to it.
+		release("+64M", start)
+		Eventually(imported, 3*time.Minute, time.Second).Should(And(HavePrefix("True vmim-"), Not(HaveSuffix(" "+first))))
+		second := strings.Fields(imported())[1]
+		Eventually(func() string {
+			return kubectl("", "get", "datasource", "os", "-n", ns, "-o", "jsonpath={.spec.source.pvc.name}")
+		}, time.Minute, time.Second).Should(Equal(second))
+		kubectl(dvVM("after", "sourceRef: {kind: DataSource, name: os}"), "apply", "-n", ns, "-f", "-")
+		Expect(guestConsole(ns, "after", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
+		Expect("vmim-"+kubectl("", "get", "dvol", "after-root", "-n", ns, "-o", "jsonpath={.spec.source.image.name}")).To(Equal(second),
+			"the VM made after the update is cloned from the new revision's image")
+		// importsToKeep 1: the first revision's image and golden PVC go.
+		Eventually(func() string { return kubectl("", "get", "pvc", first, "-n", ns, "--ignore-not-found", "-o", "name") }, 2*time.Minute, time.Second).
+			Should(BeEmpty())
+	})
+
 	It("uploads with the unmodified virtctl image-upload dv, and a VM boots the uploaded disk", func() {
 		ns := vmNamespace()
 		ip := kubectl("", "get", "service", "diskpipe-uploadproxy", "-n", "diskpipe-system", "-o", "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}")
@@ -116,6 +157,30 @@ subjects:
 		Expect(guestConsole(ns, "booted", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda size="))
 	})
 })
+
+// grantCloneSource gives the default service account of namespace vmNS CDI's right to clone
+// from namespace sourceNS (create on datavolumes/source), which KubeVirt asks of a VM's account
+// before it makes a DataVolume that clones, in the same namespace or across.
+func grantCloneSource(sourceNS, vmNS string) {
+	GinkgoHelper()
+	kubectl(fmt.Sprintf(`apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: clone-source-%[1]s
+rules:
+- apiGroups: [cdi.kubevirt.io]
+  resources: [datavolumes/source]
+  verbs: [create]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: clone-source-%[1]s
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: clone-source-%[1]s}
+subjects:
+- {kind: ServiceAccount, name: default, namespace: %[1]s}
+`, vmNS), "apply", "-n", sourceNS, "-f", "-")
+}
 
 // dvVM is a KubeVirt VirtualMachine (runStrategy Once) whose only disk, vda, is the
 // dataVolumeTemplates entry NAME-root of 512Mi made from source (YAML under spec:).
