@@ -216,7 +216,10 @@ func TestResumeRawAndBlock(t *testing.T) {
 	raw := makeBigRaw(t, dir, 4)
 	size := fileSizeOf(t, raw)
 	img := convertTo(t, raw, "qcow2")
-	slack := int64(resumeEvery + 32<<20)
+	// What the next importer reads again: the bytes since the last checkpoint, and what was
+	// read ahead of it by the ranged requests in flight, which under load (CI, beside the real
+	// node's suite) was 102 MiB past the checkpoint.
+	slack := int64(2*resumeEvery + 32<<20)
 
 	t.Run("raw", func(t *testing.T) {
 		srv := &fileServer{path: raw}
