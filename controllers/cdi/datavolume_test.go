@@ -234,10 +234,11 @@ func TestStorageProfiles(t *testing.T) {
 	g.Eventually(status, 20*time.Second).Should(Equal("fast fast.diskpipe.test snapshot [ReadWriteOnce]/Filesystem"))
 	g.Expect(p.OwnerReferences).To(HaveLen(1), "the class owns its profile")
 
-	p.Spec.CloneStrategy = ptr.To(cdiv1.CloneStrategyHostAssisted)
-	p.Spec.ClaimPropertySets = []cdiv1.ClaimPropertySet{{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-		VolumeMode: ptr.To(corev1.PersistentVolumeBlock)}}
-	g.Expect(env.Client.Update(ctx, p)).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, p, func() {
+		p.Spec.CloneStrategy = ptr.To(cdiv1.CloneStrategyHostAssisted)
+		p.Spec.ClaimPropertySets = []cdiv1.ClaimPropertySet{{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			VolumeMode: ptr.To(corev1.PersistentVolumeBlock)}}
+	})).To(Succeed())
 	g.Eventually(status, 20*time.Second).Should(Equal("fast fast.diskpipe.test copy [ReadWriteMany]/Block"))
 
 	ns, err := env.CreateNamespace(ctx, "dv-profile")
@@ -418,8 +419,8 @@ func TestDataVolumeCrossNamespace(t *testing.T) {
 	// Within the namespace nothing is asked; an update to another namespace's PVC is.
 	own := clone("own", team)
 	g.Expect(bob.Create(ctx, own)).To(Succeed())
-	own.Spec.Source.PVC.Namespace = golden
-	g.Expect(bob.Update(ctx, own)).To(MatchError(ContainSubstring("bob may not clone the PersistentVolumeClaim " + golden + "/fedora")))
+	g.Expect(ctrltest.Update(ctx, bob, own, func() { own.Spec.Source.PVC.Namespace = golden })).
+		To(MatchError(ContainSubstring("bob may not clone the PersistentVolumeClaim " + golden + "/fedora")))
 
 	grant(golden, "clone-source", rbacv1.PolicyRule{APIGroups: []string{"cdi.kubevirt.io"}, Resources: []string{"datavolumes/source"}, Verbs: []string{"create"}})
 	allowed := clone("allowed", golden)

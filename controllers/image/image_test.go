@@ -178,8 +178,7 @@ func TestImport(t *testing.T) {
 	}, 20*time.Second).Should(BeTrue(), "the finished importer pod is deleted")
 
 	// Changing only labels never re-imports.
-	vmi.Labels = map[string]string{"team": "a"}
-	g.Expect(env.Client.Update(ctx, vmi)).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, vmi, func() { vmi.Labels = map[string]string{"team": "a"} })).To(Succeed())
 	g.Consistently(func() int {
 		pods := &corev1.PodList{}
 		_ = env.Client.List(ctx, pods, client.InNamespace(ns))
@@ -293,10 +292,7 @@ func TestSizeRequired(t *testing.T) {
 		return len(pods.Items)
 	}, 3*time.Second).Should(BeZero(), "no second probe")
 
-	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)).To(Succeed())
-	q := resource.MustParse("20Gi")
-	vmi.Spec.Resources.Requests.Storage = &q
-	g.Expect(env.Client.Update(ctx, vmi)).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, vmi, func() { vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity("20Gi") })).To(Succeed())
 	g.Eventually(func() error {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-fedora-import-0"}, &corev1.Pod{})
 	}, 20*time.Second).Should(Succeed())

@@ -204,8 +204,7 @@ func TestScheduledImage(t *testing.T) {
 	g.Eventually(heldPhase, 10*time.Second).Should(Equal(common.PhaseDeleting))
 	g.Consistently(heldPhase, 3*time.Second).Should(Equal(common.PhaseDeleting))
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-" + a.Name}, &corev1.PersistentVolumeClaim{})).To(Succeed(), "a's golden PVC stays while the clone reads it")
-	clone.Labels = nil
-	g.Expect(env.Client.Update(ctx, clone)).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, clone, func() { clone.Labels = nil })).To(Succeed())
 	g.Eventually(gone(a.Name), 20*time.Second).Should(BeTrue())
 	g.Eventually(func() []string {
 		var names []string

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 )
 
 // TestCDIPolicy: with CDI's CRDs (generated from CDI's API module) and the chart's
@@ -101,7 +102,10 @@ func TestCDIPolicy(t *testing.T) {
 	// What is refused on creation is refused on a change too.
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(dv("", "source: {blank: {}}").GroupVersionKind())
-	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "http"}, u)).To(Succeed())
-	g.Expect(unstructured.SetNestedField(u.Object, "archive", "spec", "contentType")).To(Succeed())
-	g.Expect(env.Client.Update(ctx, u)).To(MatchError(ContainSubstring("contentType archive is not served")))
+	u.SetNamespace(ns)
+	u.SetName("http")
+	g.Expect(ctrltest.Update(ctx, env.Client, u, func() {
+		g.Expect(unstructured.SetNestedField(u.Object, "archive", "spec", "contentType")).To(Succeed())
+	})).
+		To(MatchError(ContainSubstring("contentType archive is not served")))
 }

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -192,4 +193,17 @@ func Fill(t *testing.T, env *testenv.Env, ns, prime, pod, pvc string, res transf
 func Quantity(s string) *resource.Quantity {
 	q := resource.MustParse(s)
 	return &q
+}
+
+// Update writes change to the latest version of obj as c, reading it again when a controller
+// wrote it in between (a conflict), so a test's update never races the manager's status writes.
+// Any other error, such as a webhook's refusal, is returned as it is.
+func Update(ctx context.Context, c client.Client, obj client.Object, change func()) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		change()
+		return c.Update(ctx, obj)
+	})
 }
