@@ -31,21 +31,34 @@ import (
 //     (upload.cdi.kubevirt.io/v1beta1, spec.pvcName) with a token for that image; as with CDI,
 //     the apiserver's check that the user may create uploadtokenrequests in the namespace is
 //     the authorization;
-//   - the upload proxy takes CDI's POST /v1beta1/upload (Authorization: Bearer <token>, the
-//     image as the body) into the same resumable store as a PUT, and answers 200 once the
-//     DataVolume's disk is made (the staging image gone, its claim annotated
-//     cdi.kubevirt.io/storage.pod.phase: Succeeded), as CDI's synchronous upload answers once
-//     its upload server has written the disk; virtctl then finds the claim done.
-//
-// CDI's asynchronous and form uploads are not served: virtctl falls back to the synchronous
-// upload when HEAD /v1beta1/upload-async is not 200.
+//   - the upload proxy takes CDI's uploads (Authorization: Bearer <token>) into the same
+//     resumable store as a PUT: the image as the body (POST /v1beta1/upload, /upload-async) or
+//     as the form field "file" (/upload-form, /upload-form-async, as a browser sends it); the
+//     v1alpha1 paths too, as CDI's proxy serves them. A synchronous upload is answered 200 once
+//     the DataVolume's disk is made (the staging image gone, its claim annotated
+//     cdi.kubevirt.io/storage.pod.phase: Succeeded), or with the import's failure, as CDI's
+//     answers once its upload server has written the disk; an asynchronous one is answered 200
+//     once the image is stored, and the client waits on the claim's annotation (virtctl
+//     does: it HEADs /v1beta1/upload-async and takes that path when it answers 200).
 
 // CDI's upload paths on the upload proxy.
 const (
-	PathCDIUpload      = "/v1beta1/upload"
-	PathCDIUploadAsync = "/v1beta1/upload-async"
-	PathHealthz        = "/healthz"
+	PathCDIUpload          = "/v1beta1/upload"
+	PathCDIUploadAsync     = "/v1beta1/upload-async"
+	PathCDIUploadForm      = "/v1beta1/upload-form"
+	PathCDIUploadFormAsync = "/v1beta1/upload-form-async"
+	PathHealthz            = "/healthz"
 )
+
+// cdiPath is how a CDI upload path is served.
+type cdiPath struct{ async, form bool }
+
+var cdiPaths = map[string]cdiPath{
+	PathCDIUpload: {}, "/v1alpha1/upload": {},
+	PathCDIUploadAsync: {async: true}, "/v1alpha1/upload-async": {async: true},
+	PathCDIUploadForm: {form: true}, "/v1alpha1/upload-form": {form: true},
+	PathCDIUploadFormAsync: {async: true, form: true}, "/v1alpha1/upload-form-async": {async: true, form: true},
+}
 
 // DataVolumeImage names the VirtualMachineImage that stages DataVolume name's source.
 func DataVolumeImage(name string) string {
@@ -61,35 +74,69 @@ const AnnPodPhase = "cdi.kubevirt.io/storage.pod.phase"
 
 // serveCDI serves CDI's upload paths; handled says the path was one.
 func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool, err error) {
-	switch r.URL.Path {
-	case PathHealthz:
+	if r.URL.Path == PathHealthz {
 		_, _ = io.WriteString(w, "ok\n")
 		return true, nil
-	case PathCDIUploadAsync:
-		return true, fail(http.StatusNotFound, "asynchronous uploads are not served: POST the image to %s", PathCDIUpload)
-	case PathCDIUpload:
-	default:
+	}
+	how, ok := cdiPaths[r.URL.Path]
+	if !ok {
 		return false, nil
 	}
-	if r.Method != http.MethodPost {
-		return true, fail(http.StatusMethodNotAllowed, "POST the image to %s", PathCDIUpload)
-	}
 	ctx := r.Context()
+	switch {
+	case r.Method == http.MethodHead && how.async:
+		// virtctl asks whether the asynchronous path is served, with its token.
+		_, err := s.tokenClaims(ctx, r)
+		return true, err
+	case r.Method != http.MethodPost:
+		return true, fail(http.StatusMethodNotAllowed, "POST the image to %s", r.URL.Path)
+	}
 	c, err := s.tokenClaims(ctx, r)
 	if err != nil {
 		return true, err
 	}
-	// The upload goes into the store as a PUT's would; its answer is held until the disk is made.
+	var in *body
+	if how.form {
+		if in, err = formFile(r); err != nil {
+			return true, err
+		}
+	}
+	// The upload goes into the store as a PUT's would; its answer is held: CDI answers 200.
 	held := &heldResponse{ResponseWriter: w, header: http.Header{}}
-	if err := s.upload(held, r, c.Namespace, c.Resource, c.Name, caller{user: c.User, uid: c.UID}); err != nil {
+	if err := s.upload(held, r, in, c.Namespace, c.Resource, c.Name, caller{user: c.User, uid: c.UID}); err != nil {
 		return true, err
+	}
+	stored := strings.TrimSpace(held.body.String())
+	if how.async {
+		s.Log.Info("Upload stored", "namespace", c.Namespace, "image", c.Name)
+		_, _ = fmt.Fprintf(w, "%s: the disk is being made; the claim is annotated %s: Succeeded when it is\n", stored, AnnPodPhase)
+		return true, nil
 	}
 	s.Log.Info("Upload stored; waiting for the DataVolume's disk", "namespace", c.Namespace, "image", c.Name)
 	if err := s.waitMade(ctx, c.Namespace, c.Name); err != nil {
 		return true, err
 	}
-	_, _ = fmt.Fprintf(w, "%s: the disk is made\n", strings.TrimSpace(held.body.String()))
+	_, _ = fmt.Fprintf(w, "%s: the disk is made\n", stored)
 	return true, nil
+}
+
+// formFile is the form field "file" of a multipart upload, of a size the form does not say.
+func formFile(r *http.Request) (*body, error) {
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return nil, fail(http.StatusBadRequest, "a form upload is multipart/form-data with the image in the field \"file\": %v", err)
+	}
+	for {
+		p, err := mr.NextPart()
+		if err == io.EOF {
+			return nil, fail(http.StatusBadRequest, "the form has no field \"file\"")
+		} else if err != nil {
+			return nil, fail(http.StatusBadRequest, "reading the form: %v", err)
+		}
+		if p.FormName() == "file" {
+			return &body{Reader: &untilEOF{Reader: p}, total: -1}, nil
+		}
+	}
 }
 
 // tokenClaims are the claims of the upload token the request bears.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"strings"
 	"testing"
@@ -24,78 +25,153 @@ import (
 // cdiUpload sends the image as virtctl image-upload does: POST /v1beta1/upload with the token
 // as a bearer token and the whole file as the body; its answer comes on the channel.
 func (f *fixture) cdiUpload(t *testing.T, token string, body []byte) <-chan string {
+	return f.cdiPost(t, uploadproxy.PathCDIUpload, token, "application/octet-stream", body)
+}
+
+// cdiPost posts body to path with the token; the answer comes on the channel.
+func (f *fixture) cdiPost(t *testing.T, path, token, contentType string, body []byte) <-chan string {
 	done := make(chan string, 1)
 	go func() {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, f.url+uploadproxy.PathCDIUpload, bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, f.url+path, bytes.NewReader(body))
 		if err != nil {
 			done <- err.Error()
 			return
 		}
 		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Content-Type", "application/octet-stream")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			done <- err.Error()
-			return
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		done <- fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+		req.Header.Set("Content-Type", contentType)
+		done <- answer(http.DefaultClient.Do(req))
 	}()
 	return done
 }
 
+// answer is a response's code and body, or the error.
+func answer(resp *http.Response, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+}
+
+// form is a multipart form as a browser sends it: a field before the file, then the file
+// (when file is not nil); cut leaves the closing boundary off, as a connection cut mid-file
+// does.
+func form(t *testing.T, file []byte, cut bool) (contentType string, body []byte) {
+	var b bytes.Buffer
+	mw := multipart.NewWriter(&b)
+	if err := mw.WriteField("note", "a field before the file"); err != nil {
+		t.Fatal(err)
+	}
+	if file != nil {
+		fw, err := mw.CreateFormFile("file", "disk.qcow2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = fw.Write(file)
+	}
+	if !cut {
+		if err := mw.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return mw.FormDataContentType(), b.Bytes()
+}
+
+// complete is the HEAD of diskpipe's protocol for image name: whether it is stored whole.
+func (f *fixture) complete(t *testing.T, token, name string) func() string {
+	return func() string {
+		resp, _ := f.do(t, http.MethodHead, name, token, nil, "")
+		return resp.Header.Get(uploadproxy.HeaderComplete)
+	}
+}
+
 // TestCDIUpload: CDI's synchronous upload stores the image as a PUT does and answers 200 only
 // once the DataVolume's disk is made (its staging image gone), or the import's failure; the
-// asynchronous path is not served (virtctl then uses the synchronous one); /healthz answers.
+// asynchronous one answers 200 once the image is stored, and its path answers virtctl's HEAD;
+// /healthz answers.
 func TestCDIUpload(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
 	key := f.withTokens(t)
 	f.newImage(t, "dv-disk", f.digest)
 	f.newImage(t, "dv-bad", "")
+	f.newImage(t, "dv-async", f.digest)
 	soon := time.Now().Add(time.Minute)
 
 	for _, c := range []struct{ method, path, token, want string }{
 		{http.MethodGet, uploadproxy.PathHealthz, "", "200 ok"},
-		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", soon), "404 "},
+		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", soon), "200 "},
+		{http.MethodHead, "/v1alpha1/upload-async", f.token(t, key, "dv-disk", soon), "200 "},
+		{http.MethodHead, uploadproxy.PathCDIUploadAsync, "", "401 "},
+		{http.MethodHead, uploadproxy.PathCDIUpload, f.token(t, key, "dv-disk", soon), "405 "},
 		{http.MethodPost, uploadproxy.PathCDIUpload, "", "401 an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)"},
+		{http.MethodPost, uploadproxy.PathCDIUploadAsync, "forged", "401 "},
 		{http.MethodPut, uploadproxy.PathCDIUpload, f.token(t, key, "dv-disk", soon), "405 POST the image to /v1beta1/upload"},
 	} {
 		req, _ := http.NewRequestWithContext(t.Context(), c.method, f.url+c.path, nil)
 		if c.token != "" {
 			req.Header.Set("Authorization", "Bearer "+c.token)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		g.Expect(err).NotTo(HaveOccurred())
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		g.Expect(fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))).To(Equal(c.want), "%s %s", c.method, c.path)
+		g.Expect(answer(http.DefaultClient.Do(req))).To(HavePrefix(c.want), "%s %s", c.method, c.path)
 	}
 
-	answer := f.cdiUpload(t, f.token(t, key, "dv-disk", soon), f.image)
+	done := f.cdiUpload(t, f.token(t, key, "dv-disk", soon), f.image)
 	// Stored whole (HEAD of diskpipe's protocol says so), and no answer while the disk is made.
-	g.Eventually(func() string {
-		resp, _ := f.do(t, http.MethodHead, "dv-disk", f.token(t, key, "dv-disk", soon), nil, "")
-		return resp.Header.Get(uploadproxy.HeaderComplete)
-	}, 20*time.Second, 200*time.Millisecond).Should(Equal("true"))
-	g.Consistently(answer, 2*time.Second).ShouldNot(Receive())
+	g.Eventually(f.complete(t, f.token(t, key, "dv-disk", soon), "dv-disk"), 20*time.Second, 200*time.Millisecond).Should(Equal("true"))
+	g.Consistently(done, 2*time.Second).ShouldNot(Receive())
 	g.Expect(env.Client.Delete(t.Context(), &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "dv-disk", Namespace: f.ns}})).To(Succeed())
-	g.Eventually(answer, 20*time.Second).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is made", len(f.image), f.digest))))
+	g.Eventually(done, 20*time.Second).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is made", len(f.image), f.digest))))
+
+	// The asynchronous upload is answered once stored, the image still there to be imported.
+	done = f.cdiPost(t, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-async", soon), "application/octet-stream", f.image)
+	g.Eventually(done, 20*time.Second).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is being made; the claim is annotated %s: Succeeded when it is",
+		len(f.image), f.digest, uploadproxy.AnnPodPhase))))
+	g.Expect(f.complete(t, f.token(t, key, "dv-async", soon), "dv-async")()).To(Equal("true"))
 
 	// An import that fails after the upload is the upload's answer.
-	answer = f.cdiUpload(t, f.token(t, key, "dv-bad", soon), []byte("not a disk image, and short"))
+	done = f.cdiUpload(t, f.token(t, key, "dv-bad", soon), []byte("not a disk image, and short"))
 	bad := &hypercloud.VirtualMachineImage{}
-	g.Eventually(func() string {
-		resp, _ := f.do(t, http.MethodHead, "dv-bad", f.token(t, key, "dv-bad", soon), nil, "")
-		return resp.Header.Get(uploadproxy.HeaderComplete)
-	}, 20*time.Second, 200*time.Millisecond).Should(Equal("true"))
+	g.Eventually(f.complete(t, f.token(t, key, "dv-bad", soon), "dv-bad"), 20*time.Second, 200*time.Millisecond).Should(Equal("true"))
 	g.Expect(env.Client.Get(t.Context(), clientKey(f.ns, "dv-bad"), bad)).To(Succeed())
 	bad.Status.Phase = common.PhaseFailed
 	bad.Status.Conditions = []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, Reason: "UnknownFormat",
 		Message: "the source is no disk image", LastTransitionTime: metav1.Now()}}
 	g.Expect(env.Client.Status().Update(t.Context(), bad)).To(Succeed())
-	g.Eventually(answer, 20*time.Second).Should(Receive(Equal("422 the upload was stored, and its import failed: UnknownFormat: the source is no disk image")))
+	g.Eventually(done, 20*time.Second).Should(Receive(Equal("422 the upload was stored, and its import failed: UnknownFormat: the source is no disk image")))
+}
+
+// TestCDIFormUpload: CDI's form uploads (a browser's multipart form, the image in the field
+// "file", of a size the request does not say) store the file whole over several parts and
+// its checksum holds; a form cut before its end stores nothing complete and says so, and the
+// same form sent again finishes; a form without the file is refused.
+func TestCDIFormUpload(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	key := f.withTokens(t)
+	f.newImage(t, "dv-form", f.digest)
+	f.newImage(t, "dv-cut", f.digest)
+	soon := time.Now().Add(time.Minute)
+
+	ct, body := form(t, nil, false)
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "dv-form", soon), ct, body), 10*time.Second).
+		Should(Receive(Equal(`400 the form has no field "file"`)))
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "dv-form", soon), "application/octet-stream", f.image), 10*time.Second).
+		Should(Receive(HavePrefix(`400 a form upload is multipart/form-data with the image in the field "file"`)))
+
+	ct, body = form(t, f.image, false)
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "dv-form", soon), ct, body), 20*time.Second).
+		Should(Receive(HavePrefix(fmt.Sprintf("200 uploaded %d bytes, %s", len(f.image), f.digest))))
+
+	ct, cut := form(t, f.image[:len(f.image)-1000], true)
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadForm, f.token(t, key, "dv-cut", soon), ct, cut), 20*time.Second).
+		Should(Receive(MatchRegexp(`^400 the body ended at byte \d+ before the form's end; send it again \(\d+ bytes are stored\)$`)))
+	g.Expect(f.complete(t, f.token(t, key, "dv-cut", soon), "dv-cut")()).To(Equal("false"))
+	ct, body = form(t, f.image, false)
+	done := f.cdiPost(t, uploadproxy.PathCDIUploadForm, f.token(t, key, "dv-cut", soon), ct, body)
+	g.Eventually(f.complete(t, f.token(t, key, "dv-cut", soon), "dv-cut"), 20*time.Second, 200*time.Millisecond).Should(Equal("true"))
+	g.Expect(env.Client.Delete(t.Context(), &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "dv-cut", Namespace: f.ns}})).To(Succeed())
+	g.Eventually(done, 20*time.Second).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is made", len(f.image), f.digest))))
 }
 
 // TestCDIUploadToken: CDI's UploadTokenRequest names a DataVolume; the token is for the image

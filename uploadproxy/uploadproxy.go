@@ -201,12 +201,37 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return s.upload(w, r, ns, resource, name, who)
+	return s.upload(w, r, nil, ns, resource, name, who)
 }
 
-// upload answers a HEAD with the upload's offset, and stores the body of any other request
-// (a PUT, CDI's POST) from who.
-func (s *Server) upload(w http.ResponseWriter, r *http.Request, ns, resource, name string, who caller) error {
+// body is what a request uploads: from byte start of an upload of total bytes, or of a size
+// not said (total < 0: a form's file), read through an untilEOF to tell its end from a cut.
+type body struct {
+	io.Reader
+	start, total int64
+}
+
+// ended says the body's reader came to its end (io.EOF), not to a cut (a multipart part whose
+// connection ends before the boundary says io.ErrUnexpectedEOF).
+func (b *body) ended() bool {
+	u, ok := b.Reader.(*untilEOF)
+	return ok && u.eof
+}
+
+type untilEOF struct {
+	io.Reader
+	eof bool
+}
+
+func (u *untilEOF) Read(p []byte) (int, error) {
+	n, err := u.Reader.Read(p)
+	u.eof = u.eof || err == io.EOF
+	return n, err
+}
+
+// upload answers a HEAD with the upload's offset, and stores what any other request (a PUT,
+// CDI's POST) from who uploads: in, or else r's body from its Content-Range.
+func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, resource, name string, who caller) error {
 	ctx := r.Context()
 	img, err := GetImage(ctx, s.Kube, ns, resource, name)
 	if err != nil {
@@ -236,8 +261,15 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, ns, resource, na
 		w.Header().Set(HeaderComplete, strconv.FormatBool(u.complete))
 		return nil
 	}
+	if in == nil {
+		start, total, err := contentRange(r)
+		if err != nil {
+			return err
+		}
+		in = &body{Reader: r.Body, start: start, total: total}
+	}
 	s.Log.Info("Upload", "key", key, "user", who.user, "offset", u.Offset)
-	return s.put(ctx, w, r, u)
+	return s.put(ctx, w, in, u)
 }
 
 // find reads the state of an image's upload: complete, unfinished (its saved state), or new.
@@ -347,21 +379,18 @@ func (s *Server) save(ctx context.Context, u *upload) error {
 
 // put stores the body from its offset on, part by part, and completes the upload with its
 // last byte.
-func (s *Server) put(ctx context.Context, w http.ResponseWriter, r *http.Request, u *upload) error {
+func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *upload) error {
 	if u.complete {
 		return fail(http.StatusConflict, "the upload is already complete (%d bytes)", u.Offset)
 	}
 	if u.Total > 0 && u.Offset == u.Total {
 		return s.complete(ctx, w, u) // every byte is stored: finish what a stopped request began
 	}
-	start, total, err := contentRange(r)
-	if err != nil {
-		return err
-	}
+	start, total := in.start, in.total
 	if total == 0 {
 		return fail(http.StatusBadRequest, "the upload is empty")
 	}
-	if u.Total != 0 && total != u.Total {
+	if u.Total > 0 && total > 0 && total != u.Total {
 		return fail(http.StatusConflict, "the upload is of %d bytes, this request says %d: upload the same file, or delete and make the image again", u.Total, total)
 	}
 	if start > u.Offset {
@@ -373,32 +402,57 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, r *http.Request
 		if err := s.Store.EnsureBucket(ctx, Bucket); err != nil {
 			return err
 		}
-		if u.UploadID, err = core.NewMultipartUpload(ctx, Bucket, u.key, minio.PutObjectOptions{}); err != nil {
+		id, err := core.NewMultipartUpload(ctx, Bucket, u.key, minio.PutObjectOptions{})
+		if err != nil {
 			return err
 		}
+		u.UploadID = id
+		if err := s.save(ctx, u); err != nil {
+			return err
+		}
+	}
+	if u.Total <= 0 && total > 0 { // said now, by this request or a later one
 		u.Total = total
 		if err := s.save(ctx, u); err != nil {
 			return err
 		}
 	}
 	// Skip what is stored already.
-	if _, err := io.CopyN(io.Discard, r.Body, u.Offset-start); err != nil {
+	if _, err := io.CopyN(io.Discard, in, u.Offset-start); err != nil {
 		return fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.Offset, err)
 	}
 	rc := http.NewResponseController(w)
 	buf := make([]byte, s.PartSize)
-	for u.Offset < total {
+	for total < 0 || u.Offset < total {
 		if ctx.Err() != nil {
 			return fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
 		}
 		// A client that went away without closing the connection frees the upload in time.
 		_ = rc.SetReadDeadline(time.Now().Add(2 * time.Minute))
-		n, err := io.ReadFull(r.Body, buf[:min(s.PartSize, total-u.Offset)])
+		want := s.PartSize
+		if total > 0 {
+			want = min(s.PartSize, total-u.Offset)
+		}
+		n, err := io.ReadFull(in, buf[:want])
+		last := false
+		if total < 0 && in.ended() && (err == io.EOF || err == io.ErrUnexpectedEOF) {
+			// A body of a size not said ends where its reader says it does.
+			if n == 0 && u.Offset == 0 {
+				return fail(http.StatusBadRequest, "the upload is empty")
+			}
+			last, err = true, nil
+		}
 		if err != nil {
 			// A cut connection: the stored parts are the offset to resume from.
 			s.Log.Info("Upload interrupted", "key", u.key, "offset", u.Offset, "err", err)
 			w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
+			if total < 0 {
+				return fail(http.StatusBadRequest, "the body ended at byte %d before the form's end; send it again (%d bytes are stored)", u.Offset+int64(n), u.Offset)
+			}
 			return fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", u.Offset+int64(n), total, u.Offset)
+		}
+		if n == 0 {
+			break
 		}
 		number := len(u.Parts) + 1
 		p, err := core.PutObjectPart(ctx, Bucket, u.key, u.UploadID, number, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})
@@ -411,6 +465,12 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, r *http.Request
 		if err := s.save(ctx, u); err != nil {
 			return err
 		}
+		if last {
+			break
+		}
+	}
+	if total < 0 {
+		u.Total = u.Offset
 	}
 	return s.complete(ctx, w, u)
 }
