@@ -108,7 +108,7 @@ func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool,
 	}
 	stored := strings.TrimSpace(held.body.String())
 	if how.async {
-		s.Log.Info("Upload stored", "namespace", c.Namespace, "image", c.Name)
+		s.Log.Info("Upload stored (asynchronous)", "namespace", c.Namespace, "image", c.Name)
 		_, _ = fmt.Fprintf(w, "%s: the disk is being made; the claim is annotated %s: Succeeded when it is\n", stored, AnnPodPhase)
 		return true, nil
 	}

@@ -1,6 +1,8 @@
 package admission
 
 import (
+	"fmt"
+
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -34,24 +36,66 @@ var cdiUnsupported = []struct{ ok, reason string }{
 		"checkpoints (multi-stage warm imports) are not served by diskpipe's CDI API"},
 }
 
+// configUnsupported is each field of the CDIConfig's spec that diskpipe does not read, and the
+// reason; it is refused when set or changed (kept as it was, an update of other fields passes).
+// spec.uploadProxyURLOverride is read (controllers/cdi), and the rest are of CDI's own pods.
+var configUnsupported = []struct{ field, reason string }{
+	{"filesystemOverhead", "CDIConfig spec.filesystemOverhead is not read by diskpipe: set filesystemOverhead.global and " +
+		"filesystemOverhead.storageClasses in diskpipe's chart values (status.filesystemOverhead says what diskpipe uses)"},
+	{"importProxy", "CDIConfig spec.importProxy is not served by diskpipe: its importers reach sources directly, " +
+		"within the chart's importer.allowedDestinations"},
+	{"podResourceRequirements", "CDIConfig spec.podResourceRequirements is not read by diskpipe: set importer.resources in diskpipe's chart values"},
+	{"insecureRegistries", "CDIConfig spec.insecureRegistries is not served by diskpipe: give the registry's CA in the " +
+		"DataVolume's certConfigMap (source registry)"},
+	{"dataVolumeTTLSeconds", "CDIConfig spec.dataVolumeTTLSeconds is not served by diskpipe: a DataVolume is kept until it is deleted"},
+}
+
+// AnnUploadTarget marks a PVC that CDI's upload server is to fill (virtctl image-upload pvc);
+// diskpipe serves uploads to DataVolumes, and refuses the mark with this reason.
+const (
+	AnnUploadTarget     = "cdi.kubevirt.io/storage.upload.target"
+	uploadTargetRefused = "uploads into a PVC (" + AnnUploadTarget + ", virtctl image-upload pvc) are not served by diskpipe's CDI API: " +
+		"upload to a DataVolume (virtctl image-upload dv NAME --size ...), whose PVC is the disk"
+	uploadTargetOK = "request.resource.resource != 'persistentvolumeclaims' || !has(object.metadata.annotations) || " +
+		"!('" + AnnUploadTarget + "' in object.metadata.annotations) || " +
+		"(oldObject != null && has(oldObject.metadata.annotations) && '" + AnnUploadTarget + "' in oldObject.metadata.annotations)"
+)
+
+// configCondition holds when CDIConfig spec.field is unset, or as it was.
+func configCondition(field string) string {
+	return fmt.Sprintf("request.resource.resource != 'cdiconfigs' || !has(variables.spec.%[1]s) || "+
+		"(oldObject != null && has(oldObject.spec.%[1]s) && oldObject.spec.%[1]s == variables.spec.%[1]s)", field)
+}
+
 // CDIPolicy is the ValidatingAdmissionPolicy that refuses, as the DataVolume or DataImportCron
-// is created or changed, what diskpipe's CDI API cannot do, each with its reason: no object is
-// accepted only to fail later. The chart installs it with cdi.compatibility.enabled.
+// is created or changed, what diskpipe's CDI API cannot do, the CDIConfig settings it does not
+// read, and a PVC marked for CDI's upload server, each with its reason: no object is accepted only to fail or be ignored later. The chart installs it with cdi.compatibility.enabled.
 func CDIPolicy() *admissionregistrationv1.ValidatingAdmissionPolicy {
-	validations := make([]admissionregistrationv1.Validation, 0, len(cdiUnsupported))
+	validations := make([]admissionregistrationv1.Validation, 0, len(cdiUnsupported)+len(configUnsupported))
 	for _, u := range cdiUnsupported {
 		validations = append(validations, admissionregistrationv1.Validation{Expression: u.ok, Message: u.reason,
 			Reason: ptr.To(metav1.StatusReasonInvalid)})
+	}
+	for _, u := range configUnsupported {
+		validations = append(validations, admissionregistrationv1.Validation{Expression: configCondition(u.field), Message: u.reason,
+			Reason: ptr.To(metav1.StatusReasonInvalid)})
+	}
+	validations = append(validations, admissionregistrationv1.Validation{Expression: uploadTargetOK, Message: uploadTargetRefused,
+		Reason: ptr.To(metav1.StatusReasonInvalid)})
+	rule := func(group, version string, scope admissionregistrationv1.ScopeType, resources ...string) admissionregistrationv1.NamedRuleWithOperations {
+		return admissionregistrationv1.NamedRuleWithOperations{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{version},
+				Resources: resources, Scope: ptr.To(scope)}}}
 	}
 	return &admissionregistrationv1.ValidatingAdmissionPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
 		ObjectMeta: metav1.ObjectMeta{Name: CDIPolicyName},
 		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-					Rule: admissionregistrationv1.Rule{APIGroups: []string{"cdi.kubevirt.io"}, APIVersions: []string{"v1beta1"},
-						Resources: []string{"datavolumes", "dataimportcrons"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}}}},
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{
+				rule("cdi.kubevirt.io", "v1beta1", admissionregistrationv1.NamespacedScope, "datavolumes", "dataimportcrons"),
+				rule("cdi.kubevirt.io", "v1beta1", admissionregistrationv1.ClusterScope, "cdiconfigs"),
+				rule("", "v1", admissionregistrationv1.NamespacedScope, "persistentvolumeclaims")}},
 			Variables: []admissionregistrationv1.Variable{{Name: "spec",
 				Expression: `request.resource.resource == 'dataimportcrons' ? object.spec.template.spec : object.spec`}},
 			Validations:   validations,

@@ -32,7 +32,7 @@ const (
 
 // Config keeps the CDI object (its status Deployed) and the CDIConfig (its status: what diskpipe
 // uses: the filesystem overhead of each class and the upload proxy's URL) as they must be,
-// now and every interval, on the elected manager.
+// now, every interval, and as the CDIConfig changes, on the elected manager.
 type Config struct {
 	Client             client.Client
 	FilesystemOverhead importpod.FilesystemOverhead
@@ -84,7 +84,7 @@ func (c *Config) syncConfig(ctx context.Context) error {
 	if err := c.ensure(ctx, obj); err != nil {
 		return err
 	}
-	want := c.status()
+	want := c.status(&obj.Spec)
 	if equality.Semantic.DeepEqual(obj.Status, want) {
 		return nil
 	}
@@ -93,15 +93,20 @@ func (c *Config) syncConfig(ctx context.Context) error {
 	return c.Client.Patch(ctx, obj, client.MergeFrom(base)) // CDI's CRDs of these two have no status subresource
 }
 
-// status is the CDIConfig's status: what diskpipe does.
-func (c *Config) status() cdiv1.CDIConfigStatus {
+// status is the CDIConfig's status: what diskpipe does, and the upload proxy's URL as the
+// administrator's spec.uploadProxyURLOverride says, or else as the chart's values do (CDI's
+// order). The spec's other settings are refused at admission (admission.CDIPolicy).
+func (c *Config) status(spec *cdiv1.CDIConfigSpec) cdiv1.CDIConfigStatus {
 	percent := func(f float64) cdiv1.Percent { return cdiv1.Percent(strconv.FormatFloat(f, 'f', -1, 64)) }
 	fs := &cdiv1.FilesystemOverhead{Global: percent(c.FilesystemOverhead.For("")), StorageClass: map[string]cdiv1.Percent{}}
 	for class, f := range c.FilesystemOverhead.StorageClasses {
 		fs.StorageClass[class] = percent(f)
 	}
 	st := cdiv1.CDIConfigStatus{FilesystemOverhead: fs}
-	if c.UploadProxyURL != "" {
+	switch {
+	case spec.UploadProxyURLOverride != nil && *spec.UploadProxyURLOverride != "":
+		st.UploadProxyURL = spec.UploadProxyURLOverride
+	case c.UploadProxyURL != "":
 		st.UploadProxyURL = &c.UploadProxyURL
 	}
 	return st

@@ -34,6 +34,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
@@ -94,8 +95,19 @@ type Reconciler struct {
 // Setup registers the DataVolume, DataSource, DataImportCron and StorageProfile controllers
 // and the keeper of the CDI and CDIConfig objects.
 func Setup(mgr ctrl.Manager, o Options) error {
-	if err := mgr.Add(&Config{Client: mgr.GetClient(), FilesystemOverhead: o.FilesystemOverhead, UploadProxyURL: o.UploadProxyURL,
-		Interval: time.Minute}); err != nil {
+	config := &Config{Client: mgr.GetClient(), FilesystemOverhead: o.FilesystemOverhead, UploadProxyURL: o.UploadProxyURL,
+		Interval: time.Minute}
+	if err := mgr.Add(config); err != nil {
+		return err
+	}
+	// An administrator's change to the CDIConfig (its spec.uploadProxyURLOverride) is in its status at once.
+	if err := ctrl.NewControllerManagedBy(mgr).Named("cdiconfig").For(&cdiv1.CDIConfig{}).
+		Complete(reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+			if req.Name != CDIConfigName {
+				return reconcile.Result{}, nil
+			}
+			return reconcile.Result{}, config.syncConfig(ctx)
+		})); err != nil {
 		return err
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("storageprofile").For(&storagev1.StorageClass{}).Owns(&cdiv1.StorageProfile{}).

@@ -182,7 +182,8 @@ func TestDataVolumeRefusals(t *testing.T) {
 
 // TestCDIObjects: with CDI's API served, the manager keeps the one CDI object (Deployed) and the
 // CDIConfig "config" whose status says the filesystem overhead diskpipe keeps, per class, as
-// KubeVirt reads it to size a VM's disk image; a status overwritten is put back.
+// KubeVirt reads it to size a VM's disk image, and the upload proxy's URL as its spec overrides
+// it; a status overwritten is put back.
 func TestCDIObjects(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
@@ -208,6 +209,18 @@ func TestCDIObjects(t *testing.T) {
 	keeper := &cdi.Config{Client: env.Client, FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2), StorageClasses: map[string]float64{"thick": 0.3}}}
 	g.Expect(keeper.Sync(ctx)).To(Succeed())
 	g.Expect(overhead()).To(Equal(want))
+
+	// The administrator's spec.uploadProxyURLOverride is the URL virtctl reads, at once (the
+	// keeper's own pass is a minute apart); taken away, the chart's (none here) is back.
+	uploadURL := func() string {
+		g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: "config"}, config)).To(Succeed())
+		return ptr.Deref(config.Status.UploadProxyURL, "<none>")
+	}
+	g.Expect(uploadURL()).To(Equal("<none>"))
+	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.UploadProxyURLOverride = ptr.To("https://upload.example.com") })).To(Succeed())
+	g.Eventually(uploadURL, 10*time.Second).Should(Equal("https://upload.example.com"))
+	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.UploadProxyURLOverride = nil })).To(Succeed())
+	g.Eventually(uploadURL, 10*time.Second).Should(Equal("<none>"))
 }
 
 // TestStorageProfiles: each StorageClass gets a StorageProfile of its name whose status says

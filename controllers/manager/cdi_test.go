@@ -18,14 +18,22 @@ import (
 
 // TestCDIPolicy: with CDI's CRDs (generated from CDI's API module) and the chart's
 // ValidatingAdmissionPolicy, the apiserver refuses each DataVolume, and each DataImportCron
-// template, that asks for what diskpipe does not serve, naming it and saying what to do
-// instead; what diskpipe serves is accepted. No manager runs.
+// template, that asks for what diskpipe does not serve, and each CDIConfig setting diskpipe
+// does not read, naming it and saying what to do instead; what diskpipe serves is accepted.
+// No manager runs.
 func TestCDIPolicy(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 	g.Expect(env.InstallCDICRDs()).To(Succeed())
 	ns, err := env.CreateNamespace(ctx, "cdi-policy")
 	g.Expect(err).NotTo(HaveOccurred())
+	// A CDIConfig that held a setting before the policy (CDI's, say) may keep it.
+	legacy := &unstructured.Unstructured{}
+	g.Expect(yaml.Unmarshal([]byte("spec: {filesystemOverhead: {global: '0.1'}}"), &legacy.Object)).To(Succeed())
+	legacy.SetAPIVersion("cdi.kubevirt.io/v1beta1")
+	legacy.SetKind("CDIConfig")
+	legacy.SetName("legacy-" + ns)
+	g.Expect(env.Client.Create(ctx, legacy)).To(Succeed())
 	for _, o := range []client.Object{admission.CDIPolicy(), admission.CDIPolicyBinding()} {
 		g.Expect(env.Client.Create(ctx, o)).To(Succeed())
 	}
@@ -46,6 +54,18 @@ func TestCDIPolicy(t *testing.T) {
 	const storage = "storage: {resources: {requests: {storage: 1Gi}}}\n"
 	dv := func(name, spec string) *unstructured.Unstructured {
 		return object("DataVolume", name, "spec: {"+spec+", "+strings.TrimSuffix(storage, "\n")+"}")
+	}
+	config := func(name, spec string) *unstructured.Unstructured {
+		u := object("CDIConfig", name+"-"+ns, "spec: "+spec)
+		u.SetNamespace("")
+		return u
+	}
+	pvc := func(name, annotations string) *unstructured.Unstructured {
+		u := object("PersistentVolumeClaim", name, "metadata: {annotations: {"+annotations+"}}\nspec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}")
+		u.SetAPIVersion("v1")
+		u.SetName(name)
+		u.SetNamespace(ns)
+		return u
 	}
 	cron := func(name, source string) *unstructured.Unstructured {
 		return object("DataImportCron", name, fmt.Sprintf(`spec:
@@ -86,6 +106,20 @@ func TestCDIPolicy(t *testing.T) {
 		{"clone", dv("clone", "source: {pvc: {namespace: golden, name: fedora}}"), ""},
 		{"source ref", dv("ref", "sourceRef: {kind: DataSource, name: fedora}"), ""},
 		{"cron of a registry", cron("registry", "{registry: {url: 'docker://quay.io/containerdisks/fedora:41'}}"), ""},
+
+		{"config overhead", config("overhead", "{filesystemOverhead: {global: '0.1'}}"),
+			"CDIConfig spec.filesystemOverhead is not read by diskpipe: set filesystemOverhead.global and filesystemOverhead.storageClasses in diskpipe's chart values"},
+		{"config proxy", config("proxy", "{importProxy: {HTTPProxy: 'http://proxy:3128'}}"), "CDIConfig spec.importProxy is not served by diskpipe"},
+		{"config resources", config("resources", "{podResourceRequirements: {limits: {cpu: '1'}}}"),
+			"CDIConfig spec.podResourceRequirements is not read by diskpipe: set importer.resources"},
+		{"config insecure", config("insecure", "{insecureRegistries: ['registry.local:5000']}"), "CDIConfig spec.insecureRegistries is not served by diskpipe"},
+		{"config ttl", config("ttl", "{dataVolumeTTLSeconds: 60}"), "CDIConfig spec.dataVolumeTTLSeconds is not served by diskpipe"},
+		{"config upload URL", config("url", "{uploadProxyURLOverride: 'https://upload.example.com'}"), ""},
+		{"config empty", config("empty", "{}"), ""},
+
+		{"upload PVC", pvc("upload", "cdi.kubevirt.io/storage.upload.target: ''"),
+			"uploads into a PVC (cdi.kubevirt.io/storage.upload.target, virtctl image-upload pvc) are not served by diskpipe's CDI API: upload to a DataVolume (virtctl image-upload dv NAME --size ...)"},
+		{"plain PVC", pvc("plain", "team: a"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -108,4 +142,24 @@ func TestCDIPolicy(t *testing.T) {
 		g.Expect(unstructured.SetNestedField(u.Object, "archive", "spec", "contentType")).To(Succeed())
 	})).
 		To(MatchError(ContainSubstring("contentType archive is not served")))
+
+	// A PVC marked for CDI's upload server afterwards (virtctl image-upload pvc of a PVC that
+	// exists) is refused too.
+	plain := pvc("plain", "")
+	g.Expect(ctrltest.Update(ctx, env.Client, plain, func() {
+		plain.SetAnnotations(map[string]string{admission.AnnUploadTarget: ""})
+	})).To(MatchError(ContainSubstring("uploads into a PVC")))
+
+	// A CDIConfig's setting is refused when it is added; one that was there may stay while
+	// another field changes.
+	url := config("url", "{}")
+	g.Expect(ctrltest.Update(ctx, env.Client, url, func() {
+		g.Expect(unstructured.SetNestedField(url.Object, "http://proxy:3128", "spec", "importProxy", "HTTPProxy")).To(Succeed())
+	})).To(MatchError(ContainSubstring("CDIConfig spec.importProxy is not served by diskpipe")))
+	g.Expect(ctrltest.Update(ctx, env.Client, legacy, func() {
+		g.Expect(unstructured.SetNestedField(legacy.Object, "https://upload.example.com", "spec", "uploadProxyURLOverride")).To(Succeed())
+	})).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, legacy, func() {
+		g.Expect(unstructured.SetNestedField(legacy.Object, "0.2", "spec", "filesystemOverhead", "global")).To(Succeed())
+	})).To(MatchError(ContainSubstring("CDIConfig spec.filesystemOverhead is not read by diskpipe")))
 }

@@ -121,8 +121,6 @@ spec:
 			return kubectl("", "get", "datasource", "os", "-n", ns, "-o", `jsonpath={.spec.source.pvc.name} {.status.conditions[?(@.type=="Ready")].status}`)
 		}, time.Minute, time.Second).Should(Equal(first + " True"))
 		grantCloneSource(ns, ns)
-		kubectl(dvVM("before", "sourceRef: {kind: DataSource, name: os}"), "apply", "-n", ns, "-f", "-")
-		Expect(guestConsole(ns, "before", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
 
 		// A new release: the next checks find it, import it, and the DataSource moves to it.
 		release("+64M", start)
@@ -149,6 +147,14 @@ spec:
 		GinkgoWriter.Printf("virtctl image-upload (%.1f s):\n%s\n", time.Since(start).Seconds(), out)
 		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload: %s", out)
 		Expect(string(out)).To(ContainSubstring("Processing completed successfully"))
+		proxyLog := kubectl("", "logs", "-n", "diskpipe-system", "-l", "app.kubernetes.io/component=uploadproxy", "--tail=-1")
+		Expect(proxyLog).To(MatchRegexp(`"msg":"Upload stored \(asynchronous\)","namespace":"%s"`, ns), "virtctl took the asynchronous path")
+
+		// An upload into a bare PVC is refused at once, with what to do instead.
+		out, err = exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), "--kubeconfig", cluster.KubeconfigFile(), "image-upload", "pvc", "bare",
+			"-n", ns, "--size=512Mi", "--image-path="+images["qcow2"], "--uploadproxy-url=http://"+ip, "--insecure").CombinedOutput()
+		Expect(err).To(HaveOccurred())
+		Expect(string(out)).To(ContainSubstring("uploads into a PVC (cdi.kubevirt.io/storage.upload.target, virtctl image-upload pvc) are not served"))
 		Expect(kubectl("", "get", "dv", "uploaded", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Succeeded"))
 		Expect(kubectl("", "get", "pvc", "uploaded", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
 
