@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -86,18 +85,8 @@ spec:
 		ns := vmNamespace()
 		// The source: the test disk as qcow2, then the same disk 64 MiB larger (a new release).
 		source := filepath.Join(work, "cron-"+ns+".qcow2")
-		release := func(grow string, at time.Time) {
-			GinkgoHelper()
-			next := source + ".next"
-			run("cp", images["qcow2"], next)
-			if grow != "" {
-				run("qemu-img", "resize", "-f", "qcow2", next, grow)
-			}
-			Expect(os.Chtimes(next, at, at)).To(Succeed())
-			Expect(os.Rename(next, source)).To(Succeed())
-		}
 		start := time.Now().Truncate(time.Second)
-		release("", start.Add(-time.Hour))
+		release(source, "", start.Add(-time.Hour))
 		kubectl(fmt.Sprintf(`apiVersion: cdi.kubevirt.io/v1beta1
 kind: DataImportCron
 metadata:
@@ -123,7 +112,7 @@ spec:
 		grantCloneSource(ns, ns)
 
 		// A new release: the next checks find it, import it, and the DataSource moves to it.
-		release("+64M", start)
+		release(source, "+64M", start)
 		Eventually(imported, 3*time.Minute, time.Second).Should(And(HavePrefix("True vmim-"), Not(HaveSuffix(" "+first))))
 		second := strings.Fields(imported())[1]
 		Eventually(func() string {

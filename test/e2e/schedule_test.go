@@ -18,18 +18,8 @@ var _ = Describe("scheduled golden images", func() {
 		// The source: the test disk as qcow2, later the same disk 16 MiB larger (a new release
 		// that qemu-img compare still finds the same disk, and a guest still boots), then 32.
 		source := filepath.Join(work, "nightly-"+ns+".qcow2")
-		release := func(grow string, at time.Time) {
-			GinkgoHelper()
-			next := source + ".next"
-			run("cp", images["qcow2"], next)
-			if grow != "" {
-				run("qemu-img", "resize", "-f", "qcow2", next, grow)
-			}
-			Expect(os.Chtimes(next, at, at)).To(Succeed())
-			Expect(os.Rename(next, source)).To(Succeed()) // the server never sees half a file
-		}
 		start := time.Now().Truncate(time.Second)
-		release("", start.Add(-time.Hour))
+		release(source, "", start.Add(-time.Hour))
 		kubectl(fmt.Sprintf(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineImage
 metadata:
@@ -90,7 +80,7 @@ spec:
 		Expect(os.Rename(source+".away", source)).To(Succeed())
 
 		// A new release: imported, and new disks get it; the disk made before keeps its bytes.
-		release("+16M", start)
+		release(source, "+16M", start)
 		Eventually(field("{.status.schedule.current}"), 3*time.Minute, time.Second).ShouldNot(Equal(first))
 		second := field("{.status.schedule.current}")()
 		Expect(field("{.status.conditions[?(@.type==\"UpToDate\")].reason}")()).To(BeElementOf("Updated", "Unchanged"))
@@ -102,7 +92,7 @@ spec:
 		sameDisk(before)
 
 		// A third: keep is 2, so the first revision's image and its golden PVC go.
-		release("+32M", start.Add(time.Hour))
+		release(source, "+32M", start.Add(time.Hour))
 		Eventually(field("{.status.schedule.revisions[*].image}"), 3*time.Minute, time.Second).Should(
 			SatisfyAll(HaveSuffix(" "+second), Not(ContainSubstring(first))))
 		Eventually(func() string {
@@ -121,3 +111,17 @@ spec:
 
 // http1123 is how HTTP spells dates (Last-Modified).
 const http1123 = "Mon, 02 Jan 2006 15:04:05 GMT"
+
+// release publishes a new revision of the test disk at source, as a web server's file: the
+// qcow2, grown by grow when not "" (qemu-img resize), dated at (its Last-Modified), put in
+// place whole by a rename so the server never serves half of it.
+func release(source, grow string, at time.Time) {
+	GinkgoHelper()
+	next := source + ".next"
+	run("cp", images["qcow2"], next)
+	if grow != "" {
+		run("qemu-img", "resize", "-f", "qcow2", next, grow)
+	}
+	Expect(os.Chtimes(next, at, at)).To(Succeed())
+	Expect(os.Rename(next, source)).To(Succeed())
+}
