@@ -4,7 +4,8 @@
 //
 //	PUT  /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
 //	HEAD /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
-//	POST /v1beta1/upload    CDI's, for virtctl image-upload (cdi.go)
+//	POST /v1beta1/upload, /upload-async, /upload-form, /upload-form-async
+//	                        CDI's, for virtctl image-upload and browsers (cdi.go)
 //	GET  /healthz
 //
 // Callers prove their right to upload to the image (auth.go) with an upload token, which the
@@ -29,6 +30,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -435,7 +437,7 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		}
 		n, err := io.ReadFull(in, buf[:want])
 		last := false
-		if total < 0 && in.ended() && (err == io.EOF || err == io.ErrUnexpectedEOF) {
+		if total < 0 && in.ended() && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 			// A body of a size not said ends where its reader says it does.
 			if n == 0 && u.Offset == 0 {
 				return fail(http.StatusBadRequest, "the upload is empty")
