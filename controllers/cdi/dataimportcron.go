@@ -55,17 +55,9 @@ func (r *CronReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	now := metav1.Now()
-	for i := range st.Conditions {
-		c := &st.Conditions[i]
-		var old *cdiv1.ConditionState
-		for j := range base.Status.Conditions {
-			if base.Status.Conditions[j].Type == c.Type {
-				old = &base.Status.Conditions[j].ConditionState
-			}
-		}
-		stamp(now, &c.ConditionState, old)
-	}
+	stamp(metav1.Now(), st.Conditions, base.Status.Conditions, func(c *cdiv1.DataImportCronCondition) (string, *cdiv1.ConditionState) {
+		return string(c.Type), &c.ConditionState
+	})
 	cron.Status = st
 	if equality.Semantic.DeepEqual(base.Status, cron.Status) {
 		return ctrl.Result{}, nil
@@ -199,11 +191,22 @@ func (r *CronReconciler) keepDataSource(ctx context.Context, cron *cdiv1.DataImp
 	return r.Patch(ctx, ds, patch)
 }
 
-// stamp sets a condition's times: old's when it says the same, now when it changed.
-func stamp(now metav1.Time, c, old *cdiv1.ConditionState) {
-	if old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
-		c.LastTransitionTime, c.LastHeartbeatTime = old.LastTransitionTime, old.LastHeartbeatTime
-		return
+// stamp sets the times of each of conds (any of CDI's condition kinds: state says its type and
+// state) as CDI does: those of the condition of its type in old when that one says the same,
+// now when it changed or is new.
+func stamp[C any](now metav1.Time, conds, old []C, state func(*C) (string, *cdiv1.ConditionState)) {
+	for i := range conds {
+		typ, c := state(&conds[i])
+		var prev *cdiv1.ConditionState
+		for j := range old {
+			if t, o := state(&old[j]); t == typ {
+				prev = o
+			}
+		}
+		if prev != nil && prev.Status == c.Status && prev.Reason == c.Reason && prev.Message == c.Message {
+			c.LastTransitionTime, c.LastHeartbeatTime = prev.LastTransitionTime, prev.LastHeartbeatTime
+		} else {
+			c.LastTransitionTime, c.LastHeartbeatTime = now, now
+		}
 	}
-	c.LastTransitionTime, c.LastHeartbeatTime = now, now
 }

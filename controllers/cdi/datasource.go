@@ -49,14 +49,10 @@ func (r *SourceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	ds.Status.Source = src
 	cond := cdiv1.DataSourceCondition{Type: cdiv1.DataSourceReady, ConditionState: cdiv1.ConditionState{Status: ready, Reason: reason, Message: msg}}
-	var old *cdiv1.ConditionState
-	for i := range base.Status.Conditions {
-		if base.Status.Conditions[i].Type == cond.Type {
-			old = &base.Status.Conditions[i].ConditionState
-		}
-	}
-	stamp(metav1.Now(), &cond.ConditionState, old)
 	ds.Status.Conditions = []cdiv1.DataSourceCondition{cond}
+	stamp(metav1.Now(), ds.Status.Conditions, base.Status.Conditions, func(c *cdiv1.DataSourceCondition) (string, *cdiv1.ConditionState) {
+		return string(c.Type), &c.ConditionState
+	})
 	if equality.Semantic.DeepEqual(base.Status, ds.Status) {
 		return ctrl.Result{}, nil
 	}

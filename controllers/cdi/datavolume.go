@@ -150,7 +150,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	now := metav1.Now()
-	for i := range st.Conditions {
+	for i := range st.Conditions { // CDI's DataVolumeCondition has its state inline, not a ConditionState
 		c := &st.Conditions[i]
 		if old := findCondition(dv.Status.Conditions, c.Type); old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
 			c.LastTransitionTime, c.LastHeartbeatTime = old.LastTransitionTime, old.LastHeartbeatTime
