@@ -38,8 +38,9 @@ import (
 //     the DataVolume's disk is made (the staging image gone, its claim annotated
 //     cdi.kubevirt.io/storage.pod.phase: Succeeded), or with the import's failure, as CDI's
 //     answers once its upload server has written the disk; an asynchronous one is answered 200
-//     once the image is stored, and the client waits on the claim's annotation (virtctl
-//     does: it HEADs /v1beta1/upload-async and takes that path when it answers 200).
+//     once the image is stored, before the DataVolume's claim exists (diskpipe makes it once
+//     the upload is imported). virtctl reads the claim as soon as an upload is answered, so
+//     HEAD /v1beta1/upload-async, its question whether to take that path, answers 404.
 
 // CDI's upload paths on the upload proxy.
 const (
@@ -85,9 +86,10 @@ func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool,
 	ctx := r.Context()
 	switch {
 	case r.Method == http.MethodHead && how.async:
-		// virtctl asks whether the asynchronous path is served, with its token.
-		_, err := s.tokenClaims(ctx, r)
-		return true, err
+		// virtctl asks whether to take the asynchronous path, then reads the DataVolume's claim
+		// at once; diskpipe makes the claim only once the upload is imported, so virtctl is sent
+		// to the synchronous path, which answers once the disk (and its claim) is made.
+		return true, fail(http.StatusNotFound, "POST the image to %s: it answers once the disk is made", PathCDIUpload)
 	case r.Method != http.MethodPost:
 		return true, fail(http.StatusMethodNotAllowed, "POST the image to %s", r.URL.Path)
 	}

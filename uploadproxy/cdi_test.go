@@ -92,8 +92,8 @@ func (f *fixture) complete(t *testing.T, token, name string) func() string {
 
 // TestCDIUpload: CDI's synchronous upload stores the image as a PUT does and answers 200 only
 // once the DataVolume's disk is made (its staging image gone), or the import's failure; the
-// asynchronous one answers 200 once the image is stored, and its path answers virtctl's HEAD;
-// /healthz answers.
+// asynchronous one answers 200 once the image is stored, and virtctl's HEAD of its path is sent
+// to the synchronous one; /healthz answers.
 func TestCDIUpload(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
@@ -105,9 +105,8 @@ func TestCDIUpload(t *testing.T) {
 
 	for _, c := range []struct{ method, path, token, want string }{
 		{http.MethodGet, uploadproxy.PathHealthz, "", "200 ok"},
-		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", soon), "200 "},
-		{http.MethodHead, "/v1alpha1/upload-async", f.token(t, key, "dv-disk", soon), "200 "},
-		{http.MethodHead, uploadproxy.PathCDIUploadAsync, "", "401 "},
+		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", soon), "404 "},
+		{http.MethodHead, "/v1alpha1/upload-async", f.token(t, key, "dv-disk", soon), "404 "},
 		{http.MethodHead, uploadproxy.PathCDIUpload, f.token(t, key, "dv-disk", soon), "405 "},
 		{http.MethodPost, uploadproxy.PathCDIUpload, "", "401 an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)"},
 		{http.MethodPost, uploadproxy.PathCDIUploadAsync, "forged", "401 "},
