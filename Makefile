@@ -30,7 +30,7 @@ GO_TEST_FLAGS ?= -count=1 -timeout 40m
 # The real node's suite stops itself before go test's timeout, so that a run that is too slow
 # ends with Ginkgo's report (the spec that was running, the failures, the cluster's health)
 # rather than a dump of goroutines. With KubeVirt (installing it, booting VMs) it takes longer.
-E2E_TIMEOUT ?= $(if $(filter 1,$(KUBEVIRT)),45m,25m)
+E2E_TIMEOUT ?= $(if $(filter 1,$(KUBEVIRT)),50m,25m)
 
 ##@ General
 
@@ -199,7 +199,11 @@ chaos: $(CLUSTER_DEPS_$(CLUSTER)) ## Import, clone and export at scale on the lo
 	go run ./test/chaos -cluster=$(CLUSTER) $(CHAOS_FLAGS)
 
 .PHONY: bench
-bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark.
+bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark (bench-kubevirt, which needs root, apart).
+
+.PHONY: bench-kubevirt
+bench-kubevirt: ## Boot five VMs at once from one golden image under the real KubeVirt on the real node (root); prints each one's time and where it went.
+	$(MAKE) test-cluster KUBEVIRT=1 E2E_LABELS=bench
 
 .PHONY: fuzz-imports
 fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.
@@ -213,10 +217,11 @@ KUBEVIRT_DEPS_1 = kubevirt kubevirt-images
 # The real node skips the specs labelled local-proves: what they prove (a client's behaviour, a
 # format's parsing, a controller's policy) is the same on any cluster, and make test runs them on
 # the local cluster; that keeps CI's real node, KubeVirt's VMs included, in its time.
-# E2E_LABELS= runs every spec on the real node.
-E2E_LABELS ?= !local-proves
+# The specs labelled bench measure (make bench-kubevirt runs them). E2E_LABELS= runs every spec
+# on the real node.
+E2E_LABELS ?= !local-proves && !bench
 
-E2E_REAL = DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_E2E_CLUSTER=real go test -v $(GO_TEST_FLAGS) -timeout 50m ./test/e2e/ \
+E2E_REAL = DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_E2E_CLUSTER=real go test -v $(GO_TEST_FLAGS) -timeout 55m ./test/e2e/ \
 	-args -ginkgo.v -ginkgo.timeout=$(E2E_TIMEOUT) -ginkgo.label-filter='$(E2E_LABELS)'
 
 .PHONY: test-cluster test-cluster-deps test-cluster-suite

@@ -58,6 +58,10 @@ type Cluster interface {
 // containerd running diskpipe's image, CSI, Kubernetes' controllers, and KubeVirt.
 var localProves = Label("local-proves")
 
+// benchmark labels a spec that measures rather than proves: make bench-kubevirt runs it on the
+// real node, and make test-cluster leaves it out (E2E_LABELS).
+var benchmark = Label("bench")
+
 // real says whether the suite runs on the real node.
 func real() bool { return os.Getenv("DISKPIPE_E2E_CLUSTER") == "real" }
 
