@@ -84,6 +84,8 @@ type Server struct {
 	// mu guards writers: the request writing each upload, one at a time.
 	mu      sync.Mutex
 	writers map[string]*writer
+	// defaults fills PartSize and Log once, before the first request (requests run at once).
+	defaults sync.Once
 }
 
 // writer is the request writing an upload; stop makes it give up, done is closed when it has.
@@ -144,12 +146,14 @@ func (s *Server) claim(ctx context.Context, key string, stop func()) (release fu
 var path = regexp.MustCompile(`^/v1/namespaces/([a-z0-9-]{1,63})/(virtualmachineimages|imagetemplates)/([a-z0-9.-]{1,253})$`)
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.PartSize == 0 {
-		s.PartSize = 16 << 20
-	}
-	if s.Log == nil {
-		s.Log = slog.New(slog.DiscardHandler)
-	}
+	s.defaults.Do(func() {
+		if s.PartSize == 0 {
+			s.PartSize = 16 << 20
+		}
+		if s.Log == nil {
+			s.Log = slog.New(slog.DiscardHandler)
+		}
+	})
 	if err := s.serve(w, r); err != nil {
 		code := StatusOf(err)
 		if code == http.StatusInternalServerError {
@@ -254,7 +258,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 		}
 		defer release()
 	}
-	u, err := s.find(ctx, key, img.Checksum)
+	u, err := s.find(ctx, key, img.Checksum, r.Method != http.MethodHead)
 	if err != nil {
 		return err
 	}
@@ -275,7 +279,10 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 }
 
 // find reads the state of an image's upload: complete, unfinished (its saved state), or new.
-func (s *Server) find(ctx context.Context, key, checksum string) (*upload, error) {
+// Only the writer, which holds the upload's claim, clears what an unrecorded attempt left: a
+// HEAD beside a running upload (whose multipart upload exists before its state is saved) must
+// not abort it.
+func (s *Server) find(ctx context.Context, key, checksum string, writer bool) (*upload, error) {
 	u := &upload{key: key}
 	if _, err := s.Store.StatObject(ctx, Bucket, MarkerKey(key), minio.StatObjectOptions{}); err == nil {
 		info, err := s.Store.StatObject(ctx, Bucket, key, minio.StatObjectOptions{})
@@ -302,7 +309,9 @@ func (s *Server) find(ctx context.Context, key, checksum string) (*upload, error
 		return u, nil
 	}
 	// Nothing to go on: begin again, without what an unrecorded attempt left.
-	s.abortAll(ctx, key)
+	if writer {
+		s.abortAll(ctx, key)
+	}
 	return u, nil
 }
 

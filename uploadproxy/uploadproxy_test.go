@@ -182,6 +182,39 @@ func TestResume(t *testing.T) {
 
 // TestWrongChecksum rejects an upload whose bytes do not match the image's checksum and
 // keeps nothing, so nothing is imported.
+// TestHeadBesideUpload: HEADs, as fast as they are answered, from before an upload begins
+// until it ends (while its multipart upload is made and before its state is first saved, then
+// while its parts are stored) leave the upload alone, which finishes whole. Three times: the
+// first moments are a race.
+func TestHeadBesideUpload(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	for i := range 3 {
+		name := fmt.Sprintf("busy%d", i)
+		f.newImage(t, name, f.digest)
+		stop, heads := make(chan struct{}), make(chan int)
+		go func() {
+			n := 0
+			defer func() { heads <- n }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					_, _ = f.do(t, http.MethodHead, name, f.uploader, nil, "")
+					n++
+				}
+			}
+		}()
+		resp, msg := f.do(t, http.MethodPut, name, f.uploader, f.image, "")
+		close(stop)
+		t.Logf("%d HEADs beside the upload", <-heads)
+		g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+		head, _ := f.do(t, http.MethodHead, name, f.uploader, nil, "")
+		g.Expect(head.Header.Get(uploadproxy.HeaderComplete)).To(Equal("true"))
+	}
+}
+
 func TestWrongChecksum(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
