@@ -12,6 +12,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -38,9 +39,10 @@ import (
 //     the DataVolume's disk is made (the staging image gone, its claim annotated
 //     cdi.kubevirt.io/storage.pod.phase: Succeeded), or with the import's failure, as CDI's
 //     answers once its upload server has written the disk; an asynchronous one is answered 200
-//     once the image is stored, before the DataVolume's claim exists (diskpipe makes it once
-//     the upload is imported). virtctl reads the claim as soon as an upload is answered, so
-//     HEAD /v1beta1/upload-async, its question whether to take that path, answers 404.
+//     once the image is stored and the DataVolume's claim exists (diskpipe makes it, Pending,
+//     once the upload is imported), since virtctl reads the claim as soon as it is answered and
+//     then waits on its annotation. HEAD /v1beta1/upload-async (virtctl's question whether to
+//     take that path) answers 200 to a valid token.
 
 // CDI's upload paths on the upload proxy.
 const (
@@ -86,10 +88,9 @@ func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool,
 	ctx := r.Context()
 	switch {
 	case r.Method == http.MethodHead && how.async:
-		// virtctl asks whether to take the asynchronous path, then reads the DataVolume's claim
-		// at once; diskpipe makes the claim only once the upload is imported, so virtctl is sent
-		// to the synchronous path, which answers once the disk (and its claim) is made.
-		return true, fail(http.StatusNotFound, "POST the image to %s: it answers once the disk is made", PathCDIUpload)
+		// virtctl asks whether to take the asynchronous path, as CDI's proxy answers it.
+		_, err := s.tokenClaims(ctx, r)
+		return true, err
 	case r.Method != http.MethodPost:
 		return true, fail(http.StatusMethodNotAllowed, "POST the image to %s", r.URL.Path)
 	}
@@ -110,12 +111,15 @@ func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool,
 	}
 	stored := strings.TrimSpace(held.body.String())
 	if how.async {
-		s.Log.Info("Upload stored (asynchronous)", "namespace", c.Namespace, "image", c.Name)
+		s.Log.Info("Upload stored; waiting for the DataVolume's claim", "namespace", c.Namespace, "image", c.Name)
+		if err := s.waitMade(ctx, c.Namespace, c.Name, true); err != nil {
+			return true, err
+		}
 		_, _ = fmt.Fprintf(w, "%s: the disk is being made; the claim is annotated %s: Succeeded when it is\n", stored, AnnPodPhase)
 		return true, nil
 	}
 	s.Log.Info("Upload stored; waiting for the DataVolume's disk", "namespace", c.Namespace, "image", c.Name)
-	if err := s.waitMade(ctx, c.Namespace, c.Name); err != nil {
+	if err := s.waitMade(ctx, c.Namespace, c.Name, false); err != nil {
 		return true, err
 	}
 	_, _ = fmt.Fprintf(w, "%s: the disk is made\n", stored)
@@ -151,8 +155,9 @@ func (s *Server) tokenClaims(ctx context.Context, r *http.Request) (Claims, erro
 }
 
 // waitMade waits until the staging image ns/name has made its DataVolume's disk (the DataVolume
-// controller deletes it then), or failed.
-func (s *Server) waitMade(ctx context.Context, ns, name string) error {
+// controller deletes it then), or failed; with claim, only until the DataVolume's claim (of the
+// DataVolume's name; the DataVolume controls the image) exists.
+func (s *Server) waitMade(ctx context.Context, ns, name string, claim bool) error {
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	for {
@@ -165,6 +170,14 @@ func (s *Server) waitMade(ctx context.Context, ns, name string) error {
 			return err
 		case img.Status.Phase == common.PhaseFailed:
 			return fail(http.StatusUnprocessableEntity, "the upload was stored, and its import failed: %s", readyMessage(img))
+		}
+		if dv := metav1.GetControllerOf(img); claim && dv != nil && dv.Kind == "DataVolume" {
+			err := s.Kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: dv.Name}, &corev1.PersistentVolumeClaim{})
+			if err == nil {
+				return nil
+			} else if !apierrors.IsNotFound(err) {
+				return err
+			}
 		}
 		select {
 		case <-ctx.Done():

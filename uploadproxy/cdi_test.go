@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -92,21 +94,24 @@ func (f *fixture) complete(t *testing.T, token, name string) func() string {
 
 // TestCDIUpload: CDI's synchronous upload stores the image as a PUT does and answers 200 only
 // once the DataVolume's disk is made (its staging image gone), or the import's failure; the
-// asynchronous one answers 200 once the image is stored, and virtctl's HEAD of its path is sent
-// to the synchronous one; /healthz answers.
+// asynchronous one answers 200 once the image is stored and the DataVolume's claim exists
+// (virtctl then reads the claim), and virtctl's HEAD of its path answers a valid token;
+// /healthz answers.
 func TestCDIUpload(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
 	key := f.withTokens(t)
 	f.newImage(t, "dv-disk", f.digest)
 	f.newImage(t, "dv-bad", "")
-	f.newImage(t, "dv-async", f.digest)
+	f.dataVolumeImage(t, "async")
 	soon := time.Now().Add(10 * time.Minute)
 
 	for _, c := range []struct{ method, path, token, want string }{
 		{http.MethodGet, uploadproxy.PathHealthz, "", "200 ok"},
-		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", soon), "404 "},
-		{http.MethodHead, "/v1alpha1/upload-async", f.token(t, key, "dv-disk", soon), "404 "},
+		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", soon), "200 "},
+		{http.MethodHead, "/v1alpha1/upload-async", f.token(t, key, "dv-disk", soon), "200 "},
+		{http.MethodHead, uploadproxy.PathCDIUploadAsync, "", "401 "},
+		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", time.Now().Add(-time.Minute)), "401 "},
 		{http.MethodHead, uploadproxy.PathCDIUpload, f.token(t, key, "dv-disk", soon), "405 "},
 		{http.MethodPost, uploadproxy.PathCDIUpload, "", "401 an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)"},
 		{http.MethodPost, uploadproxy.PathCDIUploadAsync, "forged", "401 "},
@@ -126,8 +131,12 @@ func TestCDIUpload(t *testing.T) {
 	g.Expect(env.Client.Delete(t.Context(), &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "dv-disk", Namespace: f.ns}})).To(Succeed())
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is made", len(f.image), f.digest))))
 
-	// The asynchronous upload is answered once stored, the image still there to be imported.
+	// The asynchronous upload is answered once stored and the DataVolume's claim exists, the
+	// image still there to be imported.
 	done = f.cdiPost(t, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-async", soon), "application/octet-stream", f.image)
+	g.Eventually(f.complete(t, f.token(t, key, "dv-async", soon), "dv-async"), slow, 200*time.Millisecond).Should(Equal("true"))
+	g.Consistently(done, 3*time.Second).ShouldNot(Receive(), "no answer before the claim exists")
+	f.claim(t, "async")
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is being made; the claim is annotated %s: Succeeded when it is",
 		len(f.image), f.digest, uploadproxy.AnnPodPhase))))
 	g.Expect(f.complete(t, f.token(t, key, "dv-async", soon), "dv-async")()).To(Equal("true"))
@@ -152,7 +161,8 @@ func TestCDIFormUpload(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
 	key := f.withTokens(t)
-	f.newImage(t, "dv-form", f.digest)
+	f.dataVolumeImage(t, "form")
+	f.claim(t, "form")
 	f.newImage(t, "dv-cut", f.digest)
 	soon := time.Now().Add(10 * time.Minute)
 
@@ -175,6 +185,27 @@ func TestCDIFormUpload(t *testing.T) {
 	g.Eventually(f.complete(t, f.token(t, key, "dv-cut", soon), "dv-cut"), slow, 200*time.Millisecond).Should(Equal("true"))
 	g.Expect(env.Client.Delete(t.Context(), &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "dv-cut", Namespace: f.ns}})).To(Succeed())
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is made", len(f.image), f.digest))))
+}
+
+// dataVolumeImage makes the image that stages DataVolume dv's upload, controlled by it, as the
+// DataVolume controller does (no DataVolume exists: nothing here collects the image).
+func (f *fixture) dataVolumeImage(t *testing.T, dv string) {
+	t.Helper()
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: uploadproxy.DataVolumeImage(dv), Namespace: f.ns,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "cdi.kubevirt.io/v1beta1", Kind: "DataVolume", Name: dv,
+			UID: types.UID("dv-" + dv), Controller: ptr.To(true)}}},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{},
+			Checksum: common.Checksum(f.digest)}}}
+	NewWithT(t).Expect(env.Client.Create(t.Context(), vmi)).To(Succeed())
+}
+
+// claim makes DataVolume dv's claim, as its DiskVolume does once the upload is imported.
+func (f *fixture) claim(t *testing.T, dv string) {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: dv, Namespace: f.ns},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+	NewWithT(t).Expect(env.Client.Create(t.Context(), pvc)).To(Succeed())
 }
 
 // TestCDIUploadToken: CDI's UploadTokenRequest names a DataVolume; the token is for the image

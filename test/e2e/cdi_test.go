@@ -136,6 +136,9 @@ spec:
 		GinkgoWriter.Printf("virtctl image-upload (%.1f s):\n%s\n", time.Since(start).Seconds(), out)
 		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload: %s", out)
 		Expect(string(out)).To(ContainSubstring("Processing completed successfully"))
+		proxyLog := kubectl("", "logs", "-n", "diskpipe-system", "-l", "app.kubernetes.io/component=uploadproxy", "--tail=-1")
+		Expect(proxyLog).To(MatchRegexp(`"msg":"Upload stored; waiting for the DataVolume's claim","namespace":"%s"`, ns),
+			"virtctl took the asynchronous path, answered once the claim existed, then waited on the claim's annotation")
 
 		// An upload into a bare PVC is refused at once, with what to do instead.
 		out, err = exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), "--kubeconfig", cluster.KubeconfigFile(), "image-upload", "pvc", "bare",
