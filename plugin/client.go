@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -77,14 +78,20 @@ func (c *client) resolve(arg string) (ref, error) {
 		return ref{}, usageError("%q: want KIND/NAME, for example vmim/ubuntu", arg)
 	}
 	gvr, err := c.mapper.ResourceFor(schema.ParseGroupResource(kind).WithVersion(""))
-	if err != nil && meta.IsNoMatchError(err) {
+	if (err != nil && meta.IsNoMatchError(err)) || (err == nil && !groups[gvr.Group]) {
 		// kubectl's discovery cache (~/.kube/cache) may predate diskpipe's CRDs; short names
-		// are expanded from it before the mapper could refresh itself.
+		// are expanded from it before the mapper could refresh itself. And a short name may be
+		// another API's too (KubeVirt's VirtualMachineInstanceMigration is vmim as well):
+		// diskpipe's own kind is meant.
 		c.discovery.Invalidate()
 		if m, ok := c.mapper.(meta.ResettableRESTMapper); ok {
 			m.Reset()
 		}
-		gvr, err = c.mapper.ResourceFor(schema.ParseGroupResource(kind).WithVersion(""))
+		if own, ok := ownResource(c.discovery, kind); ok {
+			gvr, err = own, nil
+		} else {
+			gvr, err = c.mapper.ResourceFor(schema.ParseGroupResource(kind).WithVersion(""))
+		}
 	}
 	if err != nil {
 		return ref{}, usageError("%q is not a kind this cluster knows: %v", kind, err)
@@ -189,4 +196,32 @@ func bytesOf(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// ownResource is the resource of diskpipe's groups that name (a plural, singular, kind or
+// short name, in any case) names, from discovery.
+func ownResource(disc discovery.DiscoveryInterface, name string) (schema.GroupVersionResource, bool) {
+	name = strings.ToLower(name)
+	list, err := disc.ServerGroups()
+	if err != nil {
+		return schema.GroupVersionResource{}, false
+	}
+	for _, g := range list.Groups {
+		if !groups[g.Name] {
+			continue
+		}
+		res, err := disc.ServerResourcesForGroupVersion(g.PreferredVersion.GroupVersion)
+		if err != nil {
+			continue
+		}
+		for _, r := range res.APIResources {
+			if strings.Contains(r.Name, "/") {
+				continue // a subresource
+			}
+			if r.Name == name || r.SingularName == name || strings.ToLower(r.Kind) == name || slices.Contains(r.ShortNames, name) {
+				return schema.GroupVersionResource{Group: g.Name, Version: g.PreferredVersion.Version, Resource: r.Name}, true
+			}
+		}
+	}
+	return schema.GroupVersionResource{}, false
 }
