@@ -140,7 +140,7 @@ func formFile(r *http.Request) (*body, error) {
 			return nil, fail(http.StatusBadRequest, "reading the form: %v", err)
 		}
 		if p.FormName() == "file" {
-			return &body{Reader: &untilEOF{Reader: p}, total: -1}, nil
+			return &body{r: p, total: -1}, nil
 		}
 	}
 }

@@ -211,27 +211,18 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
 }
 
 // body is what a request uploads: from byte start of an upload of total bytes, or of a size
-// not said (total < 0: a form's file), read through an untilEOF to tell its end from a cut.
+// not said (total < 0: a form's file).
 type body struct {
-	io.Reader
+	r            io.Reader
 	start, total int64
+	// ended says the reader came to its end (io.EOF), not to a cut (a multipart part whose
+	// connection ends before the boundary says io.ErrUnexpectedEOF).
+	ended bool
 }
 
-// ended says the body's reader came to its end (io.EOF), not to a cut (a multipart part whose
-// connection ends before the boundary says io.ErrUnexpectedEOF).
-func (b *body) ended() bool {
-	u, ok := b.Reader.(*untilEOF)
-	return ok && u.eof
-}
-
-type untilEOF struct {
-	io.Reader
-	eof bool
-}
-
-func (u *untilEOF) Read(p []byte) (int, error) {
-	n, err := u.Reader.Read(p)
-	u.eof = u.eof || err == io.EOF
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.ended = b.ended || err == io.EOF
 	return n, err
 }
 
@@ -272,7 +263,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 		if err != nil {
 			return err
 		}
-		in = &body{Reader: r.Body, start: start, total: total}
+		in = &body{r: r.Body, start: start, total: total}
 	}
 	s.Log.Info("Upload", "key", key, "user", who.user, "offset", u.Offset)
 	return s.put(ctx, w, in, u)
@@ -446,7 +437,7 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		}
 		n, err := io.ReadFull(in, buf[:want])
 		last := false
-		if total < 0 && in.ended() && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
+		if total < 0 && in.ended && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 			// A body of a size not said ends where its reader says it does.
 			if n == 0 && u.Offset == 0 {
 				return fail(http.StatusBadRequest, "the upload is empty")
