@@ -87,7 +87,7 @@ chart: $(HELM) ## helm lint and helm template the chart with its default values 
 	done
 
 .PHONY: build
-build: ## Build diskpipe's binaries into bin/.
+build: setup ## Build diskpipe's binaries into bin/.
 	go build -o $(BIN)/ ./cmd/...
 
 ##@ Image
@@ -103,23 +103,26 @@ IMAGE_GOARCH  ?= $(shell go env GOARCH)
 # clusters; it is linked statically, with Go's own resolver and user lookup, so the image still
 # holds nothing but the binaries. The other binaries are pure Go.
 .PHONY: image
-image: ## Build diskpipe's image (no Docker, no base image; reproducible) as an OCI archive: bin/diskpipe-image.tar.
+image: setup $(BIN)/image ## Build diskpipe's image (no Docker, no base image; reproducible) as an OCI archive: bin/diskpipe-image.tar.
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -ldflags "-s -w" -o $(BIN)/linux_$(IMAGE_GOARCH)/ $(addprefix ./cmd/,$(filter-out importer,$(IMAGE_BINS)))
 	CGO_ENABLED=1 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -tags netgo,osusergo \
 		-ldflags "-s -w -linkmode external -extldflags -static" -o $(BIN)/linux_$(IMAGE_GOARCH)/importer ./cmd/importer
 	@if ! file $(BIN)/linux_$(IMAGE_GOARCH)/importer | grep -q 'statically linked'; then \
 		echo "image: $(BIN)/linux_$(IMAGE_GOARCH)/importer is not statically linked" >&2; exit 1; fi
-	go build -o $(BIN)/image ./hack/image
 	$(BIN)/image build --out $(IMAGE_ARCHIVE) --ref $(IMAGE) --arch $(IMAGE_GOARCH) $(foreach b,$(IMAGE_BINS),$(b)=$(BIN)/linux_$(IMAGE_GOARCH)/$(b))
+
+# hack/image: builds and pushes OCI images without a container engine; -trimpath makes it the same
+# binary in every clone, so that the images it builds are found in hack/cached's cache.
+$(BIN)/image: $(filter-out %_test.go,$(wildcard hack/image/*.go))
+	go build -trimpath -o $@ ./hack/image
 
 .PHONY: image-push
 image-push: image ## Push the image to a registry: make image-push IMAGE=registry.example.com/diskpipe:0.1.0.
 	$(BIN)/image push --archive $(IMAGE_ARCHIVE) $(IMAGE)
 
 .PHONY: pause-image
-pause-image: ## Build the real cluster's pause image (test/cluster/pause) as bin/pause-image.tar.
+pause-image: $(BIN)/image ## Build the real cluster's pause image (test/cluster/pause) as bin/pause-image.tar.
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -ldflags "-s -w" -o $(BIN)/linux_$(IMAGE_GOARCH)/pause ./test/cluster/pause
-	go build -o $(BIN)/image ./hack/image
 	$(BIN)/image build --out $(BIN)/pause-image.tar --ref diskpipe.test/pause:diskpipe --arch $(IMAGE_GOARCH) --entrypoint /pause pause=$(BIN)/linux_$(IMAGE_GOARCH)/pause
 
 ##@ Test
@@ -142,7 +145,7 @@ BOOTDISK := $(BIN)/bootdisk/disk.raw
 .PHONY: bootdisk
 bootdisk: $(BOOTDISK) ## Make the tests' bootable disk (bin/bootdisk) from Debian packages.
 
-$(BOOTDISK): $(wildcard test/bootdisk/*.go test/bootdisk/build/*.go)
+$(BOOTDISK): $(wildcard test/bootdisk/*.go test/bootdisk/build/*.go) | setup
 	go run ./test/bootdisk/build $(BIN)/bootdisk
 
 .PHONY: test
@@ -251,31 +254,33 @@ demo: $(CLUSTER_DEPS_$(CLUSTER)) $(if $(filter real,$(CLUSTER)),kubevirt kubevir
 
 ##@ Tools
 
+# The tools, the Kubernetes binaries and KubeVirt are built through hack/cached: a clean clone on
+# a machine that built one before copies it from ~/.cache/diskpipe/bin, keyed by the command,
+# its prerequisites' contents and the toolchain, instead of linking it again.
+CACHED = hack/cached $@ $^ --
+
 $(CONTROLLER_GEN):
-	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
+	$(CACHED) 'GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)'
 
 $(CRD_REF_DOCS):
-	GOBIN=$(BIN) go install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
+	$(CACHED) 'GOBIN=$(BIN) go install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)'
 
 $(HELM):
-	GOBIN=$(BIN) go install -ldflags "-X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)" helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+	$(CACHED) 'GOBIN=$(BIN) go install -ldflags "-X helm.sh/helm/v4/internal/version.version=$(HELM_VERSION)" helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)'
 
 $(GOLANGCI_LINT):
-	GOBIN=$(BIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	$(CACHED) 'GOBIN=$(BIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)'
 
 # kube-apiserver, etcd and kubectl come from test/tools, a module of their own so that
 # k8s.io/kubernetes's dependency graph stays out of diskpipe's go.mod.
 KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36
 
-$(BIN)/kube-apiserver: test/tools/go.mod test/tools/go.sum
-	cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-apiserver
-
-$(BIN)/kubectl: test/tools/go.mod test/tools/go.sum
-	cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
+$(BIN)/kube-apiserver $(BIN)/kubectl: test/tools/go.mod test/tools/go.sum
+	$(CACHED) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)'
 
 $(BIN)/etcd: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go
-	cd test/tools && go build -o $@ ./cmd/etcd
+	$(CACHED) 'cd test/tools && go build -o $@ ./cmd/etcd'
 
 # The real single-node cluster (test/cluster, make test-cluster) adds the node's and the control
 # plane's other parts, CoreDNS, the CNI plugins and the real CSI sidecars, all from Go modules;
@@ -291,22 +296,22 @@ CLUSTER_BINS = $(addprefix $(BIN)/,kubelet kube-controller-manager kube-schedule
 	csi-provisioner csi-snapshotter snapshot-controller) $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
 
 $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy): test/tools/go.mod test/tools/go.sum
-	cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+	$(CACHED) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)'
 
 .PHONY: cluster-bins
 cluster-bins: $(CLUSTER_BINS)
 
 $(BIN)/coredns:
-	GOBIN=$(BIN) go install github.com/coredns/coredns@$(COREDNS_VERSION)
+	$(CACHED) 'GOBIN=$(BIN) go install github.com/coredns/coredns@$(COREDNS_VERSION)'
 
 $(addprefix $(BIN)/cni/,$(CNI_PLUGINS)):
-	GOBIN=$(BIN)/cni go install github.com/containernetworking/plugins/plugins/$(CNI_DIR_$(notdir $@))/$(notdir $@)@$(CNI_PLUGINS_VERSION)
+	$(CACHED) 'GOBIN=$(BIN)/cni go install github.com/containernetworking/plugins/plugins/$(CNI_DIR_$(notdir $@))/$(notdir $@)@$(CNI_PLUGINS_VERSION)'
 
 $(BIN)/csi-provisioner: test/tools/csi-provisioner/go.mod test/tools/csi-provisioner/go.sum
-	cd test/tools/csi-provisioner && go build -o $@ github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
+	$(CACHED) 'cd test/tools/csi-provisioner && go build -o $@ github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner'
 
 $(BIN)/csi-snapshotter $(BIN)/snapshot-controller: test/tools/csi-snapshotter/go.mod test/tools/csi-snapshotter/go.sum
-	cd test/tools/csi-snapshotter && go build -o $@ github.com/kubernetes-csi/external-snapshotter/v8/cmd/$(notdir $@)
+	$(CACHED) 'cd test/tools/csi-snapshotter && go build -o $@ github.com/kubernetes-csi/external-snapshotter/v8/cmd/$(notdir $@)'
 
 # Real KubeVirt for the real node (test/tools/kubevirt, a module of its own): the operator, api
 # and controller are static; the handler and launcher link Debian's libvirt (libvirt-dev,
@@ -320,11 +325,16 @@ KUBEVIRT_PKG_manifest-templator := tools/manifest-templator
 kubevirt: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO)) ## Build KubeVirt v1.7.0's commands into bin/kubevirt/ (the real node's KubeVirt).
 
 $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum
-	cd test/tools/kubevirt && CGO_ENABLED=0 go build -trimpath -o $@ kubevirt.io/kubevirt/$(or $(KUBEVIRT_PKG_$(notdir $@)),cmd/$(notdir $@))
+	$(CACHED) 'cd test/tools/kubevirt && CGO_ENABLED=0 go build -trimpath -o $@ kubevirt.io/kubevirt/$(or $(KUBEVIRT_PKG_$(notdir $@)),cmd/$(notdir $@))'
 
-$(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_CGO)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum
+# The cgo commands link Debian's libvirt: its version is part of their cache key.
+$(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_CGO)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setup-kubevirt
+	CACHE_KEY="libvirt-dev $$(dpkg-query -W -f='$${Version}' libvirt-dev)" \
+		$(CACHED) 'cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -o $@ kubevirt.io/kubevirt/cmd/$(notdir $@)'
+
+.PHONY: setup-kubevirt
+setup-kubevirt: setup
 	hack/setup.sh kubevirt
-	cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -o $@ kubevirt.io/kubevirt/cmd/$(notdir $@)
 
 # KubeVirt's five images, as OCI archives in bin/kubevirt/ that the real node pushes to its
 # registry: the operator, api and controller on diskpipe's minimal base; the handler and the
@@ -343,15 +353,10 @@ KUBEVIRT_IMAGE_ARGS_virt-launcher := --rootfs $(BIN)/kubevirt/launcher-rootfs.ta
 .PHONY: kubevirt-images
 kubevirt-images: $(foreach i,$(KUBEVIRT_IMAGES),$(BIN)/kubevirt/$(i)-image.tar) $(BIN)/kubevirt/kubevirt-operator.yaml ## Build KubeVirt's images for the real node into bin/kubevirt/.
 
-# A root filesystem takes minutes of downloads; it is kept in ROOTFS_CACHE, under the hash of
-# the script that made it, so that a clean clone on a machine that made it once copies it.
-ROOTFS_CACHE ?= $(HOME)/.cache/diskpipe/rootfs
-
-$(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh
-	hack/setup.sh kubevirt
-	cached=$(ROOTFS_CACHE)/$*-$$(sha256sum test/kubevirt/rootfs.sh | cut -c1-16).tar; \
-	if [ -f "$$cached" ]; then cp "$$cached" $@; \
-	else test/kubevirt/rootfs.sh $* $@ && mkdir -p $(ROOTFS_CACHE) && cp $@ "$$cached.tmp" && mv "$$cached.tmp" "$$cached"; fi
+# A root filesystem takes minutes of downloads: hack/cached keeps it under the hash of the
+# script that made it.
+$(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh | setup-kubevirt
+	$(CACHED) 'test/kubevirt/rootfs.sh $* $@'
 
 # The script virt-handler's init container runs from the launcher image: what libvirt says of
 # the host's CPU, for the node's labels.
@@ -361,17 +366,16 @@ $(BIN)/kubevirt/node-labeller.sh: test/tools/kubevirt/go.mod
 
 # KubeVirt's one C helper, which a hot-plugged volume's attachment pod runs from the launcher
 # image (it holds the volume's mount open): static, as KubeVirt builds it.
-$(BIN)/kubevirt/container-disk: test/tools/kubevirt/go.mod
+$(BIN)/kubevirt/container-disk: test/tools/kubevirt/go.mod | setup
 	cd test/tools/kubevirt && gcc -static -O2 -o $@ "$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)/cmd/container-disk-v2alpha/main.c"
 
 $(BIN)/kubevirt/virt-handler-image.tar: $(BIN)/kubevirt/handler-rootfs.tar
 $(BIN)/kubevirt/virt-launcher-image.tar: $(BIN)/kubevirt/launcher-rootfs.tar
 
 define KUBEVIRT_IMAGE_RULE
-$(BIN)/kubevirt/$(1)-image.tar: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_FILES_$(1))) hack/image/image.go
-	go build -o $(BIN)/image ./hack/image
-	$(BIN)/image build --out $$@ --ref kubevirt.diskpipe.test/$(1):$(KUBEVIRT_VERSION) --arch $(IMAGE_GOARCH) \
-		--entrypoint /usr/bin/$(1) $(KUBEVIRT_IMAGE_ARGS_$(1)) $(foreach f,$(KUBEVIRT_FILES_$(1)),usr/bin/$(f)=$(BIN)/kubevirt/$(f))
+$(BIN)/kubevirt/$(1)-image.tar: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_FILES_$(1))) $(BIN)/image
+	$$(CACHED) '$(BIN)/image build --out $$@ --ref kubevirt.diskpipe.test/$(1):$(KUBEVIRT_VERSION) --arch $(IMAGE_GOARCH) \
+		--entrypoint /usr/bin/$(1) $(KUBEVIRT_IMAGE_ARGS_$(1)) $(foreach f,$(KUBEVIRT_FILES_$(1)),usr/bin/$(f)=$(BIN)/kubevirt/$(f))'
 endef
 $(foreach i,$(KUBEVIRT_IMAGES),$(eval $(call KUBEVIRT_IMAGE_RULE,$(i))))
 
