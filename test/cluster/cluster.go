@@ -70,6 +70,10 @@ type Options struct {
 	// KubeVirt installs the real KubeVirt (make kubevirt-images) in place of the trimmed
 	// VirtualMachine CRD of test/crds/kubevirt.
 	KubeVirt bool
+	// KubeVirtLater returns from Start once KubeVirt's rollout has begun and diskpipe is
+	// installed, rather than once KubeVirt is Available; WaitKubeVirt waits for the rest. The
+	// end-to-end suite runs its other specs meanwhile.
+	KubeVirtLater bool
 }
 
 // Cluster is a running single-node cluster.
@@ -93,6 +97,9 @@ type Cluster struct {
 	unscraped     []error
 	cancel        context.CancelFunc
 	sysctls       map[string]string
+	// kubeVirtDone is closed when KubeVirt is Available or will not be (kubeVirtErr).
+	kubeVirtDone chan struct{}
+	kubeVirtErr  error
 }
 
 type proc struct {
@@ -154,6 +161,18 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	if err := c.install(ctx); err != nil {
 		return nil, err
+	}
+	if o.KubeVirt {
+		c.kubeVirtDone = make(chan struct{})
+		go func() {
+			defer close(c.kubeVirtDone)
+			c.kubeVirtErr = c.kubevirtAvailable(ctx)
+		}()
+		if !o.KubeVirtLater {
+			if err := c.WaitKubeVirt(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return c, nil
 }

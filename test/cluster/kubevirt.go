@@ -45,8 +45,10 @@ spec:
 
 // kubevirt installs the real KubeVirt as its documentation tells users: virt-operator from its
 // release manifest (rendered by make kubevirt-images for the registry's names), then a
-// KubeVirt object; it waits until KubeVirt says it is Available. The node is labelled a
-// control-plane node first: virt-operator, virt-api and virt-controller run only on one.
+// KubeVirt object. It waits until virt-operator has made KubeVirt's VirtualMachine CRD, which
+// diskpipe's manager watches; kubevirtAvailable waits for the rest of the rollout. The node is
+// labelled a control-plane node first: virt-operator, virt-api and virt-controller run only on
+// one.
 func (c *Cluster) kubevirt(ctx context.Context) error {
 	dir := c.bin("kubevirt")
 	for _, name := range kubeVirtImages {
@@ -70,6 +72,33 @@ func (c *Cluster) kubevirt(ctx context.Context) error {
 	if _, stderr, err := c.Kubectl(ctx, []byte(kubeVirtCR), "apply", "-f", "-"); err != nil {
 		return fmt.Errorf("creating the KubeVirt object: %w: %s", err, stderr)
 	}
+	return c.wait(ctx, "virt-operator to make KubeVirt's VirtualMachine CRD", "kubelet", 5*time.Minute, func(ctx context.Context) error {
+		_, stderr, err := c.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=10s", "crd/virtualmachines.kubevirt.io")
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, stderr)
+		}
+		return nil
+	})
+}
+
+// WaitKubeVirt waits until KubeVirt is Available (Options.KubeVirt), and says why it is not
+// when it will not be.
+func (c *Cluster) WaitKubeVirt() error {
+	if c.kubeVirtDone == nil {
+		return nil
+	}
+	<-c.kubeVirtDone
+	return c.kubeVirtErr
+}
+
+// kubevirtAvailable waits until the KubeVirt object says KubeVirt is Available.
+func (c *Cluster) kubevirtAvailable(ctx context.Context) (err error) {
+	start := time.Now()
+	defer func() {
+		if err == nil {
+			c.step("KubeVirt is Available, %s after its rollout began", time.Since(start).Round(time.Second))
+		}
+	}()
 	return c.wait(ctx, "KubeVirt to be Available", "kubelet", 10*time.Minute, func(ctx context.Context) error {
 		kv := &unstructured.Unstructured{}
 		kv.SetGroupVersionKind(schema.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "KubeVirt"})

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	realcluster "github.com/diskpipe/diskpipe/test/cluster"
@@ -42,8 +43,11 @@ type Cluster interface {
 	// IdleImage is an image whose container runs until stopped, standing in for a VM's
 	// virt-launcher (the local cluster runs only diskpipe's pods; the real node runs it).
 	IdleImage() string
-	// KubeVirt says whether the real KubeVirt runs VMs (the real node with DISKPIPE_KUBEVIRT=1).
+	// KubeVirt says whether the real KubeVirt runs VMs (the real node with DISKPIPE_KUBEVIRT=1);
+	// WaitKubeVirt waits until it is Available (its rollout goes on beside the first specs).
+	// Specs use kubeVirt(), which does both.
 	KubeVirt() bool
+	WaitKubeVirt() error
 	// KubeconfigFile is an administrator's kubeconfig (client certificates), for kubectl plugins.
 	KubeconfigFile() string
 	Stop()
@@ -68,6 +72,7 @@ func real() bool { return os.Getenv("DISKPIPE_E2E_CLUSTER") == "real" }
 func startCluster(work string) (Cluster, error) {
 	if real() {
 		o := realcluster.DefaultOptions(GinkgoWriter)
+		o.KubeVirtLater = true
 		return realcluster.Start(context.Background(), o)
 	}
 	c, err := localcluster.Start(context.Background(), localcluster.Options{Bin: testenv.Path("bin"), Dir: filepath.Join(work, "cluster"), Log: GinkgoWriter})
@@ -95,3 +100,15 @@ func (l local) UploadURL() string      { return l.Cluster.UploadURL }
 func (l local) IdleImage() string      { return "quay.io/kubevirt/virt-launcher" }
 func (l local) KubeconfigFile() string { return l.Kubeconfig }
 func (l local) KubeVirt() bool         { return false }
+func (l local) WaitKubeVirt() error    { return nil }
+
+// kubeVirt says whether the real KubeVirt runs VMs, and where it does, waits until it is
+// Available: a spec that makes a KubeVirt VM, or has diskpipe's manager make one, asks it first.
+func kubeVirt() bool {
+	GinkgoHelper()
+	if !cluster.KubeVirt() {
+		return false
+	}
+	Expect(cluster.WaitKubeVirt()).To(Succeed(), "KubeVirt's rollout")
+	return true
+}

@@ -233,6 +233,19 @@ spec:
 			fmt.Sprintf("DISKPIPE-DISK disk=vda size=%d marker=%s", grown(256<<20), bootdisk.Marker),
 		}))
 		pod, _ := launcherPod(ns, "hot", "")
+		// Should the attach fail again, what libvirt said about the domain and its daemon.
+		DeferCleanup(func() {
+			if CurrentSpecReport().Failed() {
+				out, _, _ := cluster.Kubectl(context.Background(), nil, "logs", "-n", ns, pod, "-c", "compute")
+				var said []string
+				for _, l := range strings.Split(out, "\n") {
+					if strings.Contains(l, `"level":"error"`) || strings.Contains(l, "virtqemud") || strings.Contains(l, "ransient") {
+						said = append(said, l)
+					}
+				}
+				GinkgoWriter.Printf("the launcher's errors and libvirt's daemon:\n%s\n", strings.Join(said[max(0, len(said)-40):], "\n"))
+			}
+		})
 
 		virtctl("addvolume", "hot", "--volume-name=extra", "--bus=virtio", "-n", ns)
 		Eventually(func() []string { return consoleLines(ns, pod) }, 3*time.Minute, 2*time.Second).Should(
@@ -287,7 +300,7 @@ spec:
 
 // requireKubeVirt skips a spec where no KubeVirt runs VMs.
 func requireKubeVirt() {
-	if !cluster.KubeVirt() {
+	if !kubeVirt() {
 		Skip("no KubeVirt runs VMs on this cluster: the real node with DISKPIPE_KUBEVIRT=1 (make kubevirt-images) runs these")
 	}
 }

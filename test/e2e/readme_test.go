@@ -21,6 +21,7 @@ import (
 var _ = Describe("the README's walk-through", func() {
 	It("runs as written: upload, golden image, disk, KubeVirt VM, export and download", func(ctx SpecContext) {
 		script := readmeWalkthrough()
+		kubeVirt() // the walk-through's VM is KubeVirt's where KubeVirt runs
 		ns := namespace()
 		dir := GinkgoT().TempDir()
 		run("cp", images["qcow2"], filepath.Join(dir, "disk.qcow2"))

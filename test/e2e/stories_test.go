@@ -62,7 +62,7 @@ func seedVM(ns string) string {
 	b, err := os.ReadFile(filepath.Join("..", "fixtures", "seeds", "000-virtualmachine.yaml"))
 	Expect(err).NotTo(HaveOccurred())
 	seed := strings.Replace(string(b), "namespace: test2", "namespace: "+ns, 1)
-	if cluster.KubeVirt() {
+	if kubeVirt() {
 		for from, to := range map[string]string{
 			"          interfaces:\n            - macvtap: {}\n              model: e1000\n              name: eth0\n": "          autoattachPodInterface: false\n",
 			"spec:\n  ippool:": "spec:\n  runStrategy: Halted\n  ippool:",
