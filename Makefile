@@ -313,10 +313,13 @@ $(BIN)/csi-provisioner: test/tools/csi-provisioner/go.mod test/tools/csi-provisi
 $(BIN)/csi-snapshotter $(BIN)/snapshot-controller: test/tools/csi-snapshotter/go.mod test/tools/csi-snapshotter/go.sum
 	$(CACHED) 'cd test/tools/csi-snapshotter && go build -o $@ github.com/kubernetes-csi/external-snapshotter/v8/cmd/$(notdir $@)'
 
-# Real KubeVirt for the real node (test/tools/kubevirt, a module of its own): the operator, api
-# and controller are static; the handler and launcher link Debian's libvirt (libvirt-dev,
-# hack/setup.sh kubevirt) and the kernel's kvm.h. virtctl too, and the tools that render the
-# operator's manifest.
+# Real KubeVirt for the real node (test/tools/kubevirt, a module of its own): its commands,
+# virtctl and the tool that renders the operator's manifest. Every one is built with the same
+# flags, so that KubeVirt's packages and their Kubernetes libraries compile once: cgo on (the
+# handler, the launcher and virt-chroot link Debian's libvirt, libvirt-dev from hack/setup.sh
+# kubevirt, and the kernel's kvm.h), with Go's own resolver and user lookup (netgo, osusergo),
+# so that the others use no cgo at all and link statically, as the operator, api and
+# controller must on diskpipe's minimal base. libvirt-dev's version is part of the cache key.
 KUBEVIRT_STATIC  := virt-operator virt-api virt-controller virtctl manifest-templator
 KUBEVIRT_CGO     := virt-handler virt-launcher virt-launcher-monitor virt-chroot virt-freezer virt-probe virt-tail
 KUBEVIRT_PKG_manifest-templator := tools/manifest-templator
@@ -324,13 +327,10 @@ KUBEVIRT_PKG_manifest-templator := tools/manifest-templator
 .PHONY: kubevirt
 kubevirt: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO)) ## Build KubeVirt v1.7.0's commands into bin/kubevirt/ (the real node's KubeVirt).
 
-$(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum
-	$(CACHED) 'cd test/tools/kubevirt && CGO_ENABLED=0 go build -trimpath -o $@ kubevirt.io/kubevirt/$(or $(KUBEVIRT_PKG_$(notdir $@)),cmd/$(notdir $@))'
-
-# The cgo commands link Debian's libvirt: its version is part of their cache key.
-$(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_CGO)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setup-kubevirt
+$(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setup-kubevirt
 	CACHE_KEY="libvirt-dev $$(dpkg-query -W -f='$${Version}' libvirt-dev)" \
-		$(CACHED) 'cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -o $@ kubevirt.io/kubevirt/cmd/$(notdir $@)'
+		$(CACHED) 'cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -o $@ kubevirt.io/kubevirt/$(or $(KUBEVIRT_PKG_$(notdir $@)),cmd/$(notdir $@))'
+	$(if $(filter $(KUBEVIRT_STATIC),$(notdir $@)),@file $@ | grep -q 'statically linked' || { echo "$@ is not statically linked" >&2; exit 1; })
 
 .PHONY: setup-kubevirt
 setup-kubevirt: setup
