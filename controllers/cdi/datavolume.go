@@ -488,6 +488,13 @@ func sourceKind(src *cdiv1.DataVolumeSource, ns string) string {
 	}
 }
 
+// clones says whether CDI would clone dv's bytes (its phases CloneScheduled and
+// CloneInProgress): a pvc or snapshot source, or a DataSource, which names one of the two.
+func clones(dv *cdiv1.DataVolume) bool {
+	src := dv.Spec.Source
+	return dv.Spec.SourceRef != nil || src != nil && (src.PVC != nil || src.Snapshot != nil)
+}
+
 // statusOf is the status of a DataVolume made by disk.
 func statusOf(dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume) cdiv1.DataVolumeStatus {
 	ds := disk.Status
@@ -497,7 +504,7 @@ func statusOf(dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume) cdiv1.DataVolum
 	if ready != nil && ready.Message != "" {
 		why, msg = ready.Reason, ready.Message
 	}
-	copying := dv.Spec.Source != nil && (dv.Spec.Source.Snapshot != nil || dv.Spec.Source.PVC != nil)
+	copying := clones(dv)
 	switch ds.Phase {
 	case common.PhaseReady:
 		st.Phase = cdiv1.Succeeded
@@ -545,7 +552,7 @@ func statusOfImport(dv *cdiv1.DataVolume, img *hypercloud.VirtualMachineImage) c
 		st.Conditions = conditions(why, msg, corev1.ConditionFalse, ReasonError, msg)
 	case common.PhaseImporting:
 		st.Phase = cdiv1.ImportInProgress
-		if dv.Spec.Source != nil && dv.Spec.Source.PVC != nil {
+		if clones(dv) {
 			st.Phase = cdiv1.CloneInProgress
 		}
 		st.Conditions = conditions(ReasonPending, "PVC "+dv.Name+" Pending", corev1.ConditionTrue, "", "")

@@ -34,6 +34,15 @@ func TestStatusOf(t *testing.T) {
 	if st := statusOf(dv, importing); st.Phase != cdiv1.CloneInProgress {
 		t.Errorf("a restore: %s", st.Phase)
 	}
+	// A DataSource names a PVC or a snapshot: CDI clones it, and says so.
+	dv.Spec.Source, dv.Spec.SourceRef = nil, &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: "fedora"}
+	if st := statusOf(dv, importing); st.Phase != cdiv1.CloneInProgress {
+		t.Errorf("a copy of a DataSource's PVC: %s", st.Phase)
+	}
+	scheduled := &diskvolume.DiskVolume{Status: common.DiskStatus{Phase: common.PhasePending, PVCName: "root"}}
+	if st := statusOf(dv, scheduled); st.Phase != cdiv1.CloneScheduled {
+		t.Errorf("a copy of a DataSource's PVC, not begun: %s", st.Phase)
+	}
 }
 
 // TestStatusOfImport: while its staging image imports, a DataVolume is ImportScheduled, then
