@@ -2,6 +2,8 @@ package cdi
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -21,11 +23,16 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 )
 
-// A DataImportCron is served by a scheduled VirtualMachineImage, dic-<name>, that it controls:
-// its template's source is checked on its schedule, each new revision is imported into an
-// image of its own, importsToKeep of them are kept (all of them, up to a hundred, with
+// A DataImportCron is served by a scheduled VirtualMachineImage, dic-<name>-<hash>, that it
+// controls: its template's source is checked on its schedule, each new revision is imported
+// into an image of its own, importsToKeep of them are kept (all of them, up to a hundred, with
 // garbageCollect Never), and the managed DataSource names the golden PVC of the newest Ready
-// one. A DataVolume made from that DataSource is cloned from the image itself.
+// one. A DataVolume made from that DataSource is cloned from the revision's image itself.
+//
+// An image's source cannot change, so the hash names the template's source, storage class and
+// volume mode: a template changed to a new source (another mirror, another registry) gets an
+// image of its own, and the one it replaces, with its revisions, is deleted once the new one
+// has a Ready revision; until then the DataSource keeps naming the old one's.
 
 // LabelDataImportCron marks the DataSource a DataImportCron keeps, as CDI does.
 const LabelDataImportCron = "cdi.kubevirt.io/dataImportCron"
@@ -41,8 +48,27 @@ const (
 // CronReconciler serves DataImportCrons.
 type CronReconciler struct{ client.Client }
 
-// cronImageName names the scheduled image that serves a DataImportCron.
-func cronImageName(name string) string { return "dic-" + name }
+// CronImageName names the scheduled image that serves cron's template as it is now.
+func CronImageName(cron *cdiv1.DataImportCron) (string, error) {
+	t := cron.Spec.Template.Spec
+	what := struct {
+		Source *cdiv1.DataVolumeSource
+		Class  *string
+		Mode   *corev1.PersistentVolumeMode
+	}{Source: t.Source}
+	switch {
+	case t.Storage != nil:
+		what.Class, what.Mode = t.Storage.StorageClassName, t.Storage.VolumeMode
+	case t.PVC != nil:
+		what.Class, what.Mode = t.PVC.StorageClassName, t.PVC.VolumeMode
+	}
+	b, err := json.Marshal(what)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return fmt.Sprintf("dic-%s-%x", cron.Name, sum[:4]), nil
+}
 
 // Reconcile keeps the DataImportCron's image, its DataSource and its status.
 func (r *CronReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -122,7 +148,30 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 		upToDate.Message = "a newer revision is being imported"
 	}
 	st.Conditions = []cdiv1.DataImportCronCondition{progressing, upToDate}
-	return st, r.keepDataSource(ctx, cron, golden.PVC.Name)
+	if err := r.keepDataSource(ctx, cron, golden.PVC.Name); err != nil {
+		return st, err
+	}
+	return st, r.deleteSuperseded(ctx, cron, img.Name)
+}
+
+// deleteSuperseded deletes the scheduled images cron made for its template's earlier sources,
+// now that the image of its current one, current, has a Ready revision. Their revisions go with
+// them, each once no disk is being cloned from it.
+func (r *CronReconciler) deleteSuperseded(ctx context.Context, cron *cdiv1.DataImportCron, current string) error {
+	list := &hypercloud.VirtualMachineImageList{}
+	if err := r.List(ctx, list, client.InNamespace(cron.Namespace), client.MatchingLabels{LabelDataImportCron: cron.Name}); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		old := &list.Items[i]
+		if old.Name == current || old.Spec.Schedule == nil || !metav1.IsControlledBy(old, cron) || !old.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if err := r.Delete(ctx, old, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // cronImage is the scheduled image that serves cron, or why there can be none.
@@ -140,7 +189,11 @@ func (r *CronReconciler) cronImage(cron *cdiv1.DataImportCron) (*hypercloud.Virt
 		keep = 100 // the most a schedule keeps
 	}
 	keep = min(max(keep, 1), 100)
-	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cronImageName(cron.Name), Namespace: cron.Namespace,
+	name, err := CronImageName(cron)
+	if err != nil {
+		return nil, err
+	}
+	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: cron.Namespace,
 		Labels: map[string]string{LabelDataImportCron: cron.Name}},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: *src, Schedule: &common.ImageSchedule{Cron: cron.Spec.Schedule, Keep: &keep}}}
 	switch {

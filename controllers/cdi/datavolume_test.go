@@ -509,10 +509,34 @@ func TestClaimAdoption(t *testing.T) {
 	g.Expect(metav1.GetControllerOf(pvc)).To(BeNil(), "the claim is left as it was")
 }
 
+// newRevision is the revision image the scheduled image img makes once its check finds rev.
+func newRevision(t *testing.T, ns string, img *hypercloud.VirtualMachineImage, rev string) *hypercloud.VirtualMachineImage {
+	t.Helper()
+	found := &hypercloud.VirtualMachineImage{}
+	NewWithT(t).Eventually(func() string {
+		list := &hypercloud.VirtualMachineImageList{}
+		_ = env.Client.List(t.Context(), list, client.InNamespace(ns), client.MatchingLabels{image.LabelScheduledBy: string(img.UID)})
+		for i := range list.Items {
+			if list.Items[i].Annotations[image.AnnotationRevision] == rev {
+				*found = list.Items[i]
+			}
+		}
+		return found.Name
+	}, 20*time.Second).ShouldNot(BeEmpty(), "the revision %s of %s", rev, img.Name)
+	return found
+}
+
+// importRevision completes the import of rev's image, which the test has probed and bound.
+func importRevision(t *testing.T, ns string, img *hypercloud.VirtualMachineImage, rev string) {
+	t.Helper()
+	ctrltest.Complete(t, env, ns, "vmim-"+img.Name+"-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30, Revision: rev})
+}
+
 // TestDataImportCron: a DataImportCron is served by a scheduled image it controls; once a
 // revision is imported its DataSource names that revision's golden PVC, its status says it is
 // up to date, and a DataVolume made from the DataSource is cloned from the revision's image,
-// with nothing staged.
+// with nothing staged. A template moved to another source is served by a new image, which
+// replaces the old one once it has a Ready revision.
 func TestDataImportCron(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
@@ -523,9 +547,12 @@ func TestDataImportCron(t *testing.T) {
 		Template: cdiv1.DataVolume{Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{
 			URL: ptr.To("docker://quay.io/containerdisks/fedora:latest")}}, Storage: &cdiv1.StorageSpec{}}}}}
 	g.Expect(env.Client.Create(ctx, cron)).To(Succeed())
+	name, err := cdi.CronImageName(cron)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(name).To(MatchRegexp(`^dic-fedora-cron-[0-9a-f]{8}$`))
 	img := &hypercloud.VirtualMachineImage{}
 	g.Eventually(func() error {
-		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dic-fedora-cron"}, img)
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, img)
 	}, 20*time.Second).Should(Succeed())
 	g.Expect(metav1.IsControlledBy(img, cron)).To(BeTrue())
 	g.Expect(img.Spec.Schedule).To(Equal(&common.ImageSchedule{Cron: "@every 1h", Keep: ptr.To[int32](2)}))
@@ -533,17 +560,8 @@ func TestDataImportCron(t *testing.T) {
 
 	// The schedule's first check finds a revision, which is imported into an image of its own.
 	const digest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
-	ctrltest.Complete(t, env, ns, "vmim-dic-fedora-cron-check-0", transfer.Result{Revision: digest})
-	rev := &hypercloud.VirtualMachineImage{}
-	g.Eventually(func() string {
-		list := &hypercloud.VirtualMachineImageList{}
-		_ = env.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{image.LabelScheduledBy: string(img.UID)})
-		if len(list.Items) == 0 {
-			return ""
-		}
-		*rev = list.Items[0]
-		return rev.Name
-	}, 20*time.Second).ShouldNot(BeEmpty())
+	ctrltest.Complete(t, env, ns, "vmim-"+name+"-check-0", transfer.Result{Revision: digest})
+	rev := newRevision(t, ns, img, digest)
 	cronState := func() string {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(cron), cron); err != nil {
 			return err.Error()
@@ -558,7 +576,7 @@ func TestDataImportCron(t *testing.T) {
 	ctrltest.Bind(t, env, ns, "vmim-"+rev.Name)
 	g.Eventually(cronState, 20*time.Second).Should(Equal("Progressing=True:ImportProgressing UpToDate=False:NoImport"))
 	g.Expect(cron.Status.CurrentImports).To(Equal([]cdiv1.ImportStatus{{DataVolumeName: rev.Name, Digest: digest}}))
-	ctrltest.Complete(t, env, ns, "vmim-"+rev.Name+"-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30, Revision: digest})
+	importRevision(t, ns, rev, digest)
 	g.Eventually(cronState, 20*time.Second).Should(Equal("Progressing=False:NoImport UpToDate=True:UpToDate"))
 	g.Expect(cron.Status.LastImportedPVC).To(Equal(&cdiv1.DataVolumeSourcePVC{Namespace: ns, Name: "vmim-" + rev.Name}))
 
@@ -581,6 +599,42 @@ func TestDataImportCron(t *testing.T) {
 		"cloned from the revision's image itself")
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.DataVolumeImage("root")}, &hypercloud.VirtualMachineImage{})).
 		NotTo(Succeed(), "nothing is staged")
+
+	// The template moves to another registry: an image's source is immutable, so the new
+	// source gets a scheduled image of its own. Until it has a Ready revision the DataSource
+	// keeps the old one's PVC; then it names the new one's, and the old image is deleted.
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(cron), cron)).To(Succeed())
+	cron.Spec.Template.Spec.Source.Registry.URL = ptr.To("docker://mirror.example.com/containerdisks/fedora:latest")
+	g.Expect(env.Client.Update(ctx, cron)).To(Succeed())
+	moved, err := cdi.CronImageName(cron)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(moved).NotTo(Equal(name))
+	next := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: moved}, next) }, 20*time.Second).Should(Succeed())
+	g.Expect(metav1.IsControlledBy(next, cron)).To(BeTrue())
+	g.Expect(next.Spec.Source.Registry.URL).To(Equal("docker://mirror.example.com/containerdisks/fedora:latest"))
+	const digest2 = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	ctrltest.Complete(t, env, ns, "vmim-"+moved+"-check-0", transfer.Result{Revision: digest2})
+	rev2 := newRevision(t, ns, next, digest2)
+	g.Consistently(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fedora"}, ds)
+		return ds.Spec.Source.PVC.Name
+	}, 2*time.Second).Should(Equal("vmim-"+rev.Name), "the DataSource keeps the old revision while the new source imports")
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(img), &hypercloud.VirtualMachineImage{})).To(Succeed(), "the old image is kept meanwhile")
+	ctrltest.Complete(t, env, ns, "vmim-"+rev2.Name+"-probe-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30, Revision: digest2})
+	ctrltest.Bind(t, env, ns, "vmim-"+rev2.Name)
+	importRevision(t, ns, rev2, digest2)
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fedora"}, ds)
+		return ds.Spec.Source.PVC.Name
+	}, 20*time.Second).Should(Equal("vmim-"+rev2.Name), "the DataSource names the new source's revision")
+	g.Eventually(func() bool {
+		old := &hypercloud.VirtualMachineImage{}
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(img), old)
+		return apierrors.IsNotFound(err) || err == nil && !old.DeletionTimestamp.IsZero()
+	}, 20*time.Second).Should(BeTrue(), "the old source's image is deleted")
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(next), next)).To(Succeed())
+	g.Expect(next.DeletionTimestamp.IsZero()).To(BeTrue(), "the new source's image stays")
 
 	// A template diskpipe cannot check for revisions says so.
 	blank := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "blank", Namespace: ns}, Spec: cdiv1.DataImportCronSpec{
