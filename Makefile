@@ -286,7 +286,6 @@ $(BIN)/etcd: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go
 # plane's other parts, CoreDNS, the CNI plugins and the real CSI sidecars, all from Go modules;
 # containerd, runc and the registry come from Debian (hack/setup.sh cluster).
 CNI_PLUGINS_VERSION ?= v1.7.1
-COREDNS_VERSION     ?= v1.12.2
 CNI_PLUGINS := bridge loopback portmap host-local
 CNI_DIR_bridge := main
 CNI_DIR_loopback := main
@@ -301,8 +300,10 @@ $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy): 
 .PHONY: cluster-bins
 cluster-bins: $(CLUSTER_BINS)
 
-$(BIN)/coredns:
-	$(CACHED) 'GOBIN=$(BIN) go install github.com/coredns/coredns@$(COREDNS_VERSION)'
+# CoreDNS with only the plugins the node's Corefile uses (test/tools/cmd/coredns), on the
+# Kubernetes libraries the Kubernetes binaries compile.
+$(BIN)/coredns: test/tools/go.mod test/tools/go.sum test/tools/cmd/coredns/main.go
+	$(CACHED) 'cd test/tools && go build -o $@ ./cmd/coredns'
 
 $(addprefix $(BIN)/cni/,$(CNI_PLUGINS)):
 	$(CACHED) 'GOBIN=$(BIN)/cni go install github.com/containernetworking/plugins/plugins/$(CNI_DIR_$(notdir $@))/$(notdir $@)@$(CNI_PLUGINS_VERSION)'

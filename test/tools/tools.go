@@ -2,7 +2,8 @@
 
 // Package tools pins the Kubernetes binaries the tests, the demo and the real cluster run:
 // kube-apiserver, kubectl, kube-controller-manager, kube-scheduler, kubelet and kube-proxy from
-// k8s.io/kubernetes, and etcd (cmd/etcd) from go.etcd.io/etcd/server/v3.
+// k8s.io/kubernetes, etcd (cmd/etcd) from go.etcd.io/etcd/server/v3, and CoreDNS (cmd/coredns)
+// with the real node's plugins.
 package tools
 
 import (
