@@ -362,12 +362,14 @@ $(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh | setup-kubevirt
 # The script virt-handler's init container runs from the launcher image: what libvirt says of
 # the host's CPU, for the node's labels.
 $(BIN)/kubevirt/node-labeller.sh: test/tools/kubevirt/go.mod
+	mkdir -p $(@D)
 	cd test/tools/kubevirt && cp "$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)/cmd/virt-launcher/node-labeller/node-labeller.sh" $@
 	chmod 0755 $@
 
 # KubeVirt's one C helper, which a hot-plugged volume's attachment pod runs from the launcher
 # image (it holds the volume's mount open): static, as KubeVirt builds it.
 $(BIN)/kubevirt/container-disk: test/tools/kubevirt/go.mod | setup
+	mkdir -p $(@D)
 	cd test/tools/kubevirt && gcc -static -O2 -o $@ "$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)/cmd/container-disk-v2alpha/main.c"
 
 $(BIN)/kubevirt/virt-handler-image.tar: $(BIN)/kubevirt/handler-rootfs.tar
