@@ -50,24 +50,30 @@ type CronReconciler struct{ client.Client }
 
 // CronImageName names the scheduled image that serves cron's template as it is now.
 func CronImageName(cron *cdiv1.DataImportCron) (string, error) {
-	t := cron.Spec.Template.Spec
 	what := struct {
 		Source *cdiv1.DataVolumeSource
 		Class  *string
 		Mode   *corev1.PersistentVolumeMode
-	}{Source: t.Source}
-	switch {
-	case t.Storage != nil:
-		what.Class, what.Mode = t.Storage.StorageClassName, t.Storage.VolumeMode
-	case t.PVC != nil:
-		what.Class, what.Mode = t.PVC.StorageClassName, t.PVC.VolumeMode
-	}
+	}{Source: cron.Spec.Template.Spec.Source}
+	what.Class, what.Mode = templateStorage(cron)
 	b, err := json.Marshal(what)
 	if err != nil {
 		return "", err
 	}
 	sum := sha256.Sum256(b)
 	return fmt.Sprintf("dic-%s-%x", cron.Name, sum[:4]), nil
+}
+
+// templateStorage is the storage class and volume mode cron's template asks for.
+func templateStorage(cron *cdiv1.DataImportCron) (*string, *corev1.PersistentVolumeMode) {
+	t := cron.Spec.Template.Spec
+	switch {
+	case t.Storage != nil:
+		return t.Storage.StorageClassName, t.Storage.VolumeMode
+	case t.PVC != nil:
+		return t.PVC.StorageClassName, t.PVC.VolumeMode
+	}
+	return nil, nil
 }
 
 // Reconcile keeps the DataImportCron's image, its DataSource and its status.
@@ -196,12 +202,7 @@ func (r *CronReconciler) cronImage(cron *cdiv1.DataImportCron) (*hypercloud.Virt
 	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: cron.Namespace,
 		Labels: map[string]string{LabelDataImportCron: cron.Name}},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: *src, Schedule: &common.ImageSchedule{Cron: cron.Spec.Schedule, Keep: &keep}}}
-	switch {
-	case t.Storage != nil:
-		img.Spec.StorageClassName, img.Spec.VolumeMode = t.Storage.StorageClassName, t.Storage.VolumeMode
-	case t.PVC != nil:
-		img.Spec.StorageClassName, img.Spec.VolumeMode = t.PVC.StorageClassName, t.PVC.VolumeMode
-	}
+	img.Spec.StorageClassName, img.Spec.VolumeMode = templateStorage(cron)
 	return img, nil
 }
 
