@@ -73,9 +73,13 @@ func (c *Cluster) kubevirt(ctx context.Context) error {
 		return fmt.Errorf("creating the KubeVirt object: %w: %s", err, stderr)
 	}
 	return c.wait(ctx, "virt-operator to make KubeVirt's VirtualMachine CRD", "kubelet", 5*time.Minute, func(ctx context.Context) error {
-		_, stderr, err := c.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=10s", "crd/virtualmachines.kubevirt.io")
-		if err != nil {
-			return fmt.Errorf("%w: %s", err, stderr)
+		crd := &unstructured.Unstructured{}
+		crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: "virtualmachines.kubevirt.io"}, crd); err != nil {
+			return err
+		}
+		if !conditionTrue(crd, "Established") {
+			return fmt.Errorf("CRD virtualmachines.kubevirt.io is not Established yet")
 		}
 		return nil
 	})
@@ -105,12 +109,8 @@ func (c *Cluster) kubevirtAvailable(ctx context.Context) (err error) {
 		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: "kubevirt", Name: "kubevirt"}, kv); err != nil {
 			return err
 		}
-		conds, _, _ := unstructured.NestedSlice(kv.Object, "status", "conditions")
-		for _, cond := range conds {
-			m, _ := cond.(map[string]any)
-			if m["type"] == "Available" && m["status"] == string(corev1.ConditionTrue) {
-				return nil
-			}
+		if conditionTrue(kv, "Available") {
+			return nil
 		}
 		phase, _, _ := unstructured.NestedString(kv.Object, "status", "phase")
 		pods := &corev1.PodList{}
@@ -121,4 +121,16 @@ func (c *Cluster) kubevirtAvailable(ctx context.Context) (err error) {
 		}
 		return fmt.Errorf("KubeVirt is %q; its pods: %v", phase, states)
 	})
+}
+
+// conditionTrue says whether obj's status holds the condition typ with status True.
+func conditionTrue(obj *unstructured.Unstructured, typ string) bool {
+	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	for _, cond := range conds {
+		m, _ := cond.(map[string]any)
+		if m["type"] == typ && m["status"] == string(corev1.ConditionTrue) {
+			return true
+		}
+	}
+	return false
 }
