@@ -6,6 +6,8 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 )
 
 // CDIPolicyName names the ValidatingAdmissionPolicy that refuses the parts of CDI's API that
@@ -38,10 +40,9 @@ var cdiUnsupported = []struct{ ok, reason string }{
 
 // configUnsupported is each field of the CDIConfig's spec that diskpipe does not read, and the
 // reason; it is refused when set or changed (kept as it was, an update of other fields passes).
-// spec.uploadProxyURLOverride is read (controllers/cdi), and the rest are of CDI's own pods.
+// spec.uploadProxyURLOverride and spec.filesystemOverhead are read (controllers/cdi), and the
+// rest are of CDI's own pods.
 var configUnsupported = []struct{ field, reason string }{
-	{"filesystemOverhead", "CDIConfig spec.filesystemOverhead is not read by diskpipe: set filesystemOverhead.global and " +
-		"filesystemOverhead.storageClasses in diskpipe's chart values (status.filesystemOverhead says what diskpipe uses)"},
 	{"importProxy", "CDIConfig spec.importProxy is not served by diskpipe: its importers reach sources directly, " +
 		"within the chart's importer.allowedDestinations"},
 	{"podResourceRequirements", "CDIConfig spec.podResourceRequirements is not read by diskpipe: set importer.resources in diskpipe's chart values"},
@@ -59,6 +60,20 @@ const (
 	uploadTargetOK = "request.resource.resource != 'persistentvolumeclaims' || !has(object.metadata.annotations) || " +
 		"!('" + AnnUploadTarget + "' in object.metadata.annotations) || " +
 		"(oldObject != null && has(oldObject.metadata.annotations) && '" + AnnUploadTarget + "' in oldObject.metadata.annotations)"
+)
+
+// overheadOK holds when the CDIConfig's spec.filesystemOverhead, set or changed, is one diskpipe
+// takes: each value at most importpod.MaxOverhead (the CRD's pattern has made each a number
+// from 0 to 1).
+var (
+	overheadOK = fmt.Sprintf("request.resource.resource != 'cdiconfigs' || !has(variables.spec.filesystemOverhead) || "+
+		"(oldObject != null && has(oldObject.spec.filesystemOverhead) && oldObject.spec.filesystemOverhead == variables.spec.filesystemOverhead) || "+
+		"((!has(variables.spec.filesystemOverhead.global) || double(variables.spec.filesystemOverhead.global) <= %[1]g) && "+
+		"(!has(variables.spec.filesystemOverhead.storageClass) || "+
+		"variables.spec.filesystemOverhead.storageClass.all(c, double(variables.spec.filesystemOverhead.storageClass[c]) <= %[1]g)))",
+		importpod.MaxOverhead)
+	overheadRefused = fmt.Sprintf("CDIConfig spec.filesystemOverhead above %[1]g is not taken by diskpipe (a volume more than "+
+		"twice its disk): give fractions from 0 to %[1]g (0.06 keeps 6 %% of a volume free)", importpod.MaxOverhead)
 )
 
 // configCondition holds when CDIConfig spec.field is unset, or as it was.
@@ -80,6 +95,8 @@ func CDIPolicy() *admissionregistrationv1.ValidatingAdmissionPolicy {
 		validations = append(validations, admissionregistrationv1.Validation{Expression: configCondition(u.field), Message: u.reason,
 			Reason: ptr.To(metav1.StatusReasonInvalid)})
 	}
+	validations = append(validations, admissionregistrationv1.Validation{Expression: overheadOK, Message: overheadRefused,
+		Reason: ptr.To(metav1.StatusReasonInvalid)})
 	validations = append(validations, admissionregistrationv1.Validation{Expression: uploadTargetOK, Message: uploadTargetRefused,
 		Reason: ptr.To(metav1.StatusReasonInvalid)})
 	rule := func(group, version string, scope admissionregistrationv1.ScopeType, resources ...string) admissionregistrationv1.NamedRuleWithOperations {

@@ -93,14 +93,15 @@ func (c *Config) syncConfig(ctx context.Context) error {
 	return c.Client.Patch(ctx, obj, client.MergeFrom(base)) // CDI's CRDs of these two have no status subresource
 }
 
-// status is the CDIConfig's status: what diskpipe does, and the upload proxy's URL as the
+// status is the CDIConfig's status: the filesystem overheads diskpipe uses (the spec's where it
+// sets them, see SpecOverhead, else the chart's), and the upload proxy's URL as the
 // administrator's spec.uploadProxyURLOverride says, or else as the chart's values do (CDI's
 // order). The spec's other settings are refused at admission (admission.CDIPolicy).
 func (c *Config) status(spec *cdiv1.CDIConfigSpec) cdiv1.CDIConfigStatus {
 	percent := func(f float64) cdiv1.Percent { return cdiv1.Percent(strconv.FormatFloat(f, 'f', -1, 64)) }
 	fs := &cdiv1.FilesystemOverhead{Global: percent(c.FilesystemOverhead.For("")), StorageClass: map[string]cdiv1.Percent{}}
-	for class, f := range c.FilesystemOverhead.StorageClasses {
-		fs.StorageClass[class] = percent(f)
+	for _, class := range c.FilesystemOverhead.Classes() {
+		fs.StorageClass[class] = percent(c.FilesystemOverhead.For(class))
 	}
 	st := cdiv1.CDIConfigStatus{FilesystemOverhead: fs}
 	switch {
@@ -110,6 +111,38 @@ func (c *Config) status(spec *cdiv1.CDIConfigSpec) cdiv1.CDIConfigStatus {
 		st.UploadProxyURL = &c.UploadProxyURL
 	}
 	return st
+}
+
+// SpecOverhead reads the filesystem overheads the CDIConfig's spec sets, through r (the
+// manager's cache), for importpod.FilesystemOverhead.Under: a CDI user's spec.filesystemOverhead
+// (global, and per StorageClass) sizes diskpipe's volumes as it sized CDI's, before the chart's
+// values. A value outside 0-0.5 is refused at admission; one an older CDIConfig kept is left out.
+func SpecOverhead(r client.Reader) func() importpod.FilesystemOverhead {
+	fraction := func(p cdiv1.Percent) (float64, bool) {
+		v, err := strconv.ParseFloat(string(p), 64)
+		return v, err == nil && importpod.ValidOverhead(v)
+	}
+	return func() importpod.FilesystemOverhead {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		config := &cdiv1.CDIConfig{}
+		var o importpod.FilesystemOverhead
+		if r.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config) != nil || config.Spec.FilesystemOverhead == nil {
+			return o
+		}
+		if v, ok := fraction(config.Spec.FilesystemOverhead.Global); ok {
+			o.Default = &v
+		}
+		for class, p := range config.Spec.FilesystemOverhead.StorageClass {
+			if v, ok := fraction(p); ok {
+				if o.StorageClasses == nil {
+					o.StorageClasses = map[string]float64{}
+				}
+				o.StorageClasses[class] = v
+			}
+		}
+		return o
+	}
 }
 
 // ensure reads obj, making it if missing. One that diskpipe did not make is CDI's own: it is

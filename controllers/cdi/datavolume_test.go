@@ -1,6 +1,8 @@
 package cdi_test
 
 import (
+	"cmp"
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -221,6 +223,36 @@ func TestCDIObjects(t *testing.T) {
 	g.Eventually(uploadURL, 10*time.Second).Should(Equal("https://upload.example.com"))
 	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.UploadProxyURLOverride = nil })).To(Succeed())
 	g.Eventually(uploadURL, 10*time.Second).Should(Equal("<none>"))
+
+	// The administrator's spec.filesystemOverhead sizes the volumes made from now on, before
+	// the chart's values: its class's, else its global (which replaces the chart's "thick"
+	// too); its status says so at once. Taken away, the chart's are back.
+	g.Expect(ctrltest.Update(ctx, env.Client, config, func() {
+		config.Spec.FilesystemOverhead = &cdiv1.FilesystemOverhead{Global: "0.1", StorageClass: map[string]cdiv1.Percent{"quick": "0.04"}}
+	})).To(Succeed())
+	t.Cleanup(func() {
+		_ = ctrltest.Update(context.Background(), env.Client, config, func() { config.Spec.FilesystemOverhead = nil })
+	})
+	g.Eventually(overhead, 10*time.Second).Should(Equal(&cdiv1.FilesystemOverhead{Global: "0.1",
+		StorageClass: map[string]cdiv1.Percent{"quick": "0.04", "thick": "0.1"}}))
+	ns, err := env.CreateNamespace(ctx, "overhead")
+	g.Expect(err).NotTo(HaveOccurred())
+	d := &diskvolume.DiskVolume{}
+	for _, tc := range []struct {
+		class    string
+		overhead float64
+	}{{"", 0.1}, {"quick", 0.04}, {"thick", 0.1}} {
+		dv := dataVolume(ns, "in-"+cmp.Or(tc.class, "default"), &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+		if tc.class != "" {
+			dv.Spec.Storage.StorageClassName = &tc.class
+		}
+		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+		g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(dv), d) }, 20*time.Second).Should(Succeed())
+		g.Expect(d.Spec.Resources.Requests.Storage.Value()).To(Equal(transfer.VolumeSizeFor(1<<30, tc.overhead)),
+			"1Gi of disk in a claim of class %q keeping %g free", tc.class, tc.overhead)
+	}
+	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.FilesystemOverhead = nil })).To(Succeed())
+	g.Eventually(overhead, 10*time.Second).Should(Equal(want))
 }
 
 // TestStorageProfiles: each StorageClass gets a StorageProfile of its name whose status says

@@ -19,7 +19,7 @@ import (
 // TestCDIPolicy: with CDI's CRDs (generated from CDI's API module) and the chart's
 // ValidatingAdmissionPolicy, the apiserver refuses each DataVolume, and each DataImportCron
 // template, that asks for what diskpipe does not serve, and each CDIConfig setting diskpipe
-// does not read, naming it and saying what to do instead; what diskpipe serves is accepted.
+// does not read or cannot take, naming it and saying what to do instead; what diskpipe serves is accepted.
 // No manager runs.
 func TestCDIPolicy(t *testing.T) {
 	g := NewWithT(t)
@@ -29,7 +29,7 @@ func TestCDIPolicy(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	// A CDIConfig that held a setting before the policy (CDI's, say) may keep it.
 	legacy := &unstructured.Unstructured{}
-	g.Expect(yaml.Unmarshal([]byte("spec: {filesystemOverhead: {global: '0.1'}}"), &legacy.Object)).To(Succeed())
+	g.Expect(yaml.Unmarshal([]byte("spec: {filesystemOverhead: {global: '0.9'}, insecureRegistries: ['registry.local:5000']}"), &legacy.Object)).To(Succeed())
 	legacy.SetAPIVersion("cdi.kubevirt.io/v1beta1")
 	legacy.SetKind("CDIConfig")
 	legacy.SetName("legacy-" + ns)
@@ -107,8 +107,11 @@ func TestCDIPolicy(t *testing.T) {
 		{"source ref", dv("ref", "sourceRef: {kind: DataSource, name: fedora}"), ""},
 		{"cron of a registry", cron("registry", "{registry: {url: 'docker://quay.io/containerdisks/fedora:41'}}"), ""},
 
-		{"config overhead", config("overhead", "{filesystemOverhead: {global: '0.1'}}"),
-			"CDIConfig spec.filesystemOverhead is not read by diskpipe: set filesystemOverhead.global and filesystemOverhead.storageClasses in diskpipe's chart values"},
+		{"config overhead", config("overhead", "{filesystemOverhead: {global: '0.1', storageClass: {thick: '0.5'}}}"), ""},
+		{"config overhead too large", config("overhead-large", "{filesystemOverhead: {global: '0.6'}}"),
+			"CDIConfig spec.filesystemOverhead above 0.5 is not taken by diskpipe (a volume more than twice its disk): give fractions from 0 to 0.5"},
+		{"config class overhead too large", config("class-overhead-large", "{filesystemOverhead: {storageClass: {thin: '0.1', thick: '1'}}}"),
+			"CDIConfig spec.filesystemOverhead above 0.5 is not taken by diskpipe"},
 		{"config proxy", config("proxy", "{importProxy: {HTTPProxy: 'http://proxy:3128'}}"), "CDIConfig spec.importProxy is not served by diskpipe"},
 		{"config resources", config("resources", "{podResourceRequirements: {limits: {cpu: '1'}}}"),
 			"CDIConfig spec.podResourceRequirements is not read by diskpipe: set importer.resources"},
@@ -160,6 +163,12 @@ func TestCDIPolicy(t *testing.T) {
 		g.Expect(unstructured.SetNestedField(legacy.Object, "https://upload.example.com", "spec", "uploadProxyURLOverride")).To(Succeed())
 	})).To(Succeed())
 	g.Expect(ctrltest.Update(ctx, env.Client, legacy, func() {
+		g.Expect(unstructured.SetNestedStringSlice(legacy.Object, []string{"registry.other:5000"}, "spec", "insecureRegistries")).To(Succeed())
+	})).To(MatchError(ContainSubstring("CDIConfig spec.insecureRegistries is not served by diskpipe")))
+	g.Expect(ctrltest.Update(ctx, env.Client, legacy, func() {
+		g.Expect(unstructured.SetNestedField(legacy.Object, "0.7", "spec", "filesystemOverhead", "global")).To(Succeed())
+	})).To(MatchError(ContainSubstring("CDIConfig spec.filesystemOverhead above 0.5 is not taken by diskpipe")))
+	g.Expect(ctrltest.Update(ctx, env.Client, legacy, func() {
 		g.Expect(unstructured.SetNestedField(legacy.Object, "0.2", "spec", "filesystemOverhead", "global")).To(Succeed())
-	})).To(MatchError(ContainSubstring("CDIConfig spec.filesystemOverhead is not read by diskpipe")))
+	})).To(Succeed())
 }

@@ -176,6 +176,10 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			opts.Importer.AllowedDestinations = append(slices.Clip(opts.Importer.AllowedDestinations), u.Hostname())
 		}
 	}
+	if opts.CDICompatibility {
+		// A CDI user's CDIConfig spec.filesystemOverhead sizes every volume, before the chart's values.
+		opts.Importer.FilesystemOverhead = opts.Importer.FilesystemOverhead.Under(cdi.SpecOverhead(mgr.GetClient()))
+	}
 	imageOpts := image.Options{Pods: opts.Importer}
 	if opts.ObjectStore != nil {
 		if imageOpts.ObjectStore, err = objectstore.NewClient(*opts.ObjectStore); err != nil {

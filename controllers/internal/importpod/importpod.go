@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,10 +72,31 @@ type FilesystemOverhead struct {
 	Default *float64 `json:"default,omitempty"`
 	// StorageClasses maps a StorageClass name to its overhead.
 	StorageClasses map[string]float64 `json:"storageClasses,omitempty"`
+
+	// first, when set, says the overheads an administrator set elsewhere (CDI's CDIConfig),
+	// which For consults before these.
+	first func() FilesystemOverhead
+}
+
+// Under returns o with first consulted before it: For gives first's overhead of a class it
+// names, else first's Default, and o's only where first sets neither. first is called each
+// time (it reads an object the administrator may change).
+func (o FilesystemOverhead) Under(first func() FilesystemOverhead) FilesystemOverhead {
+	o.first = first
+	return o
 }
 
 // For is the overhead of a volume of the named StorageClass.
 func (o FilesystemOverhead) For(class string) float64 {
+	if o.first != nil {
+		f := o.first()
+		if v, ok := f.StorageClasses[class]; ok {
+			return v
+		}
+		if f.Default != nil {
+			return *f.Default
+		}
+	}
 	if v, ok := o.StorageClasses[class]; ok {
 		return v
 	}
@@ -84,10 +106,27 @@ func (o FilesystemOverhead) For(class string) float64 {
 	return transfer.DefaultOverhead
 }
 
+// Classes are the StorageClasses that have an overhead of their own, here or in what is
+// consulted first, sorted.
+func (o FilesystemOverhead) Classes() []string {
+	classes := slices.Collect(maps.Keys(o.StorageClasses))
+	if o.first != nil {
+		classes = append(classes, slices.Collect(maps.Keys(o.first().StorageClasses))...)
+	}
+	slices.Sort(classes)
+	return slices.Compact(classes)
+}
+
+// MaxOverhead is the largest overhead diskpipe takes: a volume twice its disk's size.
+const MaxOverhead = 0.5
+
+// ValidOverhead says whether v is an overhead diskpipe takes: a fraction from 0 to MaxOverhead.
+func ValidOverhead(v float64) bool { return v >= 0 && v <= MaxOverhead && !math.IsNaN(v) }
+
 // Validate checks that every overhead is a fraction in [0, 0.5].
 func (o FilesystemOverhead) Validate() error {
 	check := func(what string, v float64) error {
-		if v < 0 || v > 0.5 || math.IsNaN(v) {
+		if !ValidOverhead(v) {
 			return fmt.Errorf("filesystemOverhead %s is %g: give a fraction from 0 to 0.5 (0.06 is 6 %%)", what, v)
 		}
 		return nil
