@@ -62,6 +62,12 @@ type Cluster interface {
 // containerd running diskpipe's image, CSI, Kubernetes' controllers, and KubeVirt.
 var localProves = Label("local-proves")
 
+// realProves labels a spec that runs the same on both clusters and that CI proves on the real
+// node (make test-cluster), where a kubelet, containerd and CSI run it: the seed's stories, the
+// faults, block volumes. make test leaves it out on the local cluster (E2E_LOCAL_LABELS), so that
+// CI's two cores do not run the same story twice; E2E_LOCAL_LABELS= runs every spec there.
+var realProves = Label("real-proves")
+
 // benchmark labels a spec that measures rather than proves: make bench-kubevirt runs it on the
 // real node, and make test-cluster leaves it out (E2E_LABELS).
 var benchmark = Label("bench")

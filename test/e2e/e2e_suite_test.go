@@ -32,7 +32,13 @@ import (
 
 func TestE2E(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "diskpipe end to end")
+	suite, reporter := GinkgoConfiguration()
+	// make test runs this package beside the others, so it cannot pass Ginkgo's flags: it
+	// gives the label filter here (E2E_LOCAL_LABELS), and -ginkgo.label-filter wins.
+	if labels := os.Getenv("DISKPIPE_E2E_LABELS"); suite.LabelFilter == "" && labels != "" {
+		suite.LabelFilter = labels
+	}
+	RunSpecs(t, "diskpipe end to end", suite, reporter)
 }
 
 var (

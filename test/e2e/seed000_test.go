@@ -23,7 +23,7 @@ var _ = Describe("seed 000", Ordered, func() {
 		}
 	})
 
-	It("imports an ImageTemplate from a container disk pushed to a real registry", func() {
+	It("imports an ImageTemplate from a container disk pushed to a real registry", realProves, func() {
 		addr := registrytest.StartAt(GinkgoT(), cluster.HostAddress())
 		img := registrytest.ContainerDisk(GinkgoT(), images["qcow2"], "amd64", "disk")
 		registrytest.Push(GinkgoT(), addr, "containerdisks/centos", "7", img.Manifest, "application/vnd.oci.image.manifest.v1+json", img.Blobs)
@@ -45,7 +45,7 @@ spec:
 		sameDisk(filepath.Join(cluster.VolumePath("test", "imt-centos"), "disk.img"))
 	})
 
-	It("clones it into another namespace with the seed's ImageTemplate (host-assisted, served across namespaces)", func() {
+	It("clones it into another namespace with the seed's ImageTemplate (host-assisted, served across namespaces)", realProves, func() {
 		seed, err := os.ReadFile(filepath.Join("..", "fixtures", "seeds", "000-imagetemplate.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		kubectl(string(seed), "apply", "-f", "-")
@@ -57,7 +57,7 @@ spec:
 		Eventually(func() string { return kubectl("", "get", "pods", "-n", "test", "-o", "name") }, 30*time.Second).Should(BeEmpty())
 	})
 
-	It("makes the seed's DiskVolume from the template", func() {
+	It("makes the seed's DiskVolume from the template", realProves, func() {
 		seed, err := os.ReadFile(filepath.Join("..", "fixtures", "seeds", "000-diskvolume.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		kubectl(string(seed), "apply", "-f", "-")

@@ -82,7 +82,7 @@ var _ = Describe("the seed's stories", Ordered, func() {
 	var ns string
 	BeforeAll(func() { ns = namespace() })
 
-	It("imports an image uploaded to the bundled store with awscli, and lists it with kubectl", func() {
+	It("imports an image uploaded to the bundled store with awscli, and lists it with kubectl", realProves, func() {
 		ctx := context.Background()
 		out, err := awsIn(ctx, ns, "s3", "mb", "s3://vmimage")
 		Expect(err).NotTo(HaveOccurred(), out)
@@ -95,7 +95,7 @@ var _ = Describe("the seed's stories", Ordered, func() {
 		sameDisk(golden(ns, "ubuntu18.04"))
 	})
 
-	It("imports over HTTP, a streamOptimized vmdk with its checksum", func() {
+	It("imports over HTTP, a streamOptimized vmdk with its checksum", realProves, func() {
 		sum := sha256Of(images["vmdk"])
 		kubectl(vmi("centos", fmt.Sprintf("    http: %s/disk.vmdk\n    checksum: sha256:%s", server, sum)), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmim", "centos"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
@@ -109,7 +109,7 @@ var _ = Describe("the seed's stories", Ordered, func() {
 		sameDisk(golden(ns, "raw"))
 	})
 
-	It("makes a VM disk larger than its image from a VirtualMachinePvc (CSI clone, disk.img grown)", func() {
+	It("makes a VM disk larger than its image from a VirtualMachinePvc (CSI clone, disk.img grown)", realProves, func() {
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachinePvc
 metadata:
@@ -132,7 +132,7 @@ spec:
 		boots(disk)    // and the guest sees the grown disk
 	})
 
-	It("binds the seed's VirtualMachine to its disks as a KubeVirt VirtualMachine", func() {
+	It("binds the seed's VirtualMachine to its disks as a KubeVirt VirtualMachine", realProves, func() {
 		kubectl(`apiVersion: diskvolume.kubesphere.io/v1alpha1
 kind: DiskVolume
 metadata:
@@ -156,7 +156,7 @@ spec:
 		boots(filepath.Join(cluster.VolumePath(ns, "disk1-from-image"), "disk.img")) // the VM's boot disk
 	})
 
-	It("snapshots a VM's disk and makes a new disk from the snapshot", func() {
+	It("snapshots a VM's disk and makes a new disk from the snapshot", realProves, func() {
 		kubectl(`apiVersion: snapshot.storage.k8s.io/v1
 kind: VolumeSnapshot
 metadata:
@@ -180,7 +180,7 @@ spec:
 		boots(filepath.Join(cluster.VolumePath(ns, "restored"), "disk.img"))
 	})
 
-	It("exports a disk as qcow2 that a plain HTTP GET downloads", func() {
+	It("exports a disk as qcow2 that a plain HTTP GET downloads", realProves, func() {
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineVolumeExport
 metadata:
@@ -208,7 +208,7 @@ spec:
 		GinkgoWriter.Printf("the export booted in %.1f s\n", g.Took.Seconds())
 	})
 
-	It("exports to an S3 store named in the spec with keys only the pods read, and deletes the object with the export", func() {
+	It("exports to an S3 store named in the spec with keys only the pods read, and deletes the object with the export", realProves, func() {
 		// The bundled store stands in for an external one, with the namespace's own keys in
 		// the Secret an ObjectStoreKeysRequest wrote.
 		ctx := context.Background()
@@ -251,13 +251,13 @@ spec:
 		Expect(out).NotTo(ContainSubstring("rootdisk.qcow2"), "a pod deleted the object with the export")
 	})
 
-	It("imports the downloaded export as a new image, which boots", func() {
+	It("imports the downloaded export as a new image, which boots", realProves, func() {
 		importHTTP(ns, "reimported", "downloaded.qcow2")
 		Expect(kubectl("", "get", "vmim", "reimported", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("qcow2"))
 		boots(golden(ns, "reimported"))
 	})
 
-	It("imports an image uploaded through the upload proxy with a service account's token", func() {
+	It("imports an image uploaded through the upload proxy with a service account's token", realProves, func() {
 		ctx := context.Background()
 		kubectl(vmi("uploaded", "    upload: {}"), "apply", "-n", ns, "-f", "-")
 		kubectl(`apiVersion: v1
@@ -302,7 +302,7 @@ subjects:
 })
 
 var _ = Describe("faults", func() {
-	It("retries an importer killed mid-way, and the result is identical", func() {
+	It("retries an importer killed mid-way, and the result is identical", realProves, func() {
 		ns := namespace()
 		kubectl(vmi("killed", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmim", "killed"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
@@ -313,7 +313,7 @@ var _ = Describe("faults", func() {
 		sameDisk(golden(ns, "killed"))
 	})
 
-	It("replaces an importer pod deleted mid-import, and the result is identical", func() {
+	It("replaces an importer pod deleted mid-import, and the result is identical", realProves, func() {
 		ns := namespace()
 		kubectl(vmi("evicted", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmim", "evicted"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
@@ -372,7 +372,7 @@ var _ = Describe("the boot check", func() {
 })
 
 var _ = Describe("more faults", func() {
-	It("finishes an import when the manager is restarted in the middle of it", func() {
+	It("finishes an import when the manager is restarted in the middle of it", realProves, func() {
 		ns := namespace()
 		kubectl(vmi("survivor", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmim", "survivor"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
@@ -382,7 +382,7 @@ var _ = Describe("more faults", func() {
 		sameDisk(golden(ns, "survivor"))
 	})
 
-	It("exports a disk in use by a running VM from a snapshot, never the live disk", func() {
+	It("exports a disk in use by a running VM from a snapshot, never the live disk", realProves, func() {
 		ns := namespace()
 		importHTTP(ns, "base", "disk.qcow2")
 		kubectl(`apiVersion: diskvolume.kubesphere.io/v1alpha1
@@ -412,7 +412,7 @@ spec:
 			Should(Equal("persistentvolumeclaim/attached\npersistentvolumeclaim/vmim-base\n"), "the snapshot and its temporary PVC are gone")
 	})
 
-	It("retries an import while the object store restarts", func() {
+	It("retries an import while the object store restarts", realProves, func() {
 		ns := namespace()
 		ctx := context.Background()
 		out, err := awsIn(ctx, ns, "s3", "mb", "s3://restart")
@@ -434,7 +434,7 @@ spec:
 })
 
 var _ = Describe("block volumes", func() {
-	It("imports into a block volume (a loop device where the machine allows) and clones it", func() {
+	It("imports into a block volume (a loop device where the machine allows) and clones it", realProves, func() {
 		ns := namespace()
 		kubectl(vmi("raw-block", fmt.Sprintf("    http: %s/disk.qcow2", server))+"  volumeMode: Block\n  resources:\n    requests:\n      storage: 80Mi\n",
 			"apply", "-n", ns, "-f", "-")
