@@ -98,7 +98,10 @@ func fileSizeOf(t *testing.T, p string) int64 {
 	return fi.Size()
 }
 
-// makeBigRaw writes a 4 GiB sparse raw disk with 1 GiB of random data: 32 MiB every 128 MiB.
+// makeBigRaw writes a 2 GiB sparse raw disk with 512 MiB of random data: 32 MiB every 128 MiB.
+// That is eight checkpoints' worth (resumeEvery), so that an importer that started over would
+// read more than the bounds below allow, and small enough that CI's two cores are not spent
+// moving zeros.
 func makeBigRaw(t *testing.T, dir string, seed uint64) string {
 	t.Helper()
 	p := filepath.Join(dir, fmt.Sprintf("big-%d.raw", seed))
@@ -107,12 +110,12 @@ func makeBigRaw(t *testing.T, dir string, seed uint64) string {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := f.Truncate(4 << 30); err != nil {
+	if err := f.Truncate(2 << 30); err != nil {
 		t.Fatal(err)
 	}
 	rng := rand.NewChaCha8([32]byte{byte(seed)})
 	buf := make([]byte, 32<<20)
-	for off := int64(0); off < 4<<30; off += 128 << 20 {
+	for off := int64(0); off < 2<<30; off += 128 << 20 {
 		_, _ = rng.Read(buf)
 		if _, err := f.WriteAt(buf, off+4096); err != nil {
 			t.Fatal(err)
@@ -130,7 +133,7 @@ func servedQcow2(t *testing.T, seed uint64) (raw, img string, srv *fileServer, u
 	return raw, img, srv, serve(t, srv)
 }
 
-// TestResumeAfterKill: a 4 GiB qcow2 import killed at 30, 60 and 90 % goes on in the next
+// TestResumeAfterKill: a 2 GiB qcow2 import killed at 30, 60 and 90 % goes on in the next
 // process from its last checkpoint: the next one reads at most the rest of the file plus one
 // checkpoint's worth, and the disk is the image's.
 func TestResumeAfterKill(t *testing.T) {
@@ -234,7 +237,7 @@ func TestResumeRawAndBlock(t *testing.T) {
 	})
 
 	t.Run("block", func(t *testing.T) {
-		dev := loopDevice(t, 4<<30+16<<20)
+		dev := loopDevice(t, 2<<30+16<<20)
 		srv := &fileServer{path: img}
 		url := serve(t, srv)
 		first := killAt(t, srv, url, dev, 0, 0.6)
