@@ -22,6 +22,9 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
@@ -44,6 +47,8 @@ const (
 	reasonDisksReady      = "DisksReady"
 	reasonCreated         = "VirtualMachineCreated"
 	reasonKubeVirtRefused = "KubeVirtRefused"
+	// reasonWaitingForKubeVirt: KubeVirt is not installed yet.
+	reasonWaitingForKubeVirt = "WaitingForKubeVirt"
 )
 
 // Reconciler reconciles VirtualMachines.
@@ -54,11 +59,53 @@ type Reconciler struct {
 	AllowHostDisk bool
 }
 
-// Setup registers the controller.
+// Setup registers the controller. diskpipe may be installed before KubeVirt: the controller
+// watches KubeVirt's VirtualMachines once their CRD is served (watchKubeVirt), and until then a
+// VM says it waits for KubeVirt.
 func Setup(mgr ctrl.Manager, allowHostDisk bool) error {
 	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-virtualmachine"), AllowHostDisk: allowHostDisk}
-	return ctrl.NewControllerManagedBy(mgr).Named("virtualmachine").For(&vmv1.VirtualMachine{}).
-		Owns(&diskvolume.DiskVolume{}).Owns(&kubevirtv1.VirtualMachine{}).Complete(r)
+	c, err := ctrl.NewControllerManagedBy(mgr).Named("virtualmachine").For(&vmv1.VirtualMachine{}).
+		Owns(&diskvolume.DiskVolume{}).Build(r)
+	if err != nil {
+		return err
+	}
+	return mgr.Add(&watchKubeVirt{mgr: mgr, controller: c, every: 10 * time.Second})
+}
+
+// watchKubeVirt makes the controller watch the KubeVirt VirtualMachines it owns as soon as their
+// CRD is served: at once where KubeVirt is installed, else when it is.
+type watchKubeVirt struct {
+	mgr        ctrl.Manager
+	controller controller.Controller
+	every      time.Duration
+}
+
+// NeedLeaderElection is true: the controller runs on the leader.
+func (w *watchKubeVirt) NeedLeaderElection() bool { return true }
+
+// Start adds the watch once the kind is served, and returns.
+func (w *watchKubeVirt) Start(ctx context.Context) error {
+	gvk := kubevirtv1.VirtualMachineGroupVersionKind
+	logged := false
+	for {
+		_, err := w.mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err == nil {
+			return w.controller.Watch(source.Kind(w.mgr.GetCache(), client.Object(&kubevirtv1.VirtualMachine{}),
+				handler.EnqueueRequestForOwner(w.mgr.GetScheme(), w.mgr.GetRESTMapper(), &vmv1.VirtualMachine{}, handler.OnlyControllerOwner())))
+		}
+		if !meta.IsNoMatchError(err) {
+			return err
+		}
+		if !logged {
+			ctrl.LoggerFrom(ctx).Info("KubeVirt's VirtualMachine CRD is not installed: VirtualMachines wait for it")
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(w.every):
+		}
+	}
 }
 
 // Reconcile brings one VM forward.
@@ -124,6 +171,11 @@ func (r *Reconciler) reconcile(ctx context.Context, vm *vmv1.VirtualMachine) (ct
 			st.Phase = common.PhaseFailed
 			setCondition(st, common.ConditionReady, metav1.ConditionFalse, "NameTaken", nt.Error())
 			return ctrl.Result{}, nil
+		case meta.IsNoMatchError(err):
+			// diskpipe was installed before KubeVirt: the VM is made once KubeVirt is.
+			setCondition(st, common.ConditionReady, metav1.ConditionFalse, reasonWaitingForKubeVirt,
+				"KubeVirt is not installed (no CRD virtualmachines.kubevirt.io): the KubeVirt VirtualMachine is made once it is")
+			return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
 		case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsForbidden(err):
 			// KubeVirt's webhook (or the apiserver) refused the hardware as written: say why.
 			// KubeVirt's configuration may change (a feature gate), so it is tried again.

@@ -200,3 +200,40 @@ func TestDiskMadeOutside(t *testing.T) {
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(outside), outside)).To(Succeed())
 	g.Expect(metav1.GetControllerOf(outside)).To(BeNil())
 }
+
+// TestKubeVirtInstalledLater: diskpipe installed before KubeVirt. Its manager starts without
+// KubeVirt's CRD, a VM made meanwhile says that it waits for KubeVirt, and its KubeVirt VM is
+// made once the CRD is there.
+func TestKubeVirtInstalledLater(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	e, err := testenv.StartWith(testenv.Options{WithoutKubeVirt: true})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { g.Expect(e.Stop()).To(Succeed()) }()
+	_, err = ctrltest.StartManager(e, manager.Options{})
+	g.Expect(err).NotTo(HaveOccurred())
+	ns, err := e.CreateNamespace(ctx, "later")
+	g.Expect(err).NotTo(HaveOccurred())
+	q := resource.MustParse("1Gi")
+	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: "disk0-vm-blank", Namespace: ns},
+		Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}}}
+	d.Spec.Resources.Requests.Storage = &q
+	g.Expect(e.Client.Create(ctx, d)).To(Succeed())
+	ctrltest.Fill(t, e, ns, disk.PrimeName(d.UID), "disk0-vm-blank-blank-0", "disk0-vm-blank", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
+
+	vm := seedVM(t, ns)
+	g.Expect(e.Client.Create(ctx, vm)).To(Succeed())
+	status := func() string {
+		_ = e.Client.Get(ctx, client.ObjectKeyFromObject(vm), vm)
+		return ready(&vm.Status)
+	}
+	g.Eventually(status, 20*time.Second).Should(ContainSubstring(" WaitingForKubeVirt: KubeVirt is not installed"))
+
+	g.Expect(e.InstallKubeVirtCRD()).To(Succeed())
+	g.Eventually(status, 30*time.Second).Should(HavePrefix("Ready VirtualMachineCreated"))
+	kv := &unstructured.Unstructured{}
+	kv.SetAPIVersion("kubevirt.io/v1")
+	kv.SetKind("VirtualMachine")
+	g.Expect(e.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: vm.Name}, kv)).To(Succeed())
+	g.Expect(metav1.IsControlledBy(kv, vm)).To(BeTrue())
+}

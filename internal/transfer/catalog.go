@@ -53,6 +53,7 @@ var Catalog = []ReasonDoc{
 	{Reason: "InvalidHardware", On: "VirtualMachines", Meaning: "`spec.hardware` is not a KubeVirt VirtualMachineInstance spec", Advice: "fix the named field"},
 	{Reason: "WaitingForDisks / DiskFailed", On: "VirtualMachines", Meaning: "a DiskVolume is not Ready yet, or failed", Advice: "wait, or read that DiskVolume's reason"},
 	{Reason: "KubeVirtRefused", On: "VirtualMachines", Meaning: "KubeVirt (its webhook) refused the VirtualMachine made of `spec.hardware`; the message is KubeVirt's", Advice: "fix the field it names (it is tried again each minute, for a KubeVirt setting changed meanwhile)"},
+	{Reason: "WaitingForKubeVirt", On: "VirtualMachines", Meaning: "KubeVirt is not installed (no CRD `virtualmachines.kubevirt.io`); the disks are made meanwhile", Advice: "install KubeVirt: the KubeVirt VM is made within seconds of its CRD"},
 	{Reason: "WaitingForCloneSource", On: "cross-namespace copies", Meaning: "the clone-source pod in the image's namespace is not serving yet", Advice: "wait; check that pod"},
 	{Reason: "WaitingForBinding", On: "CSI clones, restores", Meaning: "the storage has not bound the PVC yet", Advice: "check the CSI driver"},
 	{Reason: "HandingOver", On: "disks an importer pod fills", Meaning: "the disk is whole in diskpipe's prime PVC; its volume is being bound to the disk's PVC (which stays Pending until then, so no VM boots a half-written disk)", Advice: "wait; if it lasts, check kube-controller-manager (its PV controller binds it)"},
