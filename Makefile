@@ -7,7 +7,12 @@ SHELL := /usr/bin/env bash -o pipefail
 ROOT := $(abspath .)
 BIN  := $(ROOT)/bin
 export PATH := $(BIN):$(PATH)
-export GOFLAGS ?= -buildvcs=false
+# Every build, run and test of this module compiles its dependencies the same way, so that each
+# is compiled once on a fresh machine rather than once for the tests, once for the image and once
+# for the importer: cgo on (the importer links libdeflate), Go's own resolver and user lookup
+# (the image's binaries are static), and -trimpath (the image is the same from any clone). The
+# tools keep Go's defaults (CACHED).
+export GOFLAGS ?= -buildvcs=false -trimpath -tags=netgo,osusergo
 
 # Pinned tool versions.
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
@@ -100,21 +105,24 @@ IMAGE_BINS    := manager importer exporter uploadproxy objectstore
 IMAGE_GOARCH  ?= $(shell go env GOARCH)
 
 # The importer links libdeflate (Debian's libdeflate-dev) through cgo to inflate compressed qcow2
-# clusters; it is linked statically, with Go's own resolver and user lookup, so the image still
-# holds nothing but the binaries. The other binaries are pure Go.
+# clusters. Every binary is linked statically, with Go's own resolver and user lookup, so the
+# image holds nothing but the binaries; they are built as the tests' are (GOFLAGS above), so a
+# fresh machine compiles the dependencies once.
 .PHONY: image
 image: setup $(BIN)/image ## Build diskpipe's image (no Docker, no base image; reproducible) as an OCI archive: bin/diskpipe-image.tar.
-	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -ldflags "-s -w" -o $(BIN)/linux_$(IMAGE_GOARCH)/ $(addprefix ./cmd/,$(filter-out importer,$(IMAGE_BINS)))
 	CGO_ENABLED=1 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -tags netgo,osusergo \
-		-ldflags "-s -w -linkmode external -extldflags -static" -o $(BIN)/linux_$(IMAGE_GOARCH)/importer ./cmd/importer
-	@if ! file $(BIN)/linux_$(IMAGE_GOARCH)/importer | grep -q 'statically linked'; then \
-		echo "image: $(BIN)/linux_$(IMAGE_GOARCH)/importer is not statically linked" >&2; exit 1; fi
+		-ldflags "-s -w -linkmode external -extldflags -static" -o $(BIN)/linux_$(IMAGE_GOARCH)/ $(addprefix ./cmd/,$(IMAGE_BINS))
+	@for b in $(IMAGE_BINS); do \
+		if ! file $(BIN)/linux_$(IMAGE_GOARCH)/$$b | grep -q 'statically linked'; then \
+			echo "image: $(BIN)/linux_$(IMAGE_GOARCH)/$$b is not statically linked" >&2; exit 1; fi; \
+	done
 	$(BIN)/image build --out $(IMAGE_ARCHIVE) --ref $(IMAGE) --arch $(IMAGE_GOARCH) $(foreach b,$(IMAGE_BINS),$(b)=$(BIN)/linux_$(IMAGE_GOARCH)/$(b))
 
 # hack/image: builds and pushes OCI images without a container engine; -trimpath makes it the same
-# binary in every clone, so that the images it builds are found in hack/cached's cache.
+# binary in every clone, so that the images it builds are found in hack/cached's cache (it is an
+# input of theirs: built as the tools are, with Go's default flags).
 $(BIN)/image: $(filter-out %_test.go,$(wildcard hack/image/*.go))
-	go build -trimpath -o $@ ./hack/image
+	GOFLAGS=-buildvcs=false go build -trimpath -o $@ ./hack/image
 
 .PHONY: image-push
 image-push: image ## Push the image to a registry: make image-push IMAGE=registry.example.com/diskpipe:0.1.0.
@@ -265,8 +273,9 @@ demo: $(CLUSTER_DEPS_$(CLUSTER)) $(if $(filter real,$(CLUSTER)),kubevirt kubevir
 
 # The tools, the Kubernetes binaries and KubeVirt are built through hack/cached: a clean clone on
 # a machine that built one before copies it from ~/.cache/diskpipe/bin, keyed by the command,
-# its prerequisites' contents and the toolchain, instead of linking it again.
-CACHED = hack/cached $@ $^ --
+# its prerequisites' contents and the toolchain, instead of linking it again. They are built with
+# Go's default flags, not this module's GOFLAGS.
+CACHED = GOFLAGS=-buildvcs=false hack/cached $@ $^ --
 
 $(CONTROLLER_GEN):
 	$(CACHED) 'GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)'

@@ -10,13 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/test/freeport"
+	"github.com/diskpipe/diskpipe/test/repo"
 )
 
 // Server is a running store.
@@ -46,8 +46,7 @@ var (
 // once never run a half-written binary, and nothing is left in the temporary directory.
 func build() (string, error) {
 	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
+		root := repo.Root()
 		dir := filepath.Join(root, "bin", "test")
 		if buildErr = os.MkdirAll(dir, 0o755); buildErr != nil {
 			return

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,6 +34,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/test/freeport"
 	"github.com/diskpipe/diskpipe/test/pki"
+	"github.com/diskpipe/diskpipe/test/repo"
 )
 
 // Env is a running control plane.
@@ -54,11 +54,8 @@ type Env struct {
 // binary, such as a manager.
 func (e *Env) OnStop(f func()) { e.onStop = append(e.onStop, f) }
 
-// RepoRoot is the root of the diskpipe checkout.
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
+// RepoRoot is the root of the diskpipe checkout (repo.Root).
+func RepoRoot() string { return repo.Root() }
 
 // Path joins elem to the repository root.
 func Path(elem ...string) string {
