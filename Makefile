@@ -379,16 +379,19 @@ $(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh | setup-kubevirt
 
 # The script virt-handler's init container runs from the launcher image: what libvirt says of
 # the host's CPU, for the node's labels.
+# (go mod download first: on a fresh machine, go list -m names no directory for a module that
+# is not downloaded yet.)
+KUBEVIRT_SOURCE = $$(cd test/tools/kubevirt && go mod download kubevirt.io/kubevirt && go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
 $(BIN)/kubevirt/node-labeller.sh: test/tools/kubevirt/go.mod
 	mkdir -p $(@D)
-	cd test/tools/kubevirt && cp "$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)/cmd/virt-launcher/node-labeller/node-labeller.sh" $@
+	src=$(KUBEVIRT_SOURCE) && cp "$$src/cmd/virt-launcher/node-labeller/node-labeller.sh" $@
 	chmod 0755 $@
 
 # KubeVirt's one C helper, which a hot-plugged volume's attachment pod runs from the launcher
 # image (it holds the volume's mount open): static, as KubeVirt builds it.
 $(BIN)/kubevirt/container-disk: test/tools/kubevirt/go.mod | setup
 	mkdir -p $(@D)
-	cd test/tools/kubevirt && gcc -static -O2 -o $@ "$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)/cmd/container-disk-v2alpha/main.c"
+	src=$(KUBEVIRT_SOURCE) && gcc -static -O2 -o $@ "$$src/cmd/container-disk-v2alpha/main.c"
 
 $(BIN)/kubevirt/virt-handler-image.tar: $(BIN)/kubevirt/handler-rootfs.tar
 $(BIN)/kubevirt/virt-launcher-image.tar: $(BIN)/kubevirt/launcher-rootfs.tar
@@ -404,7 +407,7 @@ $(foreach i,$(KUBEVIRT_IMAGES),$(eval $(call KUBEVIRT_IMAGE_RULE,$(i))))
 # naming the images as the real node's registry serves them.
 KUBEVIRT_REGISTRY := 127.0.0.1:5055/kubevirt
 $(BIN)/kubevirt/kubevirt-operator.yaml: $(BIN)/kubevirt/manifest-templator
-	cd test/tools/kubevirt && mod=$$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt) && \
+	mod=$(KUBEVIRT_SOURCE) && \
 	$(BIN)/kubevirt/manifest-templator --process-files --generated-manifests-dir $$mod/manifests/generated \
 		--input-file $$mod/manifests/release/kubevirt-operator.yaml.in > $@.in && \
 	$(BIN)/kubevirt/manifest-templator --process-vars --namespace kubevirt --container-prefix $(KUBEVIRT_REGISTRY) \
