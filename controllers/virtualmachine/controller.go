@@ -83,7 +83,8 @@ type watchKubeVirt struct {
 // NeedLeaderElection is true: the controller runs on the leader.
 func (w *watchKubeVirt) NeedLeaderElection() bool { return true }
 
-// Start adds the watch once the kind is served, and returns.
+// Start adds the watch once the kind is served, and returns. A failure to ask the apiserver is
+// tried again with the rest: it must not stop the manager.
 func (w *watchKubeVirt) Start(ctx context.Context) error {
 	gvk := kubevirtv1.VirtualMachineGroupVersionKind
 	logged := false
@@ -93,10 +94,10 @@ func (w *watchKubeVirt) Start(ctx context.Context) error {
 			return w.controller.Watch(source.Kind(w.mgr.GetCache(), client.Object(&kubevirtv1.VirtualMachine{}),
 				handler.EnqueueRequestForOwner(w.mgr.GetScheme(), w.mgr.GetRESTMapper(), &vmv1.VirtualMachine{}, handler.OnlyControllerOwner())))
 		}
-		if !meta.IsNoMatchError(err) {
-			return err
-		}
-		if !logged {
+		switch {
+		case !meta.IsNoMatchError(err):
+			ctrl.LoggerFrom(ctx).Error(err, "Could not learn whether KubeVirt is installed; trying again")
+		case !logged:
 			ctrl.LoggerFrom(ctx).Info("KubeVirt's VirtualMachine CRD is not installed: VirtualMachines wait for it")
 			logged = true
 		}
