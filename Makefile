@@ -122,7 +122,7 @@ image: setup $(BIN)/image ## Build diskpipe's image (no Docker, no base image; r
 # binary in every clone, so that the images it builds are found in hack/cached's cache (it is an
 # input of theirs: built as the tools are, with Go's default flags).
 $(BIN)/image: $(filter-out %_test.go,$(wildcard hack/image/*.go))
-	GOFLAGS=-buildvcs=false go build -trimpath -o $@ ./hack/image
+	GOFLAGS=$(TOOL_GOFLAGS) go build -trimpath -o $@ ./hack/image
 
 .PHONY: image-push
 image-push: image ## Push the image to a registry: make image-push IMAGE=registry.example.com/diskpipe:0.1.0.
@@ -275,7 +275,8 @@ demo: $(CLUSTER_DEPS_$(CLUSTER)) $(if $(filter real,$(CLUSTER)),kubevirt kubevir
 # a machine that built one before copies it from ~/.cache/diskpipe/bin, keyed by the command,
 # its prerequisites' contents and the toolchain, instead of linking it again. They are built with
 # Go's default flags, not this module's GOFLAGS.
-CACHED = GOFLAGS=-buildvcs=false hack/cached $@ $^ --
+TOOL_GOFLAGS := -buildvcs=false
+CACHED = GOFLAGS=$(TOOL_GOFLAGS) hack/cached $@ $^ --
 
 $(CONTROLLER_GEN):
 	$(CACHED) 'GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)'

@@ -411,9 +411,7 @@ func TestObjectStoreSource(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred(), out)
 	// The manager looks again every 10 s; on a loaded machine (CI's fresh run, with builds
 	// beside it) its next pass and the restarted store's first answers took more than 20 s.
-	g.Eventually(func() error {
-		return env.Client.Get(ctx, client.ObjectKey{Namespace: late, Name: "vmim-waiting-import-0"}, &corev1.Pod{})
-	}, time.Minute).Should(Succeed(), "the importer starts once the store is back")
+	ctrltest.PodWithin(t, env, late, "vmim-waiting-import-0", time.Minute)
 }
 
 // TestCopySources makes images from a PVC of their namespace and from another ImageTemplate:

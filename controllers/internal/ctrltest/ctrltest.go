@@ -106,9 +106,15 @@ func StartManagerAs(env *testenv.Env, cfg *rest.Config, opts manager.Options) (*
 // Pod waits for a pod to exist and returns it.
 func Pod(t *testing.T, env *testenv.Env, ns, name string) *corev1.Pod {
 	t.Helper()
+	return PodWithin(t, env, ns, name, 20*time.Second)
+}
+
+// PodWithin is Pod, waiting up to d.
+func PodWithin(t *testing.T, env *testenv.Env, ns, name string, d time.Duration) *corev1.Pod {
+	t.Helper()
 	pod := &corev1.Pod{}
 	gomega.NewWithT(t).Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pod) },
-		20*time.Second).Should(gomega.Succeed(), "pod %s/%s", ns, name)
+		d).Should(gomega.Succeed(), "pod %s/%s", ns, name)
 	return pod
 }
 
