@@ -19,7 +19,7 @@ import (
 // These specs are KubeVirt's own use of CDI's API, served by diskpipe (cdi.compatibility.enabled,
 // which the real node's install sets where KubeVirt runs): VMs whose disks are
 // dataVolumeTemplates, as KubeVirt users and its instance types write them.
-var _ = Describe("CDI's API under the real KubeVirt", func() {
+var _ = Describe("CDI's API under the real KubeVirt", afterKubeVirtRollout, func() {
 	BeforeEach(requireKubeVirt)
 
 	It("boots VMs whose dataVolumeTemplates import by http and clone a DataSource of another namespace; a failed import is the VM's DataVolumeError; deleting a VM deletes its DataVolumes and PVCs", func() {

@@ -118,3 +118,8 @@ func kubeVirt() bool {
 	Expect(cluster.WaitKubeVirt()).To(Succeed(), "KubeVirt's rollout")
 	return true
 }
+
+// afterKubeVirtRollout runs a container's specs after those that do not call kubeVirt(), so
+// that the others run while KubeVirt rolls out on the real node (minutes on two cores) instead
+// of the first of them waiting for it. Every container whose specs call kubeVirt() has it.
+var afterKubeVirtRollout = SpecPriority(-1)

@@ -20,7 +20,7 @@ import (
 // These specs run VMs under the real KubeVirt (the real node with DISKPIPE_KUBEVIRT=1): each
 // boot is read from KubeVirt's own serial console log, the launcher pod's guest-console-log
 // container, by the bootable disk's line.
-var _ = Describe("real KubeVirt", func() {
+var _ = Describe("real KubeVirt", afterKubeVirtRollout, func() {
 	BeforeEach(requireKubeVirt)
 
 	It("boots a VirtualMachine written by hand from the PVCs of a VirtualMachinePvc, a DiskVolume and a block DiskVolume, grown as asked, and again after it stopped", func() {

@@ -18,7 +18,7 @@ import (
 // that breaks it fails the suite: the shell block between its walkthrough markers, in a
 // directory holding disk.qcow2, with the environment the README's prelude sets (the store's
 // address and keys) and a kubeconfig whose namespace is the spec's.
-var _ = Describe("the README's walk-through", func() {
+var _ = Describe("the README's walk-through", afterKubeVirtRollout, func() {
 	It("runs as written: upload, golden image, disk, KubeVirt VM, export and download", func(ctx SpecContext) {
 		script := readmeWalkthrough()
 		kubeVirt() // the walk-through's VM is KubeVirt's where KubeVirt runs

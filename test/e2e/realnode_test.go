@@ -102,7 +102,7 @@ spec:
 `, name, image, strategy)
 }
 
-var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Ordered, func() {
+var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Ordered, afterKubeVirtRollout, func() {
 	var (
 		ns     string
 		golden *corev1.PersistentVolume

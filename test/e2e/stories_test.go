@@ -78,7 +78,7 @@ func golden(ns, name string) string {
 	return filepath.Join(cluster.VolumePath(ns, "vmim-"+name), "disk.img")
 }
 
-var _ = Describe("the seed's stories", Ordered, func() {
+var _ = Describe("the seed's stories", Ordered, afterKubeVirtRollout, func() {
 	var ns string
 	BeforeAll(func() { ns = namespace() })
 

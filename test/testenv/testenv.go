@@ -74,6 +74,15 @@ type Options struct {
 	WithoutKubeVirt bool
 }
 
+// controlPlaneStartTimeout is how long etcd and kube-apiserver may take to become ready, unless
+// KUBEBUILDER_CONTROLPLANE_START_TIMEOUT says otherwise.
+var controlPlaneStartTimeout = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT")); err == nil {
+		return d
+	}
+	return 2 * time.Minute
+}()
+
 // kubeVirtCRDs is where make manifests writes KubeVirt's VirtualMachine CRD.
 var kubeVirtCRDs = Path("test", "crds", "kubevirt")
 
@@ -104,6 +113,9 @@ func StartWith(o Options) (*Env, error) {
 		CRDs:                  snapshots.CRDs,
 		ErrorIfCRDPathMissing: true,
 		Scheme:                manager.NewScheme(),
+		// envtest gives each of etcd and kube-apiserver 20 s to become ready. On two cores
+		// shared with the real node's suite, an apiserver took longer five times in a row.
+		ControlPlaneStartTimeout: controlPlaneStartTimeout,
 	}
 	if !o.WithoutKubeVirt {
 		e.CRDDirectoryPaths = append(e.CRDDirectoryPaths, kubeVirtCRDs)
