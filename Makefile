@@ -274,9 +274,12 @@ demo: $(CLUSTER_DEPS_$(CLUSTER)) $(if $(filter real,$(CLUSTER)),kubevirt kubevir
 # The tools, the Kubernetes binaries and KubeVirt are built through hack/cached: a clean clone on
 # a machine that built one before copies it from ~/.cache/diskpipe/bin, keyed by the command,
 # its prerequisites' contents and the toolchain, instead of linking it again. They are built with
-# Go's default flags, not this module's GOFLAGS.
+# Go's default flags, not this module's GOFLAGS. Commands that share packages are built by one
+# `go build` (a grouped target, CACHED_ALL): side by side under make -j, two builds would each
+# compile what they share.
 TOOL_GOFLAGS := -buildvcs=false
-CACHED = GOFLAGS=$(TOOL_GOFLAGS) hack/cached $@ $^ --
+CACHED = GOFLAGS=$(TOOL_GOFLAGS) hack/cached $@ -- $^ --
+CACHED_ALL = GOFLAGS=$(TOOL_GOFLAGS) hack/cached $(1) -- $^ --
 
 $(CONTROLLER_GEN):
 	$(CACHED) 'GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)'
@@ -295,11 +298,9 @@ $(GOLANGCI_LINT):
 KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36
 
-$(BIN)/kube-apiserver $(BIN)/kubectl: test/tools/go.mod test/tools/go.sum
-	$(CACHED) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)'
-
-$(BIN)/etcd: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go
-	$(CACHED) 'cd test/tools && go build -o $@ ./cmd/etcd'
+$(KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go
+	$(call CACHED_ALL,$(KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd'
 
 # The real single-node cluster (test/cluster, make test-cluster) adds the node's and the control
 # plane's other parts, CoreDNS, the CNI plugins and the real CSI sidecars, all from Go modules;
@@ -310,28 +311,30 @@ CNI_DIR_bridge := main
 CNI_DIR_loopback := main
 CNI_DIR_portmap := meta
 CNI_DIR_host-local := ipam
-CLUSTER_BINS = $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns \
-	csi-provisioner csi-snapshotter snapshot-controller) $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
-
-$(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy): test/tools/go.mod test/tools/go.sum
-	$(CACHED) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)'
+NODE_KUBE_BINS := $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns)
+SNAPSHOT_BINS  := $(addprefix $(BIN)/,csi-snapshotter snapshot-controller)
+CNI_BINS       := $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
+CLUSTER_BINS   = $(NODE_KUBE_BINS) $(BIN)/csi-provisioner $(SNAPSHOT_BINS) $(CNI_BINS)
 
 .PHONY: cluster-bins
 cluster-bins: $(CLUSTER_BINS)
 
-# CoreDNS with only the plugins the node's Corefile uses (test/tools/cmd/coredns), on the
-# Kubernetes libraries the Kubernetes binaries compile.
-$(BIN)/coredns: test/tools/go.mod test/tools/go.sum test/tools/cmd/coredns/main.go
-	$(CACHED) 'cd test/tools && go build -o $@ ./cmd/coredns'
+# The node's Kubernetes binaries and CoreDNS with only the plugins the node's Corefile uses
+# (test/tools/cmd/coredns), on the Kubernetes libraries the Kubernetes binaries compile.
+$(NODE_KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/coredns/main.go
+	$(call CACHED_ALL,$(NODE_KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
+		$(addprefix k8s.io/kubernetes/cmd/,kubelet kube-controller-manager kube-scheduler kube-proxy) ./cmd/coredns'
 
-$(addprefix $(BIN)/cni/,$(CNI_PLUGINS)):
-	$(CACHED) 'GOBIN=$(BIN)/cni go install github.com/containernetworking/plugins/plugins/$(CNI_DIR_$(notdir $@))/$(notdir $@)@$(CNI_PLUGINS_VERSION)'
+$(CNI_BINS) &:
+	$(call CACHED_ALL,$(CNI_BINS)) 'GOBIN=$(BIN)/cni go install \
+		$(foreach p,$(CNI_PLUGINS),github.com/containernetworking/plugins/plugins/$(CNI_DIR_$(p))/$(p)@$(CNI_PLUGINS_VERSION))'
 
 $(BIN)/csi-provisioner: test/tools/csi-provisioner/go.mod test/tools/csi-provisioner/go.sum
 	$(CACHED) 'cd test/tools/csi-provisioner && go build -o $@ github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner'
 
-$(BIN)/csi-snapshotter $(BIN)/snapshot-controller: test/tools/csi-snapshotter/go.mod test/tools/csi-snapshotter/go.sum
-	$(CACHED) 'cd test/tools/csi-snapshotter && go build -o $@ github.com/kubernetes-csi/external-snapshotter/v8/cmd/$(notdir $@)'
+$(SNAPSHOT_BINS) &: test/tools/csi-snapshotter/go.mod test/tools/csi-snapshotter/go.sum
+	$(call CACHED_ALL,$(SNAPSHOT_BINS)) 'cd test/tools/csi-snapshotter && go build -o $(BIN)/ \
+		$(addprefix github.com/kubernetes-csi/external-snapshotter/v8/cmd/,csi-snapshotter snapshot-controller)'
 
 # Real KubeVirt for the real node (test/tools/kubevirt, a module of its own): its commands,
 # virtctl and the tool that renders the operator's manifest. Every one is built with the same
@@ -343,14 +346,18 @@ $(BIN)/csi-snapshotter $(BIN)/snapshot-controller: test/tools/csi-snapshotter/go
 KUBEVIRT_STATIC  := virt-operator virt-api virt-controller virtctl manifest-templator
 KUBEVIRT_CGO     := virt-handler virt-launcher virt-launcher-monitor virt-chroot virt-freezer virt-probe virt-tail
 KUBEVIRT_PKG_manifest-templator := tools/manifest-templator
+KUBEVIRT_BINS    := $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO))
 
 .PHONY: kubevirt
-kubevirt: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO)) ## Build KubeVirt v1.7.0's commands into bin/kubevirt/ (the real node's KubeVirt).
+kubevirt: $(KUBEVIRT_BINS) ## Build KubeVirt v1.7.0's commands into bin/kubevirt/ (the real node's KubeVirt).
 
-$(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO)): test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setup-kubevirt
+$(KUBEVIRT_BINS) &: test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setup-kubevirt
 	CACHE_KEY="libvirt-dev $$(dpkg-query -W -f='$${Version}' libvirt-dev)" \
-		$(CACHED) 'cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -o $@ kubevirt.io/kubevirt/$(or $(KUBEVIRT_PKG_$(notdir $@)),cmd/$(notdir $@))'
-	$(if $(filter $(KUBEVIRT_STATIC),$(notdir $@)),@file $@ | grep -q 'statically linked' || { echo "$@ is not statically linked" >&2; exit 1; })
+		$(call CACHED_ALL,$(KUBEVIRT_BINS)) 'cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -o $(BIN)/kubevirt/ \
+		$(foreach c,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO),kubevirt.io/kubevirt/$(or $(KUBEVIRT_PKG_$(c)),cmd/$(c)))'
+	@for c in $(KUBEVIRT_STATIC); do \
+		file $(BIN)/kubevirt/$$c | grep -q 'statically linked' || { echo "$(BIN)/kubevirt/$$c is not statically linked" >&2; exit 1; }; \
+	done
 
 .PHONY: setup-kubevirt
 setup-kubevirt: setup
