@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	cdiupload "kubevirt.io/containerized-data-importer-api/pkg/apis/upload/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,9 +25,9 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 )
 
-// CDI's upload API, for the unmodified `virtctl image-upload dv`: with CDI's API served by
-// diskpipe (cdi.compatibility.enabled), a DataVolume of source upload is staged by a
-// VirtualMachineImage of source upload (controllers/cdi), and
+// CDI's upload API, for the unmodified `virtctl image-upload dv` and `pvc`: with CDI's API
+// served by diskpipe (cdi.compatibility.enabled), a DataVolume of source upload, or a PVC made
+// for an upload, is staged by a VirtualMachineImage of source upload (controllers/cdi), and
 //
 //   - the manager's aggregated API answers CDI's UploadTokenRequest
 //     (upload.cdi.kubevirt.io/v1beta1, spec.pvcName) with a token for that image; as with CDI,
@@ -72,8 +73,42 @@ func DataVolumeImage(name string) string {
 	return n[:180] + "-" + hashName(name)
 }
 
-// AnnPodPhase is the claim annotation virtctl waits on: Succeeded once the disk is made.
-const AnnPodPhase = "cdi.kubevirt.io/storage.pod.phase"
+// The claim annotations of CDI's uploads.
+const (
+	// AnnPodPhase is the claim annotation virtctl waits on: Succeeded once the disk is made.
+	AnnPodPhase = "cdi.kubevirt.io/storage.pod.phase"
+	// AnnPodReady says the claim takes its upload now: virtctl image-upload pvc waits for "true".
+	AnnPodReady = "cdi.kubevirt.io/storage.pod.ready"
+	// AnnUploadTarget marks a PVC that virtctl image-upload pvc made to upload into.
+	AnnUploadTarget = "cdi.kubevirt.io/storage.upload.target"
+)
+
+// An upload into a PVC (virtctl image-upload pvc) is staged by a VirtualMachineImage of source
+// upload that the PVC controls, named UploadPVCImage(the PVC's name): admission gives a PVC
+// marked AnnUploadTarget, as it is created, a dataSourceRef to that image
+// (controllers/admission, UploadPVCPolicy), so that the PVC stays Pending, is filled by
+// diskpipe's populator once the image is Ready, and is bound only then (controllers/cdi,
+// UploadPVCReconciler).
+
+// UploadPVCImage names the VirtualMachineImage that stages an upload into PVC name.
+func UploadPVCImage(name string) string { return UploadPVCImagePrefix + name }
+
+// UploadPVCImagePrefix is the prefix of UploadPVCImage's names, and MaxUploadPVCName the
+// longest PVC name it takes (an image's name is at most 200 characters here, as
+// DataVolumeImage's are).
+const (
+	UploadPVCImagePrefix = "pvc-"
+	MaxUploadPVCName     = 200 - len(UploadPVCImagePrefix)
+)
+
+// IsUploadPVC says whether pvc takes an upload: it is marked AnnUploadTarget and its data
+// source is its staging image.
+func IsUploadPVC(pvc *corev1.PersistentVolumeClaim) bool {
+	_, marked := pvc.Annotations[AnnUploadTarget]
+	ref := pvc.Spec.DataSourceRef
+	return marked && ref != nil && ptr.Deref(ref.APIGroup, "") == hypercloud.GroupVersion.Group && ref.Kind == "VirtualMachineImage" &&
+		ref.Name == UploadPVCImage(pvc.Name) && ptr.Deref(ref.Namespace, pvc.Namespace) == pvc.Namespace
+}
 
 // serveCDI serves CDI's upload paths; handled says the path was one.
 func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool, err error) {
@@ -171,8 +206,12 @@ func (s *Server) waitMade(ctx context.Context, ns, name string, claim bool) erro
 		case img.Status.Phase == common.PhaseFailed:
 			return fail(http.StatusUnprocessableEntity, "the upload was stored, and its import failed: %s", readyMessage(img))
 		}
-		if dv := metav1.GetControllerOf(img); claim && dv != nil && dv.Kind == "DataVolume" {
-			err := s.Kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: dv.Name}, &corev1.PersistentVolumeClaim{})
+		owner := metav1.GetControllerOf(img)
+		if claim && owner != nil && owner.Kind == "PersistentVolumeClaim" {
+			return nil // an upload into a PVC: the claim is there
+		}
+		if claim && owner != nil && owner.Kind == "DataVolume" {
+			err := s.Kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: owner.Name}, &corev1.PersistentVolumeClaim{})
 			if err == nil {
 				return nil
 			} else if !apierrors.IsNotFound(err) {
@@ -209,8 +248,8 @@ func (h *heldResponse) WriteHeader(code int)        { h.code = code }
 func (h *heldResponse) Write(b []byte) (int, error) { return h.body.Write(b) }
 func (h *heldResponse) Unwrap() http.ResponseWriter { return h.ResponseWriter }
 
-// cdiToken answers CDI's UploadTokenRequest: a token for the image that stages DataVolume
-// spec.pvcName, which must be an upload not yet made.
+// cdiToken answers CDI's UploadTokenRequest: a token for the image that stages the upload to
+// spec.pvcName (a DataVolume's, or a PVC's), which must not be made yet.
 func (a *TokenAPI) cdiToken(ctx context.Context, ns string, body []byte, user authenticationv1.UserInfo) (*cdiupload.UploadTokenRequest, error) {
 	req := &cdiupload.UploadTokenRequest{}
 	if err := json.Unmarshal(body, req); err != nil {
@@ -226,22 +265,13 @@ func (a *TokenAPI) cdiToken(ctx context.Context, ns string, body []byte, user au
 	if errs := validation.IsDNS1123Subdomain(req.Spec.PvcName); len(errs) > 0 {
 		return nil, fail(http.StatusBadRequest, "invalid UploadTokenRequest: spec.pvcName %q: %s", req.Spec.PvcName, errs[0])
 	}
-	dv := &cdiv1.DataVolume{}
-	if err := a.Reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: req.Spec.PvcName}, dv); apierrors.IsNotFound(err) {
-		return nil, fail(http.StatusNotFound, "no DataVolume %s/%s: diskpipe takes CDI uploads to a DataVolume of source upload (virtctl image-upload dv)", ns, req.Spec.PvcName)
-	} else if err != nil {
+	name, notYet, err := a.uploadImageFor(ctx, ns, req.Spec.PvcName)
+	if err != nil {
 		return nil, err
 	}
-	if dv.Spec.Source == nil || dv.Spec.Source.Upload == nil {
-		return nil, fail(http.StatusConflict, "DataVolume %s/%s does not take uploads: its source is not upload", ns, dv.Name)
-	}
-	if dv.Status.Phase == cdiv1.Succeeded {
-		return nil, fail(http.StatusConflict, "DataVolume %s/%s is already uploaded", ns, dv.Name)
-	}
-	name := DataVolumeImage(dv.Name)
 	img, err := GetImage(ctx, a.Reader, ns, "virtualmachineimages", name)
 	if StatusOf(err) == http.StatusNotFound {
-		return nil, fail(http.StatusConflict, "DataVolume %s/%s is not ready for its upload yet: wait for its phase UploadReady", ns, dv.Name)
+		return nil, fail(http.StatusConflict, "%s", notYet)
 	} else if err != nil {
 		return nil, err
 	}
@@ -261,6 +291,39 @@ func (a *TokenAPI) cdiToken(ctx context.Context, ns string, body []byte, user au
 	req.APIVersion, req.Kind, req.Namespace, req.CreationTimestamp = gv.String(), "UploadTokenRequest", ns, metav1.Now()
 	req.Status.Token = token
 	return req, nil
+}
+
+// uploadImageFor is the image that stages CDI's upload to pvcName: that of a DataVolume of
+// source upload, or of a PVC made for an upload (virtctl image-upload pvc); notYet is what to
+// say while the image is not made yet.
+func (a *TokenAPI) uploadImageFor(ctx context.Context, ns, pvcName string) (name, notYet string, err error) {
+	dv := &cdiv1.DataVolume{}
+	switch err := a.Reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: pvcName}, dv); {
+	case err == nil:
+		if dv.Spec.Source == nil || dv.Spec.Source.Upload == nil {
+			return "", "", fail(http.StatusConflict, "DataVolume %s/%s does not take uploads: its source is not upload", ns, dv.Name)
+		}
+		if dv.Status.Phase == cdiv1.Succeeded {
+			return "", "", fail(http.StatusConflict, "DataVolume %s/%s is already uploaded", ns, dv.Name)
+		}
+		return DataVolumeImage(dv.Name), fmt.Sprintf("DataVolume %s/%s is not ready for its upload yet: wait for its phase UploadReady", ns, dv.Name), nil
+	case !apierrors.IsNotFound(err):
+		return "", "", err
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := a.Reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: pvcName}, pvc); apierrors.IsNotFound(err) {
+		return "", "", fail(http.StatusNotFound, "no DataVolume or PVC %s/%s: diskpipe takes CDI uploads to a DataVolume of source upload "+
+			"(virtctl image-upload dv) or to a PVC made for one (virtctl image-upload pvc)", ns, pvcName)
+	} else if err != nil {
+		return "", "", err
+	}
+	if !IsUploadPVC(pvc) {
+		return "", "", fail(http.StatusConflict, "PVC %s/%s does not take uploads: it was not made for one (virtctl image-upload pvc NAME --size ... makes one)", ns, pvcName)
+	}
+	if pvc.Annotations[AnnPodPhase] == string(corev1.PodSucceeded) {
+		return "", "", fail(http.StatusConflict, "PVC %s/%s is already uploaded", ns, pvcName)
+	}
+	return UploadPVCImage(pvc.Name), fmt.Sprintf("PVC %s/%s is not ready for its upload yet: wait for its annotation %s: \"true\"", ns, pvcName, AnnPodReady), nil
 }
 
 func hashName(s string) string {

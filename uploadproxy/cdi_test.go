@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
@@ -245,8 +246,66 @@ func TestCDIUploadToken(t *testing.T) {
 	for pvc, want := range map[string]string{
 		"web":   "DataVolume " + f.ns + "/web does not take uploads: its source is not upload",
 		"early": "DataVolume " + f.ns + "/early is not ready for its upload yet: wait for its phase UploadReady",
-		"none":  "no DataVolume " + f.ns + "/none: diskpipe takes CDI uploads to a DataVolume of source upload (virtctl image-upload dv)",
+		"none":  "no DataVolume or PVC " + f.ns + "/none: diskpipe takes CDI uploads to a DataVolume of source upload (virtctl image-upload dv)",
 		"Bad!":  `invalid UploadTokenRequest: spec.pvcName "Bad!"`,
+	} {
+		_, err := uploadproxy.CDIToken(api, ctx, f.ns, request(pvc), alice)
+		g.Expect(err).To(MatchError(ContainSubstring(want)), pvc)
+	}
+}
+
+// TestCDIUploadTokenPVC: CDI's UploadTokenRequest may name a PVC made for an upload (virtctl
+// image-upload pvc); the token is for the image that stages it, and the asynchronous upload is
+// answered once stored (the claim is there already). A PVC not made for an upload, one whose
+// image is not made yet, and one already uploaded are refused with the reason.
+func TestCDIUploadTokenPVC(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	g.Expect(env.InstallCDICRDs()).To(Succeed())
+	f.withTokens(t)
+	api := &uploadproxy.TokenAPI{Reader: env.Client, Client: env.Client,
+		Key: &uploadproxy.TokenKey{Client: env.Client, Namespace: f.ns, Name: "token-key"}}
+	request := func(pvc string) []byte {
+		return fmt.Appendf(nil, `{"apiVersion":"upload.cdi.kubevirt.io/v1beta1","kind":"UploadTokenRequest","spec":{"pvcName":%q}}`, pvc)
+	}
+	alice := authenticationv1.UserInfo{Username: "alice"}
+	claim := func(name string, ann map[string]string, source bool) *corev1.PersistentVolumeClaim {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns, Annotations: ann},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+		if source {
+			pvc.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage",
+				Name: uploadproxy.UploadPVCImage(name)}
+		}
+		g.Expect(env.Client.Create(ctx, pvc)).To(Succeed())
+		return pvc
+	}
+	target := map[string]string{uploadproxy.AnnUploadTarget: ""}
+	disk := claim("disk", target, true)
+	claim("early", target, true)
+	claim("plain", nil, false)
+	claim("marked", target, false) // marked, but no staging image as its source
+	claim("done", map[string]string{uploadproxy.AnnUploadTarget: "", uploadproxy.AnnPodPhase: "Succeeded"}, true)
+	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: uploadproxy.UploadPVCImage("disk"), Namespace: f.ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{},
+			Checksum: common.Checksum(f.digest)}}}
+	g.Expect(controllerutil.SetControllerReference(disk, img, env.Client.Scheme())).To(Succeed())
+	g.Expect(env.Client.Create(ctx, img)).To(Succeed())
+
+	got, err := uploadproxy.CDIToken(api, ctx, f.ns, request("disk"), alice)
+	g.Expect(err).NotTo(HaveOccurred())
+	answer := f.cdiPost(t, uploadproxy.PathCDIUploadAsync, got.Status.Token, "application/octet-stream", f.image)
+	g.Eventually(answer, slow).Should(Receive(HavePrefix("200 ")), "answered once stored: the claim is there")
+	g.Expect(f.complete(t, got.Status.Token, img.Name)()).To(Equal("true"), "the token took the upload to the PVC's image")
+
+	for pvc, want := range map[string]string{
+		"early":  "PVC " + f.ns + "/early is not ready for its upload yet: wait for its annotation cdi.kubevirt.io/storage.pod.ready: \"true\"",
+		"plain":  "PVC " + f.ns + "/plain does not take uploads: it was not made for one (virtctl image-upload pvc NAME --size ... makes one)",
+		"marked": "PVC " + f.ns + "/marked does not take uploads",
+		"done":   "PVC " + f.ns + "/done is already uploaded",
+		"none": "no DataVolume or PVC " + f.ns + "/none: diskpipe takes CDI uploads to a DataVolume of source upload (virtctl image-upload dv) " +
+			"or to a PVC made for one (virtctl image-upload pvc)",
 	} {
 		_, err := uploadproxy.CDIToken(api, ctx, f.ns, request(pvc), alice)
 		g.Expect(err).To(MatchError(ContainSubstring(want)), pvc)

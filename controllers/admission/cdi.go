@@ -7,7 +7,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // CDIPolicyName names the ValidatingAdmissionPolicy that refuses the parts of CDI's API that
@@ -51,16 +53,77 @@ var configUnsupported = []struct{ field, reason string }{
 	{"dataVolumeTTLSeconds", "CDIConfig spec.dataVolumeTTLSeconds is not served by diskpipe: a DataVolume is kept until it is deleted"},
 }
 
-// AnnUploadTarget marks a PVC that CDI's upload server is to fill (virtctl image-upload pvc);
-// diskpipe serves uploads to DataVolumes, and refuses the mark with this reason.
-const (
-	AnnUploadTarget     = "cdi.kubevirt.io/storage.upload.target"
-	uploadTargetRefused = "uploads into a PVC (" + AnnUploadTarget + ", virtctl image-upload pvc) are not served by diskpipe's CDI API: " +
-		"upload to a DataVolume (virtctl image-upload dv NAME --size ...), whose PVC is the disk"
-	uploadTargetOK = "request.resource.resource != 'persistentvolumeclaims' || !has(object.metadata.annotations) || " +
-		"!('" + AnnUploadTarget + "' in object.metadata.annotations) || " +
-		"(oldObject != null && has(oldObject.metadata.annotations) && '" + AnnUploadTarget + "' in oldObject.metadata.annotations)"
+// An upload into a PVC (virtctl image-upload pvc) is served on a PVC created for it, marked
+// uploadproxy.AnnUploadTarget: UploadPVCPolicy gives it a dataSourceRef to its staging image as
+// it is created, and CDIPolicy refuses a marked PVC without that reference (the mark added to an
+// existing PVC, a data source of its own, or a cluster without MutatingAdmissionPolicy), an
+// archive, and a name too long for its image, each with its reason.
+const AnnUploadTarget = uploadproxy.AnnUploadTarget
+
+var (
+	uploadMarked   = "request.resource.resource == 'persistentvolumeclaims' && has(object.metadata.annotations) && '" + AnnUploadTarget + "' in object.metadata.annotations"
+	uploadWasThere = "(oldObject != null && has(oldObject.metadata.annotations) && '" + AnnUploadTarget + "' in oldObject.metadata.annotations)"
+	// uploadTargetRef holds when the PVC's dataSourceRef is its staging image, as UploadPVCPolicy writes it.
+	uploadTargetRef = "has(object.spec.dataSourceRef) && has(object.spec.dataSourceRef.apiGroup) && " +
+		"object.spec.dataSourceRef.apiGroup == '" + hypercloud.GroupVersion.Group + "' && object.spec.dataSourceRef.kind == 'VirtualMachineImage' && " +
+		"object.spec.dataSourceRef.name == '" + uploadproxy.UploadPVCImagePrefix + "' + object.metadata.name && !has(object.spec.dataSourceRef.namespace)"
+	uploadTargets   = []struct{ ok, reason string }{
+		{"!(" + uploadMarked + ") || " + uploadWasThere + " || " +
+			"(oldObject == null && " + uploadTargetRef + ")",
+			"uploads into a PVC (" + AnnUploadTarget + ") are served into a PVC made for the upload: let virtctl make it " +
+				"(virtctl image-upload pvc NAME --size ...), without a data source of its own, or upload to a DataVolume " +
+				"(virtctl image-upload dv NAME --size ...); an existing PVC cannot be marked for an upload"},
+		{"!(" + uploadMarked + ") || " + uploadWasThere + " || !('" + annContentType + "' in object.metadata.annotations) || " +
+			"object.metadata.annotations['" + annContentType + "'] == 'kubevirt'",
+			"archive uploads (" + annContentType + ": archive, virtctl image-upload --archive-path) are not served by diskpipe's CDI API: diskpipe takes disk images only"},
+		{fmt.Sprintf("!(%s) || %s || size(object.metadata.name) <= %d", uploadMarked, uploadWasThere, uploadproxy.MaxUploadPVCName),
+			fmt.Sprintf("a PVC for an upload has a name of at most %d characters (its staging image is named %s<name>)", uploadproxy.MaxUploadPVCName, uploadproxy.UploadPVCImagePrefix)},
+	}
 )
+
+// annContentType is CDI's content type of a PVC: kubevirt (a disk image) or archive.
+const annContentType = "cdi.kubevirt.io/storage.contentType"
+
+// UploadPVCPolicyName names the MutatingAdmissionPolicy that points a PVC made for an upload
+// at its staging image, and its binding.
+const UploadPVCPolicyName = "diskpipe-cdi-upload-pvc"
+
+// UploadPVCPolicy is a MutatingAdmissionPolicy (admissionregistration.k8s.io/v1, Kubernetes
+// 1.36 and later) that gives a PVC created with uploadproxy.AnnUploadTarget and no data source
+// the dataSourceRef to its staging image, uploadproxy.UploadPVCImage(its name): the claim then
+// stays Pending until diskpipe's populator has written the upload into it, as KubeVirt needs
+// of a disk it boots. The chart installs it with cdi.compatibility.enabled.
+func UploadPVCPolicy() *admissionregistrationv1.MutatingAdmissionPolicy {
+	return &admissionregistrationv1.MutatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: UploadPVCPolicyName},
+		Spec: admissionregistrationv1.MutatingAdmissionPolicySpec{
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"persistentvolumeclaims"},
+						Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}}}},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "upload-target",
+				Expression: "has(object.metadata.annotations) && '" + AnnUploadTarget + "' in object.metadata.annotations && " +
+					"!has(object.spec.dataSourceRef) && !has(object.spec.dataSource) && object.metadata.name != ''"}},
+			Mutations: []admissionregistrationv1.Mutation{{PatchType: admissionregistrationv1.PatchTypeApplyConfiguration,
+				ApplyConfiguration: &admissionregistrationv1.ApplyConfiguration{Expression: "Object{spec: Object.spec{" +
+					"dataSourceRef: Object.spec.dataSourceRef{apiGroup: '" + hypercloud.GroupVersion.Group + "', kind: 'VirtualMachineImage', " +
+					"name: '" + uploadproxy.UploadPVCImagePrefix + "' + object.metadata.name}}}"}}},
+			FailurePolicy:      ptr.To(admissionregistrationv1.Fail),
+			ReinvocationPolicy: admissionregistrationv1.NeverReinvocationPolicy,
+		},
+	}
+}
+
+// UploadPVCPolicyBinding binds UploadPVCPolicy in every namespace.
+func UploadPVCPolicyBinding() *admissionregistrationv1.MutatingAdmissionPolicyBinding {
+	return &admissionregistrationv1.MutatingAdmissionPolicyBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingAdmissionPolicyBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: UploadPVCPolicyName},
+		Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: UploadPVCPolicyName},
+	}
+}
 
 // overheadOK holds when the CDIConfig's spec.filesystemOverhead, set or changed, is one diskpipe
 // takes: each value at most importpod.MaxOverhead (the CRD's pattern has made each a number
@@ -84,7 +147,7 @@ func configCondition(field string) string {
 
 // CDIPolicy is the ValidatingAdmissionPolicy that refuses, as the DataVolume or DataImportCron
 // is created or changed, what diskpipe's CDI API cannot do, the CDIConfig settings it does not
-// read, and a PVC marked for CDI's upload server, each with its reason: no object is accepted only to fail or be ignored later. The chart installs it with cdi.compatibility.enabled.
+// read, and a PVC marked for an upload that diskpipe cannot serve, each with its reason: no object is accepted only to fail or be ignored later. The chart installs it with cdi.compatibility.enabled.
 func CDIPolicy() *admissionregistrationv1.ValidatingAdmissionPolicy {
 	validations := make([]admissionregistrationv1.Validation, 0, len(cdiUnsupported)+len(configUnsupported))
 	for _, u := range cdiUnsupported {
@@ -97,8 +160,10 @@ func CDIPolicy() *admissionregistrationv1.ValidatingAdmissionPolicy {
 	}
 	validations = append(validations, admissionregistrationv1.Validation{Expression: overheadOK, Message: overheadRefused,
 		Reason: ptr.To(metav1.StatusReasonInvalid)})
-	validations = append(validations, admissionregistrationv1.Validation{Expression: uploadTargetOK, Message: uploadTargetRefused,
-		Reason: ptr.To(metav1.StatusReasonInvalid)})
+	for _, u := range uploadTargets {
+		validations = append(validations, admissionregistrationv1.Validation{Expression: u.ok, Message: u.reason,
+			Reason: ptr.To(metav1.StatusReasonInvalid)})
+	}
 	rule := func(group, version string, scope admissionregistrationv1.ScopeType, resources ...string) admissionregistrationv1.NamedRuleWithOperations {
 		return admissionregistrationv1.NamedRuleWithOperations{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
 			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},

@@ -92,8 +92,8 @@ type Reconciler struct {
 	Options
 }
 
-// Setup registers the DataVolume, DataSource, DataImportCron and StorageProfile controllers
-// and the keeper of the CDI and CDIConfig objects.
+// Setup registers the DataVolume, DataSource, DataImportCron, StorageProfile and upload PVC
+// controllers and the keeper of the CDI and CDIConfig objects.
 func Setup(mgr ctrl.Manager, o Options) error {
 	config := &Config{Client: mgr.GetClient(), FilesystemOverhead: o.FilesystemOverhead, UploadProxyURL: o.UploadProxyURL,
 		Interval: time.Minute}
@@ -115,6 +115,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return err
 	}
 	if err := setupDataSources(mgr); err != nil {
+		return err
+	}
+	if err := setupUploadPVCs(mgr); err != nil {
 		return err
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("dataimportcron").For(&cdiv1.DataImportCron{}).

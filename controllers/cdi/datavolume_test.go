@@ -32,6 +32,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/testenv"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -64,7 +65,12 @@ func start(t *testing.T) {
 	g.Expect(user).To(Equal(managerUser))
 	cfg, err := env.UserConfig(managerUser)
 	g.Expect(err).NotTo(HaveOccurred())
-	_, err = ctrltest.StartManagerAs(env, cfg, manager.Options{CDICompatibility: true,
+	// The bundled store, where the upload proxy keeps uploads and the image controller looks for them.
+	store, stop := objectstoretest.StartShared(env.TempDir())
+	env.OnStop(stop)
+	storeConfig := store.ClientConfig()
+	storeConfig.Region = "us-east-1"
+	_, err = ctrltest.StartManagerAs(env, cfg, manager.Options{CDICompatibility: true, ObjectStore: &storeConfig,
 		Webhook:  &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir},
 		Importer: importpod.Config{FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2), StorageClasses: map[string]float64{"thick": 0.3}}}})
 	g.Expect(err).NotTo(HaveOccurred())

@@ -3,17 +3,21 @@ package manager_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // TestCDIPolicy: with CDI's CRDs (generated from CDI's API module) and the chart's
@@ -34,12 +38,14 @@ func TestCDIPolicy(t *testing.T) {
 	legacy.SetKind("CDIConfig")
 	legacy.SetName("legacy-" + ns)
 	g.Expect(env.Client.Create(ctx, legacy)).To(Succeed())
-	for _, o := range []client.Object{admission.CDIPolicy(), admission.CDIPolicyBinding()} {
+	policies := []client.Object{admission.CDIPolicy(), admission.CDIPolicyBinding(), admission.UploadPVCPolicy(), admission.UploadPVCPolicyBinding()}
+	for _, o := range policies {
 		g.Expect(env.Client.Create(ctx, o)).To(Succeed())
 	}
 	t.Cleanup(func() { // t.Context() is done by now
-		_ = env.Client.Delete(context.Background(), admission.CDIPolicyBinding())
-		_ = env.Client.Delete(context.Background(), admission.CDIPolicy())
+		for _, o := range slices.Backward(policies) {
+			_ = env.Client.Delete(context.Background(), o)
+		}
 	})
 
 	object := func(kind, name, spec string) *unstructured.Unstructured {
@@ -67,6 +73,11 @@ func TestCDIPolicy(t *testing.T) {
 		u.SetNamespace(ns)
 		return u
 	}
+	withSource := func(u *unstructured.Unstructured, image string) *unstructured.Unstructured {
+		g.Expect(unstructured.SetNestedStringMap(u.Object, map[string]string{"apiGroup": "hypercloud.tmaxanc.com", "kind": "VirtualMachineImage", "name": image},
+			"spec", "dataSourceRef")).To(Succeed())
+		return u
+	}
 	cron := func(name, source string) *unstructured.Unstructured {
 		return object("DataImportCron", name, fmt.Sprintf(`spec:
   schedule: "0 */12 * * *"
@@ -78,6 +89,9 @@ func TestCDIPolicy(t *testing.T) {
 	g.Eventually(func() error {
 		return env.Client.Create(ctx, dv("probe", "source: {gcs: {url: 'https://storage.googleapis.com/b/o'}}"), client.DryRunAll)
 	}).WithTimeout(time.Minute).WithPolling(200 * time.Millisecond).Should(MatchError(ContainSubstring("source gcs is not served")))
+	g.Eventually(func() error {
+		return env.Client.Create(ctx, pvc("probe", "cdi.kubevirt.io/storage.upload.target: ''"), client.DryRunAll)
+	}).WithTimeout(time.Minute).WithPolling(200*time.Millisecond).Should(Succeed(), "the upload PVC policy gives the PVC its data source")
 
 	for _, tc := range []struct {
 		name   string
@@ -120,8 +134,16 @@ func TestCDIPolicy(t *testing.T) {
 		{"config upload URL", config("url", "{uploadProxyURLOverride: 'https://upload.example.com'}"), ""},
 		{"config empty", config("empty", "{}"), ""},
 
-		{"upload PVC", pvc("upload", "cdi.kubevirt.io/storage.upload.target: ''"),
-			"uploads into a PVC (cdi.kubevirt.io/storage.upload.target, virtctl image-upload pvc) are not served by diskpipe's CDI API: upload to a DataVolume (virtctl image-upload dv NAME --size ...)"},
+		// virtctl image-upload pvc's PVC, to which UploadPVCPolicy gives its staging image as its data source.
+		{"upload PVC", pvc("upload", "cdi.kubevirt.io/storage.upload.target: '', cdi.kubevirt.io/storage.contentType: kubevirt"), ""},
+		{"upload PVC of an archive", pvc("archive", "cdi.kubevirt.io/storage.upload.target: '', cdi.kubevirt.io/storage.contentType: archive"),
+			"archive uploads (cdi.kubevirt.io/storage.contentType: archive, virtctl image-upload --archive-path) are not served by diskpipe's CDI API"},
+		{"upload PVC with a data source", withSource(pvc("sourced", "cdi.kubevirt.io/storage.upload.target: ''"), "other"),
+			"uploads into a PVC (cdi.kubevirt.io/storage.upload.target) are served into a PVC made for the upload: let virtctl make it " +
+				"(virtctl image-upload pvc NAME --size ...), without a data source of its own"},
+		{"upload PVC named too long", pvc(strings.Repeat("n", uploadproxy.MaxUploadPVCName+1), "cdi.kubevirt.io/storage.upload.target: ''"),
+			"a PVC for an upload has a name of at most 196 characters (its staging image is named pvc-<name>)"},
+		{"upload PVC named at the limit", pvc(strings.Repeat("n", uploadproxy.MaxUploadPVCName), "cdi.kubevirt.io/storage.upload.target: ''"), ""},
 		{"plain PVC", pvc("plain", "team: a"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -146,12 +168,21 @@ func TestCDIPolicy(t *testing.T) {
 	})).
 		To(MatchError(ContainSubstring("contentType archive is not served")))
 
-	// A PVC marked for CDI's upload server afterwards (virtctl image-upload pvc of a PVC that
-	// exists) is refused too.
+	// The upload PVC's data source is its staging image, which the PVC's upload fills.
+	upload := pvc("upload", "")
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(upload), upload)).To(Succeed())
+	ref, _, _ := unstructured.NestedStringMap(upload.Object, "spec", "dataSourceRef")
+	g.Expect(ref).To(Equal(map[string]string{"apiGroup": "hypercloud.tmaxanc.com", "kind": "VirtualMachineImage", "name": uploadproxy.UploadPVCImage("upload")}))
+	typed := &corev1.PersistentVolumeClaim{}
+	g.Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(upload.Object, typed)).To(Succeed())
+	g.Expect(uploadproxy.IsUploadPVC(typed)).To(BeTrue())
+
+	// A PVC marked for an upload afterwards (virtctl image-upload pvc of a PVC that exists) is
+	// refused: its bytes could be in use, and it may be bound already.
 	plain := pvc("plain", "")
 	g.Expect(ctrltest.Update(ctx, env.Client, plain, func() {
 		plain.SetAnnotations(map[string]string{admission.AnnUploadTarget: ""})
-	})).To(MatchError(ContainSubstring("uploads into a PVC")))
+	})).To(MatchError(ContainSubstring("an existing PVC cannot be marked for an upload")))
 
 	// A CDIConfig's setting is refused when it is added; one that was there may stay while
 	// another field changes.

@@ -3,6 +3,7 @@ package chart
 import (
 	"context"
 	"encoding/json"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -73,6 +74,15 @@ func TestCDICompatibility(t *testing.T) {
 		t.Errorf("the CDI policy binding differs:\nchart:   %+v\nmanager: %+v", binding.Spec, want.Spec)
 	}
 
+	// virtctl image-upload pvc's policy, on a cluster that has MutatingAdmissionPolicy.
+	if find(objs, "MutatingAdmissionPolicy") != nil {
+		t.Errorf("the upload PVC policy is rendered for a cluster without MutatingAdmissionPolicy")
+	}
+	withMAP := render(t, "diskpipe-system", "--set", "cdi.compatibility.enabled=true", "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
+	for _, want := range []client.Object{admission.UploadPVCPolicy(), admission.UploadPVCPolicyBinding()} {
+		sameSpec(t, withMAP, want)
+	}
+
 	// CDI's upload token API, served by the manager as its own is.
 	var api *unstructured.Unstructured
 	for _, o := range objs {
@@ -136,4 +146,27 @@ func TestRefuseBesideCDI(t *testing.T) {
 		"--dry-run=server", "--set", "crds.install=false"); err != nil {
 		t.Fatalf("with cdi.compatibility.enabled=false CDI's CRD must not matter: %v\n%s", err, out)
 	}
+}
+
+// sameSpec fails t unless objs hold an object of want's kind and name whose spec, read as
+// want's type, is want's.
+func sameSpec(t *testing.T, objs []*unstructured.Unstructured, want client.Object) {
+	t.Helper()
+	kind := want.GetObjectKind().GroupVersionKind().Kind
+	for _, o := range objs {
+		if o.GetKind() != kind || o.GetName() != want.GetName() {
+			continue
+		}
+		got := reflect.New(reflect.TypeOf(want).Elem()).Interface()
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, got); err != nil {
+			t.Fatal(err)
+		}
+		gotSpec := reflect.ValueOf(got).Elem().FieldByName("Spec").Interface()
+		wantSpec := reflect.ValueOf(want).Elem().FieldByName("Spec").Interface()
+		if !equality.Semantic.DeepEqual(gotSpec, wantSpec) {
+			t.Errorf("the chart's %s %s differs from the manager's:\nchart:   %+v\nmanager: %+v", kind, want.GetName(), gotSpec, wantSpec)
+		}
+		return
+	}
+	t.Errorf("the chart renders no %s %s", kind, want.GetName())
 }

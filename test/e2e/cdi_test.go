@@ -127,30 +127,55 @@ spec:
 			Should(BeEmpty())
 	})
 
-	It("uploads with the unmodified virtctl image-upload dv, and a VM boots the uploaded disk", func() {
+	It("uploads with the unmodified virtctl image-upload dv and pvc, and a VM boots both uploaded disks", func() {
 		ns := vmNamespace()
 		ip := kubectl("", "get", "service", "diskpipe-uploadproxy", "-n", "diskpipe-system", "-o", "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}")
-		start := time.Now()
-		out, err := exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), "--kubeconfig", cluster.KubeconfigFile(), "image-upload", "dv", "uploaded",
-			"-n", ns, "--size=512Mi", "--image-path="+images["qcow2"], "--uploadproxy-url=http://"+ip, "--insecure").CombinedOutput()
-		GinkgoWriter.Printf("virtctl image-upload (%.1f s):\n%s\n", time.Since(start).Seconds(), out)
-		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload: %s", out)
-		Expect(string(out)).To(ContainSubstring("Processing completed successfully"))
+		upload := func(args ...string) (string, error) {
+			start := time.Now()
+			out, err := exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), append([]string{"--kubeconfig", cluster.KubeconfigFile(), "image-upload"},
+				append(args, "-n", ns, "--image-path="+images["qcow2"], "--uploadproxy-url=http://"+ip, "--insecure")...)...).CombinedOutput()
+			GinkgoWriter.Printf("virtctl image-upload %s (%.1f s):\n%s\n", strings.Join(args, " "), time.Since(start).Seconds(), out)
+			return string(out), err
+		}
+		out, err := upload("dv", "uploaded", "--size=512Mi")
+		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload dv: %s", out)
+		Expect(out).To(ContainSubstring("Processing completed successfully"))
 		proxyLog := kubectl("", "logs", "-n", "diskpipe-system", "-l", "app.kubernetes.io/component=uploadproxy", "--tail=-1")
 		Expect(proxyLog).To(MatchRegexp(`"msg":"Upload stored; waiting for the DataVolume's claim","namespace":"%s"`, ns),
 			"virtctl took the asynchronous path, answered once the claim existed, then waited on the claim's annotation")
-
-		// An upload into a bare PVC is refused at once, with what to do instead.
-		out, err = exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), "--kubeconfig", cluster.KubeconfigFile(), "image-upload", "pvc", "bare",
-			"-n", ns, "--size=512Mi", "--image-path="+images["qcow2"], "--uploadproxy-url=http://"+ip, "--insecure").CombinedOutput()
-		Expect(err).To(HaveOccurred())
-		Expect(string(out)).To(ContainSubstring("uploads into a PVC (cdi.kubevirt.io/storage.upload.target, virtctl image-upload pvc) are not served"))
 		Expect(kubectl("", "get", "dv", "uploaded", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Succeeded"))
 		Expect(kubectl("", "get", "pvc", "uploaded", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
 
-		kubectl(strings.Replace(kubeVirtVM("booted", "Once", "uploaded"), "persistentVolumeClaim: {claimName: uploaded}", "dataVolume: {name: uploaded}", 1),
+		// Into a PVC virtctl makes: it is Pending (its data source is its staging image) until
+		// the populator has written the upload into it, and virtctl waits for that.
+		out, err = upload("pvc", "bare", "--size=512Mi")
+		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload pvc: %s", out)
+		Expect(out).To(ContainSubstring("Processing completed successfully"))
+		Expect(kubectl("", "get", "pvc", "bare", "-n", ns, "-o", "jsonpath={.status.phase} {.spec.dataSourceRef.kind}/{.spec.dataSourceRef.name}")).
+			To(Equal("Bound VirtualMachineImage/pvc-bare"))
+		Eventually(func() string {
+			return kubectl("", "get", "vmim", "pvc-bare", "-n", ns, "--ignore-not-found", "-o", "name")
+		}, time.Minute, time.Second).Should(BeEmpty(), "the staging image goes once the PVC holds the upload")
+
+		// An existing PVC is not marked for an upload: virtctl says why.
+		kubectl(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: existing
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 512Mi}}
+`, "apply", "-n", ns, "-f", "-")
+		out, err = upload("pvc", "existing", "--no-create")
+		Expect(err).To(HaveOccurred())
+		Expect(out).To(ContainSubstring("an existing PVC cannot be marked for an upload"))
+
+		kubectl(strings.Replace(kubeVirtVM("booted", "Once", "uploaded", "bare"), "persistentVolumeClaim: {claimName: uploaded}", "dataVolume: {name: uploaded}", 1),
 			"apply", "-n", ns, "-f", "-")
-		Expect(guestConsole(ns, "booted", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda size="))
+		lines := guestConsole(ns, "booted", "")
+		Expect(lines[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda size="))
+		Expect(lines).To(ContainElement(And(HavePrefix("DISKPIPE-DISK disk=vdb size="), HaveSuffix(" marker="+bootdisk.Marker))),
+			"the disk uploaded into a PVC")
 	})
 })
 

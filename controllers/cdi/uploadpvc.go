@@ -1,0 +1,118 @@
+package cdi
+
+import (
+	"context"
+	"errors"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/uploadproxy"
+)
+
+// Event reasons on a PVC made for an upload.
+const (
+	ReasonUploadImageCreated = "UploadImageCreated"
+	// ReasonUploadImageTaken is the reason virtctl image-upload stops on (CDI's provisioner uses it).
+	ReasonUploadImageTaken = "ProvisioningFailed"
+	ReasonUploadFailed     = "UploadFailed"
+)
+
+// UploadPVCReconciler serves `virtctl image-upload pvc`: a PVC made for an upload
+// (uploadproxy.IsUploadPVC: marked cdi.kubevirt.io/storage.upload.target, its dataSourceRef
+// given by admission) gets its staging image, a VirtualMachineImage of source upload that the
+// PVC controls, of the PVC's class and volume mode. The upload proxy takes CDI's upload into
+// that image (its UploadTokenRequest names the PVC); diskpipe's populator fills the PVC from
+// the image once it is Ready and binds it then, so no VM starts on a half-written disk. The
+// PVC's annotations say what virtctl waits for, as CDI's upload server leaves them:
+// cdi.kubevirt.io/storage.pod.ready "true" while the image waits for its bytes, pod.phase
+// Running meanwhile and Succeeded once the PVC is bound (the staging image is deleted then),
+// Failed when the import failed (the reason is the PVC's event).
+type UploadPVCReconciler struct {
+	client.Client
+	Events events.EventRecorder
+}
+
+func setupUploadPVCs(mgr ctrl.Manager) error {
+	r := &UploadPVCReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi")}
+	uploads := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		pvc, ok := o.(*corev1.PersistentVolumeClaim)
+		return ok && uploadproxy.IsUploadPVC(pvc)
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("uploadpvc").
+		For(&corev1.PersistentVolumeClaim{}, builder.WithPredicates(uploads)).
+		Owns(&hypercloud.VirtualMachineImage{}).Complete(r)
+}
+
+func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil || !uploadproxy.IsUploadPVC(pvc) || !pvc.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: uploadproxy.UploadPVCImage(pvc.Name), Namespace: pvc.Namespace}}
+	if pvc.Status.Phase == corev1.ClaimBound {
+		// The populator has written the upload into the claim: the staging image has done its work.
+		err := r.Get(ctx, client.ObjectKeyFromObject(img), img)
+		if err == nil && metav1.IsControlledBy(img, pvc) && img.DeletionTimestamp.IsZero() {
+			err = r.Delete(ctx, img)
+		}
+		if client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodSucceeded, false)
+	}
+	img.Spec = hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}},
+		VolumeOptions: common.VolumeOptions{StorageClassName: pvc.Spec.StorageClassName, VolumeMode: pvc.Spec.VolumeMode}}
+	created, err := owned.Ensure(ctx, r.Client, pvc, img)
+	if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
+		r.Events.Eventf(pvc, nil, corev1.EventTypeWarning, ReasonUploadImageTaken, "Upload",
+			"VirtualMachineImage %s, which stages this PVC's upload, already exists and is not this PVC's: delete it, or upload into a PVC of another name", img.Name)
+		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodPending, false)
+	} else if err != nil {
+		return ctrl.Result{}, err
+	}
+	if created {
+		r.Events.Eventf(pvc, img, corev1.EventTypeNormal, ReasonUploadImageCreated, "Upload",
+			"VirtualMachineImage %s takes the upload; the PVC is bound once it is written into it", img.Name)
+	}
+	ready := meta.FindStatusCondition(img.Status.Conditions, common.ConditionReady)
+	switch {
+	case img.Status.Phase == common.PhaseFailed:
+		msg := string(img.Status.Phase)
+		if ready != nil {
+			msg = ready.Reason + ": " + ready.Message
+		}
+		r.Events.Eventf(pvc, img, corev1.EventTypeWarning, ReasonUploadFailed, "Upload", "The upload's import failed: %s", msg)
+		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodFailed, false)
+	case ready != nil && ready.Reason == image.ReasonWaitingForUpload:
+		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodRunning, true)
+	case img.Status.Phase == common.PhaseImporting || img.Status.Phase == common.PhaseReady:
+		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodRunning, false)
+	}
+	return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodPending, false)
+}
+
+// annotate writes the upload's state on pvc as CDI's upload controller does.
+func (r *UploadPVCReconciler) annotate(ctx context.Context, pvc *corev1.PersistentVolumeClaim, phase corev1.PodPhase, ready bool) error {
+	readiness := "false"
+	if ready {
+		readiness = "true"
+	}
+	if pvc.Annotations[uploadproxy.AnnPodPhase] == string(phase) && pvc.Annotations[uploadproxy.AnnPodReady] == readiness {
+		return nil
+	}
+	patch := client.MergeFrom(pvc.DeepCopy())
+	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, uploadproxy.AnnPodPhase, string(phase))
+	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, uploadproxy.AnnPodReady, readiness)
+	return r.Patch(ctx, pvc, patch)
+}

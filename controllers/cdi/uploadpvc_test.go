@@ -1,0 +1,85 @@
+package cdi_test
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/cdi"
+	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/uploadproxy"
+)
+
+// TestUploadPVC: a PVC made for an upload (as virtctl image-upload pvc makes it, with the
+// dataSourceRef admission gives it) gets its staging image, of its class and mode, controlled
+// by it; its annotations say ready once the image waits for its bytes, as virtctl waits for
+// them; once the claim is bound (the populator wrote the upload into it) the image is deleted
+// and the claim says Succeeded. A staging image's name taken by someone else's image is the
+// claim's event, with the reason virtctl reports.
+func TestUploadPVC(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "uploadpvc")
+	claim := func(name string) *corev1.PersistentVolumeClaim {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Annotations: map[string]string{uploadproxy.AnnUploadTarget: "", "cdi.kubevirt.io/storage.contentType": "kubevirt"}},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName: ptr.To("csi"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock),
+				Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity("1Gi")}},
+				DataSourceRef: &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: uploadproxy.UploadPVCImage(name)}}}
+		g.Expect(env.Client.Create(ctx, pvc)).To(Succeed())
+		return pvc
+	}
+	state := func(pvc *corev1.PersistentVolumeClaim) func() string {
+		return func() string {
+			_ = env.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)
+			return pvc.Annotations[uploadproxy.AnnPodPhase] + " ready=" + pvc.Annotations[uploadproxy.AnnPodReady]
+		}
+	}
+
+	disk := claim("disk")
+	img := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.UploadPVCImage("disk")}, img)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(metav1.IsControlledBy(img, disk)).To(BeTrue(), "deleting the PVC deletes its staging image")
+	g.Expect(img.Spec.Source.Upload).To(Equal(&common.UploadSource{}))
+	g.Expect(img.Spec.StorageClassName).To(Equal(ptr.To("csi")))
+	g.Expect(img.Spec.VolumeMode).To(Equal(ptr.To(corev1.PersistentVolumeBlock)))
+	g.Eventually(state(disk), 30*time.Second).Should(Equal("Running ready=true"), "the image waits for its bytes")
+
+	// The populator binds the claim once the upload is written into it.
+	ctrltest.Bind(t, env, ns, "disk")
+	g.Eventually(state(disk), 20*time.Second).Should(Equal("Succeeded ready=false"))
+	g.Eventually(func() bool {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(img), img)
+		return apierrors.IsNotFound(err) || err == nil && !img.DeletionTimestamp.IsZero()
+	}, 20*time.Second).Should(BeTrue(), "the staging image is deleted once the claim holds the upload")
+
+	// Someone else's image of the staging image's name is left alone, and the claim says why.
+	g.Expect(env.Client.Create(ctx, &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: uploadproxy.UploadPVCImage("taken"), Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}}}})).To(Succeed())
+	taken := claim("taken")
+	g.Eventually(func() string {
+		list := &eventsv1.EventList{}
+		g.Expect(env.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+		for _, e := range list.Items {
+			if e.Regarding.UID == taken.UID && e.Reason == cdi.ReasonUploadImageTaken {
+				return e.Note
+			}
+		}
+		return ""
+	}, 20*time.Second).Should(Equal("VirtualMachineImage pvc-taken, which stages this PVC's upload, already exists and is not this PVC's: " +
+		"delete it, or upload into a PVC of another name"))
+	g.Expect(state(taken)()).To(Equal("Pending ready=false"))
+}
