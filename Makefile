@@ -182,11 +182,19 @@ FUZZ_TARGETS := importer:FuzzSniff importer:FuzzQcow2Header importer:FuzzOVF imp
 FUZZ_IMPORT_TARGETS := importer:FuzzImportQcow2 importer:FuzzImportMapped
 
 .PHONY: fuzz
+# Each package's instrumented test binary is linked once (go test -c -fuzz), not once per
+# target, and run in the package's directory, where a crasher lands, with go test's corpus cache.
 fuzz: setup ## Run each fuzz target for FUZZTIME (default 60000x executions); found crashers land in testdata/fuzz.
-	@for t in $(FUZZ_TARGETS); do \
+	@set -e; mkdir -p $(BIN)/fuzz; \
+	for pkg in $(sort $(foreach t,$(FUZZ_TARGETS),$(firstword $(subst :, ,$(t))))); do \
+		go test -c -fuzz=. -o $(BIN)/fuzz/$$(echo $$pkg | tr / _).test ./$$pkg/; \
+	done; \
+	for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \
 		echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
-		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZETIME) ./$$pkg/ || exit 1; \
+		cache=$$(go env GOCACHE)/fuzz/$$(go list ./$$pkg); \
+		(cd $$pkg && $(BIN)/fuzz/$$(echo $$pkg | tr / _).test -test.run='^$$' -test.fuzz="^$$fn\$$" -test.fuzztime=$(FUZZTIME) \
+			-test.fuzzminimizetime=$(FUZZMINIMIZETIME) -test.fuzzcachedir=$$cache); \
 	done
 
 .PHONY: bench-import
