@@ -209,6 +209,19 @@ func (f *fixture) claim(t *testing.T, dv string) {
 	NewWithT(t).Expect(env.Client.Create(t.Context(), pvc)).To(Succeed())
 }
 
+// cdiTokenAPI installs CDI's CRDs and returns the manager's token API and the request virtctl
+// sends for a token to upload to pvcName.
+func (f *fixture) cdiTokenAPI(t *testing.T) (*uploadproxy.TokenAPI, func(pvcName string) []byte) {
+	t.Helper()
+	NewWithT(t).Expect(env.InstallCDICRDs()).To(Succeed())
+	f.withTokens(t)
+	api := &uploadproxy.TokenAPI{Reader: env.Client, Client: env.Client,
+		Key: &uploadproxy.TokenKey{Client: env.Client, Namespace: f.ns, Name: "token-key"}}
+	return api, func(pvcName string) []byte {
+		return fmt.Appendf(nil, `{"apiVersion":"upload.cdi.kubevirt.io/v1beta1","kind":"UploadTokenRequest","metadata":{"name":"token-for-virtctl"},"spec":{"pvcName":%q}}`, pvcName)
+	}
+}
+
 // TestCDIUploadToken: CDI's UploadTokenRequest names a DataVolume; the token is for the image
 // that stages it, and takes the upload; a DataVolume that is no upload, one not staged yet, one
 // done, or a name that is none, is refused with the reason.
@@ -216,13 +229,7 @@ func TestCDIUploadToken(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
 	ctx := t.Context()
-	g.Expect(env.InstallCDICRDs()).To(Succeed())
-	f.withTokens(t)
-	api := &uploadproxy.TokenAPI{Reader: env.Client, Client: env.Client,
-		Key: &uploadproxy.TokenKey{Client: env.Client, Namespace: f.ns, Name: "token-key"}}
-	request := func(pvc string) []byte {
-		return fmt.Appendf(nil, `{"apiVersion":"upload.cdi.kubevirt.io/v1beta1","kind":"UploadTokenRequest","metadata":{"name":"token-for-virtctl"},"spec":{"pvcName":%q}}`, pvc)
-	}
+	api, request := f.cdiTokenAPI(t)
 	alice := authenticationv1.UserInfo{Username: "alice"}
 	size := corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}
 	for name, src := range map[string]*cdiv1.DataVolumeSource{"disk": {Upload: &cdiv1.DataVolumeSourceUpload{}},
@@ -262,13 +269,7 @@ func TestCDIUploadTokenPVC(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
 	ctx := t.Context()
-	g.Expect(env.InstallCDICRDs()).To(Succeed())
-	f.withTokens(t)
-	api := &uploadproxy.TokenAPI{Reader: env.Client, Client: env.Client,
-		Key: &uploadproxy.TokenKey{Client: env.Client, Namespace: f.ns, Name: "token-key"}}
-	request := func(pvc string) []byte {
-		return fmt.Appendf(nil, `{"apiVersion":"upload.cdi.kubevirt.io/v1beta1","kind":"UploadTokenRequest","spec":{"pvcName":%q}}`, pvc)
-	}
+	api, request := f.cdiTokenAPI(t)
 	alice := authenticationv1.UserInfo{Username: "alice"}
 	claim := func(name string, ann map[string]string, source bool) *corev1.PersistentVolumeClaim {
 		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns, Annotations: ann},

@@ -118,11 +118,7 @@ func UploadPVCPolicy() *admissionregistrationv1.MutatingAdmissionPolicy {
 
 // UploadPVCPolicyBinding binds UploadPVCPolicy in every namespace.
 func UploadPVCPolicyBinding() *admissionregistrationv1.MutatingAdmissionPolicyBinding {
-	return &admissionregistrationv1.MutatingAdmissionPolicyBinding{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingAdmissionPolicyBinding"},
-		ObjectMeta: metav1.ObjectMeta{Name: UploadPVCPolicyName},
-		Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: UploadPVCPolicyName},
-	}
+	return mutatingBinding(UploadPVCPolicyName)
 }
 
 // overheadOK holds when the CDIConfig's spec.filesystemOverhead, set or changed, is one diskpipe

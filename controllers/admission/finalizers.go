@@ -68,9 +68,14 @@ func FinalizerPolicy() *admissionregistrationv1.MutatingAdmissionPolicy {
 
 // FinalizerPolicyBinding binds FinalizerPolicy in every namespace.
 func FinalizerPolicyBinding() *admissionregistrationv1.MutatingAdmissionPolicyBinding {
+	return mutatingBinding(FinalizerPolicyName)
+}
+
+// mutatingBinding binds the MutatingAdmissionPolicy of that name, named alike, in every namespace.
+func mutatingBinding(name string) *admissionregistrationv1.MutatingAdmissionPolicyBinding {
 	return &admissionregistrationv1.MutatingAdmissionPolicyBinding{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingAdmissionPolicyBinding"},
-		ObjectMeta: metav1.ObjectMeta{Name: FinalizerPolicyName},
-		Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: FinalizerPolicyName},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: name},
 	}
 }
