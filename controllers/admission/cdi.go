@@ -67,7 +67,7 @@ var (
 	uploadTargetRef = "has(object.spec.dataSourceRef) && has(object.spec.dataSourceRef.apiGroup) && " +
 		"object.spec.dataSourceRef.apiGroup == '" + hypercloud.GroupVersion.Group + "' && object.spec.dataSourceRef.kind == 'VirtualMachineImage' && " +
 		"object.spec.dataSourceRef.name == '" + uploadproxy.UploadPVCImagePrefix + "' + object.metadata.name && !has(object.spec.dataSourceRef.namespace)"
-	uploadTargets   = []struct{ ok, reason string }{
+	uploadTargets = []struct{ ok, reason string }{
 		{"!(" + uploadMarked + ") || " + uploadWasThere + " || " +
 			"(oldObject == null && " + uploadTargetRef + ")",
 			"uploads into a PVC (" + AnnUploadTarget + ") are served into a PVC made for the upload: let virtctl make it " +
