@@ -74,8 +74,8 @@ type Options struct {
 	WithoutKubeVirt bool
 }
 
-// controlPlaneStartTimeout is how long etcd and kube-apiserver may take to become ready, unless
-// KUBEBUILDER_CONTROLPLANE_START_TIMEOUT says otherwise.
+// controlPlaneStartTimeout is how long etcd and kube-apiserver may take to become ready, and the
+// CRDs to be served, unless KUBEBUILDER_CONTROLPLANE_START_TIMEOUT says otherwise.
 var controlPlaneStartTimeout = func() time.Duration {
 	if d, err := time.ParseDuration(os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT")); err == nil {
 		return d
@@ -113,9 +113,11 @@ func StartWith(o Options) (*Env, error) {
 		CRDs:                  snapshots.CRDs,
 		ErrorIfCRDPathMissing: true,
 		Scheme:                manager.NewScheme(),
-		// envtest gives each of etcd and kube-apiserver 20 s to become ready. On two cores
-		// shared with the real node's suite, an apiserver took longer five times in a row.
+		// envtest gives each of etcd and kube-apiserver 20 s to become ready, and the CRDs 10 s
+		// to be served. On two cores shared with the real node's suite, an apiserver took longer
+		// five times in a row, and the CRDs took longer once.
 		ControlPlaneStartTimeout: controlPlaneStartTimeout,
+		CRDInstallOptions:        envtest.CRDInstallOptions{MaxTime: controlPlaneStartTimeout},
 	}
 	if !o.WithoutKubeVirt {
 		e.CRDDirectoryPaths = append(e.CRDDirectoryPaths, kubeVirtCRDs)
@@ -341,14 +343,15 @@ func (e *Env) InstallFinalizerPolicy(ctx context.Context) error {
 // InstallCDICRDs installs CDI's CRDs as the chart does with cdi.compatibility.enabled (the
 // files make manifests generates into charts/diskpipe/files/cdi); envtest waits until they are served.
 func (e *Env) InstallCDICRDs() error {
-	_, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{Path("charts", "diskpipe", "files", "cdi")}, ErrorIfPathMissing: true})
+	_, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{Path("charts", "diskpipe", "files", "cdi")}, ErrorIfPathMissing: true,
+		MaxTime: controlPlaneStartTimeout})
 	return err
 }
 
 // InstallKubeVirtCRD installs KubeVirt's VirtualMachine CRD into an Env started without it, as
 // installing KubeVirt does; envtest waits until it is served.
 func (e *Env) InstallKubeVirtCRD() error {
-	_, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{kubeVirtCRDs}, ErrorIfPathMissing: true})
+	_, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{kubeVirtCRDs}, ErrorIfPathMissing: true, MaxTime: controlPlaneStartTimeout})
 	return err
 }
 
