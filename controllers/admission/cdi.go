@@ -58,6 +58,8 @@ var configUnsupported = []struct{ field, reason string }{
 // it is created, and CDIPolicy refuses a marked PVC without that reference (the mark added to an
 // existing PVC, a data source of its own, or a cluster without MutatingAdmissionPolicy), an
 // archive, and a name too long for its image, each with its reason.
+
+// AnnUploadTarget marks a PVC made for an upload (uploadproxy.AnnUploadTarget).
 const AnnUploadTarget = uploadproxy.AnnUploadTarget
 
 var (

@@ -54,6 +54,8 @@ func setupUploadPVCs(mgr ctrl.Manager) error {
 		Owns(&hypercloud.VirtualMachineImage{}).Complete(r)
 }
 
+// Reconcile makes or removes the staging image of a PVC made for an upload, and writes on the
+// PVC the state of its upload.
 func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil || !uploadproxy.IsUploadPVC(pvc) || !pvc.DeletionTimestamp.IsZero() {
