@@ -70,18 +70,22 @@ var (
 		"object.spec.dataSourceRef.apiGroup == '" + hypercloud.GroupVersion.Group + "' && object.spec.dataSourceRef.kind == 'VirtualMachineImage' && " +
 		"object.spec.dataSourceRef.name == '" + uploadproxy.UploadPVCImagePrefix + "' + object.metadata.name && !has(object.spec.dataSourceRef.namespace)"
 	uploadTargets = []struct{ ok, reason string }{
-		{"!(" + uploadMarked + ") || " + uploadWasThere + " || " +
-			"(oldObject == null && " + uploadTargetRef + ")",
+		{uploadRule("(oldObject == null && " + uploadTargetRef + ")"),
 			"uploads into a PVC (" + AnnUploadTarget + ") are served into a PVC made for the upload: let virtctl make it " +
 				"(virtctl image-upload pvc NAME --size ...), without a data source of its own, or upload to a DataVolume " +
 				"(virtctl image-upload dv NAME --size ...); an existing PVC cannot be marked for an upload"},
-		{"!(" + uploadMarked + ") || " + uploadWasThere + " || !('" + annContentType + "' in object.metadata.annotations) || " +
-			"object.metadata.annotations['" + annContentType + "'] == 'kubevirt'",
+		{uploadRule("!('" + annContentType + "' in object.metadata.annotations) || object.metadata.annotations['" + annContentType + "'] == 'kubevirt'"),
 			"archive uploads (" + annContentType + ": archive, virtctl image-upload --archive-path) are not served by diskpipe's CDI API: diskpipe takes disk images only"},
-		{fmt.Sprintf("!(%s) || %s || size(object.metadata.name) <= %d", uploadMarked, uploadWasThere, uploadproxy.MaxUploadPVCName),
+		{uploadRule(fmt.Sprintf("size(object.metadata.name) <= %d", uploadproxy.MaxUploadPVCName)),
 			fmt.Sprintf("a PVC for an upload has a name of at most %d characters (its staging image is named %s<name>)", uploadproxy.MaxUploadPVCName, uploadproxy.UploadPVCImagePrefix)},
 	}
 )
+
+// uploadRule is a condition that only a PVC newly marked for an upload must meet (one marked
+// before, or any other object, passes).
+func uploadRule(cond string) string {
+	return "!(" + uploadMarked + ") || " + uploadWasThere + " || " + cond
+}
 
 // annContentType is CDI's content type of a PVC: kubevirt (a disk image) or archive.
 const annContentType = "cdi.kubevirt.io/storage.contentType"
