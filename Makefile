@@ -18,7 +18,7 @@ export GOFLAGS ?= -buildvcs=false -trimpath -tags=netgo,osusergo
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 CRD_REF_DOCS_VERSION     ?= v0.3.0
 GOLANGCI_LINT_VERSION    ?= v2.15.0
-KUBE_VERSION             ?= v1.36.3
+KUBE_VERSION             ?= v1.37.0
 HELM_VERSION             ?= v4.3.1
 
 CONTROLLER_GEN := $(BIN)/controller-gen
@@ -281,13 +281,14 @@ demo: $(CLUSTER_DEPS_$(CLUSTER)) $(if $(filter real,$(CLUSTER)),kubevirt kubevir
 
 # The tools, the Kubernetes binaries and KubeVirt are built through hack/cached: a clean clone on
 # a machine that built one before copies it from ~/.cache/diskpipe/bin, keyed by the command,
-# its prerequisites' contents and the toolchain, instead of linking it again. They are built with
-# Go's default flags, not this module's GOFLAGS. Commands that share packages are built by one
-# `go build` (a grouped target, CACHED_ALL): side by side under make -j, two builds would each
-# compile what they share.
+# its prerequisites' contents and the toolchain, instead of linking it again. The tools are built
+# with Go's default flags (CACHED); the Kubernetes binaries with this module's GOFLAGS
+# (KUBE_CACHED_ALL), see test/tools. Commands that share packages are built by one `go build` (a
+# grouped target): side by side under make -j, two builds would each compile what they share.
 TOOL_GOFLAGS := -buildvcs=false
 CACHED = GOFLAGS=$(TOOL_GOFLAGS) hack/cached $@ -- $^ --
 CACHED_ALL = GOFLAGS=$(TOOL_GOFLAGS) hack/cached $(1) -- $^ --
+KUBE_CACHED_ALL = hack/cached $(1) -- $^ --
 
 $(CONTROLLER_GEN):
 	$(CACHED) 'GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)'
@@ -302,12 +303,15 @@ $(GOLANGCI_LINT):
 	$(CACHED) 'GOBIN=$(BIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)'
 
 # kube-apiserver, etcd and kubectl come from test/tools, a module of their own so that
-# k8s.io/kubernetes's dependency graph stays out of diskpipe's go.mod.
+# k8s.io/kubernetes's dependency graph stays out of diskpipe's go.mod. Its go.mod pins every
+# module a package of both builds comes from to diskpipe's version (hack/verify.sh checks it), and
+# they are built with diskpipe's GOFLAGS, so that on a fresh machine the Kubernetes libraries,
+# gRPC, etcd's client and the rest compile once, not once for the tests and once for the tools.
 KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
-	-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36
+	-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37
 
 $(KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go
-	$(call CACHED_ALL,$(KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
+	$(call KUBE_CACHED_ALL,$(KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd'
 
 # The real single-node cluster (test/cluster, make test-cluster) adds the node's and the control
@@ -319,19 +323,20 @@ CNI_DIR_bridge := main
 CNI_DIR_loopback := main
 CNI_DIR_portmap := meta
 CNI_DIR_host-local := ipam
-NODE_KUBE_BINS := $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns)
-SNAPSHOT_BINS  := $(addprefix $(BIN)/,csi-snapshotter snapshot-controller)
+NODE_KUBE_BINS := $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns csi-snapshotter snapshot-controller)
 CNI_BINS       := $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
-CLUSTER_BINS   = $(NODE_KUBE_BINS) $(BIN)/csi-provisioner $(SNAPSHOT_BINS) $(CNI_BINS)
+CLUSTER_BINS   = $(NODE_KUBE_BINS) $(BIN)/csi-provisioner $(CNI_BINS)
 
 .PHONY: cluster-bins
 cluster-bins: $(CLUSTER_BINS)
 
-# The node's Kubernetes binaries and CoreDNS with only the plugins the node's Corefile uses
-# (test/tools/cmd/coredns), on the Kubernetes libraries the Kubernetes binaries compile.
+# The node's Kubernetes binaries, CoreDNS with only the plugins the node's Corefile uses
+# (test/tools/cmd/coredns) and the real external-snapshotter (the csi-snapshotter sidecar and the
+# snapshot-controller), on the Kubernetes libraries the Kubernetes binaries compile.
 $(NODE_KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/coredns/main.go
-	$(call CACHED_ALL,$(NODE_KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
-		$(addprefix k8s.io/kubernetes/cmd/,kubelet kube-controller-manager kube-scheduler kube-proxy) ./cmd/coredns'
+	$(call KUBE_CACHED_ALL,$(NODE_KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
+		$(addprefix k8s.io/kubernetes/cmd/,kubelet kube-controller-manager kube-scheduler kube-proxy) ./cmd/coredns \
+		$(addprefix github.com/kubernetes-csi/external-snapshotter/v8/cmd/,csi-snapshotter snapshot-controller)'
 
 $(CNI_BINS) &:
 	$(call CACHED_ALL,$(CNI_BINS)) 'GOBIN=$(BIN)/cni go install \
@@ -339,10 +344,6 @@ $(CNI_BINS) &:
 
 $(BIN)/csi-provisioner: test/tools/csi-provisioner/go.mod test/tools/csi-provisioner/go.sum
 	$(CACHED) 'cd test/tools/csi-provisioner && go build -o $@ github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner'
-
-$(SNAPSHOT_BINS) &: test/tools/csi-snapshotter/go.mod test/tools/csi-snapshotter/go.sum
-	$(call CACHED_ALL,$(SNAPSHOT_BINS)) 'cd test/tools/csi-snapshotter && go build -o $(BIN)/ \
-		$(addprefix github.com/kubernetes-csi/external-snapshotter/v8/cmd/,csi-snapshotter snapshot-controller)'
 
 # Real KubeVirt for the real node (test/tools/kubevirt, a module of its own): its commands,
 # virtctl and the tool that renders the operator's manifest. Every one is built with the same

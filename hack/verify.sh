@@ -33,6 +33,20 @@ done < <(git ls-files -z)
 [ "$status" = 0 ] || exit 1
 go run ./hack/docs links
 
+# test/tools compiles the packages it shares with diskpipe once only where both take them from
+# the same module version, with the same flags (Makefile, KUBE_BINS): name any that drifted.
+packages() {
+  go list -deps -f '{{if not .Standard}}{{.ImportPath}} {{with .Module}}{{.Path}}@{{.Version}}{{end}}{{end}}' "$@" |
+    awk 'NF == 2' | sort -u
+}
+drift=$(join <(packages -test ./...) <(cd test/tools && packages $(sed -n 's/^\t_ "\(.*\)"$/\1/p' tools.go) ./cmd/...) |
+  awk '$2 != $3 {print "  " $2 " (diskpipe) against " $3 " (test/tools)"}' | sort -u)
+if [ -n "$drift" ]; then
+  echo "verify: test/tools/go.mod and go.mod take shared packages from different versions; require diskpipe's in test/tools (or raise diskpipe's):" >&2
+  echo "$drift" >&2
+  exit 1
+fi
+
 before=$(snapshot)
 make -s generate manifests
 go mod tidy
@@ -40,7 +54,6 @@ go mod tidy
 # sig-storage-lib-external-provisioner v11.0.1 is served by the module proxy but not found in
 # the checksum database; its hash is pinned in go.sum.
 (cd test/tools/csi-provisioner && GONOSUMDB=sigs.k8s.io/sig-storage-lib-external-provisioner go mod tidy)
-(cd test/tools/csi-snapshotter && go mod tidy)
 after=$(snapshot)
 
 if [ "$before" != "$after" ]; then

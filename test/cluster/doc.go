@@ -10,7 +10,7 @@
 //   - etcd, kube-apiserver (Node and RBAC authorization, Pod Security admission),
 //     kube-controller-manager (garbage collector, PV binder, pvc-protection, namespaces,
 //     Deployments, StatefulSets, ...), kube-scheduler, kubelet and kube-proxy (iptables), all
-//     v1.36.3, with certificates the package issues;
+//     v1.37.0, with certificates the package issues;
 //   - containerd and runc from Debian, the CNI bridge, host-local, loopback and portmap plugins
 //     (the pod network is the bridge dp0, 10.244.0.0/24, whose address is the node's), a pause
 //     image built here;
