@@ -310,7 +310,8 @@ $(GOLANGCI_LINT):
 KUBE_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
 	-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37
 
-$(KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go
+# After diskpipe's build (order only): side by side, both would compile what they share.
+$(KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go | build
 	$(call KUBE_CACHED_ALL,$(KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd'
 
@@ -323,27 +324,25 @@ CNI_DIR_bridge := main
 CNI_DIR_loopback := main
 CNI_DIR_portmap := meta
 CNI_DIR_host-local := ipam
-NODE_KUBE_BINS := $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns csi-snapshotter snapshot-controller)
+NODE_KUBE_BINS := $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns csi-provisioner csi-snapshotter snapshot-controller)
 CNI_BINS       := $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
-CLUSTER_BINS   = $(NODE_KUBE_BINS) $(BIN)/csi-provisioner $(CNI_BINS)
+CLUSTER_BINS   = $(NODE_KUBE_BINS) $(CNI_BINS)
 
 .PHONY: cluster-bins
 cluster-bins: $(CLUSTER_BINS)
 
 # The node's Kubernetes binaries, CoreDNS with only the plugins the node's Corefile uses
-# (test/tools/cmd/coredns) and the real external-snapshotter (the csi-snapshotter sidecar and the
-# snapshot-controller), on the Kubernetes libraries the Kubernetes binaries compile.
+# (test/tools/cmd/coredns), the real external-provisioner and external-snapshotter (the sidecars
+# and the snapshot-controller), on the Kubernetes libraries the Kubernetes binaries compile.
 $(NODE_KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/coredns/main.go
 	$(call KUBE_CACHED_ALL,$(NODE_KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
 		$(addprefix k8s.io/kubernetes/cmd/,kubelet kube-controller-manager kube-scheduler kube-proxy) ./cmd/coredns \
+		github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner \
 		$(addprefix github.com/kubernetes-csi/external-snapshotter/v8/cmd/,csi-snapshotter snapshot-controller)'
 
 $(CNI_BINS) &:
 	$(call CACHED_ALL,$(CNI_BINS)) 'GOBIN=$(BIN)/cni go install \
 		$(foreach p,$(CNI_PLUGINS),github.com/containernetworking/plugins/plugins/$(CNI_DIR_$(p))/$(p)@$(CNI_PLUGINS_VERSION))'
-
-$(BIN)/csi-provisioner: test/tools/csi-provisioner/go.mod test/tools/csi-provisioner/go.sum
-	$(CACHED) 'cd test/tools/csi-provisioner && go build -o $@ github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner'
 
 # Real KubeVirt for the real node (test/tools/kubevirt, a module of its own): its commands,
 # virtctl and the tool that renders the operator's manifest. Every one is built with the same

@@ -51,9 +51,6 @@ before=$(snapshot)
 make -s generate manifests
 go mod tidy
 (cd test/tools && go mod tidy)
-# sig-storage-lib-external-provisioner v11.0.1 is served by the module proxy but not found in
-# the checksum database; its hash is pinned in go.sum.
-(cd test/tools/csi-provisioner && GONOSUMDB=sigs.k8s.io/sig-storage-lib-external-provisioner go mod tidy)
 after=$(snapshot)
 
 if [ "$before" != "$after" ]; then
