@@ -11,9 +11,9 @@
 package tools
 
 import (
+	_ "github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner"
 	_ "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter"
 	_ "github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller"
-	_ "github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
