@@ -2,11 +2,16 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -16,6 +21,30 @@ import (
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
+// importBytes is what diskpipe's pods wrote into volumes for imports in ns: the sum of the
+// managers' diskpipe_operation_bytes_total for the namespace (the leader counts them), read from
+// each manager pod's metrics port, which the node reaches.
+func importBytes(ns string) int64 {
+	var sum float64
+	for _, ip := range strings.Fields(kubectl("", "get", "pods", "-n", "diskpipe-system", "-l", "app.kubernetes.io/component=manager",
+		"-o", "jsonpath={range .items[*]}{.status.podIP} {end}")) {
+		resp, err := http.Get("http://" + net.JoinHostPort(ip, "8080") + "/metrics")
+		Expect(err).NotTo(HaveOccurred())
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		Expect(err).NotTo(HaveOccurred())
+		for _, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(line, "diskpipe_operation_bytes_total{") && strings.Contains(line, `namespace="`+ns+`"`) &&
+				strings.Contains(line, `operation="import"`) {
+				v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+				Expect(err).NotTo(HaveOccurred(), line)
+				sum += v
+			}
+		}
+	}
+	return int64(sum)
+}
+
 // These specs are KubeVirt's own use of CDI's API, served by diskpipe (cdi.compatibility.enabled,
 // which the real node's install sets where KubeVirt runs): VMs whose disks are
 // dataVolumeTemplates, as KubeVirt users and its instance types write them.
@@ -23,10 +52,10 @@ var _ = Describe("CDI's API under the real KubeVirt", afterKubeVirtRollout, func
 	BeforeEach(requireKubeVirt)
 
 	It("boots VMs whose dataVolumeTemplates import by http and clone a DataSource of another namespace; a failed import is the VM's DataVolumeError; deleting a VM deletes its DataVolumes and PVCs", func() {
-		ns, images := vmNamespace(), namespace()
+		ns, golden := vmNamespace(), namespace()
 		// The golden disk of a DataSource, in a namespace of its own, as KubeVirt's common
 		// instance types name them (kubevirt-os-images).
-		importHTTP(images, "golden", "disk.qcow2")
+		importHTTP(golden, "golden", "disk.qcow2")
 		kubectl(diskOf("fedora", "", "Filesystem", "512Mi")+`---
 apiVersion: cdi.kubevirt.io/v1beta1
 kind: DataSource
@@ -34,16 +63,16 @@ metadata:
   name: fedora
 spec:
   source:
-    pvc: {name: fedora, namespace: `+images+`}
-`, "apply", "-n", images, "-f", "-")
+    pvc: {name: fedora, namespace: `+golden+`}
+`, "apply", "-n", golden, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "datasource", "fedora", "-n", images, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			return kubectl("", "get", "datasource", "fedora", "-n", golden, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		}, 2*time.Minute, time.Second).Should(Equal("True"))
-		grantCloneSource(images, ns)
+		grantCloneSource(golden, ns)
 
 		start := time.Now()
 		kubectl(dvVM("fromhttp", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2"))+"---\n"+
-			dvVM("fromref", "sourceRef: {kind: DataSource, name: fedora, namespace: "+images+"}")+"---\n"+
+			dvVM("fromref", "sourceRef: {kind: DataSource, name: fedora, namespace: "+golden+"}")+"---\n"+
 			dvVM("broken", fmt.Sprintf("source:\n        http: {url: %q}", server+"/no-such-disk.qcow2")), "apply", "-n", ns, "-f", "-")
 
 		// The import that cannot succeed: KubeVirt shows it as the VM's status, with diskpipe's
@@ -72,8 +101,22 @@ spec:
 		wg.Wait()
 		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {.status.progress};{end}`)).
 			To(Equal("broken-root=Failed N/A;fromhttp-root=Succeeded 100.0%;fromref-root=Succeeded 100.0%;"))
+
+		// What the http import wrote: the importer writes the disk's data once, into the staging
+		// image's volume, with no scratch copy (the manager counts it); the DataVolume's claim is
+		// a clone of it that the storage makes (here a sparse copy).
+		written := importBytes(ns)
+		var disk syscall.Stat_t
+		Expect(syscall.Stat(filepath.Join(cluster.VolumePath(ns, "fromhttp-root"), "disk.img"), &disk)).To(Succeed())
+		source, err := os.Stat(images["qcow2"])
+		Expect(err).NotTo(HaveOccurred())
+		GinkgoWriter.Printf("http dataVolumeTemplates: the source is %d bytes (qcow2), the disk %d bytes (virtual); "+
+			"diskpipe's importers wrote %d bytes in the namespace, and the VM's disk takes %d bytes on the node's storage\n",
+			source.Size(), disk.Size, written, disk.Blocks*512)
+		Expect(written).To(BeNumerically(">", 0), "the manager counted the import's bytes")
+		Expect(written).To(BeNumerically("<=", disk.Size), "one copy of the data at most: nothing staged twice")
 		Expect(kubectl("", "get", "vmim", "-n", ns, "-o", "name")).To(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"),
-			"the staging images of the imports that succeeded are gone")
+			"the staging golden of the imports that succeeded are gone")
 
 		kubectl("", "delete", "vm", "fromhttp", "fromref", "broken", "-n", ns, "--wait=true", "--timeout=120s")
 		Eventually(func() string {
