@@ -88,17 +88,23 @@ func (s *RegistrySource) system(ctx context.Context) (*types.SystemContext, func
 	if err != nil {
 		return nil, nil, err
 	}
-	if s.CAFile == "" {
+	proxyCA := transfer.ProxyCA()
+	if s.CAFile == "" && proxyCA == nil {
 		return sys, stop, nil
 	}
-	// containers/image reads CAs from a directory of *.crt files.
+	// containers/image reads CAs from a directory of *.crt files, beside the system's roots.
 	dir, err := os.MkdirTemp("", "diskpipe-registry-ca-")
 	if err != nil {
 		return nil, nil, err
 	}
-	pem, err := transfer.ReadCABundle(s.CAFile)
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, "ca.crt"), pem, 0o600)
+	if s.CAFile != "" {
+		var pem []byte
+		if pem, err = transfer.ReadCABundle(s.CAFile); err == nil {
+			err = os.WriteFile(filepath.Join(dir, "ca.crt"), pem, 0o600)
+		}
+	}
+	if err == nil && proxyCA != nil {
+		err = os.WriteFile(filepath.Join(dir, "proxy-ca.crt"), proxyCA, 0o600)
 	}
 	if err != nil {
 		os.RemoveAll(dir)

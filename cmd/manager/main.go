@@ -62,6 +62,7 @@ func main() {
 		fc, err = manager.LoadConfig(configFile)
 		fc.Apply(&opts)
 	}
+	opts.Namespace = os.Getenv("POD_NAMESPACE")
 	if importerImage != "" {
 		opts.Importer.Image = importerImage
 	}

@@ -45,8 +45,6 @@ var cdiUnsupported = []struct{ ok, reason string }{
 // spec.uploadProxyURLOverride and spec.filesystemOverhead are read (controllers/cdi), and the
 // rest are of CDI's own pods.
 var configUnsupported = []struct{ field, reason string }{
-	{"importProxy", "CDIConfig spec.importProxy is not served by diskpipe: its importers reach sources directly, " +
-		"within the chart's importer.allowedDestinations"},
 	{"podResourceRequirements", "CDIConfig spec.podResourceRequirements is not read by diskpipe: set importer.resources in diskpipe's chart values"},
 	{"insecureRegistries", "CDIConfig spec.insecureRegistries is not served by diskpipe: give the registry's CA in the " +
 		"DataVolume's certConfigMap (source registry)"},
@@ -141,6 +139,23 @@ var (
 		"twice its disk): give fractions from 0 to %[1]g (0.06 keeps 6 %% of a volume free)", importpod.MaxOverhead)
 )
 
+// proxyOK holds when the CDIConfig's spec.importProxy, set or changed, names proxies the pods
+// take (importpod.Proxy.Validate): http or https URLs with a host and no user name or password.
+var (
+	proxyOK = "request.resource.resource != 'cdiconfigs' || !has(variables.spec.importProxy) || " +
+		"(oldObject != null && has(oldObject.spec.importProxy) && oldObject.spec.importProxy == variables.spec.importProxy) || " +
+		"(" + proxyURLOK("HTTPProxy") + " && " + proxyURLOK("HTTPSProxy") + ")"
+	proxyRefused = "CDIConfig spec.importProxy HTTPProxy and HTTPSProxy must be http:// or https:// URLs with a host and no " +
+		"user name or password: diskpipe gives the proxy to its importer pods in their environment, which anyone who can read " +
+		"pods in the import's namespace sees; let the proxy admit the importers by their address instead"
+)
+
+func proxyURLOK(field string) string {
+	return fmt.Sprintf("(!has(variables.spec.importProxy.%[1]s) || variables.spec.importProxy.%[1]s == '' || "+
+		"(isURL(variables.spec.importProxy.%[1]s) && url(variables.spec.importProxy.%[1]s).getScheme() in ['http', 'https'] && "+
+		"url(variables.spec.importProxy.%[1]s).getHostname() != '' && !variables.spec.importProxy.%[1]s.contains('@')))", field)
+}
+
 // configCondition holds when CDIConfig spec.field is unset, or as it was.
 func configCondition(field string) string {
 	return fmt.Sprintf("request.resource.resource != 'cdiconfigs' || !has(variables.spec.%[1]s) || "+
@@ -161,6 +176,8 @@ func CDIPolicy() *admissionregistrationv1.ValidatingAdmissionPolicy {
 			Reason: ptr.To(metav1.StatusReasonInvalid)})
 	}
 	validations = append(validations, admissionregistrationv1.Validation{Expression: overheadOK, Message: overheadRefused,
+		Reason: ptr.To(metav1.StatusReasonInvalid)})
+	validations = append(validations, admissionregistrationv1.Validation{Expression: proxyOK, Message: proxyRefused,
 		Reason: ptr.To(metav1.StatusReasonInvalid)})
 	for _, u := range uploadTargets {
 		validations = append(validations, admissionregistrationv1.Validation{Expression: u.ok, Message: u.reason,

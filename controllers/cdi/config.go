@@ -7,9 +7,11 @@ import (
 	"strconv"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	sdkapi "kubevirt.io/controller-lifecycle-operator-sdk/api"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -94,7 +96,8 @@ func (c *Config) syncConfig(ctx context.Context) error {
 }
 
 // status is the CDIConfig's status: the filesystem overheads diskpipe uses (the spec's where it
-// sets them, see SpecOverhead, else the chart's), and the upload proxy's URL as the
+// sets them, see SpecOverhead, else the chart's), the import proxy of the spec (SpecProxy), and
+// the upload proxy's URL as the
 // administrator's spec.uploadProxyURLOverride says, or else as the chart's values do (CDI's
 // order). The spec's other settings are refused at admission (admission.CDIPolicy).
 func (c *Config) status(spec *cdiv1.CDIConfigSpec) cdiv1.CDIConfigStatus {
@@ -103,7 +106,7 @@ func (c *Config) status(spec *cdiv1.CDIConfigSpec) cdiv1.CDIConfigStatus {
 	for _, class := range c.FilesystemOverhead.Classes() {
 		fs.StorageClass[class] = percent(c.FilesystemOverhead.For(class))
 	}
-	st := cdiv1.CDIConfigStatus{FilesystemOverhead: fs}
+	st := cdiv1.CDIConfigStatus{FilesystemOverhead: fs, ImportProxy: spec.ImportProxy}
 	switch {
 	case spec.UploadProxyURLOverride != nil && *spec.UploadProxyURLOverride != "":
 		st.UploadProxyURL = spec.UploadProxyURLOverride
@@ -142,6 +145,43 @@ func SpecOverhead(r client.Reader) func() importpod.FilesystemOverhead {
 			}
 		}
 		return o
+	}
+}
+
+// ProxyCAKey is the key of CDIConfig spec.importProxy.trustedCAProxy's ConfigMap that holds the
+// PEM bundle, as CDI reads it.
+const ProxyCAKey = "ca.pem"
+
+// SpecProxy reads the proxy the CDIConfig's spec.importProxy sets, for importpod.Config's
+// ProxyFirst: a CDI user's proxy carries diskpipe's imports as it carried CDI's. Its
+// trustedCAProxy names a ConfigMap of namespace (diskpipe's, where CDI's was) whose ca.pem the
+// pods trust; r reads it uncached, one ConfigMap of that namespace when a pod is made. A
+// setting the pods cannot use (refused at admission, or kept by an older CDIConfig) is left
+// out and logged, and the chart's proxy applies.
+func SpecProxy(cached, r client.Reader, namespace string) func() importpod.Proxy {
+	return func() importpod.Proxy {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		log := ctrl.Log.WithName("cdiconfig")
+		config := &cdiv1.CDIConfig{}
+		if cached.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config) != nil || config.Spec.ImportProxy == nil {
+			return importpod.Proxy{}
+		}
+		ip := config.Spec.ImportProxy
+		p := importpod.Proxy{HTTP: ptr.Deref(ip.HTTPProxy, ""), HTTPS: ptr.Deref(ip.HTTPSProxy, ""), NoProxy: ptr.Deref(ip.NoProxy, "")}
+		if name := ptr.Deref(ip.TrustedCAProxy, ""); name != "" && p.Set() {
+			cm := &corev1.ConfigMap{}
+			if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cm); err != nil {
+				log.Error(err, "CDIConfig spec.importProxy.trustedCAProxy: the proxy's CA is left out", "configMap", namespace+"/"+name)
+			} else {
+				p.TrustedCA = cm.Data[ProxyCAKey]
+			}
+		}
+		if err := p.Validate(); err != nil {
+			log.Error(err, "CDIConfig spec.importProxy is left out")
+			return importpod.Proxy{}
+		}
+		return p
 	}
 }
 

@@ -60,7 +60,7 @@ func start(t *testing.T) {
 		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "csi.diskpipe.test"})).To(Succeed())
 	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
 	g.Expect(err).NotTo(HaveOccurred())
-	user, err := env.ApplyChartRBAC(ctx, "diskpipe-system")
+	user, err := env.ApplyChartRBAC(ctx, "diskpipe-system", "cdi.compatibility.enabled=true")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(user).To(Equal(managerUser))
 	cfg, err := env.UserConfig(managerUser)
@@ -70,7 +70,7 @@ func start(t *testing.T) {
 	env.OnStop(stop)
 	storeConfig := store.ClientConfig()
 	storeConfig.Region = "us-east-1"
-	_, err = ctrltest.StartManagerAs(env, cfg, manager.Options{CDICompatibility: true, ObjectStore: &storeConfig,
+	_, err = ctrltest.StartManagerAs(env, cfg, manager.Options{CDICompatibility: true, ObjectStore: &storeConfig, Namespace: "diskpipe-system",
 		Webhook:  &manager.WebhookOptions{Host: host, Port: port, CertDir: certDir},
 		Importer: importpod.Config{FilesystemOverhead: importpod.FilesystemOverhead{Default: ptr.To(0.2), StorageClasses: map[string]float64{"thick": 0.3}}}})
 	g.Expect(err).NotTo(HaveOccurred())

@@ -126,7 +126,11 @@ func TestCDIPolicy(t *testing.T) {
 			"CDIConfig spec.filesystemOverhead above 0.5 is not taken by diskpipe (a volume more than twice its disk): give fractions from 0 to 0.5"},
 		{"config class overhead too large", config("class-overhead-large", "{filesystemOverhead: {storageClass: {thin: '0.1', thick: '1'}}}"),
 			"CDIConfig spec.filesystemOverhead above 0.5 is not taken by diskpipe"},
-		{"config proxy", config("proxy", "{importProxy: {HTTPProxy: 'http://proxy:3128'}}"), "CDIConfig spec.importProxy is not served by diskpipe"},
+		{"config proxy", config("proxy", "{importProxy: {HTTPProxy: 'http://proxy:3128', HTTPSProxy: 'https://proxy.corp:3129', noProxy: '.corp', trustedCAProxy: ca}}"), ""},
+		{"config proxy with a password", config("proxy-password", "{importProxy: {HTTPProxy: 'http://user:secret@proxy:3128'}}"),
+			"CDIConfig spec.importProxy HTTPProxy and HTTPSProxy must be http:// or https:// URLs with a host and no user name or password"},
+		{"config proxy not a URL", config("proxy-bare", "{importProxy: {HTTPSProxy: 'proxy.corp:3128'}}"), "CDIConfig spec.importProxy HTTPProxy and HTTPSProxy must be"},
+		{"config proxy socks", config("proxy-socks", "{importProxy: {HTTPSProxy: 'socks5://proxy.corp:1080'}}"), "CDIConfig spec.importProxy HTTPProxy and HTTPSProxy must be"},
 		{"config resources", config("resources", "{podResourceRequirements: {limits: {cpu: '1'}}}"),
 			"CDIConfig spec.podResourceRequirements is not read by diskpipe: set importer.resources"},
 		{"config insecure", config("insecure", "{insecureRegistries: ['registry.local:5000']}"), "CDIConfig spec.insecureRegistries is not served by diskpipe"},
@@ -188,8 +192,11 @@ func TestCDIPolicy(t *testing.T) {
 	// another field changes.
 	url := config("url", "{}")
 	g.Expect(ctrltest.Update(ctx, env.Client, url, func() {
+		g.Expect(unstructured.SetNestedField(url.Object, "http://user:secret@proxy:3128", "spec", "importProxy", "HTTPProxy")).To(Succeed())
+	})).To(MatchError(ContainSubstring("no user name or password")))
+	g.Expect(ctrltest.Update(ctx, env.Client, url, func() {
 		g.Expect(unstructured.SetNestedField(url.Object, "http://proxy:3128", "spec", "importProxy", "HTTPProxy")).To(Succeed())
-	})).To(MatchError(ContainSubstring("CDIConfig spec.importProxy is not served by diskpipe")))
+	})).To(Succeed())
 	g.Expect(ctrltest.Update(ctx, env.Client, legacy, func() {
 		g.Expect(unstructured.SetNestedField(legacy.Object, "https://upload.example.com", "spec", "uploadProxyURLOverride")).To(Succeed())
 	})).To(Succeed())

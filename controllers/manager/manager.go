@@ -58,6 +58,9 @@ type Options struct {
 	// CDICompatibility serves CDI's API: DataVolumes (the chart's cdi.compatibility.enabled,
 	// which installs its CRDs).
 	CDICompatibility bool
+	// Namespace is the manager's own (the pod's): where CDIConfig's
+	// spec.importProxy.trustedCAProxy names a ConfigMap, as CDI's namespace was.
+	Namespace string
 	// ObjectStore is the bundled object store (objectStore sources, exports); nil: none.
 	ObjectStore *objectstore.ClientConfig
 	// ObjectStorePublicEndpoint is the store's URL outside the cluster (an Ingress), used in
@@ -179,6 +182,8 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if opts.CDICompatibility {
 		// A CDI user's CDIConfig spec.filesystemOverhead sizes every volume, before the chart's values.
 		opts.Importer.FilesystemOverhead = opts.Importer.FilesystemOverhead.Under(cdi.SpecOverhead(mgr.GetClient()))
+		// and its spec.importProxy carries every import, before the chart's importer.proxy.
+		opts.Importer.ProxyFirst = cdi.SpecProxy(mgr.GetClient(), mgr.GetAPIReader(), opts.Namespace)
 	}
 	imageOpts := image.Options{Pods: opts.Importer}
 	if opts.ObjectStore != nil {

@@ -85,21 +85,31 @@ func (c *Command) Run(ctx context.Context, what string, work func(ctx context.Co
 
 // HTTPTransport returns a transport with the proxy from the environment, verifying servers
 // with the PEM bundle caFile instead of the system roots when it is set (a file, or a mounted
-// ConfigMap's directory: ReadCABundle).
+// ConfigMap's directory: ReadCABundle), and with the proxy's CA (ProxyCA) beside either.
 func HTTPTransport(caFile string, insecure bool) (*http.Transport, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: insecure} //nolint:gosec // the user's choice
 	tr.MaxIdleConnsPerHost = 32
-	if caFile == "" {
+	proxyCA := ProxyCA()
+	if caFile == "" && proxyCA == nil {
 		return tr, nil
 	}
-	pem, err := ReadCABundle(caFile)
-	if err != nil {
-		return nil, err
-	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, Permanent(ReasonInvalidArgument, "CA bundle %s holds no PEM certificate", caFile)
+	if caFile == "" {
+		if system, err := x509.SystemCertPool(); err == nil {
+			pool = system
+		}
+	} else {
+		pem, err := ReadCABundle(caFile)
+		if err != nil {
+			return nil, err
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, Permanent(ReasonInvalidArgument, "CA bundle %s holds no PEM certificate", caFile)
+		}
+	}
+	if proxyCA != nil && !pool.AppendCertsFromPEM(proxyCA) {
+		return nil, Permanent(ReasonInvalidArgument, "the proxy's CA bundle (%s) holds no PEM certificate", ProxyCAEnv)
 	}
 	tr.TLSClientConfig.RootCAs = pool
 	return tr, nil

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -139,14 +140,16 @@ func (e *Egress) Check(host string, addr netip.Addr) error {
 }
 
 // CheckHost resolves host and checks every address it has: for a request sent through an HTTP
-// proxy, where the proxy, not this process, dials the host.
+// proxy, where the proxy, not this process, dials the host. A name this process cannot resolve
+// passes: the cluster's DNS answers for the cluster's own names, and behind a proxy the pods
+// often resolve nothing else, so the proxy resolves it.
 func (e *Egress) CheckHost(ctx context.Context, host string) error {
 	if e == nil || e.Unrestricted || e.hostAllowed(host) {
 		return nil
 	}
 	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	if err != nil {
-		return err
+		return nil //nolint:nilerr // see above: the proxy resolves it
 	}
 	for _, a := range addrs {
 		if err := e.Check(host, a); err != nil {
@@ -237,6 +240,21 @@ func envProxies() []string {
 
 // ProxyConfigured reports whether the environment names an HTTP or HTTPS proxy.
 func ProxyConfigured() bool { return len(envProxies()) > 0 }
+
+// ProxyCAEnv holds the PEM bundle of the proxy's CA (the chart's importer.proxy.trustedCA, or
+// CDIConfig's spec.importProxy.trustedCAProxy): a proxy that serves HTTPS, or re-signs what it
+// relays, presents certificates of its own, so the pods trust it beside the system's roots and a
+// source's own CA.
+const ProxyCAEnv = "DISKPIPE_PROXY_CA"
+
+// ProxyCA is the bundle ProxyCAEnv holds when a proxy is configured, else nil.
+func ProxyCA() []byte {
+	pem := strings.TrimSpace(os.Getenv(ProxyCAEnv))
+	if pem == "" || !ProxyConfigured() {
+		return nil
+	}
+	return []byte(pem)
+}
 
 type egressTransport struct {
 	*http.Transport

@@ -87,7 +87,14 @@ func TestEgressThroughProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if len(got) != 1 || got[0] != "http://192.0.2.10/disk.img" {
+	// A name this process cannot resolve is the proxy's to resolve (pods behind a proxy often
+	// have no DNS for the internet).
+	resp, err = c.Get("http://disk.invalid/disk.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(got) != 2 || got[0] != "http://192.0.2.10/disk.img" || got[1] != "http://disk.invalid/disk.img" {
 		t.Fatalf("the proxy saw %q", got)
 	}
 }

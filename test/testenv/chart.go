@@ -78,13 +78,17 @@ const ThickOverhead = "filesystemOverhead.storageClasses.thick=0.2"
 
 // ApplyChartRBAC applies the chart's service accounts, roles and bindings, rendered for a
 // release in namespace, and returns the manager's user name: a process acting as that user
-// has exactly the rights an installed manager has.
-func (e *Env) ApplyChartRBAC(ctx context.Context, namespace string) (string, error) {
+// has exactly the rights an installed manager has. Each of set is a chart value (--set).
+func (e *Env) ApplyChartRBAC(ctx context.Context, namespace string, set ...string) (string, error) {
 	if err := e.EnsureNamespace(ctx, namespace); err != nil {
 		return "", err
 	}
-	_, out, err := RenderChart(ctx, ChartRelease, namespace, "--show-only", "templates/serviceaccounts.yaml",
-		"--show-only", "templates/rbac/role.yaml", "--show-only", "templates/rbac/bindings.yaml", "--show-only", "templates/rbac/users.yaml")
+	args := []string{"--show-only", "templates/serviceaccounts.yaml",
+		"--show-only", "templates/rbac/role.yaml", "--show-only", "templates/rbac/bindings.yaml", "--show-only", "templates/rbac/users.yaml"}
+	for _, v := range set {
+		args = append(args, "--set", v)
+	}
+	_, out, err := RenderChart(ctx, ChartRelease, namespace, args...)
 	if err != nil {
 		return "", err
 	}

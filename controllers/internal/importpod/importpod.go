@@ -50,6 +50,12 @@ type Config struct {
 	// AllowedDestinations are CIDRs, addresses or host names the pods may connect to even
 	// inside those: in-cluster mirrors. The manager adds the bundled store's host.
 	AllowedDestinations []string `json:"allowedDestinations,omitempty"`
+	// Proxy is the HTTP proxy the pods send their requests through (none: they connect
+	// directly).
+	Proxy Proxy `json:"proxy,omitzero"`
+	// ProxyFirst, when set, says the proxy an administrator set elsewhere (CDI's CDIConfig),
+	// used before Proxy where it names one. It is called for each pod.
+	ProxyFirst func() Proxy `json:"-"`
 
 	prepared *sync.Map // namespaces PrepareNamespace has seen to
 }
@@ -144,8 +150,11 @@ func (o FilesystemOverhead) Validate() error {
 	return nil
 }
 
-// ValidateEgress checks ClusterCIDRs and AllowedDestinations as the pods will parse them.
+// ValidateEgress checks ClusterCIDRs, AllowedDestinations and Proxy as the pods will parse them.
 func (c Config) ValidateEgress() error {
+	if err := c.Proxy.Validate(); err != nil {
+		return fmt.Errorf("importer.%w", err)
+	}
 	var e transfer.Egress
 	for _, v := range c.ClusterCIDRs {
 		if _, err := netip.ParsePrefix(v); err != nil {
@@ -344,6 +353,7 @@ func Build(c Config, s Spec) *corev1.Pod {
 		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: m.Path, ReadOnly: true})
 	}
 	ctr.Args = args
+	ctr.Env = c.proxyEnv()
 	pod.Spec.Containers = []corev1.Container{ctr}
 	return pod
 }
