@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,6 +36,17 @@ type agent struct {
 	// stopping are the processes of deleted pods, told to stop, until they exit.
 	stopping []*process
 	nextIP   int
+	// subnet is this agent's 127.A.B.0/24, drawn at random: the pods' ports are fixed (metrics,
+	// clone sources), so two local clusters at once (make test's and the chaos run's) must not
+	// hand out the same addresses.
+	subnet [2]byte
+}
+
+// newSubnet draws an agent's subnet of loopback, leaving out 127.0.0.0/24 (the test's own
+// servers and the cluster's components listen on 127.0.0.1).
+func newSubnet() [2]byte {
+	n := 256 + rand.IntN(65536-256)
+	return [2]byte{byte(n >> 8), byte(n)}
 }
 
 type process struct {
@@ -113,7 +125,7 @@ func (a *agent) sync(ctx context.Context, pods []corev1.Pod) {
 }
 
 // start runs the pod's container as a process: mounts become paths, listen addresses the
-// pod's own 127.0.0.N.
+// pod's own 127.A.B.N.
 func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 	ctr := p.Spec.Containers[0]
 	podDir := filepath.Join(a.dir, "pods", p.Namespace, p.Name)
@@ -159,7 +171,7 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 	}
 	a.mu.Lock()
 	a.nextIP = a.nextIP%250 + 1
-	ip := fmt.Sprintf("127.0.0.%d", a.nextIP+1)
+	ip := fmt.Sprintf("127.%d.%d.%d", a.subnet[0], a.subnet[1], a.nextIP+1)
 	a.mu.Unlock()
 
 	var args []string

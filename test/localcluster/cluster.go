@@ -170,7 +170,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 
 	cs := &csi{c: env.Client, dir: o.Dir}
-	c.agent = &agent{c: env.Client, csi: cs, bin: o.Bin, dir: o.Dir, log: o.Log, running: map[types.UID]*process{}}
+	c.agent = &agent{c: env.Client, csi: cs, bin: o.Bin, dir: o.Dir, log: o.Log, running: map[types.UID]*process{}, subnet: newSubnet()}
 	loop, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.wg.Go(func() {
