@@ -21,10 +21,11 @@ import (
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
-// importBytes is what diskpipe's pods wrote into volumes for imports in ns: the sum of the
+// importBytes is what diskpipe's pods wrote into volumes for imports from source (a kind:
+// http, pvc, ...) in ns: the sum of the
 // managers' diskpipe_operation_bytes_total for the namespace (the leader counts them), read from
 // each manager pod's metrics port, which the node reaches.
-func importBytes(ns string) int64 {
+func importBytes(ns, source string) int64 {
 	var sum float64
 	for _, ip := range strings.Fields(kubectl("", "get", "pods", "-n", "diskpipe-system", "-l", "app.kubernetes.io/component=manager",
 		"-o", "jsonpath={range .items[*]}{.status.podIP} {end}")) {
@@ -35,7 +36,7 @@ func importBytes(ns string) int64 {
 		Expect(err).NotTo(HaveOccurred())
 		for _, line := range strings.Split(string(body), "\n") {
 			if strings.HasPrefix(line, "diskpipe_operation_bytes_total{") && strings.Contains(line, `namespace="`+ns+`"`) &&
-				strings.Contains(line, `operation="import"`) {
+				strings.Contains(line, `operation="import"`) && strings.Contains(line, `source="`+source+`"`) {
 				v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 				Expect(err).NotTo(HaveOccurred(), line)
 				sum += v
@@ -105,13 +106,13 @@ spec:
 		// What the http import wrote: the importer writes the disk's data once, into the staging
 		// image's volume, with no scratch copy (the manager counts it); the DataVolume's claim is
 		// a clone of it that the storage makes (here a sparse copy).
-		written := importBytes(ns)
+		written := importBytes(ns, "http")
 		var disk syscall.Stat_t
 		Expect(syscall.Stat(filepath.Join(cluster.VolumePath(ns, "fromhttp-root"), "disk.img"), &disk)).To(Succeed())
 		source, err := os.Stat(images["qcow2"])
 		Expect(err).NotTo(HaveOccurred())
 		GinkgoWriter.Printf("http dataVolumeTemplates: the source is %d bytes (qcow2), the disk %d bytes (virtual); "+
-			"diskpipe's importers wrote %d bytes in the namespace, and the VM's disk takes %d bytes on the node's storage\n",
+			"diskpipe's importers wrote %d bytes for the http import, and the VM's disk takes %d bytes on the node's storage\n",
 			source.Size(), disk.Size, written, disk.Blocks*512)
 		Expect(written).To(BeNumerically(">", 0), "the manager counted the import's bytes")
 		Expect(written).To(BeNumerically("<=", disk.Size), "one copy of the data at most: nothing staged twice")
@@ -209,6 +210,11 @@ spec:
   accessModes: [ReadWriteOnce]
   resources: {requests: {storage: 512Mi}}
 `, "apply", "-n", ns, "-f", "-")
+		// Once the storage has bound it: virtctl updates the claim without retrying, and the
+		// binding's own updates of a new claim would be a conflict.
+		Eventually(func() string {
+			return kubectl("", "get", "pvc", "existing", "-n", ns, "-o", "jsonpath={.status.phase}")
+		}, time.Minute, time.Second).Should(Equal("Bound"))
 		out, err = upload("pvc", "existing", "--no-create")
 		Expect(err).To(HaveOccurred())
 		Expect(out).To(ContainSubstring("an existing PVC cannot be marked for an upload"))
