@@ -134,6 +134,13 @@ func StartAt(t T, host string) string {
 	return startOn(t, host, "", http.DefaultClient)
 }
 
+// StartAtWith runs the registry on host with extra configuration (e.g. tls under http);
+// client checks that it is up.
+func StartAtWith(t T, host, extra string, client *http.Client) string {
+	t.Helper()
+	return startOn(t, host, extra, client)
+}
+
 // StartWith runs the registry with extra configuration; client checks that it is up.
 func StartWith(t T, extra string, client *http.Client) string {
 	t.Helper()

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -17,7 +19,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/diskpipe/diskpipe/importer/registrytest"
 	"github.com/diskpipe/diskpipe/test/bootdisk"
+	"github.com/diskpipe/diskpipe/test/pki"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -123,6 +127,75 @@ spec:
 		Eventually(func() string {
 			return kubectl("", "get", "dv,pvc,diskvolumes,vmim", "-n", ns, "-o", "name")
 		}, 2*time.Minute, time.Second).Should(BeEmpty(), "the VMs' DataVolumes, and what made them, are gone")
+	})
+
+	It("boots VMs whose dataVolumeTemplates pull a registry's container disk (its CA in certConfigMap) with a blank disk beside it, and clone a PVC of the VM's namespace", func() {
+		ns := vmNamespace()
+		// The registry serves TLS with a CA of the test's own, which the DataVolume names.
+		ca, err := pki.New(filepath.Join(work, "registry-pki-"+ns), "registry-ca")
+		Expect(err).NotTo(HaveOccurred())
+		crt, key, err := ca.Issue("registry", "registry", nil, cluster.HostAddress())
+		Expect(err).NotTo(HaveOccurred())
+		caPEM, err := os.ReadFile(ca.CAFile)
+		Expect(err).NotTo(HaveOccurred())
+		pool := x509.NewCertPool()
+		Expect(pool.AppendCertsFromPEM(caPEM)).To(BeTrue())
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+		addr := registrytest.StartAtWith(GinkgoT(), cluster.HostAddress(), fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\n", crt, key), client)
+		img := registrytest.ContainerDisk(GinkgoT(), images["qcow2"], "amd64", "disk")
+		registrytest.PushWith(GinkgoT(), client, "https://"+addr, "", "", "containerdisks/boot", "1", img.Manifest,
+			"application/vnd.oci.image.manifest.v1+json", img.Blobs)
+
+		// A PVC of the VM's namespace that holds the disk, to clone.
+		importHTTP(ns, "golden", "disk.qcow2")
+		kubectl(diskOf("base", "", "Filesystem", "512Mi"), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "dvol", "base"), 3*time.Minute, time.Second).Should(HavePrefix("Ready"))
+		grantCloneSource(ns, ns)
+
+		kubectl(fmt.Sprintf(`apiVersion: v1
+kind: ConfigMap
+metadata: {name: registry-ca}
+data: {ca.pem: %q}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: fromregistry
+spec:
+  runStrategy: Once
+  dataVolumeTemplates:
+  - metadata: {name: fromregistry-root}
+    spec:
+      storage: {resources: {requests: {storage: 512Mi}}}
+      source:
+        registry: {url: "docker://%s/containerdisks/boot:1", certConfigMap: registry-ca}
+  - metadata: {name: fromregistry-data}
+    spec:
+      storage: {resources: {requests: {storage: 128Mi}}}
+      source: {blank: {}}
+  template:
+    spec:
+      domain:
+        devices:
+          autoattachPodInterface: false
+          disks:
+          - {name: root, disk: {bus: virtio}}
+          - {name: data, disk: {bus: virtio}}
+        resources: {requests: {memory: 128Mi}}
+      volumes:
+      - {name: root, dataVolume: {name: fromregistry-root}}
+      - {name: data, dataVolume: {name: fromregistry-data}}
+---
+`, caPEM, addr)+dvVM("frompvc", "source:\n        pvc: {namespace: "+ns+", name: base}"), "apply", "-n", ns, "-f", "-")
+
+		lines := guestConsole(ns, "fromregistry", "")
+		Expect(lines[0]).To(And(HavePrefix("DISKPIPE-BOOT disk=vda size="), HaveSuffix(" marker="+bootdisk.Marker)), "booted from the registry's disk")
+		Expect(lines).To(ContainElement(And(HavePrefix("DISKPIPE-DISK disk=vdb size="), Not(ContainSubstring(bootdisk.Marker)))),
+			"the blank disk: %q", lines)
+		Expect(guestConsole(ns, "frompvc", "")[0]).To(And(HavePrefix("DISKPIPE-BOOT disk=vda size="), HaveSuffix(" marker="+bootdisk.Marker)),
+			"booted from the clone of the namespace's PVC")
+		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase};{end}`)).
+			To(Equal("fromregistry-data=Succeeded;fromregistry-root=Succeeded;frompvc-root=Succeeded;"))
 	})
 
 	It("keeps a DataImportCron's DataSource on the newest revision: a VM made from it after an update boots the new one, and the old import is collected", func() {
