@@ -81,5 +81,5 @@ func TestUploadPVC(t *testing.T) {
 		return ""
 	}, 20*time.Second).Should(Equal("VirtualMachineImage pvc-taken, which stages this PVC's upload, already exists and is not this PVC's: " +
 		"delete it, or upload into a PVC of another name"))
-	g.Expect(state(taken)()).To(Equal("Pending ready=false"))
+	g.Eventually(state(taken), 20*time.Second).Should(Equal("Pending ready=false"), "the claim's annotations follow the event")
 }
