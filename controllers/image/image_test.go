@@ -151,10 +151,12 @@ func TestImport(t *testing.T) {
 			mounted = append(mounted, "configmap/"+v.ConfigMap.Name)
 		case v.PersistentVolumeClaim != nil:
 			mounted = append(mounted, "pvc/"+v.PersistentVolumeClaim.ClaimName)
+		case v.EmptyDir != nil:
+			mounted = append(mounted, "emptyDir/"+v.Name)
 		}
 	}
 	slices.Sort(mounted)
-	g.Expect(mounted).To(Equal([]string{"configmap/ca", "pvc/vmim-ubuntu18.04", "secret/basic"}))
+	g.Expect(mounted).To(Equal([]string{"configmap/ca", "pvc/vmim-ubuntu18.04", "secret/basic"}), "an http source writes nothing but the disk")
 
 	// Running: progress comes from the pod's metrics.
 	mgr.Metrics <- "diskpipe_transfer_bytes_done 5.36870912e+08\ndiskpipe_transfer_bytes_total 1.073741824e+09\ndiskpipe_transfer_bytes_per_second 1e+08\n"
@@ -244,7 +246,11 @@ func TestProbeAndTemplate(t *testing.T) {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "imt-centos-probe-0"}, probe)
 	}, 20*time.Second).Should(Succeed())
 	g.Expect(strings.Join(probe.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source registry --url docker://quay.io/containerdisks/centos-stream:9 --auth-dir /var/run/diskpipe/auth --architecture arm64 --probe"))
-	g.Expect(probe.Spec.Volumes).To(HaveLen(1), "a probe mounts no volume, only the pull secret")
+	// The root filesystem is read-only: the registry client's CA directory is written in a
+	// small scratch /tmp.
+	g.Expect(probe.Spec.Volumes).To(HaveLen(2), "a probe mounts no volume, only the pull secret and its scratch /tmp")
+	g.Expect(probe.Spec.Volumes[1].EmptyDir).To(Equal(&corev1.EmptyDirVolumeSource{SizeLimit: &importpod.ScratchSize}))
+	g.Expect(probe.Spec.Containers[0].VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: "scratch", MountPath: "/tmp"}))
 	kubelet(t, ns, probe.Name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 10 << 30}, 0)
 
 	pvc := &corev1.PersistentVolumeClaim{}

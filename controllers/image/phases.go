@@ -212,6 +212,7 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 	s.Labels = map[string]string{LabelImage: string(g.obj.GetUID()), LabelRole: "importer"}
 	s.Args = append(append([]string{}, g.source.args...), s.Args...)
 	s.Mounts = append(append([]importpod.Mount{}, g.source.mounts...), s.Mounts...)
+	s.Scratch = s.Scratch || g.source.scratch
 	if g.checksum != "" {
 		s.Args = append(s.Args, "--checksum", string(g.checksum))
 	}

@@ -21,6 +21,8 @@ type source struct {
 	// upload names the image's resource for an upload source: the upload proxy stores the
 	// image in the bundled store, and it is then read like an objectStore source.
 	upload string
+	// scratch gives the pod a writable /tmp (importpod.Spec.Scratch).
+	scratch bool
 }
 
 // copyRef names what a copy reads.
@@ -89,7 +91,9 @@ func s3Source(s3 *common.S3Source) source {
 }
 
 func registrySource(r *common.RegistrySource) source {
-	s := source{kind: "registry", args: []string{"--source", "registry", "--url", r.URL}}
+	// The registry client reads CAs (the source's, the proxy's) from a directory it is given,
+	// which the importer writes.
+	s := source{kind: "registry", args: []string{"--source", "registry", "--url", r.URL}, scratch: true}
 	if r.SecretRef != "" {
 		s.args = append(s.args, "--auth-dir", authDir)
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(r.SecretRef), Path: authDir})

@@ -190,6 +190,10 @@ func (a *agent) start(ctx context.Context, p *corev1.Pod) error {
 	bin := filepath.Join(a.bin, filepath.Base(ctr.Command[0]))
 	cmd := exec.Command(bin, args...) //nolint:gosec // diskpipe's own binaries
 	cmd.Env = os.Environ()
+	if tmp, ok := paths["/tmp"]; ok {
+		// A volume at /tmp is where the process makes its temporary files, as in the pod.
+		cmd.Env = append(cmd.Env, "TMPDIR="+tmp)
+	}
 	for _, e := range ctr.Env {
 		if e.ValueFrom != nil {
 			return fmt.Errorf("env %s: only literal values can be given here", e.Name)
@@ -281,8 +285,11 @@ func (a *agent) mount(ctx context.Context, p *corev1.Pod, v corev1.Volume, podDi
 			data[k] = []byte(s)
 		}
 		return writeFiles(filepath.Join(podDir, v.Name), data)
+	case v.EmptyDir != nil:
+		dir := filepath.Join(podDir, v.Name)
+		return dir, os.MkdirAll(dir, 0o700)
 	}
-	return "", fmt.Errorf("volume %s: only PVCs, Secrets and ConfigMaps can be mounted here", v.Name)
+	return "", fmt.Errorf("volume %s: only PVCs, Secrets, ConfigMaps and emptyDirs can be mounted here", v.Name)
 }
 
 // errWait means the pod cannot start yet (a volume is not bound); it is tried again.

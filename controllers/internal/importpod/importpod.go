@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -245,7 +246,17 @@ type Spec struct {
 	ServePort int32
 	// Command is the program the pod runs: /importer (default) or /exporter.
 	Command string
+	// Scratch gives the pod a writable /tmp, an emptyDir of ScratchSize: the root filesystem
+	// is read-only.
+	Scratch bool
 }
+
+// ScratchSize bounds a pod's scratch /tmp: it holds a few small files (CA bundles), never a
+// disk's bytes.
+var ScratchSize = resource.MustParse("16Mi")
+
+// ScratchDir is where a pod's scratch directory is mounted.
+const ScratchDir = "/tmp"
 
 // Paths inside importer pods.
 const (
@@ -351,6 +362,11 @@ func Build(c Config, s Spec) *corev1.Pod {
 		}
 		pod.Spec.Volumes = append(pod.Spec.Volumes, v)
 		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: name, MountPath: m.Path, ReadOnly: true})
+	}
+	if s.Scratch {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(ScratchSize)}}})
+		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "scratch", MountPath: ScratchDir})
 	}
 	ctr.Args = args
 	ctr.Env = c.proxyEnv()
