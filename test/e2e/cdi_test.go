@@ -195,7 +195,7 @@ spec:
 		Expect(guestConsole(ns, "frompvc", "")[0]).To(And(HavePrefix("DISKPIPE-BOOT disk=vda size="), HaveSuffix(" marker="+bootdisk.Marker)),
 			"booted from the clone of the namespace's PVC")
 		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase};{end}`)).
-			To(Equal("fromregistry-data=Succeeded;fromregistry-root=Succeeded;frompvc-root=Succeeded;"))
+			To(Equal("frompvc-root=Succeeded;fromregistry-data=Succeeded;fromregistry-root=Succeeded;"))
 	})
 
 	It("keeps a DataImportCron's DataSource on the newest revision: a VM made from it after an update boots the new one, and the old import is collected", func() {
