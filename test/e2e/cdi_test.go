@@ -56,7 +56,7 @@ func importBytes(ns, source string) int64 {
 var _ = Describe("CDI's API under the real KubeVirt", afterKubeVirtRollout, func() {
 	BeforeEach(requireKubeVirt)
 
-	It("boots VMs whose dataVolumeTemplates import by http and clone a DataSource of another namespace; a failed import is the VM's DataVolumeError; deleting a VM deletes its DataVolumes and PVCs", func() {
+	It("boots VMs whose dataVolumeTemplates import by http and clone a DataSource and a PVC of another namespace; a failed import is the VM's DataVolumeError; deleting a VM deletes its DataVolumes and PVCs", func() {
 		ns, golden := vmNamespace(), namespace()
 		// The golden disk of a DataSource, in a namespace of its own, as KubeVirt's common
 		// instance types name them (kubevirt-os-images).
@@ -78,6 +78,7 @@ spec:
 		start := time.Now()
 		kubectl(dvVM("fromhttp", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2"))+"---\n"+
 			dvVM("fromref", "sourceRef: {kind: DataSource, name: fedora, namespace: "+golden+"}")+"---\n"+
+			dvVM("fromotherns", "source:\n        pvc: {namespace: "+golden+", name: fedora}")+"---\n"+
 			dvVM("broken", fmt.Sprintf("source:\n        http: {url: %q}", server+"/no-such-disk.qcow2")), "apply", "-n", ns, "-f", "-")
 
 		// The import that cannot succeed: KubeVirt shows it as the VM's status, with diskpipe's
@@ -91,7 +92,7 @@ spec:
 			To(ContainSubstring("404"))
 
 		var wg sync.WaitGroup
-		for _, vm := range []string{"fromhttp", "fromref"} {
+		for _, vm := range []string{"fromhttp", "fromref", "fromotherns"} {
 			wg.Go(func() {
 				defer GinkgoRecover()
 				line := guestConsole(ns, vm, "")[0]
@@ -105,7 +106,7 @@ spec:
 		}
 		wg.Wait()
 		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {.status.progress};{end}`)).
-			To(Equal("broken-root=Failed N/A;fromhttp-root=Succeeded 100.0%;fromref-root=Succeeded 100.0%;"))
+			To(Equal("broken-root=Failed N/A;fromhttp-root=Succeeded 100.0%;fromotherns-root=Succeeded 100.0%;fromref-root=Succeeded 100.0%;"))
 
 		// What the http import wrote: the importer writes the disk's data once, into the staging
 		// image's volume, with no scratch copy (the manager counts it); the DataVolume's claim is
@@ -123,7 +124,7 @@ spec:
 		Expect(kubectl("", "get", "vmim", "-n", ns, "-o", "name")).To(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"),
 			"the staging golden of the imports that succeeded are gone")
 
-		kubectl("", "delete", "vm", "fromhttp", "fromref", "broken", "-n", ns, "--wait=true", "--timeout=120s")
+		kubectl("", "delete", "vm", "fromhttp", "fromref", "fromotherns", "broken", "-n", ns, "--wait=true", "--timeout=120s")
 		Eventually(func() string {
 			return kubectl("", "get", "dv,pvc,diskvolumes,vmim", "-n", ns, "-o", "name")
 		}, 2*time.Minute, time.Second).Should(BeEmpty(), "the VMs' DataVolumes, and what made them, are gone")
@@ -244,7 +245,7 @@ spec:
 			Should(BeEmpty())
 	})
 
-	It("uploads with the unmodified virtctl image-upload dv and pvc, and a VM boots both uploaded disks", func() {
+	It("uploads with the unmodified virtctl image-upload dv and pvc, and a VM boots both uploaded disks; a dataVolumeTemplates upload is filled by virtctl, then boots", func() {
 		ns := vmNamespace()
 		ip := kubectl("", "get", "service", "diskpipe-uploadproxy", "-n", "diskpipe-system", "-o", "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}")
 		upload := func(args ...string) (string, error) {
@@ -298,6 +299,16 @@ spec:
 		Expect(lines[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda size="))
 		Expect(lines).To(ContainElement(And(HavePrefix("DISKPIPE-DISK disk=vdb size="), HaveSuffix(" marker="+bootdisk.Marker))),
 			"the disk uploaded into a PVC")
+
+		// A dataVolumeTemplates entry with an upload source: KubeVirt makes the DataVolume,
+		// virtctl fills it, and the VM starts once it holds the whole disk.
+		kubectl(dvVM("toupload", "source: {upload: {}}"), "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "dv", "toupload-root", "-n", ns, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
+		}, 2*time.Minute, time.Second).Should(Equal("UploadReady"))
+		out, err = upload("dv", "toupload-root", "--no-create")
+		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload dv --no-create: %s", out)
+		Expect(guestConsole(ns, "toupload", "")[0]).To(And(HavePrefix("DISKPIPE-BOOT disk=vda "), HaveSuffix(" marker="+bootdisk.Marker)))
 	})
 })
 
