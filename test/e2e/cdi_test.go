@@ -245,7 +245,7 @@ spec:
 			Should(BeEmpty())
 	})
 
-	It("uploads with the unmodified virtctl image-upload dv and pvc, and a VM boots both uploaded disks; a dataVolumeTemplates upload is filled by virtctl, then boots", func() {
+	It("uploads with the unmodified virtctl image-upload dv and pvc, and a VM boots both uploaded disks", func() {
 		ns := vmNamespace()
 		ip := kubectl("", "get", "service", "diskpipe-uploadproxy", "-n", "diskpipe-system", "-o", "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}")
 		upload := func(args ...string) (string, error) {
@@ -300,15 +300,6 @@ spec:
 		Expect(lines).To(ContainElement(And(HavePrefix("DISKPIPE-DISK disk=vdb size="), HaveSuffix(" marker="+bootdisk.Marker))),
 			"the disk uploaded into a PVC")
 
-		// A dataVolumeTemplates entry with an upload source: KubeVirt makes the DataVolume,
-		// virtctl fills it, and the VM starts once it holds the whole disk.
-		kubectl(dvVM("toupload", "source: {upload: {}}"), "apply", "-n", ns, "-f", "-")
-		Eventually(func() string {
-			return kubectl("", "get", "dv", "toupload-root", "-n", ns, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
-		}, 2*time.Minute, time.Second).Should(Equal("UploadReady"))
-		out, err = upload("dv", "toupload-root", "--no-create")
-		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload dv --no-create: %s", out)
-		Expect(guestConsole(ns, "toupload", "")[0]).To(And(HavePrefix("DISKPIPE-BOOT disk=vda "), HaveSuffix(" marker="+bootdisk.Marker)))
 	})
 })
 
