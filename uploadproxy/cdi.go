@@ -2,8 +2,6 @@ package uploadproxy
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,7 +25,9 @@ import (
 
 // CDI's upload API, for the unmodified `virtctl image-upload dv` and `pvc`: with CDI's API
 // served by diskpipe (cdi.compatibility.enabled), a DataVolume of source upload, or a PVC made
-// for an upload, is staged by a VirtualMachineImage of source upload (controllers/cdi), and
+// for an upload, has a claim of its name made for the upload, staged by a VirtualMachineImage
+// of source upload, UploadPVCImage(the claim's name), which the claim controls
+// (controllers/cdi), and
 //
 //   - the manager's aggregated API answers CDI's UploadTokenRequest
 //     (upload.cdi.kubevirt.io/v1beta1, spec.pvcName) with a token for that image; as with CDI,
@@ -37,13 +37,12 @@ import (
 //     resumable store as a PUT: the image as the body (POST /v1beta1/upload, /upload-async) or
 //     as the form field "file" (/upload-form, /upload-form-async, as a browser sends it); the
 //     v1alpha1 paths too, as CDI's proxy serves them. A synchronous upload is answered 200 once
-//     the DataVolume's disk is made (the staging image gone, its claim annotated
+//     the claim's disk is made (the staging image gone, the claim bound and annotated
 //     cdi.kubevirt.io/storage.pod.phase: Succeeded), or with the import's failure, as CDI's
 //     answers once its upload server has written the disk; an asynchronous one is answered 200
-//     once the image is stored and the DataVolume's claim exists (diskpipe makes it, Pending,
-//     once the upload is imported), since virtctl reads the claim as soon as it is answered and
-//     then waits on its annotation. HEAD /v1beta1/upload-async (virtctl's question whether to
-//     take that path) answers 200 to a valid token.
+//     once the image is stored, and virtctl then waits on the claim's annotation. HEAD
+//     /v1beta1/upload-async (virtctl's question whether to take that path) answers 200 to a
+//     valid token.
 
 // CDI's upload paths on the upload proxy.
 const (
@@ -62,15 +61,6 @@ var cdiPaths = map[string]cdiPath{
 	PathCDIUploadAsync: {async: true}, "/v1alpha1/upload-async": {async: true},
 	PathCDIUploadForm: {form: true}, "/v1alpha1/upload-form": {form: true},
 	PathCDIUploadFormAsync: {async: true, form: true}, "/v1alpha1/upload-form-async": {async: true, form: true},
-}
-
-// DataVolumeImage names the VirtualMachineImage that stages DataVolume name's source.
-func DataVolumeImage(name string) string {
-	n := "dv-" + name
-	if len(n) <= 200 {
-		return n
-	}
-	return n[:180] + "-" + hashName(name)
 }
 
 // The claim annotations of CDI's uploads.
@@ -95,7 +85,7 @@ func UploadPVCImage(name string) string { return UploadPVCImagePrefix + name }
 
 // UploadPVCImagePrefix is the prefix of UploadPVCImage's names, and MaxUploadPVCName the
 // longest PVC name it takes (an image's name is at most 200 characters here, as
-// DataVolumeImage's are).
+// a DataVolume's staging image's are).
 const (
 	UploadPVCImagePrefix = "pvc-"
 	MaxUploadPVCName     = 200 - len(UploadPVCImagePrefix)
@@ -105,9 +95,14 @@ const (
 // source is its staging image.
 func IsUploadPVC(pvc *corev1.PersistentVolumeClaim) bool {
 	_, marked := pvc.Annotations[AnnUploadTarget]
-	ref := pvc.Spec.DataSourceRef
-	return marked && ref != nil && ptr.Deref(ref.APIGroup, "") == hypercloud.GroupVersion.Group && ref.Kind == "VirtualMachineImage" &&
-		ref.Name == UploadPVCImage(pvc.Name) && ptr.Deref(ref.Namespace, pvc.Namespace) == pvc.Namespace
+	ref, want := pvc.Spec.DataSourceRef, UploadPVCSource(pvc.Name)
+	return marked && ref != nil && ptr.Deref(ref.APIGroup, "") == *want.APIGroup && ref.Kind == want.Kind &&
+		ref.Name == want.Name && ptr.Deref(ref.Namespace, pvc.Namespace) == pvc.Namespace
+}
+
+// UploadPVCSource is the data source of a PVC name made for an upload: its staging image.
+func UploadPVCSource(name string) *corev1.TypedObjectReference {
+	return &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: UploadPVCImage(name)}
 }
 
 // serveCDI serves CDI's upload paths; handled says the path was one.
@@ -146,15 +141,12 @@ func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool,
 	}
 	stored := strings.TrimSpace(held.body.String())
 	if how.async {
-		s.Log.Info("Upload stored; waiting for the DataVolume's claim", "namespace", c.Namespace, "image", c.Name)
-		if err := s.waitMade(ctx, c.Namespace, c.Name, true); err != nil {
-			return true, err
-		}
+		s.Log.Info("Upload stored; the disk is being made", "namespace", c.Namespace, "image", c.Name)
 		_, _ = fmt.Fprintf(w, "%s: the disk is being made; the claim is annotated %s: Succeeded when it is\n", stored, AnnPodPhase)
 		return true, nil
 	}
-	s.Log.Info("Upload stored; waiting for the DataVolume's disk", "namespace", c.Namespace, "image", c.Name)
-	if err := s.waitMade(ctx, c.Namespace, c.Name, false); err != nil {
+	s.Log.Info("Upload stored; waiting for the claim's disk", "namespace", c.Namespace, "image", c.Name)
+	if err := s.waitMade(ctx, c.Namespace, c.Name); err != nil {
 		return true, err
 	}
 	_, _ = fmt.Fprintf(w, "%s: the disk is made\n", stored)
@@ -189,10 +181,9 @@ func (s *Server) tokenClaims(ctx context.Context, r *http.Request) (Claims, erro
 	return s.verify(ctx, token)
 }
 
-// waitMade waits until the staging image ns/name has made its DataVolume's disk (the DataVolume
-// controller deletes it then), or failed; with claim, only until the DataVolume's claim (of the
-// DataVolume's name; the DataVolume controls the image) exists.
-func (s *Server) waitMade(ctx context.Context, ns, name string, claim bool) error {
+// waitMade waits until the staging image ns/name has made its claim's disk (the claim's
+// controller deletes it then, UploadPVCReconciler), or failed.
+func (s *Server) waitMade(ctx context.Context, ns, name string) error {
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	for {
@@ -205,18 +196,6 @@ func (s *Server) waitMade(ctx context.Context, ns, name string, claim bool) erro
 			return err
 		case img.Status.Phase == common.PhaseFailed:
 			return fail(http.StatusUnprocessableEntity, "the upload was stored, and its import failed: %s", readyMessage(img))
-		}
-		owner := metav1.GetControllerOf(img)
-		if claim && owner != nil && owner.Kind == "PersistentVolumeClaim" {
-			return nil // an upload into a PVC: the claim is there
-		}
-		if claim && owner != nil && owner.Kind == "DataVolume" {
-			err := s.Kube.Get(ctx, client.ObjectKey{Namespace: ns, Name: owner.Name}, &corev1.PersistentVolumeClaim{})
-			if err == nil {
-				return nil
-			} else if !apierrors.IsNotFound(err) {
-				return err
-			}
 		}
 		select {
 		case <-ctx.Done():
@@ -306,7 +285,7 @@ func (a *TokenAPI) uploadImageFor(ctx context.Context, ns, pvcName string) (name
 		if dv.Status.Phase == cdiv1.Succeeded {
 			return "", "", fail(http.StatusConflict, "DataVolume %s/%s is already uploaded", ns, dv.Name)
 		}
-		return DataVolumeImage(dv.Name), fmt.Sprintf("DataVolume %s/%s is not ready for its upload yet: wait for its phase UploadReady", ns, dv.Name), nil
+		return UploadPVCImage(dv.Name), fmt.Sprintf("DataVolume %s/%s is not ready for its upload yet: wait for its phase UploadReady", ns, dv.Name), nil
 	case !apierrors.IsNotFound(err):
 		return "", "", err
 	}
@@ -324,9 +303,4 @@ func (a *TokenAPI) uploadImageFor(ctx context.Context, ns, pvcName string) (name
 		return "", "", fail(http.StatusConflict, "PVC %s/%s is already uploaded", ns, pvcName)
 	}
 	return UploadPVCImage(pvc.Name), fmt.Sprintf("PVC %s/%s is not ready for its upload yet: wait for its annotation %s: \"true\"", ns, pvcName, AnnPodReady), nil
-}
-
-func hashName(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])[:10]
 }

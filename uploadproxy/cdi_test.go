@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -94,17 +93,16 @@ func (f *fixture) complete(t *testing.T, token, name string) func() string {
 }
 
 // TestCDIUpload: CDI's synchronous upload stores the image as a PUT does and answers 200 only
-// once the DataVolume's disk is made (its staging image gone), or the import's failure; the
-// asynchronous one answers 200 once the image is stored and the DataVolume's claim exists
-// (virtctl then reads the claim), and virtctl's HEAD of its path answers a valid token;
-// /healthz answers.
+// once the claim's disk is made (its staging image gone), or the import's failure; the
+// asynchronous one answers 200 once the image is stored (virtctl then waits on the claim),
+// and virtctl's HEAD of its path answers a valid token; /healthz answers.
 func TestCDIUpload(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
 	key := f.withTokens(t)
 	f.newImage(t, "dv-disk", f.digest)
 	f.newImage(t, "dv-bad", "")
-	f.dataVolumeImage(t, "async")
+	f.newImage(t, "pvc-async", f.digest)
 	soon := time.Now().Add(10 * time.Minute)
 
 	for _, c := range []struct{ method, path, token, want string }{
@@ -132,15 +130,13 @@ func TestCDIUpload(t *testing.T) {
 	g.Expect(env.Client.Delete(t.Context(), &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "dv-disk", Namespace: f.ns}})).To(Succeed())
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is made", len(f.image), f.digest))))
 
-	// The asynchronous upload is answered once stored and the DataVolume's claim exists, the
-	// image still there to be imported.
-	done = f.cdiPost(t, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-async", soon), "application/octet-stream", f.image)
-	g.Eventually(f.complete(t, f.token(t, key, "dv-async", soon), "dv-async"), slow, 200*time.Millisecond).Should(Equal("true"))
-	g.Consistently(done, 3*time.Second).ShouldNot(Receive(), "no answer before the claim exists")
-	f.claim(t, "async")
+	// The asynchronous upload is answered once stored, the image left to be imported: virtctl
+	// then waits on the claim's annotation.
+	done = f.cdiPost(t, uploadproxy.PathCDIUploadAsync, f.token(t, key, "pvc-async", soon), "application/octet-stream", f.image)
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is being made; the claim is annotated %s: Succeeded when it is",
 		len(f.image), f.digest, uploadproxy.AnnPodPhase))))
-	g.Expect(f.complete(t, f.token(t, key, "dv-async", soon), "dv-async")()).To(Equal("true"))
+	g.Expect(f.complete(t, f.token(t, key, "pvc-async", soon), "pvc-async")()).To(Equal("true"))
+	g.Expect(env.Client.Get(t.Context(), clientKey(f.ns, "pvc-async"), &hypercloud.VirtualMachineImage{})).To(Succeed())
 
 	// An import that fails after the upload is the upload's answer.
 	done = f.cdiUpload(t, f.token(t, key, "dv-bad", soon), []byte("not a disk image, and short"))
@@ -162,19 +158,18 @@ func TestCDIFormUpload(t *testing.T) {
 	f := setup(t)
 	g := NewWithT(t)
 	key := f.withTokens(t)
-	f.dataVolumeImage(t, "form")
-	f.claim(t, "form")
+	f.newImage(t, "pvc-form", f.digest)
 	f.newImage(t, "dv-cut", f.digest)
 	soon := time.Now().Add(10 * time.Minute)
 
 	ct, body := form(t, nil, false)
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "dv-form", soon), ct, body), slow).
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), ct, body), slow).
 		Should(Receive(Equal(`400 the form has no field "file"`)))
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "dv-form", soon), "application/octet-stream", f.image), slow).
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), "application/octet-stream", f.image), slow).
 		Should(Receive(HavePrefix(`400 a form upload is multipart/form-data with the image in the field "file"`)))
 
 	ct, body = form(t, f.image, false)
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "dv-form", soon), ct, body), slow).
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), ct, body), slow).
 		Should(Receive(HavePrefix(fmt.Sprintf("200 uploaded %d bytes, %s", len(f.image), f.digest))))
 
 	ct, cut := form(t, f.image[:len(f.image)-1000], true)
@@ -186,27 +181,6 @@ func TestCDIFormUpload(t *testing.T) {
 	g.Eventually(f.complete(t, f.token(t, key, "dv-cut", soon), "dv-cut"), slow, 200*time.Millisecond).Should(Equal("true"))
 	g.Expect(env.Client.Delete(t.Context(), &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "dv-cut", Namespace: f.ns}})).To(Succeed())
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is made", len(f.image), f.digest))))
-}
-
-// dataVolumeImage makes the image that stages DataVolume dv's upload, controlled by it, as the
-// DataVolume controller does (no DataVolume exists: nothing here collects the image).
-func (f *fixture) dataVolumeImage(t *testing.T, dv string) {
-	t.Helper()
-	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: uploadproxy.DataVolumeImage(dv), Namespace: f.ns,
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "cdi.kubevirt.io/v1beta1", Kind: "DataVolume", Name: dv,
-			UID: types.UID("dv-" + dv), Controller: ptr.To(true)}}},
-		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{},
-			Checksum: common.Checksum(f.digest)}}}
-	NewWithT(t).Expect(env.Client.Create(t.Context(), vmi)).To(Succeed())
-}
-
-// claim makes DataVolume dv's claim, as its DiskVolume does once the upload is imported.
-func (f *fixture) claim(t *testing.T, dv string) {
-	t.Helper()
-	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: dv, Namespace: f.ns},
-		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
-	NewWithT(t).Expect(env.Client.Create(t.Context(), pvc)).To(Succeed())
 }
 
 // cdiTokenAPI installs CDI's CRDs and returns the manager's token API and the request virtctl
@@ -237,17 +211,17 @@ func TestCDIUploadToken(t *testing.T) {
 		g.Expect(env.Client.Create(ctx, &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns},
 			Spec: cdiv1.DataVolumeSpec{Source: src, Storage: &cdiv1.StorageSpec{Resources: size}}})).To(Succeed())
 	}
-	f.newImage(t, uploadproxy.DataVolumeImage("disk"), f.digest)
+	f.newImage(t, uploadproxy.UploadPVCImage("disk"), f.digest)
 
 	got, err := uploadproxy.CDIToken(api, ctx, f.ns, request("disk"), alice)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got.Name).To(Equal("token-for-virtctl"))
 	answer := f.cdiUpload(t, got.Status.Token, f.image)
 	g.Eventually(func() string {
-		resp, _ := f.do(t, http.MethodHead, "dv-disk", got.Status.Token, nil, "")
+		resp, _ := f.do(t, http.MethodHead, "pvc-disk", got.Status.Token, nil, "")
 		return resp.Header.Get(uploadproxy.HeaderComplete)
 	}, slow, 200*time.Millisecond).Should(Equal("true"), "the token takes the upload to the DataVolume's image")
-	g.Expect(env.Client.Delete(ctx, &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "dv-disk", Namespace: f.ns}})).To(Succeed())
+	g.Expect(env.Client.Delete(ctx, &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "pvc-disk", Namespace: f.ns}})).To(Succeed())
 	g.Eventually(answer, slow).Should(Receive(HavePrefix("200 ")))
 
 	for pvc, want := range map[string]string{

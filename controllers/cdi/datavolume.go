@@ -11,6 +11,9 @@
 // An http, s3, registry or pvc source is imported by a VirtualMachineImage the DataVolume
 // controls, and the DiskVolume is cloned from it (importsource.go).
 //
+// An upload source is served as an upload into a PVC is (uploadpvc.go): the claim is made at
+// once, Pending, and filled by the populator once the upload is in.
+//
 // A DataVolume annotated cdi.kubevirt.io/storage.prePopulated names a claim that is already
 // whole (KubeVirt's VirtualMachineRestore, a volume kept from CDI): it succeeds at once and
 // nothing is written.
@@ -137,8 +140,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
 	return ctrl.NewControllerManagedBy(mgr).Named("datavolume").
-		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Owns(&hypercloud.VirtualMachineImage{}).
-		Watches(&cdiv1.DataSource{}, enqueue(r, &cdiv1.DataVolumeList{}, indexSourceRef, "")).Complete(r)
+		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Owns(&hypercloud.VirtualMachineImage{}).Owns(&corev1.PersistentVolumeClaim{}).
+		Watches(&cdiv1.DataSource{}, enqueue(r, &cdiv1.DataVolumeList{}, indexSourceRef, "")).
+		// An upload's claim controls its staging image and the populator's disk.
+		Watches(&hypercloud.VirtualMachineImage{}, byClaim).Watches(&diskvolume.DiskVolume{}, byClaim).Complete(r)
 }
 
 // Reconcile makes the DataVolume's DiskVolume and writes the DataVolume's status from it.
@@ -189,6 +194,9 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 		return st, nil
 	} else if err != nil {
 		return st, err
+	}
+	if dv.Spec.SourceRef == nil && dv.Spec.Source.Upload != nil {
+		return r.uploadStatus(ctx, dv, spec)
 	}
 	disk := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: dv.Name, Namespace: dv.Namespace,
 		Labels: map[string]string{LabelDataVolume: string(dv.UID)}}, Spec: spec}
@@ -300,7 +308,7 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	case owner != nil && owner.Kind == "DiskVolume" && owner.Name == dv.Name:
 		return false, nil // diskpipe makes it for this DataVolume
 	case owner != nil && owner.UID == dv.UID:
-		return true, nil
+		return !uploadproxy.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
 	case dv.Annotations[AnnAllowClaimAdoption] != "true" && pvc.Annotations[AnnPopulatedFor] != dv.Name:
 		return false, &refusal{ReasonResourceExists, fmt.Sprintf("PVC %s already exists and is not managed by DataVolume %s: to take it as the "+
 			"DataVolume's disk, annotate the DataVolume %s: \"true\" (or %s: %s)", pvc.Name, dv.Name, AnnAllowClaimAdoption, annPrePopulated, pvc.Name)}
@@ -434,8 +442,12 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 			size.Set(transfer.VolumeSizeFor(size.Value(), r.FilesystemOverhead.For(class)))
 		}
 		spec.Resources.Requests.Storage = &size
-	} else if src.Blank != nil {
-		return spec, nil, invalid("a blank DataVolume needs a size: spec.storage.resources.requests.storage")
+	} else if src.Blank != nil || src.Upload != nil {
+		return spec, nil, invalid("a DataVolume of source " + sourceKind(src, dv.Namespace) + " needs a size: spec.storage.resources.requests.storage")
+	}
+	if src.Upload != nil && len(dv.Name) > uploadproxy.MaxUploadPVCName {
+		return spec, nil, invalid(fmt.Sprintf("a DataVolume of source upload has a name of at most %d characters (its staging image is named %s<name>)",
+			uploadproxy.MaxUploadPVCName, uploadproxy.UploadPVCImagePrefix))
 	}
 	spec.Preallocation = dv.Spec.Preallocation
 	return spec, imported, nil
@@ -484,6 +496,8 @@ func sourceKind(src *cdiv1.DataVolumeSource, ns string) string {
 		return "pvc"
 	case src.Upload != nil:
 		return "upload"
+	case src.Blank != nil:
+		return "blank"
 	case src.Snapshot != nil:
 		return "snapshot from namespace " + src.Snapshot.Namespace + " (into " + ns + ")"
 	default:

@@ -34,7 +34,6 @@ import (
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/testenv"
-	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 var env *testenv.Env
@@ -170,7 +169,7 @@ func TestDataVolumeRefusals(t *testing.T) {
 	sizeless.Spec.Storage.Resources = corev1.VolumeResourceRequirements{}
 	g.Expect(env.Client.Create(ctx, sizeless)).To(Succeed())
 	g.Eventually(dvState(t, sizeless), 20*time.Second).Should(Equal("Failed N/A Bound=False:InvalidSpec Ready=False: Running=False:InvalidSpec"))
-	g.Expect(sizeless.Status.Conditions[0].Message).To(Equal("a blank DataVolume needs a size: spec.storage.resources.requests.storage"))
+	g.Expect(sizeless.Status.Conditions[0].Message).To(Equal("a DataVolume of source blank needs a size: spec.storage.resources.requests.storage"))
 
 	// KubeVirt's restore and a volume kept from CDI: the claim exists and is whole.
 	kept := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: ns},
@@ -530,7 +529,7 @@ func TestClaimAdoption(t *testing.T) {
 		pvc := &corev1.PersistentVolumeClaim{}
 		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(dv), pvc)).To(Succeed())
 		g.Expect(metav1.IsControlledBy(pvc, dv)).To(BeTrue(), "%s: the adopted claim is the DataVolume's", dv.Name)
-		g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.DataVolumeImage(dv.Name)}, &hypercloud.VirtualMachineImage{})).
+		g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdi.SourceImage(dv.Name)}, &hypercloud.VirtualMachineImage{})).
 			NotTo(Succeed(), "%s: nothing is imported", dv.Name)
 	}
 
@@ -635,7 +634,7 @@ func TestDataImportCron(t *testing.T) {
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(root), d) }, 20*time.Second).Should(Succeed())
 	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: common.LocalName(rev.Name), Kind: diskvolume.ImageKindVirtualMachineImage}),
 		"cloned from the revision's image itself")
-	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.DataVolumeImage("root")}, &hypercloud.VirtualMachineImage{})).
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdi.SourceImage("root")}, &hypercloud.VirtualMachineImage{})).
 		NotTo(Succeed(), "nothing is staged")
 
 	// The template moves to another registry: an image's source is immutable, so the new

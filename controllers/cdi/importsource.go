@@ -1,6 +1,8 @@
 package cdi
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"strings"
@@ -10,7 +12,6 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // A DataVolume with an http, s3, registry or pvc source is imported by diskpipe's image engine:
@@ -19,9 +20,18 @@ import (
 // DiskVolume is cloned from it by the class's clone strategy. Once the disk is whole the image
 // is deleted: it was the DataVolume's staging copy, not a golden image anyone else uses.
 
-// sourceImageName names the VirtualMachineImage that stages a DataVolume's source (the upload
-// proxy's CDI API finds an upload's image by it).
-func sourceImageName(dv *cdiv1.DataVolume) string { return uploadproxy.DataVolumeImage(dv.Name) }
+func sourceImageName(dv *cdiv1.DataVolume) string { return SourceImage(dv.Name) }
+
+// SourceImage names the VirtualMachineImage that stages DataVolume name's source: at most 200
+// characters, as every image's name here.
+func SourceImage(name string) string {
+	n := "dv-" + name
+	if len(n) <= 200 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(name))
+	return n[:180] + "-" + hex.EncodeToString(sum[:])[:10]
+}
 
 // imageSource is the VirtualMachineImage source that imports src, or nil for a source that
 // is not imported (blank, snapshot).

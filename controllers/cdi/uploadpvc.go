@@ -8,15 +8,20 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
@@ -118,3 +123,63 @@ func (r *UploadPVCReconciler) annotate(ctx context.Context, pvc *corev1.Persiste
 	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, uploadproxy.AnnPodReady, readiness)
 	return r.Patch(ctx, pvc, patch)
 }
+
+// uploadStatus serves a DataVolume of source upload as an upload into a PVC is served: its
+// claim, of its name, is made at once as a PVC made for an upload (marked, its dataSourceRef
+// its staging image), which the DataVolume controls; UploadPVCReconciler stages the upload
+// and the populator fills the claim, which is bound only then. As with CDI's populated
+// claims, the claim exists, Pending, from the start: `virtctl image-upload dv NAME
+// --no-create` looks for it, to fill a DataVolume KubeVirt made from a VM's
+// dataVolumeTemplates. The status is the staging image's while it imports, then the
+// populator's disk's, and Succeeded once the claim is bound.
+func (r *Reconciler) uploadStatus(ctx context.Context, dv *cdiv1.DataVolume, spec diskvolume.DiskVolumeSpec) (cdiv1.DataVolumeStatus, error) {
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: dv.Name, Namespace: dv.Namespace,
+		Labels: map[string]string{LabelDataVolume: string(dv.UID)}, Annotations: map[string]string{uploadproxy.AnnUploadTarget: ""}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: spec.AccessModes, StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode,
+			Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *spec.Resources.Requests.Storage}},
+			DataSourceRef: uploadproxy.UploadPVCSource(dv.Name)}}
+	if len(pvc.Spec.AccessModes) == 0 {
+		pvc.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+	}
+	if st, done, err := r.ensureChild(ctx, dv, pvc, "PersistentVolumeClaim"); done || err != nil {
+		return st, err
+	}
+	if pvc.Status.Phase == corev1.ClaimBound {
+		st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.Succeeded, Progress: "100.0%"}
+		st.Conditions = []cdiv1.DataVolumeCondition{boundCondition(pvc), {Type: cdiv1.DataVolumeReady, Status: corev1.ConditionTrue},
+			{Type: cdiv1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: ReasonCompleted}}
+		return st, nil
+	}
+	img := &hypercloud.VirtualMachineImage{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: uploadproxy.UploadPVCImage(dv.Name)}, img); client.IgnoreNotFound(err) != nil {
+		return cdiv1.DataVolumeStatus{}, err
+	} else if err != nil || img.Status.Phase != common.PhaseReady {
+		st := statusOfImport(dv, img) // not made yet: Pending
+		if st.Phase == cdiv1.ImportScheduled {
+			st.Phase = cdiv1.UploadScheduled
+		}
+		return st, nil
+	}
+	// The upload is in: the populator fills the claim from it.
+	disk := &diskvolume.DiskVolume{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: populator.DiskName(pvc)}, disk); client.IgnoreNotFound(err) != nil {
+		return cdiv1.DataVolumeStatus{}, err
+	}
+	st := statusOf(dv, disk)
+	if st.Phase == cdiv1.Succeeded || st.Phase == cdiv1.Pending {
+		// Written, or not begun: either way the claim is not bound yet.
+		msg := "the upload is in; PVC " + dv.Name + " is being filled from it"
+		st.Phase, st.Progress = cdiv1.ImportInProgress, "N/A"
+		st.Conditions = conditions(ReasonPending, msg, corev1.ConditionTrue, "", "")
+	}
+	return st, nil
+}
+
+// byClaim enqueues the DataVolume of the name of the PVC that controls an object: the staging
+// image of an upload's claim, and the populator's disk that fills it.
+var byClaim = handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+	if owner := metav1.GetControllerOf(o); owner != nil && owner.Kind == "PersistentVolumeClaim" {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}}}
+	}
+	return nil
+})

@@ -1,6 +1,7 @@
 package cdi_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -10,12 +11,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/cdi"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
@@ -82,4 +86,56 @@ func TestUploadPVC(t *testing.T) {
 	}, 20*time.Second).Should(Equal("VirtualMachineImage pvc-taken, which stages this PVC's upload, already exists and is not this PVC's: " +
 		"delete it, or upload into a PVC of another name"))
 	g.Eventually(state(taken), 20*time.Second).Should(Equal("Pending ready=false"), "the claim's annotations follow the event")
+}
+
+// TestDataVolumeUpload: a DataVolume of source upload has its claim at once, Pending, made for
+// the upload as virtctl image-upload pvc makes one, and controlled by the DataVolume: virtctl
+// image-upload dv NAME --no-create looks for that claim, to fill a DataVolume KubeVirt made
+// from a VM's dataVolumeTemplates. The DataVolume is UploadReady once the staging image waits
+// for its bytes and Succeeded once the populator has bound the claim. Without a size, or with a
+// name too long for its staging image, it fails and says why.
+func TestDataVolumeUpload(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "dv-upload")
+
+	dv := dataVolume(ns, "root", &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	pvc := &corev1.PersistentVolumeClaim{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "root"}, pvc) }, 20*time.Second).Should(Succeed())
+	g.Expect(metav1.IsControlledBy(pvc, dv)).To(BeTrue(), "deleting the DataVolume deletes its claim: %v", pvc.OwnerReferences)
+	g.Expect(uploadproxy.IsUploadPVC(pvc)).To(BeTrue(), "made for the upload: %v %+v", pvc.Annotations, pvc.Spec.DataSourceRef)
+	g.Expect(pvc.Spec.AccessModes).To(Equal([]corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}))
+	g.Expect(pvc.Spec.Resources.Requests.Storage().Value()).To(Equal(transfer.VolumeSizeFor(1<<30, 0.2)), "1Gi of disk in a claim keeping 20 %% free")
+	g.Expect(pvc.Status.Phase).NotTo(Equal(corev1.ClaimBound))
+	img := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.UploadPVCImage("root")}, img)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(metav1.IsControlledBy(img, pvc)).To(BeTrue())
+	g.Eventually(dvState(t, dv), 30*time.Second).Should(Equal("UploadReady N/A Bound=False:WaitingForUpload Ready=False: Running=False:WaitingForUpload"))
+	g.Expect(dv.Status.ClaimName).To(Equal("root"))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "root"}, &diskvolume.DiskVolume{})).NotTo(Succeed(),
+		"the claim is filled by the populator, not by a DiskVolume of the DataVolume's name")
+
+	ctrltest.Bind(t, env, ns, "root")
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True: Running=False:Completed"))
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)
+		return pvc.Annotations[uploadproxy.AnnPodPhase]
+	}, 20*time.Second).Should(Equal("Succeeded"), "what virtctl waits on")
+
+	sizeless := dataVolume(ns, "sizeless", &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
+	sizeless.Spec.Storage.Resources = corev1.VolumeResourceRequirements{}
+	long := dataVolume(ns, strings.Repeat("a", uploadproxy.MaxUploadPVCName+1), &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
+	for dv, want := range map[*cdiv1.DataVolume]string{
+		sizeless: "a DataVolume of source upload needs a size: spec.storage.resources.requests.storage",
+		long:     "a DataVolume of source upload has a name of at most 196 characters (its staging image is named pvc-<name>)",
+	} {
+		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+		g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Failed N/A Bound=False:InvalidSpec Ready=False: Running=False:InvalidSpec"))
+		g.Expect(dv.Status.Conditions[0].Message).To(Equal(want))
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(dv), &corev1.PersistentVolumeClaim{})).NotTo(Succeed(), "no claim is made")
+	}
 }

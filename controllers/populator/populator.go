@@ -90,8 +90,8 @@ func imageRef(pvc *corev1.PersistentVolumeClaim) *corev1.TypedObjectReference {
 	return nil
 }
 
-// diskName names the DiskVolume, and so the prime PVC, that fills the claim.
-func diskName(pvc *corev1.PersistentVolumeClaim) string { return "populate-" + string(pvc.UID) }
+// DiskName names the DiskVolume, and so the prime PVC, that fills the claim.
+func DiskName(pvc *corev1.PersistentVolumeClaim) string { return "populate-" + string(pvc.UID) }
 
 // Reconcile brings one claim forward.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -132,7 +132,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 
-	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: diskName(pvc), Namespace: pvc.Namespace,
+	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: DiskName(pvc), Namespace: pvc.Namespace,
 		Labels: map[string]string{LabelFor: string(pvc.UID)}}}
 	if node != "" {
 		d.Annotations = map[string]string{disk.AnnotationSelectedNode: node}
@@ -233,7 +233,7 @@ func (r *Reconciler) rebind(ctx context.Context, pvc *corev1.PersistentVolumeCla
 // stays with the claim.
 func (r *Reconciler) cleanup(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
 	d := &diskvolume.DiskVolume{}
-	err := r.Get(ctx, types.NamespacedName{Namespace: pvc.Namespace, Name: diskName(pvc)}, d)
+	err := r.Get(ctx, types.NamespacedName{Namespace: pvc.Namespace, Name: DiskName(pvc)}, d)
 	if apierrors.IsNotFound(err) || (err == nil && !d.DeletionTimestamp.IsZero()) {
 		return nil
 	}

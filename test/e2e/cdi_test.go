@@ -245,7 +245,7 @@ spec:
 			Should(BeEmpty())
 	})
 
-	It("uploads with the unmodified virtctl image-upload dv and pvc, and a VM boots both uploaded disks", func() {
+	It("uploads with the unmodified virtctl image-upload dv and pvc, and a VM boots both uploaded disks; a dataVolumeTemplates upload is filled by virtctl, then boots", func() {
 		ns := vmNamespace()
 		ip := kubectl("", "get", "service", "diskpipe-uploadproxy", "-n", "diskpipe-system", "-o", "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}")
 		upload := func(args ...string) (string, error) {
@@ -259,8 +259,8 @@ spec:
 		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload dv: %s", out)
 		Expect(out).To(ContainSubstring("Processing completed successfully"))
 		proxyLog := kubectl("", "logs", "-n", "diskpipe-system", "-l", "app.kubernetes.io/component=uploadproxy", "--tail=-1")
-		Expect(proxyLog).To(MatchRegexp(`"msg":"Upload stored; waiting for the DataVolume's claim","namespace":"%s"`, ns),
-			"virtctl took the asynchronous path, answered once the claim existed, then waited on the claim's annotation")
+		Expect(proxyLog).To(MatchRegexp(`"msg":"Upload stored; the disk is being made","namespace":"%s"`, ns),
+			"virtctl took the asynchronous path, answered once the upload was stored, then waited on the claim's annotation")
 		Expect(kubectl("", "get", "dv", "uploaded", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Succeeded"))
 		Expect(kubectl("", "get", "pvc", "uploaded", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
 
@@ -300,6 +300,17 @@ spec:
 		Expect(lines).To(ContainElement(And(HavePrefix("DISKPIPE-DISK disk=vdb size="), HaveSuffix(" marker="+bootdisk.Marker))),
 			"the disk uploaded into a PVC")
 
+		// A dataVolumeTemplates entry with an upload source: KubeVirt makes the DataVolume, whose
+		// claim is there at once, Pending; virtctl fills it, and the VM starts once it is whole.
+		kubectl(dvVM("toupload", "source: {upload: {}}"), "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "dv", "toupload-root", "-n", ns, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
+		}, 2*time.Minute, time.Second).Should(Equal("UploadReady"))
+		Expect(kubectl("", "get", "pvc", "toupload-root", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Pending"))
+		out, err = upload("dv", "toupload-root", "--no-create")
+		Expect(err).NotTo(HaveOccurred(), "virtctl image-upload dv --no-create: %s", out)
+		Expect(out).To(ContainSubstring("Processing completed successfully"))
+		Expect(guestConsole(ns, "toupload", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
 	})
 })
 
