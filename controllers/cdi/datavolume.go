@@ -37,6 +37,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -61,8 +62,10 @@ const (
 	ReasonSourceNotServed = "SourceNotServed"
 	ReasonInvalidSpec     = "InvalidSpec"
 	ReasonPrePopulated    = "PrePopulated"
-	ReasonClaimNotFound   = "ClaimNotFound"
-	annPrePopulated       = cdiv1.AnnPrePopulated
+	// ReasonWaitForFirstConsumer: the claim is bound when the VM's pod is scheduled.
+	ReasonWaitForFirstConsumer = "WaitForFirstConsumer"
+	ReasonClaimNotFound        = "ClaimNotFound"
+	annPrePopulated            = cdiv1.AnnPrePopulated
 )
 
 // refusal is why a DataVolume gets no DiskVolume: a spec that cannot be served (reason
@@ -140,8 +143,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
 	return ctrl.NewControllerManagedBy(mgr).Named("datavolume").
-		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Owns(&hypercloud.VirtualMachineImage{}).Owns(&corev1.PersistentVolumeClaim{}).
+		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Owns(&hypercloud.VirtualMachineImage{}).
 		Watches(&cdiv1.DataSource{}, enqueue(r, &cdiv1.DataVolumeList{}, indexSourceRef, "")).
+		// The claim is of the DataVolume's name, whoever made it: its binding is the DataVolume's.
+		Watches(&corev1.PersistentVolumeClaim{}, &handler.EnqueueRequestForObject{}).
 		// An upload's claim controls its staging image and the populator's disk.
 		Watches(&hypercloud.VirtualMachineImage{}, byClaim).Watches(&diskvolume.DiskVolume{}, byClaim).Complete(r)
 }
@@ -205,6 +210,11 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 		if err := r.Get(ctx, client.ObjectKeyFromObject(disk), disk); client.IgnoreNotFound(err) != nil {
 			return st, err
 		} else if err == nil && metav1.IsControlledBy(disk, dv) && disk.Status.Phase == common.PhaseReady {
+			if st, waiting, err := r.waitingForConsumer(ctx, dv); waiting || err != nil {
+				// The clone is made from the staging image's PVC when the VM's pod is
+				// scheduled: the image stays until then.
+				return st, err
+			}
 			// The disk is whole: the claim says so as CDI's does (virtctl waits on it), and the
 			// staging image has done its work.
 			if err := r.markDone(ctx, dv); err != nil {
@@ -226,7 +236,27 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 	if img != nil && img.Status.Phase != common.PhaseReady {
 		return statusOfImport(dv, img), nil
 	}
+	if st := statusOf(dv, disk); st.Phase != cdiv1.Succeeded {
+		return st, nil
+	}
+	if st, waiting, err := r.waitingForConsumer(ctx, dv); waiting || err != nil {
+		return st, err
+	}
 	return statusOf(dv, disk), nil
+}
+
+// waitingForConsumer is the status of a DataVolume whose disk is made but whose claim is not
+// bound yet: its StorageClass binds on first consumer (a DiskVolume is Ready before its claim
+// is bound only then), and the volume is provisioned where the VM's pod is scheduled. KubeVirt
+// starts the VM on a DataVolume in phase WaitForFirstConsumer, as on a Succeeded one.
+func (r *Reconciler) waitingForConsumer(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.DataVolumeStatus, bool, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc); err != nil || pvc.Status.Phase == corev1.ClaimBound {
+		return cdiv1.DataVolumeStatus{}, false, client.IgnoreNotFound(err)
+	}
+	msg := "PVC " + dv.Name + " is bound when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"
+	return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.WaitForFirstConsumer, Progress: "N/A",
+		Conditions: conditions(ReasonPending, msg, corev1.ConditionFalse, ReasonWaitForFirstConsumer, msg)}, true, nil
 }
 
 // ensureChild makes obj, controlled by dv, unless it exists; done says the status returned

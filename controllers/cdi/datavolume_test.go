@@ -42,6 +42,9 @@ func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
 
 const managerUser = "system:serviceaccount:diskpipe-system:diskpipe-manager"
 
+// classWFFC is a StorageClass that binds a claim at its first consumer.
+const classWFFC = "csi-wffc"
+
 // setup installs CDI's CRDs as the chart does and starts the manager serving them, with
 // nothing but the chart's RBAC.
 func setup(t *testing.T) {
@@ -57,6 +60,8 @@ func start(t *testing.T) {
 	g.Expect(env.InstallCDICRDs()).To(Succeed())
 	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "csi",
 		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "csi.diskpipe.test"})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: classWFFC}, Provisioner: "csi.diskpipe.test",
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)})).To(Succeed())
 	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
 	g.Expect(err).NotTo(HaveOccurred())
 	user, err := env.ApplyChartRBAC(ctx, "diskpipe-system", "cdi.compatibility.enabled=true")
@@ -396,6 +401,39 @@ func TestDataVolumeImport(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(img), img)
 		return apierrors.IsNotFound(err) || (err == nil && !img.DeletionTimestamp.IsZero())
 	}, 20*time.Second).Should(BeTrue(), "the staging image is deleted once the disk is whole")
+}
+
+// TestDataVolumeWaitForFirstConsumer: on a class that binds at the first consumer, the
+// DataVolume's disk is made (a CSI clone of the staging image's PVC, provisioned when the VM's
+// pod is scheduled) but its claim is not bound: the DataVolume is WaitForFirstConsumer, on
+// which KubeVirt starts the VM, and the staging image stays, since the clone is made from it
+// then; once the claim is bound the DataVolume succeeds and the image goes.
+func TestDataVolumeWaitForFirstConsumer(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "dv-wffc")
+
+	dv := dataVolume(ns, "lazy", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/fedora.qcow2"}}, "1Gi")
+	dv.Spec.Storage.StorageClassName = ptr.To(classWFFC)
+	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	ctrltest.Complete(t, env, ns, "vmim-dv-lazy-probe-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+	ctrltest.Bind(t, env, ns, "vmim-dv-lazy") // its importer is its first consumer
+	ctrltest.Complete(t, env, ns, "vmim-dv-lazy-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("WaitForFirstConsumer N/A Bound=False:Pending Ready=False: Running=False:WaitForFirstConsumer"))
+	g.Expect(dv.Status.Conditions[0].Message).To(Equal("PVC lazy is bound when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"))
+	img := &hypercloud.VirtualMachineImage{}
+	g.Consistently(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dv-lazy"}, img) }, 2*time.Second).
+		Should(Succeed(), "the clone is made from the staging image's PVC when the VM's pod is scheduled")
+	g.Expect(img.DeletionTimestamp.IsZero()).To(BeTrue())
+
+	ctrltest.Bind(t, env, ns, "lazy") // the VM's pod was scheduled
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True: Running=False:Completed"))
+	g.Eventually(func() bool {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(img), img)
+		return apierrors.IsNotFound(err) || (err == nil && !img.DeletionTimestamp.IsZero())
+	}, 20*time.Second).Should(BeTrue(), "the staging image is deleted once the claim is bound")
 }
 
 // TestDataVolumeImportFailures: a source that fails for good fails the DataVolume with the

@@ -419,7 +419,7 @@ func (r *Reconciler) waitForBinding(ctx context.Context, d *vmDisk, pvc *corev1.
 	switch {
 	case pvc.Status.Phase == corev1.ClaimBound:
 		r.made(ctx, d, pvc, p, nil, describe(d, p))
-	case waitsForConsumer(p.class):
+	case storage.WaitsForConsumer(p.class):
 		r.made(ctx, d, pvc, p, nil, describe(d, p)+"; the volume is provisioned when the VM's pod is scheduled")
 		meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionTrue,
 			Reason: reasonWaitingForConsumer, Message: "made by " + describe(d, p) + " when the VM's pod is scheduled (WaitForFirstConsumer)"})

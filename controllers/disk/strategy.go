@@ -145,7 +145,3 @@ func driverOf(sc *storagev1.StorageClass) string {
 	}
 	return sc.Provisioner
 }
-
-func waitsForConsumer(sc *storagev1.StorageClass) bool {
-	return sc != nil && sc.VolumeBindingMode != nil && *sc.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
-}

@@ -24,7 +24,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -125,7 +124,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		if class != nil && class.VolumeBindingMode != nil && *class.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer {
+		if storage.WaitsForConsumer(class) {
 			r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf(
 				"waiting for a pod that uses the claim: StorageClass %s provisions on the node of the first consumer", class.Name))
 			return ctrl.Result{}, nil // the scheduler's annotation brings the claim back

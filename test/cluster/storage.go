@@ -25,6 +25,10 @@ import (
 // at once, like most network storage.
 var Classes = []string{"cephrbd", "sc", "thick"}
 
+// WFFCClass is a StorageClass of the harness's driver that binds a claim at its first
+// consumer (volumeBindingMode WaitForFirstConsumer), like most local storage.
+const WFFCClass = "local-wffc"
+
 // SnapshotClass is the VolumeSnapshotClass of the harness's driver.
 const SnapshotClass = "local"
 
@@ -76,6 +80,10 @@ func (c *Cluster) storage(ctx context.Context) error {
 		if err := c.Client.Create(ctx, sc); err != nil {
 			return err
 		}
+	}
+	if err := c.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: WFFCClass}, Provisioner: Driver,
+		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete), VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}); err != nil {
+		return err
 	}
 	if err := c.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: SnapshotClass},
 		Driver: Driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {

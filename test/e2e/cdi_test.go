@@ -21,6 +21,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/importer/registrytest"
 	"github.com/diskpipe/diskpipe/test/bootdisk"
+	realcluster "github.com/diskpipe/diskpipe/test/cluster"
 	"github.com/diskpipe/diskpipe/test/pki"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
@@ -76,7 +77,9 @@ spec:
 		grantCloneSource(golden, ns)
 
 		start := time.Now()
-		kubectl(dvVM("fromhttp", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2"))+"---\n"+
+		// The http import's disk is on a class that binds at the first consumer: KubeVirt starts
+		// its VM through a temporary pod, which has the claim provisioned.
+		kubectl(dvVM("fromhttp", fmt.Sprintf("storageClassName: %s\n      source:\n        http: {url: %q}", realcluster.WFFCClass, server+"/disk.qcow2"))+"---\n"+
 			dvVM("fromref", "sourceRef: {kind: DataSource, name: fedora, namespace: "+golden+"}")+"---\n"+
 			dvVM("fromotherns", "source:\n        pvc: {namespace: "+golden+", name: fedora}")+"---\n"+
 			dvVM("broken", fmt.Sprintf("source:\n        http: {url: %q}", server+"/no-such-disk.qcow2")), "apply", "-n", ns, "-f", "-")
@@ -107,6 +110,9 @@ spec:
 		wg.Wait()
 		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {.status.progress};{end}`)).
 			To(Equal("broken-root=Failed N/A;fromhttp-root=Succeeded 100.0%;fromotherns-root=Succeeded 100.0%;fromref-root=Succeeded 100.0%;"))
+		Expect(kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=VirtualMachineInstance,involvedObject.name=fromhttp",
+			"-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")).To(ContainSubstring("Deleted WaitForFirstConsumer temporary pod"),
+			"KubeVirt read the DataVolume's phase WaitForFirstConsumer and had its claim bound by a temporary pod")
 
 		// What the http import wrote: the importer writes the disk's data once, into the staging
 		// image's volume, with no scratch copy (the manager counts it); the DataVolume's claim is

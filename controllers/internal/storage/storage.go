@@ -57,6 +57,12 @@ func ClassName(ctx context.Context, c client.Reader, name *string) (string, erro
 	return sc.Name, nil
 }
 
+// WaitsForConsumer says whether sc binds a claim only once its first consumer, a pod, is
+// scheduled (volumeBindingMode WaitForFirstConsumer).
+func WaitsForConsumer(sc *storagev1.StorageClass) bool {
+	return sc != nil && sc.VolumeBindingMode != nil && *sc.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
+}
+
 // SnapshotClassFor returns the VolumeSnapshotClass for driver: the default one, else any;
 // "" when there is none (or the snapshot API is not installed).
 func SnapshotClassFor(ctx context.Context, c client.Reader, driver string) (string, error) {
