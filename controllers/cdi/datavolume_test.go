@@ -54,6 +54,9 @@ func setup(t *testing.T) {
 
 var setupOnce sync.Once
 
+// store is the bundled store the manager uses.
+var store *objectstoretest.Server
+
 func start(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
@@ -70,7 +73,8 @@ func start(t *testing.T) {
 	cfg, err := env.UserConfig(managerUser)
 	g.Expect(err).NotTo(HaveOccurred())
 	// The bundled store, where the upload proxy keeps uploads and the image controller looks for them.
-	store, stop := objectstoretest.StartShared(env.TempDir())
+	var stop func()
+	store, stop = objectstoretest.StartShared(env.TempDir())
 	env.OnStop(stop)
 	storeConfig := store.ClientConfig()
 	storeConfig.Region = "us-east-1"

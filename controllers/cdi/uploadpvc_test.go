@@ -1,10 +1,12 @@
 package cdi_test
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -126,6 +128,26 @@ func TestDataVolumeUpload(t *testing.T) {
 		return pvc.Annotations[uploadproxy.AnnPodPhase]
 	}, 20*time.Second).Should(Equal("Succeeded"), "what virtctl waits on")
 
+	// On a class that binds at the first consumer the populator fills the claim once the VM's
+	// pod is scheduled: the DataVolume is PendingPopulation meanwhile, on which KubeVirt starts
+	// the VM.
+	lazy := dataVolume(ns, "lazy", &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
+	lazy.Spec.Storage.StorageClassName = ptr.To(classWFFC)
+	g.Expect(env.Client.Create(ctx, lazy)).To(Succeed())
+	g.Eventually(dvState(t, lazy), 30*time.Second).Should(HavePrefix("UploadReady "))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.UploadPVCImage("lazy")}, img)).To(Succeed())
+	uploaded(t, img) // as the upload proxy leaves it
+	ctrltest.Complete(t, env, ns, "vmim-pvc-lazy-probe-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+	ctrltest.Bind(t, env, ns, "vmim-pvc-lazy")
+	ctrltest.Complete(t, env, ns, "vmim-pvc-lazy-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+	g.Eventually(dvState(t, lazy), 20*time.Second).Should(Equal("PendingPopulation N/A Bound=False:Pending Ready=False: Running=False:WaitForFirstConsumer"))
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "lazy", Namespace: ns}}
+	g.Expect(ctrltest.Update(ctx, env.Client, claim, func() {
+		metav1.SetMetaDataAnnotation(&claim.ObjectMeta, "volume.kubernetes.io/selected-node", "node-a") // the VM's pod is scheduled
+	})).To(Succeed())
+	g.Eventually(dvState(t, lazy), 20*time.Second).Should(Equal("ImportInProgress N/A Bound=False:Pending Ready=False: Running=True:"),
+		"the populator fills the claim from the upload")
+
 	sizeless := dataVolume(ns, "sizeless", &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
 	sizeless.Spec.Storage.Resources = corev1.VolumeResourceRequirements{}
 	long := dataVolume(ns, strings.Repeat("a", uploadproxy.MaxUploadPVCName+1), &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
@@ -137,5 +159,19 @@ func TestDataVolumeUpload(t *testing.T) {
 		g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Failed N/A Bound=False:InvalidSpec Ready=False: Running=False:InvalidSpec"))
 		g.Expect(dv.Status.Conditions[0].Message).To(Equal(want))
 		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(dv), &corev1.PersistentVolumeClaim{})).NotTo(Succeed(), "no claim is made")
+	}
+}
+
+// uploaded puts an upload of img into the bundled store as the upload proxy leaves it: the
+// object and its marker.
+func uploaded(t *testing.T, img *hypercloud.VirtualMachineImage) {
+	t.Helper()
+	g := NewWithT(t)
+	key := uploadproxy.ObjectKey(img.Namespace, "virtualmachineimages", img.Name, string(img.UID))
+	c := store.Client()
+	g.Expect(c.EnsureBucket(t.Context(), uploadproxy.Bucket)).To(Succeed())
+	for k, b := range map[string][]byte{key: []byte("the uploaded image"), uploadproxy.MarkerKey(key): []byte("sha256:x")} {
+		_, err := c.PutObject(t.Context(), uploadproxy.Bucket, k, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
 	}
 }

@@ -79,7 +79,9 @@ spec:
 		start := time.Now()
 		// The http import's disk is on a class that binds at the first consumer: KubeVirt starts
 		// its VM through a temporary pod, which has the claim provisioned.
-		kubectl(dvVM("fromhttp", fmt.Sprintf("storageClassName: %s\n      source:\n        http: {url: %q}", realcluster.WFFCClass, server+"/disk.qcow2"))+"---\n"+
+		lazy := strings.Replace(dvVM("fromhttp", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2")),
+			"storage:\n", "storage:\n        storageClassName: "+realcluster.WFFCClass+"\n", 1)
+		kubectl(lazy+"---\n"+
 			dvVM("fromref", "sourceRef: {kind: DataSource, name: fedora, namespace: "+golden+"}")+"---\n"+
 			dvVM("fromotherns", "source:\n        pvc: {namespace: "+golden+", name: fedora}")+"---\n"+
 			dvVM("broken", fmt.Sprintf("source:\n        http: {url: %q}", server+"/no-such-disk.qcow2")), "apply", "-n", ns, "-f", "-")
