@@ -77,8 +77,9 @@ spec:
 		grantCloneSource(golden, ns)
 
 		start := time.Now()
-		// The http import's disk is on a class that binds at the first consumer: KubeVirt starts
-		// its VM through a temporary pod, which has the claim provisioned.
+		// The http import's disk is on a class that binds at the first consumer: the DataVolume
+		// is WaitForFirstConsumer once the disk is made, KubeVirt starts the VM on it, and the
+		// claim is cloned from the staging image when the VM's pod is scheduled.
 		lazy := strings.Replace(dvVM("fromhttp", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2")),
 			"storage:\n", "storage:\n        storageClassName: "+realcluster.WFFCClass+"\n", 1)
 		kubectl(lazy+"---\n"+
@@ -112,9 +113,8 @@ spec:
 		wg.Wait()
 		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {.status.progress};{end}`)).
 			To(Equal("broken-root=Failed N/A;fromhttp-root=Succeeded 100.0%;fromotherns-root=Succeeded 100.0%;fromref-root=Succeeded 100.0%;"))
-		Expect(kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=VirtualMachineInstance,involvedObject.name=fromhttp",
-			"-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")).To(ContainSubstring("Deleted WaitForFirstConsumer temporary pod"),
-			"KubeVirt read the DataVolume's phase WaitForFirstConsumer and had its claim bound by a temporary pod")
+		Expect(kubectl("", "get", "pvc", "fromhttp-root", "-n", ns, "-o", `jsonpath={.metadata.annotations.volume\.kubernetes\.io/selected-node}`)).
+			To(Equal(realcluster.NodeName), "the claim was provisioned where the VM's pod was scheduled, cloned from the staging image kept until then")
 
 		// What the http import wrote: the importer writes the disk's data once, into the staging
 		// image's volume, with no scratch copy (the manager counts it); the DataVolume's claim is
