@@ -36,7 +36,8 @@ const (
 	ReasonUploadFailed     = "UploadFailed"
 )
 
-// UploadPVCReconciler serves `virtctl image-upload pvc`: a PVC made for an upload
+// UploadPVCReconciler serves `virtctl image-upload pvc`, and the claim of a DataVolume of
+// source upload (uploadStatus makes it the same way): a PVC made for an upload
 // (uploadproxy.IsUploadPVC: marked cdi.kubevirt.io/storage.upload.target, its dataSourceRef
 // given by admission) gets its staging image, a VirtualMachineImage of source upload that the
 // PVC controls, of the PVC's class and volume mode. The upload proxy takes CDI's upload into
