@@ -96,6 +96,11 @@ spec:
 			To(Equal("Failed Error"))
 		Expect(kubectl("", "get", "dv", "broken-root", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Running")].message}`)).
 			To(ContainSubstring("404"))
+		// KubeVirt's event on the VM (its conditions hold only its own sync errors).
+		Eventually(func() string {
+			return kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=VirtualMachine,involvedObject.name=broken,reason=FailedDataVolumeImport",
+				"-o", "jsonpath={range .items[*]}{.message}{end}")
+		}, time.Minute, time.Second).Should(ContainSubstring("DataVolume broken-root failed to import disk image"))
 
 		var wg sync.WaitGroup
 		for _, vm := range []string{"fromhttp", "fromref", "fromotherns"} {
