@@ -236,13 +236,13 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 	if img != nil && img.Status.Phase != common.PhaseReady {
 		return statusOfImport(dv, img), nil
 	}
-	if st := statusOf(dv, disk); st.Phase != cdiv1.Succeeded {
-		return st, nil
+	st = statusOf(dv, disk)
+	if st.Phase == cdiv1.Succeeded {
+		if wst, waiting, err := r.waitingForConsumer(ctx, dv); waiting || err != nil {
+			return wst, err
+		}
 	}
-	if st, waiting, err := r.waitingForConsumer(ctx, dv); waiting || err != nil {
-		return st, err
-	}
-	return statusOf(dv, disk), nil
+	return st, nil
 }
 
 // waitingForConsumer is the status of a DataVolume whose disk is made but whose claim is not
@@ -373,10 +373,7 @@ func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume, cla
 		return st, err
 	}
 	st.Phase, st.Progress = cdiv1.Succeeded, "100.0%"
-	st.Conditions = []cdiv1.DataVolumeCondition{
-		boundCondition(pvc), {Type: cdiv1.DataVolumeReady, Status: corev1.ConditionTrue, Reason: ReasonPrePopulated},
-		{Type: cdiv1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: ReasonPrePopulated},
-	}
+	st.Conditions = doneConditions(boundCondition(pvc), ReasonPrePopulated, ReasonPrePopulated)
 	return st, nil
 }
 
@@ -555,11 +552,8 @@ func statusOf(dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume) cdiv1.DataVolum
 	switch ds.Phase {
 	case common.PhaseReady:
 		st.Phase = cdiv1.Succeeded
-		st.Conditions = []cdiv1.DataVolumeCondition{
-			{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionTrue, Reason: ReasonBound, Message: "PVC " + dv.Name + " Bound"},
-			{Type: cdiv1.DataVolumeReady, Status: corev1.ConditionTrue},
-			{Type: cdiv1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: ReasonCompleted},
-		}
+		st.Conditions = doneConditions(cdiv1.DataVolumeCondition{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionTrue, Reason: ReasonBound,
+			Message: "PVC " + dv.Name + " Bound"}, "", ReasonCompleted)
 		return st
 	case common.PhaseFailed:
 		st.Phase = cdiv1.Failed
@@ -638,6 +632,13 @@ func conditions(boundReason, boundMsg string, running corev1.ConditionStatus, ru
 		{Type: cdiv1.DataVolumeReady, Status: corev1.ConditionFalse},
 		{Type: cdiv1.DataVolumeRunning, Status: running, Reason: runningReason, Message: runningMsg},
 	}
+}
+
+// doneConditions are a DataVolume's conditions once its disk is whole: bound is its Bound
+// condition, readyReason and runningReason the reasons of Ready (True) and Running (False).
+func doneConditions(bound cdiv1.DataVolumeCondition, readyReason, runningReason string) []cdiv1.DataVolumeCondition {
+	return []cdiv1.DataVolumeCondition{bound, {Type: cdiv1.DataVolumeReady, Status: corev1.ConditionTrue, Reason: readyReason},
+		{Type: cdiv1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: runningReason}}
 }
 
 func boundCondition(pvc *corev1.PersistentVolumeClaim) cdiv1.DataVolumeCondition {

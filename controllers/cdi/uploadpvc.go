@@ -8,7 +8,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -20,10 +19,8 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
-	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -149,10 +146,8 @@ func (r *Reconciler) uploadStatus(ctx context.Context, dv *cdiv1.DataVolume, spe
 		return st, err
 	}
 	if pvc.Status.Phase == corev1.ClaimBound {
-		st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.Succeeded, Progress: "100.0%"}
-		st.Conditions = []cdiv1.DataVolumeCondition{boundCondition(pvc), {Type: cdiv1.DataVolumeReady, Status: corev1.ConditionTrue},
-			{Type: cdiv1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: ReasonCompleted}}
-		return st, nil
+		return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.Succeeded, Progress: "100.0%",
+			Conditions: doneConditions(boundCondition(pvc), "", ReasonCompleted)}, nil
 	}
 	img := &hypercloud.VirtualMachineImage{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: uploadproxy.UploadPVCImage(dv.Name)}, img); client.IgnoreNotFound(err) != nil {
@@ -169,18 +164,14 @@ func (r *Reconciler) uploadStatus(ctx context.Context, dv *cdiv1.DataVolume, spe
 	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: populator.DiskName(pvc)}, fill); client.IgnoreNotFound(err) != nil {
 		return cdiv1.DataVolumeStatus{}, err
 	}
-	if fill.UID == "" && pvc.Annotations[disk.AnnotationSelectedNode] == "" {
-		class, err := storage.Class(ctx, r.Client, ptr.Deref(pvc.Spec.StorageClassName, ""))
-		if err != nil {
-			return cdiv1.DataVolumeStatus{}, err
-		}
-		if storage.WaitsForConsumer(class) {
-			// The populator fills the claim on the node of its first consumer, the VM's pod:
-			// KubeVirt starts the VM on a DataVolume in this phase.
-			msg := "the upload is in; PVC " + dv.Name + " is filled when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"
-			return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.PendingPopulation, Progress: "N/A",
-				Conditions: conditions(ReasonPending, msg, corev1.ConditionFalse, ReasonWaitForFirstConsumer, msg)}, nil
-		}
+	if _, waiting, err := populator.WaitingForConsumer(ctx, r.Client, pvc); err != nil {
+		return cdiv1.DataVolumeStatus{}, err
+	} else if waiting && fill.UID == "" {
+		// The populator fills the claim on the node of its first consumer, the VM's pod:
+		// KubeVirt starts the VM on a DataVolume in this phase.
+		msg := "the upload is in; PVC " + dv.Name + " is filled when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"
+		return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.PendingPopulation, Progress: "N/A",
+			Conditions: conditions(ReasonPending, msg, corev1.ConditionFalse, ReasonWaitForFirstConsumer, msg)}, nil
 	}
 	st := statusOf(dv, fill)
 	if st.Phase == cdiv1.Succeeded || st.Phase == cdiv1.Pending {

@@ -92,6 +92,20 @@ func imageRef(pvc *corev1.PersistentVolumeClaim) *corev1.TypedObjectReference {
 // DiskName names the DiskVolume, and so the prime PVC, that fills the claim.
 func DiskName(pvc *corev1.PersistentVolumeClaim) string { return "populate-" + string(pvc.UID) }
 
+// WaitingForConsumer says whether claim pvc waits for its first consumer, a pod, before it is
+// filled: its StorageClass (named) binds on first consumer, and the scheduler has not chosen
+// the claim's node yet.
+func WaitingForConsumer(ctx context.Context, c client.Reader, pvc *corev1.PersistentVolumeClaim) (class string, waiting bool, err error) {
+	if pvc.Annotations[disk.AnnotationSelectedNode] != "" {
+		return "", false, nil
+	}
+	sc, err := storage.Class(ctx, c, ptr.Deref(pvc.Spec.StorageClassName, ""))
+	if err != nil || !storage.WaitsForConsumer(sc) {
+		return "", false, err
+	}
+	return sc.Name, true, nil
+}
+
 // Reconcile brings one claim forward.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
@@ -118,18 +132,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	// A class that binds on first consumer provisions where the claim's first pod is
 	// scheduled: the DiskVolume's PVC is made there too, once the scheduler has chosen.
-	node := pvc.Annotations[disk.AnnotationSelectedNode]
-	if node == "" {
-		class, err := storage.Class(ctx, r.Client, ptr.Deref(pvc.Spec.StorageClassName, ""))
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if storage.WaitsForConsumer(class) {
-			r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf(
-				"waiting for a pod that uses the claim: StorageClass %s provisions on the node of the first consumer", class.Name))
-			return ctrl.Result{}, nil // the scheduler's annotation brings the claim back
-		}
+	if class, waiting, err := WaitingForConsumer(ctx, r.Client, pvc); err != nil {
+		return ctrl.Result{}, err
+	} else if waiting {
+		r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf(
+			"waiting for a pod that uses the claim: StorageClass %s provisions on the node of the first consumer", class))
+		return ctrl.Result{}, nil // the scheduler's annotation brings the claim back
 	}
+	node := pvc.Annotations[disk.AnnotationSelectedNode]
 
 	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: DiskName(pvc), Namespace: pvc.Namespace,
 		Labels: map[string]string{LabelFor: string(pvc.UID)}}}
