@@ -222,7 +222,7 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 			}
 			return statusOf(dv, disk), r.deleteSourceImage(ctx, dv)
 		}
-		img = &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: sourceImageName(dv), Namespace: dv.Namespace,
+		img = &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: SourceImage(dv.Name), Namespace: dv.Namespace,
 			Labels: map[string]string{LabelDataVolume: string(dv.UID)}},
 			Spec: hypercloud.VirtualMachineImageSpec{Source: *imported, VolumeOptions: common.VolumeOptions{
 				StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode}}}
@@ -302,7 +302,7 @@ func (r *Reconciler) markDone(ctx context.Context, dv *cdiv1.DataVolume) error {
 // deleteSourceImage deletes the image that staged dv's source, if it is still there.
 func (r *Reconciler) deleteSourceImage(ctx context.Context, dv *cdiv1.DataVolume) error {
 	img := &hypercloud.VirtualMachineImage{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: sourceImageName(dv)}, img)
+	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: SourceImage(dv.Name)}, img)
 	if err != nil || !metav1.IsControlledBy(img, dv) || !img.DeletionTimestamp.IsZero() {
 		return client.IgnoreNotFound(err)
 	}
@@ -423,7 +423,7 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 	case golden != nil:
 		spec.Source.Image = golden
 	case imported != nil:
-		spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(sourceImageName(dv)), Kind: diskvolume.ImageKindVirtualMachineImage}
+		spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(SourceImage(dv.Name)), Kind: diskvolume.ImageKindVirtualMachineImage}
 	case src.Blank != nil:
 		spec.Source.Blank = &common.BlankSource{}
 	case src.Snapshot != nil && (src.Snapshot.Namespace == "" || src.Snapshot.Namespace == dv.Namespace):

@@ -20,8 +20,6 @@ import (
 // DiskVolume is cloned from it by the class's clone strategy. Once the disk is whole the image
 // is deleted: it was the DataVolume's staging copy, not a golden image anyone else uses.
 
-func sourceImageName(dv *cdiv1.DataVolume) string { return SourceImage(dv.Name) }
-
 // SourceImage names the VirtualMachineImage that stages DataVolume name's source: at most 200
 // characters, as every image's name here.
 func SourceImage(name string) string {
