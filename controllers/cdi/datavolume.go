@@ -210,17 +210,7 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 		if err := r.Get(ctx, client.ObjectKeyFromObject(disk), disk); client.IgnoreNotFound(err) != nil {
 			return st, err
 		} else if err == nil && metav1.IsControlledBy(disk, dv) && disk.Status.Phase == common.PhaseReady {
-			if st, waiting, err := r.waitingForConsumer(ctx, dv); waiting || err != nil {
-				// The clone is made from the staging image's PVC when the VM's pod is
-				// scheduled: the image stays until then.
-				return st, err
-			}
-			// The disk is whole: the claim says so as CDI's does (virtctl waits on it), and the
-			// staging image has done its work.
-			if err := r.markDone(ctx, dv); err != nil {
-				return st, err
-			}
-			return statusOf(dv, disk), r.deleteSourceImage(ctx, dv)
+			return r.done(ctx, dv, disk, true)
 		}
 		img = &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: SourceImage(dv.Name), Namespace: dv.Namespace,
 			Labels: map[string]string{LabelDataVolume: string(dv.UID)}},
@@ -236,27 +226,45 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 	if img != nil && img.Status.Phase != common.PhaseReady {
 		return statusOfImport(dv, img), nil
 	}
-	st = statusOf(dv, disk)
-	if st.Phase == cdiv1.Succeeded {
-		if wst, waiting, err := r.waitingForConsumer(ctx, dv); waiting || err != nil {
-			return wst, err
-		}
+	if disk.Status.Phase == common.PhaseReady {
+		return r.done(ctx, dv, disk, img != nil)
 	}
-	return st, nil
+	return statusOf(dv, disk), nil
 }
 
-// waitingForConsumer is the status of a DataVolume whose disk is made but whose claim is not
-// bound yet: its StorageClass binds on first consumer (a DiskVolume is Ready before its claim
-// is bound only then), and the volume is provisioned where the VM's pod is scheduled. KubeVirt
-// starts the VM on a DataVolume in phase WaitForFirstConsumer, as on a Succeeded one.
-func (r *Reconciler) waitingForConsumer(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.DataVolumeStatus, bool, error) {
+// done is the status of dv, whose disk is Ready. A claim not bound yet is on a class that binds
+// at its first consumer (a DiskVolume is Ready before its claim is bound only then): the volume
+// is provisioned where the VM's pod is scheduled, and dv is WaitForFirstConsumer, on which
+// KubeVirt starts the VM. A staged source's image stays until then, since the clone is made
+// from its PVC. Once the claim is bound, it is marked as CDI's (markDone) and the staging
+// image, its work done, is deleted.
+func (r *Reconciler) done(ctx context.Context, dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume, staged bool) (cdiv1.DataVolumeStatus, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc); err != nil || pvc.Status.Phase == corev1.ClaimBound {
-		return cdiv1.DataVolumeStatus{}, false, client.IgnoreNotFound(err)
+	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc)
+	if client.IgnoreNotFound(err) != nil {
+		return cdiv1.DataVolumeStatus{}, err
 	}
-	msg := "PVC " + dv.Name + " is bound when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"
-	return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.WaitForFirstConsumer, Progress: "N/A",
-		Conditions: conditions(ReasonPending, msg, corev1.ConditionFalse, ReasonWaitForFirstConsumer, msg)}, true, nil
+	found := err == nil
+	if found && pvc.Status.Phase != corev1.ClaimBound {
+		return waitingStatus(dv, cdiv1.WaitForFirstConsumer, "PVC "+dv.Name+" is bound"), nil
+	}
+	if staged {
+		if found {
+			if err := r.markDone(ctx, pvc); err != nil {
+				return cdiv1.DataVolumeStatus{}, err
+			}
+		}
+		return statusOf(dv, disk), r.deleteSourceImage(ctx, dv)
+	}
+	return statusOf(dv, disk), nil
+}
+
+// waitingStatus is the status, in phase, of a DataVolume whose claim waits for its first
+// consumer, the VM's pod; what says what happens to the claim then.
+func waitingStatus(dv *cdiv1.DataVolume, phase cdiv1.DataVolumePhase, what string) cdiv1.DataVolumeStatus {
+	msg := what + " when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"
+	return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: phase, Progress: "N/A",
+		Conditions: conditions(ReasonPending, msg, corev1.ConditionFalse, ReasonWaitForFirstConsumer, msg)}
 }
 
 // ensureChild makes obj, controlled by dv, unless it exists; done says the status returned
@@ -284,13 +292,9 @@ func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj 
 	return st, false, nil
 }
 
-// markDone annotates dv's claim as CDI's upload and import pods leave it once the disk is
-// written: cdi.kubevirt.io/storage.pod.phase Succeeded.
-func (r *Reconciler) markDone(ctx context.Context, dv *cdiv1.DataVolume) error {
-	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc); err != nil {
-		return client.IgnoreNotFound(err)
-	}
+// markDone annotates pvc, a DataVolume's claim, as CDI's upload and import pods leave it once
+// the disk is written: cdi.kubevirt.io/storage.pod.phase Succeeded.
+func (r *Reconciler) markDone(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
 	if pvc.Annotations[uploadproxy.AnnPodPhase] == string(corev1.PodSucceeded) {
 		return nil
 	}

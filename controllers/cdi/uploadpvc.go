@@ -169,9 +169,7 @@ func (r *Reconciler) uploadStatus(ctx context.Context, dv *cdiv1.DataVolume, spe
 	} else if waiting && fill.UID == "" {
 		// The populator fills the claim on the node of its first consumer, the VM's pod:
 		// KubeVirt starts the VM on a DataVolume in this phase.
-		msg := "the upload is in; PVC " + dv.Name + " is filled when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"
-		return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.PendingPopulation, Progress: "N/A",
-			Conditions: conditions(ReasonPending, msg, corev1.ConditionFalse, ReasonWaitForFirstConsumer, msg)}, nil
+		return waitingStatus(dv, cdiv1.PendingPopulation, "the upload is in; PVC "+dv.Name+" is filled"), nil
 	}
 	st := statusOf(dv, fill)
 	if st.Phase == cdiv1.Succeeded || st.Phase == cdiv1.Pending {
