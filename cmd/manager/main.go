@@ -40,7 +40,8 @@ func main() {
 	flag.StringVar(&webhook.Configuration, "webhook-configuration", admission.ConfigurationName, "name of the ValidatingWebhookConfiguration")
 	flag.StringVar(&webhook.CertSecret, "webhook-cert-secret", "", "Secret in which the manager keeps the webhooks' certificate it issues and renews (empty: cert-manager or another tool writes --webhook-cert-dir)")
 	flag.StringVar(&webhookService, "webhook-service", "", "DNS name of the webhooks' Service (<name>.<namespace>.svc), for the certificate")
-	var tokenSecret, proxyService string
+	var tokenSecret, proxyService, ownerKeySecret string
+	flag.StringVar(&ownerKeySecret, "owner-key-secret", "", "NAMESPACE/NAME of the Secret holding the key the manager marks the children it makes with, made if missing (default: POD_NAMESPACE/diskpipe-owner-key)")
 	flag.StringVar(&tokenSecret, "upload-token-secret", "", "NAMESPACE/NAME of the Secret holding the key upload tokens are signed with, made if missing (empty: no upload tokens)")
 	flag.StringVar(&webhook.UploadProxyURL, "upload-proxy-url", "", "the upload proxy's URL outside the cluster, told to token requesters (empty: none)")
 	flag.StringVar(&proxyService, "upload-proxy-service", "", "the upload proxy's Service, told to token requesters, as SCHEME:NAMESPACE/NAME:PORT (http:diskpipe-system/diskpipe-uploadproxy:upload)")
@@ -63,6 +64,14 @@ func main() {
 		fc.Apply(&opts)
 	}
 	opts.Namespace = os.Getenv("POD_NAMESPACE")
+	if ownerKeySecret == "" {
+		ownerKeySecret = opts.Namespace + "/diskpipe-owner-key"
+	}
+	if ns, name, ok := strings.Cut(ownerKeySecret, "/"); ok && ns != "" && name != "" {
+		opts.OwnerKeySecret = types.NamespacedName{Namespace: ns, Name: name}
+	} else if err == nil {
+		err = fmt.Errorf("--owner-key-secret %q: want NAMESPACE/NAME (or POD_NAMESPACE set)", ownerKeySecret)
+	}
 	if importerImage != "" {
 		opts.Importer.Image = importerImage
 	}

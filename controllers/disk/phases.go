@@ -38,6 +38,7 @@ const (
 	reasonTooSmall              = "TooSmall"
 	reasonSizeRequired          = "SizeRequired"
 	reasonNameTaken             = "NameTaken"
+	reasonVolumeNotBound        = "VolumeNotBound"
 	reasonSnapshotNotFound      = "SnapshotNotFound"
 	reasonWaitingForCloneSource = "WaitingForCloneSource"
 )
@@ -142,6 +143,10 @@ func (r *Reconciler) cloning(d *vmDisk) {
 func (r *Reconciler) nameTaken(d *vmDisk, err error) (ctrl.Result, error) {
 	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
 		d.tracked().SetFailed(reasonNameTaken, nt.Error())
+		return ctrl.Result{}, nil
+	}
+	if nb := (*storage.ErrNotBound)(nil); errors.As(err, &nb) {
+		d.tracked().SetFailed(reasonVolumeNotBound, nb.Error())
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{}, err
@@ -264,8 +269,8 @@ func (r *Reconciler) handOver(ctx context.Context, d *vmDisk, prime, final *core
 		// again): made again, with the new one.
 		return ctrl.Result{RequeueAfter: time.Second}, client.IgnoreNotFound(r.Delete(ctx, final))
 	}
-	if _, err := storage.GiveVolume(ctx, r.Client, prime.Spec.VolumeName, final); err != nil {
-		return ctrl.Result{}, err
+	if _, err := storage.GiveVolume(ctx, r.Client, prime, final); err != nil {
+		return r.nameTaken(d, err)
 	}
 	d.tracked().SetReady(metav1.ConditionFalse, reasonHandingOver, fmt.Sprintf("the disk is complete; waiting for Kubernetes to bind its volume %s to the PVC %s", prime.Spec.VolumeName, final.Name))
 	return ctrl.Result{RequeueAfter: 5 * time.Second}, nil // the PVC's binding brings the disk back sooner

@@ -32,6 +32,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/metrics"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -72,6 +73,9 @@ type Options struct {
 	Concurrency int
 	// SkipNameValidation allows more than one manager in a process (tests run several).
 	SkipNameValidation bool
+	// OwnerKeySecret holds the key the children diskpipe makes are marked with (owned.LoadKey),
+	// made if missing; empty only where a test set the key itself (owned.UseKey).
+	OwnerKeySecret types.NamespacedName
 }
 
 // WebhookOptions say where the admission webhooks are served.
@@ -127,6 +131,17 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		opts.Concurrency = 8
 	}
 	renew := 10 * time.Second
+	if opts.OwnerKeySecret.Name != "" {
+		direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
+		if err != nil {
+			return nil, err
+		}
+		if err := owned.LoadKey(context.Background(), direct, opts.OwnerKeySecret); err != nil {
+			return nil, err
+		}
+	} else if !owned.HasKey() {
+		return nil, errors.New("no --owner-key-secret: the manager needs the key it marks its children with")
+	}
 	var (
 		hooks  webhook.Server
 		keeper *admission.CertKeeper

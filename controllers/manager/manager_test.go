@@ -10,8 +10,11 @@ import (
 
 	. "github.com/onsi/gomega"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/test/freeport"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -44,9 +47,18 @@ func get(url string) (int, string, error) {
 // metrics are served, and it takes the leader Lease, which it gives up when stopped.
 func TestManagerStarts(t *testing.T) {
 	g := NewWithT(t)
-	opts := manager.Options{MetricsAddr: freeAddr(t), ProbeAddr: freeAddr(t), LeaderElection: true, LeaderElectionNamespace: "default"}
+	opts := manager.Options{MetricsAddr: freeAddr(t), ProbeAddr: freeAddr(t), LeaderElection: true, LeaderElectionNamespace: "default",
+		OwnerKeySecret: types.NamespacedName{Namespace: "default", Name: "diskpipe-owner-key"}}
 	mgr, err := manager.New(env.Config, opts)
 	g.Expect(err).NotTo(HaveOccurred())
+	// The key children are marked with was made, and is read again, not replaced, by the next start.
+	ownerKey := &corev1.Secret{}
+	g.Expect(env.Client.Get(t.Context(), opts.OwnerKeySecret, ownerKey)).To(Succeed())
+	g.Expect(ownerKey.Data["key"]).To(HaveLen(32))
+	g.Expect(owned.LoadKey(t.Context(), env.Client, opts.OwnerKeySecret)).To(Succeed())
+	again := &corev1.Secret{}
+	g.Expect(env.Client.Get(t.Context(), opts.OwnerKeySecret, again)).To(Succeed())
+	g.Expect(again.Data).To(Equal(ownerKey.Data))
 
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)

@@ -17,6 +17,7 @@ package populator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -225,7 +226,10 @@ func (r *Reconciler) rebind(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		r.tell(pvc, corev1.EventTypeNormal, ReasonPopulating, fmt.Sprintf("waiting for PVC %s to be bound to a volume", prime.Name))
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
-	if gave, err := storage.GiveVolume(ctx, r.Client, prime.Spec.VolumeName, pvc); err != nil {
+	if gave, err := storage.GiveVolume(ctx, r.Client, prime, pvc); errors.As(err, new(*storage.ErrNotBound)) {
+		r.tell(pvc, corev1.EventTypeWarning, ReasonPopulateFailed, err.Error())
+		return ctrl.Result{}, nil
+	} else if err != nil {
 		return ctrl.Result{}, err
 	} else if gave {
 		size := "size unknown"

@@ -58,6 +58,79 @@ var builtinForbidden = []struct {
 	{netip.MustParsePrefix("ff00::/8"), "a multicast address"},
 }
 
+// embeddingPrefixes are IPv6 networks whose last 32 bits are an IPv4 address a host or a
+// gateway reaches: NAT64's well-known prefix and the deprecated IPv4-compatible addresses.
+var embeddingPrefixes = []netip.Prefix{netip.MustParsePrefix("64:ff9b::/96"), netip.MustParsePrefix("::/96")}
+
+// embeddedIPv4 is the IPv4 address a NAT64 or IPv4-compatible IPv6 address stands for.
+func embeddedIPv4(addr netip.Addr) (netip.Addr, bool) {
+	if !addr.Is6() {
+		return netip.Addr{}, false
+	}
+	for _, p := range embeddingPrefixes {
+		if p.Contains(addr) {
+			b := addr.As16()
+			return netip.AddrFrom4([4]byte(b[12:])), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// numericHost parses host as the C library's inet_aton and most proxies do: one to four
+// parts, each decimal, octal (leading 0) or hexadecimal (0x), the last filling the bytes left
+// (2852039166 and 0xa9fea9fe are 169.254.169.254). canonical says it is written a.b.c.d in
+// decimal, as a URL of an address should be.
+func numericHost(host string) (addr netip.Addr, canonical, ok bool) {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a, true, true
+	}
+	parts := strings.Split(host, ".")
+	if len(parts) > 4 || host == "" {
+		return netip.Addr{}, false, false
+	}
+	var vals []uint64
+	for _, p := range parts {
+		base, digits := 10, p
+		switch {
+		case len(p) > 1 && (p[:2] == "0x" || p[:2] == "0X"):
+			base, digits = 16, p[2:]
+		case len(p) > 1 && p[0] == '0':
+			base, digits = 8, p[1:]
+		}
+		if digits == "" && base != 16 {
+			return netip.Addr{}, false, false
+		}
+		v := uint64(0)
+		for _, c := range strings.ToLower(digits) {
+			d := strings.IndexRune("0123456789abcdef"[:base], c)
+			if d < 0 {
+				return netip.Addr{}, false, false
+			}
+			if v = v*uint64(base) + uint64(d); v > 1<<32 {
+				return netip.Addr{}, false, false
+			}
+		}
+		vals = append(vals, v)
+	}
+	var n uint64
+	for i, v := range vals {
+		last := i == len(vals)-1
+		limit := uint64(255)
+		if last {
+			limit = 1<<(8*(5-len(vals))) - 1
+		}
+		if v > limit {
+			return netip.Addr{}, false, false
+		}
+		if last {
+			n = n<<(8*(5-len(vals))) | v
+		} else {
+			n = n<<8 | v
+		}
+	}
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}), false, true
+}
+
 // Flags registers --forbid-cidr and --allow-destination (both repeatable).
 func (e *Egress) Flags(fs *flag.FlagSet) {
 	fs.Func("forbid-cidr", "a network importers may not connect to, e.g. the cluster's pod or service CIDR (repeatable)", func(v string) error {
@@ -106,7 +179,19 @@ func (e *Egress) Check(host string, addr netip.Addr) error {
 	if e == nil || e.Unrestricted {
 		return nil
 	}
-	addr = addr.Unmap()
+	// A zone (fe80::1%eth0, ::1%lo) names an interface, not another address: a prefix never
+	// contains an address with one, so it is dropped before the address is checked.
+	addr = addr.WithZone("").Unmap()
+	if err := e.check(host, addr); err != nil {
+		return err
+	}
+	if v4, ok := embeddedIPv4(addr); ok {
+		return e.check(host, v4)
+	}
+	return nil
+}
+
+func (e *Egress) check(host string, addr netip.Addr) error {
 	for _, p := range e.Allowed {
 		if p.Contains(addr) {
 			return nil
@@ -139,17 +224,39 @@ func (e *Egress) Check(host string, addr netip.Addr) error {
 		name, what, AllowedDestinationsValue)
 }
 
-// CheckHost resolves host and checks every address it has: for a request sent through an HTTP
-// proxy, where the proxy, not this process, dials the host. A name this process cannot resolve
-// passes: the cluster's DNS answers for the cluster's own names, and behind a proxy the pods
-// often resolve nothing else, so the proxy resolves it.
+// ProxyResolvesNamesEnv, set to "true" (the chart's importer.proxy.resolvesNames), lets a host
+// name the pod cannot resolve go to the proxy, which resolves it; the address it connects to
+// is then not checked here.
+const ProxyResolvesNamesEnv = "DISKPIPE_PROXY_RESOLVES_NAMES"
+
+// CheckHost checks the host of a request sent through an HTTP proxy, where the proxy, not
+// this process, dials it. A numeric host is checked as the proxy would read it (a spelling
+// other than a.b.c.d is refused); a name is resolved here and every address it has is
+// checked. A name this process cannot resolve is refused, unless ProxyResolvesNamesEnv lets the
+// proxy resolve it (pods behind a proxy often have no DNS for the internet).
 func (e *Egress) CheckHost(ctx context.Context, host string) error {
 	if e == nil || e.Unrestricted || e.hostAllowed(host) {
 		return nil
 	}
+	if a, canonical, ok := numericHost(host); ok {
+		if !canonical {
+			return Permanent(ReasonForbiddenDestination,
+				"refusing the host %q: it spells the address %s in a way proxies read differently; write it as %s", host, a, a)
+		}
+		return e.Check(host, a)
+	}
 	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-	if err != nil {
-		return nil //nolint:nilerr // see above: the proxy resolves it
+	var dnsErr *net.DNSError
+	switch {
+	case err == nil && len(addrs) > 0:
+	case os.Getenv(ProxyResolvesNamesEnv) == "true":
+		return nil
+	case errors.As(err, &dnsErr) && (dnsErr.IsTemporary || dnsErr.IsTimeout):
+		return Transient(ReasonSourceUnavailable, "resolving %s: %v", host, err)
+	default:
+		return Permanent(ReasonForbiddenDestination,
+			"refusing the host %s: it does not resolve in the pod (%v), so the address the proxy would connect to cannot be checked; "+
+				"if the proxy must resolve names for the pods, set the chart's importer.proxy.resolvesNames", host, err)
 	}
 	for _, a := range addrs {
 		if err := e.Check(host, a); err != nil {
@@ -261,6 +368,11 @@ type egressTransport struct {
 	e *Egress
 }
 
+// RoundTrip checks a request's host before it goes to a proxy. The proxy resolves the name
+// again when it connects: a forward proxy takes the host from the request's URL, so the address
+// checked here cannot be pinned without breaking every server that is told apart by its name
+// (virtual hosts, S3's bucket.host). A name whose DNS answer changes between the two lookups
+// (DNS rebinding) is not caught here: the NetworkPolicy and the proxy's own rules are the line.
 func (t *egressTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Proxy != nil {
 		if p, err := t.Proxy(req); err == nil && p != nil {

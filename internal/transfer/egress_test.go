@@ -29,6 +29,12 @@ func TestEgressCheck(t *testing.T) {
 		{"127.0.0.1", "loopback"},
 		{"::1", "loopback"},
 		{"::ffff:127.0.0.1", "loopback"}, // IPv4-mapped
+		{"::1%lo", "loopback"},           // a zone names an interface, not another address
+		{"fe80::1%eth0", "link-local"},
+		{"::ffff:169.254.169.254%eth0", "link-local"},
+		{"64:ff9b::a9fe:a9fe", "link-local"}, // NAT64 of 169.254.169.254
+		{"::7f00:1", "loopback"},             // IPv4-compatible 127.0.0.1
+		{"64:ff9b::808:808", ""},             // NAT64 of 8.8.8.8
 		{"0.0.0.0", "unspecified"},
 		{"239.1.1.1", "multicast"},
 		{"10.96.0.10", "10.96.0.0/12"},
@@ -61,40 +67,89 @@ func TestEgressCheck(t *testing.T) {
 }
 
 // Through a proxy the target's addresses are checked before the request goes: the proxy, not
-// this process, would dial them.
+// this process, would dial them. Every spelling of an address a proxy reads as one is checked
+// as that address or refused; a name is resolved here, and refused if it does not resolve
+// unless the proxy is trusted to resolve it.
 func TestEgressThroughProxy(t *testing.T) {
 	var got []string
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got = append(got, r.URL.String()) // a forward proxy sees the absolute URL
+		got = append(got, r.URL.String()+" Host:"+r.Host) // a forward proxy sees the absolute URL
 		_, _ = w.Write([]byte("proxied"))
 	}))
 	defer proxy.Close()
 	pu, _ := url.Parse(proxy.URL)
-	e := &Egress{Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}} // the proxy itself
+	// The proxy itself, and the loopback names of this test.
+	e := &Egress{Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = http.ProxyURL(pu)
 	c := &http.Client{Transport: e.Apply(tr)}
+	get := func(u string) error {
+		resp, err := c.Get(u)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
 
-	resp, err := c.Get("http://169.254.169.254/latest/meta-data/")
-	if err == nil {
-		resp.Body.Close()
+	for u, want := range map[string]string{
+		"http://169.254.169.254/latest/meta-data/": "169.254.169.254",
+		"http://[::ffff:a9fe:a9fe]/":               "link-local",
+		"http://[fe80::1%25eth0]/":                 "link-local",
+		"http://2852039166/":                       "write it as 169.254.169.254",
+		"http://0xa9fea9fe/":                       "write it as 169.254.169.254",
+		"http://0251.0376.0251.0376/":              "write it as 169.254.169.254",
+		"http://169.254.43518/":                    "write it as 169.254.169.254",
+		"http://0x7f.1/":                           "write it as 127.0.0.1",
+		"http://disk.invalid/disk.img":             "does not resolve in the pod",
+	} {
+		if err := get(u); !IsForbiddenDestination(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s through the proxy: %v", u, err)
+		}
 	}
-	if !IsForbiddenDestination(err) || !strings.Contains(err.Error(), "169.254.169.254") {
-		t.Fatalf("the metadata address through the proxy: %v", err)
-	}
-	resp, err = c.Get("http://192.0.2.10/disk.img") // a public-looking address: passed to the proxy
-	if err != nil {
+	if err := get("http://192.0.2.10/disk.img"); err != nil { // a public-looking address: passed to the proxy
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	// A name this process cannot resolve is the proxy's to resolve (pods behind a proxy often
-	// have no DNS for the internet).
-	resp, err = c.Get("http://disk.invalid/disk.img")
-	if err != nil {
+	// A name is resolved here and its addresses checked.
+	if err := get("http://localhost:8080/disk.img"); err != nil { // loopback, allowed in this test
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if len(got) != 2 || got[0] != "http://192.0.2.10/disk.img" || got[1] != "http://disk.invalid/disk.img" {
+	// Where the admin lets the proxy resolve names the pods cannot, they pass, unchecked.
+	t.Setenv(ProxyResolvesNamesEnv, "true")
+	if err := get("http://disk.invalid/disk.img"); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0] != "http://192.0.2.10/disk.img Host:192.0.2.10" || got[2] != "http://disk.invalid/disk.img Host:disk.invalid" ||
+		got[1] != "http://localhost:8080/disk.img Host:localhost:8080" {
 		t.Fatalf("the proxy saw %q", got)
+	}
+}
+
+func TestNumericHost(t *testing.T) {
+	for host, want := range map[string]string{
+		"169.254.169.254":     "169.254.169.254 canonical",
+		"2852039166":          "169.254.169.254",
+		"0xA9FEA9FE":          "169.254.169.254",
+		"0251.0376.0251.0376": "169.254.169.254",
+		"169.16689662":        "169.254.169.254",
+		"127.1":               "127.0.0.1",
+		"0":                   "0.0.0.0",
+		"4294967296":          "",
+		"256.1.1.1":           "",
+		"1.2.3.4.5":           "",
+		"example.com":         "",
+		"1e100.net":           "",
+		"08.1.1.1":            "",
+	} {
+		a, canonical, ok := numericHost(host)
+		got := ""
+		if ok {
+			got = a.String()
+			if canonical {
+				got += " canonical"
+			}
+		}
+		if got != want {
+			t.Errorf("%s: %q, want %q", host, got, want)
+		}
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -73,6 +74,9 @@ func StartManagerAs(env *testenv.Env, cfg *rest.Config, opts manager.Options) (*
 	opts.ProbeAddr, opts.SkipNameValidation = "0", true
 	// Importer pods' metrics are served by this test's server; the rest of opts.Importer stays.
 	opts.Importer.Image, opts.Importer.MetricsPort = "diskpipe:test", int32(l.Addr().(*net.TCPAddr).Port) //nolint:gosec // a port
+	if opts.OwnerKeySecret.Name == "" {
+		owned.UseKey([]byte("the key of the tests' children marks"), time.Time{})
+	}
 	mgr, err := manager.New(cfg, opts)
 	if err != nil {
 		return nil, err

@@ -29,6 +29,10 @@ type Proxy struct {
 	// TrustedCA is a PEM bundle the pods trust beside the system's roots and a source's own CA:
 	// the proxy's, when it serves HTTPS or re-signs what it relays.
 	TrustedCA string `json:"trustedCA,omitempty"`
+	// ResolvesNames lets a source's host name that the pods cannot resolve go to the proxy,
+	// which resolves it, unchecked by the egress rule (transfer.ProxyResolvesNamesEnv); else
+	// such a name is refused. The chart's value holds whichever proxy is used.
+	ResolvesNames bool `json:"resolvesNames,omitempty"`
 }
 
 // Set reports whether p names a proxy.
@@ -97,6 +101,9 @@ func (c Config) proxyEnv() []corev1.EnvVar {
 	}
 	if p.TrustedCA != "" {
 		env = append(env, corev1.EnvVar{Name: transfer.ProxyCAEnv, Value: p.TrustedCA})
+	}
+	if c.Proxy.ResolvesNames {
+		env = append(env, corev1.EnvVar{Name: transfer.ProxyResolvesNamesEnv, Value: "true"})
 	}
 	return env
 }

@@ -7,16 +7,16 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 )
 
-// ErrNotOwned means an object of the child's name exists and another owner controls it.
+// ErrNotOwned means an object of the child's name exists and diskpipe did not make it for
+// this owner (another controls it, or it carries no mark of diskpipe's).
 type ErrNotOwned struct{ Kind, Name string }
 
 func (e *ErrNotOwned) Error() string {
-	return fmt.Sprintf("a %s named %s already exists and does not belong to this object", e.Kind, e.Name)
+	return fmt.Sprintf("a %s named %s already exists and was not made by diskpipe for this object; delete it and diskpipe makes it again", e.Kind, e.Name)
 }
 
 // Create creates obj controlled by owner unless it exists, and reads it into obj; an
@@ -41,12 +41,18 @@ func Put(ctx context.Context, c client.Client, owner, obj client.Object) error {
 	return nil
 }
 
-// Ensure is Create that also says whether this call created obj.
+// Ensure is Create that also says whether this call created obj. A child it creates is
+// marked as diskpipe's (mark.go); one it finds is taken only if it is Mine.
 func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (bool, error) {
 	if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
 		return false, err
 	}
-	err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	gvk, err := c.GroupVersionKindFor(obj)
+	if err != nil {
+		return false, err
+	}
+	Stamp(gvk.Kind, obj, owner)
+	err = c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 	if apierrors.IsNotFound(err) {
 		if err = c.Create(ctx, obj); apierrors.IsAlreadyExists(err) {
 			err = c.Get(ctx, client.ObjectKeyFromObject(obj), obj) // the cache has not seen it yet: try again
@@ -59,8 +65,7 @@ func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (boo
 	if err != nil {
 		return false, err
 	}
-	if !metav1.IsControlledBy(obj, owner) {
-		gvk, _ := c.GroupVersionKindFor(obj)
+	if !Mine(gvk.Kind, obj, owner) {
 		return false, &ErrNotOwned{Kind: gvk.Kind, Name: obj.GetName()}
 	}
 	return false, nil

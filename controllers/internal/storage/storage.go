@@ -88,18 +88,38 @@ func SnapshotClassFor(ctx context.Context, c client.Reader, driver string) (stri
 	return found, nil
 }
 
-// GiveVolume turns the claimRef of the volume named pv to claim, so that Kubernetes' PV
-// controller binds claim to it (a volume filled through another claim is handed over so); it
-// says whether it changed anything.
-func GiveVolume(ctx context.Context, c client.Client, pv string, claim *corev1.PersistentVolumeClaim) (bool, error) {
+// ErrNotBound is GiveVolume's refusal: the volume is not bound to the claim it would be taken
+// from. A tenant can name any volume in a claim's spec.volumeName (it may set it once), so the
+// volume's own claimRef, which only Kubernetes and the manager write, is what says whose it is.
+type ErrNotBound struct{ Volume, From, BoundTo string }
+
+func (e *ErrNotBound) Error() string {
+	return fmt.Sprintf("refusing to hand volume %s over from the PVC %s: the volume is bound to %s, not to it", e.Volume, e.From, e.BoundTo)
+}
+
+// GiveVolume turns the claimRef of from's volume to claim, so that Kubernetes' PV controller
+// binds claim to it (a volume filled through another claim is handed over so); it says whether
+// it changed anything. It hands over only a volume whose claimRef names from, by UID, in
+// claim's namespace, and from only when it is Bound: else an *ErrNotBound.
+func GiveVolume(ctx context.Context, c client.Client, from, claim *corev1.PersistentVolumeClaim) (bool, error) {
+	pv := from.Spec.VolumeName
 	vol := &corev1.PersistentVolume{}
 	if err := c.Get(ctx, client.ObjectKey{Name: pv}, vol); err != nil {
 		return false, err
 	}
-	if ref := vol.Spec.ClaimRef; ref != nil && ref.UID == claim.UID {
+	ref := vol.Spec.ClaimRef
+	if ref != nil && ref.UID == claim.UID && ref.Namespace == claim.Namespace && ref.Name == claim.Name {
 		return false, nil
 	}
-	patch := client.MergeFrom(vol.DeepCopy())
+	if ref == nil || ref.UID != from.UID || ref.Namespace != from.Namespace || ref.Name != from.Name ||
+		from.Namespace != claim.Namespace || from.Status.Phase != corev1.ClaimBound {
+		boundTo := "no claim"
+		if ref != nil {
+			boundTo = fmt.Sprintf("the claim %s/%s (uid %s)", ref.Namespace, ref.Name, ref.UID)
+		}
+		return false, &ErrNotBound{Volume: pv, From: from.Namespace + "/" + from.Name, BoundTo: boundTo}
+	}
+	patch := client.MergeFromWithOptions(vol.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	vol.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1",
 		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID}
 	if err := c.Patch(ctx, vol, patch); err != nil {

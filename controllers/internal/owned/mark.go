@@ -1,0 +1,125 @@
+package owned
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"maps"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// # Marks
+//
+// A controller ownerReference is no proof that diskpipe made a child: a tenant may create, in
+// their own namespace, an object under the name diskpipe is about to use, with an
+// ownerReference to their own object (its UID is in its metadata), and diskpipe would adopt it
+// and act on what it says (a PVC pre-bound to another namespace's volume, say). So each child
+// diskpipe makes carries, from its creation, the annotation AnnotationMade: an HMAC, under a
+// key only the manager holds, of the child's kind, namespace and name and of its owner's UID.
+// A child is diskpipe's (Mine) when its mark is right: no one without the key can make one for
+// a name diskpipe has not used yet.
+//
+// The mark does not name the child's own UID (the apiserver gives it only once the child
+// exists, and writing it then would need the right to patch pods and snapshots everywhere).
+// So the owner of a namespace who deletes a child diskpipe made may make another under its
+// name with its mark: they steer nothing they do not own by that, since whatever the manager
+// does with its own rights on a child's word is checked against what the child cannot forge
+// (a volume is handed over only from the claim its claimRef names, by UID).
+//
+// Children made before the key existed (by a diskpipe without marks) carry none: they are
+// taken as diskpipe's when they are older than the key.
+
+// AnnotationMade is the mark of a child diskpipe made.
+const AnnotationMade = "diskpipe.io/made"
+
+type markKey struct {
+	key   []byte
+	since time.Time
+}
+
+var currentKey atomic.Pointer[markKey]
+
+// UseKey sets the key children are marked with; children without a mark that are older than
+// since are taken as made by an earlier diskpipe.
+func UseKey(key []byte, since time.Time) {
+	currentKey.Store(&markKey{key: append([]byte(nil), key...), since: since})
+}
+
+// keyField is the Secret's field that holds the key.
+const keyField = "key"
+
+// LoadKey reads the marking key from the Secret name, making it (32 random bytes) if there
+// is none, and uses it.
+func LoadKey(ctx context.Context, c client.Client, name types.NamespacedName) error {
+	sec := &corev1.Secret{}
+	err := c.Get(ctx, name, sec)
+	if apierrors.IsNotFound(err) {
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			return err
+		}
+		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: name.Namespace, Name: name.Name,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "diskpipe"}}, Data: map[string][]byte{keyField: key}}
+		if err = c.Create(ctx, sec); apierrors.IsAlreadyExists(err) { // another replica made it
+			err = c.Get(ctx, name, sec)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("reading the key children are marked with, %s: %w", name, err)
+	}
+	if len(sec.Data[keyField]) < 16 {
+		return fmt.Errorf("the Secret %s holds no key in %q (16 bytes at least)", name, keyField)
+	}
+	UseKey(sec.Data[keyField], sec.CreationTimestamp.Time)
+	return nil
+}
+
+// mark is the mark of obj, a child of owner, under k.
+func (k *markKey) mark(kind string, obj, owner client.Object) string {
+	h := hmac.New(sha256.New, k.key)
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s", kind, obj.GetNamespace(), obj.GetName(), owner.GetUID())
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// HasKey reports whether a key was set (UseKey, LoadKey).
+func HasKey() bool { return currentKey.Load() != nil }
+
+func key() *markKey {
+	if k := currentKey.Load(); k != nil {
+		return k
+	}
+	panic("owned: no marking key: the manager calls owned.LoadKey (or a test owned.UseKey) before it starts")
+}
+
+// Stamp marks obj, about to be created, as owner's child of kind.
+func Stamp(kind string, obj, owner client.Object) {
+	ann := maps.Clone(obj.GetAnnotations())
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[AnnotationMade] = key().mark(kind, obj, owner)
+	obj.SetAnnotations(ann)
+}
+
+// Mine reports whether obj, of kind, read from the cluster, is a child diskpipe made for
+// owner: controlled by owner and marked so, or older than marks.
+func Mine(kind string, obj, owner client.Object) bool {
+	if !metav1.IsControlledBy(obj, owner) {
+		return false
+	}
+	k := key()
+	if got, ok := obj.GetAnnotations()[AnnotationMade]; ok {
+		return hmac.Equal([]byte(got), []byte(k.mark(kind, obj, owner)))
+	}
+	return obj.GetCreationTimestamp().Time.Before(k.since)
+}
