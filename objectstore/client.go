@@ -37,6 +37,11 @@ type ClientConfig struct {
 	// Scoped says the store is diskpipe's bundled one, which makes an account per writer
 	// (scoped.go), so pods never get these keys.
 	Scoped bool
+	// SingleTenant, for a store that is not Scoped, says every namespace may use it with the
+	// installation's keys (exports get them in a Secret of their namespace, objectStore
+	// sources are presigned with them): a cluster of one tenant. Without it such a store
+	// serves uploads only, and exports and objectStore sources naming it are refused.
+	SingleTenant bool
 	// Egress is where the client may connect (nil: anywhere): set in pods that reach a store a
 	// user names.
 	Egress *transfer.Egress
@@ -52,6 +57,7 @@ func (c *ClientConfig) BindFlags(fs *flag.FlagSet, credsDir *string) {
 	fs.StringVar(&c.BucketLookup, "objectstore-bucket-lookup", "Path", "Auto, Path or VirtualHost")
 	fs.StringVar(&c.CAFile, "objectstore-ca-file", "", "PEM bundle of the store's CA (empty: the system's roots)")
 	fs.BoolVar(&c.Scoped, "objectstore-scoped-credentials", false, "the store is diskpipe's bundled one: exporter pods get an account that may write their one object, never these keys")
+	fs.BoolVar(&c.SingleTenant, "objectstore-single-tenant", false, "an external store (not scoped) may be used by every namespace with these keys: the cluster has one tenant")
 }
 
 // LoadCredentials reads the keys "accessKeyId" and "secretAccessKey" of a Secret mounted at

@@ -11,3 +11,8 @@ func (c *Client) SetAccountSecret(ctx context.Context, access, secret, role stri
 	return c.admin(ctx, "/update-user", url.Values{"access": {access}},
 		[]byte("<MutableProps><Secret>"+secret+"</Secret><Role>"+role+"</Role></MutableProps>"))
 }
+
+// ChangeBucketOwner gives bucket to the account access, as the store's admin API does.
+func (c *Client) ChangeBucketOwner(ctx context.Context, bucket, access string) error {
+	return c.admin(ctx, "/change-bucket-owner", url.Values{"bucket": {bucket}, "owner": {access}}, nil)
+}

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -20,7 +22,8 @@ import (
 //
 // With a quota, the bytes stored in the buckets an account owns (a namespace's, made with its
 // keys) may not grow past it: a PUT or an uploaded part that would cross it is refused with
-// 403 QuotaExceeded, naming the quota and what is used. Buckets of the root account (the
+// 403 QuotaExceeded, naming the quota and what is used; so is a copy (CopyObject, UploadPartCopy)
+// of an object or a range that would. Buckets of the root account (the
 // upload proxy's) have none. What a bucket holds is summed from its directory (objects and
 // unfinished parts) when a write arrives; writes that race may overshoot by what is in flight.
 
@@ -44,6 +47,50 @@ func (q *quota) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.Upl
 		return nil, err
 	}
 	return q.Backend.UploadPart(ctx, in)
+}
+
+func (q *quota) CopyObject(ctx context.Context, in s3response.CopyObjectInput) (s3response.CopyObjectOutput, error) {
+	if size, ok := q.sourceSize(ctx, deref(in.CopySource), ""); ok {
+		if err := q.check(ctx, deref(in.Bucket), size); err != nil {
+			return s3response.CopyObjectOutput{}, err
+		}
+	}
+	return q.Backend.CopyObject(ctx, in)
+}
+
+func (q *quota) UploadPartCopy(ctx context.Context, in *s3.UploadPartCopyInput) (s3response.CopyPartResult, error) {
+	if size, ok := q.sourceSize(ctx, deref(in.CopySource), deref(in.CopySourceRange)); ok {
+		if err := q.check(ctx, deref(in.Bucket), size); err != nil {
+			return s3response.CopyPartResult{}, err
+		}
+	}
+	return q.Backend.UploadPartCopy(ctx, in)
+}
+
+// sourceSize is how many bytes a copy of source ("bucket/key", as x-amz-copy-source has it)
+// writes: those of rng ("bytes=first-last") or of the whole object. false when the source
+// cannot be read: the backend then refuses the copy itself.
+func (q *quota) sourceSize(ctx context.Context, source, rng string) (int64, bool) {
+	if first, last, ok := strings.Cut(strings.TrimPrefix(rng, "bytes="), "-"); ok && rng != "" {
+		a, err1 := strconv.ParseInt(first, 10, 64)
+		b, err2 := strconv.ParseInt(last, 10, 64)
+		if err1 == nil && err2 == nil && b >= a {
+			return b - a + 1, true
+		}
+	}
+	source, _, _ = strings.Cut(strings.TrimPrefix(source, "/"), "?")
+	if unescaped, err := url.PathUnescape(source); err == nil {
+		source = unescaped
+	}
+	bucket, key, ok := strings.Cut(source, "/")
+	if !ok {
+		return 0, false
+	}
+	head, err := q.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &bucket, Key: &key})
+	if err != nil || head.ContentLength == nil {
+		return 0, false
+	}
+	return *head.ContentLength, true
 }
 
 // check refuses adding size bytes to bucket when its owner's buckets would hold more than

@@ -67,9 +67,9 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 	if err != nil {
 		return fmt.Errorf("objectstore: opening %s: %w", cfg.Dir, err)
 	}
-	var served backend.Backend = be
+	var served backend.Backend = &reserved{Backend: be, root: cfg.AccessKey}
 	if cfg.QuotaPerAccount > 0 {
-		served = &quota{Backend: be, dir: cfg.Dir, root: cfg.AccessKey, limit: cfg.QuotaPerAccount}
+		served = &quota{Backend: served, dir: cfg.Dir, root: cfg.AccessKey, limit: cfg.QuotaPerAccount}
 	}
 	return embedgw.RunVersityGW(ctx, served, &embedgw.Config{
 		RootUserAccess:    cfg.AccessKey,

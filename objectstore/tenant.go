@@ -67,9 +67,15 @@ type tenantClient struct {
 }
 
 // Namespace returns a client that acts as namespace ns: its tenant's on the bundled store; on an
-// external store in the bundled one's place, which has no accounts to make, c itself.
-func (c *Client) Namespace(ctx context.Context, ns string) (*Client, error) {
+// external store in the bundled one's place, which has no accounts to make, c itself where the
+// installation says it has a single tenant, else a permanent refusal of reason: the
+// installation's keys reach every namespace's objects there.
+func (c *Client) Namespace(ctx context.Context, ns string, reason transfer.Reason) (*Client, error) {
 	if !c.cfg.Scoped {
+		if !c.cfg.SingleTenant {
+			return nil, transfer.Permanent(reason, "this installation's object store is an external one, whose keys reach every namespace's objects: "+
+				"namespaces may not use it (exports, objectStore sources) unless the installation has a single tenant (the chart's objectStore.external.singleTenant); use s3 with keys of your own")
+		}
 		return c, nil
 	}
 	return c.Tenant(ctx, ns)

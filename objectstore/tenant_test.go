@@ -148,7 +148,7 @@ func TestTenantAfterRotation(t *testing.T) {
 
 // TestQuota: with --quota-per-namespace a namespace's buckets hold at most that many bytes, in
 // single PUTs and in parts: the write that would cross it is refused with QuotaExceeded,
-// naming the quota; deleting frees room; another namespace and the root account have their
+// naming the quota, and so is a copy (CopyObject, UploadPartCopy); deleting frees room; another namespace and the root account have their
 // own room.
 func TestQuota(t *testing.T) {
 	s := objectstoretest.StartWith(t, "--quota-per-namespace", "1Mi")
@@ -174,6 +174,20 @@ func TestQuota(t *testing.T) {
 	out, err := asA("s3api", "put-object", "--bucket", "quota-a2", "--key", "two", "--body", small)
 	if err == nil || !strings.Contains(out, "QuotaExceeded") || !strings.Contains(out, "1048576 bytes") {
 		t.Errorf("a PUT over the quota: %v\n%s", err, out)
+	}
+	// A copy of what the namespace holds writes as many bytes: server-side, in one request or
+	// in parts of a multipart upload.
+	if out, err := asA("s3api", "copy-object", "--bucket", "quota-a2", "--key", "copy", "--copy-source", "quota-a/one"); err == nil ||
+		!strings.Contains(out, "QuotaExceeded") {
+		t.Errorf("a copy over the quota: %v\n%s", err, out)
+	}
+	out, err = asA("s3api", "create-multipart-upload", "--bucket", "quota-a2", "--key", "parts", "--query", "UploadId", "--output", "text")
+	if err != nil {
+		t.Fatal(err, out)
+	}
+	if out, err := asA("s3api", "upload-part-copy", "--bucket", "quota-a2", "--key", "parts", "--upload-id", strings.TrimSpace(out),
+		"--part-number", "1", "--copy-source", "quota-a/one"); err == nil || !strings.Contains(out, "QuotaExceeded") {
+		t.Errorf("a part copied over the quota: %v\n%s", err, out)
 	}
 	big, _ := randomFile(t, 9<<20) // awscli sends it in parts
 	if out, err := asA("s3", "cp", "--only-show-errors", big, "s3://quota-a/big"); err == nil {

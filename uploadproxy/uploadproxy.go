@@ -48,8 +48,9 @@ import (
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
-// Bucket is where uploads are kept.
-const Bucket = "diskpipe-uploads"
+// Bucket is where uploads are kept: a name only the store's root account may take
+// (objectstore.ReservedPrefix).
+const Bucket = objectstore.ReservedPrefix + "uploads"
 
 // ObjectKey is the object an image's upload is stored as: a function of the image's UID, so
 // that nobody can point an image at another's object.
@@ -79,11 +80,20 @@ type Server struct {
 	TokenKey *TokenKey
 	// PartSize is the size of each stored part (default 16 MiB; S3 needs 5 MiB at least).
 	PartSize int64
-	Log      *slog.Logger
+	// MaxWriters bounds the uploads written at once (default 8), MaxWritersPerNamespace those
+	// of one namespace (default 4): each holds a part in memory, so the bound keeps the proxy
+	// under its memory limit, and one namespace cannot take every slot. A request over either
+	// is answered 503 with Retry-After.
+	MaxWriters, MaxWritersPerNamespace int
+	Log                                *slog.Logger
 
 	// mu guards writers: the request writing each upload, one at a time.
 	mu      sync.Mutex
 	writers map[string]*writer
+	// writing counts the requests writing, by namespace; bucketOK says the bucket was made
+	// and is root's.
+	writing  map[string]int
+	bucketOK bool
 	// defaults fills PartSize and Log once, before the first request (requests run at once).
 	defaults sync.Once
 }
@@ -149,6 +159,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.defaults.Do(func() {
 		if s.PartSize == 0 {
 			s.PartSize = 16 << 20
+		}
+		if s.MaxWriters == 0 {
+			s.MaxWriters = 8
+		}
+		if s.MaxWritersPerNamespace == 0 {
+			s.MaxWritersPerNamespace = 4
 		}
 		if s.Log == nil {
 			s.Log = slog.New(slog.DiscardHandler)
@@ -239,6 +255,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 	}
 	key := ObjectKey(ns, resource, name, img.UID)
 	if r.Method != http.MethodHead {
+		done, err := s.slot(w, ns)
+		if err != nil {
+			return err
+		}
+		defer done()
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
@@ -267,6 +288,61 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 	}
 	s.Log.Info("Upload", "key", key, "user", who.user, "offset", u.Offset)
 	return s.put(ctx, w, in, u)
+}
+
+// RetryAfter is what a request over the writers' bound is told to wait, in seconds.
+const RetryAfter = 10
+
+// slot counts a writing request of namespace ns, or refuses it with 503 when the proxy or the
+// namespace already has as many as it may; done uncounts it.
+func (s *Server) slot(w http.ResponseWriter, ns string) (done func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.writing == nil {
+		s.writing = map[string]int{}
+	}
+	total := 0
+	for _, n := range s.writing {
+		total += n
+	}
+	switch {
+	case s.writing[ns] >= s.MaxWritersPerNamespace:
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfter))
+		return nil, fail(http.StatusServiceUnavailable, "namespace %s has %d uploads being written, as many as the proxy takes at once from a namespace: try again in %d s",
+			ns, s.writing[ns], RetryAfter)
+	case total >= s.MaxWriters:
+		w.Header().Set("Retry-After", strconv.Itoa(RetryAfter))
+		return nil, fail(http.StatusServiceUnavailable, "the proxy is writing %d uploads, as many as it takes at once: try again in %d s", total, RetryAfter)
+	}
+	s.writing[ns]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.writing[ns]--; s.writing[ns] == 0 {
+			delete(s.writing, ns)
+		}
+	}, nil
+}
+
+// ensureBucket makes the uploads' bucket unless it exists, and checks that it is the store's
+// root's: a bucket of that name made by an account first would be read by that account.
+func (s *Server) ensureBucket(ctx context.Context) error {
+	s.mu.Lock()
+	ok := s.bucketOK
+	s.mu.Unlock()
+	if ok {
+		return nil
+	}
+	if err := s.Store.EnsureBucket(ctx, Bucket); err != nil {
+		return err
+	}
+	if err := s.Store.CheckOwnBucket(ctx, Bucket, transfer.ReasonTargetForbidden); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.bucketOK = true
+	s.mu.Unlock()
+	return nil
 }
 
 // find reads the state of an image's upload: complete, unfinished (its saved state), or new.
@@ -401,7 +477,7 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	}
 	core := minio.Core{Client: s.Store.Client}
 	if u.UploadID == "" {
-		if err := s.Store.EnsureBucket(ctx, Bucket); err != nil {
+		if err := s.ensureBucket(ctx); err != nil {
 			return err
 		}
 		id, err := core.NewMultipartUpload(ctx, Bucket, u.key, minio.PutObjectOptions{})

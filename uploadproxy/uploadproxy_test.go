@@ -48,7 +48,7 @@ type fixture struct {
 	digest           string
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t *testing.T, configure ...func(*uploadproxy.Server)) *fixture {
 	t.Helper()
 	g := NewWithT(t)
 	ctx := t.Context()
@@ -64,7 +64,11 @@ func setup(t *testing.T) *fixture {
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "upload"},
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "uploader", Namespace: ns}}})).To(Succeed())
 	f.uploader, f.viewer = token(t, ns, "uploader"), token(t, ns, "viewer")
-	srv := httptest.NewServer(&uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: partSize})
+	proxy := &uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: partSize}
+	for _, c := range configure {
+		c(proxy)
+	}
+	srv := httptest.NewServer(proxy)
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	return f
@@ -212,6 +216,56 @@ func TestHeadBesideUpload(t *testing.T) {
 		g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
 		head, _ := f.do(t, http.MethodHead, name, f.uploader, nil, "")
 		g.Expect(head.Header.Get(uploadproxy.HeaderComplete)).To(Equal("true"))
+	}
+}
+
+// TestWritersBounded: each upload being written holds a part in memory, so the proxy writes
+// at most MaxWriters at once, and MaxWritersPerNamespace of one namespace; a request over
+// either is answered 503 with Retry-After, and is taken once a slot is free.
+func TestWritersBounded(t *testing.T) {
+	for _, c := range []struct {
+		total, perNamespace int
+		want                string
+	}{
+		{4, 2, "namespace %s has 2 uploads being written, as many as the proxy takes at once from a namespace: try again in 10 s"},
+		{2, 4, "the proxy is writing 2 uploads, as many as it takes at once: try again in 10 s"},
+	} {
+		f := setup(t, func(s *uploadproxy.Server) { s.MaxWriters, s.MaxWritersPerNamespace = c.total, c.perNamespace })
+		g := NewWithT(t)
+		var slow []*io.PipeWriter
+		for i := range 2 {
+			name := fmt.Sprintf("slow%d", i)
+			f.newImage(t, name, "")
+			r, w := io.Pipe()
+			slow = append(slow, w)
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPut, f.path(name), r)
+			g.Expect(err).NotTo(HaveOccurred())
+			req.Header.Set("Authorization", "Bearer "+f.uploader)
+			req.ContentLength = int64(len(f.image))
+			go func() {
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			_, _ = w.Write(f.image[:1<<20])
+		}
+		f.newImage(t, "next", "")
+		var last reply
+		g.Eventually(func() string {
+			var msg string
+			last, msg = f.do(t, http.MethodPut, "next", f.uploader, f.image, "")
+			return msg
+		}, 10*time.Second, 100*time.Millisecond).Should(Equal(strings.ReplaceAll(c.want, "%s", f.ns)), "total %d, per namespace %d", c.total, c.perNamespace)
+		g.Expect(last.StatusCode).To(Equal(http.StatusServiceUnavailable))
+		g.Expect(last.Header.Get("Retry-After")).To(Equal("10"))
+		for _, w := range slow {
+			_ = w.CloseWithError(io.ErrUnexpectedEOF)
+		}
+		f.newImage(t, "after", "")
+		g.Eventually(func() int {
+			resp, _ := f.do(t, http.MethodPut, "after", f.uploader, f.image, "")
+			return resp.StatusCode
+		}, 20*time.Second, 200*time.Millisecond).Should(Equal(http.StatusCreated), "taken once the slow uploads ended")
 	}
 }
 

@@ -163,5 +163,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		}
 		r.Fresh.Saw(obj)
 	}()
-	return r.reconcile(ctx, d)
+	res, err := r.reconcile(ctx, d)
+	return r.refused(d, res, err)
 }

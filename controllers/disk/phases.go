@@ -139,8 +139,10 @@ func (r *Reconciler) cloning(d *vmDisk) {
 	}
 }
 
-// nameTaken fails the disk whose PVC's name is taken by a PVC it does not own.
-func (r *Reconciler) nameTaken(d *vmDisk, err error) (ctrl.Result, error) {
+// refused fails the disk when a child's name is taken by an object diskpipe did not make for
+// it (owned.ErrNotOwned), or a volume it would hand over is not its prime's
+// (storage.ErrNotBound); any other err is returned with res.
+func (r *Reconciler) refused(d *vmDisk, res ctrl.Result, err error) (ctrl.Result, error) {
 	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
 		d.tracked().SetFailed(reasonNameTaken, nt.Error())
 		return ctrl.Result{}, nil
@@ -149,7 +151,12 @@ func (r *Reconciler) nameTaken(d *vmDisk, err error) (ctrl.Result, error) {
 		d.tracked().SetFailed(reasonVolumeNotBound, nb.Error())
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{}, err
+	return res, err
+}
+
+// nameTaken is refused at a step that made nothing else.
+func (r *Reconciler) nameTaken(d *vmDisk, err error) (ctrl.Result, error) {
+	return r.refused(d, ctrl.Result{}, err)
 }
 
 // Annotations of the PVCs of a disk an importer pod fills.

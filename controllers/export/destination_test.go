@@ -16,12 +16,15 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
 // TestInstallationStoreSettings: when the chart replaces the bundled store with an external
-// one, exporter pods reach it with the installation's region, bucket lookup and CA (one step,
-// with a fake client; the export suite runs exports against a real store).
+// one, whose keys reach every namespace's objects, namespaces may not export to it unless the
+// installation says it has a single tenant; then exporter pods reach it with the
+// installation's region, bucket lookup and CA (one step, with a fake client; the export suite
+// runs exports against a real store).
 func TestInstallationStoreSettings(t *testing.T) {
 	ca := filepath.Join(t.TempDir(), "ca.crt")
 	if err := os.WriteFile(ca, []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"), 0o600); err != nil {
@@ -29,7 +32,11 @@ func TestInstallationStoreSettings(t *testing.T) {
 	}
 	cfg := &objectstore.ClientConfig{Endpoint: "https://s3.eu-west-1.amazonaws.com", Region: "eu-west-1",
 		BucketLookup: "VirtualHost", AccessKey: "AK", SecretKey: "SK", CAFile: ca}
-	store, err := objectstore.NewClient(objectstore.ClientConfig{Endpoint: cfg.Endpoint, Region: cfg.Region})
+	shared, err := objectstore.NewClient(objectstore.ClientConfig{Endpoint: cfg.Endpoint, Region: cfg.Region})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := objectstore.NewClient(objectstore.ClientConfig{Endpoint: cfg.Endpoint, Region: cfg.Region, SingleTenant: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,9 +45,17 @@ func TestInstallationStoreSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).Build()
-	r := &Reconciler{Client: c, Options: Options{Store: store, StoreConfig: cfg}}
+	r := &Reconciler{Client: c, Options: Options{Store: shared, StoreConfig: cfg}}
 	ex := &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: "e", Namespace: "vms", UID: "u"},
 		Spec: hypercloud.VirtualMachineVolumeExportSpec{ObjectStore: &common.ObjectStoreSource{BucketName: "exports", ObjectName: "disk.qcow2"}}}
+	if _, err := r.destination(t.Context(), ex, true); err == nil || transfer.IsTransient(err) || transfer.ReasonOf(err) != transfer.ReasonTargetForbidden ||
+		!strings.Contains(err.Error(), "objectStore.external.singleTenant") {
+		t.Fatalf("an export to an external store shared by every namespace: %v", err)
+	}
+	if err := c.Get(t.Context(), client.ObjectKey{Namespace: "vms", Name: "e-export-store"}, &corev1.Secret{}); err == nil {
+		t.Fatal("the installation's keys were written into the namespace")
+	}
+	r.Store = store
 	d, err := r.destination(t.Context(), ex, true)
 	if err != nil {
 		t.Fatal(err)

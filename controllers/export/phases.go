@@ -61,7 +61,8 @@ func (r *Reconciler) reconcile(ctx context.Context, ex *hypercloud.VirtualMachin
 		if src, err = r.source(ctx, ex); err == nil && src == nil {
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil // the snapshot is being taken
 		} else if err == nil {
-			return r.export(ctx, ex, src, dest)
+			res, err := r.export(ctx, ex, src, dest)
+			return refused(ex, res, err)
 		}
 	}
 	var nr *image.NotReadyError
@@ -70,7 +71,21 @@ func (r *Reconciler) reconcile(ctx context.Context, ex *hypercloud.VirtualMachin
 		tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
 		return ctrl.Result{RequeueAfter: 15 * time.Second}, nil
 	}
-	return ctrl.Result{}, err
+	return refused(ex, ctrl.Result{}, err)
+}
+
+// refused fails the export whose child's name is taken by an object diskpipe did not make for
+// it, or that the store refused for good; any other err is returned with res.
+func refused(ex *hypercloud.VirtualMachineVolumeExport, res ctrl.Result, err error) (ctrl.Result, error) {
+	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
+		tracked(ex).SetFailed(importpod.ReasonNameTaken, nt.Error())
+		return ctrl.Result{}, nil
+	}
+	if te := (*transfer.Error)(nil); errors.As(err, &te) && !te.Transient {
+		tracked(ex).SetFailed(string(te.Reason), te.Error())
+		return ctrl.Result{}, nil
+	}
+	return res, err
 }
 
 // export runs the exporter pod on src and records its result.
@@ -267,7 +282,7 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 		return nil, &image.NotReadyError{Reason: "InvalidSpec", Message: "spec.objectStore or spec.s3 is required"}
 	}
 	// Everything in the store is done as the export's namespace: its own buckets only.
-	store, err := r.Store.Namespace(ctx, ex.Namespace)
+	store, err := r.Store.Namespace(ctx, ex.Namespace, transfer.ReasonTargetForbidden)
 	if err != nil {
 		return nil, image.StoreUnavailable(ex.Namespace, err)
 	}
@@ -318,6 +333,12 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 func (r *Reconciler) prepareStore(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination) error {
 	if r.StoreConfig.Scoped {
 		if err := d.client.EnsureBucket(ctx, d.bucket); err != nil {
+			return err
+		}
+		// Another namespace's bucket that it shares with this one is not this export's to
+		// write: its owner would read the disk (a tenant may make a bucket of a name others
+		// use, and share it with them, before they do).
+		if err := d.client.CheckOwnBucket(ctx, d.bucket, transfer.ReasonTargetForbidden); err != nil {
 			return err
 		}
 		ids, err := d.client.AbortUploads(ctx, d.bucket, d.object)
@@ -409,6 +430,10 @@ func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVol
 		err = r.presign(ctx, ex, d)
 	} else {
 		res, aerr := r.storeAction(ctx, ex, d, "presign", "--download-url-expiry", expiryOf(ex).String())
+		if errors.As(aerr, new(*owned.ErrNotOwned)) {
+			r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, importpod.ReasonNameTaken, "RenewURL", "No new download URL: %v", aerr)
+			return true, r.clearRenew(ctx, ex, base)
+		}
 		if res == nil || aerr != nil {
 			return false, aerr
 		}
@@ -457,7 +482,7 @@ func (r *Reconciler) unscope(ctx context.Context, ex *hypercloud.VirtualMachineV
 	if t == nil || ex.Spec.S3 != nil || r.Store == nil || r.StoreConfig == nil || !r.StoreConfig.Scoped {
 		return nil
 	}
-	store, err := r.Store.Namespace(ctx, ex.Namespace)
+	store, err := r.Store.Namespace(ctx, ex.Namespace, transfer.ReasonTargetForbidden)
 	if err != nil {
 		return err
 	}
@@ -495,6 +520,10 @@ func (r *Reconciler) delete(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, "ObjectKept", "Delete",
 			"%s was not deleted: its namespace is being deleted, so no pod can delete it", ex.Status.ObjectURL)
 		return nil
+	case errors.As(err, new(*owned.ErrNotOwned)):
+		// Someone else's pod holds the name: its result is not believed, and the export goes.
+		r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, "ObjectKept", "Delete", "%s was not deleted: %v", ex.Status.ObjectURL, err)
+		return nil
 	case err != nil:
 		return err
 	case res == nil:
@@ -530,11 +559,15 @@ func (r *Reconciler) storeAction(ctx context.Context, ex *hypercloud.VirtualMach
 	if err := controllerutil.SetControllerReference(ex, pod, r.Scheme()); err != nil {
 		return nil, err
 	}
+	owned.Stamp("Pod", pod, ex.UID)
 	err := r.Get(ctx, client.ObjectKeyFromObject(pod), pod)
 	if apierrors.IsNotFound(err) {
 		return nil, importpod.Create(ctx, r.Client, r.Pods.Config, pod)
 	} else if err != nil {
 		return nil, err
+	}
+	if !owned.Mine("Pod", pod, ex) {
+		return nil, &owned.ErrNotOwned{Kind: "Pod", Name: pod.Name}
 	}
 	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
 		return nil, nil

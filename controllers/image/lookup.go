@@ -2,6 +2,7 @@ package image
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
 // NotReadyError says why a source cannot be read yet; the reader waits for it.
@@ -22,8 +24,11 @@ func (e *NotReadyError) Error() string { return e.Message }
 
 // StoreUnavailable is a *NotReadyError for a bundled store that could not act as namespace ns
 // (it is away, or refused to make the namespace's account): no pod starts until it can, and
-// status says why.
+// status says why. A permanent refusal (an external store a namespace may not use) is err.
 func StoreUnavailable(ns string, err error) error {
+	if te := (*transfer.Error)(nil); errors.As(err, &te) && !te.Transient {
+		return err // a refusal, not a wait
+	}
 	return &NotReadyError{"ObjectStoreUnavailable", fmt.Sprintf("waiting for the bundled object store to act as namespace %s: %v", ns, err)}
 }
 

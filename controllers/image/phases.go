@@ -141,6 +141,11 @@ func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
 		}
 		return objectstore.Classify(err, "looking for the upload")
 	}
+	// Its marker and bytes are believed only in the proxy's own bucket, not in one of that
+	// name a tenant made first.
+	if err := r.ObjectStore.CheckOwnBucket(ctx, uploadproxy.Bucket, transfer.ReasonSourceForbidden); err != nil {
+		return err
+	}
 	g.source.objectStore = &common.ObjectStoreSource{BucketName: uploadproxy.Bucket, ObjectName: common.ObjectName(key)}
 	return nil
 }
@@ -257,7 +262,7 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 	store := r.ObjectStore
 	if g.source.upload == "" {
 		var err error
-		if store, err = r.ObjectStore.Namespace(ctx, g.obj.GetNamespace()); err != nil {
+		if store, err = r.ObjectStore.Namespace(ctx, g.obj.GetNamespace(), transfer.ReasonSourceForbidden); err != nil {
 			return StoreUnavailable(g.obj.GetNamespace(), err)
 		}
 	}

@@ -102,6 +102,9 @@ priorityClassName: {{ . }}
 {{- if .caConfigMap }}
 - --objectstore-ca-file=/var/run/diskpipe/objectstore-ca/ca.crt
 {{- end }}
+{{- if .singleTenant }}
+- --objectstore-single-tenant
+{{- end }}
 {{- else }}
 - --objectstore-region={{ $.Values.objectStore.bundled.region }}
 - --objectstore-bucket-lookup=Path

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 )
 
 // Source is the PVC whose disk is copied.
@@ -53,6 +54,8 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		Mounts: []importpod.Mount{{Secret: name, Path: tokenDir}}}
 	serve.Args = []string{"--serve", ":" + strconv.Itoa(importpod.ServePort), "--path", serve.SourcePath(), "--token-file", tokenDir + "/token"}
 	pod := importpod.Build(cfg, serve)
+	// In another namespace it can have no owner: its mark names the object it serves.
+	owned.Stamp("Pod", pod, owner.GetUID())
 	if err := importpod.Create(ctx, c, cfg, pod); err != nil {
 		return false, fmt.Errorf("creating the clone source: %w", err)
 	}
@@ -60,6 +63,9 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		return false, client.IgnoreNotFound(err)
 	}
 	switch {
+	case !owned.Marked("Pod", pod, owner.GetUID()):
+		// Made by someone else under its name: its address is not one to send a token to.
+		return false, &owned.ErrNotOwned{Kind: "Pod", Name: src.Namespace + "/" + pod.Name}
 	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
 		// It should serve until deleted: start it again.
 		return false, client.IgnoreNotFound(c.Delete(ctx, pod))

@@ -19,6 +19,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/metrics"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -30,6 +31,8 @@ const (
 	ReasonPending  = "Pending"
 	ReasonRunning  = "Running"
 	ReasonRetrying = "Retrying"
+	// ReasonNameTaken: a pod of the work's name exists that diskpipe did not make for it.
+	ReasonNameTaken = "NameTaken"
 )
 
 // Status is the part of an image's or a disk's status that an importer pod moves forward.
@@ -110,6 +113,11 @@ func (w Work) op() metrics.Op {
 // fails the pod stays, and done is called again on the next pass.
 func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done func(*transfer.Result) error) (ctrl.Result, error) {
 	st := w.Status
+	if !owned.Mine("Pod", pod, w.Obj) {
+		// Its status and result are whatever its maker wrote: none of them is believed.
+		st.SetFailed(ReasonNameTaken, (&owned.ErrNotOwned{Kind: "Pod", Name: pod.Name}).Error())
+		return ctrl.Result{}, nil
+	}
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 		*st.Phase = w.Running

@@ -84,10 +84,10 @@ func LoadKey(ctx context.Context, c client.Client, name types.NamespacedName) er
 	return nil
 }
 
-// mark is the mark of obj, a child of owner, under k.
-func (k *markKey) mark(kind string, obj, owner client.Object) string {
+// mark is the mark of obj, made for the object of UID owner, under k.
+func (k *markKey) mark(kind string, obj client.Object, owner types.UID) string {
 	h := hmac.New(sha256.New, k.key)
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s", kind, obj.GetNamespace(), obj.GetName(), owner.GetUID())
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s", kind, obj.GetNamespace(), obj.GetName(), owner)
 	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
 }
 
@@ -101,8 +101,9 @@ func key() *markKey {
 	panic("owned: no marking key: the manager calls owned.LoadKey (or a test owned.UseKey) before it starts")
 }
 
-// Stamp marks obj, about to be created, as owner's child of kind.
-func Stamp(kind string, obj, owner client.Object) {
+// Stamp marks obj, of kind, about to be created, as made for the object of UID owner (its
+// owner, or the object a pod in another namespace works for).
+func Stamp(kind string, obj client.Object, owner types.UID) {
 	ann := maps.Clone(obj.GetAnnotations())
 	if ann == nil {
 		ann = map[string]string{}
@@ -111,15 +112,18 @@ func Stamp(kind string, obj, owner client.Object) {
 	obj.SetAnnotations(ann)
 }
 
-// Mine reports whether obj, of kind, read from the cluster, is a child diskpipe made for
-// owner: controlled by owner and marked so, or older than marks.
-func Mine(kind string, obj, owner client.Object) bool {
-	if !metav1.IsControlledBy(obj, owner) {
-		return false
-	}
+// Marked reports whether obj, of kind, read from the cluster, was made by diskpipe for the
+// object of UID owner: it carries the mark Stamp gave it, or is older than marks.
+func Marked(kind string, obj client.Object, owner types.UID) bool {
 	k := key()
 	if got, ok := obj.GetAnnotations()[AnnotationMade]; ok {
 		return hmac.Equal([]byte(got), []byte(k.mark(kind, obj, owner)))
 	}
 	return obj.GetCreationTimestamp().Time.Before(k.since)
+}
+
+// Mine reports whether obj, of kind, read from the cluster, is a child diskpipe made for
+// owner: controlled by owner, and Marked for it.
+func Mine(kind string, obj, owner client.Object) bool {
+	return metav1.IsControlledBy(obj, owner) && Marked(kind, obj, owner.GetUID())
 }

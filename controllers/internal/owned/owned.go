@@ -51,7 +51,7 @@ func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (boo
 	if err != nil {
 		return false, err
 	}
-	Stamp(gvk.Kind, obj, owner)
+	Stamp(gvk.Kind, obj, owner.GetUID())
 	err = c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 	if apierrors.IsNotFound(err) {
 		if err = c.Create(ctx, obj); apierrors.IsAlreadyExists(err) {

@@ -1,0 +1,92 @@
+package objectstore
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/versity/versitygw/backend"
+	"github.com/versity/versitygw/s3err"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// # Names a tenant cannot take first
+//
+// Bucket names are global to the store, and the first to make one owns it. The buckets
+// diskpipe makes for itself (the upload proxy's) begin with ReservedPrefix, which only the
+// store's root account may use: a namespace's account that asks for such a bucket is refused,
+// so no tenant can make one before diskpipe does and read what others upload to it. Those
+// who use a bucket check its owner too (OwnedBy, BucketOwner): diskpipe's own must be root's,
+// an export's the namespace's own.
+
+// ReservedPrefix begins the names of the buckets only diskpipe makes.
+const ReservedPrefix = "diskpipe-"
+
+// reserved refuses reserved bucket names to every account but root.
+type reserved struct {
+	backend.Backend
+	root string
+}
+
+func (r *reserved) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, defaultACL []byte) error {
+	if bucket := deref(in.Bucket); strings.HasPrefix(bucket, ReservedPrefix) {
+		var acl struct{ Owner string }
+		if err := json.Unmarshal(defaultACL, &acl); err != nil || acl.Owner != r.root {
+			return s3err.APIError{Code: "AccessDenied", HTTPStatusCode: http.StatusForbidden,
+				Description: fmt.Sprintf("bucket names beginning with %q are reserved for diskpipe: choose another name for %s", ReservedPrefix, bucket)}
+		}
+	}
+	return r.Backend.CreateBucket(ctx, in, defaultACL)
+}
+
+// BucketOwner is the access key of the account that owns bucket ("" when there is no such
+// bucket), asked of the store's admin API with the root keys (a tenant's client asks through
+// the root client that made it).
+func (c *Client) BucketOwner(ctx context.Context, bucket string) (string, error) {
+	admin := c
+	if c.root != nil {
+		admin = c.root
+	}
+	body, err := admin.adminBody(ctx, "/list-buckets", nil, nil)
+	if err != nil {
+		return "", err
+	}
+	var res struct {
+		Buckets []struct{ Name, Owner string }
+	}
+	if err := xml.Unmarshal(body, &res); err != nil {
+		return "", fmt.Errorf("the object store's list of buckets: %w", err)
+	}
+	for _, b := range res.Buckets {
+		if b.Name == bucket {
+			return b.Owner, nil
+		}
+	}
+	return "", nil
+}
+
+// CheckOwnBucket refuses, with a permanent error of reason, a bucket that exists and belongs to
+// another account than the client's: one a tenant made first under a name diskpipe uses, or
+// another namespace's that shares it. A writer that took such a bucket for its own would
+// put its data where the bucket's owner reads it.
+func (c *Client) CheckOwnBucket(ctx context.Context, bucket string, reason transfer.Reason) error {
+	owner, err := c.BucketOwner(ctx, bucket)
+	if err != nil || owner == "" || owner == c.cfg.AccessKey {
+		return err
+	}
+	who := "another account of the store"
+	if strings.HasPrefix(owner, "dpn") {
+		who = "another namespace"
+	}
+	if c.tenant != "" {
+		return transfer.Permanent(reason, "bucket %s belongs to %s (%s), not to namespace %s: diskpipe writes only to buckets the namespace owns; choose another name",
+			bucket, who, owner, c.tenant)
+	}
+	return transfer.Permanent(reason, "bucket %s belongs to %s (%s), not to the store's root account, which diskpipe's own buckets must: "+
+		"someone made it before diskpipe did; delete it (its objects are theirs) or give it to root with the store's admin API (change-bucket-owner)", bucket, who, owner)
+}
