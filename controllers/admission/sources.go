@@ -8,7 +8,6 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -21,8 +20,11 @@ import (
 )
 
 // sourceGuard admits a disk or image whose source is in another namespace only when the
-// user creating it may read that source, or the source is a public image. diskpipe copies
-// with its own rights, so without this check a namespace could read any other's disks.
+// source namespace's owner consented: its creator may create datavolumes/source
+// (cdi.kubevirt.io) there, CDI's rule for the same copy, or the source is an image its owner
+// labelled public. diskpipe copies with its own rights, so without this check a namespace
+// could read any other's disks; and reading an object is not owning it (the built-in view
+// role may get every PVC and image of a namespace), so get is not enough.
 type sourceGuard struct {
 	client  client.Client
 	decoder admission.Decoder
@@ -30,7 +32,6 @@ type sourceGuard struct {
 
 // source is a cross-namespace source: what the user must be allowed to get.
 type source struct {
-	resource        schema.GroupVersionResource
 	kind            string
 	namespace, name string
 	// image is set for sources that may be public images.
@@ -67,16 +68,33 @@ func (h *sourceGuard) checkClone(ctx context.Context, req admission.Request, src
 			return admission.Allowed("the source is unchanged")
 		}
 	}
+	return h.consent(ctx, req, src)
+}
+
+// consent admits copying src, in another namespace than the request's, for the request's user
+// when that namespace's owner consented: CDI's rule, create on datavolumes/source
+// (cdi.kubevirt.io) in the source's namespace, one rule for every path (images, disks, VMs,
+// DataVolumes). The chart's user role holds it in the namespaces it is bound in.
+func (h *sourceGuard) consent(ctx context.Context, req admission.Request, src *source) admission.Response {
 	allowed, err := review(ctx, h.client, req, authorizationv1.ResourceAttributes{Namespace: src.namespace, Verb: "create",
 		Group: cdiv1.SchemeGroupVersion.Group, Resource: "datavolumes", Subresource: "source"})
 	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("asking whether %s may clone from %s: %w", req.UserInfo.Username, src.namespace, err))
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("asking whether %s may copy from %s: %w", req.UserInfo.Username, src.namespace, err))
 	}
 	if !allowed {
-		return denied("%s may not clone the %s %s/%s into namespace %s: CDI's rule asks for create on datavolumes/source "+
-			"(cdi.kubevirt.io) in %s", req.UserInfo.Username, src.kind, src.namespace, src.name, req.Namespace, src.namespace)
+		return denied("%s may not copy the %s %s/%s into namespace %s: copying another namespace's data needs its owner's consent, "+
+			"create on datavolumes/source (cdi.kubevirt.io) in %s (CDI's rule; diskpipe's user role holds it where it is bound)%s",
+			req.UserInfo.Username, src.kind, src.namespace, src.name, req.Namespace, src.namespace, publicHint(src))
 	}
-	return admission.Allowed("the user may clone from the source's namespace")
+	return admission.Allowed("the source's namespace lets the user copy from it")
+}
+
+// publicHint says, for an image, how its owner makes it public.
+func publicHint(src *source) string {
+	if src.image == nil {
+		return ""
+	}
+	return fmt.Sprintf(", or the image labelled %s: \"yes\" by its owner", virtualmachine.LabelImagePublic)
 }
 
 // dataVolumeSource is what a DataVolume is made from in another namespace than its own, if
@@ -97,7 +115,8 @@ func dataVolumeSource(dv *cdiv1.DataVolume) *source {
 	return s
 }
 
-// check admits reading src, in another namespace than the request's, for the request's user.
+// check admits copying src, in another namespace than the request's, for the request's user:
+// a public image, or with the source namespace's consent.
 func (h *sourceGuard) check(ctx context.Context, req admission.Request, src *source) admission.Response {
 	if src.image != nil {
 		err := h.client.Get(ctx, client.ObjectKey{Namespace: src.namespace, Name: src.name}, src.image)
@@ -108,33 +127,15 @@ func (h *sourceGuard) check(ctx context.Context, req admission.Request, src *sou
 			return admission.Allowed("a public image")
 		}
 	}
-	allowed, err := review(ctx, h.client, req, authorizationv1.ResourceAttributes{Namespace: src.namespace, Verb: "get",
-		Group: src.resource.Group, Version: src.resource.Version, Resource: src.resource.Resource, Name: src.name})
-	if err != nil {
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("asking whether %s may read the source: %w", req.UserInfo.Username, err))
-	}
-	if !allowed {
-		return denied("%s may not read the %s %s/%s, so cannot copy it into namespace %s: ask for get on %s in %s, or, for an image, "+
-			"have it labelled %s: \"yes\"", req.UserInfo.Username, src.kind, src.namespace, src.name, req.Namespace,
-			src.resource.Resource, src.namespace, virtualmachine.LabelImagePublic)
-	}
-	return admission.Allowed("the user may read the source")
+	return h.consent(ctx, req, src)
 }
-
-// The resources a source may be.
-var (
-	imageTemplates = virtualmachine.GroupVersion.WithResource("imagetemplates")
-	images         = hypercloud.GroupVersion.WithResource("virtualmachineimages")
-	diskVolumes    = diskvolume.GroupVersion.WithResource("diskvolumes")
-	pvcs           = schema.GroupVersionResource{Version: "v1", Resource: "persistentvolumeclaims"}
-)
 
 // imageSource is the golden image a disk is made from, as a source to check.
 func imageSource(img *diskvolume.ImageSource) *source {
 	obj, _ := image.NewObject(img.Kind)
-	s := &source{resource: images, kind: string(diskvolume.ImageKindVirtualMachineImage), namespace: img.Namespace, name: string(img.Name), image: obj}
+	s := &source{kind: string(diskvolume.ImageKindVirtualMachineImage), namespace: img.Namespace, name: string(img.Name), image: obj}
 	if img.Kind == diskvolume.ImageKindImageTemplate {
-		s.resource, s.kind = imageTemplates, string(img.Kind)
+		s.kind = string(img.Kind)
 	}
 	return s
 }
@@ -161,10 +162,10 @@ func (h *sourceGuard) crossNamespaceSource(req admission.Request) (*source, erro
 			return nil, err
 		}
 		if c := t.Spec.Source.Clone; c != nil && c.Namespace != "" {
-			return &source{resource: imageTemplates, kind: "ImageTemplate", namespace: c.Namespace, name: string(c.Name), image: &virtualmachine.ImageTemplate{}}, nil
+			return &source{kind: "ImageTemplate", namespace: c.Namespace, name: string(c.Name), image: &virtualmachine.ImageTemplate{}}, nil
 		}
 		if d := t.Spec.Source.Disk; d != nil && d.Namespace != "" {
-			return &source{resource: diskVolumes, kind: "DiskVolume", namespace: d.Namespace, name: string(d.Name)}, nil
+			return &source{kind: "DiskVolume", namespace: d.Namespace, name: string(d.Name)}, nil
 		}
 	case "DataVolume":
 		dv := &cdiv1.DataVolume{}
@@ -178,7 +179,7 @@ func (h *sourceGuard) crossNamespaceSource(req admission.Request) (*source, erro
 			return nil, err
 		}
 		if p := v.Spec.Source.PVC; p != nil && p.Namespace != "" {
-			return &source{resource: pvcs, kind: "PersistentVolumeClaim", namespace: p.Namespace, name: string(p.Name)}, nil
+			return &source{kind: "PersistentVolumeClaim", namespace: p.Namespace, name: string(p.Name)}, nil
 		}
 	}
 	return nil, nil

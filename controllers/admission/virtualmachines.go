@@ -39,6 +39,9 @@ func (h *vmGuard) Handle(ctx context.Context, req admission.Request) admission.R
 	if req.Operation == admissionv1.Update {
 		verb = "update"
 	}
+	if n := checksOf(vm); n > MaxChecks {
+		return denied("the VirtualMachine names %d volumes and disk templates that each need a check of its author's rights; at most %d are checked in one request", n, MaxChecks)
+	}
 	kubevirtVMs := schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachines"}
 	if r := h.may(ctx, req, verb, kubevirtVMs, "", vm.Name, "the KubeVirt VirtualMachine it makes"); r != nil {
 		return *r
@@ -70,6 +73,24 @@ func (h *vmGuard) Handle(ctx context.Context, req admission.Request) admission.R
 		}
 	}
 	return admission.Allowed("the author may do what the VirtualMachine does")
+}
+
+// MaxChecks bounds the SubjectAccessReviews one admission request makes: each is a request to
+// the apiserver, and anyone who reaches the webhook's port may send a review.
+const MaxChecks = 256
+
+// checksOf counts the SubjectAccessReviews vm's admission asks, at most.
+func checksOf(vm *virtualmachine.VirtualMachine) int {
+	n := 1 + len(vm.Spec.DiskVolumeTemplates)
+	var hw struct {
+		Volumes []kubevirtv1.Volume `json:"volumes"`
+	}
+	if json.Unmarshal(vm.Spec.Hardware.Raw, &hw) == nil {
+		for _, v := range hw.Volumes {
+			n += len(volumeUses(v))
+		}
+	}
+	return n
 }
 
 // use is what a volume does with the author's namespace's objects.

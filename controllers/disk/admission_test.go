@@ -1,6 +1,7 @@
 package disk_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
@@ -54,9 +56,11 @@ func TestGoldenPVCsAreReadOnly(t *testing.T) {
 	g.Expect(admin.Create(t.Context(), podMounting(ns, "unrelated", "no-such-pvc"))).To(Succeed())
 }
 
-// TestCrossNamespaceNeedsReadAccess: a DiskVolume from another namespace's image is admitted
-// only when its creator may get that image, or the image is public.
-func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
+// TestCrossNamespaceNeedsConsent: a DiskVolume from another namespace's image is admitted only
+// when that namespace's owner consented: its creator may create datavolumes/source there (as
+// diskpipe's user role, part of edit, allows), or the image is public. Reading the image (the
+// view role) is not enough.
+func TestCrossNamespaceNeedsConsent(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	ctx := t.Context()
@@ -80,7 +84,9 @@ func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
 		}
 		return nil
 	}).Should(Succeed())
-	g.Expect(err).To(MatchError(ContainSubstring("bob may not read the VirtualMachineImage " + images + "/private, so cannot copy it into namespace " + team)))
+	refusal := "bob may not copy the VirtualMachineImage " + images + "/private into namespace " + team +
+		": copying another namespace's data needs its owner's consent, create on datavolumes/source (cdi.kubevirt.io) in " + images
+	g.Expect(err).To(MatchError(ContainSubstring(refusal)))
 
 	// Public: anyone may make disks from it.
 	patch := client.MergeFrom(vmi.DeepCopy())
@@ -90,13 +96,26 @@ func TestCrossNamespaceNeedsReadAccess(t *testing.T) {
 		return bob.Create(ctx, newDiskVolume(team, "public", fromImage(images, "private"), classCSI, ""))
 	}, 10*time.Second).Should(Succeed())
 
-	// Not public, but bob may read it.
+	// Not public, and bob may read it (and every PVC there) with the built-in view role: a
+	// viewer is not an owner.
 	private := readyImage(t, images, "shared", classCSI)
 	g.Expect(private.Labels).NotTo(HaveKey(virtualmachine.LabelImagePublic))
-	g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "read-images", Namespace: images},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"hypercloud.tmaxanc.com"}, Resources: []string{"virtualmachineimages"}, Verbs: []string{"get"}}}})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bob-views", Namespace: images},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:aggregate-to-view"},
+		Subjects: []rbacv1.Subject{{Kind: "User", Name: "bob"}}})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bob-views-images", Namespace: images},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "diskpipe-viewer"},
+		Subjects: []rbacv1.Subject{{Kind: "User", Name: "bob"}}})).To(Succeed())
+	g.Eventually(func() error {
+		return bob.Get(ctx, client.ObjectKeyFromObject(private), &hypercloud.VirtualMachineImage{})
+	}, 10*time.Second).Should(Succeed())
+	g.Expect(bob.Create(ctx, newDiskVolume(team, "viewed", fromImage(images, "shared"), classCSI, ""))).To(
+		MatchError(ContainSubstring("bob may not copy the VirtualMachineImage " + images + "/shared into namespace " + team)))
+	// The namespace's owner consents: bob is given the copy right there.
+	g.Expect(env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "copy-from", Namespace: images},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"cdi.kubevirt.io"}, Resources: []string{"datavolumes/source"}, Verbs: []string{"create"}}}})).To(Succeed())
 	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bob", Namespace: images},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "read-images"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "copy-from"},
 		Subjects: []rbacv1.Subject{{Kind: "User", Name: "bob"}}})).To(Succeed())
 	g.Eventually(func() error {
 		return bob.Create(ctx, newDiskVolume(team, "granted", fromImage(images, "shared"), classCSI, ""))
@@ -212,7 +231,15 @@ func TestVirtualMachineChecksItsAuthor(t *testing.T) {
 		`carol may not create serviceaccounts/token deployer`)
 	refused(vm("stolen", plain, virtualmachine.DiskVolumeTemplate{Metadata: virtualmachine.TemplateMeta{Name: "root"},
 		Spec: newDiskVolume(team, "root", fromImage(images, "private"), classCSI, "1Gi").Spec}),
-		"carol may not read the VirtualMachineImage "+images+"/private, so cannot copy it into namespace "+team)
+		"carol may not copy the VirtualMachineImage "+images+"/private into namespace "+team)
+
+	// However many volumes a VM names, one request asks a bounded number of checks.
+	var many []string
+	for i := range 300 {
+		many = append(many, fmt.Sprintf(`{"name":"s%d","secret":{"secretName":"s%d"}}`, i, i))
+	}
+	refused(vm("many", `{"domain":{"devices":{}},"volumes":[`+strings.Join(many, ",")+`]}`),
+		"the VirtualMachine names 301 volumes and disk templates that each need a check of its author's rights; at most 256 are checked in one request")
 
 	grant(team, "db-password", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"db-password"}, Verbs: []string{"get"}})
 	g.Eventually(func() error { return carol.Create(ctx, withSecret) }, 10*time.Second).Should(Succeed())

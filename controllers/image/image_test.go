@@ -304,6 +304,24 @@ func TestSizeRequired(t *testing.T) {
 	}, 20*time.Second).Should(Succeed())
 }
 
+// TestClaimedSizeBounded: a size a source claims near 2^63 (a crafted header) fails the
+// image with the reason, before any volume is sized from it (where it would overflow).
+func TestClaimedSizeBounded(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "size")
+	g.Expect(err).NotTo(HaveOccurred())
+	vmi := newImage(ns, "huge", "", 3)
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+	kubelet(t, ns, "vmim-huge-probe-0", corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 1<<63 - 1}, 0)
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(readyReason, Equal("TooLarge")))
+	g.Expect(vmi.Status.Phase).To(Equal(common.PhaseFailed))
+	g.Expect(meta.FindStatusCondition(vmi.Status.Conditions, common.ConditionReady).Message).To(Equal(
+		"the source claims a virtual size of 9223372036854775807 bytes; diskpipe imports disks of at most 1125899906842624 bytes (1 PiB)"))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-huge"}, &corev1.PersistentVolumeClaim{})).NotTo(Succeed())
+}
+
 // TestBlockVolume: a Block image's importer gets the PVC as a device and writes to it.
 func TestBlockVolume(t *testing.T) {
 	startManager(t)

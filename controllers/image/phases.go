@@ -194,6 +194,10 @@ func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) 
 			st.Phase = common.PhasePending
 			return nil
 		}
+		if err := transfer.CheckVirtualSize(res.VirtualSize); err != nil {
+			g.tracked().SetFailed(string(transfer.ReasonOf(err)), err.Error())
+			return nil
+		}
 		st.Format, st.VirtualSize = res.Format, resource.NewQuantity(res.VirtualSize, resource.BinarySI)
 		return nil
 	})

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,21 +18,33 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
 // TestObjectStoreCA: with an external store in place of the bundled one, whose CA is not
 // publicly trusted, the importer of an objectStore source gets that CA beside its presigned
-// URL (one step, with a fake client; the image suite imports from a real store).
+// URL, where the installation has a single tenant; else the source is refused, since the URL
+// would be signed with the installation's keys (one step, with a fake client; the image suite
+// imports from a real store).
 func TestObjectStoreCA(t *testing.T) {
 	ca := filepath.Join(t.TempDir(), "ca.crt")
 	if err := os.WriteFile(ca, []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	store, err := objectstore.NewClient(objectstore.ClientConfig{Endpoint: "https://s3.internal.example", Region: "eu-west-1",
-		AccessKey: "AK", SecretKey: "SK"})
+	cfg := objectstore.ClientConfig{Endpoint: "https://s3.internal.example", Region: "eu-west-1", AccessKey: "AK", SecretKey: "SK"}
+	shared, err := objectstore.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	cfg.SingleTenant = true
+	store, err := objectstore.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !owned.HasKey() { // a manager of this suite's may run beside: its key stays
+		owned.UseKey([]byte("storeca test"), time.Time{})
 	}
 	scheme := runtime.NewScheme()
 	if err := errors.Join(clientgoscheme.AddToScheme(scheme), hypercloud.AddToScheme(scheme)); err != nil {
@@ -40,10 +53,15 @@ func TestObjectStoreCA(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme).Build()
 	var pods importpod.Config
 	pods.Defaults()
-	r := &Reconciler{Client: c, ObjectStore: store, ObjectStoreCA: ca, Pods: &importpod.Tracker{Client: c, Config: pods}}
+	r := &Reconciler{Client: c, ObjectStore: shared, ObjectStoreCA: ca, Pods: &importpod.Tracker{Client: c, Config: pods}}
 	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "img", Namespace: "vms", UID: "u"}}
 	g := &goldenImage{obj: vmi, status: &vmi.Status,
 		source: source{kind: "objectStore", objectStore: &common.ObjectStoreSource{BucketName: "vmimage", ObjectName: "disk.qcow2"}}}
+	if _, err := r.ensurePod(t.Context(), g, importpod.Spec{Name: "img-import-0"}, r.work(g, "Import")); transfer.ReasonOf(err) != transfer.ReasonSourceForbidden ||
+		!strings.Contains(err.Error(), "objectStore.external.singleTenant") {
+		t.Fatalf("an objectStore source on an external store shared by every namespace: %v", err)
+	}
+	r.ObjectStore = store
 	pod, err := r.ensurePod(t.Context(), g, importpod.Spec{Name: "img-import-0"}, r.work(g, "Import"))
 	if err != nil {
 		t.Fatal(err)

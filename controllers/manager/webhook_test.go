@@ -111,7 +111,7 @@ func TestWebhookCertificate(t *testing.T) {
 				return "admitted"
 			}
 			return err.Error()
-		}, 20*time.Second, 200*time.Millisecond).Should(ContainSubstring("alice may not read the VirtualMachineImage default/secret-image"), attempt)
+		}, 20*time.Second, 200*time.Millisecond).Should(ContainSubstring("alice may not copy the VirtualMachineImage default/secret-image"), attempt)
 		g.Expect(env.Client.Create(ctx, d.DeepCopy())).To(Succeed(), attempt)
 	}
 	webhookWorks("first certificate")

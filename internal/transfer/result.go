@@ -1,10 +1,13 @@
 package transfer
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Exit codes of the importer and exporter commands.
@@ -55,8 +58,13 @@ type Result struct {
 	Message string `json:"message,omitempty"`
 }
 
-// maxMessage keeps the result within the kubelet's 4096-byte termination message.
+// maxMessage keeps the result within the kubelet's 4096-byte termination message, with
+// Encode's check as the last word.
 const maxMessage = 2048
+
+// MaxResult is the kubelet's limit on a termination message: a longer one is cut, and a cut
+// result is no result.
+const MaxResult = 4096
 
 // Fail fills the failure fields of r from err.
 func (r *Result) Fail(err error) {
@@ -88,14 +96,48 @@ func (r *Result) Finish(start time.Time, path string) error {
 	if path == "" {
 		return nil
 	}
-	b, err := json.Marshal(r)
+	b, err := r.Encode()
 	if err != nil {
-		return fmt.Errorf("encoding result: %w", err)
+		return err
 	}
 	if err := os.WriteFile(path, b, 0o644); err != nil { //nolint:gosec // read by the kubelet
 		return fmt.Errorf("writing termination message: %w", err)
 	}
 	return nil
+}
+
+// Encode is r as JSON that fits in MaxResult bytes: its message is shortened until it does
+// (a message that JSON escapes, control characters say, grows up to sixfold when encoded).
+func (r *Result) Encode() ([]byte, error) {
+	out := *r
+	for {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(&out); err != nil {
+			return nil, fmt.Errorf("encoding result: %w", err)
+		}
+		b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+		if len(b) <= MaxResult {
+			return b, nil
+		}
+		if out.Message == "" {
+			return nil, fmt.Errorf("encoding result: %d bytes without a message, over the %d a termination message holds", len(b), MaxResult)
+		}
+		// What is over, in encoded bytes, may be a few escaped characters of the message:
+		// halve it rather than lose it all.
+		keep := len(out.Message) - (len(b) - MaxResult) - len("...")
+		if keep < len(out.Message)/2 {
+			keep = len(out.Message) / 2
+		}
+		for keep > 0 && !utf8.RuneStart(out.Message[keep]) {
+			keep--
+		}
+		out.Message = strings.TrimSuffix(out.Message[:keep], "...") + "..."
+		if keep == 0 {
+			out.Message = ""
+		}
+	}
 }
 
 // ReadResult parses a termination message.

@@ -22,3 +22,16 @@ func Usable(capacity int64, overhead float64) int64 { return int64(float64(capac
 func GrownSize(capacity int64, overhead float64) int64 {
 	return Usable(capacity, overhead) &^ (1<<20 - 1)
 }
+
+// MaxVirtualSize is the largest disk diskpipe imports, 1 PiB: a size a source claims beyond it
+// (a crafted header, a server's word) is refused before a volume is sized from it, where it
+// would overflow.
+const MaxVirtualSize = 1 << 50
+
+// CheckVirtualSize refuses a claimed virtual size that is negative or over MaxVirtualSize.
+func CheckVirtualSize(size int64) error {
+	if size < 0 || size > MaxVirtualSize {
+		return Permanent(ReasonTooLarge, "the source claims a virtual size of %d bytes; diskpipe imports disks of at most %d bytes (1 PiB)", size, int64(MaxVirtualSize))
+	}
+	return nil
+}
