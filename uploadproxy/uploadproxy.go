@@ -64,6 +64,21 @@ func MarkerKey(key string) string { return key + ".complete" }
 // StateKey holds the state of the unfinished upload at key.
 func StateKey(key string) string { return key + ".state" }
 
+// Remove deletes what an upload at key left in the store (through store, the root's client):
+// its marker first, so that nothing half-removed is taken for a whole upload, then the object,
+// the state and unfinished parts. For an image being deleted.
+func Remove(ctx context.Context, store *objectstore.Client, key string) error {
+	for _, k := range []string{MarkerKey(key), key, StateKey(key)} {
+		if err := store.RemoveObject(ctx, Bucket, k, minio.RemoveObjectOptions{}); err != nil && minio.ToErrorResponse(err).Code != "NoSuchBucket" {
+			return objectstore.Classify(err, "removing the upload "+objectstore.ObjectURL(Bucket, k))
+		}
+	}
+	if _, err := store.AbortUploads(ctx, Bucket, key); err != nil && !strings.Contains(err.Error(), "does not exist") {
+		return err
+	}
+	return nil
+}
+
 // Headers of the resumable protocol.
 const (
 	HeaderOffset   = "Upload-Offset"

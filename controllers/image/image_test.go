@@ -490,7 +490,7 @@ func TestCopySources(t *testing.T) {
 }
 
 // TestUploadSource waits for the upload proxy's marker, then imports the uploaded object
-// like an objectStore source.
+// like an objectStore source; deleting the image deletes the upload.
 func TestUploadSource(t *testing.T) {
 	startManager(t)
 	g := NewWithT(t)
@@ -530,4 +530,12 @@ func TestUploadSource(t *testing.T) {
 	got, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	g.Expect(got).To(Equal(body))
+
+	// The upload goes with its image.
+	g.Expect(env.Client.Delete(ctx, vmi)).To(Succeed())
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi) }, 20*time.Second).ShouldNot(Succeed())
+	for _, k := range []string{key, uploadproxy.MarkerKey(key)} {
+		_, err := c.StatObject(ctx, uploadproxy.Bucket, k, minio.StatObjectOptions{})
+		g.Expect(minio.ToErrorResponse(err).Code).To(Equal("NoSuchKey"), k)
+	}
 }

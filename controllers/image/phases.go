@@ -323,6 +323,13 @@ func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, e
 	if err := r.DeleteAllOf(ctx, &corev1.Secret{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil {
 		return ctrl.Result{}, err
 	}
+	if g.source.upload != "" && r.ObjectStore != nil {
+		// The uploaded bytes are the image's: they go with it, and count against no one.
+		key := uploadproxy.ObjectKey(g.obj.GetNamespace(), g.source.upload, g.obj.GetName(), uid)
+		if err := uploadproxy.Remove(ctx, r.ObjectStore, key); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: childName(g.prefix, g.obj.GetName()), Namespace: g.obj.GetNamespace()}}
 	if err := r.Delete(ctx, pvc); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err

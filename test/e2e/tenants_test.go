@@ -87,3 +87,87 @@ spec:
 		Expect(stderr).To(ContainSubstring(fmt.Sprintf("system:serviceaccount:%s:viewer may not update the Secret %s/diskpipe-objectstore-keys", b, b)))
 	})
 })
+
+// asUser runs kubectl as user (impersonated, so the apiserver's RBAC decides) and returns its
+// output and error.
+func asUser(user, stdin string, args ...string) (string, error) {
+	out, errOut, err := cluster.Kubectl(context.Background(), []byte(stdin), append(args, "--as", user)...)
+	return out + errOut, err
+}
+
+var _ = Describe("a hostile tenant", func() {
+	It("with edit in its own namespace only, takes no other namespace's volume, bucket or disk", func() {
+		ctx := context.Background()
+		victim, own := namespace(), namespace()
+		importHTTP(victim, "golden", "disk.qcow2")
+		sameDisk(golden(victim, "golden"))
+		pv := kubectl("", "get", "pvc", "vmim-golden", "-n", victim, "-o", "jsonpath={.spec.volumeName}")
+		claim := kubectl("", "get", "pv", pv, "-o", "jsonpath={.spec.claimRef.namespace}/{.spec.claimRef.name}/{.spec.claimRef.uid}")
+
+		// mallory may do in her namespace what edit allows (envtest-like clusters aggregate
+		// no roles: Kubernetes' and diskpipe's parts of edit are bound too), nothing elsewhere.
+		mallory := "mallory-" + own
+		for _, role := range []string{"edit", "system:aggregate-to-edit", "system:aggregate-to-view", "diskpipe-user"} {
+			kubectl("", "create", "rolebinding", strings.ReplaceAll(role, ":", "-")+"-"+mallory, "-n", own, "--clusterrole", role, "--user", mallory)
+		}
+		as := func(stdin string, args ...string) string {
+			GinkgoHelper()
+			var out string
+			Eventually(func() error { // RBAC learns a new binding a moment after it is made
+				var err error
+				out, err = asUser(mallory, stdin, args...)
+				if err != nil {
+					return fmt.Errorf("%w: %s", err, out)
+				}
+				return nil
+			}, 30*time.Second, time.Second).Should(Succeed())
+			return out
+		}
+
+		// 1. Her disk waits for an image she has not made yet; meanwhile she makes its prime
+		// PVC herself, controlled by the disk, marked filled, pre-bound to the victim's volume.
+		as(diskFromImage("loot", "later", "HostAssisted"), "apply", "-n", own, "-f", "-")
+		uid := kubectl("", "get", "dvol", "loot", "-n", own, "-o", "jsonpath={.metadata.uid}")
+		as(fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: prime-%s
+  annotations: {diskpipe.io/filled: "copied in 1 s"}
+  ownerReferences:
+  - {apiVersion: diskvolume.kubesphere.io/v1alpha1, kind: DiskVolume, name: loot, uid: %s, controller: true, blockOwnerDeletion: true}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: cephrbd
+  volumeName: %s
+  resources: {requests: {storage: 64Mi}}
+`, uid, uid, pv), "apply", "-n", own, "-f", "-")
+		as(vmi("later", fmt.Sprintf("    http: %s/disk.qcow2", server)), "apply", "-n", own, "-f", "-")
+		Eventually(phase(own, "vmim", "later"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(own, "dvol", "loot"), time.Minute, time.Second).Should(Equal("Failed NameTaken"))
+		Expect(kubectl("", "get", "dvol", "loot", "-n", own, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(
+			Equal("a PersistentVolumeClaim named prime-" + uid + " already exists and was not made by diskpipe for this object; delete it and diskpipe makes it again"))
+		Consistently(func() string {
+			return kubectl("", "get", "pv", pv, "-o", "jsonpath={.spec.claimRef.namespace}/{.spec.claimRef.name}/{.spec.claimRef.uid}")
+		}, 5*time.Second, time.Second).Should(Equal(claim), "the victim's volume is still the victim's")
+		Expect(kubectl("", "get", "pvc", "vmim-golden", "-n", victim, "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
+
+		// 2. The bucket every upload goes to cannot be hers first, under any name diskpipe keeps.
+		for _, bucket := range []string{"diskpipe-uploads", "diskpipe-exports"} {
+			out, err := awsIn(ctx, own, "s3", "mb", "s3://"+bucket)
+			Expect(err).To(HaveOccurred(), out)
+			Expect(out).To(ContainSubstring("reserved for diskpipe"))
+		}
+
+		// 3. Reading another namespace (the view role) is not owning it: no copy of its image.
+		kubectl("", "create", "rolebinding", "view-"+mallory, "-n", victim, "--clusterrole", "view", "--user", mallory)
+		kubectl("", "create", "rolebinding", "view-parts-"+mallory, "-n", victim, "--clusterrole", "system:aggregate-to-view", "--user", mallory)
+		kubectl("", "create", "rolebinding", "viewer-"+mallory, "-n", victim, "--clusterrole", "diskpipe-viewer", "--user", mallory)
+		Eventually(func() error { _, err := asUser(mallory, "", "get", "vmim", "golden", "-n", victim); return err }, 30*time.Second, time.Second).Should(Succeed())
+		out, err := asUser(mallory, diskOf("copy", victim, "Filesystem", "64Mi"), "apply", "-n", own, "-f", "-")
+		Expect(err).To(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring(fmt.Sprintf("%s may not copy the VirtualMachineImage %s/golden into namespace %s: copying another namespace's data needs its owner's consent",
+			mallory, victim, own)))
+
+		sameDisk(golden(victim, "golden"))
+	})
+})

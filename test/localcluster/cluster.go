@@ -151,7 +151,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	c.managerArgs = []string{"--config", config, "--objectstore-endpoint", c.Store.Endpoint,
 		"--objectstore-credentials-dir", creds, "--objectstore-scoped-credentials", "--metrics-bind-address", c.metrics, "--health-probe-bind-address", "0",
 		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir,
-		"--upload-token-secret", tokenSecret, "--upload-proxy-url", c.UploadURL}
+		"--upload-token-secret", tokenSecret, "--upload-proxy-url", c.UploadURL,
+		"--owner-key-secret", ManagerNamespace + "/" + testenv.ChartRelease + "-owner-key"}
 	if err := c.run("manager", c.managerArgs...); err != nil {
 		return nil, err
 	}
