@@ -65,7 +65,8 @@ var Catalog = []ReasonDoc{
 	{Reason: "WaitingForRevisions", On: "scheduled images being deleted", Meaning: "the images of its revisions are being deleted", Advice: "wait"},
 	{Reason: "TooSmall", On: "disks", Meaning: "the requested size is smaller than the source", Advice: "ask for at least the source's size"},
 	{Reason: "SizeRequired", On: "images, blank disks", Meaning: "the size cannot be known without importing (compressed raw), or a blank disk has none", Advice: "set `resources.requests.storage`"},
-	{Reason: "NameTaken", On: "images, disks", Meaning: "a PVC of the child's name exists and belongs to something else", Advice: "rename the object or remove that PVC"},
+	{Reason: "NameTaken", On: "images, disks, exports", Meaning: "an object of a child's name (a PVC, a pod, a snapshot) exists that diskpipe did not make for this object", Advice: "rename the object, or delete that one and diskpipe makes its own"},
+	{Reason: "VolumeNotBound", On: "disks", Meaning: "the volume a disk would be handed is not bound to diskpipe's claim that filled it (a claim named another volume)", Advice: "delete the disk and make it again; the message names the claim the volume is bound to"},
 	{Reason: "Retrying", On: "all", Meaning: "an attempt failed transiently; the next one comes after 2, 4, 8 … s (at most 5 min)", Advice: "nothing, or read the message"},
 }
 
