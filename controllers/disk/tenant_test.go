@@ -16,8 +16,19 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 )
 
-// victimVolume makes a golden image in a namespace of its own and returns its PV: what a
-// hostile tenant is after.
+// attack sets the scene: a golden image in a namespace of its own, whose PV a hostile tenant is
+// after, and the tenant: a namespace and a client with `edit` in it only.
+func attack(t *testing.T) (victim *corev1.PersistentVolume, ns string, attacker client.Client) {
+	t.Helper()
+	setup(t)
+	victim = victimVolume(t)
+	ns = namespace(t)
+	attacker, err := env.Tenant(t.Context(), ns, "mallory")
+	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	return victim, ns, attacker
+}
+
+// victimVolume makes a golden image in a namespace of its own and returns its PV.
 func victimVolume(t *testing.T) *corev1.PersistentVolume {
 	t.Helper()
 	ns := namespace(t)
@@ -43,12 +54,8 @@ func stillBound(t *testing.T, pv *corev1.PersistentVolume) {
 // that the manager would hand that volume to their disk's PVC. The manager does not adopt a
 // PVC it did not make.
 func TestTenantCannotTakeAVolume(t *testing.T) {
-	setup(t)
 	g := NewWithT(t)
-	victim := victimVolume(t)
-	ns := namespace(t)
-	attacker, err := env.Tenant(t.Context(), ns, "mallory")
-	g.Expect(err).NotTo(HaveOccurred())
+	victim, ns, attacker := attack(t)
 
 	// The disk waits for its image (an upload, in the attack as shown), which gives the
 	// attacker the time to make the prime first.
@@ -77,12 +84,8 @@ func TestTenantCannotTakeAVolume(t *testing.T) {
 // which a claim's owner may set once, names the victim's volume, and its owner marks it
 // filled. A volume is handed over only from a claim it is bound to, checked on the volume.
 func TestTenantCannotHandOverAVolume(t *testing.T) {
-	setup(t)
 	g := NewWithT(t)
-	victim := victimVolume(t)
-	ns := namespace(t)
-	attacker, err := env.Tenant(t.Context(), ns, "mallory")
-	g.Expect(err).NotTo(HaveOccurred())
+	victim, ns, attacker := attack(t)
 	readyImage(t, ns, "mine", classCSI)
 
 	d := newDiskVolume(ns, "loot", fromImage("", "mine"), classOther, "")

@@ -224,9 +224,9 @@ func (e *Egress) check(host string, addr netip.Addr) error {
 		name, what, AllowedDestinationsValue)
 }
 
-// ProxyResolvesNamesEnv, set to "true" (the chart's importer.proxy.resolvesNames), lets a host
-// name the pod cannot resolve go to the proxy, which resolves it; the address it connects to
-// is then not checked here.
+// ProxyResolvesNamesEnv is the variable that, set to "true" (the chart's
+// importer.proxy.resolvesNames), lets a host name the pod cannot resolve go to the proxy,
+// which resolves it; the address it connects to is then not checked here.
 const ProxyResolvesNamesEnv = "DISKPIPE_PROXY_RESOLVES_NAMES"
 
 // CheckHost checks the host of a request sent through an HTTP proxy, where the proxy, not

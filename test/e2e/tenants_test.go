@@ -110,18 +110,15 @@ var _ = Describe("a hostile tenant", func() {
 		for _, role := range []string{"edit", "system:aggregate-to-edit", "system:aggregate-to-view", "diskpipe-user"} {
 			kubectl("", "create", "rolebinding", strings.ReplaceAll(role, ":", "-")+"-"+mallory, "-n", own, "--clusterrole", role, "--user", mallory)
 		}
-		as := func(stdin string, args ...string) string {
+		as := func(stdin string, args ...string) {
 			GinkgoHelper()
-			var out string
 			Eventually(func() error { // RBAC learns a new binding a moment after it is made
-				var err error
-				out, err = asUser(mallory, stdin, args...)
+				out, err := asUser(mallory, stdin, args...)
 				if err != nil {
 					return fmt.Errorf("%w: %s", err, out)
 				}
 				return nil
 			}, 30*time.Second, time.Second).Should(Succeed())
-			return out
 		}
 
 		// 1. Her disk waits for an image she has not made yet; meanwhile she makes its prime
