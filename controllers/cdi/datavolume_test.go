@@ -505,14 +505,14 @@ func TestDataVolumeCrossNamespace(t *testing.T) {
 		refused = bob.Create(ctx, clone("stolen", golden))
 		return fmt.Sprint(refused)
 	}, 10*time.Second).ShouldNot(ContainSubstring("cannot create resource"))
-	g.Expect(refused).To(MatchError(ContainSubstring("bob may not clone the PersistentVolumeClaim " + golden + "/fedora into namespace " + team +
-		": CDI's rule asks for create on datavolumes/source (cdi.kubevirt.io) in " + golden)))
+	g.Expect(refused).To(MatchError(ContainSubstring("bob may not copy the PersistentVolumeClaim " + golden + "/fedora into namespace " + team +
+		": copying another namespace's data needs its owner's consent, create on datavolumes/source (cdi.kubevirt.io) in " + golden)))
 
 	// Within the namespace nothing is asked; an update to another namespace's PVC is.
 	own := clone("own", team)
 	g.Expect(bob.Create(ctx, own)).To(Succeed())
 	g.Expect(ctrltest.Update(ctx, bob, own, func() { own.Spec.Source.PVC.Namespace = golden })).
-		To(MatchError(ContainSubstring("bob may not clone the PersistentVolumeClaim " + golden + "/fedora")))
+		To(MatchError(ContainSubstring("bob may not copy the PersistentVolumeClaim " + golden + "/fedora")))
 
 	grant(golden, "clone-source", rbacv1.PolicyRule{APIGroups: []string{"cdi.kubevirt.io"}, Resources: []string{"datavolumes/source"}, Verbs: []string{"create"}})
 	allowed := clone("allowed", golden)
