@@ -22,6 +22,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
@@ -37,7 +38,8 @@ func podMounting(ns, name, claim string) *corev1.Pod {
 
 // TestGoldenPVCsAreReadOnly: only diskpipe's own pods (its importers, which every other test
 // here runs through this webhook) may mount a golden PVC; anyone else, an administrator
-// included, is refused with what to do instead, and may mount the disks made from it.
+// included, is refused with what to do instead, and may mount the disks made from it. A golden
+// PVC stays one without its label, and a pod may not wait under a golden PVC's name for it.
 func TestGoldenPVCsAreReadOnly(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
@@ -54,6 +56,15 @@ func TestGoldenPVCsAreReadOnly(t *testing.T) {
 		"the PVC vmim-golden holds a golden image of diskpipe and is read-only: make a disk from the image with a VirtualMachinePvc or a DiskVolume and mount that")))
 	g.Expect(admin.Create(t.Context(), podMounting(ns, "vm", "mine"))).To(Succeed())
 	g.Expect(admin.Create(t.Context(), podMounting(ns, "unrelated", "no-such-pvc"))).To(Succeed())
+
+	// Its owner may remove its label: diskpipe's mark still says what it is.
+	golden := pvcOf(t, ns, "vmim-golden")
+	g.Expect(ctrltest.Update(t.Context(), env.Client, golden, func() { delete(golden.Labels, image.LabelGolden) })).To(Succeed())
+	g.Expect(admin.Create(t.Context(), podMounting(ns, "thief2", "vmim-golden"))).To(MatchError(ContainSubstring(
+		"the PVC vmim-golden holds a golden image of diskpipe and is read-only")))
+	// A pod made before the image, naming the claim its image would make, is refused too.
+	g.Expect(admin.Create(t.Context(), podMounting(ns, "early", "vmim-later"))).To(MatchError(ContainSubstring(
+		"the PVC vmim-later does not exist yet, and a claim of that name would hold a golden image of diskpipe, which is read-only")))
 }
 
 // TestCrossNamespaceNeedsConsent: a DiskVolume from another namespace's image is admitted only

@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -13,6 +14,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 )
 
@@ -100,4 +102,31 @@ func TestTenantCannotHandOverAVolume(t *testing.T) {
 		"VolumeNotBound: refusing to hand volume "+victim.Name+" over from the PVC "+ns+"/"+prime.Name+": the volume is bound to the claim "+
 			victim.Spec.ClaimRef.Namespace+"/"+victim.Spec.ClaimRef.Name+" (uid "+string(victim.Spec.ClaimRef.UID)+"), not to it")))
 	stillBound(t, victim)
+}
+
+// TestTenantCannotHoldAnImage: an image is not deleted while disks are cloned from it, found
+// by a label on their PVCs in every namespace. A tenant who puts that label, with the victim
+// image's UID, on PVCs of theirs (one they made, one diskpipe made for a disk of another image)
+// does not hold the victim's image back.
+func TestTenantCannotHoldAnImage(t *testing.T) {
+	g := NewWithT(t)
+	_, ns, attacker := attack(t)
+	victimNS := namespace(t)
+	victim := readyImage(t, victimNS, "golden", classCSI)
+	readyImage(t, ns, "mine", classCSI)
+
+	d := newDiskVolume(ns, "mine", fromImage("", "mine"), classCSI, "")
+	g.Expect(attacker.Create(t.Context(), d)).To(Succeed())
+	made := pvcOf(t, ns, "mine")
+	g.Expect(ctrltest.Update(t.Context(), attacker, made, func() { made.Labels[image.LabelCloneOf] = string(victim.UID) })).To(Succeed())
+	plain := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: ns,
+		Labels: map[string]string{image.LabelCloneOf: string(victim.UID)}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity("1Gi")}}}}
+	g.Expect(attacker.Create(t.Context(), plain)).To(Succeed())
+
+	g.Expect(env.Client.Delete(t.Context(), victim)).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKeyFromObject(victim), victim))
+	}, 20*time.Second).Should(BeTrue(), "the image is deleted; its status says %v", victim.Status.Conditions)
 }

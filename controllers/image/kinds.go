@@ -34,10 +34,18 @@ func (g *goldenImage) tracked() importpod.Status {
 	return importpod.Status{Phase: &st.Phase, Conditions: &st.Conditions, Retries: &st.Retries, Transfer: &st.Transfer, Progress: &st.Progress}
 }
 
+// kind is the image's kind.
+func (g *goldenImage) kind() diskvolume.ImageKind {
+	if g.prefix == prefixVirtualMachineImage {
+		return KindVirtualMachineImage
+	}
+	return KindImageTemplate
+}
+
 func fromVirtualMachineImage(o client.Object) *goldenImage {
 	v := o.(*hypercloud.VirtualMachineImage)
 	g := &goldenImage{obj: v, status: &v.Status, checksum: v.Spec.Source.Checksum, ovaDisk: v.Spec.Source.OVADisk, volume: v.Spec.VolumeOptions,
-		retry: retryOf(v.Spec.Retry), schedule: v.Spec.Schedule, prefix: "vmim"}
+		retry: retryOf(v.Spec.Retry), schedule: v.Spec.Schedule, prefix: prefixVirtualMachineImage}
 	g.revisionImage = func(digest string) client.Object {
 		c := &hypercloud.VirtualMachineImage{Spec: *v.Spec.DeepCopy()}
 		c.Spec.Schedule = nil
@@ -61,7 +69,7 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 func fromImageTemplate(o client.Object) *goldenImage {
 	t := o.(*virtualmachine.ImageTemplate)
 	g := &goldenImage{obj: t, status: &t.Status, checksum: t.Spec.Source.Checksum, ovaDisk: t.Spec.Source.OVADisk, volume: t.Spec.VolumeOptions,
-		retry: retryOf(t.Spec.Retry), schedule: t.Spec.Schedule, prefix: "imt"}
+		retry: retryOf(t.Spec.Retry), schedule: t.Spec.Schedule, prefix: prefixImageTemplate}
 	g.revisionImage = func(digest string) client.Object {
 		c := &virtualmachine.ImageTemplate{Spec: *t.Spec.DeepCopy()}
 		c.Spec.Schedule = nil

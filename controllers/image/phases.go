@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -306,15 +307,15 @@ func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, e
 	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil {
 		return ctrl.Result{}, err
 	}
-	clones := &corev1.PersistentVolumeClaimList{}
-	if err := r.List(ctx, clones, client.MatchingLabels{LabelCloneOf: uid}); err != nil {
+	clones, err := r.clones(ctx, g)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if n := len(clones.Items); n > 0 {
+	if n := len(clones); n > 0 {
 		g.status.Phase = common.PhaseDeleting
 		g.tracked().SetReady(metav1.ConditionFalse, reasonWaitingForClones,
 			fmt.Sprintf("%d disks are being cloned from this image (first: %s/%s); it is deleted when they are made",
-				n, clones.Items[0].Namespace, clones.Items[0].Name))
+				n, clones[0].Namespace, clones[0].Name))
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 	}
 	if err := r.DeleteAllOf(ctx, &snapshotv1.VolumeSnapshot{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil && !meta.IsNoMatchError(err) {
@@ -343,6 +344,22 @@ func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, e
 		return ctrl.Result{}, r.Update(ctx, g.obj)
 	}
 	return ctrl.Result{}, nil
+}
+
+// The prefixes of the names of an image's children (childName), by kind.
+const (
+	prefixVirtualMachineImage = "vmim"
+	prefixImageTemplate       = "imt"
+)
+
+// GoldenName says whether a PVC of that name would be an image's golden PVC.
+func GoldenName(name string) bool {
+	return strings.HasPrefix(name, prefixVirtualMachineImage+"-") || strings.HasPrefix(name, prefixImageTemplate+"-")
+}
+
+// Kind says whether kind is one of the image kinds, whose children are golden PVCs.
+func Kind(kind string) bool {
+	return kind == string(KindVirtualMachineImage) || kind == string(KindImageTemplate)
 }
 
 // childName names an image's children: prefix and name, shortened with a hash when that

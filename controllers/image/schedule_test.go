@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
@@ -182,11 +183,16 @@ func TestScheduledImage(t *testing.T) {
 	g.Expect(s.current()).To(Equal(b.Name + " vmim-" + b.Name))
 
 	// A disk is being cloned from a when d is found: a is pruned (keep 2: d and b), but waits
-	// for the clone; the failed c, older than the current d, goes at once.
-	clone := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "clone-of-a", Namespace: ns, Labels: map[string]string{image.LabelCloneOf: string(a.UID)}},
-		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *st.VirtualSize}}}}
-	g.Expect(env.Client.Create(ctx, clone)).To(Succeed())
+	// for the clone; the failed c, older than the current d, goes at once. The disk's PVCs hold
+	// a: diskpipe's, for a disk made from a.
+	disk := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: "disk-of-a", Namespace: ns}, Spec: diskvolume.DiskVolumeSpec{
+		Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(a.Name), Kind: image.KindVirtualMachineImage}}}}
+	g.Expect(env.Client.Create(ctx, disk)).To(Succeed())
+	g.Eventually(func() []corev1.PersistentVolumeClaim {
+		clones := &corev1.PersistentVolumeClaimList{}
+		_ = env.Client.List(ctx, clones, client.InNamespace(ns), client.MatchingLabels{image.LabelCloneOf: string(a.UID)})
+		return clones.Items
+	}, 20*time.Second).ShouldNot(BeEmpty())
 	s.check(5, transfer.Result{Succeeded: true, Revision: digestOf('d')}, corev1.PodSucceeded)
 	d := s.importRevision(digestOf('d'), "")
 	g.Eventually(s.current, 20*time.Second).Should(Equal(d.Name + " vmim-" + d.Name))
@@ -204,8 +210,8 @@ func TestScheduledImage(t *testing.T) {
 	g.Eventually(heldPhase, 10*time.Second).Should(Equal(common.PhaseDeleting))
 	g.Consistently(heldPhase, 3*time.Second).Should(Equal(common.PhaseDeleting))
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-" + a.Name}, &corev1.PersistentVolumeClaim{})).To(Succeed(), "a's golden PVC stays while the clone reads it")
-	g.Expect(ctrltest.Update(ctx, env.Client, clone, func() { clone.Labels = nil })).To(Succeed())
-	g.Eventually(gone(a.Name), 20*time.Second).Should(BeTrue())
+	g.Expect(env.Client.Delete(ctx, disk)).To(Succeed()) // the clone ends
+	g.Eventually(gone(a.Name), 30*time.Second).Should(BeTrue())
 	g.Eventually(func() []string {
 		var names []string
 		for _, r := range s.schedule().Revisions {

@@ -1,0 +1,72 @@
+package image
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+)
+
+// clones lists the PVCs being cloned from g's image, which its deletion waits for. The label
+// LabelCloneOf finds them in every namespace, but anyone may put a label on a PVC of theirs:
+// a PVC counts only when diskpipe made it for a disk (its mark) and that disk's source is this
+// image, so no tenant holds back the deletion of another namespace's image.
+func (r *Reconciler) clones(ctx context.Context, g *goldenImage) ([]corev1.PersistentVolumeClaim, error) {
+	list := &corev1.PersistentVolumeClaimList{}
+	if err := r.List(ctx, list, client.MatchingLabels{LabelCloneOf: string(g.obj.GetUID())}); err != nil {
+		return nil, err
+	}
+	var out []corev1.PersistentVolumeClaim
+	for _, pvc := range list.Items {
+		ref := metav1.GetControllerOf(&pvc)
+		if ref == nil || !owned.Marked("PersistentVolumeClaim", &pvc, ref.UID) {
+			continue
+		}
+		kind, ns, name, err := r.diskSource(ctx, pvc.Namespace, ref)
+		if err != nil {
+			return nil, err
+		}
+		if kind == g.kind() && ns == g.obj.GetNamespace() && name == g.obj.GetName() {
+			out = append(out, pvc)
+		}
+	}
+	return out, nil
+}
+
+// diskSource is the image the disk ref (in namespace ns) is made from; "" when ref is no disk
+// of that UID, or is made from no image.
+func (r *Reconciler) diskSource(ctx context.Context, ns string, ref *metav1.OwnerReference) (kind diskvolume.ImageKind, imageNS, name string, err error) {
+	key := client.ObjectKey{Namespace: ns, Name: ref.Name}
+	switch ref.Kind {
+	case "VirtualMachinePvc":
+		v := &hypercloud.VirtualMachinePvc{}
+		if err := r.Get(ctx, key, v); err != nil || v.UID != ref.UID {
+			return "", "", "", client.IgnoreNotFound(err)
+		}
+		return KindVirtualMachineImage, ns, v.Spec.VirtualMachineImageName, nil
+	case "DiskVolume":
+		d := &diskvolume.DiskVolume{}
+		if err := r.Get(ctx, key, d); err != nil || d.UID != ref.UID || d.Spec.Source.Image == nil {
+			if apierrors.IsNotFound(err) {
+				err = nil
+			}
+			return "", "", "", err
+		}
+		img := d.Spec.Source.Image
+		kind, imageNS = img.Kind, img.Namespace
+		if kind == "" {
+			kind = KindImageTemplate // DiskVolume's default
+		}
+		if imageNS == "" {
+			imageNS = ns
+		}
+		return kind, imageNS, string(img.Name), nil
+	}
+	return "", "", "", nil
+}
