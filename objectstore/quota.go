@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -50,47 +48,45 @@ func (q *quota) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.Upl
 }
 
 func (q *quota) CopyObject(ctx context.Context, in s3response.CopyObjectInput) (s3response.CopyObjectOutput, error) {
-	if size, ok := q.sourceSize(ctx, deref(in.CopySource), ""); ok {
-		if err := q.check(ctx, deref(in.Bucket), size); err != nil {
-			return s3response.CopyObjectOutput{}, err
-		}
+	size, err := q.sourceSize(ctx, deref(in.CopySource), "")
+	if err == nil {
+		err = q.check(ctx, deref(in.Bucket), size)
+	}
+	if err != nil {
+		return s3response.CopyObjectOutput{}, err
 	}
 	return q.Backend.CopyObject(ctx, in)
 }
 
 func (q *quota) UploadPartCopy(ctx context.Context, in *s3.UploadPartCopyInput) (s3response.CopyPartResult, error) {
-	if size, ok := q.sourceSize(ctx, deref(in.CopySource), deref(in.CopySourceRange)); ok {
-		if err := q.check(ctx, deref(in.Bucket), size); err != nil {
-			return s3response.CopyPartResult{}, err
-		}
+	size, err := q.sourceSize(ctx, deref(in.CopySource), deref(in.CopySourceRange))
+	if err == nil {
+		err = q.check(ctx, deref(in.Bucket), size)
+	}
+	if err != nil {
+		return s3response.CopyPartResult{}, err
 	}
 	return q.Backend.UploadPartCopy(ctx, in)
 }
 
-// sourceSize is how many bytes a copy of source ("bucket/key", as x-amz-copy-source has it)
-// writes: those of rng ("bytes=first-last") or of the whole object. false when the source
-// cannot be read: the backend then refuses the copy itself.
-func (q *quota) sourceSize(ctx context.Context, source, rng string) (int64, bool) {
-	if first, last, ok := strings.Cut(strings.TrimPrefix(rng, "bytes="), "-"); ok && rng != "" {
-		a, err1 := strconv.ParseInt(first, 10, 64)
-		b, err2 := strconv.ParseInt(last, 10, 64)
-		if err1 == nil && err2 == nil && b >= a {
-			return b - a + 1, true
-		}
-	}
-	source, _, _ = strings.Cut(strings.TrimPrefix(source, "/"), "?")
-	if unescaped, err := url.PathUnescape(source); err == nil {
-		source = unescaped
-	}
-	bucket, key, ok := strings.Cut(source, "/")
-	if !ok {
-		return 0, false
+// sourceSize is how many bytes a copy of source (x-amz-copy-source, read as the backend reads
+// it) writes: those of rng ("bytes=first-last") or of the whole object. A source it cannot
+// read is the copy's refusal: a copy of unknown size is not let past the quota.
+func (q *quota) sourceSize(ctx context.Context, source, rng string) (int64, error) {
+	bucket, key, _, err := backend.ParseCopySource(source)
+	if err != nil {
+		return 0, err
 	}
 	head, err := q.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &bucket, Key: &key})
-	if err != nil || head.ContentLength == nil {
-		return 0, false
+	if err != nil {
+		return 0, err
 	}
-	return *head.ContentLength, true
+	size := deref(head.ContentLength)
+	if rng == "" {
+		return size, nil
+	}
+	_, length, err := backend.ParseCopySourceRange(size, rng)
+	return length, err
 }
 
 // check refuses adding size bytes to bucket when its owner's buckets would hold more than

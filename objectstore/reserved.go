@@ -70,11 +70,14 @@ func (c *Client) BucketOwner(ctx context.Context, bucket string) (string, error)
 	return "", nil
 }
 
-// CheckOwnBucket refuses, with a permanent error of reason, a bucket that exists and belongs to
-// another account than the client's: one a tenant made first under a name diskpipe uses, or
+// CheckOwnBucket refuses, with a permanent error of reason, a bucket of the bundled store that
+// exists and belongs to another account than the client's: one a tenant made first under a name diskpipe uses, or
 // another namespace's that shares it. A writer that took such a bucket for its own would
 // put its data where the bucket's owner reads it.
 func (c *Client) CheckOwnBucket(ctx context.Context, bucket string, reason transfer.Reason) error {
+	if !c.cfg.Scoped {
+		return nil // an external store: no tenant makes buckets in it through diskpipe, and it has no admin API to ask
+	}
 	owner, err := c.BucketOwner(ctx, bucket)
 	if err != nil || owner == "" || owner == c.cfg.AccessKey {
 		return err

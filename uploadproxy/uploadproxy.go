@@ -270,11 +270,6 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 	}
 	key := ObjectKey(ns, resource, name, img.UID)
 	if r.Method != http.MethodHead {
-		done, err := s.slot(w, ns)
-		if err != nil {
-			return err
-		}
-		defer done()
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
@@ -284,6 +279,13 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 			return err
 		}
 		defer release()
+		// After the claim, which stops an earlier request of this upload (a resume after a
+		// dropped connection) and so frees its slot.
+		done, err := s.slot(w, ns)
+		if err != nil {
+			return err
+		}
+		defer done()
 	}
 	u, err := s.find(ctx, key, img.Checksum, r.Method != http.MethodHead)
 	if err != nil {

@@ -50,7 +50,7 @@ func Register(ctx context.Context, mgr ctrl.Manager, allowHostDisk bool) error {
 	}
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv := mgr.GetWebhookServer()
-	srv.Register(PathPods, &webhook.Admission{Handler: &goldenGuard{reader: mgr.GetClient(), decoder: dec, self: self}})
+	srv.Register(PathPods, &webhook.Admission{Handler: &goldenGuard{reader: mgr.GetClient(), api: mgr.GetAPIReader(), decoder: dec, self: self}})
 	sources := &sourceGuard{client: mgr.GetClient(), decoder: dec, self: self}
 	srv.Register(PathSources, &webhook.Admission{Handler: sources})
 	srv.Register(PathVMs, &webhook.Admission{Handler: &vmGuard{sources: sources, decoder: dec, allowHostDisk: allowHostDisk}})

@@ -16,11 +16,14 @@ import (
 
 // goldenGuard keeps golden PVCs read-only: a pod that mounts one is admitted only when
 // diskpipe itself creates it (its importers fill them, its clone and export pods read them).
-// A golden PVC is known by diskpipe's mark, which its namespace's owner cannot remove as they
-// can its label; and a pod may not name a claim that does not exist yet under a golden image's
-// name (vmim-..., imt-...), which the image would make later, under the pod.
+// A golden PVC is known by its label, by its controller (an image), or by its name (vmim-...,
+// imt-...): its namespace's owner may remove the first two, not rename it, so a claim of a
+// golden image's name is one unless diskpipe made it for a disk. A pod may not name such a
+// claim before it exists either: the image would make it later, under the pod.
 type goldenGuard struct {
-	reader  client.Reader
+	reader client.Reader
+	// api confirms a claim the cache does not know yet (made a moment ago).
+	api     client.Reader
 	decoder admission.Decoder
 	self    string
 }
@@ -38,7 +41,11 @@ func (h *goldenGuard) Handle(ctx context.Context, req admission.Request) admissi
 			continue
 		}
 		pvc := &corev1.PersistentVolumeClaim{}
-		err := h.reader.Get(ctx, client.ObjectKey{Namespace: req.Namespace, Name: v.PersistentVolumeClaim.ClaimName}, pvc)
+		key := client.ObjectKey{Namespace: req.Namespace, Name: v.PersistentVolumeClaim.ClaimName}
+		err := h.reader.Get(ctx, key, pvc)
+		if apierrors.IsNotFound(err) && image.GoldenName(key.Name) && h.api != nil {
+			err = h.api.Get(ctx, key, pvc)
+		}
 		if apierrors.IsNotFound(err) {
 			if name := v.PersistentVolumeClaim.ClaimName; image.GoldenName(name) {
 				return denied("the PVC %s does not exist yet, and a claim of that name would hold a golden image of diskpipe, which is read-only: "+
@@ -57,11 +64,15 @@ func (h *goldenGuard) Handle(ctx context.Context, req admission.Request) admissi
 	return admission.Allowed("")
 }
 
-// golden says whether pvc holds a golden image: labelled so, or made by diskpipe for an image.
+// golden says whether pvc holds a golden image: labelled so, controlled by an image, or of a
+// golden image's name and not made by diskpipe for a disk.
 func golden(pvc *corev1.PersistentVolumeClaim) bool {
-	if pvc.Labels[image.LabelGolden] == "true" {
-		return true
-	}
 	ref := metav1.GetControllerOf(pvc)
-	return ref != nil && image.Kind(ref.Kind) && owned.Marked("PersistentVolumeClaim", pvc, ref.UID)
+	switch {
+	case pvc.Labels[image.LabelGolden] == "true", ref != nil && image.Kind(ref.Kind):
+		return true
+	case !image.GoldenName(pvc.Name):
+		return false
+	}
+	return ref == nil || (ref.Kind != "DiskVolume" && ref.Kind != "VirtualMachinePvc") || !owned.Marked("PersistentVolumeClaim", pvc, ref.UID)
 }

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
@@ -15,8 +16,9 @@ import (
 
 // clones lists the PVCs being cloned from g's image, which its deletion waits for. The label
 // LabelCloneOf finds them in every namespace, but anyone may put a label on a PVC of theirs:
-// a PVC counts only when diskpipe made it for a disk (its mark) and that disk's source is this
-// image, so no tenant holds back the deletion of another namespace's image.
+// a PVC counts only when diskpipe made it for a disk (its mark) whose source is this image and
+// which is still being made (its status, which only the manager writes, is neither Ready nor
+// Failed), so no tenant holds back the deletion of another namespace's image.
 func (r *Reconciler) clones(ctx context.Context, g *goldenImage) ([]corev1.PersistentVolumeClaim, error) {
 	list := &corev1.PersistentVolumeClaimList{}
 	if err := r.List(ctx, list, client.MatchingLabels{LabelCloneOf: string(g.obj.GetUID())}); err != nil {
@@ -28,7 +30,7 @@ func (r *Reconciler) clones(ctx context.Context, g *goldenImage) ([]corev1.Persi
 		if ref == nil || !owned.Marked("PersistentVolumeClaim", &pvc, ref.UID) {
 			continue
 		}
-		kind, ns, name, err := r.diskSource(ctx, pvc.Namespace, ref)
+		kind, ns, name, err := r.diskInProgress(ctx, pvc.Namespace, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -39,20 +41,20 @@ func (r *Reconciler) clones(ctx context.Context, g *goldenImage) ([]corev1.Persi
 	return out, nil
 }
 
-// diskSource is the image the disk ref (in namespace ns) is made from; "" when ref is no disk
-// of that UID, or is made from no image.
-func (r *Reconciler) diskSource(ctx context.Context, ns string, ref *metav1.OwnerReference) (kind diskvolume.ImageKind, imageNS, name string, err error) {
+// diskInProgress is the image the disk ref (in namespace ns) is being made from; "" when ref
+// is no disk of that UID, is made from no image, or is made (or failed) already.
+func (r *Reconciler) diskInProgress(ctx context.Context, ns string, ref *metav1.OwnerReference) (kind diskvolume.ImageKind, imageNS, name string, err error) {
 	key := client.ObjectKey{Namespace: ns, Name: ref.Name}
 	switch ref.Kind {
 	case "VirtualMachinePvc":
 		v := &hypercloud.VirtualMachinePvc{}
-		if err := r.Get(ctx, key, v); err != nil || v.UID != ref.UID {
+		if err := r.Get(ctx, key, v); err != nil || v.UID != ref.UID || done(v.Status.Phase) {
 			return "", "", "", client.IgnoreNotFound(err)
 		}
 		return KindVirtualMachineImage, ns, v.Spec.VirtualMachineImageName, nil
 	case "DiskVolume":
 		d := &diskvolume.DiskVolume{}
-		if err := r.Get(ctx, key, d); err != nil || d.UID != ref.UID || d.Spec.Source.Image == nil {
+		if err := r.Get(ctx, key, d); err != nil || d.UID != ref.UID || d.Spec.Source.Image == nil || done(d.Status.Phase) {
 			if apierrors.IsNotFound(err) {
 				err = nil
 			}
@@ -70,3 +72,6 @@ func (r *Reconciler) diskSource(ctx context.Context, ns string, ref *metav1.Owne
 	}
 	return "", "", "", nil
 }
+
+// done says whether a disk in phase p is made or failed: no longer cloned.
+func done(p common.Phase) bool { return p == common.PhaseReady || p == common.PhaseFailed }

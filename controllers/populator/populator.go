@@ -227,8 +227,9 @@ func (r *Reconciler) rebind(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 	}
 	if gave, err := storage.GiveVolume(ctx, r.Client, prime, pvc); errors.As(err, new(*storage.ErrNotBound)) {
+		// Not the prime's volume (yet, or ever): said, and looked at again.
 		r.tell(pvc, corev1.EventTypeWarning, ReasonPopulateFailed, err.Error())
-		return ctrl.Result{}, nil
+		return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
 	} else if err != nil {
 		return ctrl.Result{}, err
 	} else if gave {

@@ -125,7 +125,7 @@ func (r *Result) Encode() ([]byte, error) {
 			return nil, fmt.Errorf("encoding result: %d bytes without a message, over the %d a termination message holds", len(b), MaxResult)
 		}
 		// What is over, in encoded bytes, may be a few escaped characters of the message:
-		// halve it rather than lose it all.
+		// halve it rather than lose it all; a message that no longer shrinks goes.
 		keep := len(out.Message) - (len(b) - MaxResult) - len("...")
 		if keep < len(out.Message)/2 {
 			keep = len(out.Message) / 2
@@ -133,10 +133,11 @@ func (r *Result) Encode() ([]byte, error) {
 		for keep > 0 && !utf8.RuneStart(out.Message[keep]) {
 			keep--
 		}
-		out.Message = strings.TrimSuffix(out.Message[:keep], "...") + "..."
-		if keep == 0 {
-			out.Message = ""
+		shorter := strings.TrimSuffix(out.Message[:keep], "...") + "..."
+		if keep == 0 || len(shorter) >= len(out.Message) {
+			shorter = ""
 		}
+		out.Message = shorter
 	}
 }
 

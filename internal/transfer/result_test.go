@@ -43,3 +43,12 @@ func TestResultFits(t *testing.T) {
 		}
 	}
 }
+
+// TestResultTooLargeEnds: a result too large even without a message is an error, not a loop.
+func TestResultTooLargeEnds(t *testing.T) {
+	r := &Result{Revision: strings.Repeat("e", 5000)}
+	r.Fail(Permanent(ReasonSourceNotFound, "%s", strings.Repeat("x", 100)))
+	if _, err := r.Encode(); err == nil || !strings.Contains(err.Error(), "without a message") {
+		t.Fatalf("a result of 5000 bytes without its message: %v", err)
+	}
+}

@@ -155,8 +155,8 @@ spec:
 			Expect(out).To(ContainSubstring("reserved for diskpipe"))
 		}
 
-		// 3. Reading another namespace (the view role) is not owning it: no copy of its image.
-		kubectl("", "create", "rolebinding", "view-"+mallory, "-n", victim, "--clusterrole", "view", "--user", mallory)
+		// 3. Reading another namespace (Kubernetes' and diskpipe's parts of the view role) is not
+		// owning it: no copy of its image.
 		kubectl("", "create", "rolebinding", "view-parts-"+mallory, "-n", victim, "--clusterrole", "system:aggregate-to-view", "--user", mallory)
 		kubectl("", "create", "rolebinding", "viewer-"+mallory, "-n", victim, "--clusterrole", "diskpipe-viewer", "--user", mallory)
 		Eventually(func() error { _, err := asUser(mallory, "", "get", "vmim", "golden", "-n", victim); return err }, 30*time.Second, time.Second).Should(Succeed())

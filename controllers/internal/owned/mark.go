@@ -36,8 +36,11 @@ import (
 // does with its own rights on a child's word is checked against what the child cannot forge
 // (a volume is handed over only from the claim its claimRef names, by UID).
 //
-// Children made before the key existed (by a diskpipe without marks) carry none: they are
-// taken as diskpipe's when they are older than the key.
+// Children made before the key existed (by a diskpipe without marks) carry none, and a key
+// made again (its Secret deleted) does not know the marks of the old one: a child older than
+// the key is taken as diskpipe's whatever its mark. (What an older replica makes in the moments
+// of an upgrade between the new one's first start and its taking the lead is refused as
+// NameTaken: that is the price of a window no tenant can use.)
 
 // AnnotationMade is the mark of a child diskpipe made.
 const AnnotationMade = "diskpipe.io/made"
@@ -49,8 +52,8 @@ type markKey struct {
 
 var currentKey atomic.Pointer[markKey]
 
-// UseKey sets the key children are marked with; children without a mark that are older than
-// since are taken as made by an earlier diskpipe.
+// UseKey sets the key children are marked with; children older than since are taken as made
+// by an earlier diskpipe.
 func UseKey(key []byte, since time.Time) {
 	currentKey.Store(&markKey{key: append([]byte(nil), key...), since: since})
 }
@@ -113,13 +116,14 @@ func Stamp(kind string, obj client.Object, owner types.UID) {
 }
 
 // Marked reports whether obj, of kind, read from the cluster, was made by diskpipe for the
-// object of UID owner: it carries the mark Stamp gave it, or is older than marks.
+// object of UID owner: it carries the mark Stamp gave it, or is older than the key.
 func Marked(kind string, obj client.Object, owner types.UID) bool {
 	k := key()
-	if got, ok := obj.GetAnnotations()[AnnotationMade]; ok {
-		return hmac.Equal([]byte(got), []byte(k.mark(kind, obj, owner)))
+	if obj.GetCreationTimestamp().Time.Before(k.since) {
+		return true
 	}
-	return obj.GetCreationTimestamp().Time.Before(k.since)
+	got, ok := obj.GetAnnotations()[AnnotationMade]
+	return ok && hmac.Equal([]byte(got), []byte(k.mark(kind, obj, owner)))
 }
 
 // Mine reports whether obj, of kind, read from the cluster, is a child diskpipe made for

@@ -10,8 +10,8 @@ import (
 )
 
 // TestMarks: a mark holds for the child it was made for, and for nothing else: another name,
-// namespace, kind or owner, another key, an edited mark; a child without one is diskpipe's only
-// when it is older than the key.
+// namespace, kind or owner, another key, an edited mark; a child older than the key is
+// diskpipe's whatever its mark.
 func TestMarks(t *testing.T) {
 	since := time.Now()
 	UseKey([]byte("the key of this test"), since)
@@ -58,6 +58,11 @@ func TestMarks(t *testing.T) {
 	if !Mine("Pod", old, owner) {
 		t.Error("a child made before marks is not taken")
 	}
+	old.Annotations = map[string]string{AnnotationMade: "of a key since lost"}
+	if !Mine("Pod", old, owner) {
+		t.Error("a child made before the key, with a mark of another key, is not taken")
+	}
+
 	UseKey([]byte("another key"), since)
 	if Mine("Pod", made, owner) {
 		t.Error("a mark under another key is taken")
