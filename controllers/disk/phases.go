@@ -228,8 +228,12 @@ func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpo
 
 	if copyFrom != nil {
 		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, d.obj, *copyFrom, &spec); err != nil || !ready {
-			tr.SetReady(metav1.ConditionFalse, reasonWaitingForCloneSource, "waiting for the pod that serves the image from namespace "+copyFrom.Namespace)
-			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
+			msg, wait := "waiting for the pod that serves the image from namespace "+copyFrom.Namespace, 2*time.Second
+			if busy := (*hostcopy.BusyError)(nil); errors.As(err, &busy) {
+				msg, wait, err = busy.Error(), 10*time.Second, nil
+			}
+			tr.SetReady(metav1.ConditionFalse, reasonWaitingForCloneSource, msg)
+			return ctrl.Result{RequeueAfter: wait}, err
 		}
 	}
 	spec.PVC = primeName

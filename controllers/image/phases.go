@@ -104,8 +104,12 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		src := hostcopy.Source{Namespace: copyFrom.Namespace, Name: copyFrom.Name, Block: IsBlock(copyFrom)}
 		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, g.obj, src, &spec); err != nil || !ready {
 			st.Phase = common.PhasePending
-			tr.SetReady(metav1.ConditionFalse, "WaitingForCloneSource", "waiting for the pod that serves "+copyFrom.Namespace+"/"+copyFrom.Name)
-			return ctrl.Result{RequeueAfter: 2 * time.Second}, err
+			msg, wait := "waiting for the pod that serves "+copyFrom.Namespace+"/"+copyFrom.Name, 2*time.Second
+			if busy := (*hostcopy.BusyError)(nil); errors.As(err, &busy) {
+				msg, wait, err = busy.Error(), 10*time.Second, nil
+			}
+			tr.SetReady(metav1.ConditionFalse, "WaitingForCloneSource", msg)
+			return ctrl.Result{RequeueAfter: wait}, err
 		}
 	}
 	pod, err := r.ensurePod(ctx, g, spec, r.work(g, "Import"))

@@ -11,6 +11,7 @@ package hostcopy
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -35,22 +36,52 @@ type Source struct {
 // LabelFor marks a clone source's pod and Secret with the UID of the object it serves.
 const LabelFor = "diskpipe.io/clone-for"
 
+// LabelSourceOf marks a clone source's pod with a hash of the PVC it serves (a name may be
+// longer than a label's value), so that the pods serving one PVC can be counted.
+const LabelSourceOf = "diskpipe.io/clone-source-of"
+
+// MaxServing bounds the clone-source pods that serve one PVC at once: copies across namespaces
+// start them in the source's namespace, which is not the copier's, so without a bound whoever
+// may copy a public image fills its namespace with pods. A copy over the bound waits.
+const MaxServing = 4
+
+// BusyError says a copy waits for one of the MaxServing clone sources of its PVC to end.
+type BusyError struct {
+	Source  Source
+	Serving int
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("%d copies of %s/%s are being served from its namespace, as many as may be at once; this one starts when one of them ends",
+		e.Serving, e.Source.Namespace, e.Source.Name)
+}
+
+// sourceLabel is LabelSourceOf's value for src.
+func sourceLabel(src Source) string {
+	sum := sha256.Sum256([]byte(src.Name))
+	return hex.EncodeToString(sum[:])[:40]
+}
+
 const tokenDir = "/var/run/diskpipe/clone"
 
 // Prepare completes s, the spec of owner's importer pod, to copy src. It returns false while
-// the clone-source pod of a copy across namespaces is not yet serving.
+// the clone-source pod of a copy across namespaces is not yet serving, and a *BusyError while
+// MaxServing others serve src.
 func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner client.Object, src Source, s *importpod.Spec) (bool, error) {
 	if src.Namespace == owner.GetNamespace() {
 		s.SourcePVC, s.SourceBlock = src.Name, src.Block
 		s.Args = append(s.Args, "--source", "file", "--path", s.SourcePath())
 		return true, nil
 	}
+	if err := bounded(ctx, c, owner, src); err != nil {
+		return false, err
+	}
 	if err := ensureToken(ctx, c, owner, src.Namespace); err != nil {
 		return false, err
 	}
 	name := sourceName(owner)
 	serve := importpod.Spec{Name: name, Namespace: src.Namespace, SourcePVC: src.Name, SourceBlock: src.Block, ServePort: importpod.ServePort,
-		Labels: map[string]string{LabelFor: string(owner.GetUID()), "diskpipe.io/role": "clone-source"},
+		Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: sourceLabel(src), "diskpipe.io/role": "clone-source"},
 		Mounts: []importpod.Mount{{Secret: name, Path: tokenDir}}}
 	serve.Args = []string{"--serve", ":" + strconv.Itoa(importpod.ServePort), "--path", serve.SourcePath(), "--token-file", tokenDir + "/token"}
 	pod := importpod.Build(cfg, serve)
@@ -77,6 +108,28 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		"--header-file", tokenDir+"/header", "--allow-destination", pod.Status.PodIP)
 	s.Mounts = append(s.Mounts, importpod.Mount{Secret: tokenSecretName(owner), Path: tokenDir})
 	return true, nil
+}
+
+// bounded returns a *BusyError when owner has no clone-source pod for src yet and MaxServing
+// others serve it.
+func bounded(ctx context.Context, c client.Client, owner client.Object, src Source) error {
+	pods := &corev1.PodList{}
+	if err := c.List(ctx, pods, client.InNamespace(src.Namespace), client.MatchingLabels{LabelSourceOf: sourceLabel(src)}); err != nil {
+		return err
+	}
+	serving := 0
+	for _, p := range pods.Items {
+		if p.Name == sourceName(owner) {
+			return nil // its own: it goes on
+		}
+		if p.DeletionTimestamp.IsZero() {
+			serving++
+		}
+	}
+	if serving >= MaxServing {
+		return &BusyError{Source: src, Serving: serving}
+	}
+	return nil
 }
 
 // ensureToken makes the token Secrets: one owned by owner in its namespace holding the

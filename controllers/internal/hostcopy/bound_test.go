@@ -1,0 +1,68 @@
+package hostcopy
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+)
+
+// TestServingBounded: copies of one PVC across namespaces start at most MaxServing clone-source
+// pods in its namespace; the next copy waits with a BusyError that says so (and starts nothing
+// there), a copy whose pod exists goes on, and one ending lets the next start. Another PVC of
+// the namespace has its own bound (one step, with a fake client).
+func TestServingBounded(t *testing.T) {
+	if !owned.HasKey() {
+		owned.UseKey([]byte("hostcopy test"), time.Time{})
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	var cfg importpod.Config
+	cfg.Defaults()
+	src := Source{Namespace: "images", Name: "golden"}
+	owner := func(i int) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("disk-%d", i), Namespace: "vms", UID: types.UID(fmt.Sprintf("u%d", i))}}
+	}
+	prepare := func(i int, s Source) error {
+		_, err := Prepare(t.Context(), c, cfg, owner(i), s, &importpod.Spec{})
+		return err
+	}
+	for i := range MaxServing {
+		if err := prepare(i, src); err != nil {
+			t.Fatalf("copy %d: %v", i, err)
+		}
+	}
+	var busy *BusyError
+	if err := prepare(MaxServing, src); !errors.As(err, &busy) || err.Error() !=
+		"4 copies of images/golden are being served from its namespace, as many as may be at once; this one starts when one of them ends" {
+		t.Fatalf("copy over the bound: %v", err)
+	}
+	pods := &corev1.PodList{}
+	if err := c.List(t.Context(), pods); err != nil || len(pods.Items) != MaxServing {
+		t.Fatalf("%d clone-source pods, %v", len(pods.Items), err)
+	}
+	if err := prepare(0, src); err != nil {
+		t.Errorf("a copy whose pod serves already: %v", err)
+	}
+	if err := prepare(MaxServing, Source{Namespace: "images", Name: "other"}); err != nil {
+		t.Errorf("a copy of another PVC: %v", err)
+	}
+	if err := Cleanup(t.Context(), c, owner(1), "images"); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepare(MaxServing+1, src); err != nil {
+		t.Errorf("a copy once one ended: %v", err)
+	}
+}
