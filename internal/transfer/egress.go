@@ -62,14 +62,21 @@ var builtinForbidden = []struct {
 // gateway reaches: NAT64's well-known prefix and the deprecated IPv4-compatible addresses.
 var embeddingPrefixes = []netip.Prefix{netip.MustParsePrefix("64:ff9b::/96"), netip.MustParsePrefix("::/96")}
 
+// localNAT64 is NAT64's local-use prefix (RFC 8215), a /48: the IPv4 address is in bits 48 to
+// 63 and 72 to 87 (RFC 6052), around the octet that stays zero.
+var localNAT64 = netip.MustParsePrefix("64:ff9b:1::/48")
+
 // embeddedIPv4 is the IPv4 address a NAT64 or IPv4-compatible IPv6 address stands for.
 func embeddedIPv4(addr netip.Addr) (netip.Addr, bool) {
 	if !addr.Is6() {
 		return netip.Addr{}, false
 	}
+	b := addr.As16()
+	if localNAT64.Contains(addr) {
+		return netip.AddrFrom4([4]byte{b[6], b[7], b[9], b[10]}), true
+	}
 	for _, p := range embeddingPrefixes {
 		if p.Contains(addr) {
-			b := addr.As16()
 			return netip.AddrFrom4([4]byte(b[12:])), true
 		}
 	}

@@ -32,9 +32,11 @@ func TestEgressCheck(t *testing.T) {
 		{"::1%lo", "loopback"},           // a zone names an interface, not another address
 		{"fe80::1%eth0", "link-local"},
 		{"::ffff:169.254.169.254%eth0", "link-local"},
-		{"64:ff9b::a9fe:a9fe", "link-local"}, // NAT64 of 169.254.169.254
-		{"::7f00:1", "loopback"},             // IPv4-compatible 127.0.0.1
-		{"64:ff9b::808:808", ""},             // NAT64 of 8.8.8.8
+		{"64:ff9b::a9fe:a9fe", "link-local"},       // NAT64 of 169.254.169.254
+		{"::7f00:1", "loopback"},                   // IPv4-compatible 127.0.0.1
+		{"64:ff9b::808:808", ""},                   // NAT64 of 8.8.8.8
+		{"64:ff9b:1:a9fe:a9:fe00::", "link-local"}, // local-use NAT64 (/48) of 169.254.169.254
+		{"64:ff9b:1:808:8:800::", ""},              // and of 8.8.8.8
 		{"0.0.0.0", "unspecified"},
 		{"239.1.1.1", "multicast"},
 		{"10.96.0.10", "10.96.0.0/12"},
