@@ -92,6 +92,8 @@ type Client struct {
 	tenant string
 	// tenants are the tenants' clients made from this one, by namespace.
 	tenants sync.Map
+	// ownBuckets are the buckets CheckOwnBucket found the client's, with when.
+	ownBuckets sync.Map
 }
 
 // NewClient returns a client for c.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/versity/versitygw/backend"
@@ -78,7 +79,13 @@ func (c *Client) CheckOwnBucket(ctx context.Context, bucket string, reason trans
 	if !c.cfg.Scoped {
 		return nil // an external store: no tenant makes buckets in it through diskpipe, and it has no admin API to ask
 	}
+	if at, ok := c.ownBuckets.Load(bucket); ok && time.Since(at.(time.Time)) < tenantTTL {
+		return nil // asked lately: the admin API lists every bucket of the store
+	}
 	owner, err := c.BucketOwner(ctx, bucket)
+	if owner == c.cfg.AccessKey {
+		c.ownBuckets.Store(bucket, time.Now())
+	}
 	if err != nil || owner == "" || owner == c.cfg.AccessKey {
 		return err
 	}

@@ -105,10 +105,8 @@ type Server struct {
 	// mu guards writers: the request writing each upload, one at a time.
 	mu      sync.Mutex
 	writers map[string]*writer
-	// writing counts the requests writing, by namespace; bucketOK says the bucket was made
-	// and is root's.
-	writing  map[string]int
-	bucketOK bool
+	// writing counts the requests writing, by namespace.
+	writing map[string]int
 	// defaults fills PartSize and Log once, before the first request (requests run at once).
 	defaults sync.Once
 }
@@ -344,22 +342,10 @@ func (s *Server) slot(w http.ResponseWriter, ns string) (done func(), err error)
 // ensureBucket makes the uploads' bucket unless it exists, and checks that it is the store's
 // root's: a bucket of that name made by an account first would be read by that account.
 func (s *Server) ensureBucket(ctx context.Context) error {
-	s.mu.Lock()
-	ok := s.bucketOK
-	s.mu.Unlock()
-	if ok {
-		return nil
-	}
 	if err := s.Store.EnsureBucket(ctx, Bucket); err != nil {
 		return err
 	}
-	if err := s.Store.CheckOwnBucket(ctx, Bucket, transfer.ReasonTargetForbidden); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.bucketOK = true
-	s.mu.Unlock()
-	return nil
+	return s.Store.CheckOwnBucket(ctx, Bucket, transfer.ReasonTargetForbidden)
 }
 
 // find reads the state of an image's upload: complete, unfinished (its saved state), or new.

@@ -16,7 +16,6 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -556,18 +555,8 @@ func (r *Reconciler) storeAction(ctx context.Context, ex *hypercloud.VirtualMach
 		Labels: map[string]string{LabelStoreAction: string(ex.UID), image.LabelRole: "exporter"}, Mounts: d.mounts,
 		Args: append(append([]string{"--action", action}, d.args...), args...)}
 	pod := importpod.Build(r.Pods.Config, spec)
-	if err := controllerutil.SetControllerReference(ex, pod, r.Scheme()); err != nil {
+	if err := importpod.Ensure(ctx, r.Client, r.Pods.Config, ex, pod); err != nil {
 		return nil, err
-	}
-	owned.Stamp("Pod", pod, ex.UID)
-	err := r.Get(ctx, client.ObjectKeyFromObject(pod), pod)
-	if apierrors.IsNotFound(err) {
-		return nil, importpod.Create(ctx, r.Client, r.Pods.Config, pod)
-	} else if err != nil {
-		return nil, err
-	}
-	if !owned.Mine("Pod", pod, ex) {
-		return nil, &owned.ErrNotOwned{Kind: "Pod", Name: pod.Name}
 	}
 	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
 		return nil, nil

@@ -149,6 +149,14 @@ func Create(ctx context.Context, cl client.Client, c Config, pod *corev1.Pod) er
 	return err
 }
 
+// Ensure creates pod, controlled by owner, after preparing its namespace, unless diskpipe made
+// it already, and reads it into pod; a pod of its name that diskpipe did not make for owner is
+// an *owned.ErrNotOwned. For a pod whose work no Tracker follows.
+func Ensure(ctx context.Context, cl client.Client, c Config, owner client.Object, pod *corev1.Pod) error {
+	_, err := create(ctx, cl, c, owner, pod)
+	return err
+}
+
 // create creates pod, controlled by owner (nil: none), after preparing its namespace, and
 // says whether this call created it.
 func create(ctx context.Context, cl client.Client, c Config, owner client.Object, pod *corev1.Pod) (bool, error) {
