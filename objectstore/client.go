@@ -90,8 +90,10 @@ type Client struct {
 	// when this is a tenant's client (Tenant).
 	root   *Client
 	tenant string
-	// tenants are the tenants' clients made from this one, by namespace.
+	// tenants are the tenants' clients made from this one, by namespace UID, and uids how
+	// those UIDs are learnt (ResolveNamespaces).
 	tenants sync.Map
+	uids    NamespaceUIDs
 	// ownBuckets are the buckets CheckOwnBucket found the client's, with when.
 	ownBuckets sync.Map
 }

@@ -16,3 +16,11 @@ func (c *Client) SetAccountSecret(ctx context.Context, access, secret, role stri
 func (c *Client) ChangeBucketOwner(ctx context.Context, bucket, access string) error {
 	return c.admin(ctx, "/change-bucket-owner", url.Values{"bucket": {bucket}, "owner": {access}}, nil)
 }
+
+// LegacyTenantAccess is the access key a namespace's account had before UIDs.
+var LegacyTenantAccess = legacyTenantAccess
+
+// CreateAccount makes an account as the store's admin API does.
+func (c *Client) CreateAccount(ctx context.Context, access, secret, role string) error {
+	return c.createAccount(ctx, access, secret, role)
+}

@@ -3,7 +3,6 @@ package objectstore
 import (
 	"context"
 	"encoding/json"
-	"encoding/xml"
 	"fmt"
 	"net/http"
 	"strings"
@@ -49,26 +48,8 @@ func (r *reserved) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, d
 // bucket), asked of the store's admin API with the root keys (a tenant's client asks through
 // the root client that made it).
 func (c *Client) BucketOwner(ctx context.Context, bucket string) (string, error) {
-	admin := c
-	if c.root != nil {
-		admin = c.root
-	}
-	body, err := admin.adminBody(ctx, "/list-buckets", nil, nil)
-	if err != nil {
-		return "", err
-	}
-	var res struct {
-		Buckets []struct{ Name, Owner string }
-	}
-	if err := xml.Unmarshal(body, &res); err != nil {
-		return "", fmt.Errorf("the object store's list of buckets: %w", err)
-	}
-	for _, b := range res.Buckets {
-		if b.Name == bucket {
-			return b.Owner, nil
-		}
-	}
-	return "", nil
+	owners, err := c.bucketOwners(ctx)
+	return owners[bucket], err
 }
 
 // CheckOwnBucket refuses, with a permanent error of reason, a bucket of the bundled store that

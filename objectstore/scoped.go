@@ -8,7 +8,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/xml"
 	"fmt"
 	"io"
 	"net/http"
@@ -93,34 +92,19 @@ func (c *Client) Unscope(ctx context.Context, id, bucket string) error {
 	if err != nil && !isNoSuchBucket(err) && (c.tenant == "" || transfer.ReasonOf(err) != transfer.ReasonTargetForbidden) {
 		return err
 	}
-	if err := c.rootClient().admin(ctx, "/delete-user", url.Values{"access": {access}}, nil); err != nil &&
-		!strings.Contains(err.Error(), "not found") && !strings.Contains(err.Error(), "NoSuchUser") {
-		return err
-	}
-	return nil
+	return c.deleteAccount(ctx, access)
 }
 
 // ScopedAccounts lists the accounts Scope made and Unscope has not removed yet.
 func (c *Client) ScopedAccounts(ctx context.Context) ([]string, error) {
-	body, err := c.rootClient().adminBody(ctx, "/list-users", nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	var res struct {
-		Accounts []struct {
-			Access string `xml:"Access"`
-		} `xml:"Accounts"`
-	}
-	if err := xml.Unmarshal(body, &res); err != nil {
-		return nil, fmt.Errorf("the object store's account list: %w", err)
-	}
+	accounts, err := c.accounts(ctx)
 	var out []string
-	for _, a := range res.Accounts {
+	for _, a := range accounts {
 		if strings.HasPrefix(a.Access, "dpx") {
 			out = append(out, a.Access)
 		}
 	}
-	return out, nil
+	return out, err
 }
 
 func policySid(access string) string { return "diskpipe" + access }

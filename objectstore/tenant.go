@@ -2,11 +2,14 @@ package objectstore
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,11 +30,25 @@ import (
 // of their namespace, to upload with awscli. Only the manager and the store hold the root
 // keys, with which the manager makes the accounts.
 
-// TenantAccess is the access key of namespace ns's account.
-func TenantAccess(ns string) string {
+// TenantAccess is the access key of the account of the namespace whose UID is uid: a namespace
+// made again under a name that was used before is another tenant, with another account.
+func TenantAccess(uid string) string {
+	return "dpn" + strings.ReplaceAll(strings.ToLower(uid), "-", "")
+}
+
+// legacyTenantAccess is the access key a namespace's account had before accounts were keyed by
+// UID (a function of its name): SweepTenants moves such accounts to TenantAccess.
+func legacyTenantAccess(ns string) string {
 	sum := sha256.Sum256([]byte("diskpipe-namespace:" + ns))
 	return "dpn" + hex.EncodeToString(sum[:])[:29]
 }
+
+// NamespaceUIDs answers the UID of namespace ns as it is now (the manager asks the apiserver,
+// not a cache, so that a namespace made again under its name is not taken for the old one).
+type NamespaceUIDs func(ctx context.Context, ns string) (string, error)
+
+// ResolveNamespaces sets how c learns namespaces' UIDs; Tenant needs it.
+func (c *Client) ResolveNamespaces(uids NamespaceUIDs) { c.uids = uids }
 
 // Tenant returns a client that acts as namespace ns, making its account if there is none.
 // Its Scope and Unscope make and remove accounts through c (the root keys) and edit bucket
@@ -40,10 +57,17 @@ func (c *Client) Tenant(ctx context.Context, ns string) (*Client, error) {
 	if c.root != nil {
 		return nil, errors.New("a tenant's client cannot act for another tenant")
 	}
-	if t, ok := c.tenants.Load(ns); ok && time.Since(t.(*tenantClient).made) < tenantTTL {
+	if c.uids == nil {
+		return nil, errors.New("the object store's client cannot tell namespaces apart: it was given no way to learn their UIDs")
+	}
+	uid, err := c.uids(ctx, ns)
+	if err != nil {
+		return nil, fmt.Errorf("namespace %s: %w", ns, err)
+	}
+	if t, ok := c.tenants.Load(uid); ok && time.Since(t.(*tenantClient).made) < tenantTTL {
 		return t.(*tenantClient).Client, nil
 	}
-	access := TenantAccess(ns)
+	access := TenantAccess(uid)
 	secret := accountSecret(c.cfg.SecretKey, access)
 	if err := c.createAccount(ctx, access, secret, "userplus"); err != nil {
 		return nil, fmt.Errorf("making namespace %s's account in the object store: %w", ns, err)
@@ -53,7 +77,7 @@ func (c *Client) Tenant(ctx context.Context, ns string) (*Client, error) {
 		return nil, err
 	}
 	t.root, t.tenant = c, ns
-	c.tenants.Store(ns, &tenantClient{Client: t, made: time.Now()})
+	c.tenants.Store(uid, &tenantClient{Client: t, made: time.Now()})
 	return t, nil
 }
 
@@ -114,4 +138,197 @@ func (c *Client) createAccount(ctx context.Context, access, secret, role string)
 	}
 	props := fmt.Appendf(nil, "<MutableProps><Secret>%s</Secret><Role>%s</Role></MutableProps>", secret, role)
 	return c.admin(ctx, "/update-user", url.Values{"access": {access}}, props)
+}
+
+// # Accounts of namespaces that are gone
+//
+// A namespace's account is keyed by its UID, so a namespace made again under an old name
+// starts with nothing. What the old one left is dealt with by SweepTenants, which the manager
+// runs now and then with the namespaces that exist:
+//
+//   - the account of a namespace that is gone is removed, and the statements of bucket
+//     policies that name it with it; if it still owns buckets, it is kept for them but its
+//     secret is replaced by one nobody knows and its role made "user", so that its keys stop
+//     working and nothing is lost: an administrator moves or deletes the buckets (admin API,
+//     list-buckets and change-bucket-owner, with the root keys);
+//   - an account of the form before UIDs (legacyTenantAccess) of a namespace that exists is
+//     moved to the namespace's account: its buckets change owner, and bucket policies name the
+//     new account where they named the old one.
+
+// Sweep is what SweepTenants did, by account.
+type Sweep struct {
+	// Moved are the namespaces whose account of the old form was moved, with their new key.
+	Moved map[string]string
+	// Disabled are the accounts of gone namespaces that still own buckets, by bucket.
+	Disabled map[string][]string
+	// Removed are the accounts of gone namespaces that were removed.
+	Removed []string
+}
+
+// SweepTenants removes or disables the accounts of namespaces that are not among those
+// namespaces lists (UID → name) and moves those namespaces' accounts of the old form; see
+// above. The namespaces are listed after the accounts: an account is made only for a
+// namespace that exists, so one the store had before the list is of a namespace in it, or gone.
+func (c *Client) SweepTenants(ctx context.Context, namespaces func(context.Context) (map[string]string, error)) (Sweep, error) {
+	done := Sweep{Moved: map[string]string{}, Disabled: map[string][]string{}}
+	accounts, err := c.accounts(ctx)
+	if err != nil {
+		return done, err
+	}
+	live, err := namespaces(ctx)
+	if err != nil {
+		return done, err
+	}
+	if len(live) == 0 {
+		// A cluster has namespaces of its own (default, kube-system): an empty list is a
+		// wrong answer, not a reason to remove every account.
+		return done, errors.New("no namespaces were listed: the store's accounts are left as they are")
+	}
+	buckets, err := c.bucketOwners(ctx)
+	if err != nil {
+		return done, err
+	}
+	owned := map[string][]string{}
+	for bucket, owner := range buckets {
+		owned[owner] = append(owned[owner], bucket)
+	}
+	current := map[string]bool{}  // the keys of live namespaces
+	legacy := map[string]string{} // old key → live namespace's UID
+	for uid, ns := range live {
+		current[TenantAccess(uid)] = true
+		legacy[legacyTenantAccess(ns)] = uid
+	}
+	// Principals of bucket policies to rename (to "": to drop), once every account is settled.
+	rename := map[string]string{}
+	for _, a := range accounts {
+		if !strings.HasPrefix(a.Access, "dpn") {
+			continue
+		}
+		if current[a.Access] {
+			continue
+		}
+		if uid := legacy[a.Access]; uid != "" { // an account of the old form of a namespace that exists
+			access := TenantAccess(uid)
+			if err := c.createAccount(ctx, access, accountSecret(c.cfg.SecretKey, access), "userplus"); err != nil {
+				return done, err
+			}
+			for _, bucket := range owned[a.Access] {
+				if err := c.admin(ctx, "/change-bucket-owner", url.Values{"bucket": {bucket}, "owner": {access}}, nil); err != nil {
+					return done, fmt.Errorf("moving bucket %s to namespace %s's account: %w", bucket, live[uid], err)
+				}
+			}
+			delete(owned, a.Access)
+			rename[a.Access] = access
+			done.Moved[live[uid]] = access
+			continue
+		}
+		// The account of a namespace that is gone.
+		if len(owned[a.Access]) > 0 {
+			if a.Role != "user" {
+				if err := c.createAccount(ctx, a.Access, rand.Text(), "user"); err != nil {
+					return done, err
+				}
+			}
+			done.Disabled[a.Access] = owned[a.Access]
+			continue
+		}
+		rename[a.Access] = ""
+	}
+	if err := c.renamePrincipals(ctx, buckets, rename); err != nil {
+		return done, err
+	}
+	for old, access := range rename {
+		if err := c.deleteAccount(ctx, old); err != nil {
+			return done, err
+		}
+		if access == "" {
+			done.Removed = append(done.Removed, old)
+		}
+	}
+	return done, nil
+}
+
+// renamePrincipals rewrites, in the policy of each of buckets, the principals named in
+// rename: to their new key, or out of the policy ("": a statement left with no principal goes).
+func (c *Client) renamePrincipals(ctx context.Context, buckets map[string]string, rename map[string]string) error {
+	if len(rename) == 0 {
+		return nil
+	}
+	for bucket := range buckets {
+		err := c.editPolicy(ctx, bucket, func(p *bucketPolicy) {
+			kept := p.Statement[:0]
+			for _, s := range p.Statement {
+				aws := slices.Clone(s.Principal["AWS"])
+				for i, who := range aws {
+					if to, ok := rename[who]; ok {
+						aws[i] = to
+					}
+				}
+				if aws = slices.DeleteFunc(aws, func(who string) bool { return who == "" }); len(aws) == 0 && len(s.Principal) <= 1 {
+					continue // it named no one else
+				}
+				if s.Principal != nil {
+					s.Principal["AWS"] = aws
+				}
+				kept = append(kept, s)
+			}
+			p.Statement = kept
+		})
+		// A policy diskpipe cannot read (one a user wrote in other forms) is left as it is.
+		if err != nil && !isNoSuchBucket(err) && transfer.ReasonOf(err) != transfer.ReasonInvalidArgument {
+			return fmt.Errorf("renaming accounts in the policy of bucket %s: %w", bucket, err)
+		}
+	}
+	return nil
+}
+
+// account is an account of the store as its admin API lists it.
+type account struct {
+	Access string `xml:"Access"`
+	Role   string `xml:"Role"`
+}
+
+// accounts lists the store's accounts.
+func (c *Client) accounts(ctx context.Context) ([]account, error) {
+	body, err := c.rootClient().adminBody(ctx, "/list-users", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	var res struct {
+		Accounts []account `xml:"Accounts"`
+	}
+	if err := xml.Unmarshal(body, &res); err != nil {
+		return nil, fmt.Errorf("the object store's account list: %w", err)
+	}
+	return res.Accounts, nil
+}
+
+// deleteAccount removes the account access; it may be gone already.
+func (c *Client) deleteAccount(ctx context.Context, access string) error {
+	err := c.rootClient().admin(ctx, "/delete-user", url.Values{"access": {access}}, nil)
+	if err != nil && !strings.Contains(err.Error(), "not found") && !strings.Contains(err.Error(), "NoSuchUser") {
+		return err
+	}
+	return nil
+}
+
+// bucketOwners lists every bucket of the store with the access key of its owner.
+func (c *Client) bucketOwners(ctx context.Context) (map[string]string, error) {
+	body, err := c.rootClient().adminBody(ctx, "/list-buckets", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	var res struct {
+		Buckets []struct{ Name, Owner string }
+	}
+	if err := xml.Unmarshal(body, &res); err != nil {
+		return nil, fmt.Errorf("the object store's list of buckets: %w", err)
+	}
+	owners := make(map[string]string, len(res.Buckets))
+	for _, b := range res.Buckets {
+		if CheckBucketName(b.Name) == nil { // not the store's own directories (.diskpipe-iam)
+			owners[b.Name] = b.Owner
+		}
+	}
+	return owners, nil
 }

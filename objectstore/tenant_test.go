@@ -133,7 +133,8 @@ func TestTenantAfterRotation(t *testing.T) {
 	if _, err := s.Client().Tenant(ctx, "rotated"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Client().SetAccountSecret(ctx, objectstore.TenantAccess("rotated"), "derived-from-the-old-root-secret", "userplus"); err != nil {
+	uid, _ := s.Namespaces.UID(ctx, "rotated")
+	if err := s.Client().SetAccountSecret(ctx, objectstore.TenantAccess(uid), "derived-from-the-old-root-secret", "userplus"); err != nil {
 		t.Fatal(err)
 	}
 	tenant, err := s.Client().Tenant(ctx, "rotated") // a manager that starts again: nothing cached

@@ -58,17 +58,11 @@ func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.Obje
 		fmt.Sprintf("%s may not %s the Secret %s/%s the keys are written to: it needs %s on secrets", user.Username, verb, ns, name, verb)); err != nil {
 		return err
 	}
-	tenant, err := a.Store.Tenant(ctx, ns)
+	sec.Name, sec.Namespace = name, ns
+	access, err := a.fillStoreKeys(ctx, sec)
 	if err != nil {
 		return err
 	}
-	access, secret := tenant.Keys()
-	sec.Name, sec.Namespace = name, ns
-	if sec.Labels == nil {
-		sec.Labels = map[string]string{}
-	}
-	sec.Labels[LabelStoreKeys], sec.Labels["app.kubernetes.io/part-of"] = "true", "diskpipe"
-	sec.Data = map[string][]byte{"accessKeyId": []byte(access), "secretAccessKey": []byte(secret), "endpoint": []byte(a.StoreEndpoint)}
 	if exists {
 		err = a.Client.Update(ctx, sec)
 	} else if err = a.Client.Create(ctx, sec); apierrors.IsAlreadyExists(err) {
@@ -79,6 +73,40 @@ func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.Obje
 	}
 	req.Status = uploadapi.ObjectStoreKeysRequestStatus{SecretName: name, Endpoint: a.StoreEndpoint, AccessKeyID: access}
 	return nil
+}
+
+// fillStoreKeys writes the keys of sec's namespace into sec, and returns its access key.
+func (a *TokenAPI) fillStoreKeys(ctx context.Context, sec *corev1.Secret) (string, error) {
+	tenant, err := a.Store.Tenant(ctx, sec.Namespace)
+	if err != nil {
+		return "", err
+	}
+	access, secret := tenant.Keys()
+	if sec.Labels == nil {
+		sec.Labels = map[string]string{}
+	}
+	sec.Labels[LabelStoreKeys], sec.Labels["app.kubernetes.io/part-of"] = "true", "diskpipe"
+	sec.Data = map[string][]byte{"accessKeyId": []byte(access), "secretAccessKey": []byte(secret), "endpoint": []byte(a.StoreEndpoint)}
+	return access, nil
+}
+
+// RenewStoreKeys rewrites the keys Secret of the default name that diskpipe wrote in namespace
+// ns, if there is one and it holds other keys than the namespace's (its account moved); a
+// Secret of another name, which the manager may not read, is asked for again by its user.
+func (a *TokenAPI) RenewStoreKeys(ctx context.Context, ns string) error {
+	sec := &corev1.Secret{}
+	if err := a.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: DefaultKeysSecret}, sec); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if sec.Labels[LabelStoreKeys] != "true" {
+		return nil
+	}
+	old := string(sec.Data["accessKeyId"])
+	access, err := a.fillStoreKeys(ctx, sec)
+	if err != nil || access == old {
+		return err
+	}
+	return a.Client.Update(ctx, sec)
 }
 
 // review asks the apiserver whether user may do what attrs say; a refusal is a *httpError

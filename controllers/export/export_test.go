@@ -114,7 +114,7 @@ func upload(t *testing.T, ns, object string, body []byte) {
 	p := filepath.Join(t.TempDir(), "export.qcow2")
 	g := NewWithT(t)
 	g.Expect(os.WriteFile(p, body, 0o600)).To(Succeed())
-	tenant, err := store.Client().Tenant(t.Context(), ns)
+	tenant, err := store.ClientOf(env.Client).Tenant(t.Context(), ns)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(tenant.EnsureBucket(t.Context(), bucketOf(ns))).To(Succeed())
 	access, secret := tenant.Keys()

@@ -364,7 +364,7 @@ func TestObjectStoreSource(t *testing.T) {
 	obj := filepath.Join(t.TempDir(), "cirros.qcow2")
 	g.Expect(os.WriteFile(obj, []byte("QFI\xfb not really an image, but the URL must fetch exactly these bytes"), 0o600)).To(Succeed())
 	// Uploaded as the namespace, with its keys: the bucket is the namespace's.
-	tenant, err := store.Client().Tenant(ctx, ns)
+	tenant, err := store.ClientOf(env.Client).Tenant(ctx, ns)
 	g.Expect(err).NotTo(HaveOccurred())
 	access, secret := tenant.Keys()
 	g.Expect(tenant.EnsureBucket(ctx, "images")).To(Succeed())
@@ -427,7 +427,7 @@ func TestObjectStoreSource(t *testing.T) {
 	g.Expect(env.Client.List(ctx, pods, client.InNamespace(late))).To(Succeed())
 	g.Expect(pods.Items).To(BeEmpty(), "no importer runs while the store is away")
 	store.Restart()
-	lateTenant, err := store.Client().Tenant(ctx, late)
+	lateTenant, err := store.ClientOf(env.Client).Tenant(ctx, late)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(lateTenant.EnsureBucket(ctx, "late")).To(Succeed())
 	la, ls := lateTenant.Keys()

@@ -35,6 +35,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
+	"github.com/diskpipe/diskpipe/internal/tenancy"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -207,6 +208,15 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		}
 		imageOpts.ObjectStoreCA = opts.ObjectStore.CAFile
 	}
+	var sweeper *tenancy.Sweeper
+	if opts.ObjectStore != nil && opts.ObjectStore.Scoped {
+		// The store knows a namespace by its UID, asked of the apiserver each time.
+		imageOpts.ObjectStore.ResolveNamespaces(tenancy.UIDs(mgr.GetAPIReader()))
+		sweeper = &tenancy.Sweeper{Store: imageOpts.ObjectStore, Reader: mgr.GetAPIReader()}
+		if err := mgr.Add(sweeper); err != nil {
+			return nil, err
+		}
+	}
 	if err := image.SetupVirtualMachineImage(mgr, imageOpts); err != nil {
 		return nil, fmt.Errorf("setting up the VirtualMachineImage controller: %w", err)
 	}
@@ -261,6 +271,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService, CDI: opts.CDICompatibility}
 			if opts.ObjectStore != nil && opts.ObjectStore.Scoped {
 				api.Store, api.StoreEndpoint = imageOpts.ObjectStore, cmp.Or(opts.ObjectStorePublicEndpoint, opts.ObjectStore.Endpoint)
+				sweeper.Keys = api.RenewStoreKeys
 			}
 			if err := serveTokenAPI(ctx, cfg, mgr, w, api); err != nil {
 				return nil, fmt.Errorf("setting up the upload token API: %w", err)

@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/internal/tenancy"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/test/freeport"
 	"github.com/diskpipe/diskpipe/test/repo"
@@ -27,6 +31,8 @@ type Server struct {
 	AccessKey, SecretKey string
 	// Dir is its data directory.
 	Dir string
+	// Namespaces stand in for a cluster's: Client resolves namespaces' UIDs from them.
+	Namespaces *Namespaces
 
 	t    testing.TB
 	addr string
@@ -95,7 +101,7 @@ func startIn(t testing.TB, dir string, args ...string) *Server {
 	}
 	s := &Server{
 		Endpoint: "http://" + addr, AccessKey: "diskpipe-test", SecretKey: "diskpipe-test-secret",
-		Dir: dir, t: t, addr: addr, log: filepath.Join(t.TempDir(), "objectstore.log"), args: args,
+		Dir: dir, Namespaces: &Namespaces{}, t: t, addr: addr, log: filepath.Join(t.TempDir(), "objectstore.log"), args: args,
 	}
 	s.start(bin)
 	t.Cleanup(s.Stop)
@@ -167,14 +173,63 @@ func (s *Server) Restart() {
 	s.start(bin)
 }
 
-// Client returns a diskpipe client with the root credentials.
+// Client returns a diskpipe client with the root credentials, which knows namespaces by
+// s.Namespaces (a test of a cluster resolves them with tenancy.UIDs instead).
 func (s *Server) Client() *objectstore.Client {
 	s.t.Helper()
 	c, err := objectstore.NewClient(s.ClientConfig())
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	c.ResolveNamespaces(s.Namespaces.UID)
 	return c
+}
+
+// ClientOf is Client for a test with a cluster: it knows namespaces by their UIDs in the
+// cluster r reads, as the manager does.
+func (s *Server) ClientOf(r client.Reader) *objectstore.Client {
+	s.t.Helper()
+	c := s.Client()
+	c.ResolveNamespaces(tenancy.UIDs(r))
+	return c
+}
+
+// Namespaces are namespaces without a cluster: each name has a UID from its first use until
+// it is made again.
+type Namespaces struct {
+	mu   sync.Mutex
+	uids map[string]string
+}
+
+// UID is namespace ns's UID; it is an objectstore.NamespaceUIDs.
+func (n *Namespaces) UID(_ context.Context, ns string) (string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.uids == nil {
+		n.uids = map[string]string{}
+	}
+	if n.uids[ns] == "" {
+		n.uids[ns] = uuid.NewString()
+	}
+	return n.uids[ns], nil
+}
+
+// Delete deletes namespace ns: a later use of its name is another namespace.
+func (n *Namespaces) Delete(ns string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.uids, ns)
+}
+
+// Live lists the namespaces, UID → name, as tenancy.Live does a cluster's.
+func (n *Namespaces) Live(context.Context) (map[string]string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	live := map[string]string{}
+	for ns, uid := range n.uids {
+		live[uid] = ns
+	}
+	return live, nil
 }
 
 // ClientConfig is the configuration that reaches the store as root.

@@ -7,6 +7,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/diskpipe/diskpipe/internal/tenancy"
 	"github.com/diskpipe/diskpipe/objectstore"
 	realcluster "github.com/diskpipe/diskpipe/test/cluster"
 	"github.com/diskpipe/diskpipe/test/localcluster"
@@ -81,6 +82,10 @@ func (l local) AWS(ctx context.Context, args ...string) (string, error) {
 func (l local) StopStore() error  { l.Store.Kill(); return nil }
 func (l local) StartStore() error { l.Store.Restart(); return nil }
 func (l local) StoreClient(context.Context) (*objectstore.Client, error) {
-	return objectstore.NewClient(l.Store.ClientConfig())
+	c, err := objectstore.NewClient(l.Store.ClientConfig())
+	if err == nil {
+		c.ResolveNamespaces(tenancy.UIDs(l.Client))
+	}
+	return c, err
 }
 func (l local) StoreSecretKey(context.Context) (string, error) { return l.Store.SecretKey, nil }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/diskpipe/diskpipe/internal/tenancy"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
@@ -28,7 +29,11 @@ func (c *Cluster) StoreClient(ctx context.Context) (*objectstore.Client, error) 
 	if err != nil {
 		return nil, err
 	}
-	return objectstore.NewClient(objectstore.ClientConfig{Endpoint: StoreEndpoint, AccessKey: id, SecretKey: secret, BucketLookup: "Path", Scoped: true})
+	store, err := objectstore.NewClient(objectstore.ClientConfig{Endpoint: StoreEndpoint, AccessKey: id, SecretKey: secret, BucketLookup: "Path", Scoped: true})
+	if err == nil {
+		store.ResolveNamespaces(tenancy.UIDs(c.Client))
+	}
+	return store, err
 }
 
 // StoreSecretKey is the bundled store's root secret, which no log line may hold.

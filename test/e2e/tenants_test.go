@@ -70,7 +70,9 @@ spec:
 		Expect(sha256Of(viaA)).To(Equal(sha256Of(images["qcow2"])), "A's object is as A left it")
 
 		// Shared by A in its bucket policy, the same image of B imports.
-		aAccess, bAccess := objectstore.TenantAccess(a), objectstore.TenantAccess(b)
+		// A namespace's account is named after its UID.
+		aAccess := objectstore.TenantAccess(kubectl("", "get", "namespace", a, "-o", "jsonpath={.metadata.uid}"))
+		bAccess := objectstore.TenantAccess(kubectl("", "get", "namespace", b, "-o", "jsonpath={.metadata.uid}"))
 		out, err = awsIn(ctx, a, "s3api", "put-bucket-policy", "--bucket", bucket, "--policy", `{"Version":"2012-10-17","Statement":[`+
 			`{"Effect":"Allow","Principal":{"AWS":["`+aAccess+`"]},"Action":["s3:*"],"Resource":["arn:aws:s3:::`+bucket+`","arn:aws:s3:::`+bucket+`/*"]},`+
 			`{"Effect":"Allow","Principal":{"AWS":["`+bAccess+`"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::`+bucket+`/disk.qcow2"]}]}`)

@@ -1,0 +1,106 @@
+// Package tenancy ties the bundled object store's accounts to the cluster's namespaces: a
+// namespace is known to the store by its UID, so a namespace made again under a name that was
+// used before is a new tenant, and the accounts of namespaces that are gone stop working.
+package tenancy
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/diskpipe/diskpipe/objectstore"
+)
+
+// UIDs answers namespaces' UIDs from r, which should read the apiserver rather than a cache:
+// a cache that has not seen a namespace deleted and made again would name the old one.
+func UIDs(r client.Reader) objectstore.NamespaceUIDs {
+	return func(ctx context.Context, ns string) (string, error) {
+		obj := &metav1.PartialObjectMetadata{}
+		obj.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+		if err := r.Get(ctx, client.ObjectKey{Name: ns}, obj); err != nil {
+			return "", err
+		}
+		if obj.DeletionTimestamp != nil {
+			return "", fmt.Errorf("namespace %s is being deleted", ns)
+		}
+		return string(obj.UID), nil
+	}
+}
+
+// Live lists the namespaces that exist, UID → name.
+func Live(ctx context.Context, r client.Reader) (map[string]string, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+	if err := r.List(ctx, list); err != nil {
+		return nil, fmt.Errorf("listing namespaces: %w", err)
+	}
+	live := make(map[string]string, len(list.Items))
+	for _, ns := range list.Items {
+		live[string(ns.UID)] = ns.Name
+	}
+	return live, nil
+}
+
+// SweepEvery is how often Sweeper settles the store's accounts.
+const SweepEvery = 10 * time.Minute
+
+// Sweeper is the manager's runnable (on the leader) that settles the store's accounts with the
+// namespaces that exist, at start and every SweepEvery (objectstore.Client.SweepTenants), and
+// gives namespaces whose account moved their new keys in the Secret diskpipe wrote for them.
+type Sweeper struct {
+	Store  *objectstore.Client
+	Reader client.Reader
+	// Keys rewrites a namespace's keys Secret after its account moved (nil: nothing to do).
+	Keys func(ctx context.Context, ns string) error
+	// Every is how often to sweep; 0: SweepEvery.
+	Every time.Duration
+}
+
+// NeedLeaderElection: only the leader edits the store's accounts.
+func (s *Sweeper) NeedLeaderElection() bool { return true }
+
+// Start sweeps until ctx ends; a failed sweep is logged and tried again at the next.
+func (s *Sweeper) Start(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("tenancy")
+	every := s.Every
+	if every == 0 {
+		every = SweepEvery
+	}
+	for {
+		if err := s.Sweep(ctx); err != nil {
+			log.Error(err, "settling the object store's accounts with the namespaces")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(every):
+		}
+	}
+}
+
+// Sweep settles the accounts once.
+func (s *Sweeper) Sweep(ctx context.Context) error {
+	log := logf.FromContext(ctx).WithName("tenancy")
+	done, err := s.Store.SweepTenants(ctx, func(ctx context.Context) (map[string]string, error) { return Live(ctx, s.Reader) })
+	for ns, access := range done.Moved {
+		log.Info("moved a namespace's store account to the one keyed by its UID", "namespace", ns, "access", access)
+		if s.Keys != nil {
+			if kerr := s.Keys(ctx, ns); kerr != nil {
+				log.Error(kerr, "rewriting the namespace's store keys", "namespace", ns)
+			}
+		}
+	}
+	for access, buckets := range done.Disabled {
+		log.Info("the namespace of a store account is gone: its keys no longer work; it keeps its buckets for an administrator to move or delete",
+			"access", access, "buckets", buckets)
+	}
+	for _, access := range done.Removed {
+		log.Info("removed the store account of a namespace that is gone", "access", access)
+	}
+	return err
+}
