@@ -1,6 +1,7 @@
 package objectstore_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -46,6 +47,10 @@ func TestNamespaceMadeAgain(t *testing.T) {
 		`{"Effect":"Allow","Principal":{"AWS":["`+owner[0]+`"]},"Action":["s3:*"],"Resource":["arn:aws:s3:::owner-images","arn:aws:s3:::owner-images/*"]},`+
 		`{"Effect":"Allow","Principal":{"AWS":["`+idle[0]+`"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::owner-images/disk.raw"]}]}`))
 
+	// A list of no namespaces is a wrong answer: nothing is touched.
+	if done, err := root.SweepTenants(ctx, func(context.Context) (map[string]string, error) { return nil, nil }); err == nil || len(done.Removed) > 0 {
+		t.Fatalf("a sweep with no namespaces listed: %+v, %v", done, err)
+	}
 	s.Namespaces.Delete("reused")
 	s.Namespaces.Delete("idle")
 	var again [2]string
