@@ -22,6 +22,7 @@ import (
 func main() {
 	var opts manager.Options
 	flag.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (\"0\" turns it off)")
+	flag.BoolVar(&opts.MetricsSecure, "metrics-secure", true, "serve metrics over HTTPS only to bearers of a token allowed to get /metrics")
 	flag.StringVar(&opts.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	flag.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect a leader so that only one replica reconciles")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")

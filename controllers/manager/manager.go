@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -44,6 +45,10 @@ import (
 type Options struct {
 	// MetricsAddr is where Prometheus metrics are served ("0" turns them off).
 	MetricsAddr string
+	// MetricsSecure serves them over HTTPS to a client whose bearer token the apiserver
+	// authenticates and allows to get the non-resource URL /metrics (the chart's
+	// <release>-metrics-reader ClusterRole): they name the objects of every namespace.
+	MetricsSecure bool
 	// ProbeAddr is where /healthz and /readyz are served.
 	ProbeAddr string
 	// LeaderElection makes only one replica reconcile at a time.
@@ -174,7 +179,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		WebhookServer:                 hooks,
 		Scheme:                        NewScheme(),
-		Metrics:                       metricsserver.Options{BindAddress: opts.MetricsAddr},
+		Metrics:                       metricsOptions(opts),
 		HealthProbeBindAddress:        opts.ProbeAddr,
 		LeaderElection:                opts.LeaderElection,
 		LeaderElectionID:              LeaderElectionID,
@@ -295,4 +300,14 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		return nil, fmt.Errorf("adding readiness check: %w", err)
 	}
 	return mgr, nil
+}
+
+// metricsOptions serves metrics at opts.MetricsAddr, behind the apiserver's authentication and
+// authorization (a self-signed certificate) if opts.MetricsSecure.
+func metricsOptions(opts Options) metricsserver.Options {
+	o := metricsserver.Options{BindAddress: opts.MetricsAddr}
+	if opts.MetricsSecure {
+		o.SecureServing, o.FilterProvider = true, filters.WithAuthenticationAndAuthorization
+	}
+	return o
 }

@@ -287,3 +287,45 @@ func TestStoreQuota(t *testing.T) {
 		t.Errorf("the store's args without a quota: %s", got)
 	}
 }
+
+// TestPortsServeWhomTheyServe: the manager's metrics are served over HTTPS to bearers of a
+// token that may get /metrics by default, with the ClusterRole to bind Prometheus to; the
+// webhook port admits only the peers webhookFrom names, where it names any.
+func TestPortsServeWhomTheyServe(t *testing.T) {
+	def := render(t, "diskpipe-system")
+	reader := false
+	for _, o := range def {
+		if o.GetKind() == "ClusterRole" && o.GetName() == testenv.ChartRelease+"-metrics-reader" {
+			rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+			reader = fmt.Sprint(rules) == "[map[nonResourceURLs:[/metrics] verbs:[get]]]"
+		}
+		if o.GetKind() == "Deployment" && strings.HasSuffix(o.GetName(), "-manager") {
+			if args := fmt.Sprint(o.Object["spec"].(map[string]any)["template"]); !strings.Contains(args, "--metrics-secure=true") {
+				t.Errorf("the manager does not serve its metrics securely by default: %s", args)
+			}
+		}
+	}
+	if !reader {
+		t.Errorf("no ClusterRole %s-metrics-reader that may get /metrics and nothing else", testenv.ChartRelease)
+	}
+	for _, c := range []struct {
+		values []string
+		from   string
+	}{{nil, "[]"}, {[]string{"-f", "testdata/nondefault.yaml"}, "[map[ipBlock:map[cidr:10.0.0.0/28]]]"}} {
+		for _, o := range render(t, "diskpipe-system", c.values...) {
+			if o.GetKind() != "NetworkPolicy" || !strings.HasSuffix(o.GetName(), "-manager") {
+				continue
+			}
+			rules, _, _ := unstructured.NestedSlice(o.Object, "spec", "ingress")
+			for _, r := range rules {
+				rule := r.(map[string]any)
+				if fmt.Sprint(rule["ports"]) == "[map[port:webhook]]" {
+					from, _ := rule["from"].([]any)
+					if got := fmt.Sprint(from); got != c.from {
+						t.Errorf("values %v: the webhook port admits %s, want %s", c.values, got, c.from)
+					}
+				}
+			}
+		}
+	}
+}

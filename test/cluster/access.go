@@ -72,7 +72,7 @@ func (c *Cluster) RestartManager() error {
 	defer cancel()
 	// Its counters die with it: keep what it served last (ManagerCounter).
 	scrape, cancelScrape := context.WithTimeout(ctx, 10*time.Second)
-	texts, err := c.managerMetrics(scrape)
+	texts, err := c.ManagerMetrics(scrape)
 	cancelScrape()
 	c.mu.Lock()
 	c.killedMetrics = append(c.killedMetrics, texts...)

@@ -1,11 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,19 +26,14 @@ import (
 )
 
 // importBytes is what diskpipe's pods wrote into volumes for imports from source (a kind:
-// http, pvc, ...) in ns: the sum of the
-// managers' diskpipe_operation_bytes_total for the namespace (the leader counts them), read from
-// each manager pod's metrics port, which the node reaches.
+// http, pvc, ...) in ns: the sum of the managers' diskpipe_operation_bytes_total for the
+// namespace (the leader counts them), read from each manager pod's metrics port.
 func importBytes(ns, source string) int64 {
+	texts, err := node().ManagerMetrics(context.Background())
+	Expect(err).NotTo(HaveOccurred())
 	var sum float64
-	for _, ip := range strings.Fields(kubectl("", "get", "pods", "-n", "diskpipe-system", "-l", "app.kubernetes.io/component=manager",
-		"-o", "jsonpath={range .items[*]}{.status.podIP} {end}")) {
-		resp, err := http.Get("http://" + net.JoinHostPort(ip, "8080") + "/metrics")
-		Expect(err).NotTo(HaveOccurred())
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		Expect(err).NotTo(HaveOccurred())
-		for _, line := range strings.Split(string(body), "\n") {
+	for _, text := range texts {
+		for _, line := range strings.Split(text, "\n") {
 			if strings.HasPrefix(line, "diskpipe_operation_bytes_total{") && strings.Contains(line, `namespace="`+ns+`"`) &&
 				strings.Contains(line, `operation="import"`) && strings.Contains(line, `source="`+source+`"`) {
 				v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)

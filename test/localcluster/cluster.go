@@ -149,7 +149,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	// Upload tokens as the chart has them: the manager issues them, the proxy checks them.
 	tokenSecret := ManagerNamespace + "/" + testenv.ChartRelease + "-upload-token"
 	c.managerArgs = []string{"--config", config, "--objectstore-endpoint", c.Store.Endpoint,
-		"--objectstore-credentials-dir", creds, "--objectstore-scoped-credentials", "--metrics-bind-address", c.metrics, "--health-probe-bind-address", "0",
+		"--objectstore-credentials-dir", creds, "--objectstore-scoped-credentials", "--metrics-bind-address", c.metrics, "--metrics-secure=false", "--health-probe-bind-address", "0",
 		"--webhook-port", strconv.Itoa(port), "--webhook-cert-dir", certDir,
 		"--upload-token-secret", tokenSecret, "--upload-proxy-url", c.UploadURL,
 		"--owner-key-secret", ManagerNamespace + "/" + testenv.ChartRelease + "-owner-key"}
