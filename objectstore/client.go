@@ -94,6 +94,9 @@ type Client struct {
 	// those UIDs are learnt (ResolveNamespaces).
 	tenants sync.Map
 	uids    NamespaceUIDs
+	// moved are the namespaces whose account of before UIDs Tenant moved, for the next
+	// SweepTenants to report.
+	moved sync.Map
 	// ownBuckets are the buckets CheckOwnBucket found the client's, with when.
 	ownBuckets sync.Map
 }

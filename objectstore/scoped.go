@@ -69,7 +69,7 @@ func (c *Client) Scope(ctx context.Context, id, bucket, object string, actions [
 	err = c.editPolicy(ctx, bucket, func(p *bucketPolicy) {
 		p.remove(policySid(access))
 		p.Statement = append(p.Statement, policyStatement{Sid: policySid(access), Effect: "Allow",
-			Principal: map[string][]string{"AWS": {access}}, Action: actions,
+			Principal: awsPrincipal(access), Action: actions,
 			Resource: []string{"arn:aws:s3:::" + bucket + "/" + object}})
 	})
 	return access, secret, err
@@ -112,17 +112,61 @@ func policySid(access string) string { return "diskpipe" + access }
 // ownerSid is the statement that keeps a tenant's own access to its bucket in the policy.
 const ownerSid = "diskpipeowner"
 
+// bucketPolicy is a bucket's policy as diskpipe reads and writes it: what it does not edit
+// (conditions, the Not- forms, the single-string forms) it keeps as it was written.
 type bucketPolicy struct {
 	Version   string            `json:"Version"`
+	ID        string            `json:"Id,omitempty"`
 	Statement []policyStatement `json:"Statement"`
 }
 
 type policyStatement struct {
-	Sid       string              `json:"Sid,omitempty"`
-	Effect    string              `json:"Effect"`
-	Principal map[string][]string `json:"Principal"`
-	Action    []string            `json:"Action"`
-	Resource  []string            `json:"Resource"`
+	Sid          string          `json:"Sid,omitempty"`
+	Effect       string          `json:"Effect"`
+	Principal    *principal      `json:"Principal,omitempty"`
+	NotPrincipal json.RawMessage `json:"NotPrincipal,omitempty"`
+	Action       stringList      `json:"Action,omitempty"`
+	NotAction    json.RawMessage `json:"NotAction,omitempty"`
+	Resource     stringList      `json:"Resource,omitempty"`
+	NotResource  json.RawMessage `json:"NotResource,omitempty"`
+	Condition    json.RawMessage `json:"Condition,omitempty"`
+}
+
+// principal is a statement's Principal: "*" (anyone), or accounts by kind ("AWS").
+type principal struct {
+	Anyone bool
+	ByKind map[string]stringList
+}
+
+func awsPrincipal(access ...string) *principal {
+	return &principal{ByKind: map[string]stringList{"AWS": access}}
+}
+
+func (p *principal) UnmarshalJSON(b []byte) error {
+	if string(b) == `"*"` {
+		p.Anyone = true
+		return nil
+	}
+	return json.Unmarshal(b, &p.ByKind)
+}
+
+func (p principal) MarshalJSON() ([]byte, error) {
+	if p.Anyone {
+		return []byte(`"*"`), nil
+	}
+	return json.Marshal(p.ByKind)
+}
+
+// stringList is a policy's list of strings, which may be written as one string.
+type stringList []string
+
+func (l *stringList) UnmarshalJSON(b []byte) error {
+	var one string
+	if json.Unmarshal(b, &one) == nil {
+		*l = stringList{one}
+		return nil
+	}
+	return json.Unmarshal(b, (*[]string)(l))
 }
 
 func (p *bucketPolicy) remove(sid string) {
@@ -145,27 +189,31 @@ func (c *Client) editPolicy(ctx context.Context, bucket string, edit func(*bucke
 				"the policy of bucket %s is not one diskpipe can edit (%v): remove it or use spec.s3 with your own store", bucket, err)
 		}
 	}
+	before, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
 	edit(p)
 	if c.tenant != "" && len(p.Statement) > 0 {
 		// The store applies a bucket's policy to its owner too: without a statement of its own
 		// the namespace would lock itself out of its bucket.
 		p.remove(ownerSid)
-		p.Statement = append([]policyStatement{{Sid: ownerSid, Effect: "Allow", Principal: map[string][]string{"AWS": {c.cfg.AccessKey}},
+		p.Statement = append([]policyStatement{{Sid: ownerSid, Effect: "Allow", Principal: awsPrincipal(c.cfg.AccessKey),
 			Action: []string{"s3:*"}, Resource: []string{"arn:aws:s3:::" + bucket, "arn:aws:s3:::" + bucket + "/*"}}}, p.Statement...)
 		if len(p.Statement) == 1 {
 			p.Statement = nil
 		}
 	}
+	after, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if string(after) == string(before) {
+		return nil // nothing changed: the policy is left as it was written
+	}
 	doc := ""
 	if len(p.Statement) > 0 {
-		b, err := json.Marshal(p)
-		if err != nil {
-			return err
-		}
-		doc = string(b)
-	}
-	if doc == cur {
-		return nil
+		doc = string(after)
 	}
 	if err := c.SetBucketPolicy(ctx, bucket, doc); err != nil {
 		return c.Forbidden(err, transfer.ReasonTargetForbidden, "write the policy of", "bucket "+bucket)

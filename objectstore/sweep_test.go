@@ -125,10 +125,24 @@ func TestLegacyAccountMoves(t *testing.T) {
 	must(as(o, "s3", "cp", "--only-show-errors", src, "s3://sharer-images/disk.raw"))
 	must(as(o, "s3api", "put-bucket-policy", "--bucket", "sharer-images", "--policy", `{"Version":"2012-10-17","Statement":[`+
 		`{"Effect":"Allow","Principal":{"AWS":["`+o[0]+`"]},"Action":["s3:*"],"Resource":["arn:aws:s3:::sharer-images","arn:aws:s3:::sharer-images/*"]},`+
-		`{"Effect":"Allow","Principal":{"AWS":["`+legacy[0]+`"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::sharer-images/disk.raw"]}]}`))
+		`{"Effect":"Allow","Principal":{"AWS":"`+legacy[0]+`"},"Action":"s3:GetObject","Resource":"arn:aws:s3:::sharer-images/disk.raw",`+
+		`"Condition":{"IpAddress":{"aws:SourceIp":["127.0.0.0/8"]}}}]}`))
 	if _, err := s.Namespaces.UID(ctx, "team-old"); err != nil {
 		t.Fatal(err)
 	}
+	// Another namespace of before uses the store before any sweep: its buckets come with it.
+	first := [2]string{objectstore.LegacyTenantAccess("team-first"), "its-secret-before"}
+	if err := root.CreateAccount(ctx, first[0], first[1], "userplus"); err != nil {
+		t.Fatal(err)
+	}
+	must(as(first, "s3", "mb", "s3://first-images"))
+	firstTenant, err := root.Tenant(ctx, "team-first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := [2]string{}
+	f[0], f[1] = firstTenant.Keys()
+	must(as(f, "s3", "ls", "s3://first-images"))
 
 	done, err := root.SweepTenants(ctx, s.Namespaces.Live)
 	if err != nil {
@@ -140,8 +154,13 @@ func TestLegacyAccountMoves(t *testing.T) {
 	}
 	now := [2]string{}
 	now[0], now[1] = tenant.Keys()
-	if done.Moved["team-old"] != now[0] || len(done.Removed)+len(done.Disabled) != 0 {
-		t.Fatalf("sweep: %+v; want team-old moved to %s", done, now[0])
+	if done.Moved["team-old"] != now[0] || done.Moved["team-first"] != f[0] || len(done.Removed)+len(done.Disabled)+len(done.Stuck) != 0 {
+		t.Fatalf("sweep: %+v; want team-old moved to %s and team-first to %s", done, now[0], f[0])
+	}
+	// The share names the new account, and keeps its condition.
+	policy, err := root.GetBucketPolicy(ctx, "sharer-images")
+	if err != nil || strings.Contains(policy, legacy[0]) || !strings.Contains(policy, now[0]) || !strings.Contains(policy, "127.0.0.0/8") {
+		t.Errorf("the sharer's policy after the move (%v):\n%s", err, policy)
 	}
 	must(as(now, "s3", "cp", "--only-show-errors", "s3://old-images/disk.raw", t.TempDir()+"/own"))
 	must(as(now, "s3", "cp", "--only-show-errors", src, "s3://old-images/more.raw"))

@@ -8,6 +8,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -71,6 +72,11 @@ func (c *Client) Tenant(ctx context.Context, ns string) (*Client, error) {
 	secret := accountSecret(c.cfg.SecretKey, access)
 	if err := c.createAccount(ctx, access, secret, "userplus"); err != nil {
 		return nil, fmt.Errorf("making namespace %s's account in the object store: %w", ns, err)
+	}
+	// Its buckets of before accounts were keyed by UID come with it; what cannot is the
+	// sweep's to report.
+	if _, err := c.moveLegacy(ctx, ns, access, nil); err != nil {
+		return nil, fmt.Errorf("moving namespace %s's account of before to the one of its UID: %w", ns, err)
 	}
 	t, err := c.WithKeys(access, secret)
 	if err != nil {
@@ -152,13 +158,18 @@ func (c *Client) createAccount(ctx context.Context, access, secret, role string)
 //     working and nothing is lost: an administrator moves or deletes the buckets (admin API,
 //     list-buckets and change-bucket-owner, with the root keys);
 //   - an account of the form before UIDs (legacyTenantAccess) of a namespace that exists is
-//     moved to the namespace's account: its buckets change owner, and bucket policies name the
-//     new account where they named the old one.
+//     moved to the namespace's account (moveLegacy, which Tenant does too, so that a namespace
+//     never acts without its buckets): bucket policies name the new account where they named
+//     the old, then its buckets change owner. A bucket whose policy diskpipe cannot read stays
+//     the old account's, which is kept until it is moved too.
 
 // Sweep is what SweepTenants did, by account.
 type Sweep struct {
-	// Moved are the namespaces whose account of the old form was moved, with their new key.
+	// Moved are the namespaces whose account of the old form was moved since the last sweep,
+	// by this one or by Tenant, with their new key.
 	Moved map[string]string
+	// Stuck are the buckets of old accounts that could not be moved, with why.
+	Stuck map[string]error
 	// Disabled are the accounts of gone namespaces that still own buckets, by bucket.
 	Disabled map[string][]string
 	// Removed are the accounts of gone namespaces that were removed.
@@ -170,7 +181,12 @@ type Sweep struct {
 // above. The namespaces are listed after the accounts: an account is made only for a
 // namespace that exists, so one the store had before the list is of a namespace in it, or gone.
 func (c *Client) SweepTenants(ctx context.Context, namespaces func(context.Context) (map[string]string, error)) (Sweep, error) {
-	done := Sweep{Moved: map[string]string{}, Disabled: map[string][]string{}}
+	done := Sweep{Moved: map[string]string{}, Stuck: map[string]error{}, Disabled: map[string][]string{}}
+	c.moved.Range(func(ns, access any) bool {
+		done.Moved[ns.(string)] = access.(string)
+		c.moved.Delete(ns)
+		return true
+	})
 	accounts, err := c.accounts(ctx)
 	if err != nil {
 		return done, err
@@ -184,6 +200,12 @@ func (c *Client) SweepTenants(ctx context.Context, namespaces func(context.Conte
 		// wrong answer, not a reason to remove every account.
 		return done, errors.New("no namespaces were listed: the store's accounts are left as they are")
 	}
+	current := map[string]bool{}  // the keys of live namespaces
+	legacy := map[string]string{} // old key → live namespace's UID
+	for uid, ns := range live {
+		current[TenantAccess(uid)] = true
+		legacy[legacyTenantAccess(ns)] = uid
+	}
 	buckets, err := c.bucketOwners(ctx)
 	if err != nil {
 		return done, err
@@ -192,94 +214,121 @@ func (c *Client) SweepTenants(ctx context.Context, namespaces func(context.Conte
 	for bucket, owner := range buckets {
 		owned[owner] = append(owned[owner], bucket)
 	}
-	current := map[string]bool{}  // the keys of live namespaces
-	legacy := map[string]string{} // old key → live namespace's UID
-	for uid, ns := range live {
-		current[TenantAccess(uid)] = true
-		legacy[legacyTenantAccess(ns)] = uid
-	}
-	// Principals of bucket policies to rename (to "": to drop), once every account is settled.
-	rename := map[string]string{}
+	gone := map[string]string{} // accounts to drop from policies, then remove
 	for _, a := range accounts {
-		if !strings.HasPrefix(a.Access, "dpn") {
-			continue
-		}
-		if current[a.Access] {
-			continue
-		}
-		if uid := legacy[a.Access]; uid != "" { // an account of the old form of a namespace that exists
+		switch {
+		case !strings.HasPrefix(a.Access, "dpn") || current[a.Access]:
+		case legacy[a.Access] != "":
+			uid := legacy[a.Access]
 			access := TenantAccess(uid)
 			if err := c.createAccount(ctx, access, accountSecret(c.cfg.SecretKey, access), "userplus"); err != nil {
 				return done, err
 			}
-			for _, bucket := range owned[a.Access] {
-				if err := c.admin(ctx, "/change-bucket-owner", url.Values{"bucket": {bucket}, "owner": {access}}, nil); err != nil {
-					return done, fmt.Errorf("moving bucket %s to namespace %s's account: %w", bucket, live[uid], err)
-				}
+			stuck, err := c.moveLegacy(ctx, live[uid], access, buckets)
+			if err != nil {
+				return done, err
 			}
-			delete(owned, a.Access)
-			rename[a.Access] = access
-			done.Moved[live[uid]] = access
-			continue
-		}
-		// The account of a namespace that is gone.
-		if len(owned[a.Access]) > 0 {
+			maps.Copy(done.Stuck, stuck)
+			if len(stuck) == 0 {
+				done.Moved[live[uid]] = access
+				c.moved.Delete(live[uid]) // reported now
+			}
+		case len(owned[a.Access]) > 0:
+			// The account of a namespace that is gone, which still owns buckets.
 			if a.Role != "user" {
 				if err := c.createAccount(ctx, a.Access, rand.Text(), "user"); err != nil {
 					return done, err
 				}
 			}
 			done.Disabled[a.Access] = owned[a.Access]
-			continue
+		default:
+			gone[a.Access] = ""
 		}
-		rename[a.Access] = ""
 	}
-	if err := c.renamePrincipals(ctx, buckets, rename); err != nil {
-		return done, err
+	if len(gone) > 0 {
+		// A policy diskpipe cannot read keeps naming the account; the store ignores it then.
+		_ = c.renamePrincipals(ctx, slices.Collect(maps.Keys(buckets)), gone)
 	}
-	for old, access := range rename {
-		if err := c.deleteAccount(ctx, old); err != nil {
+	for access := range gone {
+		if err := c.deleteAccount(ctx, access); err != nil {
 			return done, err
 		}
-		if access == "" {
-			done.Removed = append(done.Removed, old)
-		}
+		done.Removed = append(done.Removed, access)
 	}
 	return done, nil
 }
 
-// renamePrincipals rewrites, in the policy of each of buckets, the principals named in
-// rename: to their new key, or out of the policy ("": a statement left with no principal goes).
-func (c *Client) renamePrincipals(ctx context.Context, buckets map[string]string, rename map[string]string) error {
-	if len(rename) == 0 {
-		return nil
+// moveLegacy moves namespace ns's account of the old form, if the store has one, to the
+// account access (its UID's, which exists): every bucket policy that names the old account
+// names the new one instead, then each bucket of the old account whose policy that worked for
+// changes owner, and the old account is removed once it owns none. buckets are the store's
+// (bucketOwners; nil: asked). It returns the buckets it could not move, with why.
+func (c *Client) moveLegacy(ctx context.Context, ns, access string, buckets map[string]string) (map[string]error, error) {
+	old := legacyTenantAccess(ns)
+	if buckets == nil {
+		accounts, err := c.accounts(ctx)
+		if err != nil || !slices.ContainsFunc(accounts, func(a account) bool { return a.Access == old }) {
+			return nil, err
+		}
+		if buckets, err = c.bucketOwners(ctx); err != nil {
+			return nil, err
+		}
 	}
-	for bucket := range buckets {
+	failed := c.renamePrincipals(ctx, slices.Collect(maps.Keys(buckets)), map[string]string{old: access})
+	stuck := map[string]error{}
+	for bucket, owner := range buckets {
+		if owner != old {
+			continue
+		}
+		if err := failed[bucket]; err != nil {
+			// Its owner would be shut out by a policy that does not name it.
+			stuck[bucket] = fmt.Errorf("bucket %s of namespace %s stays with its account of before (%s): its policy could not be rewritten: %w", bucket, ns, old, err)
+			continue
+		}
+		if err := c.admin(ctx, "/change-bucket-owner", url.Values{"bucket": {bucket}, "owner": {access}}, nil); err != nil {
+			return stuck, fmt.Errorf("moving bucket %s to namespace %s's account: %w", bucket, ns, err)
+		}
+	}
+	if len(stuck) > 0 {
+		return stuck, nil
+	}
+	c.moved.Store(ns, access)
+	return nil, c.deleteAccount(ctx, old)
+}
+
+// renamePrincipals rewrites, in the policy of each of buckets, the accounts named in rename:
+// to their new key, or out of the policy ("": a statement left with no one goes). Everything
+// else of a policy is kept as it was written. It returns the buckets whose policy it could not
+// rewrite, with why.
+func (c *Client) renamePrincipals(ctx context.Context, buckets []string, rename map[string]string) map[string]error {
+	failed := map[string]error{}
+	for _, bucket := range buckets {
 		err := c.editPolicy(ctx, bucket, func(p *bucketPolicy) {
 			kept := p.Statement[:0]
 			for _, s := range p.Statement {
-				aws := slices.Clone(s.Principal["AWS"])
-				for i, who := range aws {
-					if to, ok := rename[who]; ok {
-						aws[i] = to
+				if s.Principal != nil && !s.Principal.Anyone && s.Principal.ByKind["AWS"] != nil {
+					aws := slices.Clone(s.Principal.ByKind["AWS"])
+					for i, who := range aws {
+						if to, ok := rename[who]; ok {
+							aws[i] = to
+						}
 					}
-				}
-				if aws = slices.DeleteFunc(aws, func(who string) bool { return who == "" }); len(aws) == 0 && len(s.Principal) <= 1 {
-					continue // it named no one else
-				}
-				if s.Principal != nil {
-					s.Principal["AWS"] = aws
+					aws = slices.DeleteFunc(aws, func(who string) bool { return who == "" })
+					if len(aws) == 0 && len(s.Principal.ByKind) == 1 {
+						continue // it named no one else
+					}
+					s.Principal = &principal{ByKind: maps.Clone(s.Principal.ByKind)}
+					s.Principal.ByKind["AWS"] = aws
 				}
 				kept = append(kept, s)
 			}
 			p.Statement = kept
 		})
-		// A policy diskpipe cannot read (one a user wrote in other forms) is left as it is.
-		if err != nil && !isNoSuchBucket(err) && transfer.ReasonOf(err) != transfer.ReasonInvalidArgument {
-			return fmt.Errorf("renaming accounts in the policy of bucket %s: %w", bucket, err)
+		if err != nil && !isNoSuchBucket(err) {
+			failed[bucket] = err
 		}
 	}
-	return nil
+	return failed
 }
 
 // account is an account of the store as its admin API lists it.
@@ -326,7 +375,7 @@ func (c *Client) bucketOwners(ctx context.Context) (map[string]string, error) {
 	}
 	owners := make(map[string]string, len(res.Buckets))
 	for _, b := range res.Buckets {
-		if CheckBucketName(b.Name) == nil { // not the store's own directories (.diskpipe-iam)
+		if !strings.HasPrefix(b.Name, ".") && b.Name != "lost+found" { // not the store's own directories (.diskpipe-iam)
 			owners[b.Name] = b.Owner
 		}
 	}

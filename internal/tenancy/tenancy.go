@@ -22,11 +22,10 @@ func UIDs(r client.Reader) objectstore.NamespaceUIDs {
 	return func(ctx context.Context, ns string) (string, error) {
 		obj := &metav1.PartialObjectMetadata{}
 		obj.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+		// A namespace being deleted is still itself: its finalizers (an export's) clean up
+		// with its account, which the sweep removes once the namespace is gone.
 		if err := r.Get(ctx, client.ObjectKey{Name: ns}, obj); err != nil {
 			return "", err
-		}
-		if obj.DeletionTimestamp != nil {
-			return "", fmt.Errorf("namespace %s is being deleted", ns)
 		}
 		return string(obj.UID), nil
 	}
@@ -59,6 +58,9 @@ type Sweeper struct {
 	Keys func(ctx context.Context, ns string) error
 	// Every is how often to sweep; 0: SweepEvery.
 	Every time.Duration
+
+	// renew are the namespaces whose keys Secret is still to be written again.
+	renew map[string]bool
 }
 
 // NeedLeaderElection: only the leader edits the store's accounts.
@@ -87,13 +89,25 @@ func (s *Sweeper) Start(ctx context.Context) error {
 func (s *Sweeper) Sweep(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithName("tenancy")
 	done, err := s.Store.SweepTenants(ctx, func(ctx context.Context) (map[string]string, error) { return Live(ctx, s.Reader) })
+	if s.renew == nil {
+		s.renew = map[string]bool{}
+	}
 	for ns, access := range done.Moved {
 		log.Info("moved a namespace's store account to the one keyed by its UID", "namespace", ns, "access", access)
-		if s.Keys != nil {
-			if kerr := s.Keys(ctx, ns); kerr != nil {
-				log.Error(kerr, "rewriting the namespace's store keys", "namespace", ns)
-			}
+		s.renew[ns] = true
+	}
+	for ns := range s.renew {
+		if s.Keys == nil {
+			break
 		}
+		if kerr := s.Keys(ctx, ns); kerr != nil {
+			log.Error(kerr, "rewriting the namespace's store keys; trying again at the next sweep", "namespace", ns)
+			continue
+		}
+		delete(s.renew, ns)
+	}
+	for bucket, why := range done.Stuck {
+		log.Error(why, "a bucket could not be moved to its namespace's account; make its policy one diskpipe reads (JSON of the AWS form)", "bucket", bucket)
 	}
 	for access, buckets := range done.Disabled {
 		log.Info("the namespace of a store account is gone: its keys no longer work; it keeps its buckets for an administrator to move or delete",

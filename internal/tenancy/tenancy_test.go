@@ -1,7 +1,6 @@
 package tenancy_test
 
 import (
-	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +18,7 @@ var env *testenv.Env
 func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
 
 // TestSweeper, on a real apiserver: a namespace's account is named after the UID the apiserver
-// gives it; a namespace being deleted gets none; the sweep keeps the accounts of namespaces that
+// gives it, also while it is being deleted; the sweep keeps the accounts of namespaces that
 // exist. (What the sweep does with the others: objectstore's TestNamespaceMadeAgain.)
 func TestSweeper(t *testing.T) {
 	ctx := t.Context()
@@ -57,7 +56,14 @@ func TestSweeper(t *testing.T) {
 	if err := env.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gone}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := root.Tenant(ctx, gone); err == nil || !strings.Contains(err.Error(), "being deleted") {
-		t.Errorf("an account for a namespace being deleted: %v", err)
+	// A namespace being deleted is still itself (its finalizers clean up with its account).
+	goneObj := &corev1.Namespace{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: gone}, goneObj); err != nil || goneObj.DeletionTimestamp == nil {
+		t.Fatalf("namespace %s is not being deleted: %v", gone, err)
+	}
+	if tenant, err := root.Tenant(ctx, gone); err != nil {
+		t.Errorf("the account of a namespace being deleted: %v", err)
+	} else if access, _ := tenant.Keys(); access != objectstore.TenantAccess(string(goneObj.UID)) {
+		t.Errorf("the account of a namespace being deleted is %s, not its UID's", access)
 	}
 }
