@@ -308,6 +308,16 @@ func TestPortsServeWhomTheyServe(t *testing.T) {
 	if !reader {
 		t.Errorf("no ClusterRole %s-metrics-reader that may get /metrics and nothing else", testenv.ChartRelease)
 	}
+	bound := ""
+	for _, o := range render(t, "diskpipe-system", "-f", "testdata/nondefault.yaml") {
+		if o.GetKind() == "ClusterRoleBinding" && strings.HasSuffix(o.GetName(), "-metrics-readers") {
+			subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+			bound = fmt.Sprint(subjects)
+		}
+	}
+	if bound != "[map[kind:ServiceAccount name:prometheus-k8s namespace:monitoring]]" {
+		t.Errorf("metrics.readers binds %q to the metrics reader, want monitoring/prometheus-k8s", bound)
+	}
 	for _, c := range []struct {
 		values []string
 		from   string
