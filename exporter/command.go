@@ -12,6 +12,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
@@ -26,62 +27,45 @@ import (
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("exporter", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cmd := transfer.NewCommand(stderr)
-	cmd.Flags(fs, 192<<20)
-	var (
-		source      = fs.String("source", "", "disk.img on a filesystem volume, or a block device")
-		declared    = fs.Int64("size", 0, "the disk's expected size in bytes; a shorter disk fails the export")
-		format      = fs.String("format", "qcow2", "qcow2 or raw")
-		compression = fs.String("compression", "none", "qcow2 cluster compression: none, zlib or zstd")
-		output      = fs.String("output", "", "write to this local file instead of an object store")
-		endpoint    = fs.String("endpoint", "", "the store's URL")
-		region      = fs.String("region", "", "the bucket's region")
-		lookup      = fs.String("bucket-lookup", "Auto", "Auto, Path or VirtualHost")
-		bucket      = fs.String("bucket", "", "the bucket")
-		object      = fs.String("object", "", "the object")
-		createBkt   = fs.Bool("create-bucket", false, "create the bucket if it does not exist")
-		keepStale   = fs.Bool("keep-stale-uploads", false, "leave earlier unfinished uploads of the object alone (the manager aborted them: a credential scoped to one object may not list the bucket's uploads)")
-		s3Creds     = fs.String("s3-credentials-dir", "", "directory with the files accessKeyId and secretAccessKey (a mounted Secret)")
-		caFile      = fs.String("ca-file", "", "PEM CA bundle that verifies the store")
-		insecure    = fs.Bool("insecure", false, "skip verification of the store's certificate")
-		partSize    = fs.Int("part-size", 16<<20, "smallest multipart part in bytes")
-		parallel    = fs.Int("parallel-uploads", 4, "parts uploaded at once")
-		workers     = fs.Int("workers", 4, "goroutines reading and compressing clusters")
-		action      = fs.String("action", "export", "export, presign (a download URL of the object) or delete (the object)")
-		urlExpiry   = fs.Duration("download-url-expiry", 0, "after exporting (or with --action presign), sign a download URL valid this long")
-	)
+	a := contract.DefaultExport()
+	contract.Bind(fs, &a)
 	if err := fs.Parse(args); err != nil {
 		return transfer.ExitUsage
 	}
-	store := objectstore.ClientConfig{Endpoint: *endpoint, Region: *region, BucketLookup: *lookup, CAFile: *caFile, Insecure: *insecure, Egress: &cmd.Egress}
-	switch *action {
+	cmd := transfer.NewCommand(stderr)
+	if err := cmd.Configure(a.Pod); err != nil {
+		fmt.Fprintln(stderr, err)
+		return transfer.ExitUsage
+	}
+	store := objectstore.ClientConfig{Endpoint: a.Endpoint, Region: a.Region, BucketLookup: a.BucketLookup, CAFile: a.CAFile, Insecure: a.Insecure, Egress: &cmd.Egress}
+	switch a.Action {
 	case "export":
 	case "presign", "delete":
 		return cmd.Run(ctx, "Export", func(ctx context.Context) (*transfer.Result, error) {
-			return objectAction(ctx, *action, store, *s3Creds, *bucket, *object, *urlExpiry)
+			return objectAction(ctx, a.Action, store, a.CredentialsDir, a.Bucket, a.Object, a.DownloadURLExpiry)
 		})
 	default:
-		fmt.Fprintf(stderr, "--action %q: export, presign or delete\n", *action)
+		fmt.Fprintf(stderr, "--action %q: export, presign or delete\n", a.Action)
 		return transfer.ExitUsage
 	}
 	return cmd.Run(ctx, "Export", func(ctx context.Context) (*transfer.Result, error) {
-		if *source == "" {
+		if a.Source == "" {
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--source is required")
 		}
 		sink, where, err := openSink(ctx, sinkFlags{
-			output: *output, bucket: *bucket, object: *object, createBucket: *createBkt, keepStale: *keepStale, partSize: *partSize, parallel: *parallel,
+			output: a.Output, bucket: a.Bucket, object: a.Object, createBucket: a.CreateBucket, keepStale: a.KeepStaleUploads, partSize: a.PartSize, parallel: a.ParallelUploads,
 			client:   store,
-			credsDir: *s3Creds, source: *source, format: *format, compression: *compression, log: cmd.Log,
+			credsDir: a.CredentialsDir, source: a.Source, format: a.Format, compression: a.Compression, log: cmd.Log,
 		})
 		if err != nil {
 			return nil, err
 		}
-		cmd.Log.Info("Exporting", "source", *source, "to", where, "format", *format, "compression", *compression)
-		res, err := Export(ctx, Options{Source: *source, DeclaredSize: *declared, Format: Format(*format),
-			Compression: Compression(*compression), Sink: sink, Workers: *workers, Progress: cmd.Progress, Log: cmd.Log})
+		cmd.Log.Info("Exporting", "source", a.Source, "to", where, "format", a.Format, "compression", a.Compression)
+		res, err := Export(ctx, Options{Source: a.Source, DeclaredSize: a.Size, Format: Format(a.Format),
+			Compression: Compression(a.Compression), Sink: sink, Workers: a.Workers, Progress: cmd.Progress, Log: cmd.Log})
 		res.URL = where
-		if err == nil && *urlExpiry > 0 && *output == "" {
-			signed, perr := objectAction(ctx, "presign", store, *s3Creds, *bucket, *object, *urlExpiry)
+		if err == nil && a.DownloadURLExpiry > 0 && a.Output == "" {
+			signed, perr := objectAction(ctx, "presign", store, a.CredentialsDir, a.Bucket, a.Object, a.DownloadURLExpiry)
 			if perr != nil { // the export stands; the manager says there is no URL and why
 				cmd.Log.Warn("Could not sign a download URL", "error", perr)
 				return res, nil

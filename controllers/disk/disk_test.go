@@ -330,7 +330,8 @@ func TestFallback(t *testing.T) {
 
 	pod := ctrltest.Pod(t, env, ns, "other-class-clone-0")
 	args := strings.Join(pod.Spec.Containers[0].Args, " ")
-	g.Expect(args).To(ContainSubstring("--grow --source file --path /source/disk.img"))
+	g.Expect(args).To(ContainSubstring("--source file --path /source/disk.img"))
+	g.Expect(args).To(ContainSubstring("--grow"))
 	g.Expect(args).To(ContainSubstring("--target /data/disk.img --overhead 0.06 --capacity 4294967296"))
 	var source *corev1.PersistentVolumeClaimVolumeSource
 	for _, v := range pod.Spec.Volumes {

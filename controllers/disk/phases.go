@@ -25,6 +25,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -107,17 +108,17 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	case p.dataSource == nil && d.blank:
 		source = "blank"
 		spec.Name = fmt.Sprintf("%s-blank-%d", pvcName, st.Retries)
-		spec.Args = []string{"--source", "blank", "--grow"}
+		spec.Import = contract.Import{Source: "blank", Grow: true}
 	case p.dataSource == nil:
 		source = "copy"
 		spec.Name = fmt.Sprintf("%s-clone-%d", pvcName, st.Retries)
-		spec.Args = []string{"--grow"}
+		spec.Import = contract.Import{Grow: true}
 		copyFrom = &hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC)}
 	case !block && (p.size.Cmp(p.sourceSize) > 0 || preallocate || p.fillsMore(r.Pods.Config.FilesystemOverhead.For(spec.StorageClass))):
 		// The storage copied the disk; a larger volume needs disk.img grown to fill it, and a
 		// preallocated disk its holes allocated.
 		spec.Name = fmt.Sprintf("%s-grow-%d", pvcName, st.Retries)
-		spec.Args = []string{"--grow-only"}
+		spec.Import = contract.Import{GrowOnly: true}
 	default:
 		// The storage makes the whole disk (a CSI clone, a restore): its PVC is bound once
 		// the storage is done.

@@ -16,6 +16,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
@@ -60,7 +61,7 @@ func TestInstallationStoreSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := strings.Join(d.args, " ")
+	args := strings.Join(contract.Args(d.exp), " ")
 	for _, want := range []string{"--endpoint https://s3.eu-west-1.amazonaws.com", "--region eu-west-1", "--bucket-lookup VirtualHost",
 		"--ca-file " + authDir + "/ca.crt"} {
 		if !strings.Contains(args, want) {

@@ -24,6 +24,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
@@ -100,10 +101,12 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	spec := importpod.Spec{Name: fmt.Sprintf("%s-export-%d", ex.Name, st.Retries), Namespace: ex.Namespace, Command: "/exporter",
 		Labels:    map[string]string{LabelExport: string(ex.UID), image.LabelRole: "exporter"},
 		SourcePVC: src.Name, SourceBlock: image.IsBlock(src), Mounts: dest.mounts}
-	spec.Args = append([]string{"--source", spec.SourcePath(), "--format", string(format), "--compression", string(compression)}, dest.args...)
+	exp := dest.exp
+	exp.Source, exp.Format, exp.Compression = spec.SourcePath(), string(format), string(compression)
 	if dest.client == nil { // the user's store: the pod signs the download URL with the user's keys
-		spec.Args = append(spec.Args, "--download-url-expiry", expiryOf(ex).String())
+		exp.DownloadURLExpiry = expiryOf(ex)
 	}
+	spec.Export = &exp
 	pod := importpod.Build(r.Pods.Config, spec)
 	work := importpod.Work{Obj: ex, Status: tracked(ex), Running: common.PhaseExporting, Action: "Export", Retry: retryOf(ex.Spec.Retry), Source: dest.kind}
 	if dest.secret != nil {
@@ -239,8 +242,8 @@ func (r *Reconciler) userOf(ctx context.Context, ex *hypercloud.VirtualMachineVo
 
 // destination is where the exporter writes, and how the manager reaches it.
 type destination struct {
-	kind   string // for metrics: "s3" (the user's store) or "bundled"
-	args   []string
+	kind   string          // for metrics: "s3" (the user's store) or "bundled"
+	exp    contract.Export // the exporter's flags for the store
 	mounts []importpod.Mount
 	// client is the bundled store as the export's namespace; nil for the user's store, which
 	// only pods reach.
@@ -261,14 +264,14 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 		// the export's namespace do, as volumes; they also sign the download URL and delete
 		// the object (storeAction).
 		d := &destination{kind: "s3", bucket: string(s3.BucketName), object: string(s3.ObjectName),
-			args: []string{"--endpoint", string(s3.Endpoint), "--region", s3.Region, "--bucket-lookup", string(orAuto(s3.BucketLookup)),
-				"--bucket", string(s3.BucketName), "--object", string(s3.ObjectName)}}
+			exp: contract.Export{S3: contract.S3{Endpoint: string(s3.Endpoint), Region: s3.Region, BucketLookup: string(orAuto(s3.BucketLookup)),
+				Bucket: string(s3.BucketName), Object: string(s3.ObjectName)}}}
 		if s3.SecretRef != "" {
-			d.args = append(d.args, "--s3-credentials-dir", authDir)
+			d.exp.CredentialsDir = authDir
 			d.mounts = append(d.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir, Optional: true})
 		}
 		if s3.CertConfigMap != "" {
-			d.args = append(d.args, "--ca-file", caDir+"/ca.crt")
+			d.exp.CAFile = caDir + "/ca.crt"
 			d.mounts = append(d.mounts, importpod.Mount{ConfigMap: string(s3.CertConfigMap), Path: caDir})
 		}
 		return d, nil
@@ -293,23 +296,21 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	// the export (made by prepareStore before each attempt's pod): on the bundled store, an
 	// account that may write this one object and nothing else; on an external store in its
 	// place, the keys the installation was given.
-	extra := []string{"--create-bucket"}
-	if r.StoreConfig.Scoped {
-		extra = []string{"--keep-stale-uploads"} // the manager aborts them: the account may not list them
-	}
+	// On a store of accounts the manager makes the bucket, and aborts stale uploads, which the
+	// account may not list.
+	d.exp.CreateBucket, d.exp.KeepStaleUploads = !r.StoreConfig.Scoped, r.StoreConfig.Scoped
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export-store", Namespace: ex.Namespace,
 		Labels: map[string]string{LabelExport: string(ex.UID)}}, StringData: map[string]string{}}
 	if !r.StoreConfig.Scoped {
 		sec.StringData["accessKeyId"], sec.StringData["secretAccessKey"] = r.StoreConfig.AccessKey, r.StoreConfig.SecretKey
 	}
-	var caArgs []string
 	if r.StoreConfig.CAFile != "" { // an external store in place of the bundled one, with its own CA
 		ca, err := os.ReadFile(r.StoreConfig.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("reading the object store's CA: %w", err)
 		}
 		sec.StringData["ca.crt"] = string(ca)
-		caArgs = []string{"--ca-file", authDir + "/ca.crt"}
+		d.exp.CAFile = authDir + "/ca.crt"
 	}
 	d.secret = sec
 	region, lookup := r.StoreConfig.Region, r.StoreConfig.BucketLookup
@@ -319,8 +320,7 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 	if lookup == "" {
 		lookup = "Auto"
 	}
-	d.args = append([]string{"--endpoint", r.StoreConfig.Endpoint, "--region", region, "--bucket-lookup", lookup,
-		"--bucket", d.bucket, "--object", d.object, "--s3-credentials-dir", authDir}, append(extra, caArgs...)...)
+	d.exp.S3 = contract.S3{Endpoint: r.StoreConfig.Endpoint, Region: region, BucketLookup: lookup, Bucket: d.bucket, Object: d.object, CredentialsDir: authDir}
 	d.mounts = []importpod.Mount{{Secret: sec.Name, Path: authDir}}
 	return d, nil
 }
@@ -428,7 +428,7 @@ func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVol
 	if d.client != nil {
 		err = r.presign(ctx, ex, d)
 	} else {
-		res, aerr := r.storeAction(ctx, ex, d, "presign", "--download-url-expiry", expiryOf(ex).String())
+		res, aerr := r.storeAction(ctx, ex, d, "presign")
 		if errors.As(aerr, new(*owned.ErrNotOwned)) {
 			r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, importpod.ReasonNameTaken, "RenewURL", "No new download URL: %v", aerr)
 			return true, r.clearRenew(ctx, ex, base)
@@ -550,10 +550,14 @@ const LabelStoreAction = "diskpipe.io/export-store-action"
 // storeAction runs the exporter with --action (presign or delete) in the export's namespace
 // for an export to the user's store, whose keys only that pod reads. It returns the pod's
 // result once it ended, deleting the pod; nil while it runs.
-func (r *Reconciler) storeAction(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination, action string, args ...string) (*transfer.Result, error) {
+func (r *Reconciler) storeAction(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination, action string) (*transfer.Result, error) {
+	exp := d.exp
+	exp.Action = action
+	if action == "presign" {
+		exp.DownloadURLExpiry = expiryOf(ex)
+	}
 	spec := importpod.Spec{Name: ex.Name + "-" + action, Namespace: ex.Namespace, Command: "/exporter",
-		Labels: map[string]string{LabelStoreAction: string(ex.UID), image.LabelRole: "exporter"}, Mounts: d.mounts,
-		Args: append(append([]string{"--action", action}, d.args...), args...)}
+		Labels: map[string]string{LabelStoreAction: string(ex.UID), image.LabelRole: "exporter"}, Mounts: d.mounts, Export: &exp}
 	pod := importpod.Build(r.Pods.Config, spec)
 	if err := importpod.Ensure(ctx, r.Client, r.Pods.Config, ex, pod); err != nil {
 		return nil, err

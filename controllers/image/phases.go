@@ -28,6 +28,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/uploadproxy"
@@ -185,7 +186,7 @@ func (r *Reconciler) work(g *goldenImage, action string) importpod.Work {
 // probe runs the importer in probe mode to learn the source's virtual size.
 func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) (ctrl.Result, error) {
 	w := r.work(g, "Import")
-	pod, err := r.ensurePod(ctx, g, importpod.Spec{Name: fmt.Sprintf("%s-probe-%d", pvcName, g.status.Retries), Args: []string{"--probe"}}, w)
+	pod, err := r.ensurePod(ctx, g, importpod.Spec{Name: fmt.Sprintf("%s-probe-%d", pvcName, g.status.Retries), Import: contract.Import{Probe: true}}, w)
 	if res, handled := r.childError(g, err); handled {
 		return res, nil
 	} else if err != nil {
@@ -219,20 +220,15 @@ func (r *Reconciler) ensurePVC(ctx context.Context, g *goldenImage, name string,
 	return owned.Create(ctx, r.Client, g.obj, pvc)
 }
 
-// ensurePod creates the importer pod of s, doing w, unless it exists. The source's arguments
-// come first; an objectStore source gets a fresh presigned URL, in a Secret, for each attempt.
+// ensurePod creates the importer pod of s, doing w, unless it exists, with the source's flags
+// added to s's; an objectStore source gets a fresh presigned URL, in a Secret, for each attempt.
 func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.Spec, w importpod.Work) (*corev1.Pod, error) {
 	s.Namespace = g.obj.GetNamespace()
 	s.Labels = map[string]string{LabelImage: string(g.obj.GetUID()), LabelRole: "importer"}
-	s.Args = append(append([]string{}, g.source.args...), s.Args...)
+	contract.Overlay(&s.Import, g.source.imp)
 	s.Mounts = append(append([]importpod.Mount{}, g.source.mounts...), s.Mounts...)
 	s.Scratch = s.Scratch || g.source.scratch
-	if g.checksum != "" {
-		s.Args = append(s.Args, "--checksum", string(g.checksum))
-	}
-	if g.ovaDisk != "" {
-		s.Args = append(s.Args, "--ova-disk", g.ovaDisk)
-	}
+	s.Import.Checksum, s.Import.OVADisk = string(g.checksum), g.ovaDisk
 	pod := &corev1.Pod{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: s.Name}, pod)
 	if err == nil {
@@ -245,9 +241,9 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 		if err := r.presign(ctx, g, src, s.Name); err != nil {
 			return nil, err
 		}
-		s.Args = append([]string{"--source", "http", "--url-file", urlDir + "/url"}, s.Args...)
+		s.Import.Source, s.Import.URLFile = "http", urlDir+"/url"
 		if r.ObjectStoreCA != "" {
-			s.Args = append(s.Args, "--ca-file", urlDir+"/ca.crt")
+			s.Import.CAFile = urlDir + "/ca.crt"
 		}
 		s.Mounts = append(s.Mounts, importpod.Mount{Secret: s.Name, Path: urlDir})
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/metrics"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -256,7 +257,7 @@ func (r *Reconciler) prune(ctx context.Context, g *goldenImage, revs []*revision
 func (r *Reconciler) check(ctx context.Context, g *goldenImage, revs []*revision, sched cron.Schedule, now time.Time) (ctrl.Result, error) {
 	ss := g.status.Schedule
 	w := r.work(g, "Check")
-	pod, err := r.ensurePod(ctx, g, importpod.Spec{Name: fmt.Sprintf("%s-check-%d", childName(g.prefix, g.obj.GetName()), ss.Checks), Args: []string{"--check"}}, w)
+	pod, err := r.ensurePod(ctx, g, importpod.Spec{Name: fmt.Sprintf("%s-check-%d", childName(g.prefix, g.obj.GetName()), ss.Checks), Import: contract.Import{Check: true}}, w)
 	if res, handled := r.childError(g, err); handled {
 		return res, nil
 	} else if err != nil {

@@ -5,14 +5,15 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/internal/contract"
 )
 
 // source is a golden image's source as importer arguments and the Secrets and ConfigMaps the
 // pod mounts for them, all from the image's namespace. Sources that need the API to resolve
 // (the bundled object store, copies of other volumes) are resolved at reconcile time.
 type source struct {
-	kind   string // for status.sourceType
-	args   []string
+	kind   string          // for status.sourceType
+	imp    contract.Import // the importer's flags for the source
 	mounts []importpod.Mount
 	// objectStore is an object of the bundled store, read through a presigned URL.
 	objectStore *common.ObjectStoreSource
@@ -52,25 +53,21 @@ const (
 )
 
 func httpSource(url string, o *common.HTTPOptions) source {
-	s := source{kind: "http", args: []string{"--source", "http", "--url", url}}
+	s := source{kind: "http", imp: contract.Import{Source: "http", URL: url}}
 	if o == nil {
 		return s
 	}
 	if o.SecretRef != "" {
-		s.args = append(s.args, "--auth-dir", authDir)
+		s.imp.AuthDir = authDir
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(o.SecretRef), Path: authDir})
 	}
 	s.addCA(o.CertConfigMap)
-	if o.InsecureSkipTLSVerify {
-		s.args = append(s.args, "--insecure")
-	}
-	for _, h := range o.ExtraHeaders {
-		s.args = append(s.args, "--header", h)
-	}
+	s.imp.Insecure = o.InsecureSkipTLSVerify
+	s.imp.Header = o.ExtraHeaders
 	for i, sec := range o.SecretExtraHeaders {
 		dir := fmt.Sprintf("%s/%d", headersBase, i)
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(sec), Path: dir})
-		s.args = append(s.args, "--header-file", dir)
+		s.imp.HeaderFile = append(s.imp.HeaderFile, dir)
 	}
 	return s
 }
@@ -80,10 +77,10 @@ func s3Source(s3 *common.S3Source) source {
 	if lookup == "" {
 		lookup = common.BucketLookupAuto
 	}
-	s := source{kind: "s3", args: []string{"--source", "s3", "--endpoint", string(s3.Endpoint), "--region", s3.Region,
-		"--bucket-lookup", string(lookup), "--bucket", string(s3.BucketName), "--object", string(s3.ObjectName)}}
+	s := source{kind: "s3", imp: contract.Import{Source: "s3", S3: contract.S3{Endpoint: string(s3.Endpoint), Region: s3.Region,
+		BucketLookup: string(lookup), Bucket: string(s3.BucketName), Object: string(s3.ObjectName)}}}
 	if s3.SecretRef != "" {
-		s.args = append(s.args, "--s3-credentials-dir", authDir)
+		s.imp.CredentialsDir = authDir
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir, Optional: true})
 	}
 	s.addCA(s3.CertConfigMap)
@@ -93,20 +90,14 @@ func s3Source(s3 *common.S3Source) source {
 func registrySource(r *common.RegistrySource) source {
 	// The registry client reads CAs (the source's, the proxy's) from a directory it is given,
 	// which the importer writes.
-	s := source{kind: "registry", args: []string{"--source", "registry", "--url", r.URL}, scratch: true}
+	s := source{kind: "registry", imp: contract.Import{Source: "registry", URL: r.URL, Architecture: r.Architecture, Insecure: r.InsecureSkipTLSVerify}, scratch: true}
 	if r.SecretRef != "" {
-		s.args = append(s.args, "--auth-dir", authDir)
+		s.imp.AuthDir = authDir
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(r.SecretRef), Path: authDir})
 	}
 	s.addCA(r.CertConfigMap)
-	if r.Architecture != "" {
-		s.args = append(s.args, "--architecture", r.Architecture)
-	}
-	if r.InsecureSkipTLSVerify {
-		s.args = append(s.args, "--insecure")
-	}
 	if r.Signature != nil {
-		s.args = append(s.args, "--registry-public-key-file", keyDir+"/cosign.pub")
+		s.imp.RegistryPublicKeyFile = keyDir + "/cosign.pub"
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(r.Signature.PublicKeySecretRef), Path: keyDir})
 	}
 	return s
@@ -114,7 +105,7 @@ func registrySource(r *common.RegistrySource) source {
 
 func (s *source) addCA(cm common.LocalName) {
 	if cm != "" {
-		s.args = append(s.args, "--ca-file", caDir)
+		s.imp.CAFile = caDir
 		s.mounts = append(s.mounts, importpod.Mount{ConfigMap: string(cm), Path: caDir})
 	}
 }

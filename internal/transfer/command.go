@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +13,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+
+	"github.com/diskpipe/diskpipe/internal/contract"
 )
 
 // Command is what the importer and exporter commands share around their work: the flags for
@@ -36,13 +37,20 @@ func NewCommand(stderr io.Writer) *Command {
 	return &Command{Log: slog.New(slog.NewJSONHandler(stderr, nil)), Progress: NewProgress(0)}
 }
 
-// Flags registers the shared flags; memLimit is the command's default heap limit.
-func (c *Command) Flags(fs *flag.FlagSet, memLimit int64) {
-	fs.StringVar(&c.metricsAddr, "metrics-addr", ":8090", "where progress metrics are served (empty: nowhere)")
-	fs.DurationVar(&c.interval, "progress-interval", 5*time.Second, "how often progress is logged")
-	fs.StringVar(&c.termPath, "termination-message-path", "/dev/termination-log", "where the JSON result is written (empty: nowhere)")
-	fs.Int64Var(&c.memLimit, "memory-limit", memLimit, "soft limit of the Go heap in bytes")
-	c.Egress.Flags(fs)
+// Configure takes the pod's shared flags (contract.Pod): a bad egress rule is an error.
+func (c *Command) Configure(p contract.Pod) error {
+	c.metricsAddr, c.interval, c.termPath, c.memLimit = p.MetricsAddr, p.ProgressInterval, p.TerminationMessagePath, p.MemoryLimit
+	for _, v := range p.ForbidCIDR {
+		if err := c.Egress.Forbid(v); err != nil {
+			return fmt.Errorf("--forbid-cidr %q: %w", v, err)
+		}
+	}
+	for _, v := range p.AllowDestination {
+		if err := c.Egress.Allow(v); err != nil {
+			return fmt.Errorf("--allow-destination %q: %w", v, err)
+		}
+	}
+	return nil
 }
 
 // Run runs work with metrics served and progress logged, records its result and returns the

@@ -3,7 +3,6 @@ package transfer
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -138,17 +137,14 @@ func numericHost(host string) (addr netip.Addr, canonical, ok bool) {
 	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}), false, true
 }
 
-// Flags registers --forbid-cidr and --allow-destination (both repeatable).
-func (e *Egress) Flags(fs *flag.FlagSet) {
-	fs.Func("forbid-cidr", "a network importers may not connect to, e.g. the cluster's pod or service CIDR (repeatable)", func(v string) error {
-		p, err := netip.ParsePrefix(strings.TrimSpace(v))
-		if err != nil {
-			return err
-		}
-		e.Forbidden = append(e.Forbidden, p.Masked())
-		return nil
-	})
-	fs.Func("allow-destination", "a CIDR, address or host name that may be connected to even where refused by default (repeatable)", e.Allow)
+// Forbid adds a CIDR to what is refused.
+func (e *Egress) Forbid(v string) error {
+	p, err := netip.ParsePrefix(strings.TrimSpace(v))
+	if err != nil {
+		return err
+	}
+	e.Forbidden = append(e.Forbidden, p.Masked())
+	return nil
 }
 
 // Allow adds a CIDR, an address or a host name to what passes.

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"flag"
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -11,13 +12,19 @@ import (
 )
 
 func TestEgressCheck(t *testing.T) {
-	var e Egress
+	// The rule as a pod gets it: flags of the contract, taken by its Command.
+	var pod contract.Pod
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	e.Flags(fs)
+	contract.Bind(fs, &pod)
 	if err := fs.Parse([]string{"--forbid-cidr", "10.96.0.0/12", "--forbid-cidr", "10.244.0.0/16",
 		"--allow-destination", "10.244.0.1", "--allow-destination", "mirror.svc.cluster.local", "--allow-destination", "10.100.7.0/24"}); err != nil {
 		t.Fatal(err)
 	}
+	var cmd Command
+	if err := cmd.Configure(pod); err != nil {
+		t.Fatal(err)
+	}
+	e := cmd.Egress
 	for _, c := range []struct {
 		addr string
 		want string // "" passes; else a word the refusal says

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/diskpipe/diskpipe/internal/contract"
 )
 
 // RetryPolicy bounds the retries of one request after transient failures.
@@ -15,7 +17,7 @@ type RetryPolicy struct {
 }
 
 // DefaultRetryPolicy tries each request up to 6 times over about half a minute.
-var DefaultRetryPolicy = RetryPolicy{Attempts: 6, Initial: time.Second, Max: 10 * time.Second}
+var DefaultRetryPolicy = RetryPolicy{Attempts: contract.DefaultRetries, Initial: time.Second, Max: 10 * time.Second}
 
 // backoff returns the wait before attempt (1-based) a+1.
 func (p RetryPolicy) backoff(a int) time.Duration {

@@ -1,8 +1,10 @@
 package transfer
 
+import "github.com/diskpipe/diskpipe/internal/contract"
+
 // DefaultOverhead is the share of a filesystem volume kept for the filesystem itself, where
 // the installation does not set one for the volume's StorageClass.
-const DefaultOverhead = 0.06
+const DefaultOverhead = contract.DefaultOverhead
 
 // VolumeSizeFor is the smallest volume, in whole MiB, that holds a disk of size bytes on a
 // filesystem that keeps overhead (a fraction) of it.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/internal/contract"
 )
 
 // Source is the PVC whose disk is copied.
@@ -70,7 +71,7 @@ const tokenDir = "/var/run/diskpipe/clone"
 func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner client.Object, src Source, s *importpod.Spec) (bool, error) {
 	if src.Namespace == owner.GetNamespace() {
 		s.SourcePVC, s.SourceBlock = src.Name, src.Block
-		s.Args = append(s.Args, "--source", "file", "--path", s.SourcePath())
+		s.Import.Source, s.Import.Path = "file", s.SourcePath()
 		return true, nil
 	}
 	if err := bounded(ctx, c, owner, src); err != nil {
@@ -83,7 +84,7 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 	serve := importpod.Spec{Name: name, Namespace: src.Namespace, SourcePVC: src.Name, SourceBlock: src.Block, ServePort: importpod.ServePort,
 		Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: sourceLabel(src), "diskpipe.io/role": "clone-source"},
 		Mounts: []importpod.Mount{{Secret: name, Path: tokenDir}}}
-	serve.Args = []string{"--serve", ":" + strconv.Itoa(importpod.ServePort), "--path", serve.SourcePath(), "--token-file", tokenDir + "/token"}
+	serve.Import = contract.Import{Serve: ":" + strconv.Itoa(importpod.ServePort), Path: serve.SourcePath(), TokenFile: tokenDir + "/token"}
 	pod := importpod.Build(cfg, serve)
 	// In another namespace it can have no owner: its mark names the object it serves.
 	owned.Stamp("Pod", pod, owner.GetUID())
@@ -103,9 +104,10 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 	case pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "":
 		return false, nil
 	}
-	s.Args = append(s.Args, "--source", "http", "--format", "raw",
-		"--url", "http://"+net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(importpod.ServePort))+"/disk",
-		"--header-file", tokenDir+"/header", "--allow-destination", pod.Status.PodIP)
+	s.Import.Source, s.Import.Format = "http", "raw"
+	s.Import.URL = "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(importpod.ServePort)) + "/disk"
+	s.Import.HeaderFile = append(s.Import.HeaderFile, tokenDir+"/header")
+	s.Import.AllowDestination = append(s.Import.AllowDestination, pod.Status.PodIP)
 	s.Mounts = append(s.Mounts, importpod.Mount{Secret: tokenSecretName(owner), Path: tokenDir})
 	return true, nil
 }

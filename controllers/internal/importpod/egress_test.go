@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/diskpipe/diskpipe/internal/contract"
 )
 
 // Every pod gets the egress rule of the configuration as flags, and each namespace a policy
@@ -15,7 +17,7 @@ func TestEgress(t *testing.T) {
 	c := Config{ClusterCIDRs: []string{"10.244.0.0/16", "fd00::/8"}, AllowedDestinations: []string{"10.244.0.1", "10.96.7.0/24", "mirror.local"},
 		NetworkPolicy: &NetworkPolicyConfig{ManagerNamespace: "diskpipe-system", StoreLabels: map[string]string{"app.kubernetes.io/component": "objectstore"}, StorePort: 9000}}
 	c.Defaults()
-	args := strings.Join(Build(c, Spec{Name: "p", Namespace: "ns", Args: []string{"--source", "http"}}).Spec.Containers[0].Args, " ")
+	args := strings.Join(Build(c, Spec{Name: "p", Namespace: "ns", Import: contract.Import{Source: "http"}}).Spec.Containers[0].Args, " ")
 	for _, want := range []string{"--forbid-cidr 10.244.0.0/16", "--forbid-cidr fd00::/8", "--allow-destination 10.244.0.1",
 		"--allow-destination 10.96.7.0/24", "--allow-destination mirror.local"} {
 		if !strings.Contains(args, want) {

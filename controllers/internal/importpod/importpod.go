@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -170,16 +171,13 @@ func (c Config) ValidateEgress() error {
 	return nil
 }
 
-// egressArgs are the flags that give a pod the egress rule (transfer.Egress).
-func (c Config) egressArgs() []string {
-	var args []string
-	for _, v := range c.ClusterCIDRs {
-		args = append(args, "--forbid-cidr", v)
-	}
-	for _, v := range c.AllowedDestinations {
-		args = append(args, "--allow-destination", v)
-	}
-	return args
+// pod is p, a pod's own flags, with the installation's: the egress rule (transfer.Egress),
+// where the pod serves its progress and writes its result.
+func (c Config) pod(p contract.Pod) contract.Pod {
+	p.ForbidCIDR = append(slices.Clone(p.ForbidCIDR), c.ClusterCIDRs...)
+	p.AllowDestination = append(slices.Clone(p.AllowDestination), c.AllowedDestinations...)
+	p.MetricsAddr, p.TerminationMessagePath = ":"+strconv.Itoa(int(c.MetricsPort)), corev1.TerminationMessagePathDefault
+	return p
 }
 
 // Defaults fills what is not set.
@@ -226,8 +224,10 @@ type Mount struct {
 type Spec struct {
 	Name, Namespace string
 	Labels          map[string]string
-	// Args of the importer, without the target and result flags, which Build adds.
-	Args []string
+	// Import is the importer's command line, without the target's and the pod's flags, which
+	// Build adds; Export, for an exporter pod (Command /exporter), the exporter's.
+	Import contract.Import
+	Export *contract.Export
 	// PVC is the target volume; none for a probe.
 	PVC   string
 	Block bool
@@ -280,10 +280,7 @@ func (s Spec) SourcePath() string {
 // capability dropped, RuntimeDefault seccomp, read-only root), never restarted — retries
 // are the controller's.
 func Build(c Config, s Spec) *corev1.Pod {
-	args := append([]string{}, s.Args...)
-	args = append(args, c.egressArgs()...)
-	args = append(args, "--metrics-addr", ":"+strconv.Itoa(int(c.MetricsPort)),
-		"--termination-message-path", corev1.TerminationMessagePathDefault)
+	imp := s.Import
 	command := s.Command
 	if command == "" {
 		command = "/importer"
@@ -324,18 +321,12 @@ func Build(c Config, s Spec) *corev1.Pod {
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: s.PVC}}})
 		if s.Block {
 			ctr.VolumeDevices = []corev1.VolumeDevice{{Name: "target", DevicePath: TargetDevice}}
-			args = append(args, "--target", TargetDevice)
+			imp.Target = TargetDevice
 		} else {
 			ctr.VolumeMounts = []corev1.VolumeMount{{Name: "target", MountPath: TargetDir}}
-			args = append(args, "--target", TargetFile,
-				"--overhead", strconv.FormatFloat(c.FilesystemOverhead.For(s.StorageClass), 'g', -1, 64))
+			imp.Target, imp.Overhead = TargetFile, ptr.To(c.FilesystemOverhead.For(s.StorageClass))
 		}
-		if s.Capacity > 0 {
-			args = append(args, "--capacity", strconv.FormatInt(s.Capacity, 10))
-		}
-		if s.Preallocate {
-			args = append(args, "--preallocate")
-		}
+		imp.Capacity, imp.Preallocate = max(s.Capacity, 0), s.Preallocate
 	}
 	if s.SourcePVC != "" {
 		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "source", VolumeSource: corev1.VolumeSource{
@@ -368,7 +359,14 @@ func Build(c Config, s Spec) *corev1.Pod {
 			EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(ScratchSize)}}})
 		ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "scratch", MountPath: ScratchDir})
 	}
-	ctr.Args = args
+	if s.Export != nil {
+		e := *s.Export
+		e.Pod = c.pod(e.Pod)
+		ctr.Args = contract.Args(e)
+	} else {
+		imp.Pod = c.pod(imp.Pod)
+		ctr.Args = contract.Args(imp)
+	}
 	ctr.Env = c.proxyEnv()
 	pod.Spec.Containers = []corev1.Container{ctr}
 	return pod
