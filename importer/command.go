@@ -82,6 +82,9 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			if err := s.loadCredentials(a.AuthDir, a.Header, a.HeaderFile); err != nil {
 				return nil, err
 			}
+			if a.UserAgent != "" {
+				s.Header.Set("User-Agent", a.UserAgent)
+			}
 			o.Source = s
 		case "s3":
 			cfg := objectstore.ClientConfig{Endpoint: a.Endpoint, Region: a.Region, BucketLookup: a.BucketLookup, CAFile: a.CAFile, Insecure: a.Insecure, Egress: &cmd.Egress}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,6 +135,43 @@ func TestCommandCredentials(t *testing.T) {
 	code, res, _ = runMain(t, "--url", srv.URL+"/disk.raw", "--target", target, "--header", "X-Token abc")
 	if code != transfer.ExitFailed || !strings.Contains(res.Message, `must be written "Name: value"`) {
 		t.Errorf("malformed header: exit %d, result %+v", code, res)
+	}
+}
+
+// TestCommandUserAgent: --user-agent is the User-Agent of every request; without it, Go's.
+func TestCommandUserAgent(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	files := &fileServer{path: raw}
+	var mu sync.Mutex
+	agents := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		agents[r.UserAgent()]++
+		mu.Unlock()
+		if r.UserAgent() != "mirror-friendly/1.0" {
+			http.Error(w, "not for you", http.StatusForbidden)
+			return
+		}
+		files.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	target := filepath.Join(t.TempDir(), "disk.img")
+	if code, res, log := runMain(t, "--url", srv.URL+"/disk.raw", "--target", target, "--user-agent", "mirror-friendly/1.0"); code != 0 {
+		t.Fatalf("exit %d, result %+v\n%s", code, res, log)
+	}
+	sameDisk(t, raw, target)
+	if code, res, _ := runMain(t, "--url", srv.URL+"/disk.raw", "--target", filepath.Join(t.TempDir(), "disk.img")); code != transfer.ExitFailed || res.Reason != transfer.ReasonSourceForbidden {
+		t.Errorf("without --user-agent: exit %d, result %+v", code, res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for agent := range agents {
+		if agent != "mirror-friendly/1.0" && !strings.HasPrefix(agent, "Go-http-client/") {
+			t.Errorf("a request with User-Agent %q", agent)
+		}
+	}
+	if len(agents) != 2 {
+		t.Errorf("user agents seen: %v; want the one given, then Go's", agents)
 	}
 }
 

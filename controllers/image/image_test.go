@@ -73,7 +73,7 @@ func newImage(ns, name string, size string, retry int32) *hypercloud.VirtualMach
 	v := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: hypercloud.VirtualMachineImageSpec{
 			Source: hypercloud.VirtualMachineImageSource{HTTP: "https://images.example.com/ubuntu.qcow2",
-				HTTPOptions: &common.HTTPOptions{SecretRef: "basic", CertConfigMap: "ca"},
+				HTTPOptions: &common.HTTPOptions{SecretRef: "basic", CertConfigMap: "ca", UserAgent: "Mozilla/5.0 (compatible; mirror-friendly)"},
 				Checksum:    "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},
 			Retry: ptr.To(common.RetryLimit(retry))}}
 	if size != "" {
@@ -133,7 +133,8 @@ func TestImport(t *testing.T) {
 	c := pod.Spec.Containers[0]
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"--source http", "--url https://images.example.com/ubuntu.qcow2", "--auth-dir /var/run/diskpipe/auth",
-		"--ca-file /var/run/diskpipe/ca", "--checksum sha256:9f86", "--target /data/disk.img", "--capacity 10737418240"} {
+		"--ca-file /var/run/diskpipe/ca", "--checksum sha256:9f86", "--target /data/disk.img", "--capacity 10737418240",
+		"--user-agent Mozilla/5.0 (compatible; mirror-friendly)"} {
 		g.Expect(args).To(ContainSubstring(want))
 	}
 	g.Expect(pod.Spec.RestartPolicy).To(Equal(corev1.RestartPolicyNever))

@@ -62,8 +62,7 @@ func httpSource(url string, o *common.HTTPOptions) source {
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(o.SecretRef), Path: authDir})
 	}
 	s.addCA(o.CertConfigMap)
-	s.imp.Insecure = o.InsecureSkipTLSVerify
-	s.imp.Header = o.ExtraHeaders
+	s.imp.Insecure, s.imp.Header, s.imp.UserAgent = o.InsecureSkipTLSVerify, o.ExtraHeaders, o.UserAgent
 	for i, sec := range o.SecretExtraHeaders {
 		dir := fmt.Sprintf("%s/%d", headersBase, i)
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(sec), Path: dir})

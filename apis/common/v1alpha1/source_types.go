@@ -57,6 +57,13 @@ type HTTPOptions struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	SecretExtraHeaders []LocalName `json:"secretExtraHeaders,omitempty"`
+
+	// userAgent is sent as the User-Agent of every request, for servers that answer only
+	// some clients (default: Go's).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:XValidation:rule="!self.contains('\\n') && !self.contains('\\r')",message="userAgent must be one line"
+	UserAgent string `json:"userAgent,omitempty"`
 }
 
 // HTTPSource imports from an HTTP(S) URL.
