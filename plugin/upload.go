@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	upload "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
@@ -207,7 +208,7 @@ func (u *uploader) head(ctx context.Context, e endpoint) (int64, bool, error) {
 	if err != nil {
 		return 0, false, err
 	}
-	req.Header.Set(uploadproxy.HeaderToken, e.token)
+	req.Header.Set(uploadtoken.Header, e.token)
 	resp, err := e.client.Do(req)
 	if err != nil {
 		return 0, false, err
@@ -237,7 +238,7 @@ func (u *uploader) put(ctx context.Context, e endpoint, off int64, b *bar) (stri
 	req.ContentLength = u.size - off
 	req.Header.Set("Content-Type", "application/octet-stream")
 	req.Header.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", off, u.size-1, u.size))
-	req.Header.Set(uploadproxy.HeaderToken, e.token)
+	req.Header.Set(uploadtoken.Header, e.token)
 	resp, err := e.client.Do(req)
 	if err != nil {
 		return "", err

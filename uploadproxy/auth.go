@@ -16,6 +16,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 )
 
 // Resources are the images' resources by kind.
@@ -81,8 +82,8 @@ type caller struct {
 // Kubernetes bearer token (a TokenReview and a SubjectAccessReview).
 func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, name string) (caller, error) {
 	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	token := r.Header.Get(HeaderToken)
-	if token == "" && strings.HasPrefix(bearer, TokenPrefix) {
+	token := r.Header.Get(uploadtoken.Header)
+	if token == "" && strings.HasPrefix(bearer, uploadtoken.Prefix) {
 		token = bearer
 	}
 	if token != "" {
@@ -96,7 +97,7 @@ func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, n
 		return caller{user: c.User, uid: c.UID}, nil
 	}
 	if bearer == "" {
-		return caller{}, fail(http.StatusUnauthorized, "an upload token (%s header, from kubectl diskpipe upload or an UploadTokenRequest) or an Authorization: Bearer <token> header with a Kubernetes token is required", HeaderToken)
+		return caller{}, fail(http.StatusUnauthorized, "an upload token (%s header, from kubectl diskpipe upload or an UploadTokenRequest) or an Authorization: Bearer <token> header with a Kubernetes token is required", uploadtoken.Header)
 	}
 	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: bearer}}
 	if err := s.Kube.Create(ctx, tr); err != nil {
@@ -112,17 +113,17 @@ func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, n
 }
 
 // verify checks an upload token and returns its claims.
-func (s *Server) verify(ctx context.Context, token string) (Claims, error) {
+func (s *Server) verify(ctx context.Context, token string) (uploadtoken.Claims, error) {
 	if s.TokenKey == nil {
-		return Claims{}, fail(http.StatusUnauthorized, "this upload proxy takes no upload tokens (it was started without --token-secret): use a Kubernetes token")
+		return uploadtoken.Claims{}, fail(http.StatusUnauthorized, "this upload proxy takes no upload tokens (it was started without --token-secret): use a Kubernetes token")
 	}
 	key, err := s.TokenKey.Get(ctx)
 	if err != nil {
-		return Claims{}, fmt.Errorf("reading the upload token key: %w", err)
+		return uploadtoken.Claims{}, fmt.Errorf("reading the upload token key: %w", err)
 	}
-	c, err := VerifyToken(key, token, time.Now())
+	c, err := uploadtoken.Verify(key, token, time.Now())
 	if err != nil {
-		return Claims{}, fail(http.StatusUnauthorized, "%v", err)
+		return uploadtoken.Claims{}, fail(http.StatusUnauthorized, "%v", err)
 	}
 	return c, nil
 }

@@ -21,6 +21,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 )
 
 // CDI's upload API, for the unmodified `virtctl image-upload dv` and `pvc`: with CDI's API
@@ -173,10 +174,10 @@ func formFile(r *http.Request) (*body, error) {
 }
 
 // tokenClaims are the claims of the upload token the request bears.
-func (s *Server) tokenClaims(ctx context.Context, r *http.Request) (Claims, error) {
+func (s *Server) tokenClaims(ctx context.Context, r *http.Request) (uploadtoken.Claims, error) {
 	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if token == "" {
-		return Claims{}, fail(http.StatusUnauthorized, "an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)")
+		return uploadtoken.Claims{}, fail(http.StatusUnauthorized, "an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)")
 	}
 	return s.verify(ctx, token)
 }
@@ -254,16 +255,8 @@ func (a *TokenAPI) cdiToken(ctx context.Context, ns string, body []byte, user au
 	} else if err != nil {
 		return nil, err
 	}
-	key, err := a.Key.Ensure(ctx)
-	if err != nil {
-		return nil, err
-	}
-	lifetime := a.Lifetime
-	if lifetime == 0 {
-		lifetime = TokenLifetime
-	}
-	token, err := IssueToken(key, Claims{Namespace: ns, Resource: "virtualmachineimages", Name: name,
-		UID: img.UID, User: user.Username, Expires: time.Now().Add(lifetime).Unix()})
+	token, _, err := a.Key.IssueFor(ctx, uploadtoken.Claims{Namespace: ns, Resource: "virtualmachineimages", Name: name,
+		UID: img.UID, User: user.Username}, a.Lifetime)
 	if err != nil {
 		return nil, err
 	}

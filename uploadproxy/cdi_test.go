@@ -21,6 +21,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
@@ -190,7 +191,7 @@ func (f *fixture) cdiTokenAPI(t *testing.T) (*uploadproxy.TokenAPI, func(pvcName
 	NewWithT(t).Expect(env.InstallCDICRDs()).To(Succeed())
 	f.withTokens(t)
 	api := &uploadproxy.TokenAPI{Reader: env.Client, Client: env.Client,
-		Key: &uploadproxy.TokenKey{Client: env.Client, Namespace: f.ns, Name: "token-key"}}
+		Key: &uploadtoken.Key{Client: env.Client, Namespace: f.ns, Name: "token-key"}}
 	return api, func(pvcName string) []byte {
 		return fmt.Appendf(nil, `{"apiVersion":"upload.cdi.kubevirt.io/v1beta1","kind":"UploadTokenRequest","metadata":{"name":"token-for-virtctl"},"spec":{"pvcName":%q}}`, pvcName)
 	}

@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploads"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -30,7 +32,7 @@ func (f *fixture) withTokens(t *testing.T) []byte {
 	NewWithT(t).Expect(env.Client.Create(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "token-key", Namespace: f.ns},
 		Data: map[string][]byte{"key": key}})).To(Succeed())
 	srv := httptest.NewServer(&uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: partSize,
-		TokenKey: &uploadproxy.TokenKey{Client: env.Client, Namespace: f.ns, Name: "token-key"}})
+		TokenKey: &uploadtoken.Key{Client: env.Client, Namespace: f.ns, Name: "token-key"}})
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	return key
@@ -40,7 +42,7 @@ func (f *fixture) token(t *testing.T, key []byte, name string, expires time.Time
 	t.Helper()
 	vmi := &hypercloud.VirtualMachineImage{}
 	NewWithT(t).Expect(env.Client.Get(t.Context(), clientKey(f.ns, name), vmi)).To(Succeed())
-	tok, err := uploadproxy.IssueToken(key, uploadproxy.Claims{Namespace: f.ns, Resource: "virtualmachineimages", Name: name,
+	tok, err := uploadtoken.Issue(key, uploadtoken.Claims{Namespace: f.ns, Resource: "virtualmachineimages", Name: name,
 		UID: string(vmi.UID), User: "alice", Expires: expires.Unix()})
 	NewWithT(t).Expect(err).NotTo(HaveOccurred())
 	return tok
@@ -65,14 +67,14 @@ func TestUploadToken(t *testing.T) {
 	g.Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized))
 	g.Expect(msg).To(HavePrefix("the upload token is not valid: it expired at "))
 
-	forged, _ := uploadproxy.IssueToken(bytes.Repeat([]byte{8}, 32), uploadproxy.Claims{Namespace: f.ns, Resource: "virtualmachineimages", Name: "mine", Expires: soon.Unix()})
+	forged, _ := uploadtoken.Issue(bytes.Repeat([]byte{8}, 32), uploadtoken.Claims{Namespace: f.ns, Resource: "virtualmachineimages", Name: "mine", Expires: soon.Unix()})
 	resp, msg = f.do(t, http.MethodPut, "mine", forged, f.image, "")
 	g.Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized))
 	g.Expect(msg).To(ContainSubstring("its signature does not match"))
 
 	// In the header the apiserver's service proxy passes on, and as a bearer token.
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPut, f.path("mine"), bytes.NewReader(f.image))
-	req.Header.Set(uploadproxy.HeaderToken, mine)
+	req.Header.Set(uploadtoken.Header, mine)
 	r, err := http.DefaultClient.Do(req)
 	g.Expect(err).NotTo(HaveOccurred())
 	r.Body.Close()
@@ -98,7 +100,7 @@ func countingStore(t *testing.T, f *fixture) (client *objectstore.Client, reads,
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		all.Add(1)
 		path := r.URL.Path
-		if r.Method == http.MethodGet && strings.HasPrefix(path, "/"+uploadproxy.Bucket+"/") && !strings.HasSuffix(path, ".state") && r.URL.RawQuery == "" {
+		if r.Method == http.MethodGet && strings.HasPrefix(path, "/"+uploads.Bucket+"/") && !strings.HasSuffix(path, ".state") && r.URL.RawQuery == "" {
 			reads.Add(1)
 		}
 		rp.ServeHTTP(w, r)

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	uploadapi "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
@@ -38,12 +39,12 @@ type TokenAPI struct {
 	Client client.Client
 	Reader client.Reader
 	// Key signs the tokens.
-	Key *TokenKey
+	Key *uploadtoken.Key
 	// URL is the upload proxy's address outside the cluster; empty when it has none.
 	URL string
 	// Service is the upload proxy's Service.
 	Service *uploadapi.ProxyService
-	// Lifetime of a token (default TokenLifetime).
+	// Lifetime of a token (default uploadtoken.Lifetime).
 	Lifetime time.Duration
 	// Store, the bundled store's client with its root keys, makes namespaces' accounts for
 	// ObjectStoreKeysRequests (storekeys.go); nil: the installation has none. StoreEndpoint is
@@ -196,20 +197,11 @@ func (a *TokenAPI) token(ctx context.Context, ns string, req *uploadapi.UploadTo
 	if err == nil {
 		err = MayUpload(ctx, a.Client, user, ns, resource, req.Spec.Name)
 	}
-	var key []byte
-	if err == nil {
-		key, err = a.Key.Ensure(ctx)
-	}
 	if err != nil {
 		return err
 	}
-	lifetime := a.Lifetime
-	if lifetime == 0 {
-		lifetime = TokenLifetime
-	}
-	expires := time.Now().Add(lifetime).Truncate(time.Second)
-	token, err := IssueToken(key, Claims{Namespace: ns, Resource: resource, Name: req.Spec.Name,
-		UID: img.UID, User: user.Username, Expires: expires.Unix()})
+	token, expires, err := a.Key.IssueFor(ctx, uploadtoken.Claims{Namespace: ns, Resource: resource, Name: req.Spec.Name,
+		UID: img.UID, User: user.Username}, a.Lifetime)
 	if err != nil {
 		return err
 	}

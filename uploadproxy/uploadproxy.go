@@ -45,39 +45,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/internal/uploads"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
-
-// Bucket is where uploads are kept: a name only the store's root account may take
-// (objectstore.ReservedPrefix).
-const Bucket = objectstore.ReservedPrefix + "uploads"
-
-// ObjectKey is the object an image's upload is stored as: a function of the image's UID, so
-// that nobody can point an image at another's object.
-func ObjectKey(namespace, resource, name, uid string) string {
-	return fmt.Sprintf("%s/%s/%s-%s", namespace, resource, name, uid)
-}
-
-// MarkerKey is written once the upload at key is whole and verified.
-func MarkerKey(key string) string { return key + ".complete" }
-
-// StateKey holds the state of the unfinished upload at key.
-func StateKey(key string) string { return key + ".state" }
-
-// Remove deletes what an upload at key left in the store (through store, the root's client):
-// its marker first, so that nothing half-removed is taken for a whole upload, then the object,
-// the state and unfinished parts. For an image being deleted.
-func Remove(ctx context.Context, store *objectstore.Client, key string) error {
-	for _, k := range []string{MarkerKey(key), key, StateKey(key)} {
-		if err := store.RemoveObject(ctx, Bucket, k, minio.RemoveObjectOptions{}); err != nil && minio.ToErrorResponse(err).Code != "NoSuchBucket" {
-			return objectstore.Classify(err, "removing the upload "+objectstore.ObjectURL(Bucket, k))
-		}
-	}
-	if _, err := store.AbortUploads(ctx, Bucket, key); err != nil && !strings.Contains(err.Error(), "does not exist") {
-		return err
-	}
-	return nil
-}
 
 // Headers of the resumable protocol.
 const (
@@ -92,7 +63,7 @@ type Server struct {
 	// Store holds the uploads.
 	Store *objectstore.Client
 	// TokenKey verifies upload tokens; nil accepts only Kubernetes tokens.
-	TokenKey *TokenKey
+	TokenKey *uploadtoken.Key
 	// PartSize is the size of each stored part (default 16 MiB; S3 needs 5 MiB at least).
 	PartSize int64
 	// MaxWriters bounds the uploads written at once (default 8), MaxWritersPerNamespace those
@@ -266,7 +237,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 	if who.uid != "" && who.uid != img.UID {
 		return fail(http.StatusForbidden, "the upload token is for an earlier %s %s/%s, since deleted: ask for a new one", resource, ns, name)
 	}
-	key := ObjectKey(ns, resource, name, img.UID)
+	key := uploads.ObjectKey(ns, resource, name, img.UID)
 	if r.Method != http.MethodHead {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
@@ -342,10 +313,10 @@ func (s *Server) slot(w http.ResponseWriter, ns string) (done func(), err error)
 // ensureBucket makes the uploads' bucket unless it exists, and checks that it is the store's
 // root's: a bucket of that name made by an account first would be read by that account.
 func (s *Server) ensureBucket(ctx context.Context) error {
-	if err := s.Store.EnsureBucket(ctx, Bucket); err != nil {
+	if err := s.Store.EnsureBucket(ctx, uploads.Bucket); err != nil {
 		return err
 	}
-	return s.Store.CheckOwnBucket(ctx, Bucket, transfer.ReasonTargetForbidden)
+	return s.Store.CheckOwnBucket(ctx, uploads.Bucket, transfer.ReasonTargetForbidden)
 }
 
 // find reads the state of an image's upload: complete, unfinished (its saved state), or new.
@@ -354,8 +325,8 @@ func (s *Server) ensureBucket(ctx context.Context) error {
 // not abort it.
 func (s *Server) find(ctx context.Context, key, checksum string, writer bool) (*upload, error) {
 	u := &upload{key: key}
-	if _, err := s.Store.StatObject(ctx, Bucket, MarkerKey(key), minio.StatObjectOptions{}); err == nil {
-		info, err := s.Store.StatObject(ctx, Bucket, key, minio.StatObjectOptions{})
+	if _, err := s.Store.StatObject(ctx, uploads.Bucket, uploads.MarkerKey(key), minio.StatObjectOptions{}); err == nil {
+		info, err := s.Store.StatObject(ctx, uploads.Bucket, key, minio.StatObjectOptions{})
 		if err != nil {
 			return nil, err
 		}
@@ -386,7 +357,7 @@ func (s *Server) find(ctx context.Context, key, checksum string, writer bool) (*
 }
 
 func (s *Server) readState(ctx context.Context, key string) (*state, error) {
-	obj, err := s.Store.GetObject(ctx, Bucket, StateKey(key), minio.GetObjectOptions{})
+	obj, err := s.Store.GetObject(ctx, uploads.Bucket, uploads.StateKey(key), minio.GetObjectOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -410,13 +381,13 @@ func (s *Server) readState(ctx context.Context, key string) (*state, error) {
 // was stored, completed (the proxy stopped between completing and marking it).
 func (s *Server) inProgress(ctx context.Context, key string, st *state) bool {
 	if st.Total > 0 && st.Offset == st.Total {
-		info, err := s.Store.StatObject(ctx, Bucket, key, minio.StatObjectOptions{})
+		info, err := s.Store.StatObject(ctx, uploads.Bucket, key, minio.StatObjectOptions{})
 		if err == nil && info.Size == st.Total {
 			return true
 		}
 	}
 	core := minio.Core{Client: s.Store.Client}
-	list, err := core.ListMultipartUploads(ctx, Bucket, key, "", "", "", 1000)
+	list, err := core.ListMultipartUploads(ctx, uploads.Bucket, key, "", "", "", 1000)
 	if err != nil {
 		return false
 	}
@@ -431,13 +402,13 @@ func (s *Server) inProgress(ctx context.Context, key string, st *state) bool {
 // abortAll aborts the multipart uploads of key.
 func (s *Server) abortAll(ctx context.Context, key string) {
 	core := minio.Core{Client: s.Store.Client}
-	list, err := core.ListMultipartUploads(ctx, Bucket, key, "", "", "", 1000)
+	list, err := core.ListMultipartUploads(ctx, uploads.Bucket, key, "", "", "", 1000)
 	if err != nil {
 		return
 	}
 	for _, up := range list.Uploads {
 		if up.Key == key {
-			if err := core.AbortMultipartUpload(ctx, Bucket, key, up.UploadID); err != nil {
+			if err := core.AbortMultipartUpload(ctx, uploads.Bucket, key, up.UploadID); err != nil {
 				s.Log.Error("Could not abort an unrecorded upload", "key", key, "err", err)
 			}
 		}
@@ -454,7 +425,7 @@ func (s *Server) save(ctx context.Context, u *upload) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.Store.PutObject(ctx, Bucket, StateKey(u.key), bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{ContentType: "application/json"})
+	_, err = s.Store.PutObject(ctx, uploads.Bucket, uploads.StateKey(u.key), bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{ContentType: "application/json"})
 	return err
 }
 
@@ -483,7 +454,7 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		if err := s.ensureBucket(ctx); err != nil {
 			return err
 		}
-		id, err := core.NewMultipartUpload(ctx, Bucket, u.key, minio.PutObjectOptions{})
+		id, err := core.NewMultipartUpload(ctx, uploads.Bucket, u.key, minio.PutObjectOptions{})
 		if err != nil {
 			return err
 		}
@@ -536,7 +507,7 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 			break
 		}
 		number := len(u.Parts) + 1
-		p, err := core.PutObjectPart(ctx, Bucket, u.key, u.UploadID, number, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})
+		p, err := core.PutObjectPart(ctx, uploads.Bucket, u.key, u.UploadID, number, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})
 		if err != nil {
 			return err
 		}
@@ -564,9 +535,9 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, u *upload)
 	for i, p := range u.Parts {
 		parts[i] = minio.CompletePart{PartNumber: p.Number, ETag: p.ETag}
 	}
-	if _, err := core.CompleteMultipartUpload(ctx, Bucket, u.key, u.UploadID, parts, minio.PutObjectOptions{}); err != nil {
+	if _, err := core.CompleteMultipartUpload(ctx, uploads.Bucket, u.key, u.UploadID, parts, minio.PutObjectOptions{}); err != nil {
 		// Completed already, by a request that stopped before its marker.
-		if info, serr := s.Store.StatObject(ctx, Bucket, u.key, minio.StatObjectOptions{}); serr != nil || info.Size != u.Total {
+		if info, serr := s.Store.StatObject(ctx, uploads.Bucket, u.key, minio.StatObjectOptions{}); serr != nil || info.Size != u.Total {
 			return err
 		}
 	}
@@ -575,10 +546,10 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, u *upload)
 		return fail(http.StatusUnprocessableEntity, "%v; the upload was discarded: upload the right image", err)
 	}
 	digest := u.sum.Digest()
-	if _, err := s.Store.PutObject(ctx, Bucket, MarkerKey(u.key), strings.NewReader(digest), int64(len(digest)), minio.PutObjectOptions{}); err != nil {
+	if _, err := s.Store.PutObject(ctx, uploads.Bucket, uploads.MarkerKey(u.key), strings.NewReader(digest), int64(len(digest)), minio.PutObjectOptions{}); err != nil {
 		return err
 	}
-	if err := s.Store.RemoveObject(ctx, Bucket, StateKey(u.key), minio.RemoveObjectOptions{}); err != nil {
+	if err := s.Store.RemoveObject(ctx, uploads.Bucket, uploads.StateKey(u.key), minio.RemoveObjectOptions{}); err != nil {
 		s.Log.Error("Could not remove a finished upload's state", "key", u.key, "err", err)
 	}
 	s.Log.Info("Upload complete", "key", u.key, "bytes", u.Offset, "digest", digest)
@@ -591,8 +562,8 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, u *upload)
 
 // discard removes a rejected upload's object and state.
 func (s *Server) discard(ctx context.Context, key string) {
-	for _, k := range []string{key, StateKey(key)} {
-		if err := s.Store.RemoveObject(ctx, Bucket, k, minio.RemoveObjectOptions{}); err != nil {
+	for _, k := range []string{key, uploads.StateKey(key)} {
+		if err := s.Store.RemoveObject(ctx, uploads.Bucket, k, minio.RemoveObjectOptions{}); err != nil {
 			s.Log.Error("Could not remove a rejected upload", "key", k, "err", err)
 		}
 	}

@@ -27,6 +27,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/testenv"
 	"github.com/diskpipe/diskpipe/uploadproxy"
@@ -170,12 +171,12 @@ func TestResume(t *testing.T) {
 	// The stored object, read back with awscli, is the image.
 	key := objectKey(t, f, "big")
 	out := filepath.Join(t.TempDir(), "back")
-	o, err := f.store.AWS(t.Context(), f.store.SecretKey, "s3", "cp", "s3://"+uploadproxy.Bucket+"/"+key, out)
+	o, err := f.store.AWS(t.Context(), f.store.SecretKey, "s3", "cp", "s3://"+uploads.Bucket+"/"+key, out)
 	g.Expect(err).NotTo(HaveOccurred(), o)
 	back, err := os.ReadFile(out)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(bytes.Equal(back, f.image)).To(BeTrue(), "the object differs from the upload")
-	_, err = f.store.Client().StatObject(t.Context(), uploadproxy.Bucket, uploadproxy.MarkerKey(key), minio.StatObjectOptions{})
+	_, err = f.store.Client().StatObject(t.Context(), uploads.Bucket, uploads.MarkerKey(key), minio.StatObjectOptions{})
 	g.Expect(err).NotTo(HaveOccurred(), "the upload is marked whole")
 
 	resp, _ = f.do(t, http.MethodHead, "big", f.uploader, nil, "")
@@ -278,8 +279,8 @@ func TestWrongChecksum(t *testing.T) {
 	g.Expect(resp.StatusCode).To(Equal(http.StatusUnprocessableEntity))
 	g.Expect(msg).To(HavePrefix("checksum mismatch: the source's sha256 is " + strings.TrimPrefix(f.digest, "sha256:")))
 	key := objectKey(t, f, "bad")
-	for _, k := range []string{key, uploadproxy.MarkerKey(key)} {
-		_, err := f.store.Client().StatObject(t.Context(), uploadproxy.Bucket, k, minio.StatObjectOptions{})
+	for _, k := range []string{key, uploads.MarkerKey(key)} {
+		_, err := f.store.Client().StatObject(t.Context(), uploads.Bucket, k, minio.StatObjectOptions{})
 		g.Expect(minio.ToErrorResponse(err).StatusCode).To(Equal(http.StatusNotFound), k)
 	}
 }
@@ -288,7 +289,7 @@ func objectKey(t *testing.T, f *fixture, name string) string {
 	t.Helper()
 	vmi := &hypercloud.VirtualMachineImage{}
 	NewWithT(t).Expect(env.Client.Get(t.Context(), clientKey(f.ns, name), vmi)).To(Succeed())
-	return uploadproxy.ObjectKey(f.ns, "virtualmachineimages", name, string(vmi.UID))
+	return uploads.ObjectKey(f.ns, "virtualmachineimages", name, string(vmi.UID))
 }
 
 func clientKey(ns, name string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: name} }

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -66,7 +67,7 @@ func run(log *slog.Logger, listen, certFile, keyFile string, cfg objectstore.Cli
 		if !ok {
 			return fmt.Errorf("--token-secret %q: want NAMESPACE/NAME", tokenKey)
 		}
-		srvUploads.TokenKey = &uploadproxy.TokenKey{Client: kube, Namespace: ns, Name: name}
+		srvUploads.TokenKey = &uploadtoken.Key{Client: kube, Namespace: ns, Name: name}
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", srvUploads)

@@ -22,6 +22,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/cdi"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
@@ -167,11 +168,11 @@ func TestDataVolumeUpload(t *testing.T) {
 func uploaded(t *testing.T, img *hypercloud.VirtualMachineImage) {
 	t.Helper()
 	g := NewWithT(t)
-	key := uploadproxy.ObjectKey(img.Namespace, "virtualmachineimages", img.Name, string(img.UID))
+	key := uploads.ObjectKey(img.Namespace, "virtualmachineimages", img.Name, string(img.UID))
 	c := store.Client()
-	g.Expect(c.EnsureBucket(t.Context(), uploadproxy.Bucket)).To(Succeed())
-	for k, b := range map[string][]byte{key: []byte("the uploaded image"), uploadproxy.MarkerKey(key): []byte("sha256:x")} {
-		_, err := c.PutObject(t.Context(), uploadproxy.Bucket, k, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{})
+	g.Expect(c.EnsureBucket(t.Context(), uploads.Bucket)).To(Succeed())
+	for k, b := range map[string][]byte{key: []byte("the uploaded image"), uploads.MarkerKey(key): []byte("sha256:x")} {
+		_, err := c.PutObject(t.Context(), uploads.Bucket, k, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{})
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 }

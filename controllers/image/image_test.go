@@ -31,9 +31,9 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/testenv"
-	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 var (
@@ -511,12 +511,12 @@ func TestUploadSource(t *testing.T) {
 	}, Equal("Pending WaitingForUpload: upload the image: PUT it to the upload proxy at /v1/namespaces/"+ns+"/virtualmachineimages/uploaded")))
 
 	// What the upload proxy leaves: the object and its marker.
-	key := uploadproxy.ObjectKey(ns, "virtualmachineimages", "uploaded", string(vmi.UID))
+	key := uploads.ObjectKey(ns, "virtualmachineimages", "uploaded", string(vmi.UID))
 	body := []byte("the uploaded image")
 	c := store.Client()
-	g.Expect(c.EnsureBucket(ctx, uploadproxy.Bucket)).To(Succeed())
-	for k, b := range map[string][]byte{key: body, uploadproxy.MarkerKey(key): []byte("sha256:x")} {
-		_, err := c.PutObject(ctx, uploadproxy.Bucket, k, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{})
+	g.Expect(c.EnsureBucket(ctx, uploads.Bucket)).To(Succeed())
+	for k, b := range map[string][]byte{key: body, uploads.MarkerKey(key): []byte("sha256:x")} {
+		_, err := c.PutObject(ctx, uploads.Bucket, k, bytes.NewReader(b), int64(len(b)), minio.PutObjectOptions{})
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 	pod := &corev1.Pod{}
@@ -535,8 +535,8 @@ func TestUploadSource(t *testing.T) {
 	// The upload goes with its image.
 	g.Expect(env.Client.Delete(ctx, vmi)).To(Succeed())
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi) }, 20*time.Second).ShouldNot(Succeed())
-	for _, k := range []string{key, uploadproxy.MarkerKey(key)} {
-		_, err := c.StatObject(ctx, uploadproxy.Bucket, k, minio.StatObjectOptions{})
+	for _, k := range []string{key, uploads.MarkerKey(key)} {
+		_, err := c.StatObject(ctx, uploads.Bucket, k, minio.StatObjectOptions{})
 		g.Expect(minio.ToErrorResponse(err).Code).To(Equal("NoSuchKey"), k)
 	}
 }

@@ -30,8 +30,8 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/objectstore"
-	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // presignExpiry is how long an importer may read an objectStore source through its URL.
@@ -139,8 +139,8 @@ func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
 	if r.ObjectStore == nil {
 		return &NotReadyError{"ObjectStoreNotConfigured", "uploads need the bundled object store, which this installation has not"}
 	}
-	key := uploadproxy.ObjectKey(g.obj.GetNamespace(), g.source.upload, g.obj.GetName(), string(g.obj.GetUID()))
-	if _, err := r.ObjectStore.StatObject(ctx, uploadproxy.Bucket, uploadproxy.MarkerKey(key), minio.StatObjectOptions{}); err != nil {
+	key := uploads.ObjectKey(g.obj.GetNamespace(), g.source.upload, g.obj.GetName(), string(g.obj.GetUID()))
+	if _, err := r.ObjectStore.StatObject(ctx, uploads.Bucket, uploads.MarkerKey(key), minio.StatObjectOptions{}); err != nil {
 		if minio.ToErrorResponse(err).StatusCode == http.StatusNotFound {
 			return &NotReadyError{ReasonWaitingForUpload, fmt.Sprintf("upload the image: PUT it to the upload proxy at /v1/namespaces/%s/%s/%s",
 				g.obj.GetNamespace(), g.source.upload, g.obj.GetName())}
@@ -149,10 +149,10 @@ func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
 	}
 	// Its marker and bytes are believed only in the proxy's own bucket, not in one of that
 	// name a tenant made first.
-	if err := r.ObjectStore.CheckOwnBucket(ctx, uploadproxy.Bucket, transfer.ReasonSourceForbidden); err != nil {
+	if err := r.ObjectStore.CheckOwnBucket(ctx, uploads.Bucket, transfer.ReasonSourceForbidden); err != nil {
 		return err
 	}
-	g.source.objectStore = &common.ObjectStoreSource{BucketName: uploadproxy.Bucket, ObjectName: common.ObjectName(key)}
+	g.source.objectStore = &common.ObjectStoreSource{BucketName: uploads.Bucket, ObjectName: common.ObjectName(key)}
 	return nil
 }
 
@@ -326,8 +326,8 @@ func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, e
 	}
 	if g.source.upload != "" && r.ObjectStore != nil {
 		// The uploaded bytes are the image's: they go with it, and count against no one.
-		key := uploadproxy.ObjectKey(g.obj.GetNamespace(), g.source.upload, g.obj.GetName(), uid)
-		if err := uploadproxy.Remove(ctx, r.ObjectStore, key); err != nil {
+		key := uploads.ObjectKey(g.obj.GetNamespace(), g.source.upload, g.obj.GetName(), uid)
+		if err := uploads.Remove(ctx, r.ObjectStore, key); err != nil {
 			return ctrl.Result{}, err
 		}
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/controllers/virtualmachine"
 	"github.com/diskpipe/diskpipe/internal/tenancy"
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -117,7 +118,7 @@ func serveTokenAPI(ctx context.Context, cfg *rest.Config, mgr ctrl.Manager, w *W
 	if err != nil {
 		return err
 	}
-	key := &uploadproxy.TokenKey{Client: direct, Namespace: w.UploadTokenSecret.Namespace, Name: w.UploadTokenSecret.Name}
+	key := &uploadtoken.Key{Client: direct, Namespace: w.UploadTokenSecret.Namespace, Name: w.UploadTokenSecret.Name}
 	if _, err := key.Ensure(ctx); err != nil {
 		return err
 	}

@@ -39,6 +39,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/test/testenv"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -291,7 +292,7 @@ metadata: {name: not-stored}
 spec: {kind: VirtualMachineImage, name: refused}
 `), "create", "-n", ns, "-f", "-", "-o", "jsonpath={.status.token}")
 		Expect(err).NotTo(HaveOccurred())
-		Expect(token).To(HavePrefix(uploadproxy.TokenPrefix))
+		Expect(token).To(HavePrefix(uploadtoken.Prefix))
 		_, stderr, err := cluster.Kubectl(context.Background(), nil, "get", "uploadtokenrequests", "-n", ns)
 		Expect(err).To(HaveOccurred())
 		Expect(stderr).To(ContainSubstring("none is stored"))
@@ -328,7 +329,7 @@ spec: {kind: VirtualMachineImage, name: refused}
 					Expect(err).NotTo(HaveOccurred())
 					got, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
-					Expect(string(got)).NotTo(ContainSubstring(uploadproxy.TokenPrefix), "POST %s with a client certificate: %v", path, cert != nil)
+					Expect(string(got)).NotTo(ContainSubstring(uploadtoken.Prefix), "POST %s with a client certificate: %v", path, cert != nil)
 					if path == api {
 						Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized))
 						Expect(string(got)).To(ContainSubstring("only requests forwarded by kube-apiserver are served here"))
@@ -339,7 +340,7 @@ spec: {kind: VirtualMachineImage, name: refused}
 		// The same request through the apiserver, as the administrator, gets one.
 		token, _, err := cluster.Kubectl(context.Background(), []byte(request), "create", "-n", ns, "-f", "-", "-o", "jsonpath={.status.token}")
 		Expect(err).NotTo(HaveOccurred())
-		Expect(token).To(HavePrefix(uploadproxy.TokenPrefix))
+		Expect(token).To(HavePrefix(uploadtoken.Prefix))
 	})
 
 	It("goes on by itself after its connection is cut at 10, 50 and 90 %, and the disk is identical", localProves, func() {

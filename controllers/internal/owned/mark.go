@@ -3,7 +3,6 @@ package owned
 import (
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
@@ -11,11 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/internal/secretkey"
 )
 
 // # Marks
@@ -58,32 +57,14 @@ func UseKey(key []byte, since time.Time) {
 	currentKey.Store(&markKey{key: append([]byte(nil), key...), since: since})
 }
 
-// keyField is the Secret's field that holds the key.
-const keyField = "key"
-
 // LoadKey reads the marking key from the Secret name, making it (32 random bytes) if there
 // is none, and uses it.
 func LoadKey(ctx context.Context, c client.Client, name types.NamespacedName) error {
-	sec := &corev1.Secret{}
-	err := c.Get(ctx, name, sec)
-	if apierrors.IsNotFound(err) {
-		key := make([]byte, 32)
-		if _, err := rand.Read(key); err != nil {
-			return err
-		}
-		sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: name.Namespace, Name: name.Name,
-			Labels: map[string]string{"app.kubernetes.io/part-of": "diskpipe"}}, Data: map[string][]byte{keyField: key}}
-		if err = c.Create(ctx, sec); apierrors.IsAlreadyExists(err) { // another replica made it
-			err = c.Get(ctx, name, sec)
-		}
-	}
+	sec, err := secretkey.Ensure(ctx, c, name, "the key children are marked with")
 	if err != nil {
-		return fmt.Errorf("reading the key children are marked with, %s: %w", name, err)
+		return err
 	}
-	if len(sec.Data[keyField]) < 16 {
-		return fmt.Errorf("the Secret %s holds no key in %q (16 bytes at least)", name, keyField)
-	}
-	UseKey(sec.Data[keyField], sec.CreationTimestamp.Time)
+	UseKey(sec.Data[secretkey.Field], sec.CreationTimestamp.Time)
 	return nil
 }
 
