@@ -32,11 +32,6 @@ export KUBEBUILDER_ASSETS := $(BIN)
 
 # 40m: in CI the local cluster's suite shares the cores with the real node's (.ci/run).
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
-# The real node's suite stops itself before go test's timeout, so that a run that is too slow
-# ends with Ginkgo's report (the spec that was running, the failures, the cluster's health)
-# rather than a dump of goroutines. With KubeVirt (installing it, booting VMs) it takes longer.
-E2E_TIMEOUT ?= $(if $(filter 1,$(KUBEVIRT)),50m,25m)
-
 ##@ General
 
 .PHONY: help
@@ -128,19 +123,11 @@ $(BIN)/image: $(filter-out %_test.go,$(wildcard hack/image/*.go))
 image-push: image ## Push the image to a registry: make image-push IMAGE=registry.example.com/diskpipe:0.1.0.
 	$(BIN)/image push --archive $(IMAGE_ARCHIVE) $(IMAGE)
 
-.PHONY: pause-image
-pause-image: $(BIN)/image ## Build the real cluster's pause image (test/cluster/pause) as bin/pause-image.tar.
-	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -ldflags "-s -w" -o $(BIN)/linux_$(IMAGE_GOARCH)/pause ./test/cluster/pause
-	$(BIN)/image build --out $(BIN)/pause-image.tar --ref diskpipe.test/pause:diskpipe --arch $(IMAGE_GOARCH) --entrypoint /pause pause=$(BIN)/linux_$(IMAGE_GOARCH)/pause
-
 ##@ Test
 
 .PHONY: setup
 setup: ## Install the Debian packages the tests use (qemu-utils, awscli, ...).
 	hack/setup.sh
-
-.PHONY: cluster-tools
-cluster-tools: tools cluster-bins ## Build what the real single-node cluster adds: kubelet, controller-manager, scheduler, kube-proxy, CoreDNS, CNI plugins, CSI sidecars.
 
 .PHONY: tools
 tools: $(CONTROLLER_GEN) $(CRD_REF_DOCS) $(KUBE_BINS) $(HELM) ## Build the pinned tools, helm and the Kubernetes binaries.
@@ -239,45 +226,13 @@ bench-kubevirt: ## Boot five VMs at once from one golden image under the real Ku
 fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.
 	$(MAKE) fuzz FUZZ_TARGETS="$(FUZZ_IMPORT_TARGETS)"
 
-# KUBEVIRT=1 installs the real KubeVirt on the real node (make kubevirt kubevirt-images), and
-# the specs that boot VMs under it run.
-KUBEVIRT ?= 0
-KUBEVIRT_DEPS_1 = kubevirt kubevirt-images
-
-# The real node skips the specs labelled local-proves: what they prove (a client's behaviour, a
-# format's parsing, a controller's policy) is the same on any cluster, and make test runs them on
-# the local cluster; that keeps CI's real node, KubeVirt's VMs included, in its time.
-# The specs labelled bench measure (make bench-kubevirt runs them). E2E_LABELS= runs every spec
-# on the real node.
-E2E_LABELS ?= !local-proves && !bench
-
-E2E_REAL = DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_E2E_CLUSTER=real go test -v $(GO_TEST_FLAGS) -timeout 55m ./test/e2e/ \
-	-args -ginkgo.v -ginkgo.timeout=$(E2E_TIMEOUT) -ginkgo.label-filter='$(E2E_LABELS)'
-
-.PHONY: test-cluster test-cluster-deps test-cluster-suite
-test-cluster: test-cluster-deps ## Run the end-to-end suite on a real single-node cluster (as root): diskpipe installed by helm from its image; KUBEVIRT=1 adds the real KubeVirt.
-	$(E2E_REAL)
-
-# What the real node needs, built and installed; test-cluster-suite runs the suite alone, on
-# what is built (CI runs it beside make test).
-test-cluster-deps: setup cluster-tools build image pause-image bootdisk $(KUBEVIRT_DEPS_$(KUBEVIRT))
-	hack/setup.sh cluster
-
-test-cluster-suite:
-	$(E2E_REAL)
-
-.PHONY: cluster-up
-cluster-up: setup cluster-tools build image pause-image $(KUBEVIRT_DEPS_$(KUBEVIRT)) ## Start the real single-node cluster (root) with diskpipe installed by its chart (KUBEVIRT=1: and KubeVirt), and keep it until Ctrl-C.
-	hack/setup.sh cluster
-	DISKPIPE_KUBEVIRT=$(KUBEVIRT) go run ./test/cluster/up
-
 
 .PHONY: demo
 demo: $(CLUSTER_DEPS_$(CLUSTER)) $(if $(filter real,$(CLUSTER)),kubevirt kubevirt-images) ## Run the whole pipeline on a local cluster (CLUSTER=real: on a real node, where KubeVirt boots the VM); DEMO_FLAGS=--keep keeps it running.
 	$(if $(filter real,$(CLUSTER)),hack/setup.sh cluster)
 	go run ./test/demo --cluster=$(CLUSTER) $(DEMO_FLAGS)
 
-##@ Tools
+# Tools
 
 # The tools, the Kubernetes binaries and KubeVirt are built through hack/cached: a clean clone on
 # a machine that built one before copies it from ~/.cache/diskpipe/bin, keyed by the command,
@@ -315,117 +270,5 @@ $(KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/etcd/main.go 
 	$(call KUBE_CACHED_ALL,$(KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd'
 
-# The real single-node cluster (test/cluster, make test-cluster) adds the node's and the control
-# plane's other parts, CoreDNS, the CNI plugins and the real CSI sidecars, all from Go modules;
-# containerd, runc and the registry come from Debian (hack/setup.sh cluster).
-CNI_PLUGINS_VERSION ?= v1.7.1
-CNI_PLUGINS := bridge loopback portmap host-local
-CNI_DIR_bridge := main
-CNI_DIR_loopback := main
-CNI_DIR_portmap := meta
-CNI_DIR_host-local := ipam
-NODE_KUBE_BINS := $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns csi-provisioner csi-snapshotter snapshot-controller)
-CNI_BINS       := $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
-CLUSTER_BINS   = $(NODE_KUBE_BINS) $(CNI_BINS)
-
-.PHONY: cluster-bins
-cluster-bins: $(CLUSTER_BINS)
-
-# The node's Kubernetes binaries, CoreDNS with only the plugins the node's Corefile uses
-# (test/tools/cmd/coredns), the real external-provisioner and external-snapshotter (the sidecars
-# and the snapshot-controller), on the Kubernetes libraries the Kubernetes binaries compile.
-$(NODE_KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/coredns/main.go
-	$(call KUBE_CACHED_ALL,$(NODE_KUBE_BINS)) 'cd test/tools && go build -ldflags "$(KUBE_LDFLAGS)" -o $(BIN)/ \
-		$(addprefix k8s.io/kubernetes/cmd/,kubelet kube-controller-manager kube-scheduler kube-proxy) ./cmd/coredns \
-		github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner \
-		$(addprefix github.com/kubernetes-csi/external-snapshotter/v8/cmd/,csi-snapshotter snapshot-controller)'
-
-$(CNI_BINS) &:
-	$(call CACHED_ALL,$(CNI_BINS)) 'GOBIN=$(BIN)/cni go install \
-		$(foreach p,$(CNI_PLUGINS),github.com/containernetworking/plugins/plugins/$(CNI_DIR_$(p))/$(p)@$(CNI_PLUGINS_VERSION))'
-
-# Real KubeVirt for the real node (test/tools/kubevirt, a module of its own): its commands,
-# virtctl and the tool that renders the operator's manifest. Every one is built with the same
-# flags, so that KubeVirt's packages and their Kubernetes libraries compile once: cgo on (the
-# handler, the launcher and virt-chroot link Debian's libvirt, libvirt-dev from hack/setup.sh
-# kubevirt, and the kernel's kvm.h), with Go's own resolver and user lookup (netgo, osusergo),
-# so that the others use no cgo at all and link statically, as the operator, api and
-# controller must on diskpipe's minimal base. libvirt-dev's version is part of the cache key.
-KUBEVIRT_STATIC  := virt-operator virt-api virt-controller virtctl manifest-templator
-KUBEVIRT_CGO     := virt-handler virt-launcher virt-launcher-monitor virt-chroot virt-freezer virt-probe virt-tail
-KUBEVIRT_PKG_manifest-templator := tools/manifest-templator
-KUBEVIRT_BINS    := $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO))
-
-.PHONY: kubevirt
-kubevirt: $(KUBEVIRT_BINS) ## Build KubeVirt v1.7.0's commands into bin/kubevirt/ (the real node's KubeVirt).
-
-$(KUBEVIRT_BINS) &: test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setup-kubevirt
-	CACHE_KEY="libvirt-dev $$(dpkg-query -W -f='$${Version}' libvirt-dev)" \
-		$(call CACHED_ALL,$(KUBEVIRT_BINS)) 'cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -o $(BIN)/kubevirt/ \
-		$(foreach c,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO),kubevirt.io/kubevirt/$(or $(KUBEVIRT_PKG_$(c)),cmd/$(c)))'
-	@for c in $(KUBEVIRT_STATIC); do \
-		file $(BIN)/kubevirt/$$c | grep -q 'statically linked' || { echo "$(BIN)/kubevirt/$$c is not statically linked" >&2; exit 1; }; \
-	done
-
-.PHONY: setup-kubevirt
-setup-kubevirt: setup
-	hack/setup.sh kubevirt
-
-# KubeVirt's five images, as OCI archives in bin/kubevirt/ that the real node pushes to its
-# registry: the operator, api and controller on diskpipe's minimal base; the handler and the
-# launcher on Debian root filesystems (test/kubevirt/rootfs.sh: libvirt, QEMU, the virtqemud
-# shim). Each is rebuilt only when what it holds changes.
-KUBEVIRT_VERSION := v1.7.0
-KUBEVIRT_IMAGES  := virt-operator virt-api virt-controller virt-handler virt-launcher
-KUBEVIRT_FILES_virt-operator   := virt-operator
-KUBEVIRT_FILES_virt-api        := virt-api
-KUBEVIRT_FILES_virt-controller := virt-controller
-KUBEVIRT_FILES_virt-handler    := virt-handler virt-chroot
-KUBEVIRT_FILES_virt-launcher   := virt-launcher virt-launcher-monitor virt-freezer virt-probe virt-tail node-labeller.sh container-disk
-KUBEVIRT_IMAGE_ARGS_virt-handler  := --rootfs $(BIN)/kubevirt/handler-rootfs.tar --user 0:0
-KUBEVIRT_IMAGE_ARGS_virt-launcher := --rootfs $(BIN)/kubevirt/launcher-rootfs.tar --user 0:0 --cap usr/bin/virt-launcher-monitor=cap_net_bind_service
-
-.PHONY: kubevirt-images
-kubevirt-images: $(foreach i,$(KUBEVIRT_IMAGES),$(BIN)/kubevirt/$(i)-image.tar) $(BIN)/kubevirt/kubevirt-operator.yaml ## Build KubeVirt's images for the real node into bin/kubevirt/.
-
-# A root filesystem takes minutes of downloads: hack/cached keeps it under the hash of the
-# script that made it.
-$(BIN)/kubevirt/%-rootfs.tar: test/kubevirt/rootfs.sh | setup-kubevirt
-	$(CACHED) 'test/kubevirt/rootfs.sh $* $@'
-
-# The script virt-handler's init container runs from the launcher image: what libvirt says of
-# the host's CPU, for the node's labels.
-# (go mod download first: on a fresh machine, go list -m names no directory for a module that
-# is not downloaded yet.)
-KUBEVIRT_SOURCE = $$(cd test/tools/kubevirt && go mod download kubevirt.io/kubevirt && go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
-$(BIN)/kubevirt/node-labeller.sh: test/tools/kubevirt/go.mod
-	mkdir -p $(@D)
-	src=$(KUBEVIRT_SOURCE) && cp "$$src/cmd/virt-launcher/node-labeller/node-labeller.sh" $@
-	chmod 0755 $@
-
-# KubeVirt's one C helper, which a hot-plugged volume's attachment pod runs from the launcher
-# image (it holds the volume's mount open): static, as KubeVirt builds it.
-$(BIN)/kubevirt/container-disk: test/tools/kubevirt/go.mod | setup
-	mkdir -p $(@D)
-	src=$(KUBEVIRT_SOURCE) && gcc -static -O2 -o $@ "$$src/cmd/container-disk-v2alpha/main.c"
-
-$(BIN)/kubevirt/virt-handler-image.tar: $(BIN)/kubevirt/handler-rootfs.tar
-$(BIN)/kubevirt/virt-launcher-image.tar: $(BIN)/kubevirt/launcher-rootfs.tar
-
-define KUBEVIRT_IMAGE_RULE
-$(BIN)/kubevirt/$(1)-image.tar: $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_FILES_$(1))) $(BIN)/image
-	$$(CACHED) '$(BIN)/image build --out $$@ --ref kubevirt.diskpipe.test/$(1):$(KUBEVIRT_VERSION) --arch $(IMAGE_GOARCH) \
-		--entrypoint /usr/bin/$(1) $(KUBEVIRT_IMAGE_ARGS_$(1)) $(foreach f,$(KUBEVIRT_FILES_$(1)),usr/bin/$(f)=$(BIN)/kubevirt/$(f))'
-endef
-$(foreach i,$(KUBEVIRT_IMAGES),$(eval $(call KUBEVIRT_IMAGE_RULE,$(i))))
-
-# virt-operator's manifest as KubeVirt's release renders it (its CRD, RBAC and Deployment),
-# naming the images as the real node's registry serves them.
-KUBEVIRT_REGISTRY := 127.0.0.1:5055/kubevirt
-$(BIN)/kubevirt/kubevirt-operator.yaml: $(BIN)/kubevirt/manifest-templator
-	mod=$(KUBEVIRT_SOURCE) && \
-	$(BIN)/kubevirt/manifest-templator --process-files --generated-manifests-dir $$mod/manifests/generated \
-		--input-file $$mod/manifests/release/kubevirt-operator.yaml.in > $@.in && \
-	$(BIN)/kubevirt/manifest-templator --process-vars --namespace kubevirt --container-prefix $(KUBEVIRT_REGISTRY) \
-		--container-tag $(KUBEVIRT_VERSION) --image-pull-policy IfNotPresent --kubevirt-logo-path /dev/null --input-file $@.in > $@.tmp
-	rm -f $@.in && mv $@.tmp $@
+# The real node's build and suite, and KubeVirt's build, apart from diskpipe's own.
+include hack/make/node.mk hack/make/kubevirt.mk
