@@ -184,7 +184,7 @@ func (r *CronReconciler) deleteSuperseded(ctx context.Context, cron *cdiv1.DataI
 func (r *CronReconciler) cronImage(cron *cdiv1.DataImportCron) (*hypercloud.VirtualMachineImage, error) {
 	t := cron.Spec.Template.Spec
 	if t.Source == nil || (t.Source.HTTP == nil && t.Source.S3 == nil && t.Source.Registry == nil) {
-		return nil, &refusal{ReasonInvalidCron, "spec.template.spec.source must be http, s3 or registry: diskpipe checks those for new revisions"}
+		return nil, &refusal{reason: ReasonInvalidCron, message: "spec.template.spec.source must be http, s3 or registry: diskpipe checks those for new revisions"}
 	}
 	src, err := imageSource(t.Source, cron.Namespace)
 	if err != nil {

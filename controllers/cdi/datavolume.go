@@ -29,7 +29,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -69,15 +68,16 @@ const (
 )
 
 // refusal is why a DataVolume gets no DiskVolume: a spec that cannot be served (reason
-// ReasonInvalidSpec, final) or a source not served yet.
-type refusal struct{ reason, message string }
+// ReasonInvalidSpec, final), a source not served yet, a name taken. running is the reason of
+// its Running condition, when it is not reason.
+type refusal struct{ reason, message, running string }
 
 func (r *refusal) Error() string { return r.message }
 
-func invalid(message string) error { return &refusal{ReasonInvalidSpec, message} }
+func invalid(message string) error { return &refusal{reason: ReasonInvalidSpec, message: message} }
 
 func notServed(source string) error {
-	return &refusal{ReasonSourceNotServed, "diskpipe's CDI API serves the sources http, s3, registry, pvc, snapshot (the last two within a namespace) and blank so far, not " + source + " (docs/cdi.md)"}
+	return &refusal{reason: ReasonSourceNotServed, message: "diskpipe's CDI API serves the sources http, s3, registry, pvc, snapshot (the last two within a namespace) and blank so far, not " + source + " (docs/cdi.md)"}
 }
 
 // Options configure the DataVolume controller.
@@ -158,10 +158,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, client.IgnoreNotFound(err) // its DiskVolume goes with it
 	}
 	base := dv.DeepCopy()
-	st, err := r.status(ctx, dv)
+	o, err := r.observe(ctx, dv)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	st := statusFrom(dv, o)
 	now := metav1.Now()
 	for i := range st.Conditions { // CDI's DataVolumeCondition has its state inline, not a ConditionState
 		c := &st.Conditions[i]
@@ -175,40 +176,35 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, owned.WriteStatus(ctx, r.Client, base, dv, base.Status, dv.Status)
 }
 
-// status is the DataVolume's status now, after making its DiskVolume if it needs one.
-func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.DataVolumeStatus, error) {
-	st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.Pending, Progress: "N/A"}
+// observe looks at what makes the DataVolume, making its children (the staging image, the
+// DiskVolume, an upload's claim) if they are missing, and says what it saw.
+func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observed, error) {
 	if claim, ok := dv.Annotations[annPrePopulated]; ok {
 		return r.prePopulated(ctx, dv, claim)
 	}
 	if adopt, err := r.adopt(ctx, dv); err != nil {
 		if ref := (*refusal)(nil); errors.As(err, &ref) {
-			st.Conditions = conditions(ref.reason, ref.message, corev1.ConditionFalse, ref.reason, ref.message)
-			return st, nil
+			return observed{refused: ref}, nil
 		}
-		return st, err
+		return observed{}, err
 	} else if adopt {
 		return r.prePopulated(ctx, dv, dv.Name)
 	}
 	spec, imported, err := r.diskSpec(ctx, dv)
 	if ref := (*refusal)(nil); errors.As(err, &ref) {
-		st.Conditions = conditions(ref.reason, ref.message, corev1.ConditionFalse, ref.reason, ref.message)
-		if ref.reason == ReasonInvalidSpec {
-			st.Phase = cdiv1.Failed
-		}
-		return st, nil
+		return observed{refused: ref}, nil
 	} else if err != nil {
-		return st, err
+		return observed{}, err
 	}
 	if dv.Spec.SourceRef == nil && dv.Spec.Source.Upload != nil {
-		return r.uploadStatus(ctx, dv, spec)
+		return r.observeUpload(ctx, dv, spec)
 	}
 	disk := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: dv.Name, Namespace: dv.Namespace,
 		Labels: map[string]string{LabelDataVolume: string(dv.UID)}}, Spec: spec}
 	var img *hypercloud.VirtualMachineImage
 	if imported != nil {
 		if err := r.Get(ctx, client.ObjectKeyFromObject(disk), disk); client.IgnoreNotFound(err) != nil {
-			return st, err
+			return observed{}, err
 		} else if err == nil && metav1.IsControlledBy(disk, dv) && disk.Status.Phase == common.PhaseReady {
 			return r.done(ctx, dv, disk, true)
 		}
@@ -216,20 +212,20 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 			Labels: map[string]string{LabelDataVolume: string(dv.UID)}},
 			Spec: hypercloud.VirtualMachineImageSpec{Source: *imported, VolumeOptions: common.VolumeOptions{
 				StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode}}}
-		if st, done, err := r.ensureChild(ctx, dv, img, "VirtualMachineImage"); done || err != nil {
-			return st, err
+		if ref, err := r.ensureChild(ctx, dv, img, "VirtualMachineImage"); ref != nil || err != nil {
+			return observed{refused: ref}, err
 		}
 	}
-	if st, done, err := r.ensureChild(ctx, dv, disk, "DiskVolume"); done || err != nil {
-		return st, err
+	if ref, err := r.ensureChild(ctx, dv, disk, "DiskVolume"); ref != nil || err != nil {
+		return observed{refused: ref}, err
 	}
 	if img != nil && img.Status.Phase != common.PhaseReady {
-		return statusOfImport(dv, img), nil
+		return observed{img: img}, nil
 	}
 	if disk.Status.Phase == common.PhaseReady {
 		return r.done(ctx, dv, disk, img != nil)
 	}
-	return statusOf(dv, disk), nil
+	return observed{disk: disk}, nil
 }
 
 // done is the status of dv, whose disk is Ready. A claim not bound yet is on a class that binds
@@ -238,58 +234,44 @@ func (r *Reconciler) status(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.Da
 // KubeVirt starts the VM. A staged source's image stays until then, since the clone is made
 // from its PVC. Once the claim is bound, it is marked as CDI's (markDone) and the staging
 // image, its work done, is deleted.
-func (r *Reconciler) done(ctx context.Context, dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume, staged bool) (cdiv1.DataVolumeStatus, error) {
+func (r *Reconciler) done(ctx context.Context, dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume, staged bool) (observed, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc)
 	if client.IgnoreNotFound(err) != nil {
-		return cdiv1.DataVolumeStatus{}, err
+		return observed{}, err
 	}
 	found := err == nil
 	if found && pvc.Status.Phase != corev1.ClaimBound {
-		return waitingStatus(dv, cdiv1.WaitForFirstConsumer, "PVC "+dv.Name+" is bound"), nil
+		return observed{waiting: cdiv1.WaitForFirstConsumer, waitingFor: "PVC " + dv.Name + " is bound"}, nil
 	}
 	if staged {
 		if found {
 			if err := r.markDone(ctx, pvc); err != nil {
-				return cdiv1.DataVolumeStatus{}, err
+				return observed{}, err
 			}
 		}
-		return statusOf(dv, disk), r.deleteSourceImage(ctx, dv)
+		return observed{disk: disk}, r.deleteSourceImage(ctx, dv)
 	}
-	return statusOf(dv, disk), nil
+	return observed{disk: disk}, nil
 }
 
-// waitingStatus is the status, in phase, of a DataVolume whose claim waits for its first
-// consumer, the VM's pod; what says what happens to the claim then.
-func waitingStatus(dv *cdiv1.DataVolume, phase cdiv1.DataVolumePhase, what string) cdiv1.DataVolumeStatus {
-	msg := what + " when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"
-	return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: phase, Progress: "N/A",
-		Conditions: conditions(ReasonPending, msg, corev1.ConditionFalse, ReasonWaitForFirstConsumer, msg)}
-}
-
-// ensureChild makes obj, controlled by dv, unless it exists; done says the status returned
-// is dv's (its name is taken by another object).
-func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj client.Object, kind string) (cdiv1.DataVolumeStatus, bool, error) {
-	st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.Pending, Progress: "N/A"}
+// ensureChild makes obj, controlled by dv, unless it exists; a refusal says why dv cannot go
+// on (its name is taken by another object, the API refused what dv asks).
+func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj client.Object, kind string) (*refusal, error) {
 	created, err := owned.Ensure(ctx, r.Client, dv, obj)
 	if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
-		msg := fmt.Sprintf("%s %s already exists and is not managed by DataVolume %s", kind, obj.GetName(), dv.Name)
-		st.Conditions = conditions(ReasonResourceExists, msg, corev1.ConditionFalse, ReasonResourceExists, msg)
-		return st, true, nil
+		return &refusal{reason: ReasonResourceExists, message: fmt.Sprintf("%s %s already exists and is not managed by DataVolume %s", kind, obj.GetName(), dv.Name)}, nil
 	} else if apierrors.IsInvalid(err) {
 		// The API refused what the DataVolume asks (a URL that is none, a bucket name that is
 		// not one): the DataVolume fails, in the API's words.
-		msg := fmt.Sprintf("the DataVolume's source cannot be served: %v", err)
-		st.Phase = cdiv1.Failed
-		st.Conditions = conditions(ReasonInvalidSpec, msg, corev1.ConditionFalse, ReasonError, msg)
-		return st, true, nil
+		return &refusal{reason: ReasonInvalidSpec, running: ReasonError, message: fmt.Sprintf("the DataVolume's source cannot be served: %v", err)}, nil
 	} else if err != nil {
-		return st, true, err
+		return nil, err
 	}
 	if created {
 		r.Events.Eventf(dv, obj, corev1.EventTypeNormal, kind+"Created", "Create", "Made by %s %s", kind, obj.GetName())
 	}
-	return st, false, nil
+	return nil, nil
 }
 
 // markDone annotates pvc, a DataVolume's claim, as CDI's upload and import pods leave it once
@@ -344,10 +326,10 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	case owner != nil && owner.UID == dv.UID:
 		return !uploadproxy.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
 	case dv.Annotations[AnnAllowClaimAdoption] != "true" && pvc.Annotations[AnnPopulatedFor] != dv.Name:
-		return false, &refusal{ReasonResourceExists, fmt.Sprintf("PVC %s already exists and is not managed by DataVolume %s: to take it as the "+
+		return false, &refusal{reason: ReasonResourceExists, message: fmt.Sprintf("PVC %s already exists and is not managed by DataVolume %s: to take it as the "+
 			"DataVolume's disk, annotate the DataVolume %s: \"true\" (or %s: %s)", pvc.Name, dv.Name, AnnAllowClaimAdoption, annPrePopulated, pvc.Name)}
 	case owner != nil:
-		return false, &refusal{ReasonResourceExists, fmt.Sprintf("PVC %s already exists and is controlled by %s %s, not DataVolume %s",
+		return false, &refusal{reason: ReasonResourceExists, message: fmt.Sprintf("PVC %s already exists and is controlled by %s %s, not DataVolume %s",
 			pvc.Name, owner.Kind, owner.Name, dv.Name)}
 	}
 	patch := client.MergeFrom(pvc.DeepCopy())
@@ -361,24 +343,15 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	return true, nil
 }
 
-// prePopulated is the status of a DataVolume whose claim is already whole.
-func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume, claim string) (cdiv1.DataVolumeStatus, error) {
-	if claim == "" {
-		claim = dv.Name
-	}
-	st := cdiv1.DataVolumeStatus{ClaimName: claim, Phase: cdiv1.Pending, Progress: "N/A"}
+// prePopulated looks at the claim of a DataVolume whose claim is already whole.
+func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume, claim string) (observed, error) {
+	o := observed{prePopulated: cmp.Or(claim, dv.Name)}
 	pvc := &corev1.PersistentVolumeClaim{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: claim}, pvc)
-	if apierrors.IsNotFound(err) {
-		msg := fmt.Sprintf("the DataVolume is marked %s=%s, and no PVC %s exists", annPrePopulated, claim, claim)
-		st.Conditions = conditions(ReasonClaimNotFound, msg, corev1.ConditionFalse, ReasonClaimNotFound, msg)
-		return st, nil
-	} else if err != nil {
-		return st, err
+	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: o.prePopulated}, pvc)
+	if err == nil {
+		o.claim = pvc
 	}
-	st.Phase, st.Progress = cdiv1.Succeeded, "100.0%"
-	st.Conditions = doneConditions(boundCondition(pvc), ReasonPrePopulated, ReasonPrePopulated)
-	return st, nil
+	return o, client.IgnoreNotFound(err)
 }
 
 // diskSpec is the DiskVolume that makes dv and the source of the image that stages its bytes
@@ -392,7 +365,7 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		ds := &cdiv1.DataSource{}
 		err := r.Get(ctx, client.ObjectKey{Namespace: cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace), Name: ref.Name}, ds)
 		if apierrors.IsNotFound(err) {
-			return spec, nil, &refusal{ReasonNotFound, fmt.Sprintf("DataSource %s/%s does not exist", cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace), ref.Name)}
+			return spec, nil, &refusal{reason: ReasonNotFound, message: fmt.Sprintf("DataSource %s/%s does not exist", cmp.Or(ptr.Deref(ref.Namespace, ""), dv.Namespace), ref.Name)}
 		} else if err != nil {
 			return spec, nil, err
 		}
@@ -401,12 +374,12 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 			return spec, nil, err
 		}
 		if resolved.PVC == nil && resolved.Snapshot == nil {
-			return spec, nil, &refusal{ReasonNoSource, fmt.Sprintf("DataSource %s/%s names no PVC or VolumeSnapshot yet", ds.Namespace, ds.Name)}
+			return spec, nil, &refusal{reason: ReasonNoSource, message: fmt.Sprintf("DataSource %s/%s names no PVC or VolumeSnapshot yet", ds.Namespace, ds.Name)}
 		}
 		// Admission checked that the DataVolume's user may clone from the DataSource's
 		// namespace, and no other: its source must be there.
 		if ns := sourceNamespace(resolved); ns != ds.Namespace {
-			return spec, nil, &refusal{ReasonSourceNotServed, fmt.Sprintf(
+			return spec, nil, &refusal{reason: ReasonSourceNotServed, message: fmt.Sprintf(
 				"DataSource %s/%s resolves to a source in namespace %s: diskpipe clones from a DataSource's own namespace only", ds.Namespace, ds.Name, ns)}
 		}
 		src = &cdiv1.DataVolumeSource{PVC: resolved.PVC, Snapshot: resolved.Snapshot}
@@ -536,128 +509,3 @@ func sourceKind(src *cdiv1.DataVolumeSource, ns string) string {
 	}
 }
 
-// clones says whether CDI would clone dv's bytes (its phases CloneScheduled and
-// CloneInProgress): a pvc or snapshot source, or a DataSource, which names one of the two.
-func clones(dv *cdiv1.DataVolume) bool {
-	src := dv.Spec.Source
-	return dv.Spec.SourceRef != nil || src != nil && (src.PVC != nil || src.Snapshot != nil)
-}
-
-// statusOf is the status of a DataVolume made by disk.
-func statusOf(dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume) cdiv1.DataVolumeStatus {
-	ds := disk.Status
-	st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, RestartCount: ds.Retries, Progress: progress(ds)}
-	ready := meta.FindStatusCondition(ds.Conditions, common.ConditionReady)
-	why, msg := ReasonPending, "PVC "+dv.Name+" Pending"
-	if ready != nil && ready.Message != "" {
-		why, msg = ready.Reason, ready.Message
-	}
-	copying := clones(dv)
-	switch ds.Phase {
-	case common.PhaseReady:
-		st.Phase = cdiv1.Succeeded
-		st.Conditions = doneConditions(cdiv1.DataVolumeCondition{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionTrue, Reason: ReasonBound,
-			Message: "PVC " + dv.Name + " Bound"}, "", ReasonCompleted)
-		return st
-	case common.PhaseFailed:
-		st.Phase = cdiv1.Failed
-		st.Conditions = conditions(why, msg, corev1.ConditionFalse, ReasonError, msg)
-		return st
-	case common.PhaseImporting, common.PhaseCloning:
-		st.Phase = cdiv1.ImportInProgress
-		if copying {
-			st.Phase = cdiv1.CloneInProgress
-		}
-		st.Conditions = conditions(ReasonPending, "PVC "+dv.Name+" Pending", corev1.ConditionTrue, "", "")
-		return st
-	default:
-		st.Phase = cdiv1.Pending
-		if ds.PVCName != "" {
-			st.Phase = cdiv1.ImportScheduled
-			if copying {
-				st.Phase = cdiv1.CloneScheduled
-			}
-		}
-		st.Conditions = conditions(why, msg, corev1.ConditionFalse, why, msg)
-		return st
-	}
-}
-
-// statusOfImport is the status of a DataVolume whose source img is still being imported.
-func statusOfImport(dv *cdiv1.DataVolume, img *hypercloud.VirtualMachineImage) cdiv1.DataVolumeStatus {
-	is := img.Status
-	st := cdiv1.DataVolumeStatus{ClaimName: dv.Name, RestartCount: is.Retries, Progress: progressOf(is.Transfer)}
-	why, msg := ReasonPending, "PVC "+dv.Name+" Pending"
-	if ready := meta.FindStatusCondition(is.Conditions, common.ConditionReady); ready != nil && ready.Message != "" {
-		why, msg = ready.Reason, ready.Message
-	}
-	switch is.Phase {
-	case common.PhaseFailed:
-		st.Phase = cdiv1.Failed
-		st.Conditions = conditions(why, msg, corev1.ConditionFalse, ReasonError, msg)
-	case common.PhaseImporting:
-		st.Phase = cdiv1.ImportInProgress
-		if clones(dv) {
-			st.Phase = cdiv1.CloneInProgress
-		}
-		st.Conditions = conditions(ReasonPending, "PVC "+dv.Name+" Pending", corev1.ConditionTrue, "", "")
-	default:
-		st.Phase = cdiv1.ImportScheduled
-		if why == image.ReasonWaitingForUpload {
-			// virtctl image-upload sends the image once it reads this phase.
-			st.Phase = cdiv1.UploadReady
-		}
-		st.Conditions = conditions(why, msg, corev1.ConditionFalse, why, msg)
-	}
-	return st
-}
-
-// progress is a disk's progress as CDI writes it: "42.10%", "N/A" when unknown.
-func progress(ds common.DiskStatus) cdiv1.DataVolumeProgress {
-	if ds.Phase == common.PhaseReady {
-		return "100.0%"
-	}
-	return progressOf(ds.Transfer)
-}
-
-// progressOf is a transfer's progress as CDI writes it: "42.10%", "N/A" when unknown.
-func progressOf(t *common.Transfer) cdiv1.DataVolumeProgress {
-	if t != nil && t.BytesTotal > 0 {
-		return cdiv1.DataVolumeProgress(fmt.Sprintf("%.2f%%", float64(t.BytesDone)*100/float64(t.BytesTotal)))
-	}
-	return "N/A"
-}
-
-// conditions are a DataVolume's Bound, Ready and Running conditions while it is not ready
-// (its claim is not bound before then).
-func conditions(boundReason, boundMsg string, running corev1.ConditionStatus, runningReason, runningMsg string) []cdiv1.DataVolumeCondition {
-	return []cdiv1.DataVolumeCondition{
-		{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionFalse, Reason: boundReason, Message: boundMsg},
-		{Type: cdiv1.DataVolumeReady, Status: corev1.ConditionFalse},
-		{Type: cdiv1.DataVolumeRunning, Status: running, Reason: runningReason, Message: runningMsg},
-	}
-}
-
-// doneConditions are a DataVolume's conditions once its disk is whole: bound is its Bound
-// condition, readyReason and runningReason the reasons of Ready (True) and Running (False).
-func doneConditions(bound cdiv1.DataVolumeCondition, readyReason, runningReason string) []cdiv1.DataVolumeCondition {
-	return []cdiv1.DataVolumeCondition{bound, {Type: cdiv1.DataVolumeReady, Status: corev1.ConditionTrue, Reason: readyReason},
-		{Type: cdiv1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: runningReason}}
-}
-
-func boundCondition(pvc *corev1.PersistentVolumeClaim) cdiv1.DataVolumeCondition {
-	if pvc.Status.Phase == corev1.ClaimBound {
-		return cdiv1.DataVolumeCondition{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionTrue, Reason: ReasonBound, Message: "PVC " + pvc.Name + " Bound"}
-	}
-	return cdiv1.DataVolumeCondition{Type: cdiv1.DataVolumeBound, Status: corev1.ConditionFalse, Reason: string(pvc.Status.Phase),
-		Message: "PVC " + pvc.Name + " " + string(pvc.Status.Phase)}
-}
-
-func findCondition(cs []cdiv1.DataVolumeCondition, t cdiv1.DataVolumeConditionType) *cdiv1.DataVolumeCondition {
-	for i := range cs {
-		if cs[i].Type == t {
-			return &cs[i]
-		}
-	}
-	return nil
-}

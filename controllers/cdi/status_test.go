@@ -81,3 +81,46 @@ func TestStatusOfImport(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusFrom: every phase a DataVolume takes, from what the controller saw.
+func TestStatusFrom(t *testing.T) {
+	dv := &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: "root"}, Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{}}}}
+	upload := &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: "up"}, Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}}}
+	claim := func(phase corev1.PersistentVolumeClaimPhase) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root"}, Status: corev1.PersistentVolumeClaimStatus{Phase: phase}}
+	}
+	waitingForUpload := &hypercloud.VirtualMachineImage{Status: common.ImageStatus{Phase: common.PhasePending,
+		Conditions: []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, Reason: "WaitingForUpload", Message: "upload it"}}}}
+	disk := func(phase common.Phase) *diskvolume.DiskVolume {
+		return &diskvolume.DiskVolume{Status: common.DiskStatus{Phase: phase, PVCName: "root"}}
+	}
+	for _, c := range []struct {
+		what string
+		dv   *cdiv1.DataVolume
+		o    observed
+		want string // phase progress claim Bound's reason / Running's status and reason
+	}{
+		{"a spec that cannot be served", dv, observed{refused: &refusal{reason: ReasonInvalidSpec, message: "no"}}, "Failed N/A root InvalidSpec/False InvalidSpec"},
+		{"a child the API refused", dv, observed{refused: &refusal{reason: ReasonInvalidSpec, running: ReasonError, message: "bad URL"}}, "Failed N/A root InvalidSpec/False Error"},
+		{"a name taken", dv, observed{refused: &refusal{reason: ReasonResourceExists, message: "taken"}}, "Pending N/A root ErrResourceExists/False ErrResourceExists"},
+		{"a source not served yet", dv, observed{refused: &refusal{reason: ReasonSourceNotServed, message: "later"}}, "Pending N/A root SourceNotServed/False SourceNotServed"},
+		{"a pre-populated claim missing", dv, observed{prePopulated: "old"}, "Pending N/A old ClaimNotFound/False ClaimNotFound"},
+		{"a pre-populated claim", dv, observed{prePopulated: "root", claim: claim(corev1.ClaimBound)}, "Succeeded 100.0% root Bound/False PrePopulated"},
+		{"a claim waiting for the VM's pod", dv, observed{waiting: cdiv1.WaitForFirstConsumer, waitingFor: "PVC root is bound"}, "WaitForFirstConsumer N/A root Pending/False WaitForFirstConsumer"},
+		{"an import staged", dv, observed{img: &hypercloud.VirtualMachineImage{}}, "ImportScheduled N/A root Pending/False Pending"},
+		{"a disk being made", dv, observed{disk: disk(common.PhaseImporting)}, "ImportInProgress N/A root Pending/True "},
+		{"a disk made", dv, observed{disk: disk(common.PhaseReady)}, "Succeeded 100.0% root Bound/False Completed"},
+		{"an upload's image not made yet", upload, observed{upload: true, claim: claim(corev1.ClaimPending), img: &hypercloud.VirtualMachineImage{}}, "UploadScheduled N/A up Pending/False Pending"},
+		{"an upload waited for", upload, observed{upload: true, claim: claim(corev1.ClaimPending), img: waitingForUpload}, "UploadReady N/A up WaitingForUpload/False WaitingForUpload"},
+		{"an upload in, its claim waiting for the VM's pod", upload, observed{waiting: cdiv1.PendingPopulation, waitingFor: "filled"}, "PendingPopulation N/A up Pending/False WaitForFirstConsumer"},
+		{"an upload in, its claim being filled", upload, observed{upload: true, claim: claim(corev1.ClaimPending), disk: disk(common.PhaseReady)}, "ImportInProgress N/A up Pending/True "},
+		{"an upload done", upload, observed{upload: true, claim: claim(corev1.ClaimBound)}, "Succeeded 100.0% up Bound/False Completed"},
+	} {
+		st := statusFrom(c.dv, c.o)
+		bound, running := findCondition(st.Conditions, cdiv1.DataVolumeBound), findCondition(st.Conditions, cdiv1.DataVolumeRunning)
+		got := fmt.Sprintf("%s %s %s %s/%s %s", st.Phase, st.Progress, st.ClaimName, bound.Reason, running.Status, running.Reason)
+		if got != c.want {
+			t.Errorf("%s: got %q, want %q", c.what, got, c.want)
+		}
+	}
+}

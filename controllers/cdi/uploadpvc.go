@@ -34,7 +34,7 @@ const (
 )
 
 // UploadPVCReconciler serves `virtctl image-upload pvc`, and the claim of a DataVolume of
-// source upload (uploadStatus makes it the same way): a PVC made for an upload
+// source upload (observeUpload makes it the same way): a PVC made for an upload
 // (uploadproxy.IsUploadPVC: marked cdi.kubevirt.io/storage.upload.target, its dataSourceRef
 // given by admission) gets its staging image, a VirtualMachineImage of source upload that the
 // PVC controls, of the PVC's class and volume mode. The upload proxy takes CDI's upload into
@@ -125,7 +125,7 @@ func (r *UploadPVCReconciler) annotate(ctx context.Context, pvc *corev1.Persiste
 	return r.Patch(ctx, pvc, patch)
 }
 
-// uploadStatus serves a DataVolume of source upload as an upload into a PVC is served: its
+// observeUpload serves a DataVolume of source upload as an upload into a PVC is served: its
 // claim, of its name, is made at once as a PVC made for an upload (marked, its dataSourceRef
 // its staging image), which the DataVolume controls; UploadPVCReconciler stages the upload
 // and the populator fills the claim, which is bound only then. As with CDI's populated
@@ -133,7 +133,7 @@ func (r *UploadPVCReconciler) annotate(ctx context.Context, pvc *corev1.Persiste
 // --no-create` looks for it, to fill a DataVolume KubeVirt made from a VM's
 // dataVolumeTemplates. The status is the staging image's while it imports, then the
 // populator's disk's, and Succeeded once the claim is bound.
-func (r *Reconciler) uploadStatus(ctx context.Context, dv *cdiv1.DataVolume, spec diskvolume.DiskVolumeSpec) (cdiv1.DataVolumeStatus, error) {
+func (r *Reconciler) observeUpload(ctx context.Context, dv *cdiv1.DataVolume, spec diskvolume.DiskVolumeSpec) (observed, error) {
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: dv.Name, Namespace: dv.Namespace,
 		Labels: map[string]string{LabelDataVolume: string(dv.UID)}, Annotations: map[string]string{uploadproxy.AnnUploadTarget: ""}},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: spec.AccessModes, StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode,
@@ -142,43 +142,34 @@ func (r *Reconciler) uploadStatus(ctx context.Context, dv *cdiv1.DataVolume, spe
 	if len(pvc.Spec.AccessModes) == 0 {
 		pvc.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
 	}
-	if st, done, err := r.ensureChild(ctx, dv, pvc, "PersistentVolumeClaim"); done || err != nil {
-		return st, err
+	if ref, err := r.ensureChild(ctx, dv, pvc, "PersistentVolumeClaim"); ref != nil || err != nil {
+		return observed{refused: ref}, err
 	}
+	o := observed{upload: true, claim: pvc}
 	if pvc.Status.Phase == corev1.ClaimBound {
-		return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: cdiv1.Succeeded, Progress: "100.0%",
-			Conditions: doneConditions(boundCondition(pvc), "", ReasonCompleted)}, nil
+		return o, nil
 	}
 	img := &hypercloud.VirtualMachineImage{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: uploadproxy.UploadPVCImage(dv.Name)}, img); client.IgnoreNotFound(err) != nil {
-		return cdiv1.DataVolumeStatus{}, err
+		return observed{}, err
 	} else if err != nil || img.Status.Phase != common.PhaseReady {
-		st := statusOfImport(dv, img) // not made yet: Pending
-		if st.Phase == cdiv1.ImportScheduled {
-			st.Phase = cdiv1.UploadScheduled
-		}
-		return st, nil
+		o.img = img // not made yet: a zero image
+		return o, nil
 	}
 	// The upload is in: the populator fills the claim from it.
 	fill := &diskvolume.DiskVolume{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: populator.DiskName(pvc)}, fill); client.IgnoreNotFound(err) != nil {
-		return cdiv1.DataVolumeStatus{}, err
+		return observed{}, err
 	}
 	if _, waiting, err := populator.WaitingForConsumer(ctx, r.Client, pvc); err != nil {
-		return cdiv1.DataVolumeStatus{}, err
+		return observed{}, err
 	} else if waiting && fill.UID == "" {
 		// The populator fills the claim on the node of its first consumer, the VM's pod:
 		// KubeVirt starts the VM on a DataVolume in this phase.
-		return waitingStatus(dv, cdiv1.PendingPopulation, "the upload is in; PVC "+dv.Name+" is filled"), nil
+		return observed{waiting: cdiv1.PendingPopulation, waitingFor: "the upload is in; PVC " + dv.Name + " is filled"}, nil
 	}
-	st := statusOf(dv, fill)
-	if st.Phase == cdiv1.Succeeded || st.Phase == cdiv1.Pending {
-		// Written, or not begun: either way the claim is not bound yet.
-		msg := "the upload is in; PVC " + dv.Name + " is being filled from it"
-		st.Phase, st.Progress = cdiv1.ImportInProgress, "N/A"
-		st.Conditions = conditions(ReasonPending, msg, corev1.ConditionTrue, "", "")
-	}
-	return st, nil
+	o.disk = fill
+	return o, nil
 }
 
 // byClaim enqueues the DataVolume of the name of the PVC that controls an object: the staging
