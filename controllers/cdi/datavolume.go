@@ -508,4 +508,3 @@ func sourceKind(src *cdiv1.DataVolumeSource, ns string) string {
 		return "this source"
 	}
 }
-
