@@ -14,20 +14,20 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	cdiupload "kubevirt.io/containerized-data-importer-api/pkg/apis/upload/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 )
 
 // CDI's upload API, for the unmodified `virtctl image-upload dv` and `pvc`: with CDI's API
 // served by diskpipe (cdi.compatibility.enabled), a DataVolume of source upload, or a PVC made
 // for an upload, has a claim of its name made for the upload, staged by a VirtualMachineImage
-// of source upload, UploadPVCImage(the claim's name), which the claim controls
+// of source upload, cdiclaims.UploadPVCImage(the claim's name), which the claim controls
 // (controllers/cdi), and
 //
 //   - the manager's aggregated API answers CDI's UploadTokenRequest
@@ -62,48 +62,6 @@ var cdiPaths = map[string]cdiPath{
 	PathCDIUploadAsync: {async: true}, "/v1alpha1/upload-async": {async: true},
 	PathCDIUploadForm: {form: true}, "/v1alpha1/upload-form": {form: true},
 	PathCDIUploadFormAsync: {async: true, form: true}, "/v1alpha1/upload-form-async": {async: true, form: true},
-}
-
-// The claim annotations of CDI's uploads.
-const (
-	// AnnPodPhase is the claim annotation virtctl waits on: Succeeded once the disk is made.
-	AnnPodPhase = "cdi.kubevirt.io/storage.pod.phase"
-	// AnnPodReady says the claim takes its upload now: virtctl image-upload pvc waits for "true".
-	AnnPodReady = "cdi.kubevirt.io/storage.pod.ready"
-	// AnnUploadTarget marks a PVC that virtctl image-upload pvc made to upload into.
-	AnnUploadTarget = "cdi.kubevirt.io/storage.upload.target"
-)
-
-// An upload into a PVC (virtctl image-upload pvc) is staged by a VirtualMachineImage of source
-// upload that the PVC controls, named UploadPVCImage(the PVC's name): admission gives a PVC
-// marked AnnUploadTarget, as it is created, a dataSourceRef to that image
-// (controllers/admission, UploadPVCPolicy), so that the PVC stays Pending, is filled by
-// diskpipe's populator once the image is Ready, and is bound only then (controllers/cdi,
-// UploadPVCReconciler).
-
-// UploadPVCImage names the VirtualMachineImage that stages an upload into PVC name.
-func UploadPVCImage(name string) string { return UploadPVCImagePrefix + name }
-
-// UploadPVCImagePrefix is the prefix of UploadPVCImage's names, and MaxUploadPVCName the
-// longest PVC name it takes (an image's name is at most 200 characters here, as
-// a DataVolume's staging image's are).
-const (
-	UploadPVCImagePrefix = "pvc-"
-	MaxUploadPVCName     = 200 - len(UploadPVCImagePrefix)
-)
-
-// IsUploadPVC says whether pvc takes an upload: it is marked AnnUploadTarget and its data
-// source is its staging image.
-func IsUploadPVC(pvc *corev1.PersistentVolumeClaim) bool {
-	_, marked := pvc.Annotations[AnnUploadTarget]
-	ref, want := pvc.Spec.DataSourceRef, UploadPVCSource(pvc.Name)
-	return marked && ref != nil && ptr.Deref(ref.APIGroup, "") == *want.APIGroup && ref.Kind == want.Kind &&
-		ref.Name == want.Name && ptr.Deref(ref.Namespace, pvc.Namespace) == pvc.Namespace
-}
-
-// UploadPVCSource is the data source of a PVC name made for an upload: its staging image.
-func UploadPVCSource(name string) *corev1.TypedObjectReference {
-	return &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: UploadPVCImage(name)}
 }
 
 // serveCDI serves CDI's upload paths; handled says the path was one.
@@ -143,7 +101,7 @@ func (s *Server) serveCDI(w http.ResponseWriter, r *http.Request) (handled bool,
 	stored := strings.TrimSpace(held.body.String())
 	if how.async {
 		s.Log.Info("Upload stored; the disk is being made", "namespace", c.Namespace, "image", c.Name)
-		_, _ = fmt.Fprintf(w, "%s: the disk is being made; the claim is annotated %s: Succeeded when it is\n", stored, AnnPodPhase)
+		_, _ = fmt.Fprintf(w, "%s: the disk is being made; the claim is annotated %s: Succeeded when it is\n", stored, cdiclaims.AnnPodPhase)
 		return true, nil
 	}
 	s.Log.Info("Upload stored; waiting for the claim's disk", "namespace", c.Namespace, "image", c.Name)
@@ -278,7 +236,7 @@ func (a *TokenAPI) uploadImageFor(ctx context.Context, ns, pvcName string) (name
 		if dv.Status.Phase == cdiv1.Succeeded {
 			return "", "", fail(http.StatusConflict, "DataVolume %s/%s is already uploaded", ns, dv.Name)
 		}
-		return UploadPVCImage(dv.Name), fmt.Sprintf("DataVolume %s/%s is not ready for its upload yet: wait for its phase UploadReady", ns, dv.Name), nil
+		return cdiclaims.UploadPVCImage(dv.Name), fmt.Sprintf("DataVolume %s/%s is not ready for its upload yet: wait for its phase UploadReady", ns, dv.Name), nil
 	case !apierrors.IsNotFound(err):
 		return "", "", err
 	}
@@ -289,11 +247,11 @@ func (a *TokenAPI) uploadImageFor(ctx context.Context, ns, pvcName string) (name
 	} else if err != nil {
 		return "", "", err
 	}
-	if !IsUploadPVC(pvc) {
+	if !cdiclaims.IsUploadPVC(pvc) {
 		return "", "", fail(http.StatusConflict, "PVC %s/%s does not take uploads: it was not made for one (virtctl image-upload pvc NAME --size ... makes one)", ns, pvcName)
 	}
-	if pvc.Annotations[AnnPodPhase] == string(corev1.PodSucceeded) {
+	if pvc.Annotations[cdiclaims.AnnPodPhase] == string(corev1.PodSucceeded) {
 		return "", "", fail(http.StatusConflict, "PVC %s/%s is already uploaded", ns, pvcName)
 	}
-	return UploadPVCImage(pvc.Name), fmt.Sprintf("PVC %s/%s is not ready for its upload yet: wait for its annotation %s: \"true\"", ns, pvcName, AnnPodReady), nil
+	return cdiclaims.UploadPVCImage(pvc.Name), fmt.Sprintf("PVC %s/%s is not ready for its upload yet: wait for its annotation %s: \"true\"", ns, pvcName, cdiclaims.AnnPodReady), nil
 }

@@ -21,6 +21,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -135,7 +136,7 @@ func TestCDIUpload(t *testing.T) {
 	// then waits on the claim's annotation.
 	done = f.cdiPost(t, uploadproxy.PathCDIUploadAsync, f.token(t, key, "pvc-async", soon), "application/octet-stream", f.image)
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is being made; the claim is annotated %s: Succeeded when it is",
-		len(f.image), f.digest, uploadproxy.AnnPodPhase))))
+		len(f.image), f.digest, cdiclaims.AnnPodPhase))))
 	g.Expect(f.complete(t, f.token(t, key, "pvc-async", soon), "pvc-async")()).To(Equal("true"))
 	g.Expect(env.Client.Get(t.Context(), clientKey(f.ns, "pvc-async"), &hypercloud.VirtualMachineImage{})).To(Succeed())
 
@@ -212,7 +213,7 @@ func TestCDIUploadToken(t *testing.T) {
 		g.Expect(env.Client.Create(ctx, &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns},
 			Spec: cdiv1.DataVolumeSpec{Source: src, Storage: &cdiv1.StorageSpec{Resources: size}}})).To(Succeed())
 	}
-	f.newImage(t, uploadproxy.UploadPVCImage("disk"), f.digest)
+	f.newImage(t, cdiclaims.UploadPVCImage("disk"), f.digest)
 
 	got, err := uploadproxy.CDIToken(api, ctx, f.ns, request("disk"), alice)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -252,18 +253,18 @@ func TestCDIUploadTokenPVC(t *testing.T) {
 				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
 		if source {
 			pvc.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage",
-				Name: uploadproxy.UploadPVCImage(name)}
+				Name: cdiclaims.UploadPVCImage(name)}
 		}
 		g.Expect(env.Client.Create(ctx, pvc)).To(Succeed())
 		return pvc
 	}
-	target := map[string]string{uploadproxy.AnnUploadTarget: ""}
+	target := map[string]string{cdiclaims.AnnUploadTarget: ""}
 	disk := claim("disk", target, true)
 	claim("early", target, true)
 	claim("plain", nil, false)
 	claim("marked", target, false) // marked, but no staging image as its source
-	claim("done", map[string]string{uploadproxy.AnnUploadTarget: "", uploadproxy.AnnPodPhase: "Succeeded"}, true)
-	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: uploadproxy.UploadPVCImage("disk"), Namespace: f.ns},
+	claim("done", map[string]string{cdiclaims.AnnUploadTarget: "", cdiclaims.AnnPodPhase: "Succeeded"}, true)
+	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cdiclaims.UploadPVCImage("disk"), Namespace: f.ns},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{},
 			Checksum: common.Checksum(f.digest)}}}
 	g.Expect(controllerutil.SetControllerReference(disk, img, env.Client.Scheme())).To(Succeed())

@@ -9,7 +9,7 @@ import (
 
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
-	"github.com/diskpipe/diskpipe/uploadproxy"
+	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 )
 
 // CDIPolicyName names the ValidatingAdmissionPolicy that refuses the parts of CDI's API that
@@ -52,13 +52,13 @@ var configUnsupported = []struct{ field, reason string }{
 }
 
 // An upload into a PVC (virtctl image-upload pvc) is served on a PVC created for it, marked
-// uploadproxy.AnnUploadTarget: UploadPVCPolicy gives it a dataSourceRef to its staging image as
+// cdiclaims.AnnUploadTarget: UploadPVCPolicy gives it a dataSourceRef to its staging image as
 // it is created, and CDIPolicy refuses a marked PVC without that reference (the mark added to an
 // existing PVC, a data source of its own, or a cluster without MutatingAdmissionPolicy), an
 // archive, and a name too long for its image, each with its reason.
 
-// AnnUploadTarget marks a PVC made for an upload (uploadproxy.AnnUploadTarget).
-const AnnUploadTarget = uploadproxy.AnnUploadTarget
+// AnnUploadTarget marks a PVC made for an upload (cdiclaims.AnnUploadTarget).
+const AnnUploadTarget = cdiclaims.AnnUploadTarget
 
 var (
 	uploadMarked   = "request.resource.resource == 'persistentvolumeclaims' && has(object.metadata.annotations) && '" + AnnUploadTarget + "' in object.metadata.annotations"
@@ -66,7 +66,7 @@ var (
 	// uploadTargetRef holds when the PVC's dataSourceRef is its staging image, as UploadPVCPolicy writes it.
 	uploadTargetRef = "has(object.spec.dataSourceRef) && has(object.spec.dataSourceRef.apiGroup) && " +
 		"object.spec.dataSourceRef.apiGroup == '" + hypercloud.GroupVersion.Group + "' && object.spec.dataSourceRef.kind == 'VirtualMachineImage' && " +
-		"object.spec.dataSourceRef.name == '" + uploadproxy.UploadPVCImagePrefix + "' + object.metadata.name && !has(object.spec.dataSourceRef.namespace)"
+		"object.spec.dataSourceRef.name == '" + cdiclaims.UploadPVCImagePrefix + "' + object.metadata.name && !has(object.spec.dataSourceRef.namespace)"
 	uploadTargets = []struct{ ok, reason string }{
 		{uploadRule("(oldObject == null && " + uploadTargetRef + ")"),
 			"uploads into a PVC (" + AnnUploadTarget + ") are served into a PVC made for the upload: let virtctl make it " +
@@ -74,8 +74,8 @@ var (
 				"(virtctl image-upload dv NAME --size ...); an existing PVC cannot be marked for an upload"},
 		{uploadRule("!('" + annContentType + "' in object.metadata.annotations) || object.metadata.annotations['" + annContentType + "'] == 'kubevirt'"),
 			"archive uploads (" + annContentType + ": archive, virtctl image-upload --archive-path) are not served by diskpipe's CDI API: diskpipe takes disk images only"},
-		{uploadRule(fmt.Sprintf("size(object.metadata.name) <= %d", uploadproxy.MaxUploadPVCName)),
-			fmt.Sprintf("a PVC for an upload has a name of at most %d characters (its staging image is named %s<name>)", uploadproxy.MaxUploadPVCName, uploadproxy.UploadPVCImagePrefix)},
+		{uploadRule(fmt.Sprintf("size(object.metadata.name) <= %d", cdiclaims.MaxUploadPVCName)),
+			fmt.Sprintf("a PVC for an upload has a name of at most %d characters (its staging image is named %s<name>)", cdiclaims.MaxUploadPVCName, cdiclaims.UploadPVCImagePrefix)},
 	}
 )
 
@@ -93,8 +93,8 @@ const annContentType = "cdi.kubevirt.io/storage.contentType"
 const UploadPVCPolicyName = "diskpipe-cdi-upload-pvc"
 
 // UploadPVCPolicy is a MutatingAdmissionPolicy (admissionregistration.k8s.io/v1, Kubernetes
-// 1.36 and later) that gives a PVC created with uploadproxy.AnnUploadTarget and no data source
-// the dataSourceRef to its staging image, uploadproxy.UploadPVCImage(its name): the claim then
+// 1.36 and later) that gives a PVC created with cdiclaims.AnnUploadTarget and no data source
+// the dataSourceRef to its staging image, cdiclaims.UploadPVCImage(its name): the claim then
 // stays Pending until diskpipe's populator has written the upload into it, as KubeVirt needs
 // of a disk it boots. The chart installs it with cdi.compatibility.enabled.
 func UploadPVCPolicy() *admissionregistrationv1.MutatingAdmissionPolicy {
@@ -113,7 +113,7 @@ func UploadPVCPolicy() *admissionregistrationv1.MutatingAdmissionPolicy {
 			Mutations: []admissionregistrationv1.Mutation{{PatchType: admissionregistrationv1.PatchTypeApplyConfiguration,
 				ApplyConfiguration: &admissionregistrationv1.ApplyConfiguration{Expression: "Object{spec: Object.spec{" +
 					"dataSourceRef: Object.spec.dataSourceRef{apiGroup: '" + hypercloud.GroupVersion.Group + "', kind: 'VirtualMachineImage', " +
-					"name: '" + uploadproxy.UploadPVCImagePrefix + "' + object.metadata.name}}}"}}},
+					"name: '" + cdiclaims.UploadPVCImagePrefix + "' + object.metadata.name}}}"}}},
 			FailurePolicy:      ptr.To(admissionregistrationv1.Fail),
 			ReinvocationPolicy: admissionregistrationv1.NeverReinvocationPolicy,
 		},

@@ -47,8 +47,8 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 	"github.com/diskpipe/diskpipe/internal/transfer"
-	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // Reasons of the DataVolume's conditions and events: CDI's where KubeVirt reads them.
@@ -277,11 +277,11 @@ func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj 
 // markDone annotates pvc, a DataVolume's claim, as CDI's upload and import pods leave it once
 // the disk is written: cdi.kubevirt.io/storage.pod.phase Succeeded.
 func (r *Reconciler) markDone(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
-	if pvc.Annotations[uploadproxy.AnnPodPhase] == string(corev1.PodSucceeded) {
+	if pvc.Annotations[cdiclaims.AnnPodPhase] == string(corev1.PodSucceeded) {
 		return nil
 	}
 	patch := client.MergeFrom(pvc.DeepCopy())
-	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, uploadproxy.AnnPodPhase, string(corev1.PodSucceeded))
+	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, cdiclaims.AnnPodPhase, string(corev1.PodSucceeded))
 	return r.Patch(ctx, pvc, patch)
 }
 
@@ -324,7 +324,7 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	case owner != nil && owner.Kind == "DiskVolume" && owner.Name == dv.Name:
 		return false, nil // diskpipe makes it for this DataVolume
 	case owner != nil && owner.UID == dv.UID:
-		return !uploadproxy.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
+		return !cdiclaims.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
 	case dv.Annotations[AnnAllowClaimAdoption] != "true" && pvc.Annotations[AnnPopulatedFor] != dv.Name:
 		return false, &refusal{reason: ReasonResourceExists, message: fmt.Sprintf("PVC %s already exists and is not managed by DataVolume %s: to take it as the "+
 			"DataVolume's disk, annotate the DataVolume %s: \"true\" (or %s: %s)", pvc.Name, dv.Name, AnnAllowClaimAdoption, annPrePopulated, pvc.Name)}
@@ -449,9 +449,9 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 	} else if src.Blank != nil || src.Upload != nil {
 		return spec, nil, invalid("a DataVolume of source " + sourceKind(src, dv.Namespace) + " needs a size: spec.storage.resources.requests.storage")
 	}
-	if src.Upload != nil && len(dv.Name) > uploadproxy.MaxUploadPVCName {
+	if src.Upload != nil && len(dv.Name) > cdiclaims.MaxUploadPVCName {
 		return spec, nil, invalid(fmt.Sprintf("a DataVolume of source upload has a name of at most %d characters (its staging image is named %s<name>)",
-			uploadproxy.MaxUploadPVCName, uploadproxy.UploadPVCImagePrefix))
+			cdiclaims.MaxUploadPVCName, cdiclaims.UploadPVCImagePrefix))
 	}
 	spec.Preallocation = dv.Spec.Preallocation
 	return spec, imported, nil

@@ -22,7 +22,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/populator"
-	"github.com/diskpipe/diskpipe/uploadproxy"
+	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 )
 
 // Event reasons on a PVC made for an upload.
@@ -35,7 +35,7 @@ const (
 
 // UploadPVCReconciler serves `virtctl image-upload pvc`, and the claim of a DataVolume of
 // source upload (observeUpload makes it the same way): a PVC made for an upload
-// (uploadproxy.IsUploadPVC: marked cdi.kubevirt.io/storage.upload.target, its dataSourceRef
+// (cdiclaims.IsUploadPVC: marked cdi.kubevirt.io/storage.upload.target, its dataSourceRef
 // given by admission) gets its staging image, a VirtualMachineImage of source upload that the
 // PVC controls, of the PVC's class and volume mode. The upload proxy takes CDI's upload into
 // that image (its UploadTokenRequest names the PVC); diskpipe's populator fills the PVC from
@@ -53,7 +53,7 @@ func setupUploadPVCs(mgr ctrl.Manager) error {
 	r := &UploadPVCReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi")}
 	uploads := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		pvc, ok := o.(*corev1.PersistentVolumeClaim)
-		return ok && uploadproxy.IsUploadPVC(pvc)
+		return ok && cdiclaims.IsUploadPVC(pvc)
 	})
 	return ctrl.NewControllerManagedBy(mgr).Named("uploadpvc").
 		For(&corev1.PersistentVolumeClaim{}, builder.WithPredicates(uploads)).
@@ -64,10 +64,10 @@ func setupUploadPVCs(mgr ctrl.Manager) error {
 // PVC the state of its upload.
 func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil || !uploadproxy.IsUploadPVC(pvc) || !pvc.DeletionTimestamp.IsZero() {
+	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil || !cdiclaims.IsUploadPVC(pvc) || !pvc.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: uploadproxy.UploadPVCImage(pvc.Name), Namespace: pvc.Namespace}}
+	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cdiclaims.UploadPVCImage(pvc.Name), Namespace: pvc.Namespace}}
 	if pvc.Status.Phase == corev1.ClaimBound {
 		// The populator has written the upload into the claim: the staging image has done its work.
 		err := r.Get(ctx, client.ObjectKeyFromObject(img), img)
@@ -116,12 +116,12 @@ func (r *UploadPVCReconciler) annotate(ctx context.Context, pvc *corev1.Persiste
 	if ready {
 		readiness = "true"
 	}
-	if pvc.Annotations[uploadproxy.AnnPodPhase] == string(phase) && pvc.Annotations[uploadproxy.AnnPodReady] == readiness {
+	if pvc.Annotations[cdiclaims.AnnPodPhase] == string(phase) && pvc.Annotations[cdiclaims.AnnPodReady] == readiness {
 		return nil
 	}
 	patch := client.MergeFrom(pvc.DeepCopy())
-	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, uploadproxy.AnnPodPhase, string(phase))
-	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, uploadproxy.AnnPodReady, readiness)
+	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, cdiclaims.AnnPodPhase, string(phase))
+	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, cdiclaims.AnnPodReady, readiness)
 	return r.Patch(ctx, pvc, patch)
 }
 
@@ -135,10 +135,10 @@ func (r *UploadPVCReconciler) annotate(ctx context.Context, pvc *corev1.Persiste
 // populator's disk's, and Succeeded once the claim is bound.
 func (r *Reconciler) observeUpload(ctx context.Context, dv *cdiv1.DataVolume, spec diskvolume.DiskVolumeSpec) (observed, error) {
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: dv.Name, Namespace: dv.Namespace,
-		Labels: map[string]string{LabelDataVolume: string(dv.UID)}, Annotations: map[string]string{uploadproxy.AnnUploadTarget: ""}},
+		Labels: map[string]string{LabelDataVolume: string(dv.UID)}, Annotations: map[string]string{cdiclaims.AnnUploadTarget: ""}},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: spec.AccessModes, StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode,
 			Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *spec.Resources.Requests.Storage}},
-			DataSourceRef: uploadproxy.UploadPVCSource(dv.Name)}}
+			DataSourceRef: cdiclaims.UploadPVCSource(dv.Name)}}
 	if len(pvc.Spec.AccessModes) == 0 {
 		pvc.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
 	}
@@ -150,7 +150,7 @@ func (r *Reconciler) observeUpload(ctx context.Context, dv *cdiv1.DataVolume, sp
 		return o, nil
 	}
 	img := &hypercloud.VirtualMachineImage{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: uploadproxy.UploadPVCImage(dv.Name)}, img); client.IgnoreNotFound(err) != nil {
+	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: cdiclaims.UploadPVCImage(dv.Name)}, img); client.IgnoreNotFound(err) != nil {
 		return observed{}, err
 	} else if err != nil || img.Status.Phase != common.PhaseReady {
 		o.img = img // not made yet: a zero image

@@ -21,9 +21,9 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/cdi"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/internal/uploads"
-	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // TestUploadPVC: a PVC made for an upload (as virtctl image-upload pvc makes it, with the
@@ -39,25 +39,25 @@ func TestUploadPVC(t *testing.T) {
 	ns := namespace(t, "uploadpvc")
 	claim := func(name string) *corev1.PersistentVolumeClaim {
 		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
-			Annotations: map[string]string{uploadproxy.AnnUploadTarget: "", "cdi.kubevirt.io/storage.contentType": "kubevirt"}},
+			Annotations: map[string]string{cdiclaims.AnnUploadTarget: "", "cdi.kubevirt.io/storage.contentType": "kubevirt"}},
 			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 				StorageClassName: ptr.To("csi"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock),
 				Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity("1Gi")}},
-				DataSourceRef: &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: uploadproxy.UploadPVCImage(name)}}}
+				DataSourceRef: &corev1.TypedObjectReference{APIGroup: ptr.To(hypercloud.GroupVersion.Group), Kind: "VirtualMachineImage", Name: cdiclaims.UploadPVCImage(name)}}}
 		g.Expect(env.Client.Create(ctx, pvc)).To(Succeed())
 		return pvc
 	}
 	state := func(pvc *corev1.PersistentVolumeClaim) func() string {
 		return func() string {
 			_ = env.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)
-			return pvc.Annotations[uploadproxy.AnnPodPhase] + " ready=" + pvc.Annotations[uploadproxy.AnnPodReady]
+			return pvc.Annotations[cdiclaims.AnnPodPhase] + " ready=" + pvc.Annotations[cdiclaims.AnnPodReady]
 		}
 	}
 
 	disk := claim("disk")
 	img := &hypercloud.VirtualMachineImage{}
 	g.Eventually(func() error {
-		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.UploadPVCImage("disk")}, img)
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdiclaims.UploadPVCImage("disk")}, img)
 	}, 20*time.Second).Should(Succeed())
 	g.Expect(metav1.IsControlledBy(img, disk)).To(BeTrue(), "deleting the PVC deletes its staging image")
 	g.Expect(img.Spec.Source.Upload).To(Equal(&common.UploadSource{}))
@@ -74,7 +74,7 @@ func TestUploadPVC(t *testing.T) {
 	}, 20*time.Second).Should(BeTrue(), "the staging image is deleted once the claim holds the upload")
 
 	// Someone else's image of the staging image's name is left alone, and the claim says why.
-	g.Expect(env.Client.Create(ctx, &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: uploadproxy.UploadPVCImage("taken"), Namespace: ns},
+	g.Expect(env.Client.Create(ctx, &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cdiclaims.UploadPVCImage("taken"), Namespace: ns},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}}}})).To(Succeed())
 	taken := claim("taken")
 	g.Eventually(func() string {
@@ -108,13 +108,13 @@ func TestDataVolumeUpload(t *testing.T) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "root"}, pvc) }, 20*time.Second).Should(Succeed())
 	g.Expect(metav1.IsControlledBy(pvc, dv)).To(BeTrue(), "deleting the DataVolume deletes its claim: %v", pvc.OwnerReferences)
-	g.Expect(uploadproxy.IsUploadPVC(pvc)).To(BeTrue(), "made for the upload: %v %+v", pvc.Annotations, pvc.Spec.DataSourceRef)
+	g.Expect(cdiclaims.IsUploadPVC(pvc)).To(BeTrue(), "made for the upload: %v %+v", pvc.Annotations, pvc.Spec.DataSourceRef)
 	g.Expect(pvc.Spec.AccessModes).To(Equal([]corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}))
 	g.Expect(pvc.Spec.Resources.Requests.Storage().Value()).To(Equal(transfer.VolumeSizeFor(1<<30, 0.2)), "1Gi of disk in a claim keeping 20 %% free")
 	g.Expect(pvc.Status.Phase).NotTo(Equal(corev1.ClaimBound))
 	img := &hypercloud.VirtualMachineImage{}
 	g.Eventually(func() error {
-		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.UploadPVCImage("root")}, img)
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdiclaims.UploadPVCImage("root")}, img)
 	}, 20*time.Second).Should(Succeed())
 	g.Expect(metav1.IsControlledBy(img, pvc)).To(BeTrue())
 	g.Eventually(dvState(t, dv), 30*time.Second).Should(Equal("UploadReady N/A Bound=False:WaitingForUpload Ready=False: Running=False:WaitingForUpload"))
@@ -126,7 +126,7 @@ func TestDataVolumeUpload(t *testing.T) {
 	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True: Running=False:Completed"))
 	g.Eventually(func() string {
 		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)
-		return pvc.Annotations[uploadproxy.AnnPodPhase]
+		return pvc.Annotations[cdiclaims.AnnPodPhase]
 	}, 20*time.Second).Should(Equal("Succeeded"), "what virtctl waits on")
 
 	// On a class that binds at the first consumer the populator fills the claim once the VM's
@@ -136,7 +136,7 @@ func TestDataVolumeUpload(t *testing.T) {
 	lazy.Spec.Storage.StorageClassName = ptr.To(classWFFC)
 	g.Expect(env.Client.Create(ctx, lazy)).To(Succeed())
 	g.Eventually(dvState(t, lazy), 30*time.Second).Should(HavePrefix("UploadReady "))
-	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: uploadproxy.UploadPVCImage("lazy")}, img)).To(Succeed())
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdiclaims.UploadPVCImage("lazy")}, img)).To(Succeed())
 	uploaded(t, img) // as the upload proxy leaves it
 	ctrltest.Complete(t, env, ns, "vmim-pvc-lazy-probe-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
 	ctrltest.Bind(t, env, ns, "vmim-pvc-lazy")
@@ -151,7 +151,7 @@ func TestDataVolumeUpload(t *testing.T) {
 
 	sizeless := dataVolume(ns, "sizeless", &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
 	sizeless.Spec.Storage.Resources = corev1.VolumeResourceRequirements{}
-	long := dataVolume(ns, strings.Repeat("a", uploadproxy.MaxUploadPVCName+1), &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
+	long := dataVolume(ns, strings.Repeat("a", cdiclaims.MaxUploadPVCName+1), &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}, "1Gi")
 	for dv, want := range map[*cdiv1.DataVolume]string{
 		sizeless: "a DataVolume of source upload needs a size: spec.storage.resources.requests.storage",
 		long:     "a DataVolume of source upload has a name of at most 196 characters (its staging image is named pvc-<name>)",

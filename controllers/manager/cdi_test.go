@@ -17,7 +17,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
-	"github.com/diskpipe/diskpipe/uploadproxy"
+	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 )
 
 // TestCDIPolicy: with CDI's CRDs (generated from CDI's API module) and the chart's
@@ -145,9 +145,9 @@ func TestCDIPolicy(t *testing.T) {
 		{"upload PVC with a data source", withSource(pvc("sourced", "cdi.kubevirt.io/storage.upload.target: ''"), "other"),
 			"uploads into a PVC (cdi.kubevirt.io/storage.upload.target) are served into a PVC made for the upload: let virtctl make it " +
 				"(virtctl image-upload pvc NAME --size ...), without a data source of its own"},
-		{"upload PVC named too long", pvc(strings.Repeat("n", uploadproxy.MaxUploadPVCName+1), "cdi.kubevirt.io/storage.upload.target: ''"),
+		{"upload PVC named too long", pvc(strings.Repeat("n", cdiclaims.MaxUploadPVCName+1), "cdi.kubevirt.io/storage.upload.target: ''"),
 			"a PVC for an upload has a name of at most 196 characters (its staging image is named pvc-<name>)"},
-		{"upload PVC named at the limit", pvc(strings.Repeat("n", uploadproxy.MaxUploadPVCName), "cdi.kubevirt.io/storage.upload.target: ''"), ""},
+		{"upload PVC named at the limit", pvc(strings.Repeat("n", cdiclaims.MaxUploadPVCName), "cdi.kubevirt.io/storage.upload.target: ''"), ""},
 		{"plain PVC", pvc("plain", "team: a"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -176,10 +176,10 @@ func TestCDIPolicy(t *testing.T) {
 	upload := pvc("upload", "")
 	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(upload), upload)).To(Succeed())
 	ref, _, _ := unstructured.NestedStringMap(upload.Object, "spec", "dataSourceRef")
-	g.Expect(ref).To(Equal(map[string]string{"apiGroup": "hypercloud.tmaxanc.com", "kind": "VirtualMachineImage", "name": uploadproxy.UploadPVCImage("upload")}))
+	g.Expect(ref).To(Equal(map[string]string{"apiGroup": "hypercloud.tmaxanc.com", "kind": "VirtualMachineImage", "name": cdiclaims.UploadPVCImage("upload")}))
 	typed := &corev1.PersistentVolumeClaim{}
 	g.Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(upload.Object, typed)).To(Succeed())
-	g.Expect(uploadproxy.IsUploadPVC(typed)).To(BeTrue())
+	g.Expect(cdiclaims.IsUploadPVC(typed)).To(BeTrue())
 
 	// A PVC marked for an upload afterwards (virtctl image-upload pvc of a PVC that exists) is
 	// refused: its bytes could be in use, and it may be bound already.
