@@ -30,7 +30,12 @@ func TestSecureMetrics(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the manager stopped with %v", err)
+		}
+	}()
 
 	ns, err := env.CreateNamespace(ctx, "metrics")
 	g.Expect(err).NotTo(HaveOccurred())

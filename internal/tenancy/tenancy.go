@@ -63,7 +63,7 @@ type Sweeper struct {
 	renew map[string]bool
 }
 
-// NeedLeaderElection: only the leader edits the store's accounts.
+// NeedLeaderElection is true: only the leader edits the store's accounts.
 func (s *Sweeper) NeedLeaderElection() bool { return true }
 
 // Start sweeps until ctx ends; a failed sweep is logged and tried again at the next.

@@ -2,13 +2,14 @@ package transfer
 
 import (
 	"flag"
-	"github.com/diskpipe/diskpipe/internal/contract"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/diskpipe/diskpipe/internal/contract"
 )
 
 func TestEgressCheck(t *testing.T) {
