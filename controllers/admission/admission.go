@@ -71,7 +71,7 @@ func whoAmI(ctx context.Context, mgr ctrl.Manager) (string, error) {
 
 // crossNamespaceSource selects the disks, images and DataVolumes whose source names another
 // namespace: the apiserver calls the sources webhook for those only, not for every one made.
-const crossNamespaceSource = `(has(object.spec.source) && ['image', 'clone', 'disk', 'pvc', 'snapshot'].exists(k, k in object.spec.source && ` +
+const crossNamespaceSource = `(has(object.spec.source) && ['image', 'clone', 'disk', 'pvc', 'snapshot', 'dataSource'].exists(k, k in object.spec.source && ` +
 	`has(object.spec.source[k].namespace) && object.spec.source[k].namespace != request.namespace)) || ` +
 	`(has(object.spec.sourceRef) && has(object.spec.sourceRef.namespace) && object.spec.sourceRef.namespace != request.namespace)`
 
@@ -110,6 +110,8 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 	// their source may change.
 	dataVolumes := rule(cdiv1.SchemeGroupVersion.Group, cdiv1.SchemeGroupVersion.Version, "datavolumes")
 	dataVolumes.Operations = append(dataVolumes.Operations, admissionregistrationv1.Update)
+	dataSources := rule(cdiv1.SchemeGroupVersion.Group, cdiv1.SchemeGroupVersion.Version, "datasources")
+	dataSources.Operations = append(dataSources.Operations, admissionregistrationv1.Update)
 	goldenPods.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace}}}}
 	return &admissionregistrationv1.ValidatingWebhookConfiguration{
@@ -121,7 +123,7 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 				rule(diskvolume.GroupVersion.Group, diskvolume.GroupVersion.Version, "diskvolumes"),
 				rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "imagetemplates"),
 				rule(hypercloud.GroupVersion.Group, hypercloud.GroupVersion.Version, "virtualmachineimages"),
-				dataVolumes,
+				dataVolumes, dataSources,
 			}, []admissionregistrationv1.MatchCondition{{Name: "source-in-another-namespace", Expression: crossNamespaceSource}}),
 			vms,
 		},

@@ -63,14 +63,27 @@ func (h *sourceGuard) Handle(ctx context.Context, req admission.Request) admissi
 // checkClone admits a DataVolume made from another namespace's PVC, snapshot or DataSource
 // by CDI's rule: its user may create datavolumes/source in that namespace (CDI's
 // ClusterRoles grant it; KubeVirt's virt-controller has it, and KubeVirt checks the user who
-// made the VM). An update is checked only when it changes the source.
+// made the VM). A DataSource naming another namespace's source is held to the same rule: its
+// status would otherwise tell anyone whether a PVC or snapshot of any namespace exists, and
+// whether it is ready. An update is checked only when it changes the source.
 func (h *sourceGuard) checkClone(ctx context.Context, req admission.Request, src *source) admission.Response {
 	if req.Operation == admissionv1.Update {
-		old := &cdiv1.DataVolume{}
-		if err := h.decoder.DecodeRaw(req.OldObject, old); err != nil {
-			return admission.Errored(http.StatusBadRequest, err)
+		var was *source
+		switch req.Kind.Kind {
+		case "DataSource":
+			old := &cdiv1.DataSource{}
+			if err := h.decoder.DecodeRaw(req.OldObject, old); err != nil {
+				return admission.Errored(http.StatusBadRequest, err)
+			}
+			was = dataSourceSource(old)
+		default:
+			old := &cdiv1.DataVolume{}
+			if err := h.decoder.DecodeRaw(req.OldObject, old); err != nil {
+				return admission.Errored(http.StatusBadRequest, err)
+			}
+			was = dataVolumeSource(old)
 		}
-		if was := dataVolumeSource(old); was != nil && *was == *src {
+		if was != nil && *was == *src {
 			return admission.Allowed("the source is unchanged")
 		}
 	}
@@ -116,6 +129,23 @@ func dataVolumeSource(dv *cdiv1.DataVolume) *source {
 		s.kind, s.namespace, s.name = "VolumeSnapshot", src.Snapshot.Namespace, src.Snapshot.Name
 	}
 	if s.namespace == "" || s.namespace == dv.Namespace {
+		return nil
+	}
+	return s
+}
+
+// dataSourceSource is what a DataSource names in another namespace than its own, if anything.
+func dataSourceSource(ds *cdiv1.DataSource) *source {
+	s := &source{cdi: true}
+	switch src := ds.Spec.Source; {
+	case src.PVC != nil:
+		s.kind, s.namespace, s.name = "PersistentVolumeClaim", src.PVC.Namespace, src.PVC.Name
+	case src.Snapshot != nil:
+		s.kind, s.namespace, s.name = "VolumeSnapshot", src.Snapshot.Namespace, src.Snapshot.Name
+	case src.DataSource != nil:
+		s.kind, s.namespace, s.name = "DataSource", src.DataSource.Namespace, src.DataSource.Name
+	}
+	if s.namespace == "" || s.namespace == ds.Namespace {
 		return nil
 	}
 	return s
@@ -179,6 +209,12 @@ func (h *sourceGuard) crossNamespaceSource(req admission.Request) (*source, erro
 			return nil, err
 		}
 		return dataVolumeSource(dv), nil
+	case "DataSource":
+		ds := &cdiv1.DataSource{}
+		if err := h.decoder.Decode(req, ds); err != nil {
+			return nil, err
+		}
+		return dataSourceSource(ds), nil
 	case "VirtualMachineImage":
 		v := &hypercloud.VirtualMachineImage{}
 		if err := h.decoder.Decode(req, v); err != nil {

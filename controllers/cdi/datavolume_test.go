@@ -508,6 +508,16 @@ func TestDataVolumeCrossNamespace(t *testing.T) {
 	g.Expect(refused).To(MatchError(ContainSubstring("bob may not copy the PersistentVolumeClaim " + golden + "/fedora into namespace " + team +
 		": copying another namespace's data needs its owner's consent, create on datavolumes/source (cdi.kubevirt.io) in " + golden)))
 
+	// Nor may bob name it in a DataSource, whose status would tell whether it exists.
+	probe := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: team},
+		Spec: cdiv1.DataSourceSpec{Source: cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: golden, Name: "fedora"}}}}
+	g.Expect(bob.Create(ctx, probe)).To(MatchError(ContainSubstring("bob may not copy the PersistentVolumeClaim " + golden + "/fedora into namespace " + team)))
+	ownSource := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: "own-source", Namespace: team},
+		Spec: cdiv1.DataSourceSpec{Source: cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: team, Name: "fedora"}}}}
+	g.Expect(bob.Create(ctx, ownSource)).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, bob, ownSource, func() { ownSource.Spec.Source.PVC.Namespace = golden })).
+		To(MatchError(ContainSubstring("bob may not copy the PersistentVolumeClaim " + golden + "/fedora")))
+
 	// Within the namespace nothing is asked; an update to another namespace's PVC is.
 	own := clone("own", team)
 	g.Expect(bob.Create(ctx, own)).To(Succeed())
