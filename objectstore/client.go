@@ -204,7 +204,11 @@ func (c *Client) AbortUploads(ctx context.Context, bucket, object string) ([]str
 		if u.Key != object {
 			continue
 		}
-		if err := core.AbortMultipartUpload(ctx, bucket, object, u.UploadID); err != nil {
+		err := core.AbortMultipartUpload(ctx, bucket, object, u.UploadID)
+		if minio.ToErrorResponse(err).Code == "NoSuchUpload" {
+			continue // it ended (completed or aborted) since it was listed
+		}
+		if err != nil {
 			return ids, Classify(err, "aborting an earlier upload of "+ObjectURL(bucket, object))
 		}
 		ids = append(ids, u.UploadID)

@@ -38,7 +38,7 @@ func Ensure(ctx context.Context, c client.Client, name types.NamespacedName, wha
 		return nil, fmt.Errorf("%s, %s: %w", what, name, err)
 	}
 	if len(sec.Data[Field]) < 16 {
-		return nil, fmt.Errorf("the Secret %s holds no %s in %q (16 bytes at least)", name, what, Field)
+		return nil, fmt.Errorf("%s: the Secret %s holds no key in %q (16 bytes at least)", what, name, Field)
 	}
 	return sec, nil
 }
