@@ -250,13 +250,18 @@ func TestWritersBounded(t *testing.T) {
 			}()
 			_, _ = w.Write(f.image[:1<<20])
 		}
-		f.newImage(t, "next", "")
+		// Until the slow uploads hold their slots (on a busy machine they may not yet), an
+		// upload is taken: each try is a new image, so that one taken does not answer the next.
 		var last reply
+		tries := 0
 		g.Eventually(func() string {
 			var msg string
-			last, msg = f.do(t, http.MethodPut, "next", f.uploader, f.image, "")
+			tries++
+			name := fmt.Sprintf("next%d", tries)
+			f.newImage(t, name, "")
+			last, msg = f.do(t, http.MethodPut, name, f.uploader, f.image, "")
 			return msg
-		}, 10*time.Second, 100*time.Millisecond).Should(Equal(strings.ReplaceAll(c.want, "%s", f.ns)), "total %d, per namespace %d", c.total, c.perNamespace)
+		}, 20*time.Second, 100*time.Millisecond).Should(Equal(strings.ReplaceAll(c.want, "%s", f.ns)), "total %d, per namespace %d", c.total, c.perNamespace)
 		g.Expect(last.StatusCode).To(Equal(http.StatusServiceUnavailable))
 		g.Expect(last.Header.Get("Retry-After")).To(Equal("10"))
 		for _, w := range slow {
