@@ -75,7 +75,7 @@ func (c *Client) Tenant(ctx context.Context, ns string) (*Client, error) {
 	}
 	// Its buckets of before accounts were keyed by UID come with it; what cannot is the
 	// sweep's to report.
-	if _, err := c.moveLegacy(ctx, ns, access, nil); err != nil {
+	if err := c.moveLegacyOf(ctx, ns, access); err != nil {
 		return nil, fmt.Errorf("moving namespace %s's account of before to the one of its UID: %w", ns, err)
 	}
 	t, err := c.WithKeys(access, secret)
@@ -214,7 +214,8 @@ func (c *Client) SweepTenants(ctx context.Context, namespaces func(context.Conte
 	for bucket, owner := range buckets {
 		owned[owner] = append(owned[owner], bucket)
 	}
-	gone := map[string]string{} // accounts to drop from policies, then remove
+	moves := map[string]legacyMove{} // old key → its namespace and new key
+	gone := map[string]string{}      // accounts to drop from policies, then remove
 	for _, a := range accounts {
 		switch {
 		case !strings.HasPrefix(a.Access, "dpn") || current[a.Access]:
@@ -224,15 +225,7 @@ func (c *Client) SweepTenants(ctx context.Context, namespaces func(context.Conte
 			if err := c.createAccount(ctx, access, accountSecret(c.cfg.SecretKey, access), "userplus"); err != nil {
 				return done, err
 			}
-			stuck, err := c.moveLegacy(ctx, live[uid], access, buckets)
-			if err != nil {
-				return done, err
-			}
-			maps.Copy(done.Stuck, stuck)
-			if len(stuck) == 0 {
-				done.Moved[live[uid]] = access
-				c.moved.Delete(live[uid]) // reported now
-			}
+			moves[a.Access] = legacyMove{ns: live[uid], access: access}
 		case len(owned[a.Access]) > 0:
 			// The account of a namespace that is gone, which still owns buckets.
 			if a.Role != "user" {
@@ -245,9 +238,22 @@ func (c *Client) SweepTenants(ctx context.Context, namespaces func(context.Conte
 			gone[a.Access] = ""
 		}
 	}
-	if len(gone) > 0 {
-		// A policy diskpipe cannot read keeps naming the account; the store ignores it then.
-		_ = c.renamePrincipals(ctx, slices.Collect(maps.Keys(buckets)), gone)
+	// One pass over every bucket's policy renames the moved accounts and drops the gone ones.
+	rename := maps.Clone(gone)
+	for old, m := range moves {
+		rename[old] = m.access
+	}
+	// A policy diskpipe cannot read keeps naming a gone account; the store ignores it then.
+	failed := c.renamePrincipals(ctx, slices.Collect(maps.Keys(buckets)), rename)
+	stuck, err := c.moveLegacy(ctx, moves, buckets, failed)
+	maps.Copy(done.Stuck, stuck)
+	if err != nil {
+		return done, err
+	}
+	for _, m := range moves {
+		if _, ok := c.moved.LoadAndDelete(m.ns); ok { // moved, and reported now
+			done.Moved[m.ns] = m.access
+		}
 	}
 	for access := range gone {
 		if err := c.deleteAccount(ctx, access); err != nil {
@@ -258,42 +264,68 @@ func (c *Client) SweepTenants(ctx context.Context, namespaces func(context.Conte
 	return done, nil
 }
 
-// moveLegacy moves namespace ns's account of the old form, if the store has one, to the
-// account access (its UID's, which exists): every bucket policy that names the old account
-// names the new one instead, then each bucket of the old account whose policy that worked for
-// changes owner, and the old account is removed once it owns none. buckets are the store's
-// (bucketOwners; nil: asked). It returns the buckets it could not move, with why.
-func (c *Client) moveLegacy(ctx context.Context, ns, access string, buckets map[string]string) (map[string]error, error) {
-	old := legacyTenantAccess(ns)
-	if buckets == nil {
-		accounts, err := c.accounts(ctx)
-		if err != nil || !slices.ContainsFunc(accounts, func(a account) bool { return a.Access == old }) {
-			return nil, err
-		}
-		if buckets, err = c.bucketOwners(ctx); err != nil {
-			return nil, err
+// legacyMove is an account of the old form to move: its namespace and the key of its UID.
+type legacyMove struct{ ns, access string }
+
+// stuckFor counts the buckets of old among stuck.
+func stuckFor(stuck map[string]error, buckets map[string]string, old string) int {
+	n := 0
+	for bucket := range stuck {
+		if buckets[bucket] == old {
+			n++
 		}
 	}
-	failed := c.renamePrincipals(ctx, slices.Collect(maps.Keys(buckets)), map[string]string{old: access})
+	return n
+}
+
+// moveLegacy moves the accounts of the old form in moves to their new ones (which exist),
+// once renamePrincipals has made bucket policies name the new accounts (failed: the buckets
+// where it could not): each bucket of an old account whose policy was rewritten changes
+// owner, and an old account is removed once it owns none. buckets are the store's. It returns
+// the buckets it could not move, with why.
+func (c *Client) moveLegacy(ctx context.Context, moves map[string]legacyMove, buckets map[string]string, failed map[string]error) (map[string]error, error) {
 	stuck := map[string]error{}
 	for bucket, owner := range buckets {
-		if owner != old {
+		m, ok := moves[owner]
+		if !ok {
 			continue
 		}
 		if err := failed[bucket]; err != nil {
 			// Its owner would be shut out by a policy that does not name it.
-			stuck[bucket] = fmt.Errorf("bucket %s of namespace %s stays with its account of before (%s): its policy could not be rewritten: %w", bucket, ns, old, err)
+			stuck[bucket] = fmt.Errorf("bucket %s of namespace %s stays with its account of before (%s): its policy could not be rewritten: %w", bucket, m.ns, owner, err)
 			continue
 		}
-		if err := c.admin(ctx, "/change-bucket-owner", url.Values{"bucket": {bucket}, "owner": {access}}, nil); err != nil {
-			return stuck, fmt.Errorf("moving bucket %s to namespace %s's account: %w", bucket, ns, err)
+		if err := c.admin(ctx, "/change-bucket-owner", url.Values{"bucket": {bucket}, "owner": {m.access}}, nil); err != nil {
+			return stuck, fmt.Errorf("moving bucket %s to namespace %s's account: %w", bucket, m.ns, err)
 		}
 	}
-	if len(stuck) > 0 {
-		return stuck, nil
+	for old, m := range moves {
+		if stuckFor(stuck, buckets, old) > 0 {
+			continue
+		}
+		if err := c.deleteAccount(ctx, old); err != nil {
+			return stuck, err
+		}
+		c.moved.Store(m.ns, m.access)
 	}
-	c.moved.Store(ns, access)
-	return nil, c.deleteAccount(ctx, old)
+	return stuck, nil
+}
+
+// moveLegacyOf moves namespace ns's account of the old form, if the store has one, to the
+// account access (its UID's, which exists); for Tenant, on a namespace's first use.
+func (c *Client) moveLegacyOf(ctx context.Context, ns, access string) error {
+	old := legacyTenantAccess(ns)
+	accounts, err := c.accounts(ctx)
+	if err != nil || !slices.ContainsFunc(accounts, func(a account) bool { return a.Access == old }) {
+		return err
+	}
+	buckets, err := c.bucketOwners(ctx)
+	if err != nil {
+		return err
+	}
+	failed := c.renamePrincipals(ctx, slices.Collect(maps.Keys(buckets)), map[string]string{old: access})
+	_, err = c.moveLegacy(ctx, map[string]legacyMove{old: {ns: ns, access: access}}, buckets, failed)
+	return err
 }
 
 // renamePrincipals rewrites, in the policy of each of buckets, the accounts named in rename:
