@@ -72,6 +72,12 @@ func setup(t *testing.T, configure ...func(*uploadproxy.Server)) *fixture {
 	srv := httptest.NewServer(proxy)
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
+	// The apiserver's authorizer learns the new binding a moment later: until then the
+	// uploader is refused (403), after it told that an image is missing (404).
+	g.Eventually(func() int {
+		resp, _ := f.do(t, http.MethodHead, "none", f.uploader, nil, "")
+		return resp.StatusCode
+	}, 10*time.Second, 50*time.Millisecond).Should(Equal(http.StatusNotFound), "the uploader's binding takes effect")
 	return f
 }
 
