@@ -31,8 +31,12 @@ func (f *fixture) withTokens(t *testing.T) []byte {
 	key := bytes.Repeat([]byte{7}, 32)
 	NewWithT(t).Expect(env.Client.Create(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "token-key", Namespace: f.ns},
 		Data: map[string][]byte{"key": key}})).To(Succeed())
-	srv := httptest.NewServer(&uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: partSize,
-		TokenKey: &uploadtoken.Key{Client: env.Client, Namespace: f.ns, Name: "token-key"}})
+	proxy := &uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: partSize,
+		TokenKey: &uploadtoken.Key{Client: env.Client, Namespace: f.ns, Name: "token-key"}}
+	for _, c := range f.configure {
+		c(proxy)
+	}
+	srv := httptest.NewServer(proxy)
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	return key

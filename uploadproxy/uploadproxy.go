@@ -71,13 +71,18 @@ type Server struct {
 	// under its memory limit, and one namespace cannot take every slot. A request over either
 	// is answered 503 with Retry-After.
 	MaxWriters, MaxWritersPerNamespace int
-	Log                                *slog.Logger
+	// MaxBytesPerNamespace bounds what a namespace's uploads keep in the store (0: only its
+	// ResourceQuotas' requests.storage bound them; see limit.go).
+	MaxBytesPerNamespace int64
+	Log                  *slog.Logger
 
 	// mu guards writers: the request writing each upload, one at a time.
 	mu      sync.Mutex
 	writers map[string]*writer
-	// writing counts the requests writing, by namespace.
-	writing map[string]int
+	// writing counts the requests writing, by namespace; reserved the bytes each upload being
+	// written will keep, by key.
+	writing  map[string]int
+	reserved map[string]int64
 	// defaults fills PartSize and Log once, before the first request (requests run at once).
 	defaults sync.Once
 }
@@ -449,6 +454,14 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 		return fail(http.StatusConflict, "the upload is at byte %d; continue from there", u.Offset)
 	}
+	ns := namespaceOf(u.key)
+	if total > 0 {
+		release, err := s.reserve(ctx, ns, u.key, total)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	core := minio.Core{Client: s.Store.Client}
 	if u.UploadID == "" {
 		if err := s.ensureBucket(ctx); err != nil {
@@ -475,6 +488,7 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	}
 	rc := http.NewResponseController(w)
 	buf := make([]byte, s.PartSize)
+	reserved := false
 	for total < 0 || u.Offset < total {
 		if ctx.Err() != nil {
 			return fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
@@ -505,6 +519,18 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		}
 		if n == 0 {
 			break
+		}
+		if total < 0 { // a form: its size is learnt as it comes
+			release, err := s.reserve(ctx, ns, u.key, u.Offset+int64(n))
+			if err != nil {
+				s.abortAll(ctx, u.key)
+				s.discard(ctx, u.key)
+				return err
+			}
+			if !reserved { // one room per key, grown with each part
+				reserved = true
+				defer release()
+			}
 		}
 		number := len(u.Parts) + 1
 		p, err := core.PutObjectPart(ctx, uploads.Bucket, u.key, u.UploadID, number, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})

@@ -47,15 +47,22 @@ type fixture struct {
 	store            *objectstoretest.Server
 	image            []byte
 	digest           string
+	configure        []func(*uploadproxy.Server)
 }
 
 func setup(t *testing.T, configure ...func(*uploadproxy.Server)) *fixture {
+	t.Helper()
+	return setupOn(t, objectstoretest.Start(t), configure...)
+}
+
+// setupOn is a fixture of a new namespace and proxy on store.
+func setupOn(t *testing.T, store *objectstoretest.Server, configure ...func(*uploadproxy.Server)) *fixture {
 	t.Helper()
 	g := NewWithT(t)
 	ctx := t.Context()
 	ns, err := env.CreateNamespace(ctx, "upload")
 	g.Expect(err).NotTo(HaveOccurred())
-	f := &fixture{ns: ns, store: objectstoretest.Start(t), image: make([]byte, 24<<20)}
+	f := &fixture{ns: ns, store: store, image: make([]byte, 24<<20), configure: configure}
 	_, _ = rand.Read(f.image)
 	sum := sha256.Sum256(f.image)
 	f.digest = "sha256:" + hex.EncodeToString(sum[:])
@@ -146,6 +153,25 @@ func TestAuth(t *testing.T) {
 	g.Expect(msg).To(Equal("virtualmachineimages " + f.ns + "/missing does not exist"))
 }
 
+// cut sends the first n bytes of the image to name's upload, said to be whole, and cuts the
+// connection once the parts among them are stored.
+func (f *fixture) cut(t *testing.T, name string, n int) {
+	t.Helper()
+	g := NewWithT(t)
+	host := strings.TrimPrefix(f.url, "http://")
+	conn, err := net.Dial("tcp", host)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer conn.Close()
+	u := strings.TrimPrefix(f.path(name), f.url)
+	fmt.Fprintf(conn, "PUT %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", u, host, f.uploader, len(f.image))
+	_, err = conn.Write(f.image[:n])
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func() string {
+		resp, _ := f.do(t, http.MethodHead, name, f.uploader, nil, "")
+		return resp.Header.Get(uploadproxy.HeaderOffset)
+	}, 10*time.Second).Should(Equal(strconv.Itoa(n/partSize*partSize)), "the parts stored before the cut")
+}
+
 // TestResume cuts the connection halfway through, resumes from the offset HEAD reports, and
 // checks the stored object is the image, byte for byte (read back with awscli).
 func TestResume(t *testing.T) {
@@ -154,18 +180,7 @@ func TestResume(t *testing.T) {
 	f.newImage(t, "big", f.digest)
 
 	// Half the body, then the connection is cut.
-	host := strings.TrimPrefix(f.url, "http://")
-	conn, err := net.Dial("tcp", host)
-	g.Expect(err).NotTo(HaveOccurred())
-	u := strings.TrimPrefix(f.path("big"), f.url)
-	fmt.Fprintf(conn, "PUT %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", u, host, f.uploader, len(f.image))
-	_, err = conn.Write(f.image[:len(f.image)/2])
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Eventually(func() string {
-		resp, _ := f.do(t, http.MethodHead, "big", f.uploader, nil, "")
-		return resp.Header.Get(uploadproxy.HeaderOffset)
-	}, 10*time.Second).Should(Equal(strconv.Itoa(2*partSize)), "the parts stored before the cut")
-	conn.Close()
+	f.cut(t, "big", len(f.image)/2)
 
 	resp, _ := f.do(t, http.MethodHead, "big", f.uploader, nil, "")
 	offset, _ := strconv.Atoi(resp.Header.Get(uploadproxy.HeaderOffset))

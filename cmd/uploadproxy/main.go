@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -31,6 +32,7 @@ func main() {
 		keyFile   = flag.String("tls-key-file", "", "TLS key")
 		partBytes = flag.Int64("part-size", 16<<20, "bytes per stored part: the granularity of resuming")
 		tokenKey  = flag.String("token-secret", "", "NAMESPACE/NAME of the Secret with the key upload tokens are signed with (empty: only Kubernetes tokens are accepted)")
+		nsBytes   = flag.String("max-bytes-per-namespace", "0", "bytes a namespace's uploads may keep in the store, as a quantity (\"50Gi\"; 0: only the namespace's ResourceQuotas bound them)")
 	)
 	var (
 		store    objectstore.ClientConfig
@@ -39,13 +41,21 @@ func main() {
 	store.BindFlags(flag.CommandLine, &credsDir)
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(log, *listen, *certFile, *keyFile, store, credsDir, *partBytes, *tokenKey); err != nil {
+	limit, err := resource.ParseQuantity(*nsBytes)
+	if err != nil {
+		log.Error("Bad --max-bytes-per-namespace", "err", err)
+		os.Exit(2)
+	}
+	srv := &uploadproxy.Server{PartSize: *partBytes, MaxBytesPerNamespace: limit.Value(), Log: log}
+	if err := run(srv, *listen, *certFile, *keyFile, store, credsDir, *tokenKey); err != nil {
 		log.Error("Upload proxy stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, listen, certFile, keyFile string, cfg objectstore.ClientConfig, credsDir string, partSize int64, tokenKey string) error {
+// run serves srvUploads (its limits set from the flags) on listen.
+func run(srvUploads *uploadproxy.Server, listen, certFile, keyFile string, cfg objectstore.ClientConfig, credsDir string, tokenKey string) error {
+	log := srvUploads.Log
 	if err := cfg.LoadCredentials(credsDir); err != nil {
 		return err
 	}
@@ -61,7 +71,7 @@ func run(log *slog.Logger, listen, certFile, keyFile string, cfg objectstore.Cli
 	if err != nil {
 		return err
 	}
-	srvUploads := &uploadproxy.Server{Kube: kube, Store: store, PartSize: partSize, Log: log}
+	srvUploads.Kube, srvUploads.Store = kube, store
 	if tokenKey != "" {
 		ns, name, ok := strings.Cut(tokenKey, "/")
 		if !ok {

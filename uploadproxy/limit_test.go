@@ -1,0 +1,98 @@
+package uploadproxy_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/diskpipe/diskpipe/internal/uploads"
+	"github.com/diskpipe/diskpipe/uploadproxy"
+)
+
+// stored says whether anything of image name's upload is in the store: its object, state,
+// marker or unfinished parts.
+func (f *fixture) stored(t *testing.T, name string) []string {
+	t.Helper()
+	key := objectKey(t, f, name)
+	var found []string
+	for obj := range f.store.Client().ListObjects(t.Context(), uploads.Bucket, minio.ListObjectsOptions{Prefix: key, Recursive: true}) {
+		found = append(found, obj.Key)
+	}
+	core := minio.Core{Client: f.store.Client().Client}
+	list, err := core.ListMultipartUploads(t.Context(), uploads.Bucket, key, "", "", "", 100)
+	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	for _, up := range list.Uploads {
+		found = append(found, "parts of "+up.Key)
+	}
+	return found
+}
+
+// TestUploadsBounded: a namespace's storage quota bounds what its uploads keep: an upload
+// that would pass it is refused before a byte is stored, with what is kept and the bound's
+// source; once an image's upload is removed, the next is taken. Another namespace's uploads
+// do not count.
+func TestUploadsBounded(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	size := int64(len(f.image))
+	g.Expect(env.Client.Create(ctx, &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "storage", Namespace: f.ns},
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourceRequestsStorage: resource.MustParse("40Mi"),
+			corev1.ResourceRequestsCPU: resource.MustParse("1")}}})).To(Succeed())
+	for _, name := range []string{"first", "second"} {
+		f.newImage(t, name, "")
+	}
+	resp, msg := f.do(t, http.MethodPut, "first", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+
+	resp, msg = f.do(t, http.MethodPut, "second", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
+	g.Expect(msg).To(Equal(fmt.Sprintf("namespace %s may keep %d bytes of uploads (the requests.storage of ResourceQuota storage): %d are kept and 0 being written, and this upload has %d; delete images whose uploads are done with, or raise the bound",
+		f.ns, 40<<20, size, size)))
+	g.Expect(f.stored(t, "second")).To(BeEmpty(), "nothing of a refused upload is stored")
+
+	// Another namespace, on the same store, is bounded by its own quota only.
+	other := setupOn(t, f.store)
+	other.newImage(t, "elsewhere", "")
+	resp, msg = other.do(t, http.MethodPut, "elsewhere", other.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+
+	g.Expect(uploads.Remove(ctx, f.store.Client(), objectKey(t, f, "first"))).To(Succeed())
+	resp, msg = f.do(t, http.MethodPut, "second", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+}
+
+// TestUploadsBoundedByProxy: the proxy's own bound per namespace applies without a quota, and
+// counts an unfinished upload at its said size; a form, whose size is not said, is stopped
+// where it passes the bound and what it stored is discarded.
+func TestUploadsBoundedByProxy(t *testing.T) {
+	f := setup(t, func(s *uploadproxy.Server) { s.MaxBytesPerNamespace = 30 << 20 })
+	g := NewWithT(t)
+	size := int64(len(f.image))
+	for _, name := range []string{"half", "whole", "form"} {
+		f.newImage(t, name, "")
+	}
+	// Half an upload, said to be whole: its total is what it keeps.
+	f.cut(t, "half", partSize)
+	resp, msg := f.do(t, http.MethodPut, "whole", f.uploader, f.image[:8<<20], "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge))
+	g.Expect(msg).To(Equal(fmt.Sprintf("namespace %s may keep %d bytes of uploads (the upload proxy's limit per namespace (uploadProxy.maxBytesPerNamespace)): %d are kept and 0 being written, and this upload has %d; delete images whose uploads are done with, or raise the bound",
+		f.ns, 30<<20, size, 8<<20)))
+
+	// The unfinished upload resumes: its own bytes are not counted twice.
+	resp, msg = f.do(t, http.MethodPut, "half", f.uploader, f.image[partSize:], fmt.Sprintf("bytes %d-%d/%d", partSize, size-1, size))
+	g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+
+	key := f.withTokens(t)
+	ct, body := form(t, f.image, false)
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "form", time.Now().Add(10*time.Minute)), ct, body), slow).
+		Should(Receive(HavePrefix(fmt.Sprintf("413 namespace %s may keep %d bytes of uploads", f.ns, 30<<20))))
+	g.Expect(f.stored(t, "form")).To(BeEmpty(), "a form stopped at the bound leaves nothing")
+}
