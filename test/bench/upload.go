@@ -11,7 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/diskpipe/diskpipe/test/localcluster"
+	"github.com/diskpipe/diskpipe/test/framework"
 )
 
 // benchUpload uploads the 4 GiB disk with `kubectl diskpipe upload` through the upload proxy
@@ -30,21 +30,25 @@ func benchUpload(root, work string) error {
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
 	ctrllog.SetLogger(logr.Discard()) // the test cluster's client logs nothing worth reading here
-	c, err := localcluster.Start(ctx, localcluster.Options{Dir: dir, Bin: filepath.Join(root, "bin")})
+	c, err := framework.Start(ctx, framework.Options{Kind: framework.Local, Dir: dir})
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
-	if err := c.Namespace(ctx, "bench"); err != nil {
+	if err := c.EnsureNamespace(ctx, "bench"); err != nil {
+		return err
+	}
+	endpoint, access, secret, err := c.StoreAccess(ctx)
+	if err != nil {
 		return err
 	}
 	size := fileSize(raw)
-	fmt.Printf("bench-upload: %s, %.2f GiB; store on %s, upload proxy on %s\n", raw, float64(size)/(1<<30), c.Store.Endpoint, c.UploadURL)
+	fmt.Printf("bench-upload: %s, %.2f GiB; store on %s, upload proxy on %s\n", raw, float64(size)/(1<<30), endpoint, c.UploadURL())
 
-	awsEnv := []string{"AWS_ACCESS_KEY_ID=" + c.Store.AccessKey, "AWS_SECRET_ACCESS_KEY=" + c.Store.SecretKey, "AWS_DEFAULT_REGION=us-east-1",
+	awsEnv := []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_DEFAULT_REGION=us-east-1",
 		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}
 	aws := func(args ...string) []string {
-		return append([]string{"--endpoint-url", c.Store.Endpoint, "--no-cli-pager"}, args...)
+		return append([]string{"--endpoint-url", endpoint, "--no-cli-pager"}, args...)
 	}
 	if _, err := timedEnv("mb", 0, awsEnv, "/usr/bin/aws", aws("s3", "mb", "s3://bench")...); err != nil {
 		return err
@@ -55,12 +59,13 @@ func benchUpload(root, work string) error {
 		return err
 	}
 	dropCaches()
-	plugin, err := timedEnv("kubectl diskpipe upload", size, []string{"KUBECONFIG=" + c.Kubeconfig}, filepath.Join(root, "bin", "kubectl-diskpipe"),
+	plugin, err := timedEnv("kubectl diskpipe upload", size, []string{"KUBECONFIG=" + c.KubeconfigFile()}, filepath.Join(root, "bin", "kubectl-diskpipe"),
 		"upload", "bench", "--file", raw, "--create", "--size", "5Gi", "--no-wait", "-n", "bench")
 	if err != nil {
 		return err
 	}
-	proxyRSS, err := peakRSS(c.PID("uploadproxy"))
+	lc, _ := framework.LocalCluster(c)
+	proxyRSS, err := peakRSS(lc.PID("uploadproxy"))
 	if err != nil {
 		return err
 	}

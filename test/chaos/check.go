@@ -22,14 +22,15 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/export"
 	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/test/framework"
 )
 
 // check verifies the end state: everything Ready and identical to its source, nothing left
 // over, no secret in any log.
-func check(ctx context.Context, c config, cl cluster, raw string, images []*hypercloud.VirtualMachineImage,
+func check(ctx context.Context, c config, cl framework.Cluster, raw string, images []*hypercloud.VirtualMachineImage,
 	disks []*diskvolume.DiskVolume, exports []*hypercloud.VirtualMachineVolumeExport) []row {
 	k := cl.APIClient()
-	rootSecret, err := cl.StoreSecretKey(ctx)
+	_, _, rootSecret, err := cl.StoreAccess(ctx)
 	if err != nil {
 		return []row{{"the store's root keys", err.Error(), "", false}}
 	}
@@ -182,7 +183,7 @@ func same(raw, dir string) bool {
 }
 
 // sameExport downloads an export with the store's root keys and compares it with the image.
-func sameExport(ctx context.Context, cl cluster, ex *hypercloud.VirtualMachineVolumeExport, raw string) bool {
+func sameExport(ctx context.Context, cl framework.Cluster, ex *hypercloud.VirtualMachineVolumeExport, raw string) bool {
 	tmp, err := os.CreateTemp("", "chaos-export-*.qcow2")
 	if err != nil {
 		return false

@@ -32,6 +32,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/test/framework"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -92,7 +93,7 @@ func run(c config) (bool, error) {
 	}
 	defer log.Close()
 	fmt.Printf("chaos: %s cluster, run in %s\n", c.cluster, dir)
-	cl, err := startCluster(ctx, c.cluster, dir, log)
+	cl, err := framework.Start(ctx, framework.Options{Kind: c.cluster, Dir: dir, Log: log, KeepPodLogs: true})
 	if err != nil {
 		return false, err
 	}
@@ -119,7 +120,7 @@ func run(c config) (bool, error) {
 	base := "http://" + l.Addr().String() + "/"
 	namespaces := []string{"chaos-a", "chaos-b", "chaos-c"}
 	for _, ns := range namespaces {
-		if err := cl.Namespace(ctx, ns); err != nil {
+		if err := cl.EnsureNamespace(ctx, ns); err != nil {
 			return false, err
 		}
 	}
@@ -301,7 +302,7 @@ func phasesOf(ctx context.Context, k client.Client, l client.ObjectList) ([]comm
 // faults breaks things at seeded moments.
 type faults struct {
 	c   config
-	cl  cluster
+	cl  framework.Cluster
 	rng *rand.Rand
 	log io.Writer
 
@@ -439,7 +440,7 @@ func exportBucket(ns string) string { return "chaos-exports-" + ns }
 
 // shareSource puts raw into the bundled store as the first namespace, in its bucket chaos-src,
 // and shares it with the others by the bucket's policy, as a tenant shares an image.
-func shareSource(ctx context.Context, cl cluster, raw string, namespaces []string) error {
+func shareSource(ctx context.Context, cl framework.Cluster, raw string, namespaces []string) error {
 	root, err := cl.StoreClient(ctx)
 	if err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/diskpipe/diskpipe/test/bootdisk"
+	"github.com/diskpipe/diskpipe/test/framework"
 )
 
 const ns = "demo"
@@ -43,13 +44,13 @@ func main() {
 	}
 	ctx := context.Background()
 	start := time.Now()
-	c, err := startCluster(ctx, *kind, root, dir)
+	c, err := startCluster(ctx, *kind, dir)
 	if err != nil {
 		fail(err)
 	}
-	done(*kind+" cluster up", start, "KUBECONFIG="+c.KubeconfigPath())
+	done(*kind+" cluster up", start, "KUBECONFIG="+c.KubeconfigFile())
 	if err := run(ctx, c, dir); err != nil {
-		fmt.Fprintf(os.Stderr, "\ndemo: %v\nlogs: %s\n", err, c.Logs())
+		fmt.Fprintf(os.Stderr, "\ndemo: %v\nlogs: %s\n", err, logs(c))
 		if !*keep {
 			c.Stop()
 			os.Exit(1)
@@ -63,7 +64,7 @@ func main() {
 	}
 	if *keep {
 		fmt.Printf("\nThe cluster keeps running. In another shell:\n  export KUBECONFIG=%s\n  %s/kubectl get diskpipe -A\nCtrl-C stops it.\n",
-			c.KubeconfigPath(), filepath.Join(root, "bin"))
+			c.KubeconfigFile(), filepath.Join(root, "bin"))
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 		<-sig
@@ -71,7 +72,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, c demoCluster, dir string) error {
+func run(ctx context.Context, c framework.Cluster, dir string) error {
 	// The bootable disk (make bootdisk): Debian's kernel and busybox behind syslinux.
 	t := time.Now()
 	image := filepath.Join(dir, "demo.qcow2")
@@ -97,13 +98,13 @@ func run(ctx context.Context, c demoCluster, dir string) error {
 		}
 	}
 	t = time.Now()
-	if out, err := c.AWS(ctx, ns, "s3", "mb", "s3://vmimage"); err != nil {
+	if out, err := c.TenantAWS(ctx, ns, "s3", "mb", "s3://vmimage"); err != nil {
 		return fmt.Errorf("aws s3 mb: %w: %s", err, out)
 	}
-	if out, err := c.AWS(ctx, ns, "s3", "cp", image, "s3://vmimage/bionic-server-cloudimg-amd64.img"); err != nil {
+	if out, err := c.TenantAWS(ctx, ns, "s3", "cp", image, "s3://vmimage/bionic-server-cloudimg-amd64.img"); err != nil {
 		return fmt.Errorf("aws s3 cp: %w: %s", err, out)
 	}
-	done("aws s3 cp demo.qcow2 s3://vmimage/bionic-server-cloudimg-amd64.img, with namespace "+ns+"'s keys (an ObjectStoreKeysRequest)", t, c.StoreEndpoint())
+	done("aws s3 cp demo.qcow2 s3://vmimage/bionic-server-cloudimg-amd64.img, with namespace "+ns+"'s keys (an ObjectStoreKeysRequest)", t, storeEndpoint(ctx, c))
 
 	t = time.Now()
 	objectStoreImage, err := seed("003-virtualmachineimage-objectstore-fixed.yaml")
@@ -205,7 +206,7 @@ func run(ctx context.Context, c demoCluster, dir string) error {
 	return nil
 }
 
-func apply(ctx context.Context, c demoCluster, yaml string) error {
+func apply(ctx context.Context, c framework.Cluster, yaml string) error {
 	out, errOut, err := c.Kubectl(ctx, []byte(yaml), "apply", "-n", ns, "-f", "-")
 	fmt.Print(indent(out))
 	if err != nil {
@@ -214,14 +215,14 @@ func apply(ctx context.Context, c demoCluster, yaml string) error {
 	return nil
 }
 
-func show(ctx context.Context, c demoCluster, args ...string) {
+func show(ctx context.Context, c framework.Cluster, args ...string) {
 	out, errOut, _ := c.Kubectl(ctx, nil, args...)
 	fmt.Print(indent(out + errOut))
 }
 
 // waitFor polls `kubectl get` until every named object's phase is Ready; progress shows the
 // table while it waits.
-func waitFor(ctx context.Context, c demoCluster, resource string, names []string, progress bool) error {
+func waitFor(ctx context.Context, c framework.Cluster, resource string, names []string, progress bool) error {
 	const want, limit = "Ready", 3 * time.Minute
 	deadline := time.Now().Add(limit)
 	last := ""
@@ -326,7 +327,7 @@ func gib(n int64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }
 
 // bootUnderQEMU boots the VM's root disk (its bootOrder 1 disk's PVC) as KubeVirt would, under
 // QEMU: the local cluster runs no KubeVirt.
-func bootUnderQEMU(ctx context.Context, c demoCluster) error {
+func bootUnderQEMU(ctx context.Context, c framework.Cluster) error {
 	t := time.Now()
 
 	root, _, err := c.Kubectl(ctx, nil, "get", "virtualmachines.kubevirt.io", "vm1", "-n", ns, "-o",
@@ -353,7 +354,7 @@ func bootUnderQEMU(ctx context.Context, c demoCluster) error {
 // not, so KubeVirt refuses it, and the VM's status says so. The demo then fixes the hardware
 // as a user would, and drops the seed's CPU model (Westmere), which libvirt finds unusable on
 // this machine's CPU, so that KubeVirt can schedule the VM.
-func fixForKubeVirt(ctx context.Context, c demoCluster) error {
+func fixForKubeVirt(ctx context.Context, c framework.Cluster) error {
 	t := time.Now()
 	deadline := time.Now().Add(3 * time.Minute)
 	msg := ""
@@ -383,7 +384,7 @@ func fixForKubeVirt(ctx context.Context, c demoCluster) error {
 // console. The bootable disk powers the guest off once it has printed its lines, and KubeVirt
 // starts it again (runStrategy Always) in a new launcher pod: every launcher pod is read,
 // since the one that printed may already be ending.
-func bootUnderKubeVirt(ctx context.Context, c demoCluster) error {
+func bootUnderKubeVirt(ctx context.Context, c framework.Cluster) error {
 	t := time.Now()
 	const wait = 6 * time.Minute
 	deadline := time.Now().Add(wait)

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	realcluster "github.com/diskpipe/diskpipe/test/cluster"
+	"github.com/diskpipe/diskpipe/test/framework"
 )
 
 // What only a real node shows: Kubernetes' own controllers (the garbage collector,
@@ -37,7 +38,8 @@ func node() *realcluster.Cluster {
 	if !real() {
 		Skip(onlyReal)
 	}
-	return cluster.(*realcluster.Cluster)
+	c, _ := framework.RealNode(cluster)
+	return c
 }
 
 // get reads a namespaced object with the administrator's client.
