@@ -51,6 +51,9 @@ func GetImage(ctx context.Context, c client.Reader, ns, resource, name string) (
 		}
 		return Image{}, err
 	}
+	if obj.GetDeletionTimestamp() != nil {
+		return Image{}, fail(http.StatusConflict, "%s %s/%s is being deleted: it takes no upload", resource, ns, name)
+	}
 	upload, sum := src()
 	if upload == nil {
 		return Image{}, fail(http.StatusConflict, "%s %s/%s does not take uploads: its source is not upload", resource, ns, name)

@@ -26,14 +26,18 @@ import (
 // the proxy do not see each other's reservations (one may pass the bound by what another is
 // writing).
 
-// bound is what a namespace's uploads may hold, and where that comes from; 0 is no bound.
+// bound is what a namespace's uploads may hold, and where that comes from, when set.
 type bound struct {
+	set   bool
 	bytes int64
 	from  string
 }
 
 func (s *Server) bound(ctx context.Context, ns string) (bound, error) {
-	b := bound{bytes: s.MaxBytesPerNamespace, from: "the upload proxy's limit per namespace (uploadProxy.maxBytesPerNamespace)"}
+	b := bound{}
+	if s.MaxBytesPerNamespace > 0 {
+		b = bound{set: true, bytes: s.MaxBytesPerNamespace, from: "the upload proxy's limit per namespace (uploadProxy.maxBytesPerNamespace)"}
+	}
 	quotas := &corev1.ResourceQuotaList{}
 	if err := s.Kube.List(ctx, quotas, client.InNamespace(ns)); err != nil {
 		return bound{}, fmt.Errorf("reading the ResourceQuotas of namespace %s: %w", ns, err)
@@ -43,8 +47,9 @@ func (s *Server) bound(ctx context.Context, ns string) (bound, error) {
 		if !ok {
 			continue
 		}
-		if n := hard.Value(); b.bytes == 0 || n < b.bytes {
-			b = bound{bytes: n, from: fmt.Sprintf("the requests.storage of ResourceQuota %s", q.Name)}
+		// A quota of 0 is a bound too: no storage, so no uploads.
+		if n := hard.Value(); !b.set || n < b.bytes {
+			b = bound{set: true, bytes: n, from: fmt.Sprintf("the requests.storage of ResourceQuota %s", q.Name)}
 		}
 	}
 	return b, nil
@@ -85,7 +90,7 @@ func (s *Server) held(ctx context.Context, ns string) (map[string]int64, error) 
 // stored. release gives the room back once the request ends.
 func (s *Server) reserve(ctx context.Context, ns, key string, size int64) (release func(), err error) {
 	b, err := s.bound(ctx, ns)
-	if err != nil || b.bytes == 0 {
+	if err != nil || !b.set {
 		return func() {}, err
 	}
 	held, err := s.held(ctx, ns)

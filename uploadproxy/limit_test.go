@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -95,4 +96,47 @@ func TestUploadsBoundedByProxy(t *testing.T) {
 	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "form", time.Now().Add(10*time.Minute)), ct, body), slow).
 		Should(Receive(HavePrefix(fmt.Sprintf("413 namespace %s may keep %d bytes of uploads", f.ns, 30<<20))))
 	g.Expect(f.stored(t, "form")).To(BeEmpty(), "a form stopped at the bound leaves nothing")
+}
+
+// TestUploadsRefusedEarly: a storage quota of 0 is a bound (no uploads), whatever the proxy's
+// own; a request that says a smaller size than the bytes stored is refused, not counted at
+// its word; an image being deleted takes no upload, so that nothing is written after its
+// cleanup.
+func TestUploadsRefusedEarly(t *testing.T) {
+	f := setup(t, func(s *uploadproxy.Server) { s.MaxBytesPerNamespace = 1 << 30 })
+	g := NewWithT(t)
+	ctx := t.Context()
+	for _, name := range []string{"cut", "going"} {
+		f.newImage(t, name, "")
+	}
+	// A form, whose size is not said, cut after two parts; then a PUT that says one part.
+	key := f.withTokens(t)
+	ct, cut := form(t, f.image[:len(f.image)-1000], true)
+	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadForm, f.token(t, key, "cut", time.Now().Add(10*time.Minute)), ct, cut), slow).
+		Should(Receive(HavePrefix("400 the body ended at byte")))
+	resp, msg := f.do(t, http.MethodHead, "cut", f.uploader, nil, "")
+	stored := resp.Header.Get(uploadproxy.HeaderOffset)
+	g.Expect(stored).NotTo(Equal("0"), msg)
+	resp, msg = f.do(t, http.MethodPut, "cut", f.uploader, f.image[:partSize], "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusConflict), msg)
+	g.Expect(msg).To(Equal(fmt.Sprintf("%s bytes of the upload are stored, more than this request's %d: upload the same file, or delete and make the image again", stored, partSize)))
+
+	going := &hypercloud.VirtualMachineImage{}
+	g.Expect(env.Client.Get(ctx, clientKey(f.ns, "going"), going)).To(Succeed())
+	going.Finalizers = append(going.Finalizers, "test.diskpipe.io/hold")
+	g.Expect(env.Client.Update(ctx, going)).To(Succeed())
+	g.Expect(env.Client.Delete(ctx, going)).To(Succeed())
+	resp, msg = f.do(t, http.MethodPut, "going", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusConflict), msg)
+	g.Expect(msg).To(Equal(fmt.Sprintf("virtualmachineimages %s/going is being deleted: it takes no upload", f.ns)))
+	g.Expect(env.Client.Get(ctx, clientKey(f.ns, "going"), going)).To(Succeed())
+	going.Finalizers = nil
+	g.Expect(env.Client.Update(ctx, going)).To(Succeed())
+
+	g.Expect(env.Client.Create(ctx, &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "none", Namespace: f.ns},
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourceRequestsStorage: resource.MustParse("0")}}})).To(Succeed())
+	f.newImage(t, "none", "")
+	resp, msg = f.do(t, http.MethodPut, "none", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusRequestEntityTooLarge), msg)
+	g.Expect(msg).To(HavePrefix(fmt.Sprintf("namespace %s may keep 0 bytes of uploads (the requests.storage of ResourceQuota none)", f.ns)))
 }

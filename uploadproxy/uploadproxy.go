@@ -194,6 +194,8 @@ type upload struct {
 	complete bool
 	state
 	sum *transfer.Checksum
+	// alive says whether the image is still there, not being deleted.
+	alive func(context.Context) error
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
@@ -243,6 +245,16 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 		return fail(http.StatusForbidden, "the upload token is for an earlier %s %s/%s, since deleted: ask for a new one", resource, ns, name)
 	}
 	key := uploads.ObjectKey(ns, resource, name, img.UID)
+	// The image may be deleted while its upload goes on: before a store write that outlives
+	// the request (a new multipart upload, the marker), it must still be there, the same one,
+	// or its cleanup, done already, would miss what the write leaves.
+	alive := func(ctx context.Context) error {
+		now, err := GetImage(ctx, s.Kube, ns, resource, name)
+		if err == nil && now.UID != img.UID {
+			err = fail(http.StatusConflict, "%s %s/%s was deleted and made again during the upload: upload to the new one", resource, ns, name)
+		}
+		return err
+	}
 	if r.Method != http.MethodHead {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
@@ -265,6 +277,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 	if err != nil {
 		return err
 	}
+	u.alive = alive
 	if r.Method == http.MethodHead {
 		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 		w.Header().Set(HeaderComplete, strconv.FormatBool(u.complete))
@@ -454,6 +467,9 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 		return fail(http.StatusConflict, "the upload is at byte %d; continue from there", u.Offset)
 	}
+	if total > 0 && u.Offset > total {
+		return fail(http.StatusConflict, "%d bytes of the upload are stored, more than this request's %d: upload the same file, or delete and make the image again", u.Offset, total)
+	}
 	ns := namespaceOf(u.key)
 	if total > 0 {
 		release, err := s.reserve(ctx, ns, u.key, total)
@@ -464,6 +480,9 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	}
 	core := minio.Core{Client: s.Store.Client}
 	if u.UploadID == "" {
+		if err := u.alive(ctx); err != nil {
+			return err
+		}
 		if err := s.ensureBucket(ctx); err != nil {
 			return err
 		}
@@ -482,11 +501,12 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 			return err
 		}
 	}
-	// Skip what is stored already.
+	// Skip what is stored already; a client that sends nothing frees the upload in time.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(2 * time.Minute))
 	if _, err := io.CopyN(io.Discard, in, u.Offset-start); err != nil {
 		return fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.Offset, err)
 	}
-	rc := http.NewResponseController(w)
 	buf := make([]byte, s.PartSize)
 	reserved := false
 	for total < 0 || u.Offset < total {
@@ -572,6 +592,10 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, u *upload)
 		return fail(http.StatusUnprocessableEntity, "%v; the upload was discarded: upload the right image", err)
 	}
 	digest := u.sum.Digest()
+	if err := u.alive(ctx); err != nil {
+		s.discard(ctx, u.key)
+		return err
+	}
 	if _, err := s.Store.PutObject(ctx, uploads.Bucket, uploads.MarkerKey(u.key), strings.NewReader(digest), int64(len(digest)), minio.PutObjectOptions{}); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ package tenancy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
@@ -51,6 +53,8 @@ const SweepEvery = 10 * time.Minute
 // Sweeper is the manager's runnable (on the leader) that settles the store's accounts with the
 // namespaces that exist, at start and every SweepEvery (objectstore.Client.SweepTenants), and
 // gives namespaces whose account moved their new keys in the Secret diskpipe wrote for them.
+// It also removes the uploads of images that are gone (uploads.Sweep), so that no namespace
+// carries, or inherits under a reused name, bytes nobody owns.
 type Sweeper struct {
 	Store  *objectstore.Client
 	Reader client.Reader
@@ -116,5 +120,9 @@ func (s *Sweeper) Sweep(ctx context.Context) error {
 	for _, access := range done.Removed {
 		log.Info("removed the store account of a namespace that is gone", "access", access)
 	}
-	return err
+	gone, uerr := uploads.Sweep(ctx, s.Store, s.Reader)
+	for _, key := range gone {
+		log.Info("removed the upload of an image that is gone", "key", key)
+	}
+	return errors.Join(err, uerr)
 }
