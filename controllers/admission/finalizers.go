@@ -68,11 +68,11 @@ func FinalizerPolicy() *admissionregistrationv1.MutatingAdmissionPolicy {
 
 // FinalizerPolicyBinding binds FinalizerPolicy in every namespace.
 func FinalizerPolicyBinding() *admissionregistrationv1.MutatingAdmissionPolicyBinding {
-	return mutatingBinding(FinalizerPolicyName)
+	return MutatingBinding(FinalizerPolicyName)
 }
 
-// mutatingBinding binds the MutatingAdmissionPolicy of that name, named alike, in every namespace.
-func mutatingBinding(name string) *admissionregistrationv1.MutatingAdmissionPolicyBinding {
+// MutatingBinding binds the MutatingAdmissionPolicy of that name, named alike, in every namespace.
+func MutatingBinding(name string) *admissionregistrationv1.MutatingAdmissionPolicyBinding {
 	return &admissionregistrationv1.MutatingAdmissionPolicyBinding{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingAdmissionPolicyBinding"},
 		ObjectMeta: metav1.ObjectMeta{Name: name},

@@ -99,7 +99,7 @@ func (c *Config) syncConfig(ctx context.Context) error {
 // sets them, see SpecOverhead, else the chart's), the import proxy of the spec (SpecProxy), and
 // the upload proxy's URL as the
 // administrator's spec.uploadProxyURLOverride says, or else as the chart's values do (CDI's
-// order). The spec's other settings are refused at admission (admission.CDIPolicy).
+// order). The spec's other settings are refused at admission (policy.CDIPolicy).
 func (c *Config) status(spec *cdiv1.CDIConfigSpec) cdiv1.CDIConfigStatus {
 	percent := func(f float64) cdiv1.Percent { return cdiv1.Percent(strconv.FormatFloat(f, 'f', -1, 64)) }
 	fs := &cdiv1.FilesystemOverhead{Global: percent(c.FilesystemOverhead.For("")), StorageClass: map[string]cdiv1.Percent{}}

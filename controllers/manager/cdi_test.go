@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/diskpipe/diskpipe/controllers/admission"
+	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 )
@@ -38,7 +38,7 @@ func TestCDIPolicy(t *testing.T) {
 	legacy.SetKind("CDIConfig")
 	legacy.SetName("legacy-" + ns)
 	g.Expect(env.Client.Create(ctx, legacy)).To(Succeed())
-	policies := []client.Object{admission.CDIPolicy(), admission.CDIPolicyBinding(), admission.UploadPVCPolicy(), admission.UploadPVCPolicyBinding()}
+	policies := []client.Object{cdipolicy.CDIPolicy(), cdipolicy.CDIPolicyBinding(), cdipolicy.UploadPVCPolicy(), cdipolicy.UploadPVCPolicyBinding()}
 	for _, o := range policies {
 		g.Expect(env.Client.Create(ctx, o)).To(Succeed())
 	}
@@ -185,7 +185,7 @@ func TestCDIPolicy(t *testing.T) {
 	// refused: its bytes could be in use, and it may be bound already.
 	plain := pvc("plain", "")
 	g.Expect(ctrltest.Update(ctx, env.Client, plain, func() {
-		plain.SetAnnotations(map[string]string{admission.AnnUploadTarget: ""})
+		plain.SetAnnotations(map[string]string{cdipolicy.AnnUploadTarget: ""})
 	})).To(MatchError(ContainSubstring("an existing PVC cannot be marked for an upload")))
 
 	// A CDIConfig's setting is refused when it is added; one that was there may stay while

@@ -23,7 +23,7 @@ const (
 // An upload into a PVC (virtctl image-upload pvc) is staged by a VirtualMachineImage of source
 // upload that the PVC controls, named UploadPVCImage(the PVC's name): admission gives a PVC
 // marked AnnUploadTarget, as it is created, a dataSourceRef to that image
-// (controllers/admission, UploadPVCPolicy), so that the PVC stays Pending, is filled by
+// (controllers/cdi/policy, UploadPVCPolicy), so that the PVC stays Pending, is filled by
 // diskpipe's populator once the image is Ready, and is bound only then (controllers/cdi,
 // UploadPVCReconciler).
 

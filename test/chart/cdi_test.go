@@ -18,7 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/diskpipe/diskpipe/controllers/admission"
+	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	"github.com/diskpipe/diskpipe/test/testenv"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -31,7 +31,7 @@ var cdiKinds = []string{"datavolumes", "datasources", "dataimportcrons", "storag
 // not serve, the same policy the manager's tests prove.
 func TestCDICompatibility(t *testing.T) {
 	for _, o := range render(t, "diskpipe-system") {
-		if groupOf(o) == "cdi.kubevirt.io" || strings.HasPrefix(o.GetName(), admission.CDIPolicyName) {
+		if groupOf(o) == "cdi.kubevirt.io" || strings.HasPrefix(o.GetName(), cdipolicy.CDIPolicyName) {
 			t.Errorf("default values render %s %s: CDI's API is off by default", o.GetKind(), o.GetName())
 		}
 	}
@@ -67,10 +67,10 @@ func TestCDICompatibility(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if want := admission.CDIPolicy(); policy.Name != want.Name || !equality.Semantic.DeepEqual(policy.Spec, want.Spec) {
+	if want := cdipolicy.CDIPolicy(); policy.Name != want.Name || !equality.Semantic.DeepEqual(policy.Spec, want.Spec) {
 		t.Errorf("the CDI policy differs:\nchart:   %+v\nmanager: %+v", policy.Spec, want.Spec)
 	}
-	if want := admission.CDIPolicyBinding(); binding.Name != want.Name || !equality.Semantic.DeepEqual(binding.Spec, want.Spec) {
+	if want := cdipolicy.CDIPolicyBinding(); binding.Name != want.Name || !equality.Semantic.DeepEqual(binding.Spec, want.Spec) {
 		t.Errorf("the CDI policy binding differs:\nchart:   %+v\nmanager: %+v", binding.Spec, want.Spec)
 	}
 
@@ -79,7 +79,7 @@ func TestCDICompatibility(t *testing.T) {
 		t.Errorf("the upload PVC policy is rendered for a cluster without MutatingAdmissionPolicy")
 	}
 	withMAP := render(t, "diskpipe-system", "--set", "cdi.compatibility.enabled=true", "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
-	for _, want := range []client.Object{admission.UploadPVCPolicy(), admission.UploadPVCPolicyBinding()} {
+	for _, want := range []client.Object{cdipolicy.UploadPVCPolicy(), cdipolicy.UploadPVCPolicyBinding()} {
 		sameSpec(t, withMAP, want)
 	}
 

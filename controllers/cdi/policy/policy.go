@@ -1,4 +1,8 @@
-package admission
+// Package policy holds the admission policies of diskpipe's CDI API: what of CDI's API it does
+// not serve, refused with the reason as the object is written (a ValidatingAdmissionPolicy),
+// and the PVC made for an upload pointed at its staging image (a MutatingAdmissionPolicy).
+// The chart installs both with cdi.compatibility.enabled; test/chart checks they are these.
+package policy
 
 import (
 	"fmt"
@@ -8,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 )
@@ -122,7 +127,7 @@ func UploadPVCPolicy() *admissionregistrationv1.MutatingAdmissionPolicy {
 
 // UploadPVCPolicyBinding binds UploadPVCPolicy in every namespace.
 func UploadPVCPolicyBinding() *admissionregistrationv1.MutatingAdmissionPolicyBinding {
-	return mutatingBinding(UploadPVCPolicyName)
+	return admission.MutatingBinding(UploadPVCPolicyName)
 }
 
 // overheadOK holds when the CDIConfig's spec.filesystemOverhead, set or changed, is one diskpipe
