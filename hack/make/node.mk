@@ -21,6 +21,10 @@ pause-image: $(BIN)/image ## Build the real cluster's pause image (test/cluster/
 KUBEVIRT ?= 0
 KUBEVIRT_DEPS_1 = kubevirt kubevirt-images
 
+# NODES=3 makes the real cluster of three nodes (each its own network, containerd, kubelet and
+# kube-proxy; see test/cluster); specs that need several nodes skip on one, saying so.
+NODES ?= 1
+
 # The real node skips the specs labelled local-proves: what they prove (a client's behaviour, a
 # format's parsing, a controller's policy) is the same on any cluster, and make test runs them on
 # the local cluster; that keeps CI's real node, KubeVirt's VMs included, in its time.
@@ -28,11 +32,11 @@ KUBEVIRT_DEPS_1 = kubevirt kubevirt-images
 # on the real node.
 E2E_LABELS ?= !local-proves && !bench
 
-E2E_REAL = DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_E2E_CLUSTER=real go test -v $(GO_TEST_FLAGS) -timeout 55m ./test/e2e/ \
+E2E_REAL = DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_NODES=$(NODES) DISKPIPE_E2E_CLUSTER=real go test -v $(GO_TEST_FLAGS) -timeout 55m ./test/e2e/ \
 	-args -ginkgo.v -ginkgo.timeout=$(E2E_TIMEOUT) -ginkgo.label-filter='$(E2E_LABELS)'
 
 .PHONY: test-cluster test-cluster-deps test-cluster-suite
-test-cluster: test-cluster-deps ## Run the end-to-end suite on a real single-node cluster (as root): diskpipe installed by helm from its image; KUBEVIRT=1 adds the real KubeVirt.
+test-cluster: test-cluster-deps ## Run the end-to-end suite on a real cluster (as root): diskpipe installed by helm from its image; KUBEVIRT=1 adds the real KubeVirt, NODES=3 three nodes.
 	$(E2E_REAL)
 
 # What the real node needs, built and installed; test-cluster-suite runs the suite alone, on
@@ -44,9 +48,9 @@ test-cluster-suite:
 	$(E2E_REAL)
 
 .PHONY: cluster-up
-cluster-up: setup cluster-tools build image pause-image $(KUBEVIRT_DEPS_$(KUBEVIRT)) ## Start the real single-node cluster (root) with diskpipe installed by its chart (KUBEVIRT=1: and KubeVirt), and keep it until Ctrl-C.
+cluster-up: setup cluster-tools build image pause-image $(KUBEVIRT_DEPS_$(KUBEVIRT)) ## Start the real cluster (root) with diskpipe installed by its chart (KUBEVIRT=1: and KubeVirt; NODES=3: three nodes), and keep it until Ctrl-C.
 	hack/setup.sh cluster
-	DISKPIPE_KUBEVIRT=$(KUBEVIRT) go run ./test/cluster/up
+	DISKPIPE_KUBEVIRT=$(KUBEVIRT) DISKPIPE_NODES=$(NODES) go run ./test/cluster/up
 
 # The real single-node cluster (test/cluster, make test-cluster) adds the node's and the control
 # plane's other parts, CoreDNS, the CNI plugins and the real CSI sidecars, all from Go modules;

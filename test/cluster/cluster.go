@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -74,9 +75,11 @@ type Options struct {
 	// installed, rather than once KubeVirt is Available; WaitKubeVirt waits for the rest. The
 	// end-to-end suite runs its other specs meanwhile.
 	KubeVirtLater bool
+	// Nodes is how many nodes the cluster has (default 1, at most MaxNodes).
+	Nodes int
 }
 
-// Cluster is a running single-node cluster.
+// Cluster is a running cluster.
 type Cluster struct {
 	opts Options
 	// Kubeconfig is an administrator's kubeconfig; Config and Client reach the apiserver as one.
@@ -89,8 +92,10 @@ type Cluster struct {
 	pki   *pki.Authority
 	mu    sync.Mutex
 	procs []*proc
-	// nodePID is PID 1 of the node's namespace, as the machine sees it (nodeNamespace).
-	nodePID int
+	nodes []*node
+	// bg ends with Stop: the parts that run in this process (the CSI driver, the registry's
+	// forward) run until it does.
+	bg context.Context
 	// killedMetrics is what each manager pod RestartManager deleted served last; unscraped
 	// says which could not be read first.
 	killedMetrics []string
@@ -125,7 +130,17 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err := enoughDisk(o.Dir, o.Log); err != nil {
 		return nil, err
 	}
+	if o.Nodes == 0 {
+		o.Nodes = 1
+	}
+	if o.Nodes < 1 || o.Nodes > MaxNodes {
+		return nil, fmt.Errorf("a cluster of %d nodes: from 1 to %d", o.Nodes, MaxNodes)
+	}
 	cl := &Cluster{opts: o, sysctls: map[string]string{}}
+	cl.bg, cl.cancel = context.WithCancel(context.Background())
+	for i := 1; i <= o.Nodes; i++ {
+		cl.nodes = append(cl.nodes, newNode(i))
+	}
 	c = cl
 	defer func() {
 		if err != nil {
@@ -148,7 +163,17 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err := c.images(ctx); err != nil {
 		return nil, err
 	}
-	if err := c.node(ctx); err != nil {
+	if len(c.nodes) > 1 {
+		if err := registryForward(c.bg); err != nil {
+			return nil, fmt.Errorf("the registry on %s: %w", registryOnNodeIP, err)
+		}
+	}
+	for _, n := range c.nodes {
+		if err := c.startNode(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.dns(ctx); err != nil {
 		return nil, err
 	}
 	if err := c.storage(ctx); err != nil {
@@ -444,12 +469,10 @@ func (c *Cluster) Stop() {
 	c.mu.Lock()
 	procs := append([]*proc(nil), c.procs...)
 	c.mu.Unlock()
-	// The kubelet first, so that it restarts nothing; then the containers; then the rest.
-	for _, name := range []string{"kubelet"} {
-		for _, p := range procs {
-			if p.name == name {
-				stopProc(p)
-			}
+	// The kubelets first, so that they restart nothing; then the containers; then the rest.
+	for _, p := range procs {
+		if p.name == "kubelet" || strings.HasPrefix(p.name, "kubelet-") {
+			stopProc(p)
 		}
 	}
 	killContainers(c.opts.Dir, c.opts.Log)
@@ -513,5 +536,14 @@ func (c *Cluster) Kubectl(ctx context.Context, stdin []byte, args ...string) (st
 func DefaultOptions(log io.Writer) Options {
 	return Options{Bin: testenv.Path("bin"), Dir: DefaultDir, Image: testenv.Path("bin", "diskpipe-image.tar"),
 		Pause: testenv.Path("bin", "pause-image.tar"), Chart: testenv.ChartPath(), Log: log,
-		KubeVirt: os.Getenv("DISKPIPE_KUBEVIRT") == "1"}
+		KubeVirt: os.Getenv("DISKPIPE_KUBEVIRT") == "1", Nodes: nodesFromEnv()}
+}
+
+// nodesFromEnv is DISKPIPE_NODES (make ... NODES=3): how many nodes; 1 when unset.
+func nodesFromEnv() int {
+	n, err := strconv.Atoi(os.Getenv("DISKPIPE_NODES"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,16 @@ import (
 
 // Driver is the name of the harness's CSI driver.
 const Driver = "hostpath.csi.diskpipe.test"
+
+// TopologyKey is the driver's topology: the node a node-local volume lives on. A class whose
+// parameters set LocalParameter "true" makes node-local volumes, as TopoLVM, LVMS, local-path
+// and OpenEBS LocalPV do: the volume is published only on its node, and a clone or a restore
+// of it is made only there (refused with InvalidArgument when the node it is wanted on is
+// another). Other classes make volumes every node reaches, as Ceph RBD does.
+const (
+	TopologyKey    = "topology.hostpath.csi.diskpipe.test/node"
+	LocalParameter = "diskpipe.test/node-local"
+)
 
 // hostPath is the harness's CSI driver. It is a test fixture, not a storage system: a
 // filesystem volume is a directory, a block volume a file (block.img) in a directory attached
@@ -48,6 +59,47 @@ type hostPath struct {
 }
 
 func (d *hostPath) volumeDir(id string) string { return filepath.Join(d.dir, "volumes", id) }
+
+// nodeOf is the node a node-local volume or snapshot (its directory dir) lives on; "" when it
+// is not node-local.
+func nodeOf(dir string) string {
+	data, _ := os.ReadFile(dir + ".node")
+	return strings.TrimSpace(string(data))
+}
+
+// topology is the accessible topology of a volume on node ("": every node).
+func topology(node string) []*csi.Topology {
+	if node == "" {
+		return nil
+	}
+	return []*csi.Topology{{Segments: map[string]string{TopologyKey: node}}}
+}
+
+// placeLocal picks the node a new node-local volume lives on: its source's, which the
+// request must allow, or the node the request prefers (the consumer's, for a class that
+// waits for it).
+func placeLocal(req *csi.CreateVolumeRequest, sourceNode string) (string, error) {
+	var allowed []string
+	for _, t := range req.GetAccessibilityRequirements().GetRequisite() {
+		allowed = append(allowed, t.GetSegments()[TopologyKey])
+	}
+	if sourceNode != "" {
+		if len(allowed) > 0 && !slices.Contains(allowed, sourceNode) {
+			return "", status.Errorf(codes.InvalidArgument, "the source lives on node %s: a clone or a restore of a node-local volume is made only there, and this one is wanted on %s",
+				sourceNode, strings.Join(allowed, ", "))
+		}
+		return sourceNode, nil
+	}
+	for _, t := range req.GetAccessibilityRequirements().GetPreferred() {
+		if n := t.GetSegments()[TopologyKey]; n != "" {
+			return n, nil
+		}
+	}
+	if len(allowed) > 0 && allowed[0] != "" {
+		return allowed[0], nil
+	}
+	return "", status.Error(codes.InvalidArgument, "a node-local volume needs a node: the request names none")
+}
 
 // here is where a path the kubelet names is in this process's mount namespace.
 func (d *hostPath) here(p string) string {
@@ -125,8 +177,10 @@ func (d *hostPath) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 }
 
 func (d *hostPath) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{{Type: &csi.PluginCapability_Service_{
-		Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}}}}, nil
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{
+		{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}},
+		{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS}}},
+	}}, nil
 }
 
 func (d *hostPath) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
@@ -171,12 +225,8 @@ func (d *hostPath) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest)
 	vol := &csi.Volume{VolumeId: req.GetName(), CapacityBytes: size, ContentSource: req.GetVolumeContentSource(),
 		VolumeContext: map[string]string{ContentSourceAttribute: contentSource(req.GetVolumeContentSource())}}
 	if _, err := os.Stat(dir); err == nil {
+		vol.AccessibleTopology = topology(nodeOf(dir))
 		return &csi.CreateVolumeResponse{Volume: vol}, nil
-	}
-	tmp := dir + ".new"
-	_ = os.RemoveAll(tmp)
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
 	}
 	src := ""
 	switch s := req.GetVolumeContentSource(); {
@@ -184,6 +234,21 @@ func (d *hostPath) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest)
 		src = d.volumeDir(s.GetVolume().GetVolumeId())
 	case s.GetSnapshot() != nil:
 		src = d.snapshotDir(s.GetSnapshot().GetSnapshotId())
+	}
+	node := ""
+	if req.GetParameters()[LocalParameter] == "true" {
+		var err error
+		if node, err = placeLocal(req, nodeOf(src)); err != nil {
+			return nil, err
+		}
+	} else if src != "" && nodeOf(src) != "" {
+		return nil, status.Errorf(codes.InvalidArgument, "the source lives on node %s: a clone or a restore of a node-local volume is node-local too", nodeOf(src))
+	}
+	vol.AccessibleTopology = topology(node)
+	tmp := dir + ".new"
+	_ = os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
 	}
 	if src != "" {
 		if _, err := os.Stat(src); err != nil {
@@ -197,6 +262,12 @@ func (d *hostPath) CreateVolume(_ context.Context, req *csi.CreateVolumeRequest)
 	}
 	if isBlock(req.GetVolumeCapabilities()) {
 		if err := growFile(filepath.Join(tmp, "block.img"), size); err != nil {
+			_ = os.RemoveAll(tmp)
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	}
+	if node != "" {
+		if err := os.WriteFile(dir+".node", []byte(node), 0o644); err != nil {
 			_ = os.RemoveAll(tmp)
 			return nil, status.Error(codes.Internal, err.Error())
 		}
@@ -255,6 +326,7 @@ func (d *hostPath) DeleteVolume(_ context.Context, req *csi.DeleteVolumeRequest)
 	if err := os.RemoveAll(d.volumeDir(req.GetVolumeId())); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
+	_ = os.Remove(d.volumeDir(req.GetVolumeId()) + ".node")
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
@@ -286,6 +358,12 @@ func (d *hostPath) CreateSnapshot(_ context.Context, req *csi.CreateSnapshotRequ
 		if err := copyTree(src, tmp); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
+		// A snapshot of a node-local volume lives on its node.
+		if node := nodeOf(src); node != "" {
+			if err := os.WriteFile(dst+".node", []byte(node), 0o644); err != nil {
+				return nil, status.Error(codes.Internal, err.Error())
+			}
+		}
 		if err := os.Rename(tmp, dst); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
@@ -316,13 +394,14 @@ func (d *hostPath) DeleteSnapshot(_ context.Context, req *csi.DeleteSnapshotRequ
 	if err := os.RemoveAll(d.snapshotDir(req.GetSnapshotId())); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
+	_ = os.Remove(d.snapshotDir(req.GetSnapshotId()) + ".node")
 	return &csi.DeleteSnapshotResponse{}, nil
 }
 
 // Node.
 
 func (d *hostPath) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return &csi.NodeGetInfoResponse{NodeId: d.node}, nil
+	return &csi.NodeGetInfoResponse{NodeId: d.node, AccessibleTopology: topology(d.node)[0]}, nil
 }
 
 func (d *hostPath) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -339,6 +418,9 @@ func (d *hostPath) NodePublishVolume(_ context.Context, req *csi.NodePublishVolu
 	dir := d.volumeDir(id)
 	if _, err := os.Stat(dir); err != nil {
 		return nil, status.Errorf(codes.NotFound, "volume %s: %v", id, err)
+	}
+	if node := nodeOf(dir); node != "" && node != d.node {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s lives on node %s, not on %s", id, node, d.node)
 	}
 	if mounted(target) {
 		return &csi.NodePublishVolumeResponse{}, nil

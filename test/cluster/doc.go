@@ -1,4 +1,4 @@
-// Package cluster runs a real single-node Kubernetes on this machine, as root, and installs
+// Package cluster runs a real Kubernetes of one node or several on this machine, as root, and installs
 // diskpipe on it with its Helm chart from the image `make image` builds. It is the third rung
 // of diskpipe's test clusters: envtest has an apiserver and nothing else, test/localcluster
 // stands in for the kubelet and CSI with processes and directories, and this package runs the
@@ -28,6 +28,11 @@
 // images and privileged host mounts of their own, and what is under test is diskpipe, which
 // runs as pods, installed by `helm install` into a namespace that enforces Pod Security
 // "restricted".
+//
+// With Options.Nodes past one, every further node has a network namespace of its own, joined
+// to the machine by a veth pair (node.go), with its own containerd, kubelet and kube-proxy;
+// the CSI driver serves each node's kubelet, and its class LocalClass makes node-local volumes
+// with CSI topology.
 //
 // Everything lives under one directory (default /var/lib/diskpipe-cluster). Stop, and Start
 // before it begins, take down what a previous run left: processes, containers, mounts, loop

@@ -146,30 +146,15 @@ func (c *Cluster) KeepPodLogs(ctx context.Context, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	src := c.path("logs", "pods")
+	var srcs []string
+	for _, n := range c.nodes {
+		srcs = append(srcs, c.podLogs(n))
+	}
 	go func() {
 		for ctx.Err() == nil {
-			_ = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-				if err != nil || d.IsDir() {
-					return nil
-				}
-				info, err := d.Info()
-				if err != nil {
-					return nil
-				}
-				st, ok := info.Sys().(*syscall.Stat_t)
-				if !ok {
-					return nil
-				}
-				rel, _ := filepath.Rel(src, p)
-				// By inode, so that a rotated file and its successor are both kept.
-				kept := filepath.Join(dir, strings.ReplaceAll(rel, string(filepath.Separator), "_")+"."+strconv.FormatUint(st.Ino, 10)+".log")
-				if _, err := os.Lstat(kept); err == nil {
-					return nil
-				}
-				_ = os.Link(p, kept)
-				return nil
-			})
+			for _, src := range srcs {
+				keepLogs(src, dir)
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(200 * time.Millisecond):
@@ -177,4 +162,29 @@ func (c *Cluster) KeepPodLogs(ctx context.Context, dir string) error {
 		}
 	}()
 	return nil
+}
+
+// keepLogs hard-links into dir each log under src not kept yet.
+func keepLogs(src, dir string) {
+	_ = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		rel, _ := filepath.Rel(src, p)
+		// By inode, so that a rotated file and its successor are both kept.
+		kept := filepath.Join(dir, strings.ReplaceAll(rel, string(filepath.Separator), "_")+"."+strconv.FormatUint(st.Ino, 10)+".log")
+		if _, err := os.Lstat(kept); err == nil {
+			return nil
+		}
+		_ = os.Link(p, kept)
+		return nil
+	})
 }

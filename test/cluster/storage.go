@@ -29,6 +29,11 @@ var Classes = []string{"cephrbd", "sc", "thick"}
 // consumer (volumeBindingMode WaitForFirstConsumer), like most local storage.
 const WFFCClass = "local-wffc"
 
+// LocalClass is a StorageClass of node-local volumes (LocalParameter), bound at their first
+// consumer, as TopoLVM's and local-path's are: a volume lives on the node its first consumer
+// runs on, and is cloned or restored only there.
+const LocalClass = "node-local"
+
 // SnapshotClass is the VolumeSnapshotClass of the harness's driver.
 const SnapshotClass = "local"
 
@@ -55,15 +60,21 @@ func (c *Cluster) storage(ctx context.Context) error {
 		return fmt.Errorf("installing CRDs: %w", err)
 	}
 
+	// One driver per node, each registered with its node's kubelet; the first's socket is the
+	// sidecars' too (its controller service).
 	sock := c.path("csi", "csi.sock")
-	reg := c.path("kubelet", "root", "plugins_registry", Driver+"-reg.sock")
-	ctx2, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
-	d := &hostPath{node: NodeName, dir: c.path("csi"), log: c.logFile("csi-driver"), loops: map[string]string{},
-		kubeletRoot: c.path("kubelet", "root")}
-	c.step("CSI driver %s (the harness's), csi-provisioner, csi-snapshotter, snapshot-controller", Driver)
-	if err := d.serve(ctx2, sock, reg); err != nil {
-		return fmt.Errorf("the CSI driver: %w", err)
+	c.step("CSI driver %s (the harness's) on %d nodes, csi-provisioner, csi-snapshotter, snapshot-controller", Driver, len(c.nodes))
+	log := c.logFile("csi-driver")
+	for _, n := range c.nodes {
+		nodeSock := sock
+		if n.index > 1 {
+			nodeSock = c.path("csi", "csi-"+n.name+".sock")
+		}
+		d := &hostPath{node: n.name, dir: c.path("csi"), log: log, loops: map[string]string{},
+			kubeletRoot: c.nodePath(n, "kubelet", "root")}
+		if err := d.serve(c.bg, nodeSock, c.nodePath(n, "kubelet", "root", "plugins_registry", Driver+"-reg.sock")); err != nil {
+			return fmt.Errorf("the CSI driver on %s: %w", n.name, err)
+		}
 	}
 	if err := c.Client.Create(ctx, &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: Driver},
 		Spec: storagev1.CSIDriverSpec{AttachRequired: ptr.To(false), PodInfoOnMount: ptr.To(false),
@@ -85,12 +96,19 @@ func (c *Cluster) storage(ctx context.Context) error {
 		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete), VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}); err != nil {
 		return err
 	}
+	if err := c.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: LocalClass}, Provisioner: Driver,
+		Parameters:    map[string]string{LocalParameter: "true"},
+		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete), VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}); err != nil {
+		return err
+	}
 	if err := c.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: SnapshotClass},
 		Driver: Driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {
 		return err
 	}
+	// --strict-topology: a claim that waited for its consumer is wanted on that node only, as
+	// TopoLVM's deployment asks.
 	if err := c.start("csi-provisioner", c.bin("csi-provisioner"), "--csi-address", sock, "--kubeconfig", c.Kubeconfig,
-		"--leader-election=false", "--timeout=120s", "--extra-create-metadata"); err != nil {
+		"--leader-election=false", "--timeout=120s", "--extra-create-metadata", "--strict-topology"); err != nil {
 		return err
 	}
 	if err := c.start("csi-snapshotter", c.bin("csi-snapshotter"), "--csi-address", sock, "--kubeconfig", c.Kubeconfig,
@@ -100,18 +118,23 @@ func (c *Cluster) storage(ctx context.Context) error {
 	if err := c.start("snapshot-controller", c.bin("snapshot-controller"), "--kubeconfig", c.Kubeconfig, "--leader-election=false"); err != nil {
 		return err
 	}
-	return c.wait(ctx, "the kubelet to register the CSI driver", "kubelet", 2*time.Minute, func(ctx context.Context) error {
-		n := &storagev1.CSINode{}
-		if err := c.Client.Get(ctx, client.ObjectKey{Name: NodeName}, n); err != nil {
+	for _, n := range c.nodes {
+		if err := c.wait(ctx, n.name+"'s kubelet to register the CSI driver", n.proc("kubelet"), 2*time.Minute, func(ctx context.Context) error {
+			csiNode := &storagev1.CSINode{}
+			if err := c.Client.Get(ctx, client.ObjectKey{Name: n.name}, csiNode); err != nil {
+				return err
+			}
+			for _, d := range csiNode.Spec.Drivers {
+				if d.Name == Driver {
+					return nil
+				}
+			}
+			return errors.New("not registered yet")
+		}); err != nil {
 			return err
 		}
-		for _, d := range n.Spec.Drivers {
-			if d.Name == Driver {
-				return nil
-			}
-		}
-		return errors.New("not registered yet")
-	})
+	}
+	return nil
 }
 
 // logFile opens logs/<name>.log for a part that runs in this process.

@@ -18,8 +18,11 @@ import (
 
 // killContainers kills every container containerd runs for the cluster, and their shims.
 func killContainers(dir string, log io.Writer) {
-	sock := filepath.Join(dir, "containerd", "containerd.sock")
-	if _, err := os.Stat(sock); err == nil {
+	socks, _ := filepath.Glob(filepath.Join(dir, "node[0-9]*", "containerd", "containerd.sock"))
+	for _, sock := range append([]string{filepath.Join(dir, "containerd", "containerd.sock")}, socks...) {
+		if _, err := os.Stat(sock); err != nil {
+			continue
+		}
 		out, _ := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "ls", "-q").Output()
 		for _, id := range strings.Fields(string(out)) {
 			_ = exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id).Run()
@@ -73,18 +76,26 @@ func teardown(dir string, log io.Writer) {
 			}
 		}
 	}
-	// Network namespaces containerd made for pods, the bridge and its route.
+	// Network namespaces containerd made for pods and those of the nodes past the first, the
+	// nodes' veth pairs (their routes go with them), the bridge and its route.
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
-			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "cni-") {
+			if f := strings.Fields(line); len(f) > 0 && (strings.HasPrefix(f[0], "cni-") || strings.HasPrefix(f[0], "dpnode-")) {
 				_ = exec.Command("ip", "netns", "delete", f[0]).Run()
 			}
 		}
+	}
+	for i := 2; i <= MaxNodes; i++ {
+		link, _, _ := newNode(i).veth()
+		_ = exec.Command("ip", "link", "del", link).Run()
 	}
 	_ = exec.Command("ip", "route", "del", ServiceCIDR, "dev", Bridge).Run()
 	_ = exec.Command("ip", "link", "del", Bridge).Run()
 	dropChains(log, "KUBE-", "CNI-")
 	removeCgroups("kubepods")
+	for i := 2; i <= MaxNodes; i++ {
+		removeCgroups(newNode(i).name)
+	}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		if e.Name() != "logs" {

@@ -64,7 +64,7 @@ type real struct {
 func (r real) TenantAWS(ctx context.Context, ns string, args ...string) (string, error) {
 	return testenv.TenantAWS(ctx, r.Client, realcluster.StoreEndpoint, ns, args...)
 }
-func (r real) Nodes() []string { return []string{realcluster.NodeName} }
+func (r real) Nodes() []string { return r.NodeNames() }
 func (r real) LogDirs() []string {
 	dirs := []string{filepath.Join(r.Dir(), "logs")}
 	if r.kept != "" {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/diskpipe/diskpipe/test/cluster"
@@ -26,7 +27,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "cluster:", err)
 		os.Exit(1) //nolint:gocritic // stop() ran
 	}
-	fmt.Printf("The cluster is up, with diskpipe installed. In another terminal:\n  export KUBECONFIG=%s\n  kubectl get pods -A\nCtrl-C takes it down.\n", c.Kubeconfig)
+	fmt.Printf("The cluster is up (%d nodes: %s), with diskpipe installed. In another terminal:\n  export KUBECONFIG=%s\n  kubectl get pods -A -o wide\nCtrl-C takes it down.\n",
+		len(c.NodeNames()), strings.Join(c.NodeNames(), ", "), c.Kubeconfig)
 	<-ctx.Done()
 	c.Stop()
 }

@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+
+	realcluster "github.com/diskpipe/diskpipe/test/cluster"
+)
+
+// severalNodes skips a spec on a cluster of one node, saying how to run it.
+func severalNodes() []string {
+	GinkgoHelper()
+	nodes := cluster.Nodes()
+	if len(nodes) < 3 {
+		Skip(fmt.Sprintf("needs three nodes, the cluster has %d: make test-cluster NODES=3", len(nodes)))
+	}
+	return nodes
+}
+
+// probePod is a restricted pod of the harness's pause image on node: "serve" answers HTTP on
+// :8080 with the node's name, "get URL" fetches URL and ends with its answer.
+func probePod(name, node string, args ...string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  labels: {probe: %s}
+spec:
+  nodeSelector: {kubernetes.io/hostname: %s}
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 0
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 107
+    seccompProfile: {type: RuntimeDefault}
+  containers:
+  - name: probe
+    image: %s
+    args: [%s]
+    env:
+    - name: NODE_NAME
+      valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+    securityContext:
+      allowPrivilegeEscalation: false
+      capabilities: {drop: [ALL]}
+`, name, name, node, cluster.IdleImage(), quoted(args))
+}
+
+// quoted is args as a YAML flow sequence's items.
+func quoted(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = fmt.Sprintf("%q", a)
+	}
+	return strings.Join(q, ", ")
+}
+
+// claimOn is a PVC of the node-local class, optionally a clone of another, and a pod on node
+// that consumes it (so that it binds there).
+func claimOn(name, node, cloneOf string) string {
+	source := ""
+	if cloneOf != "" {
+		source = fmt.Sprintf("  dataSource: {kind: PersistentVolumeClaim, name: %s}\n", cloneOf)
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: %s
+spec:
+  storageClassName: %s
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 64Mi}}
+%s---
+%s  nodeSelector: {kubernetes.io/hostname: %s}
+`, name, realcluster.LocalClass, source, strings.TrimSuffix(idlePod("use-"+name, name), "\n")+"\n", node)
+}
+
+// multiNode labels a spec that needs several nodes: CI runs these on a cluster of three
+// (make test-cluster NODES=3 E2E_LABELS=nodes), after the suite on one node.
+var multiNode = Label("nodes")
+
+var _ = Describe("on three nodes: the harness's network and node-local storage", Ordered, multiNode, func() {
+	var (
+		ns    string
+		nodes []string
+	)
+	BeforeAll(func() {
+		node()
+		nodes = severalNodes()
+		ns = namespace()
+	})
+
+	It("gives every node its CSI driver and its topology", func() {
+		for _, n := range nodes {
+			csiNode := kubectl("", "get", "csinode", n, "-o", `jsonpath={.spec.drivers[*].name} {.spec.drivers[*].topologyKeys}`)
+			Expect(csiNode).To(ContainSubstring(realcluster.Driver), n)
+			Expect(csiNode).To(ContainSubstring(realcluster.TopologyKey), n)
+			Expect(kubectl("", "get", "node", n, "-o", "jsonpath={.metadata.labels}")).To(ContainSubstring(`"` + realcluster.TopologyKey + `":"` + n + `"`))
+		}
+	})
+
+	It("lets pods on every node reach a Service and a pod on another, by name", func() {
+		for i, server := range nodes {
+			name := fmt.Sprintf("server-%d", i)
+			kubectl(probePod(name, server, "serve", ":8080"), "apply", "-n", ns, "-f", "-")
+			kubectl("", "expose", "pod", name, "-n", ns, "--port", "80", "--target-port", "8080")
+		}
+		for i := range nodes {
+			kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", fmt.Sprintf("pod/server-%d", i))
+		}
+		for i, client := range nodes {
+			for j, server := range nodes {
+				if i == j {
+					continue
+				}
+				name := fmt.Sprintf("get-%d-%d", i, j)
+				kubectl(probePod(name, client, "get", fmt.Sprintf("http://server-%d.%s.svc.cluster.local/", j, ns)), "apply", "-n", ns, "-f", "-")
+				Eventually(func() string {
+					pod := &corev1.Pod{}
+					if err := get(ns, name, pod); err != nil || len(pod.Status.ContainerStatuses) == 0 || pod.Status.ContainerStatuses[0].State.Terminated == nil {
+						return string(pod.Status.Phase)
+					}
+					t := pod.Status.ContainerStatuses[0].State.Terminated
+					return fmt.Sprintf("%s on %s: %s", pod.Status.Phase, pod.Spec.NodeName, strings.TrimSpace(t.Message))
+				}, 2*time.Minute, time.Second).Should(Equal(fmt.Sprintf("Succeeded on %s: 200 %s", client, server)), "%s from %s", server, client)
+			}
+		}
+	})
+
+	It("makes a node-local volume where its consumer runs, and clones it only there", func() {
+		kubectl(claimOn("local", nodes[1], ""), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "pvc", "local"), 2*time.Minute, time.Second).Should(Equal("Bound"))
+		pv := pvOf(ns, "local")
+		Expect(pv.Spec.NodeAffinity).NotTo(BeNil())
+		Expect(pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{nodes[1]}))
+		kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/use-local")
+
+		kubectl(claimOn("here", nodes[1], "local"), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "pvc", "here"), 2*time.Minute, time.Second).Should(Equal("Bound"))
+		Expect(pvOf(ns, "here").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+pv.Spec.CSI.VolumeHandle))
+
+		kubectl(claimOn("there", nodes[2], "local"), "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=there,reason=ProvisioningFailed", "-o", "jsonpath={.items[*].message}")
+		}, 2*time.Minute, 2*time.Second).Should(ContainSubstring(fmt.Sprintf("the source lives on node %s: a clone or a restore of a node-local volume is made only there, and this one is wanted on %s", nodes[1], nodes[2])))
+		Expect(phase(ns, "pvc", "there")()).To(Equal("Pending"))
+	})
+})
