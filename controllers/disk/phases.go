@@ -57,6 +57,9 @@ type plan struct {
 	// asked: the size is the user's, not the source's.
 	asked bool
 	class *storagev1.StorageClass
+	// remote says why the node the disk is wanted on cannot mount the image's volume, which
+	// a copy then reads through a clone-source pod on the image's node; "" when it can.
+	remote string
 }
 
 // fillsMore says whether a filesystem volume of the size the user asked holds more than the
@@ -113,7 +116,8 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		source = "copy"
 		spec.Name = fmt.Sprintf("%s-clone-%d", pvcName, st.Retries)
 		spec.Import = contract.Import{Grow: true}
-		copyFrom = &hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC)}
+		copyFrom = &hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC),
+			Remote: p.remote != ""}
 	case !block && (p.size.Cmp(p.sourceSize) > 0 || preallocate || p.fillsMore(r.Pods.Config.FilesystemOverhead.For(spec.StorageClass))):
 		// The storage copied the disk; a larger volume needs disk.img grown to fill it, and a
 		// preallocated disk its holes allocated.
@@ -373,6 +377,10 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		sourceClass: nameOf(goldenClass), targetClass: nameOf(class),
 		sourceMode: modeOf(p.golden.PVC.Spec.VolumeMode), targetMode: modeOf(d.pvc.VolumeMode),
 		sourceDriver: driverOf(goldenClass), targetDriver: driverOf(class)}
+	if facts.unreachable, err = r.unreachable(ctx, d, p.golden.PVC); err != nil {
+		return nil, err
+	}
+	p.remote = facts.unreachable
 	if facts.targetDriver != "" && preferred != common.CloneStrategyHostAssisted {
 		if facts.snapshotClass, err = storage.SnapshotClassFor(ctx, r.Client, facts.targetDriver); err != nil {
 			return nil, err
@@ -398,6 +406,30 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		p.dataSource = &corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotv1.GroupName), Kind: "VolumeSnapshot", Name: snap.Name}
 	}
 	return p, nil
+}
+
+// unreachable says why the node the disk is wanted on (where the scheduler put its first
+// consumer, AnnotationSelectedNode) cannot use the golden PVC's volume: a node-local volume
+// (TopoLVM, local-path) of another node, which a CSI clone or restore cannot copy from. ""
+// when it can, or the node is not known (a disk made before its consumer is scheduled).
+func (r *Reconciler) unreachable(ctx context.Context, d *vmDisk, golden *corev1.PersistentVolumeClaim) (string, error) {
+	name := d.obj.GetAnnotations()[AnnotationSelectedNode]
+	if name == "" || golden.Spec.VolumeName == "" {
+		return "", nil
+	}
+	pv := &corev1.PersistentVolume{}
+	if err := r.Get(ctx, client.ObjectKey{Name: golden.Spec.VolumeName}, pv); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	node := &corev1.Node{}
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	ok, err := storage.Reaches(pv, node)
+	if err != nil || ok {
+		return "", err
+	}
+	return fmt.Sprintf("the image's volume is on %s, and the disk is wanted on node %s", storage.Placement(pv), name), nil
 }
 
 func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *plan) (*corev1.PersistentVolumeClaim, error) {

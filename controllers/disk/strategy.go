@@ -67,6 +67,9 @@ type cloneFacts struct {
 	sourceDriver, targetDriver string
 	// snapshotClass is a VolumeSnapshotClass of the target's driver; "" when there is none.
 	snapshotClass string
+	// unreachable says why the node the disk is wanted on cannot use the image's volume (a
+	// node-local volume on another node); "" when it can, or the node is not known yet.
+	unreachable string
 }
 
 var strategies = []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
@@ -103,6 +106,9 @@ func (f cloneFacts) cannot(s common.CloneStrategy) string {
 		return ""
 	}
 	switch {
+	case f.unreachable != "":
+		// A CSI clone or a restore of a node-local volume is made only on its node.
+		return f.unreachable
 	case f.sourceNamespace != f.targetNamespace:
 		return fmt.Sprintf("the image is in namespace %s and the disk in %s", f.sourceNamespace, f.targetNamespace)
 	case f.sourceMode != f.targetMode:

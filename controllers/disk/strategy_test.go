@@ -44,6 +44,11 @@ func TestChoose(t *testing.T) {
 			common.CloneStrategyHostAssisted, reasonFellBack,
 			`HostAssisted, because CSIClone is not possible: the storage class "gone" does not exist or names no CSI driver; ` +
 				`Snapshot is not possible: the storage class "gone" does not exist or names no CSI driver`},
+		{"node-local image on another node", common.CloneStrategyCSIClone,
+			with(func(c *cloneFacts) { c.unreachable = "the image's volume is on nodes with node in n1, and the disk is wanted on n2" }),
+			common.CloneStrategyHostAssisted, reasonFellBack,
+			"HostAssisted, because CSIClone is not possible: the image's volume is on nodes with node in n1, and the disk is wanted on n2; " +
+				"Snapshot is not possible: the image's volume is on nodes with node in n1, and the disk is wanted on n2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, reason, msg := choose(tc.preferred, tc.facts)

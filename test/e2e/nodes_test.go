@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -149,5 +150,46 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 			return kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=there,reason=ProvisioningFailed", "-o", "jsonpath={.items[*].message}")
 		}, 2*time.Minute, 2*time.Second).Should(ContainSubstring(fmt.Sprintf("the source lives on node %s: a clone or a restore of a node-local volume is made only there, and this one is wanted on %s", nodes[1], nodes[2])))
 		Expect(phase(ns, "pvc", "there")()).To(Equal("Pending"))
+	})
+
+	It("copies a disk of a node-local image to the node its VM runs on, and clones it where the image is", func() {
+		image := strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
+		kubectl(image, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmim", "golden"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		golden := pvOf(ns, "vmim-golden")
+		Expect(golden.Spec.NodeAffinity).NotTo(BeNil(), "the golden image is node-local")
+		home := golden.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
+		away := nodes[0]
+		if away == home {
+			away = nodes[1]
+		}
+		for name, node := range map[string]string{"far": away, "near": home} {
+			kubectl(fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: %s
+spec:
+  storageClassName: %s
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 256Mi}}
+  dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: golden}
+---
+%s  nodeSelector: {kubernetes.io/hostname: %s}
+`, name, realcluster.LocalClass, idlePod("vm-"+name, name), node), "apply", "-n", ns, "-f", "-")
+		}
+		for name, node := range map[string]string{"far": away, "near": home} {
+			Eventually(phase(ns, "pvc", name), 3*time.Minute, time.Second).Should(Equal("Bound"), name)
+			pv := pvOf(ns, name)
+			Expect(pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{node}), "%s is on the VM's node", name)
+			kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/vm-"+name)
+			sameDisk(filepath.Join(cluster.VolumePath(ns, name), "disk.img"))
+		}
+		// Near the image, the storage cloned it; away from it, a clone-source pod on the image's
+		// node streamed it to the importer on the VM's, and the disk said why.
+		Expect(pvOf(ns, "near").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+golden.Spec.CSI.VolumeHandle))
+		Expect(pvOf(ns, "far").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "empty"))
+		Expect(kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=DiskVolume,reason=FellBack", "-o", "jsonpath={.items[*].note}{.items[*].message}")).
+			To(ContainSubstring(fmt.Sprintf("HostAssisted, because CSIClone is not possible: the image's volume is on nodes with %s in %s, and the disk is wanted on node %s",
+				realcluster.TopologyKey, home, away)))
 	})
 })

@@ -2,10 +2,11 @@
 // golden images into VM disks, and images made from PVCs, images or disks.
 //
 // Within a namespace the importer mounts the source read-only. A pod cannot mount another
-// namespace's PVC, so across namespaces a clone-source pod in the source's namespace serves
-// the disk over HTTP (importer --serve), to the bearer of a random token that only the two
-// pods receive, through Secrets; the importer reads it like any HTTP source, with ranged,
-// resumable requests.
+// namespace's PVC, nor a node-local volume of another node, so across namespaces, and from a
+// node the writer's node cannot reach, a clone-source pod beside the source (in its namespace,
+// on its node) serves the disk over HTTP (importer --serve), to the bearer of a random token
+// that only the two pods receive, through Secrets; the importer reads it like any HTTP source,
+// with ranged, resumable requests, streaming from node to node with no scratch space.
 package hostcopy
 
 import (
@@ -32,6 +33,9 @@ import (
 type Source struct {
 	Namespace, Name string
 	Block           bool
+	// Remote: the writer's node cannot mount the source (a node-local volume on another
+	// node), so it is read through a clone-source pod even within its namespace.
+	Remote bool
 }
 
 // LabelFor marks a clone source's pod and Secret with the UID of the object it serves.
@@ -69,7 +73,7 @@ const tokenDir = "/var/run/diskpipe/clone"
 // the clone-source pod of a copy across namespaces is not yet serving, and a *BusyError while
 // MaxServing others serve src.
 func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner client.Object, src Source, s *importpod.Spec) (bool, error) {
-	if src.Namespace == owner.GetNamespace() {
+	if src.Namespace == owner.GetNamespace() && !src.Remote {
 		s.SourcePVC, s.SourceBlock = src.Name, src.Block
 		s.Import.Source, s.Import.Path = "file", s.SourcePath()
 		return true, nil
@@ -192,11 +196,9 @@ func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcN
 	return nil
 }
 
-// Cleanup removes the clone-source pod and Secret that serve owner from srcNamespace.
+// Cleanup removes the clone-source pod and Secret that serve owner from srcNamespace (also
+// its own: a remote source in the namespace is served alike).
 func Cleanup(ctx context.Context, c client.Client, owner client.Object, srcNamespace string) error {
-	if srcNamespace == owner.GetNamespace() {
-		return nil
-	}
 	meta := metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace}
 	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}} {
 		if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {

@@ -1,0 +1,48 @@
+package storage
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestReaches: a volume without node affinity reaches every node; one with it, the nodes that
+// meet one of its terms (expressions on labels, fields on the name), as the scheduler reads it.
+func TestReaches(t *testing.T) {
+	n1 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"topology.topolvm.io/node": "n1", "zone": "a"}}}
+	n2 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2", Labels: map[string]string{"topology.topolvm.io/node": "n2", "zone": "a"}}}
+	pv := func(terms ...corev1.NodeSelectorTerm) *corev1.PersistentVolume {
+		return &corev1.PersistentVolume{Spec: corev1.PersistentVolumeSpec{NodeAffinity: &corev1.VolumeNodeAffinity{
+			Required: &corev1.NodeSelector{NodeSelectorTerms: terms}}}}
+	}
+	expr := func(key string, op corev1.NodeSelectorOperator, values ...string) corev1.NodeSelectorTerm {
+		return corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: key, Operator: op, Values: values}}}
+	}
+	for _, tc := range []struct {
+		name      string
+		pv        *corev1.PersistentVolume
+		node      *corev1.Node
+		want      bool
+		placement string
+	}{
+		{"network storage", &corev1.PersistentVolume{}, n2, true, "every node"},
+		{"its node", pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1")), n1, true, "nodes with topology.topolvm.io/node in n1"},
+		{"another node", pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1")), n2, false, "nodes with topology.topolvm.io/node in n1"},
+		{"either term", pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1"), expr("zone", corev1.NodeSelectorOpExists)), n2, true,
+			"nodes with topology.topolvm.io/node in n1 or zone exists"},
+		{"by name", pv(corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"n1"}}}}),
+			n1, false, "nodes with metadata.name notin n1"},
+		{"an empty term", pv(corev1.NodeSelectorTerm{}), n1, false, "nodes with "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Reaches(tc.pv, tc.node)
+			if err != nil || got != tc.want {
+				t.Errorf("Reaches = %v, %v; want %v", got, err, tc.want)
+			}
+			if p := Placement(tc.pv); p != tc.placement {
+				t.Errorf("Placement = %q; want %q", p, tc.placement)
+			}
+		})
+	}
+}
