@@ -45,7 +45,9 @@ func TestChoose(t *testing.T) {
 			`HostAssisted, because CSIClone is not possible: the storage class "gone" does not exist or names no CSI driver; ` +
 				`Snapshot is not possible: the storage class "gone" does not exist or names no CSI driver`},
 		{"node-local image on another node", common.CloneStrategyCSIClone,
-			with(func(c *cloneFacts) { c.unreachable = "the image's volume is on nodes with node in n1, and the disk is wanted on n2" }),
+			with(func(c *cloneFacts) {
+				c.unreachable = "the image's volume is on nodes with node in n1, and the disk is wanted on n2"
+			}),
 			common.CloneStrategyHostAssisted, reasonFellBack,
 			"HostAssisted, because CSIClone is not possible: the image's volume is on nodes with node in n1, and the disk is wanted on n2; " +
 				"Snapshot is not possible: the image's volume is on nodes with node in n1, and the disk is wanted on n2"},
