@@ -61,12 +61,11 @@ func quoted(args []string) string {
 	return strings.Join(q, ", ")
 }
 
-// claimOn is a PVC of the node-local class, optionally a clone of another, and a pod on node
-// that consumes it (so that it binds there).
-func claimOn(name, node, cloneOf string) string {
-	source := ""
-	if cloneOf != "" {
-		source = fmt.Sprintf("  dataSource: {kind: PersistentVolumeClaim, name: %s}\n", cloneOf)
+// claimOn is a PVC of the node-local class of size, from source (a dataSource or
+// dataSourceRef line, or ""), and a pod on node that consumes it (so that it binds there).
+func claimOn(name, node, size, source string) string {
+	if source != "" {
+		source = "  " + source + "\n"
 	}
 	return fmt.Sprintf(`apiVersion: v1
 kind: PersistentVolumeClaim
@@ -75,10 +74,10 @@ metadata:
 spec:
   storageClassName: %s
   accessModes: [ReadWriteOnce]
-  resources: {requests: {storage: 64Mi}}
+  resources: {requests: {storage: %s}}
 %s---
 %s  nodeSelector: {kubernetes.io/hostname: %s}
-`, name, realcluster.LocalClass, source, strings.TrimSuffix(idlePod("use-"+name, name), "\n")+"\n", node)
+`, name, realcluster.LocalClass, size, source, idlePod("vm-"+name, name), node)
 }
 
 // multiNode labels a spec that needs several nodes: CI runs these on a cluster of three
@@ -134,18 +133,18 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 	})
 
 	It("makes a node-local volume where its consumer runs, and clones it only there", func() {
-		kubectl(claimOn("local", nodes[1], ""), "apply", "-n", ns, "-f", "-")
+		kubectl(claimOn("local", nodes[1], "64Mi", ""), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "pvc", "local"), 2*time.Minute, time.Second).Should(Equal("Bound"))
 		pv := pvOf(ns, "local")
 		Expect(pv.Spec.NodeAffinity).NotTo(BeNil())
 		Expect(pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{nodes[1]}))
-		kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/use-local")
+		kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/vm-local")
 
-		kubectl(claimOn("here", nodes[1], "local"), "apply", "-n", ns, "-f", "-")
+		kubectl(claimOn("here", nodes[1], "64Mi", "dataSource: {kind: PersistentVolumeClaim, name: local}"), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "pvc", "here"), 2*time.Minute, time.Second).Should(Equal("Bound"))
 		Expect(pvOf(ns, "here").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+pv.Spec.CSI.VolumeHandle))
 
-		kubectl(claimOn("there", nodes[2], "local"), "apply", "-n", ns, "-f", "-")
+		kubectl(claimOn("there", nodes[2], "64Mi", "dataSource: {kind: PersistentVolumeClaim, name: local}"), "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
 			return kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=there,reason=ProvisioningFailed", "-o", "jsonpath={.items[*].message}")
 		}, 2*time.Minute, 2*time.Second).Should(ContainSubstring(fmt.Sprintf("the source lives on node %s: a clone or a restore of a node-local volume is made only there, and this one is wanted on %s", nodes[1], nodes[2])))
@@ -164,18 +163,7 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 			away = nodes[1]
 		}
 		for name, node := range map[string]string{"far": away, "near": home} {
-			kubectl(fmt.Sprintf(`apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: %s
-spec:
-  storageClassName: %s
-  accessModes: [ReadWriteOnce]
-  resources: {requests: {storage: 256Mi}}
-  dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: golden}
----
-%s  nodeSelector: {kubernetes.io/hostname: %s}
-`, name, realcluster.LocalClass, idlePod("vm-"+name, name), node), "apply", "-n", ns, "-f", "-")
+			kubectl(claimOn(name, node, "256Mi", "dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: golden}"), "apply", "-n", ns, "-f", "-")
 		}
 		for name, node := range map[string]string{"far": away, "near": home} {
 			Eventually(phase(ns, "pvc", name), 3*time.Minute, time.Second).Should(Equal("Bound"), name)

@@ -251,6 +251,11 @@ type Spec struct {
 	Scratch bool
 }
 
+// NoSidecars are the annotations that keep service meshes from injecting a sidecar into a
+// transfer pod (CDI sets them on its pods too): a pod whose sidecar runs on never ends, so its
+// import never completes in a namespace the mesh injects into.
+var NoSidecars = map[string]string{"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
+
 // ScratchSize bounds a pod's scratch /tmp: it holds a few small files (CA bundles), never a
 // disk's bytes.
 var ScratchSize = resource.MustParse("16Mi")
@@ -301,7 +306,7 @@ func Build(c Config, s Spec) *corev1.Pod {
 		},
 	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: labels, Annotations: maps.Clone(NoSidecars)},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                corev1.RestartPolicyNever,
 			ServiceAccountName:           c.ServiceAccountName,
