@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -224,11 +225,13 @@ func (r *CronReconciler) ensureImage(ctx context.Context, cron *cdiv1.DataImport
 // missing; one that exists (made beforehand, as SSP makes them) is kept pointed at it.
 func (r *CronReconciler) keepDataSource(ctx context.Context, cron *cdiv1.DataImportCron, pvc string) error {
 	src := cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: cron.Namespace, Name: pvc}}
+	labels := passedLabels(cron.Labels)
+	labels[LabelDataImportCron] = cron.Name
 	ds := &cdiv1.DataSource{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: cron.Namespace, Name: cron.Spec.ManagedDataSource}, ds)
 	if apierrors.IsNotFound(err) {
 		ds = &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: cron.Spec.ManagedDataSource, Namespace: cron.Namespace,
-			Labels: map[string]string{LabelDataImportCron: cron.Name}}, Spec: cdiv1.DataSourceSpec{Source: src}}
+			Labels: labels}, Spec: cdiv1.DataSourceSpec{Source: src}}
 		if err := controllerutil.SetControllerReference(cron, ds, r.Scheme()); err != nil {
 			return err
 		}
@@ -236,13 +239,38 @@ func (r *CronReconciler) keepDataSource(ctx context.Context, cron *cdiv1.DataImp
 	} else if err != nil {
 		return err
 	}
-	if equality.Semantic.DeepEqual(ds.Spec.Source, src) && ds.Labels[LabelDataImportCron] == cron.Name {
+	if equality.Semantic.DeepEqual(ds.Spec.Source, src) && hasLabels(ds.Labels, labels) {
 		return nil
 	}
 	patch := client.MergeFrom(ds.DeepCopy())
 	ds.Spec.Source = src
-	metav1.SetMetaDataLabel(&ds.ObjectMeta, LabelDataImportCron, cron.Name)
+	for k, v := range labels {
+		metav1.SetMetaDataLabel(&ds.ObjectMeta, k, v)
+	}
 	return r.Patch(ctx, ds, patch)
+}
+
+// passedLabels are those of a DataImportCron's labels that CDI passes on to its DataSource:
+// the VM defaults of instance types and preferences (instancetype.kubevirt.io/default-*,
+// which "create a VM from this boot volume" reads) and kubevirt.io/dynamic-credentials-support.
+func passedLabels(from map[string]string) map[string]string {
+	passed := map[string]string{}
+	for k, v := range from {
+		if strings.HasPrefix(k, "instancetype.kubevirt.io/") || k == "kubevirt.io/dynamic-credentials-support" {
+			passed[k] = v
+		}
+	}
+	return passed
+}
+
+// hasLabels says whether have holds every label of want.
+func hasLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		if w, ok := have[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
 }
 
 // stamp sets the times of each of conds (any of CDI's condition kinds: state says its type and

@@ -631,7 +631,9 @@ func TestDataImportCron(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 	ns := namespace(t, "cron")
-	cron := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "fedora-cron", Namespace: ns}, Spec: cdiv1.DataImportCronSpec{
+	cron := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "fedora-cron", Namespace: ns, Labels: map[string]string{
+		"instancetype.kubevirt.io/default-preference": "fedora", "instancetype.kubevirt.io/default-instancetype": "u1.medium",
+		"kubevirt.io/dynamic-credentials-support": "true", "team": "a"}}, Spec: cdiv1.DataImportCronSpec{
 		Schedule: "@every 1h", ManagedDataSource: "fedora", ImportsToKeep: ptr.To[int32](2),
 		Template: cdiv1.DataVolume{Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{
 			URL: ptr.To("docker://quay.io/containerdisks/fedora:latest")}}, Storage: &cdiv1.StorageSpec{}}}}}
@@ -678,6 +680,9 @@ func TestDataImportCron(t *testing.T) {
 	}, 20*time.Second).Should(Equal("True"), "the DataSource is Ready on the revision's golden PVC")
 	g.Expect(ds.Spec.Source.PVC).To(Equal(&cdiv1.DataVolumeSourcePVC{Namespace: ns, Name: "vmim-" + rev.Name}))
 	g.Expect(metav1.IsControlledBy(ds, cron)).To(BeTrue())
+	g.Expect(ds.Labels).To(Equal(map[string]string{cdi.LabelDataImportCron: "fedora-cron",
+		"instancetype.kubevirt.io/default-preference": "fedora", "instancetype.kubevirt.io/default-instancetype": "u1.medium",
+		"kubevirt.io/dynamic-credentials-support": "true"}), "the VM defaults pass to the DataSource, other labels do not")
 
 	root := dataVolume(ns, "root", nil, "2Gi")
 	root.Spec.SourceRef = &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: "fedora"}
