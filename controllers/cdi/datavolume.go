@@ -29,6 +29,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -454,6 +455,14 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 			cdiclaims.MaxUploadPVCName, cdiclaims.UploadPVCImagePrefix))
 	}
 	spec.Preallocation = dv.Spec.Preallocation
+	if spec.Preallocation == nil {
+		// CDI's default for a DataVolume that does not say: the CDIConfig's.
+		config := &cdiv1.CDIConfig{}
+		if err := r.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config); client.IgnoreNotFound(err) != nil && !meta.IsNoMatchError(err) {
+			return spec, nil, err
+		}
+		spec.Preallocation = config.Spec.Preallocation
+	}
 	return spec, imported, nil
 }
 

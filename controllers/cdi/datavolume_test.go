@@ -743,3 +743,29 @@ func TestDataImportCron(t *testing.T) {
 		return blank.Status.Conditions[1].Reason + ": " + blank.Status.Conditions[1].Message
 	}, 20*time.Second).Should(Equal("InvalidSpec: spec.template.spec.source must be http, s3 or registry: diskpipe checks those for new revisions"))
 }
+
+// TestGlobalPreallocation: a DataVolume that does not say whether to preallocate takes the
+// CDIConfig's spec.preallocation, as in CDI; one that says keeps its own.
+func TestGlobalPreallocation(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "prealloc")
+	config := &cdiv1.CDIConfig{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Name: "config"}, config) }, 20*time.Second).Should(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.Preallocation = ptr.To(true) })).To(Succeed())
+	t.Cleanup(func() {
+		_ = ctrltest.Update(context.Background(), env.Client, config, func() { config.Spec.Preallocation = nil })
+	})
+	unsaid := dataVolume(ns, "unsaid", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	said := dataVolume(ns, "said", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	said.Spec.Preallocation = ptr.To(false)
+	for _, dv := range []*cdiv1.DataVolume{unsaid, said} {
+		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	}
+	for name, want := range map[string]bool{"unsaid": true, "said": false} {
+		d := &diskvolume.DiskVolume{}
+		g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d) }, 20*time.Second).Should(Succeed())
+		g.Expect(d.Spec.Preallocation).To(Equal(ptr.To(want)), name)
+	}
+}
