@@ -375,6 +375,18 @@ func TestDataVolumeImport(t *testing.T) {
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dv-web"}, img) }, 20*time.Second).Should(Succeed())
 	g.Expect(metav1.IsControlledBy(img, dv)).To(BeTrue(), "the DataVolume controls the image that stages its source")
 	g.Expect(img.Spec.Source.HTTP).To(Equal(common.HTTPURL("https://images.example.com/fedora.qcow2")))
+
+	// CDI 1.65's checksum and 1.66's insecureSkipVerify are the image's, not pruned.
+	const sum = "sha256:0000000000000000000000000000000000000000000000000000000000000001"
+	summed := dataVolume(ns, "summed", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/fedora.qcow2",
+		Checksum: sum, InsecureSkipVerify: ptr.To(true)}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, summed)).To(Succeed())
+	staged := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dv-summed"}, staged) }, 20*time.Second).Should(Succeed())
+	g.Expect(staged.Spec.Source.Checksum).To(Equal(common.Checksum(sum)))
+	g.Expect(staged.Spec.Source.HTTPOptions.InsecureSkipTLSVerify).To(BeTrue())
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(summed), summed)).To(Succeed())
+	g.Expect(summed.Spec.Source.HTTP.Checksum).To(Equal(sum), "the CRD keeps the field")
 	d := &diskvolume.DiskVolume{}
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(dv), d) }, 20*time.Second).Should(Succeed())
 	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: "dv-web", Kind: diskvolume.ImageKindVirtualMachineImage}))

@@ -38,11 +38,13 @@ func imageSource(src *cdiv1.DataVolumeSource, ns string) (*hypercloud.VirtualMac
 	case src.HTTP != nil:
 		h := src.HTTP
 		o := &common.HTTPOptions{SecretRef: common.LocalName(h.SecretRef), CertConfigMap: common.LocalName(h.CertConfigMap),
-			ExtraHeaders: h.ExtraHeaders}
+			ExtraHeaders: h.ExtraHeaders, InsecureSkipTLSVerify: ptr.Deref(h.InsecureSkipVerify, false)}
 		for _, s := range h.SecretExtraHeaders {
 			o.SecretExtraHeaders = append(o.SecretExtraHeaders, common.LocalName(s))
 		}
-		return &hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL(h.URL), HTTPOptions: o}, nil
+		// The checksum is the image's: the importer verifies it as the bytes stream, and the
+		// image's validation refuses one that is not "<algorithm>:<hex digest>".
+		return &hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL(h.URL), HTTPOptions: o, Checksum: common.Checksum(h.Checksum)}, nil
 	case src.S3 != nil:
 		s3, err := s3Source(src.S3)
 		if err != nil {

@@ -112,9 +112,12 @@ func TestCDIPolicy(t *testing.T) {
 			"contentType archive is not served by diskpipe's CDI API: diskpipe imports disk images (contentType kubevirt) only"},
 		{"checkpoints", dv("warm", "source: {http: {url: 'https://example.com/d.qcow2'}}, checkpoints: [{previous: '', current: s1}]"),
 			"checkpoints (multi-stage warm imports) are not served"},
+		{"service account", dv("account", "source: {http: {url: 'https://example.com/d.qcow2'}}, serviceAccountName: importer"),
+			"serviceAccountName is not served by diskpipe's CDI API: diskpipe's transfer pods run as its own account, without a token"},
 		{"cron of gcs", cron("gcs", "{gcs: {url: 'https://storage.googleapis.com/b/o'}}"), "source gcs is not served"},
 
 		{"http", dv("http", "source: {http: {url: 'https://example.com/d.qcow2'}}, contentType: kubevirt"), ""},
+		{"http checksum, no verify", dv("sum", "source: {http: {url: 'https://example.com/d.qcow2', checksum: 'sha256:00', insecureSkipVerify: true}}"), ""},
 		{"pod pull", dv("pod", "source: {registry: {url: 'docker://quay.io/containerdisks/fedora:41', pullMethod: pod}}"), ""},
 		{"blank", dv("blank", "source: {blank: {}}"), ""},
 		{"clone", dv("clone", "source: {pvc: {namespace: golden, name: fedora}}"), ""},

@@ -43,6 +43,9 @@ var cdiUnsupported = []struct{ ok, reason string }{
 		"contentType archive is not served by diskpipe's CDI API: diskpipe imports disk images (contentType kubevirt) only"},
 	{`!has(variables.spec.checkpoints) || size(variables.spec.checkpoints) == 0`,
 		"checkpoints (multi-stage warm imports) are not served by diskpipe's CDI API"},
+	{`!has(variables.spec.serviceAccountName) || variables.spec.serviceAccountName == ''`,
+		"serviceAccountName is not served by diskpipe's CDI API: diskpipe's transfer pods run as its own account, without a token " +
+			"(the chart's importer.serviceAccountName)"},
 }
 
 // configUnsupported is each field of the CDIConfig's spec that diskpipe does not read, and the
