@@ -56,12 +56,26 @@ func (c *Cluster) KillPod(ns, name string) error {
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pod); err != nil {
 		return err
 	}
+	n := c.nodeNamed(pod.Spec.NodeName)
+	if n == nil {
+		return fmt.Errorf("pod %s/%s is on node %q, none of the cluster's", ns, name, pod.Spec.NodeName)
+	}
 	for _, s := range pod.Status.ContainerStatuses {
 		if id, ok := strings.CutPrefix(s.ContainerID, "containerd://"); ok && s.State.Running != nil {
-			return run("ctr", "--address", c.path("containerd", "containerd.sock"), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
+			return run("ctr", "--address", c.nodePath(n, "containerd", "containerd.sock"), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
 		}
 	}
 	return fmt.Errorf("pod %s/%s has no running container", ns, name)
+}
+
+// nodeNamed is the cluster's node of that name, or nil.
+func (c *Cluster) nodeNamed(name string) *node {
+	for _, n := range c.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
 }
 
 // RestartManager SIGKILLs the manager's containers and deletes their pods, as a node's loss
