@@ -42,6 +42,9 @@ const (
 	reasonVolumeNotBound        = "VolumeNotBound"
 	reasonSnapshotNotFound      = "SnapshotNotFound"
 	reasonWaitingForCloneSource = "WaitingForCloneSource"
+	// ReasonSourceUnreachable: the VM's pod was scheduled to a node the image's node-local
+	// volume does not reach, where a CSI clone or restore of it cannot be made.
+	ReasonSourceUnreachable = "SourceUnreachable"
 )
 
 // plan is how a disk is made.
@@ -79,6 +82,9 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		return ctrl.Result{}, errors.Join(r.unmark(ctx, d.obj.GetNamespace(), pvcName), r.unmark(ctx, d.obj.GetNamespace(), PrimeName(d.obj.GetUID())))
 	}
 	if st.Phase == common.PhaseReady {
+		if err := r.checkPlaced(ctx, d, pvcName); err != nil {
+			return ctrl.Result{}, err
+		}
 		return ctrl.Result{}, r.noteCapacity(ctx, d, pvcName)
 	}
 	if wait := tr.RetryWait(time.Now()); wait > 0 {
@@ -408,12 +414,64 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	return p, nil
 }
 
+// checkPlaced fails a disk the storage makes on its first consumer's node (a CSI clone or a
+// restore, on a WaitForFirstConsumer class) once the scheduler put that consumer on a node the
+// image's volume does not reach: a node-local volume is cloned only on its node, so its PVC
+// would stay Pending for ever, and the VM with it. The disk says where the image is and what
+// to do instead.
+func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, name string) error {
+	st := d.status
+	if d.image == nil || st.Capacity != nil || (st.CloneStrategy != common.CloneStrategyCSIClone && st.CloneStrategy != common.CloneStrategySnapshot) {
+		return nil
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	node := pvc.Annotations[AnnotationSelectedNode]
+	if pvc.Status.Phase == corev1.ClaimBound || node == "" {
+		return nil
+	}
+	// The volume cloned is the one the PVC names (a scheduled image's newest revision may be
+	// another by now): the golden PVC, or the one its snapshot was taken of.
+	src := pvc.Spec.DataSource
+	if src == nil {
+		return nil
+	}
+	goldenName := src.Name
+	if src.Kind == "VolumeSnapshot" {
+		snap := &snapshotv1.VolumeSnapshot{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: src.Name}, snap); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		goldenName = ptr.Deref(snap.Spec.Source.PersistentVolumeClaimName, "")
+	}
+	golden := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: goldenName}, golden); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	why, err := r.reach(ctx, golden, node)
+	if err != nil || why == "" {
+		return err
+	}
+	msg := fmt.Sprintf("its VM's pod was scheduled to node %s, where a %s cannot be made: %s. Make the disk as a PVC whose dataSourceRef is the image (it waits for the VM's node and copies the image there), or run the VM where the image is",
+		node, st.CloneStrategy, why)
+	d.tracked().SetFailed(ReasonSourceUnreachable, msg)
+	r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeWarning, ReasonSourceUnreachable, "Clone", "The disk cannot be made: %s", msg)
+	return nil
+}
+
 // unreachable says why the node the disk is wanted on (where the scheduler put its first
 // consumer, AnnotationSelectedNode) cannot use the golden PVC's volume: a node-local volume
 // (TopoLVM, local-path) of another node, which a CSI clone or restore cannot copy from. ""
 // when it can, or the node is not known (a disk made before its consumer is scheduled).
 func (r *Reconciler) unreachable(ctx context.Context, d *vmDisk, golden *corev1.PersistentVolumeClaim) (string, error) {
-	name := d.obj.GetAnnotations()[AnnotationSelectedNode]
+	return r.reach(ctx, golden, d.obj.GetAnnotations()[AnnotationSelectedNode])
+}
+
+// reach says why node name cannot use the golden PVC's volume; "" when it can or either is
+// not known.
+func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeClaim, name string) (string, error) {
 	if name == "" || golden.Spec.VolumeName == "" {
 		return "", nil
 	}

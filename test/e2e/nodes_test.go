@@ -179,5 +179,26 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		Expect(kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=DiskVolume,reason=FellBack", "-o", "jsonpath={.items[*].note}{.items[*].message}")).
 			To(ContainSubstring(fmt.Sprintf("HostAssisted, because CSIClone is not possible: the image's volume is on nodes with %s in %s, and the disk is wanted on node %s",
 				realcluster.TopologyKey, home, away)))
+
+		// A DiskVolume the storage clones when its VM is scheduled cannot follow the VM to
+		// another node: once the scheduler put the VM there, the disk says so, and why, rather
+		// than leave the VM Pending for ever.
+		kubectl(fmt.Sprintf(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: pinned
+spec:
+  source:
+    image: {name: golden, kind: VirtualMachineImage}
+  cloneStrategy: CSIClone
+  storageClassName: %s
+---
+%s  nodeSelector: {kubernetes.io/hostname: %s}
+`, realcluster.LocalClass, idlePod("vm-pinned", "pinned"), away), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "diskvolume", "pinned"), 2*time.Minute, time.Second).Should(Equal("Failed SourceUnreachable"))
+		Expect(kubectl("", "get", "diskvolume", "pinned", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(Equal(fmt.Sprintf(
+			"its VM's pod was scheduled to node %s, where a CSIClone cannot be made: the image's volume is on nodes with %s in %s, and the disk is wanted on node %s. "+
+				"Make the disk as a PVC whose dataSourceRef is the image (it waits for the VM's node and copies the image there), or run the VM where the image is",
+			away, realcluster.TopologyKey, home, away)))
 	})
 })
