@@ -96,6 +96,9 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	case errors.As(err, &nr):
 		st.Phase = common.PhasePending
 		tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
+		if nr.Reason == reasonWaitingForReplica { // a copy on its way: seconds, not minutes
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
 		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
 	case err != nil:
 		return ctrl.Result{}, err
@@ -387,6 +390,21 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		return nil, err
 	}
 	p.remote = facts.unreachable
+	// A node the image does not reach gets a replica of it, which its disks are cloned from
+	// (replica.go): where a CSI clone of the image would be possible but for its node.
+	var replica *corev1.PersistentVolumeClaim
+	if facts.unreachable != "" && !isReplica(d) && preferred != common.CloneStrategyHostAssisted && facts.sourceNamespace == facts.targetNamespace &&
+		facts.sourceClass == facts.targetClass && facts.sourceMode == facts.targetMode && facts.targetDriver != "" {
+		node := d.obj.GetAnnotations()[AnnotationSelectedNode]
+		if replica, err = r.replicaOn(ctx, p.golden, d.image.Kind, node); err != nil {
+			return nil, err
+		}
+		if replica == nil {
+			return nil, &image.NotReadyError{Reason: reasonWaitingForReplica, Message: fmt.Sprintf(
+				"%s: the image is copied to that node once, as its replica %s, and the disk is then cloned from it there", facts.unreachable, replicaName(p.golden, node))}
+		}
+		facts.unreachable, p.remote, preferred = "", "", common.CloneStrategyCSIClone
+	}
 	if facts.targetDriver != "" && preferred != common.CloneStrategyHostAssisted {
 		if facts.snapshotClass, err = storage.SnapshotClassFor(ctx, r.Client, facts.targetDriver); err != nil {
 			return nil, err
@@ -394,6 +412,9 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	}
 	// Once chosen, a strategy stays: a PVC made one way is not made again another.
 	strategy, reason, msg := choose(preferred, facts)
+	if replica != nil && strategy == common.CloneStrategyCSIClone {
+		msg = fmt.Sprintf("CSIClone of the image's replica %s on node %s, where the image's volume is not", replica.Name, d.obj.GetAnnotations()[AnnotationSelectedNode])
+	}
 	if d.status.CloneStrategy != "" {
 		strategy = d.status.CloneStrategy
 	} else {
@@ -401,10 +422,12 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	}
 	meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: ConditionCloneStrategy, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
 	p.strategy = strategy
-	switch strategy {
-	case common.CloneStrategyCSIClone:
+	switch {
+	case strategy == common.CloneStrategyCSIClone && replica != nil:
+		p.dataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: replica.Name}
+	case strategy == common.CloneStrategyCSIClone:
 		p.dataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: p.golden.PVC.Name}
-	case common.CloneStrategySnapshot:
+	case strategy == common.CloneStrategySnapshot:
 		snap, err := image.EnsureSnapshot(ctx, r.Client, p.golden, facts.snapshotClass)
 		if err != nil {
 			return nil, err

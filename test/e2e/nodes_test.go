@@ -151,7 +151,7 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		Expect(phase(ns, "pvc", "there")()).To(Equal("Pending"))
 	})
 
-	It("copies a disk of a node-local image to the node its VM runs on, and clones it where the image is", func() {
+	It("copies a node-local image once to each node its VMs run on, and clones every disk there", func() {
 		image := strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
 		kubectl(image, "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmim", "golden"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
@@ -162,23 +162,32 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		if away == home {
 			away = nodes[1]
 		}
-		for name, node := range map[string]string{"far": away, "near": home} {
+		claims := map[string]string{"far": away, "far2": away, "near": home}
+		for name, node := range claims {
 			kubectl(claimOn(name, node, "256Mi", "dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: golden}"), "apply", "-n", ns, "-f", "-")
 		}
-		for name, node := range map[string]string{"far": away, "near": home} {
-			Eventually(phase(ns, "pvc", name), 3*time.Minute, time.Second).Should(Equal("Bound"), name)
+		for name, node := range claims {
+			Eventually(phase(ns, "pvc", name), 4*time.Minute, time.Second).Should(Equal("Bound"), name)
 			pv := pvOf(ns, name)
 			Expect(pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{node}), "%s is on the VM's node", name)
 			kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/vm-"+name)
 			sameDisk(filepath.Join(cluster.VolumePath(ns, name), "disk.img"))
 		}
-		// Near the image, the storage cloned it; away from it, a clone-source pod on the image's
-		// node streamed it to the importer on the VM's, and the disk said why.
+		// Near the image, the storage cloned it. Away from it, the image was copied once into a
+		// replica on that node (a clone-source pod on the image's node streamed it to the
+		// importer on the VM's), and both disks there are clones of the replica.
 		Expect(pvOf(ns, "near").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+golden.Spec.CSI.VolumeHandle))
-		Expect(pvOf(ns, "far").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "empty"))
-		Expect(kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=DiskVolume,reason=FellBack", "-o", "jsonpath={.items[*].note}{.items[*].message}")).
-			To(ContainSubstring(fmt.Sprintf("HostAssisted, because CSIClone is not possible: the image's volume is on nodes with %s in %s, and the disk is wanted on node %s",
-				realcluster.TopologyKey, home, away)))
+		uid := kubectl("", "get", "vmim", "golden", "-n", ns, "-o", "jsonpath={.metadata.uid}")
+		replicas := strings.Fields(kubectl("", "get", "diskvolumes", "-n", ns, "-l", "diskpipe.io/replica-of="+uid, "-o", "name"))
+		Expect(replicas).To(HaveLen(1), "one replica, on the one node away from the image")
+		replica := pvOf(ns, strings.TrimPrefix(replicas[0], "diskvolume.diskvolume.kubesphere.io/"))
+		Expect(replica.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{away}))
+		Expect(replica.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "empty"), "the replica is a copy")
+		for _, name := range []string{"far", "far2"} {
+			Expect(pvOf(ns, name).Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+replica.Spec.CSI.VolumeHandle), name)
+		}
+		Expect(kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=DiskVolume,reason=Preferred", "-o", "jsonpath={.items[*].message}")).
+			To(ContainSubstring(fmt.Sprintf("Cloning with CSIClone of the image's replica %s on node %s, where the image's volume is not", replica.Spec.ClaimRef.Name, away)))
 
 		// A DiskVolume the storage clones when its VM is scheduled cannot follow the VM to
 		// another node: once the scheduler put the VM there, the disk says so, and why, rather
