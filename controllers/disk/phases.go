@@ -79,7 +79,10 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	st, tr := d.status, d.tracked()
 	pvcName := d.obj.GetName()
 	if st.Phase == common.PhaseFailed {
-		return ctrl.Result{}, errors.Join(r.unmark(ctx, d.obj.GetNamespace(), pvcName), r.unmark(ctx, d.obj.GetNamespace(), PrimeName(d.obj.GetUID())))
+		// What served the copy goes too: a clone source left would hold the image's PVC and
+		// one of its serving slots.
+		return ctrl.Result{}, errors.Join(r.unmark(ctx, d.obj.GetNamespace(), pvcName), r.unmark(ctx, d.obj.GetNamespace(), PrimeName(d.obj.GetUID())),
+			r.cleanup(ctx, d))
 	}
 	if st.Phase == common.PhaseReady {
 		if err := r.checkPlaced(ctx, d, pvcName); err != nil {
@@ -386,24 +389,31 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		sourceClass: nameOf(goldenClass), targetClass: nameOf(class),
 		sourceMode: modeOf(p.golden.PVC.Spec.VolumeMode), targetMode: modeOf(d.pvc.VolumeMode),
 		sourceDriver: driverOf(goldenClass), targetDriver: driverOf(class)}
-	if facts.unreachable, err = r.unreachable(ctx, d, p.golden.PVC); err != nil {
+	if facts.unreachable, facts.nodeLocal, err = r.unreachable(ctx, d, p.golden.PVC); err != nil {
 		return nil, err
 	}
 	p.remote = facts.unreachable
 	// A node the image does not reach gets a replica of it, which its disks are cloned from
 	// (replica.go): where a CSI clone of the image would be possible but for its node.
 	var replica *corev1.PersistentVolumeClaim
-	if facts.unreachable != "" && !isReplica(d) && preferred != common.CloneStrategyHostAssisted && facts.sourceNamespace == facts.targetNamespace &&
+	if facts.unreachable != "" && facts.nodeLocal && !isReplica(d) && preferred != common.CloneStrategyHostAssisted && facts.sourceNamespace == facts.targetNamespace &&
 		facts.sourceClass == facts.targetClass && facts.sourceMode == facts.targetMode && facts.targetDriver != "" {
 		node := d.obj.GetAnnotations()[AnnotationSelectedNode]
-		if replica, err = r.replicaOn(ctx, p.golden, d.image.Kind, node); err != nil {
+		replica, err = r.replicaOn(ctx, p.golden, d.image.Kind, node)
+		var failed *errReplicaFailed
+		switch {
+		case errors.As(err, &failed):
+			// Copied from the image's node, as if there were no replicas; the condition says why.
+			facts.unreachable += "; " + failed.Error()
+			p.remote = facts.unreachable
+		case err != nil:
 			return nil, err
-		}
-		if replica == nil {
+		case replica == nil:
 			return nil, &image.NotReadyError{Reason: reasonWaitingForReplica, Message: fmt.Sprintf(
 				"%s: the image is copied to that node once, as its replica %s, and the disk is then cloned from it there", facts.unreachable, replicaName(p.golden, node))}
+		default:
+			facts.unreachable, p.remote, preferred = "", "", common.CloneStrategyCSIClone
 		}
-		facts.unreachable, p.remote, preferred = "", "", common.CloneStrategyCSIClone
 	}
 	if facts.targetDriver != "" && preferred != common.CloneStrategyHostAssisted {
 		if facts.snapshotClass, err = storage.SnapshotClassFor(ctx, r.Client, facts.targetDriver); err != nil {
@@ -473,9 +483,9 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, name string) er
 	if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: goldenName}, golden); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	why, err := r.reach(ctx, golden, node)
-	if err != nil || why == "" {
-		return err
+	why, local, err := r.reach(ctx, golden, node)
+	if err != nil || why == "" || (!local && st.CloneStrategy == common.CloneStrategySnapshot) {
+		return err // a snapshot of a zone's volume is restored in any zone
 	}
 	msg := fmt.Sprintf("its VM's pod was scheduled to node %s, where a %s cannot be made: %s. Make the disk as a PVC whose dataSourceRef is the image (it waits for the VM's node and copies the image there), or run the VM where the image is",
 		node, st.CloneStrategy, why)
@@ -488,29 +498,39 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, name string) er
 // consumer, AnnotationSelectedNode) cannot use the golden PVC's volume: a node-local volume
 // (TopoLVM, local-path) of another node, which a CSI clone or restore cannot copy from. ""
 // when it can, or the node is not known (a disk made before its consumer is scheduled).
-func (r *Reconciler) unreachable(ctx context.Context, d *vmDisk, golden *corev1.PersistentVolumeClaim) (string, error) {
+func (r *Reconciler) unreachable(ctx context.Context, d *vmDisk, golden *corev1.PersistentVolumeClaim) (string, bool, error) {
 	return r.reach(ctx, golden, d.obj.GetAnnotations()[AnnotationSelectedNode])
 }
 
-// reach says why node name cannot use the golden PVC's volume; "" when it can or either is
-// not known.
-func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeClaim, name string) (string, error) {
+// reach says why node name cannot use the golden PVC's volume, "" when it can or either is
+// not known; and whether the volume is node-local (its affinity admits one node), rather
+// than of a zone (EBS, Persistent Disk), whose snapshots are restored anywhere.
+func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeClaim, name string) (string, bool, error) {
 	if name == "" || golden.Spec.VolumeName == "" {
-		return "", nil
+		return "", false, nil
 	}
 	pv := &corev1.PersistentVolume{}
 	if err := r.Get(ctx, client.ObjectKey{Name: golden.Spec.VolumeName}, pv); err != nil {
-		return "", client.IgnoreNotFound(err)
+		return "", false, client.IgnoreNotFound(err)
 	}
 	node := &corev1.Node{}
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
-		return "", client.IgnoreNotFound(err)
+		return "", false, client.IgnoreNotFound(err)
 	}
-	ok, err := storage.Reaches(pv, node)
-	if err != nil || ok {
-		return "", err
+	if storage.Reaches(pv, node) {
+		return "", false, nil
 	}
-	return fmt.Sprintf("the image's volume is on %s, and the disk is wanted on node %s", storage.Placement(pv), name), nil
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return "", false, err
+	}
+	reached := 0
+	for i := range nodes.Items {
+		if storage.Reaches(pv, &nodes.Items[i]) {
+			reached++
+		}
+	}
+	return fmt.Sprintf("the image's volume is on %s, and the disk is wanted on node %s", storage.Placement(pv), name), reached <= 1, nil
 }
 
 func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *plan) (*corev1.PersistentVolumeClaim, error) {
@@ -541,7 +561,7 @@ func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *p
 
 // AnnotationSelectedNode is where the scheduler writes the node of a claim's first consumer;
 // on a DiskVolume, the node its PVC is provisioned on.
-const AnnotationSelectedNode = "volume.kubernetes.io/selected-node"
+const AnnotationSelectedNode = storage.AnnotationSelectedNode
 
 // waitForBinding finishes a disk the storage system makes: Ready once its PVC is bound, or
 // at once on a storage class that binds at the first consumer (the VM's pod).

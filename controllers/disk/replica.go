@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -28,33 +30,39 @@ import (
 // never from the origin again. A replica is made once per node (its name is the image's and
 // the node's), and goes with the image.
 
-// Labels of a replica.
+// Labels of a replica (image.LabelReplicaOf, image.LabelReplicaNode), and the reason of a
+// disk that waits for the image's replica on its node.
 const (
-	// LabelReplicaOf marks a replica with the UID of its image.
-	LabelReplicaOf = "diskpipe.io/replica-of"
-	// LabelReplicaNode marks a replica with a hash of its node's name (a node's name may be
-	// longer than a label's value); AnnotationSelectedNode names it.
-	LabelReplicaNode = "diskpipe.io/replica-node"
-	// reasonWaitingForReplica: the disk waits for the image's replica on its node.
+	LabelReplicaOf          = image.LabelReplicaOf
+	LabelReplicaNode        = image.LabelReplicaNode
 	reasonWaitingForReplica = "WaitingForReplica"
 )
 
 // isReplica says whether d is a replica of an image (which is copied, never made of one).
 func isReplica(d *vmDisk) bool { return d.obj.GetLabels()[LabelReplicaOf] != "" }
 
-// replicaName is the name of golden's replica on node: at most 63 characters, as the PVC of
-// the name must have for its pods' volumes.
+// replicaName is the name of golden's replica on node: the image's name (cut), and a hash of
+// the image's UID and the node, so that neither two images nor two nodes share one; at most 63
+// characters, as the name of a PVC its pods mount must be.
 func replicaName(golden *image.Golden, node string) string {
-	sum := sha256.Sum256([]byte(node))
+	sum := sha256.Sum256([]byte(string(golden.Obj.GetUID()) + "/" + node))
 	name := golden.Obj.GetName()
 	if len(name) > 40 {
-		name = name[:40]
+		name = strings.TrimRight(name[:40], ".-")
 	}
 	return fmt.Sprintf("replica-%s-%s", name, hex.EncodeToString(sum[:])[:12])
 }
 
+// errReplicaFailed says the replica on a node failed: its disks are copied from the image's
+// node instead, and the replica's Ready condition says why it failed.
+type errReplicaFailed struct{ name, why string }
+
+func (e *errReplicaFailed) Error() string {
+	return fmt.Sprintf("the replica %s failed: %s", e.name, e.why)
+}
+
 // replicaOn makes golden's replica on node unless it exists, and returns its PVC once it is
-// made (bound on node); nil while it is being made.
+// made (bound on node); nil while it is being made; an *errReplicaFailed when it failed.
 func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind diskvolume.ImageKind, node string) (*corev1.PersistentVolumeClaim, error) {
 	sum := sha256.Sum256([]byte(node))
 	// Of the image's size: no size of its own, so that its disk is the image's, not grown.
@@ -68,6 +76,13 @@ func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind d
 			CloneStrategy: ptr.To(common.CloneStrategyHostAssisted)}}
 	if _, err := owned.Ensure(ctx, r.Client, golden.Obj, replica); err != nil {
 		return nil, err
+	}
+	if replica.Status.Phase == common.PhaseFailed {
+		why := "failed"
+		if c := meta.FindStatusCondition(replica.Status.Conditions, common.ConditionReady); c != nil {
+			why = c.Reason + ": " + c.Message
+		}
+		return nil, &errReplicaFailed{name: replica.Name, why: why}
 	}
 	if replica.Status.Phase != common.PhaseReady || replica.Status.Capacity == nil {
 		return nil, nil

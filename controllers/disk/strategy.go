@@ -68,8 +68,11 @@ type cloneFacts struct {
 	// snapshotClass is a VolumeSnapshotClass of the target's driver; "" when there is none.
 	snapshotClass string
 	// unreachable says why the node the disk is wanted on cannot use the image's volume (a
-	// node-local volume on another node); "" when it can, or the node is not known yet.
+	// node-local volume on another node, a zone's volume in another zone); "" when it can, or
+	// the node is not known yet. nodeLocal: the volume is one node's, whose snapshots are
+	// restored only there (a zone's are restored anywhere).
 	unreachable string
+	nodeLocal   bool
 }
 
 var strategies = []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
@@ -106,8 +109,9 @@ func (f cloneFacts) cannot(s common.CloneStrategy) string {
 		return ""
 	}
 	switch {
-	case f.unreachable != "":
-		// A CSI clone or a restore of a node-local volume is made only on its node.
+	case f.unreachable != "" && (s == common.CloneStrategyCSIClone || f.nodeLocal):
+		// A CSI clone of a volume is made only where the volume is; a restore of a node-local
+		// volume's snapshot only on its node.
 		return f.unreachable
 	case f.sourceNamespace != f.targetNamespace:
 		return fmt.Sprintf("the image is in namespace %s and the disk in %s", f.sourceNamespace, f.targetNamespace)

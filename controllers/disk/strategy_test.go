@@ -46,11 +46,17 @@ func TestChoose(t *testing.T) {
 				`Snapshot is not possible: the storage class "gone" does not exist or names no CSI driver`},
 		{"node-local image on another node", common.CloneStrategyCSIClone,
 			with(func(c *cloneFacts) {
-				c.unreachable = "the image's volume is on nodes with node in n1, and the disk is wanted on n2"
+				c.unreachable, c.nodeLocal = "the image's volume is on nodes with node in n1, and the disk is wanted on n2", true
 			}),
 			common.CloneStrategyHostAssisted, reasonFellBack,
 			"HostAssisted, because CSIClone is not possible: the image's volume is on nodes with node in n1, and the disk is wanted on n2; " +
 				"Snapshot is not possible: the image's volume is on nodes with node in n1, and the disk is wanted on n2"},
+		{"zonal image in another zone", common.CloneStrategyCSIClone,
+			with(func(c *cloneFacts) {
+				c.unreachable = "the image's volume is on nodes with zone in a, and the disk is wanted on node b1"
+			}),
+			common.CloneStrategySnapshot, reasonFellBack,
+			"Snapshot, because CSIClone is not possible: the image's volume is on nodes with zone in a, and the disk is wanted on node b1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, reason, msg := choose(tc.preferred, tc.facts)

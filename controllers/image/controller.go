@@ -8,18 +8,24 @@ package image
 import (
 	"context"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
@@ -34,6 +40,12 @@ const (
 	// LabelCloneOf marks a disk's PVC with the UID of the image it is being made from, until
 	// it is made: the image is not deleted while a clone reads it.
 	LabelCloneOf = "diskpipe.io/clone-of"
+	// LabelReplicaOf marks a replica of a node-local image on another node (a DiskVolume the
+	// image controls, controllers/disk/replica.go) with the image's UID; LabelReplicaNode with
+	// a hash of its node's name (a node's name may be longer than a label's value), which its
+	// annotation storage.AnnotationSelectedNode names.
+	LabelReplicaOf   = "diskpipe.io/replica-of"
+	LabelReplicaNode = "diskpipe.io/replica-node"
 )
 
 // Options configure the image controllers.
@@ -87,7 +99,8 @@ func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObje
 		newObject: newObject, newList: newList, adapt: adapt}
 	// A scheduled image owns the images of its source's revisions (schedule.go).
 	return ctrl.NewControllerManagedBy(mgr).Named(name).For(kind).Owns(newObject()).
-		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Owns(&snapshotv1.VolumeSnapshot{}).Complete(r)
+		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Owns(&snapshotv1.VolumeSnapshot{}).
+		Owns(&diskvolume.DiskVolume{}).Complete(r)
 }
 
 // Reconcile brings one image's import forward.
@@ -119,5 +132,27 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	if g.schedule != nil {
 		return r.reconcileSchedule(ctx, g)
 	}
+	if g.status.Replicas, err = r.replicas(ctx, obj); err != nil {
+		return ctrl.Result{}, err
+	}
 	return r.reconcile(ctx, g)
+}
+
+// replicas lists the image's replicas on other nodes, by node.
+func (r *Reconciler) replicas(ctx context.Context, obj client.Object) ([]common.ImageReplica, error) {
+	list := &diskvolume.DiskVolumeList{}
+	if err := r.List(ctx, list, client.InNamespace(obj.GetNamespace()), client.MatchingLabels{LabelReplicaOf: string(obj.GetUID())}); err != nil {
+		return nil, err
+	}
+	var out []common.ImageReplica
+	for _, d := range list.Items {
+		// Only its own: a label is anyone's to write.
+		node := d.Annotations[storage.AnnotationSelectedNode]
+		if !metav1.IsControlledBy(&d, obj) || len(node) > 253 || len(d.Name) > 63 {
+			continue
+		}
+		out = append(out, common.ImageReplica{Node: node, Name: d.Name, Phase: d.Status.Phase})
+	}
+	slices.SortFunc(out, func(a, b common.ImageReplica) int { return strings.Compare(a.Node, b.Node) })
+	return out[:min(len(out), 256)], nil
 }

@@ -183,6 +183,9 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		replica := pvOf(ns, strings.TrimPrefix(replicas[0], "diskvolume.diskvolume.kubesphere.io/"))
 		Expect(replica.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{away}))
 		Expect(replica.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "empty"), "the replica is a copy")
+		Eventually(func() string {
+			return kubectl("", "get", "vmim", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.name} {.phase};{end}")
+		}, time.Minute, time.Second).Should(Equal(fmt.Sprintf("%s %s Ready;", away, replica.Spec.ClaimRef.Name)), "the image lists its replicas by node")
 		for _, name := range []string{"far", "far2"} {
 			Expect(pvOf(ns, name).Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+replica.Spec.CSI.VolumeHandle), name)
 		}

@@ -141,6 +141,28 @@ type ImageStatus struct {
 	// schedule is the state of a scheduled image's checks (spec.schedule).
 	// +optional
 	Schedule *ScheduleStatus `json:"schedule,omitempty"`
+
+	// replicas are the copies of a node-local image on other nodes, which disks on those nodes
+	// are cloned from (a DiskVolume each, controlled by the image).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=256
+	Replicas []ImageReplica `json:"replicas,omitempty"`
+}
+
+// ImageReplica is a copy of a node-local image on one node.
+type ImageReplica struct {
+	// node the replica is on.
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+
+	// name of the replica's DiskVolume and PVC, in the image's namespace.
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+
+	// phase of the replica: Pending, Cloning (being copied), Ready or Failed.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
 }
 
 // DiskStatus is the observed state of a VM disk (VirtualMachinePvc, DiskVolume).

@@ -90,8 +90,14 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		Mounts: []importpod.Mount{{Secret: name, Path: tokenDir}}}
 	serve.Import = contract.Import{Serve: ":" + strconv.Itoa(importpod.ServePort), Path: serve.SourcePath(), TokenFile: tokenDir + "/token"}
 	pod := importpod.Build(cfg, serve)
-	// In another namespace it can have no owner: its mark names the object it serves.
+	// In another namespace it can have no owner: its mark names the object it serves. In the
+	// owner's own (a remote source), the owner controls it, so that it goes with the owner.
 	owned.Stamp("Pod", pod, owner.GetUID())
+	if src.Namespace == owner.GetNamespace() {
+		if err := controllerutil.SetControllerReference(owner, pod, c.Scheme()); err != nil {
+			return false, err
+		}
+	}
 	if err := importpod.Create(ctx, c, cfg, pod); err != nil {
 		return false, fmt.Errorf("creating the clone source: %w", err)
 	}
@@ -148,8 +154,12 @@ func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcN
 	_, _ = rand.Read(b)
 	token := hex.EncodeToString(b)
 	theirs := func() *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace,
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace,
 			Labels: map[string]string{LabelFor: string(owner.GetUID())}}, StringData: map[string]string{"token": token}}
+		if srcNamespace == owner.GetNamespace() {
+			_ = controllerutil.SetControllerReference(owner, s, c.Scheme())
+		}
+		return s
 	}
 	mine := func() (*corev1.Secret, error) {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tokenSecretName(owner), Namespace: owner.GetNamespace()},

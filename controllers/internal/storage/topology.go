@@ -2,6 +2,7 @@ package storage
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,20 +10,24 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 )
 
+// AnnotationSelectedNode is where the scheduler writes the node of a claim's first consumer;
+// on a DiskVolume, the node its PVC is provisioned on.
+const AnnotationSelectedNode = "volume.kubernetes.io/selected-node"
+
 // Reaches says whether node can use volume pv: pv has no node affinity (network storage every
-// node reaches), or node meets one of its required terms, as the scheduler reads them. A
-// node-local volume (TopoLVM, local-path, OpenEBS LocalPV) reaches only its node.
-func Reaches(pv *corev1.PersistentVolume, node *corev1.Node) (bool, error) {
+// node reaches), or node meets one of its required terms, as the scheduler reads them (a term
+// that cannot be read is skipped, as the scheduler skips it). A node-local volume (TopoLVM,
+// local-path, OpenEBS LocalPV) reaches only its node.
+func Reaches(pv *corev1.PersistentVolume, node *corev1.Node) bool {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
-		return true, nil
+		return true
 	}
 	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
-		ok, err := meets(term, node)
-		if err != nil || ok {
-			return ok, err
+		if ok, err := meets(term, node); err == nil && ok {
+			return true
 		}
 	}
-	return false, nil
+	return false
 }
 
 // meets says whether node meets every requirement of term; a term of none is met by no node.
@@ -34,12 +39,19 @@ func meets(term corev1.NodeSelectorTerm, node *corev1.Node) (bool, error) {
 		if f.Key != "metadata.name" {
 			return false, fmt.Errorf("node affinity on the field %q, which the scheduler does not know", f.Key)
 		}
-		req, err := labels.NewRequirement("name", operator(f.Operator), f.Values)
-		if err != nil {
-			return false, err
-		}
-		if !req.Matches(labels.Set{"name": node.Name}) {
-			return false, nil
+		// Compared as such: a node's name may be longer than a label's value.
+		in := slices.Contains(f.Values, node.Name)
+		switch f.Operator {
+		case corev1.NodeSelectorOpIn:
+			if !in {
+				return false, nil
+			}
+		case corev1.NodeSelectorOpNotIn:
+			if in {
+				return false, nil
+			}
+		default:
+			return false, fmt.Errorf("node affinity on metadata.name with the operator %s", f.Operator)
 		}
 	}
 	sel := labels.NewSelector()

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,11 +35,14 @@ func TestReaches(t *testing.T) {
 		{"by name", pv(corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{"n1"}}}}),
 			n1, false, "nodes with metadata.name notin n1"},
 		{"an empty term", pv(corev1.NodeSelectorTerm{}), n1, false, "nodes with "},
+		{"a long name", pv(corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{strings.Repeat("n", 100)}}}}),
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: strings.Repeat("n", 100)}}, true, "nodes with metadata.name in " + strings.Repeat("n", 100)},
+		{"a term unread, another met", pv(expr("zone", corev1.NodeSelectorOpGt, "a"), expr("zone", corev1.NodeSelectorOpIn, "a")), n2, true,
+			"nodes with zone gt a or zone in a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Reaches(tc.pv, tc.node)
-			if err != nil || got != tc.want {
-				t.Errorf("Reaches = %v, %v; want %v", got, err, tc.want)
+			if got := Reaches(tc.pv, tc.node); got != tc.want {
+				t.Errorf("Reaches = %v; want %v", got, tc.want)
 			}
 			if p := Placement(tc.pv); p != tc.placement {
 				t.Errorf("Placement = %q; want %q", p, tc.placement)
