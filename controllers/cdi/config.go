@@ -86,6 +86,9 @@ func (c *Config) syncConfig(ctx context.Context) error {
 	if err := c.ensure(ctx, obj); err != nil {
 		return err
 	}
+	if err := c.fromCDI(ctx, obj); err != nil {
+		return err
+	}
 	want := c.status(&obj.Spec)
 	if equality.Semantic.DeepEqual(obj.Status, want) {
 		return nil
@@ -93,6 +96,27 @@ func (c *Config) syncConfig(ctx context.Context) error {
 	base := obj.DeepCopy()
 	obj.Status = want
 	return c.Client.Patch(ctx, obj, client.MergeFrom(base)) // CDI's CRDs of these two have no status subresource
+}
+
+// fromCDI writes into the CDIConfig's spec what the CDI object's spec.config sets of what
+// diskpipe reads (the upload proxy's URL, filesystem overheads, the import proxy,
+// preallocation), as CDI's operator does: HCO, and CDI's documentation, configure CDI there.
+// Where spec.config is set it wins; the CDIConfig's spec is the administrator's otherwise.
+func (c *Config) fromCDI(ctx context.Context, obj *cdiv1.CDIConfig) error {
+	cdi := &cdiv1.CDI{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: CDIName}, cdi); err != nil || cdi.Spec.Config == nil {
+		return client.IgnoreNotFound(err)
+	}
+	want := obj.Spec.DeepCopy()
+	from := cdi.Spec.Config
+	want.UploadProxyURLOverride, want.FilesystemOverhead = from.UploadProxyURLOverride, from.FilesystemOverhead
+	want.ImportProxy, want.Preallocation = from.ImportProxy, from.Preallocation
+	if equality.Semantic.DeepEqual(&obj.Spec, want) {
+		return nil
+	}
+	base := obj.DeepCopy()
+	obj.Spec = *want
+	return c.Client.Patch(ctx, obj, client.MergeFrom(base))
 }
 
 // status is the CDIConfig's status: the filesystem overheads diskpipe uses (the spec's where it

@@ -238,6 +238,17 @@ func TestCDIObjects(t *testing.T) {
 	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.UploadProxyURLOverride = nil })).To(Succeed())
 	g.Eventually(uploadURL, 10*time.Second).Should(Equal("<none>"))
 
+	// What HCO writes, the CDI object's spec.config, is read as CDI reads it: it becomes the
+	// CDIConfig's spec.
+	g.Expect(ctrltest.Update(ctx, env.Client, c, func() {
+		c.Spec.Config = &cdiv1.CDIConfigSpec{UploadProxyURLOverride: ptr.To("https://hco.example.com")}
+	})).To(Succeed())
+	g.Expect(keeper.Sync(ctx)).To(Succeed())
+	g.Expect(uploadURL()).To(Equal("https://hco.example.com"))
+	g.Expect(config.Spec.UploadProxyURLOverride).To(Equal(ptr.To("https://hco.example.com")))
+	g.Expect(ctrltest.Update(ctx, env.Client, c, func() { c.Spec.Config = nil })).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.UploadProxyURLOverride = nil })).To(Succeed())
+
 	// The administrator's spec.filesystemOverhead sizes the volumes made from now on, before
 	// the chart's values: its class's, else its global (which replaces the chart's "thick"
 	// too); its status says so at once. Taken away, the chart's are back.
