@@ -43,20 +43,20 @@ func GetImage(ctx context.Context, c client.Reader, ns, resource, name string) (
 		v := &hypercloud.VirtualMachineImage{}
 		obj, src = v, func() (*common.UploadSource, common.Checksum) { return v.Spec.Source.Upload, v.Spec.Source.Checksum }
 	default:
-		return Image{}, fail(http.StatusNotFound, "%s is not an image resource", resource)
+		return Image{}, Fail(http.StatusNotFound, "%s is not an image resource", resource)
 	}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj); err != nil {
 		if apierrors.IsNotFound(err) {
-			return Image{}, fail(http.StatusNotFound, "%s %s/%s does not exist", resource, ns, name)
+			return Image{}, Fail(http.StatusNotFound, "%s %s/%s does not exist", resource, ns, name)
 		}
 		return Image{}, err
 	}
 	if obj.GetDeletionTimestamp() != nil {
-		return Image{}, fail(http.StatusConflict, "%s %s/%s is being deleted: it takes no upload", resource, ns, name)
+		return Image{}, Fail(http.StatusConflict, "%s %s/%s is being deleted: it takes no upload", resource, ns, name)
 	}
 	upload, sum := src()
 	if upload == nil {
-		return Image{}, fail(http.StatusConflict, "%s %s/%s does not take uploads: its source is not upload", resource, ns, name)
+		return Image{}, Fail(http.StatusConflict, "%s %s/%s does not take uploads: its source is not upload", resource, ns, name)
 	}
 	return Image{UID: string(obj.GetUID()), Checksum: string(sum)}, nil
 }
@@ -95,19 +95,19 @@ func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, n
 			return caller{}, err
 		}
 		if c.Namespace != ns || c.Resource != resource || c.Name != name {
-			return caller{}, fail(http.StatusForbidden, "the upload token is for %s %s/%s, not %s %s/%s", c.Resource, c.Namespace, c.Name, resource, ns, name)
+			return caller{}, Fail(http.StatusForbidden, "the upload token is for %s %s/%s, not %s %s/%s", c.Resource, c.Namespace, c.Name, resource, ns, name)
 		}
 		return caller{user: c.User, uid: c.UID}, nil
 	}
 	if bearer == "" {
-		return caller{}, fail(http.StatusUnauthorized, "an upload token (%s header, from kubectl diskpipe upload or an UploadTokenRequest) or an Authorization: Bearer <token> header with a Kubernetes token is required", uploadtoken.Header)
+		return caller{}, Fail(http.StatusUnauthorized, "an upload token (%s header, from kubectl diskpipe upload or an UploadTokenRequest) or an Authorization: Bearer <token> header with a Kubernetes token is required", uploadtoken.Header)
 	}
 	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: bearer}}
 	if err := s.Kube.Create(ctx, tr); err != nil {
 		return caller{}, fmt.Errorf("reviewing the token: %w", err)
 	}
 	if !tr.Status.Authenticated {
-		return caller{}, fail(http.StatusUnauthorized, "the token is not valid: %s", tr.Status.Error)
+		return caller{}, Fail(http.StatusUnauthorized, "the token is not valid: %s", tr.Status.Error)
 	}
 	if err := MayUpload(ctx, s.Kube, tr.Status.User, ns, resource, name); err != nil {
 		return caller{}, err
@@ -115,10 +115,20 @@ func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, n
 	return caller{user: tr.Status.User.Username}, nil
 }
 
+// TokenClaims are the claims of the upload token a door's request bears (Authorization:
+// Bearer <token>), verified.
+func (s *Server) TokenClaims(ctx context.Context, r *http.Request) (uploadtoken.Claims, error) {
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if token == "" {
+		return uploadtoken.Claims{}, Fail(http.StatusUnauthorized, "an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)")
+	}
+	return s.verify(ctx, token)
+}
+
 // verify checks an upload token and returns its claims.
 func (s *Server) verify(ctx context.Context, token string) (uploadtoken.Claims, error) {
 	if s.TokenKey == nil {
-		return uploadtoken.Claims{}, fail(http.StatusUnauthorized, "this upload proxy takes no upload tokens (it was started without --token-secret): use a Kubernetes token")
+		return uploadtoken.Claims{}, Fail(http.StatusUnauthorized, "this upload proxy takes no upload tokens (it was started without --token-secret): use a Kubernetes token")
 	}
 	key, err := s.TokenKey.Get(ctx)
 	if err != nil {
@@ -126,7 +136,7 @@ func (s *Server) verify(ctx context.Context, token string) (uploadtoken.Claims, 
 	}
 	c, err := uploadtoken.Verify(key, token, time.Now())
 	if err != nil {
-		return uploadtoken.Claims{}, fail(http.StatusUnauthorized, "%v", err)
+		return uploadtoken.Claims{}, Fail(http.StatusUnauthorized, "%v", err)
 	}
 	return c, nil
 }
@@ -139,7 +149,8 @@ type httpError struct {
 
 func (e *httpError) Error() string { return e.msg }
 
-func fail(code int, format string, args ...any) error {
+// Fail is an error answered with code (the proxy's, a door's, the token API's).
+func Fail(code int, format string, args ...any) error {
 	return &httpError{code: code, msg: fmt.Sprintf(format, args...)}
 }
 

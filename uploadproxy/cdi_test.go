@@ -2,6 +2,7 @@ package uploadproxy_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"mime/multipart"
@@ -17,10 +18,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	cdiapi "kubevirt.io/containerized-data-importer-api/pkg/apis/upload/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/uploadproxy"
@@ -33,7 +36,7 @@ const slow = 2 * time.Minute
 // cdiUpload sends the image as virtctl image-upload does: POST /v1beta1/upload with the token
 // as a bearer token and the whole file as the body; its answer comes on the channel.
 func (f *fixture) cdiUpload(t *testing.T, token string, body []byte) <-chan string {
-	return f.cdiPost(t, uploadproxy.PathCDIUpload, token, "application/octet-stream", body)
+	return f.cdiPost(t, cdiupload.PathCDIUpload, token, "application/octet-stream", body)
 }
 
 // cdiPost posts body to path with the token; the answer comes on the channel.
@@ -109,14 +112,14 @@ func TestCDIUpload(t *testing.T) {
 
 	for _, c := range []struct{ method, path, token, want string }{
 		{http.MethodGet, uploadproxy.PathHealthz, "", "200 ok"},
-		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", soon), "200 "},
+		{http.MethodHead, cdiupload.PathCDIUploadAsync, f.token(t, key, "dv-disk", soon), "200 "},
 		{http.MethodHead, "/v1alpha1/upload-async", f.token(t, key, "dv-disk", soon), "200 "},
-		{http.MethodHead, uploadproxy.PathCDIUploadAsync, "", "401 "},
-		{http.MethodHead, uploadproxy.PathCDIUploadAsync, f.token(t, key, "dv-disk", time.Now().Add(-time.Minute)), "401 "},
-		{http.MethodHead, uploadproxy.PathCDIUpload, f.token(t, key, "dv-disk", soon), "405 "},
-		{http.MethodPost, uploadproxy.PathCDIUpload, "", "401 an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)"},
-		{http.MethodPost, uploadproxy.PathCDIUploadAsync, "forged", "401 "},
-		{http.MethodPut, uploadproxy.PathCDIUpload, f.token(t, key, "dv-disk", soon), "405 POST the image to /v1beta1/upload"},
+		{http.MethodHead, cdiupload.PathCDIUploadAsync, "", "401 "},
+		{http.MethodHead, cdiupload.PathCDIUploadAsync, f.token(t, key, "dv-disk", time.Now().Add(-time.Minute)), "401 "},
+		{http.MethodHead, cdiupload.PathCDIUpload, f.token(t, key, "dv-disk", soon), "405 "},
+		{http.MethodPost, cdiupload.PathCDIUpload, "", "401 an upload token is required (Authorization: Bearer <token>, from an UploadTokenRequest)"},
+		{http.MethodPost, cdiupload.PathCDIUploadAsync, "forged", "401 "},
+		{http.MethodPut, cdiupload.PathCDIUpload, f.token(t, key, "dv-disk", soon), "405 POST the image to /v1beta1/upload"},
 	} {
 		req, _ := http.NewRequestWithContext(t.Context(), c.method, f.url+c.path, nil)
 		if c.token != "" {
@@ -134,7 +137,7 @@ func TestCDIUpload(t *testing.T) {
 
 	// The asynchronous upload is answered once stored, the image left to be imported: virtctl
 	// then waits on the claim's annotation.
-	done = f.cdiPost(t, uploadproxy.PathCDIUploadAsync, f.token(t, key, "pvc-async", soon), "application/octet-stream", f.image)
+	done = f.cdiPost(t, cdiupload.PathCDIUploadAsync, f.token(t, key, "pvc-async", soon), "application/octet-stream", f.image)
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is being made; the claim is annotated %s: Succeeded when it is",
 		len(f.image), f.digest, cdiclaims.AnnPodPhase))))
 	g.Expect(f.complete(t, f.token(t, key, "pvc-async", soon), "pvc-async")()).To(Equal("true"))
@@ -165,21 +168,21 @@ func TestCDIFormUpload(t *testing.T) {
 	soon := time.Now().Add(10 * time.Minute)
 
 	ct, body := form(t, nil, false)
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), ct, body), slow).
+	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), ct, body), slow).
 		Should(Receive(Equal(`400 the form has no field "file"`)))
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), "application/octet-stream", f.image), slow).
+	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), "application/octet-stream", f.image), slow).
 		Should(Receive(HavePrefix(`400 a form upload is multipart/form-data with the image in the field "file"`)))
 
 	ct, body = form(t, f.image, false)
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), ct, body), slow).
+	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), ct, body), slow).
 		Should(Receive(HavePrefix(fmt.Sprintf("200 uploaded %d bytes, %s", len(f.image), f.digest))))
 
 	ct, cut := form(t, f.image[:len(f.image)-1000], true)
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadForm, f.token(t, key, "dv-cut", soon), ct, cut), slow).
+	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadForm, f.token(t, key, "dv-cut", soon), ct, cut), slow).
 		Should(Receive(MatchRegexp(`^400 the body ended at byte \d+ before the form's end; send it again \(\d+ bytes are stored\)$`)))
 	g.Expect(f.complete(t, f.token(t, key, "dv-cut", soon), "dv-cut")()).To(Equal("false"))
 	ct, body = form(t, f.image, false)
-	done := f.cdiPost(t, uploadproxy.PathCDIUploadForm, f.token(t, key, "dv-cut", soon), ct, body)
+	done := f.cdiPost(t, cdiupload.PathCDIUploadForm, f.token(t, key, "dv-cut", soon), ct, body)
 	g.Eventually(f.complete(t, f.token(t, key, "dv-cut", soon), "dv-cut"), slow, 200*time.Millisecond).Should(Equal("true"))
 	g.Expect(env.Client.Delete(t.Context(), &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "dv-cut", Namespace: f.ns}})).To(Succeed())
 	g.Eventually(done, slow).Should(Receive(Equal(fmt.Sprintf("200 uploaded %d bytes, %s: the disk is made", len(f.image), f.digest))))
@@ -196,6 +199,13 @@ func (f *fixture) cdiTokenAPI(t *testing.T) (*uploadproxy.TokenAPI, func(pvcName
 	return api, func(pvcName string) []byte {
 		return fmt.Appendf(nil, `{"apiVersion":"upload.cdi.kubevirt.io/v1beta1","kind":"UploadTokenRequest","metadata":{"name":"token-for-virtctl"},"spec":{"pvcName":%q}}`, pvcName)
 	}
+}
+
+// cdiToken answers a CDI UploadTokenRequest as the manager's token API does.
+func cdiToken(ctx context.Context, api *uploadproxy.TokenAPI, ns string, body []byte, user authenticationv1.UserInfo) (*cdiapi.UploadTokenRequest, error) {
+	out, err := cdiupload.Tokens(api).Requests["UploadTokenRequest"](ctx, ns, body, user)
+	got, _ := out.(*cdiapi.UploadTokenRequest)
+	return got, err
 }
 
 // TestCDIUploadToken: CDI's UploadTokenRequest names a DataVolume; the token is for the image
@@ -215,7 +225,7 @@ func TestCDIUploadToken(t *testing.T) {
 	}
 	f.newImage(t, cdiclaims.UploadPVCImage("disk"), f.digest)
 
-	got, err := uploadproxy.CDIToken(api, ctx, f.ns, request("disk"), alice)
+	got, err := cdiToken(ctx, api, f.ns, request("disk"), alice)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got.Name).To(Equal("token-for-virtctl"))
 	answer := f.cdiUpload(t, got.Status.Token, f.image)
@@ -232,7 +242,7 @@ func TestCDIUploadToken(t *testing.T) {
 		"none":  "no DataVolume or PVC " + f.ns + "/none: diskpipe takes CDI uploads to a DataVolume of source upload (virtctl image-upload dv)",
 		"Bad!":  `invalid UploadTokenRequest: spec.pvcName "Bad!"`,
 	} {
-		_, err := uploadproxy.CDIToken(api, ctx, f.ns, request(pvc), alice)
+		_, err := cdiToken(ctx, api, f.ns, request(pvc), alice)
 		g.Expect(err).To(MatchError(ContainSubstring(want)), pvc)
 	}
 }
@@ -270,9 +280,9 @@ func TestCDIUploadTokenPVC(t *testing.T) {
 	g.Expect(controllerutil.SetControllerReference(disk, img, env.Client.Scheme())).To(Succeed())
 	g.Expect(env.Client.Create(ctx, img)).To(Succeed())
 
-	got, err := uploadproxy.CDIToken(api, ctx, f.ns, request("disk"), alice)
+	got, err := cdiToken(ctx, api, f.ns, request("disk"), alice)
 	g.Expect(err).NotTo(HaveOccurred())
-	answer := f.cdiPost(t, uploadproxy.PathCDIUploadAsync, got.Status.Token, "application/octet-stream", f.image)
+	answer := f.cdiPost(t, cdiupload.PathCDIUploadAsync, got.Status.Token, "application/octet-stream", f.image)
 	g.Eventually(answer, slow).Should(Receive(HavePrefix("200 ")), "answered once stored: the claim is there")
 	g.Expect(f.complete(t, got.Status.Token, img.Name)()).To(Equal("true"), "the token took the upload to the PVC's image")
 
@@ -284,7 +294,7 @@ func TestCDIUploadTokenPVC(t *testing.T) {
 		"none": "no DataVolume or PVC " + f.ns + "/none: diskpipe takes CDI uploads to a DataVolume of source upload (virtctl image-upload dv) " +
 			"or to a PVC made for one (virtctl image-upload pvc)",
 	} {
-		_, err := uploadproxy.CDIToken(api, ctx, f.ns, request(pvc), alice)
+		_, err := cdiToken(ctx, api, f.ns, request(pvc), alice)
 		g.Expect(err).To(MatchError(ContainSubstring(want)), pvc)
 	}
 }

@@ -59,7 +59,7 @@ var errNotForwarded = errors.New("only requests forwarded by kube-apiserver are 
 // read.
 func (f *FrontProxy) Authenticate(ctx context.Context, r *http.Request) (authenticationv1.UserInfo, error) {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
-		return authenticationv1.UserInfo{}, fail(http.StatusUnauthorized, "%v (no client certificate)", errNotForwarded)
+		return authenticationv1.UserInfo{}, Fail(http.StatusUnauthorized, "%v (no client certificate)", errNotForwarded)
 	}
 	cfg, err := f.load(ctx)
 	if err != nil {
@@ -72,10 +72,10 @@ func (f *FrontProxy) Authenticate(ctx context.Context, r *http.Request) (authent
 	}
 	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: cfg.roots, Intermediates: intermediates,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return authenticationv1.UserInfo{}, fail(http.StatusUnauthorized, "%v (the client certificate is not the apiserver's front-proxy certificate: %v)", errNotForwarded, err)
+		return authenticationv1.UserInfo{}, Fail(http.StatusUnauthorized, "%v (the client certificate is not the apiserver's front-proxy certificate: %v)", errNotForwarded, err)
 	}
 	if len(cfg.allowedNames) > 0 && !slices.Contains(cfg.allowedNames, certs[0].Subject.CommonName) {
-		return authenticationv1.UserInfo{}, fail(http.StatusUnauthorized, "%v (client certificate %q is not one of the apiserver's --requestheader-allowed-names)", errNotForwarded, certs[0].Subject.CommonName)
+		return authenticationv1.UserInfo{}, Fail(http.StatusUnauthorized, "%v (client certificate %q is not one of the apiserver's --requestheader-allowed-names)", errNotForwarded, certs[0].Subject.CommonName)
 	}
 	return cfg.user(r.Header)
 }
@@ -90,7 +90,7 @@ func (c *requestHeader) user(h http.Header) (authenticationv1.UserInfo, error) {
 		}
 	}
 	if u.Username == "" {
-		return u, fail(http.StatusUnauthorized, "the apiserver forwarded the request without a user")
+		return u, Fail(http.StatusUnauthorized, "the apiserver forwarded the request without a user")
 	}
 	for _, name := range c.groupHeaders {
 		u.Groups = append(u.Groups, h.Values(name)...)

@@ -114,7 +114,7 @@ func (s *Server) reserve(ctx context.Context, ns, key string, size int64) (relea
 		}
 	}
 	if kept+writing+size > b.bytes {
-		return nil, fail(http.StatusRequestEntityTooLarge,
+		return nil, Fail(http.StatusRequestEntityTooLarge,
 			"namespace %s may keep %d bytes of uploads (%s): %d are kept and %d being written, and this upload has %d; delete images whose uploads are done with, or raise the bound",
 			ns, b.bytes, b.from, kept, writing, size)
 	}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -93,7 +94,7 @@ func TestUploadsBoundedByProxy(t *testing.T) {
 
 	key := f.withTokens(t)
 	ct, body := form(t, f.image, false)
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadFormAsync, f.token(t, key, "form", time.Now().Add(10*time.Minute)), ct, body), slow).
+	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadFormAsync, f.token(t, key, "form", time.Now().Add(10*time.Minute)), ct, body), slow).
 		Should(Receive(HavePrefix(fmt.Sprintf("413 namespace %s may keep %d bytes of uploads", f.ns, 30<<20))))
 	g.Expect(f.stored(t, "form")).To(BeEmpty(), "a form stopped at the bound leaves nothing")
 }
@@ -112,7 +113,7 @@ func TestUploadsRefusedEarly(t *testing.T) {
 	// A form, whose size is not said, cut after two parts; then a PUT that says one part.
 	key := f.withTokens(t)
 	ct, cut := form(t, f.image[:len(f.image)-1000], true)
-	g.Eventually(f.cdiPost(t, uploadproxy.PathCDIUploadForm, f.token(t, key, "cut", time.Now().Add(10*time.Minute)), ct, cut), slow).
+	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadForm, f.token(t, key, "cut", time.Now().Add(10*time.Minute)), ct, cut), slow).
 		Should(Receive(HavePrefix("400 the body ended at byte")))
 	resp, msg := f.do(t, http.MethodHead, "cut", f.uploader, nil, "")
 	stored := resp.Header.Get(uploadproxy.HeaderOffset)

@@ -26,14 +26,14 @@ const LabelStoreKeys = "diskpipe.io/objectstore-keys"
 // user may write.
 func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.ObjectStoreKeysRequest, user authenticationv1.UserInfo) error {
 	if a.Store == nil {
-		return fail(http.StatusNotFound, "this installation has no bundled object store: there are no keys to give")
+		return Fail(http.StatusNotFound, "this installation has no bundled object store: there are no keys to give")
 	}
 	name := req.Spec.SecretName
 	if name == "" {
 		name = DefaultKeysSecret
 	}
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-		return fail(http.StatusBadRequest, "invalid ObjectStoreKeysRequest: spec.secretName %q: %s", name, errs[0])
+		return Fail(http.StatusBadRequest, "invalid ObjectStoreKeysRequest: spec.secretName %q: %s", name, errs[0])
 	}
 	// The manager may read only the Secrets of the default name (its RBAC names it): one of
 	// another name is written only if it does not exist yet.
@@ -46,7 +46,7 @@ func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.Obje
 		}
 		exists = err == nil
 		if exists && sec.Labels[LabelStoreKeys] != "true" {
-			return fail(http.StatusConflict, "the Secret %s/%s exists and diskpipe did not make it: name another in spec.secretName", ns, name)
+			return Fail(http.StatusConflict, "the Secret %s/%s exists and diskpipe did not make it: name another in spec.secretName", ns, name)
 		}
 	}
 	// The manager writes the Secret for the user: only for one who may write it themselves.
@@ -66,7 +66,7 @@ func (a *TokenAPI) storeKeys(ctx context.Context, ns string, req *uploadapi.Obje
 	if exists {
 		err = a.Client.Update(ctx, sec)
 	} else if err = a.Client.Create(ctx, sec); apierrors.IsAlreadyExists(err) {
-		return fail(http.StatusConflict, "the Secret %s/%s exists: diskpipe rewrites only %s; delete it to have it written again, or name another", ns, name, DefaultKeysSecret)
+		return Fail(http.StatusConflict, "the Secret %s/%s exists: diskpipe rewrites only %s; delete it to have it written again, or name another", ns, name, DefaultKeysSecret)
 	}
 	if err != nil {
 		return fmt.Errorf("writing the Secret %s/%s: %w", ns, name, err)
@@ -117,7 +117,7 @@ func review(ctx context.Context, c client.Client, user authenticationv1.UserInfo
 		return err
 	}
 	if !allowed {
-		return fail(http.StatusForbidden, "%s", refusal)
+		return Fail(http.StatusForbidden, "%s", refusal)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -33,6 +34,7 @@ func (f *fixture) withTokens(t *testing.T) []byte {
 		Data: map[string][]byte{"key": key}})).To(Succeed())
 	proxy := &uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: partSize,
 		TokenKey: &uploadtoken.Key{Client: env.Client, Namespace: f.ns, Name: "token-key"}}
+	proxy.Doors = cdiupload.Doors(proxy)
 	for _, c := range f.configure {
 		c(proxy)
 	}

@@ -6,16 +6,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/validation"
-	cdiupload "kubevirt.io/containerized-data-importer-api/pkg/apis/upload/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -51,19 +53,28 @@ type TokenAPI struct {
 	// its address for users.
 	Store         *objectstore.Client
 	StoreEndpoint string
-	// CDI serves CDI's UploadTokenRequest (upload.cdi.kubevirt.io/v1beta1) as well (cdi.go).
-	CDI bool
+	// Groups are further API groups of requests served beside upload.diskpipe.io: CDI's
+	// upload.cdi.kubevirt.io (controllers/cdi/upload), with CDI's API served.
+	Groups []RequestGroup
 }
 
 // TokenAPIPaths are the paths TokenAPI answers under (register it for each).
 var TokenAPIPaths = []string{"/apis", "/apis/"}
 
-// TokenAPIService is the name of the APIService that registers TokenAPI with the apiserver,
-// and CDITokenAPIService that of CDI's upload API it serves with CDI set.
-var (
-	TokenAPIService    = uploadapi.GroupVersion.Version + "." + uploadapi.GroupVersion.Group
-	CDITokenAPIService = cdiupload.SchemeGroupVersion.Version + "." + cdiupload.SchemeGroupVersion.Group
-)
+// A RequestGroup is an API group of requests that are only created, each answered at once:
+// nothing is stored.
+type RequestGroup struct {
+	GroupVersion schema.GroupVersion
+	// Requests answer the creation of each kind (its resource: the kind in lower case, plural)
+	// by user in namespace ns, of the object body holds.
+	Requests map[string]func(ctx context.Context, ns string, body []byte, user authenticationv1.UserInfo) (any, error)
+}
+
+// TokenAPIService is the name of the APIService that registers TokenAPI with the apiserver.
+var TokenAPIService = APIServiceName(uploadapi.GroupVersion)
+
+// APIServiceName is the name of the APIService of gv.
+func APIServiceName(gv schema.GroupVersion) string { return gv.Version + "." + gv.Group }
 
 // maxRequestBody bounds what is read of a request: an UploadTokenRequest is a few hundred bytes.
 const maxRequestBody = 64 << 10
@@ -75,49 +86,54 @@ func (a *TokenAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeStatus(ctx, w, err)
 		return
 	}
-	gv := uploadapi.GroupVersion
-	group := metav1.APIGroup{TypeMeta: metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"}, Name: gv.Group,
-		Versions:         []metav1.GroupVersionForDiscovery{{GroupVersion: gv.String(), Version: gv.Version}},
-		PreferredVersion: metav1.GroupVersionForDiscovery{GroupVersion: gv.String(), Version: gv.Version}}
-	mux := http.NewServeMux()
-	groups := []metav1.APIGroup{group}
-	if a.CDI {
-		groups = append(groups, a.serveCDI(mux, user))
-	}
-	mux.HandleFunc("GET /apis", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: groups})
-	})
-	mux.HandleFunc("GET /apis/"+gv.Group, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, &group) })
-	mux.HandleFunc("GET /apis/"+gv.String(), func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, &metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
-			GroupVersion: gv.String(), APIResources: []metav1.APIResource{
-				{Name: "uploadtokenrequests", SingularName: "uploadtokenrequest", Namespaced: true, Kind: "UploadTokenRequest", Verbs: metav1.Verbs{"create"}},
-				{Name: "objectstorekeysrequests", SingularName: "objectstorekeysrequest", Namespaced: true, Kind: "ObjectStoreKeysRequest", Verbs: metav1.Verbs{"create"}},
-			}})
-	})
-	for kind, answer := range map[string]func(ctx context.Context, ns string, body []byte) (any, error){
-		"UploadTokenRequest": func(ctx context.Context, ns string, body []byte) (any, error) {
+	own := RequestGroup{GroupVersion: uploadapi.GroupVersion, Requests: map[string]func(context.Context, string, []byte, authenticationv1.UserInfo) (any, error){
+		"UploadTokenRequest": func(ctx context.Context, ns string, body []byte, user authenticationv1.UserInfo) (any, error) {
 			req := &uploadapi.UploadTokenRequest{}
 			if err := decode(body, req, ns, &req.TypeMeta, &req.ObjectMeta); err != nil {
 				return nil, err
 			}
 			return req, a.token(ctx, ns, req, user)
 		},
-		"ObjectStoreKeysRequest": func(ctx context.Context, ns string, body []byte) (any, error) {
+		"ObjectStoreKeysRequest": func(ctx context.Context, ns string, body []byte, user authenticationv1.UserInfo) (any, error) {
 			req := &uploadapi.ObjectStoreKeysRequest{}
 			if err := decode(body, req, ns, &req.TypeMeta, &req.ObjectMeta); err != nil {
 				return nil, err
 			}
 			return req, a.storeKeys(ctx, ns, req, user)
 		},
-	} {
-		requests := "/apis/" + gv.String() + "/namespaces/{namespace}/" + strings.ToLower(kind) + "s"
-		handleCreate(mux, requests, kind, answer)
+	}}
+	mux := http.NewServeMux()
+	var groups []metav1.APIGroup
+	for _, g := range append([]RequestGroup{own}, a.Groups...) {
+		groups = append(groups, g.serve(mux, user))
 	}
+	mux.HandleFunc("GET /apis", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: groups})
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeStatus(ctx, w, fail(http.StatusNotFound, "%s is not served here", r.URL.Path))
+		writeStatus(ctx, w, Fail(http.StatusNotFound, "%s is not served here", r.URL.Path))
 	})
 	mux.ServeHTTP(w, r)
+}
+
+// serve serves g's discovery and its requests for user on mux, and returns g's APIGroup.
+func (g RequestGroup) serve(mux *http.ServeMux, user authenticationv1.UserInfo) metav1.APIGroup {
+	gv := g.GroupVersion
+	group := metav1.APIGroup{TypeMeta: metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"}, Name: gv.Group,
+		Versions:         []metav1.GroupVersionForDiscovery{{GroupVersion: gv.String(), Version: gv.Version}},
+		PreferredVersion: metav1.GroupVersionForDiscovery{GroupVersion: gv.String(), Version: gv.Version}}
+	resources := &metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"}, GroupVersion: gv.String()}
+	for _, kind := range slices.Sorted(maps.Keys(g.Requests)) {
+		answer := g.Requests[kind]
+		resource := strings.ToLower(kind) + "s"
+		resources.APIResources = append(resources.APIResources, metav1.APIResource{Name: resource, SingularName: strings.ToLower(kind),
+			Namespaced: true, Kind: kind, Verbs: metav1.Verbs{"create"}})
+		handleCreate(mux, "/apis/"+gv.String()+"/namespaces/{namespace}/"+resource, kind,
+			func(ctx context.Context, ns string, body []byte) (any, error) { return answer(ctx, ns, body, user) })
+	}
+	mux.HandleFunc("GET /apis/"+gv.Group, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, &group) })
+	mux.HandleFunc("GET /apis/"+gv.String(), func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, resources) })
+	return group
 }
 
 // handleCreate serves POST to path (namespaces/{namespace}/...) with answer, the only verb of
@@ -126,7 +142,7 @@ func handleCreate(mux *http.ServeMux, path, kind string, answer func(ctx context
 	mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBody+1))
 		if err == nil && len(body) > maxRequestBody {
-			err = fail(http.StatusBadRequest, "the request is larger than %d bytes", maxRequestBody)
+			err = Fail(http.StatusBadRequest, "the request is larger than %d bytes", maxRequestBody)
 		}
 		var out any
 		if err == nil {
@@ -139,26 +155,8 @@ func handleCreate(mux *http.ServeMux, path, kind string, answer func(ctx context
 		writeJSON(w, http.StatusCreated, out)
 	})
 	mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
-		writeStatus(r.Context(), w, fail(http.StatusMethodNotAllowed, "%ss are only created: none is stored, so there is nothing to get, list or delete", kind))
+		writeStatus(r.Context(), w, Fail(http.StatusMethodNotAllowed, "%ss are only created: none is stored, so there is nothing to get, list or delete", kind))
 	})
-}
-
-// serveCDI serves CDI's upload.cdi.kubevirt.io/v1beta1 on mux and returns its group.
-func (a *TokenAPI) serveCDI(mux *http.ServeMux, user authenticationv1.UserInfo) metav1.APIGroup {
-	gv := cdiupload.SchemeGroupVersion
-	group := metav1.APIGroup{TypeMeta: metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"}, Name: gv.Group,
-		Versions:         []metav1.GroupVersionForDiscovery{{GroupVersion: gv.String(), Version: gv.Version}},
-		PreferredVersion: metav1.GroupVersionForDiscovery{GroupVersion: gv.String(), Version: gv.Version}}
-	mux.HandleFunc("GET /apis/"+gv.Group, func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, &group) })
-	mux.HandleFunc("GET /apis/"+gv.String(), func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, &metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"},
-			GroupVersion: gv.String(), APIResources: []metav1.APIResource{
-				{Name: "uploadtokenrequests", SingularName: "uploadtokenrequest", Namespaced: true, Kind: "UploadTokenRequest", Verbs: metav1.Verbs{"create"}},
-			}})
-	})
-	handleCreate(mux, "/apis/"+gv.String()+"/namespaces/{namespace}/uploadtokenrequests", "UploadTokenRequest",
-		func(ctx context.Context, ns string, body []byte) (any, error) { return a.cdiToken(ctx, ns, body, user) })
-	return group
 }
 
 // decode reads a request of kind into obj and completes its metadata as the apiserver would
@@ -167,14 +165,14 @@ func decode(body []byte, obj any, ns string, tm *metav1.TypeMeta, om *metav1.Obj
 	kind := strings.TrimPrefix(fmt.Sprintf("%T", obj), "*v1alpha1.")
 	if len(body) > 0 {
 		if err := json.Unmarshal(body, obj); err != nil {
-			return fail(http.StatusBadRequest, "invalid %s: %v", kind, err)
+			return Fail(http.StatusBadRequest, "invalid %s: %v", kind, err)
 		}
 	}
 	switch {
 	case tm.APIVersion != "" && tm.APIVersion != uploadapi.GroupVersion.String(), tm.Kind != "" && tm.Kind != kind:
-		return fail(http.StatusBadRequest, "invalid %s: it is a %s %s, not an %s %s", kind, tm.APIVersion, tm.Kind, uploadapi.GroupVersion, kind)
+		return Fail(http.StatusBadRequest, "invalid %s: it is a %s %s, not an %s %s", kind, tm.APIVersion, tm.Kind, uploadapi.GroupVersion, kind)
 	case om.Namespace != "" && om.Namespace != ns:
-		return fail(http.StatusBadRequest, "invalid %s: metadata.namespace %q is not the request's namespace %q", kind, om.Namespace, ns)
+		return Fail(http.StatusBadRequest, "invalid %s: metadata.namespace %q is not the request's namespace %q", kind, om.Namespace, ns)
 	}
 	tm.APIVersion, tm.Kind = uploadapi.GroupVersion.String(), kind
 	om.Namespace, om.CreationTimestamp = ns, metav1.Now()
@@ -187,10 +185,10 @@ func decode(body []byte, obj any, ns string, tm *metav1.TypeMeta, om *metav1.Obj
 // token answers an UploadTokenRequest with its token.
 func (a *TokenAPI) token(ctx context.Context, ns string, req *uploadapi.UploadTokenRequest, user authenticationv1.UserInfo) error {
 	if Resources[req.Spec.Kind] == "" {
-		return fail(http.StatusBadRequest, "invalid UploadTokenRequest: spec.kind %q is not VirtualMachineImage or ImageTemplate", req.Spec.Kind)
+		return Fail(http.StatusBadRequest, "invalid UploadTokenRequest: spec.kind %q is not VirtualMachineImage or ImageTemplate", req.Spec.Kind)
 	}
 	if errs := validation.IsDNS1123Subdomain(req.Spec.Name); len(errs) > 0 {
-		return fail(http.StatusBadRequest, "invalid UploadTokenRequest: spec.name %q: %s", req.Spec.Name, errs[0])
+		return Fail(http.StatusBadRequest, "invalid UploadTokenRequest: spec.name %q: %s", req.Spec.Name, errs[0])
 	}
 	resource := Resources[req.Spec.Kind]
 	img, err := GetImage(ctx, a.Reader, ns, resource, req.Spec.Name)
@@ -241,23 +239,15 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_, _ = w.Write(out)
 }
 
-// APIService registers TokenAPI with the apiserver, served by the Service namespace/name on
-// port with caBundle (the chart's templates/webhook.yaml is the same, a test compares).
-func APIService(namespace, name string, port int32, caBundle []byte) *unstructured.Unstructured {
-	return apiService(uploadapi.GroupVersion.Group, uploadapi.GroupVersion.Version, namespace, name, port, caBundle)
-}
-
-// CDIAPIService registers CDI's upload.cdi.kubevirt.io/v1beta1 of TokenAPI (with CDI set).
-func CDIAPIService(namespace, name string, port int32, caBundle []byte) *unstructured.Unstructured {
-	return apiService(cdiupload.SchemeGroupVersion.Group, cdiupload.SchemeGroupVersion.Version, namespace, name, port, caBundle)
-}
-
-func apiService(group, version, namespace, name string, port int32, caBundle []byte) *unstructured.Unstructured {
-	spec := map[string]any{"group": group, "version": version, "groupPriorityMinimum": int64(1000), "versionPriority": int64(15),
+// APIService registers TokenAPI's group gv (upload.diskpipe.io's, or one of Groups) with the
+// apiserver, served by the Service namespace/name on port with caBundle (the chart's
+// templates/webhook.yaml is the same, a test compares).
+func APIService(gv schema.GroupVersion, namespace, name string, port int32, caBundle []byte) *unstructured.Unstructured {
+	spec := map[string]any{"group": gv.Group, "version": gv.Version, "groupPriorityMinimum": int64(1000), "versionPriority": int64(15),
 		"service": map[string]any{"namespace": namespace, "name": name, "port": int64(port)}}
 	if len(caBundle) > 0 {
 		spec["caBundle"] = base64.StdEncoding.EncodeToString(caBundle)
 	}
 	return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-		"metadata": map[string]any{"name": version + "." + group}, "spec": spec}}
+		"metadata": map[string]any{"name": APIServiceName(gv)}, "spec": spec}}
 }

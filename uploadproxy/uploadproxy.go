@@ -4,9 +4,9 @@
 //
 //	PUT  /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
 //	HEAD /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
-//	POST /v1beta1/upload, /upload-async, /upload-form, /upload-form-async
-//	                        CDI's, for virtctl image-upload and browsers (cdi.go)
 //	GET  /healthz
+//	...                     further doors (Server.Doors): CDI's upload paths, for virtctl
+//	                        image-upload and browsers (controllers/cdi/upload)
 //
 // Callers prove their right to upload to the image (auth.go) with an upload token, which the
 // manager's webhook issues for an UploadTokenRequest to users of any credential, or with a
@@ -74,7 +74,10 @@ type Server struct {
 	// MaxBytesPerNamespace bounds what a namespace's uploads keep in the store (0: only its
 	// ResourceQuotas' requests.storage bound them; see limit.go).
 	MaxBytesPerNamespace int64
-	Log                  *slog.Logger
+	// Doors are further ways in, by path, served beside the PUT: CDI's upload paths
+	// (controllers/cdi/upload). They store through Upload, as the PUT does.
+	Doors map[string]Door
+	Log   *slog.Logger
 
 	// mu guards writers: the request writing each upload, one at a time.
 	mu      sync.Mutex
@@ -86,6 +89,13 @@ type Server struct {
 	// defaults fills PartSize and Log once, before the first request (requests run at once).
 	defaults sync.Once
 }
+
+// A Door serves one path of the proxy beside the PUT; its error is answered as the PUT's are
+// (Fail gives it a status).
+type Door func(w http.ResponseWriter, r *http.Request) error
+
+// PathHealthz answers "ok" while the proxy serves.
+const PathHealthz = "/healthz"
 
 // writer is the request writing an upload; stop makes it give up, done is closed when it has.
 type writer struct {
@@ -107,7 +117,7 @@ func waitStopped(ctx context.Context, w *writer) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline:
-			return fail(http.StatusConflict, "an earlier request writing this upload did not stop; try again")
+			return Fail(http.StatusConflict, "an earlier request writing this upload did not stop; try again")
 		case <-tick.C:
 		}
 	}
@@ -199,16 +209,20 @@ type upload struct {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
-	if handled, err := s.serveCDI(w, r); handled {
-		return err
+	if r.URL.Path == PathHealthz {
+		_, _ = io.WriteString(w, "ok\n")
+		return nil
+	}
+	if door := s.Doors[r.URL.Path]; door != nil {
+		return door(w, r)
 	}
 	m := path.FindStringSubmatch(r.URL.Path)
 	if m == nil {
-		return fail(http.StatusNotFound, "PUT or HEAD /v1/namespaces/<namespace>/<virtualmachineimages|imagetemplates>/<name>")
+		return Fail(http.StatusNotFound, "PUT or HEAD /v1/namespaces/<namespace>/<virtualmachineimages|imagetemplates>/<name>")
 	}
 	ns, resource, name := m[1], m[2], m[3]
 	if r.Method != http.MethodPut && r.Method != http.MethodHead {
-		return fail(http.StatusMethodNotAllowed, "PUT or HEAD")
+		return Fail(http.StatusMethodNotAllowed, "PUT or HEAD")
 	}
 	who, err := s.authorize(r.Context(), r, ns, resource, name)
 	if err != nil {
@@ -233,8 +247,19 @@ func (b *body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Upload stores in, an upload of size bytes (-1: not said, as a form's file), or with in nil
+// r's body from its Content-Range as a PUT's, as the upload to the image the token's claims c
+// name, answering w as a PUT is answered. A door (CDI's POST) uploads with it.
+func (s *Server) Upload(w http.ResponseWriter, r *http.Request, in io.Reader, size int64, c uploadtoken.Claims) error {
+	var b *body
+	if in != nil {
+		b = &body{r: in, total: size}
+	}
+	return s.upload(w, r, b, c.Namespace, c.Resource, c.Name, caller{user: c.User, uid: c.UID})
+}
+
 // upload answers a HEAD with the upload's offset, and stores what any other request (a PUT,
-// CDI's POST) from who uploads: in, or else r's body from its Content-Range.
+// a door's) from who uploads: in, or else r's body from its Content-Range.
 func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, resource, name string, who caller) error {
 	ctx := r.Context()
 	img, err := GetImage(ctx, s.Kube, ns, resource, name)
@@ -242,7 +267,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 		return err
 	}
 	if who.uid != "" && who.uid != img.UID {
-		return fail(http.StatusForbidden, "the upload token is for an earlier %s %s/%s, since deleted: ask for a new one", resource, ns, name)
+		return Fail(http.StatusForbidden, "the upload token is for an earlier %s %s/%s, since deleted: ask for a new one", resource, ns, name)
 	}
 	key := uploads.ObjectKey(ns, resource, name, img.UID)
 	// The image may be deleted while its upload goes on: before a store write that outlives
@@ -251,7 +276,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 	alive := func(ctx context.Context) error {
 		now, err := GetImage(ctx, s.Kube, ns, resource, name)
 		if err == nil && now.UID != img.UID {
-			err = fail(http.StatusConflict, "%s %s/%s was deleted and made again during the upload: upload to the new one", resource, ns, name)
+			err = Fail(http.StatusConflict, "%s %s/%s was deleted and made again during the upload: upload to the new one", resource, ns, name)
 		}
 		return err
 	}
@@ -312,11 +337,11 @@ func (s *Server) slot(w http.ResponseWriter, ns string) (done func(), err error)
 	switch {
 	case s.writing[ns] >= s.MaxWritersPerNamespace:
 		w.Header().Set("Retry-After", strconv.Itoa(RetryAfter))
-		return nil, fail(http.StatusServiceUnavailable, "namespace %s has %d uploads being written, as many as the proxy takes at once from a namespace: try again in %d s",
+		return nil, Fail(http.StatusServiceUnavailable, "namespace %s has %d uploads being written, as many as the proxy takes at once from a namespace: try again in %d s",
 			ns, s.writing[ns], RetryAfter)
 	case total >= s.MaxWriters:
 		w.Header().Set("Retry-After", strconv.Itoa(RetryAfter))
-		return nil, fail(http.StatusServiceUnavailable, "the proxy is writing %d uploads, as many as it takes at once: try again in %d s", total, RetryAfter)
+		return nil, Fail(http.StatusServiceUnavailable, "the proxy is writing %d uploads, as many as it takes at once: try again in %d s", total, RetryAfter)
 	}
 	s.writing[ns]++
 	return func() {
@@ -353,7 +378,7 @@ func (s *Server) find(ctx context.Context, key, checksum string, writer bool) (*
 	}
 	var err error
 	if u.sum, err = transfer.ParseChecksum(checksum); err != nil {
-		return nil, fail(http.StatusBadRequest, "%v", err)
+		return nil, Fail(http.StatusBadRequest, "%v", err)
 	}
 	u.Checksum = checksum
 	saved, err := s.readState(ctx, key)
@@ -451,24 +476,24 @@ func (s *Server) save(ctx context.Context, u *upload) error {
 // last byte.
 func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *upload) error {
 	if u.complete {
-		return fail(http.StatusConflict, "the upload is already complete (%d bytes)", u.Offset)
+		return Fail(http.StatusConflict, "the upload is already complete (%d bytes)", u.Offset)
 	}
 	if u.Total > 0 && u.Offset == u.Total {
 		return s.complete(ctx, w, u) // every byte is stored: finish what a stopped request began
 	}
 	start, total := in.start, in.total
 	if total == 0 {
-		return fail(http.StatusBadRequest, "the upload is empty")
+		return Fail(http.StatusBadRequest, "the upload is empty")
 	}
 	if u.Total > 0 && total > 0 && total != u.Total {
-		return fail(http.StatusConflict, "the upload is of %d bytes, this request says %d: upload the same file, or delete and make the image again", u.Total, total)
+		return Fail(http.StatusConflict, "the upload is of %d bytes, this request says %d: upload the same file, or delete and make the image again", u.Total, total)
 	}
 	if start > u.Offset {
 		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
-		return fail(http.StatusConflict, "the upload is at byte %d; continue from there", u.Offset)
+		return Fail(http.StatusConflict, "the upload is at byte %d; continue from there", u.Offset)
 	}
 	if total > 0 && u.Offset > total {
-		return fail(http.StatusConflict, "%d bytes of the upload are stored, more than this request's %d: upload the same file, or delete and make the image again", u.Offset, total)
+		return Fail(http.StatusConflict, "%d bytes of the upload are stored, more than this request's %d: upload the same file, or delete and make the image again", u.Offset, total)
 	}
 	ns := namespaceOf(u.key)
 	if total > 0 {
@@ -505,13 +530,13 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(2 * time.Minute))
 	if _, err := io.CopyN(io.Discard, in, u.Offset-start); err != nil {
-		return fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.Offset, err)
+		return Fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.Offset, err)
 	}
 	buf := make([]byte, s.PartSize)
 	reserved := false
 	for total < 0 || u.Offset < total {
 		if ctx.Err() != nil {
-			return fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
+			return Fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
 		}
 		// A client that went away without closing the connection frees the upload in time.
 		_ = rc.SetReadDeadline(time.Now().Add(2 * time.Minute))
@@ -524,7 +549,7 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		if total < 0 && in.ended && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 			// A body of a size not said ends where its reader says it does.
 			if n == 0 && u.Offset == 0 {
-				return fail(http.StatusBadRequest, "the upload is empty")
+				return Fail(http.StatusBadRequest, "the upload is empty")
 			}
 			last, err = true, nil
 		}
@@ -533,9 +558,9 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 			s.Log.Info("Upload interrupted", "key", u.key, "offset", u.Offset, "err", err)
 			w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 			if total < 0 {
-				return fail(http.StatusBadRequest, "the body ended at byte %d before the form's end; send it again (%d bytes are stored)", u.Offset+int64(n), u.Offset)
+				return Fail(http.StatusBadRequest, "the body ended at byte %d before the form's end; send it again (%d bytes are stored)", u.Offset+int64(n), u.Offset)
 			}
-			return fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", u.Offset+int64(n), total, u.Offset)
+			return Fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", u.Offset+int64(n), total, u.Offset)
 		}
 		if n == 0 {
 			break
@@ -589,7 +614,7 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, u *upload)
 	}
 	if err := u.sum.Verify(); err != nil {
 		s.discard(ctx, u.key)
-		return fail(http.StatusUnprocessableEntity, "%v; the upload was discarded: upload the right image", err)
+		return Fail(http.StatusUnprocessableEntity, "%v; the upload was discarded: upload the right image", err)
 	}
 	digest := u.sum.Digest()
 	if err := u.alive(ctx); err != nil {
@@ -625,19 +650,19 @@ func contentRange(r *http.Request) (start, total int64, err error) {
 	cr := r.Header.Get("Content-Range")
 	if cr == "" {
 		if r.ContentLength < 0 {
-			return 0, 0, fail(http.StatusLengthRequired, "Content-Length (or Content-Range) is required")
+			return 0, 0, Fail(http.StatusLengthRequired, "Content-Length (or Content-Range) is required")
 		}
 		return 0, r.ContentLength, nil
 	}
 	var end int64
 	if _, err := fmt.Sscanf(cr, "bytes %d-%d/%d", &start, &end, &total); err != nil || start < 0 || end < start || end >= total {
-		return 0, 0, fail(http.StatusBadRequest, "Content-Range %q must be bytes <first>-<last>/<total>", cr)
+		return 0, 0, Fail(http.StatusBadRequest, "Content-Range %q must be bytes <first>-<last>/<total>", cr)
 	}
 	if r.ContentLength >= 0 && r.ContentLength != end-start+1 {
-		return 0, 0, fail(http.StatusBadRequest, "Content-Range %q does not match Content-Length %d", cr, r.ContentLength)
+		return 0, 0, Fail(http.StatusBadRequest, "Content-Range %q does not match Content-Length %d", cr, r.ContentLength)
 	}
 	if end != total-1 {
-		return 0, 0, fail(http.StatusBadRequest, "a body must run to the end of the upload (byte %d)", total-1)
+		return 0, 0, Fail(http.StatusBadRequest, "a body must run to the end of the upload (byte %d)", total-1)
 	}
 	return start, total, nil
 }

@@ -27,6 +27,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -73,6 +74,7 @@ func setupOn(t *testing.T, store *objectstoretest.Server, configure ...func(*upl
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "uploader", Namespace: ns}}})).To(Succeed())
 	f.uploader, f.viewer = token(t, ns, "uploader"), token(t, ns, "viewer")
 	proxy := &uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: partSize}
+	proxy.Doors = cdiupload.Doors(proxy)
 	for _, c := range configure {
 		c(proxy)
 	}

@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -47,6 +48,7 @@ func main() {
 		os.Exit(2)
 	}
 	srv := &uploadproxy.Server{PartSize: *partBytes, MaxBytesPerNamespace: limit.Value(), Log: log}
+	srv.Doors = cdiupload.Doors(srv)
 	if err := run(srv, *listen, *certFile, *keyFile, store, credsDir, *tokenKey); err != nil {
 		log.Error("Upload proxy stopped", "err", err)
 		os.Exit(1)

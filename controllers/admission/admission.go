@@ -14,20 +14,18 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
-	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 )
 
@@ -41,9 +39,10 @@ const (
 // ConfigurationName is the name of the ValidatingWebhookConfiguration.
 const ConfigurationName = "diskpipe-validating"
 
-// Register serves the webhooks on mgr's webhook server. The manager's own user name, which
+// Register serves the webhooks on mgr's webhook server; the sources webhook checks kinds
+// besides the engine's (those Configuration was given). The manager's own user name, which
 // alone may mount golden PVCs, is learnt from the apiserver (SelfSubjectReview).
-func Register(ctx context.Context, mgr ctrl.Manager, allowHostDisk bool) error {
+func Register(ctx context.Context, mgr ctrl.Manager, allowHostDisk bool, kinds ...SourceKind) error {
 	self, err := whoAmI(ctx, mgr)
 	if err != nil {
 		return fmt.Errorf("learning the manager's identity: %w", err)
@@ -51,7 +50,10 @@ func Register(ctx context.Context, mgr ctrl.Manager, allowHostDisk bool) error {
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv := mgr.GetWebhookServer()
 	srv.Register(PathPods, &webhook.Admission{Handler: &goldenGuard{reader: mgr.GetClient(), api: mgr.GetAPIReader(), decoder: dec, self: self}})
-	sources := &sourceGuard{client: mgr.GetClient(), decoder: dec, self: self}
+	sources := &sourceGuard{client: mgr.GetClient(), decoder: dec, self: self, kinds: map[string]SourceKind{}}
+	for _, k := range append(slices.Clone(engineKinds), kinds...) {
+		sources.kinds[k.Kind] = k
+	}
 	srv.Register(PathSources, &webhook.Admission{Handler: sources})
 	srv.Register(PathVMs, &webhook.Admission{Handler: &vmGuard{sources: sources, decoder: dec, allowHostDisk: allowHostDisk}})
 	return nil
@@ -76,10 +78,11 @@ const crossNamespaceSource = `(has(object.spec.source) && ['image', 'clone', 'di
 	`(has(object.spec.sourceRef) && has(object.spec.sourceRef.namespace) && object.spec.sourceRef.namespace != request.namespace)`
 
 // Configuration is the ValidatingWebhookConfiguration that sends requests to the manager's
-// Service (namespace/name) with caBundle. Pods are sent only when they mount a PVC and are not
+// Service (namespace/name) with caBundle; the sources webhook gets the engine's kinds and
+// kinds. Pods are sent only when they mount a PVC and are not
 // in diskpipe's own namespace; only creations are checked (a pod's volumes and a source cannot
 // change).
-func Configuration(namespace, service string, caBundle []byte) *admissionregistrationv1.ValidatingWebhookConfiguration {
+func Configuration(namespace, service string, caBundle []byte, kinds ...SourceKind) *admissionregistrationv1.ValidatingWebhookConfiguration {
 	hook := func(name, path string, rules []admissionregistrationv1.RuleWithOperations, match []admissionregistrationv1.MatchCondition) admissionregistrationv1.ValidatingWebhook {
 		return admissionregistrationv1.ValidatingWebhook{
 			Name: name,
@@ -106,12 +109,14 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 	vmRule := rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "virtualmachines")
 	vmRule.Operations = append(vmRule.Operations, admissionregistrationv1.Update)
 	vms := hook("virtualmachines.diskpipe.io", PathVMs, []admissionregistrationv1.RuleWithOperations{vmRule}, nil)
-	// CDI's DataVolumes (served with cdi.compatibility.enabled): created, and updated, since
-	// their source may change.
-	dataVolumes := rule(cdiv1.SchemeGroupVersion.Group, cdiv1.SchemeGroupVersion.Version, "datavolumes")
-	dataVolumes.Operations = append(dataVolumes.Operations, admissionregistrationv1.Update)
-	dataSources := rule(cdiv1.SchemeGroupVersion.Group, cdiv1.SchemeGroupVersion.Version, "datasources")
-	dataSources.Operations = append(dataSources.Operations, admissionregistrationv1.Update)
+	var sources []admissionregistrationv1.RuleWithOperations
+	for _, k := range append(slices.Clone(engineKinds), kinds...) {
+		r := rule(k.Resource.Group, k.Resource.Version, k.Resource.Resource)
+		if k.Updates {
+			r.Operations = append(r.Operations, admissionregistrationv1.Update)
+		}
+		sources = append(sources, r)
+	}
 	goldenPods.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace}}}}
 	return &admissionregistrationv1.ValidatingWebhookConfiguration{
@@ -119,12 +124,7 @@ func Configuration(namespace, service string, caBundle []byte) *admissionregistr
 		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{
 			goldenPods,
-			hook("sources.diskpipe.io", PathSources, []admissionregistrationv1.RuleWithOperations{
-				rule(diskvolume.GroupVersion.Group, diskvolume.GroupVersion.Version, "diskvolumes"),
-				rule(virtualmachine.GroupVersion.Group, virtualmachine.GroupVersion.Version, "imagetemplates"),
-				rule(hypercloud.GroupVersion.Group, hypercloud.GroupVersion.Version, "virtualmachineimages"),
-				dataVolumes, dataSources,
-			}, []admissionregistrationv1.MatchCondition{{Name: "source-in-another-namespace", Expression: crossNamespaceSource}}),
+			hook("sources.diskpipe.io", PathSources, sources, []admissionregistrationv1.MatchCondition{{Name: "source-in-another-namespace", Expression: crossNamespaceSource}}),
 			vms,
 		},
 	}

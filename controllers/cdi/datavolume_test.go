@@ -26,6 +26,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/cdi"
+	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
@@ -65,7 +66,7 @@ func start(t *testing.T) {
 		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "csi.diskpipe.test"})).To(Succeed())
 	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: classWFFC}, Provisioner: "csi.diskpipe.test",
 		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)})).To(Succeed())
-	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil))
+	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil, cdipolicy.SourceKinds()...))
 	g.Expect(err).NotTo(HaveOccurred())
 	user, err := env.ApplyChartRBAC(ctx, "diskpipe-system", "cdi.compatibility.enabled=true")
 	g.Expect(err).NotTo(HaveOccurred())

@@ -28,6 +28,8 @@ import (
 	upload "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/cdi"
+	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
+	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/export"
 	"github.com/diskpipe/diskpipe/controllers/image"
@@ -170,7 +172,7 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			if w.UploadTokenSecret.Name != "" {
 				keeper.APIServices = []string{uploadproxy.TokenAPIService}
 				if opts.CDICompatibility {
-					keeper.APIServices = append(keeper.APIServices, uploadproxy.CDITokenAPIService)
+					keeper.APIServices = append(keeper.APIServices, uploadproxy.APIServiceName(cdiupload.GroupVersion))
 				}
 			}
 			hookOpts.TLSOpts = append(hookOpts.TLSOpts, func(c *tls.Config) { c.GetCertificate = keeper.GetCertificate })
@@ -270,11 +272,14 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 				return nil, err
 			}
 		}
-		if err := admission.Register(ctx, mgr, opts.AllowHostDisk); err != nil {
+		if err := admission.Register(ctx, mgr, opts.AllowHostDisk, cdipolicy.SourceKinds()...); err != nil {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
 		}
 		if w := opts.Webhook; w.UploadTokenSecret.Name != "" {
-			api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService, CDI: opts.CDICompatibility}
+			api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService}
+			if opts.CDICompatibility {
+				api.Groups = append(api.Groups, cdiupload.Tokens(api))
+			}
 			if opts.ObjectStore != nil && opts.ObjectStore.Scoped {
 				api.Store, api.StoreEndpoint = imageOpts.ObjectStore, cmp.Or(opts.ObjectStorePublicEndpoint, opts.ObjectStore.Endpoint)
 				sweeper.Keys = api.RenewStoreKeys

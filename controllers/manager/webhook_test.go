@@ -23,6 +23,7 @@ import (
 
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
+	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 )
@@ -58,7 +59,7 @@ func startShared(t *testing.T) *shared {
 		h.port, err = strconv.Atoi(freeAddr(t)[len("127.0.0.1:"):])
 		g.Expect(err).NotTo(HaveOccurred())
 		// The chart's configuration, pointed at this process instead of a Service, without a CA.
-		h.cfg = admission.Configuration(sharedNamespace, "diskpipe-manager", nil)
+		h.cfg = admission.Configuration(sharedNamespace, "diskpipe-manager", nil, cdipolicy.SourceKinds()...)
 		h.cfg.Name = "diskpipe-test"
 		for i, w := range h.cfg.Webhooks {
 			h.cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{

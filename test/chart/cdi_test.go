@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
+	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/test/testenv"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -86,15 +87,15 @@ func TestCDICompatibility(t *testing.T) {
 	// CDI's upload token API, served by the manager as its own is.
 	var api *unstructured.Unstructured
 	for _, o := range objs {
-		if o.GetKind() == "APIService" && o.GetName() == uploadproxy.CDITokenAPIService {
+		if o.GetKind() == "APIService" && o.GetName() == uploadproxy.APIServiceName(cdiupload.GroupVersion) {
 			api = o
 		}
 	}
 	if api == nil {
-		t.Fatalf("no APIService %s rendered with cdi.compatibility.enabled", uploadproxy.CDITokenAPIService)
+		t.Fatalf("no APIService %s rendered with cdi.compatibility.enabled", uploadproxy.APIServiceName(cdiupload.GroupVersion))
 	}
 	gotSpec, _ := json.Marshal(api.Object["spec"])
-	wantSpec, _ := json.Marshal(uploadproxy.CDIAPIService("diskpipe-system", testenv.ChartRelease+"-manager", 443, nil).Object["spec"])
+	wantSpec, _ := json.Marshal(uploadproxy.APIService(cdiupload.GroupVersion, "diskpipe-system", testenv.ChartRelease+"-manager", 443, nil).Object["spec"])
 	if string(gotSpec) != string(wantSpec) {
 		t.Errorf("CDI's upload token APIService differs:\nchart:   %s\nmanager: %s", gotSpec, wantSpec)
 	}

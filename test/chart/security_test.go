@@ -18,7 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
+	uploadapi "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
+	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	"github.com/diskpipe/diskpipe/test/testenv"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
@@ -209,7 +211,7 @@ func TestWebhookConfiguration(t *testing.T) {
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs["ValidatingWebhookConfiguration"], &got); err != nil {
 		t.Fatal(err)
 	}
-	want := admission.Configuration("diskpipe-system", testenv.ChartRelease+"-manager", nil)
+	want := admission.Configuration("diskpipe-system", testenv.ChartRelease+"-manager", nil, cdipolicy.SourceKinds()...)
 	if len(got.Webhooks) != len(want.Webhooks) {
 		t.Fatalf("the chart has %d webhooks, the manager serves %d", len(got.Webhooks), len(want.Webhooks))
 	}
@@ -222,7 +224,7 @@ func TestWebhookConfiguration(t *testing.T) {
 	if objs["MutatingWebhookConfiguration"] != nil {
 		t.Errorf("the chart has a MutatingWebhookConfiguration: upload tokens are an aggregated API, not a webhook")
 	}
-	gotAPI, wantAPI := objs["APIService"], uploadproxy.APIService("diskpipe-system", testenv.ChartRelease+"-manager", 443, nil).Object
+	gotAPI, wantAPI := objs["APIService"], uploadproxy.APIService(uploadapi.GroupVersion, "diskpipe-system", testenv.ChartRelease+"-manager", 443, nil).Object
 	if gotAPI == nil {
 		t.Fatalf("the chart has no APIService for upload tokens")
 	}

@@ -30,7 +30,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	uploadapi "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
+	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 	"github.com/diskpipe/diskpipe/test/freeport"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -117,8 +119,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err := env.InstallFinalizerPolicy(ctx); err != nil {
 		return nil, err
 	}
-	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil),
-		uploadproxy.APIService("diskpipe-system", "diskpipe-webhook", 443, nil))
+	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil, cdipolicy.SourceKinds()...),
+		uploadproxy.APIService(uploadapi.GroupVersion, "diskpipe-system", "diskpipe-webhook", 443, nil))
 	if err != nil {
 		return nil, err
 	}
