@@ -21,6 +21,11 @@ import (
 // diskpipe's groups: a KIND/NAME must name a kind of one of them.
 var groups = map[string]bool{"hypercloud.tmaxanc.com": true, "virtualmachine.kubesphere.io": true, "diskvolume.kubesphere.io": true}
 
+// formerShortNames are short names diskpipe's kinds had before, still taken by kubectl
+// diskpipe: vmim, VirtualMachineImage's until it turned out to be KubeVirt's
+// VirtualMachineInstanceMigration's too.
+var formerShortNames = map[string]string{"vmim": "virtualmachineimages"}
+
 // exports is the VirtualMachineVolumeExport resource.
 var exports = schema.GroupVersionResource{Group: "hypercloud.tmaxanc.com", Version: "v1alpha1", Resource: "virtualmachinevolumeexports"}
 
@@ -75,14 +80,14 @@ func (o *options) client() (*client, error) {
 func (c *client) resolve(arg string) (ref, error) {
 	kind, name, ok := strings.Cut(arg, "/")
 	if !ok || kind == "" || name == "" {
-		return ref{}, usageError("%q: want KIND/NAME, for example vmim/ubuntu", arg)
+		return ref{}, usageError("%q: want KIND/NAME, for example vmimage/ubuntu", arg)
 	}
 	gvr, err := c.mapper.ResourceFor(schema.ParseGroupResource(kind).WithVersion(""))
 	if (err != nil && meta.IsNoMatchError(err)) || (err == nil && !groups[gvr.Group]) {
 		// kubectl's discovery cache (~/.kube/cache) may predate diskpipe's CRDs; short names
 		// are expanded from it before the mapper could refresh itself. And a short name may be
-		// another API's too (KubeVirt's VirtualMachineInstanceMigration is vmim as well):
-		// diskpipe's own kind is meant.
+		// another API's too (vmim, diskpipe's former name for images, is KubeVirt's
+		// VirtualMachineInstanceMigration's): diskpipe's own kind is meant.
 		c.discovery.Invalidate()
 		if m, ok := c.mapper.(meta.ResettableRESTMapper); ok {
 			m.Reset()
@@ -218,7 +223,8 @@ func ownResource(disc discovery.DiscoveryInterface, name string) (schema.GroupVe
 			if strings.Contains(r.Name, "/") {
 				continue // a subresource
 			}
-			if r.Name == name || r.SingularName == name || strings.ToLower(r.Kind) == name || slices.Contains(r.ShortNames, name) {
+			if r.Name == name || r.SingularName == name || strings.ToLower(r.Kind) == name || slices.Contains(r.ShortNames, name) ||
+				formerShortNames[name] == r.Name {
 				return schema.GroupVersionResource{Group: g.Name, Version: g.PreferredVersion.Version, Resource: r.Name}, true
 			}
 		}

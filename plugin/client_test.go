@@ -11,8 +11,8 @@ import (
 )
 
 // TestOwnResource: a name diskpipe's kinds share with another API (KubeVirt's
-// VirtualMachineInstanceMigration is vmim too) is diskpipe's; a name only the other API has
-// is not.
+// VirtualMachineInstanceMigration is vmim, diskpipe's former short name for images) is
+// diskpipe's; a name only the other API has is not.
 func TestOwnResource(t *testing.T) {
 	g := NewWithT(t)
 	disc := &fake.FakeDiscovery{Fake: &clienttesting.Fake{Resources: []*metav1.APIResourceList{
@@ -20,10 +20,10 @@ func TestOwnResource(t *testing.T) {
 			{Name: "virtualmachineinstancemigrations", SingularName: "virtualmachineinstancemigration", Kind: "VirtualMachineInstanceMigration", ShortNames: []string{"vmim", "vmims"}}}},
 		{GroupVersion: "hypercloud.tmaxanc.com/v1alpha1", APIResources: []metav1.APIResource{
 			{Name: "virtualmachineimages/status", Kind: "VirtualMachineImage"},
-			{Name: "virtualmachineimages", SingularName: "virtualmachineimage", Kind: "VirtualMachineImage", ShortNames: []string{"vmim"}}}},
+			{Name: "virtualmachineimages", SingularName: "virtualmachineimage", Kind: "VirtualMachineImage", ShortNames: []string{"vmimage"}}}},
 	}}}
 	images := schema.GroupVersionResource{Group: "hypercloud.tmaxanc.com", Version: "v1alpha1", Resource: "virtualmachineimages"}
-	for _, name := range []string{"vmim", "VMIM", "virtualmachineimage", "virtualmachineimages", "VirtualMachineImage"} {
+	for _, name := range []string{"vmimage", "vmim", "VMIM", "virtualmachineimage", "virtualmachineimages", "VirtualMachineImage"} {
 		gvr, ok := ownResource(disc, name)
 		g.Expect(ok).To(BeTrue(), name)
 		g.Expect(gvr).To(Equal(images), name)

@@ -162,7 +162,7 @@ func TestFetchFailures(t *testing.T) {
 
 // TestUsage checks the exit codes of mistakes on the command line.
 func TestUsage(t *testing.T) {
-	for _, args := range [][]string{{}, {"frob"}, {"wait"}, {"download", "x"}, {"wait", "vmim/x", "-o", "yaml"}, {"--no-such-flag"}} {
+	for _, args := range [][]string{{}, {"frob"}, {"wait"}, {"download", "x"}, {"wait", "vmimage/x", "-o", "yaml"}, {"--no-such-flag"}} {
 		var out, errOut bytes.Buffer
 		code := Main(context.Background(), args, genericiooptions.IOStreams{Out: &out, ErrOut: &errOut})
 		if code != ExitUsage || !strings.Contains(errOut.String(), "kubectl diskpipe --help") {

@@ -41,7 +41,7 @@ Commands:
   export PVC -o FILE          export a PVC (--format qcow2|raw, --compression none|zlib|zstd),
                               wait, download, and delete the export (--keep keeps it)
 
-KIND is any name kubectl knows diskpipe's kinds by: virtualmachineimage (vmim), imagetemplate
+KIND is any name kubectl knows diskpipe's kinds by: virtualmachineimage (vmimage), imagetemplate
 (imt), virtualmachinepvc (vmpvc), diskvolume (dvol), virtualmachinevolumeexport (vmve),
 virtualmachine.virtualmachine.kubesphere.io (ksvm).
 
@@ -81,7 +81,7 @@ func Main(ctx context.Context, args []string, streams genericiooptions.IOStreams
 	fs.BoolVar(&o.keep, "keep", false, "export: keep the VirtualMachineVolumeExport and its object after the download")
 	fs.DurationVar(&o.interval, "interval", time.Second, "how often progress is read")
 	fs.StringVar(&o.up.file, "file", "", "upload: the image file to send (qcow2, raw, vmdk, ..., compressed or not)")
-	fs.StringVar(&o.up.kind, "kind", "vmim", "upload: the image's kind, vmim (VirtualMachineImage) or imt (ImageTemplate)")
+	fs.StringVar(&o.up.kind, "kind", "vmimage", "upload: the image's kind, vmimage (VirtualMachineImage) or imt (ImageTemplate)")
 	fs.BoolVar(&o.up.create, "create", false, "upload: make the image, with an upload source, if it does not exist")
 	fs.StringVar(&o.up.size, "size", "", "upload --create: the golden PVC's size (default: the image's virtual size plus overhead)")
 	fs.StringVar(&o.up.storageClass, "storage-class", "", "upload --create: the golden PVC's StorageClass")

@@ -49,7 +49,7 @@ func (o *options) upload(ctx context.Context, c *client, name string) error {
 		return err
 	}
 	if uploadproxy.Resources[r.kind] != r.gvr.Resource {
-		return usageError("--kind %s: uploads go to a virtualmachineimage (vmim) or an imagetemplate (imt)", u.kind)
+		return usageError("--kind %s: uploads go to a virtualmachineimage (vmimage) or an imagetemplate (imt)", u.kind)
 	}
 	f, err := os.Open(u.file)
 	if err != nil {

@@ -35,7 +35,7 @@ func TestPrinterColumns(t *testing.T) {
 		CloneStrategy: common.CloneStrategyCSIClone, Conditions: ready}
 	size := common.StorageResources{Requests: common.StorageList{Storage: &gi}}
 
-	vmim := &hypercloud.VirtualMachineImage{
+	vmimage := &hypercloud.VirtualMachineImage{
 		ObjectMeta: metav1.ObjectMeta{Name: "ubuntu18.04", Namespace: ns},
 		Spec:       hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: "https://example.com/u.img"}},
 	}
@@ -75,7 +75,7 @@ func TestPrinterColumns(t *testing.T) {
 			t.Fatalf("setting status of %T: %v", obj, err)
 		}
 	}
-	setStatus(vmim, func() { vmim.Status = importing })
+	setStatus(vmimage, func() { vmimage.Status = importing })
 	setStatus(vmpvc, func() { vmpvc.Status = disk })
 	setStatus(vmve, func() {
 		vmve.Status = hypercloud.VirtualMachineVolumeExportStatus{Phase: common.PhaseExporting, Progress: "10%",
@@ -95,13 +95,13 @@ func TestPrinterColumns(t *testing.T) {
 		header   []string
 		row      []string
 	}{
-		{"vmim", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "AGE"}, []string{"ubuntu18.04", "Importing", "42.5%", "4Gi"}},
+		{"vmimage", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "AGE"}, []string{"ubuntu18.04", "Importing", "42.5%", "4Gi"}},
 		{"vmpvc", []string{"NAME", "IMAGE", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"root", "ubuntu18.04", "Ready", "4Gi"}},
 		{"vmve", []string{"NAME", "PVC", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"export", "root", "Exporting", "10%", "1Gi"}},
 		{"imt", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "AGE"}, []string{"centos", "Ready", "100%", "4Gi"}},
 		{"dvol", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "AGE"}, []string{"data", "Ready", "4Gi"}},
 		{"ksvm", []string{"NAME", "PHASE", "STATUS", "READY", "AGE"}, []string{"vm1", "Pending", "Provisioning"}},
-		{"vmim -o wide", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "CURRENT", "READY", "FORMAT", "PVC", "SOURCE", "AGE"},
+		{"vmimage -o wide", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "CURRENT", "READY", "FORMAT", "PVC", "SOURCE", "AGE"},
 			[]string{"ubuntu18.04", "Importing", "42.5%", "4Gi", "qcow2", "golden-ubuntu", "http"}},
 		{"imt -o wide", []string{"NAME", "PHASE", "PROGRESS", "SIZE", "REVISION", "LAST CHECK", "NEXT CHECK", "CURRENT", "READY", "FORMAT", "PVC", "SOURCE", "OS", "AGE"},
 			[]string{"centos", "Ready", "100%", "4Gi", "True", "qcow2", "golden-ubuntu", "http", "centos"}},
@@ -150,19 +150,19 @@ func TestPrinterColumns(t *testing.T) {
 		"":        {"nightly", "Ready", "100%", "4Gi", `"5f2a-40000000"`},
 		"-o wide": {"nightly", "Ready", "100%", "4Gi", `"5f2a-40000000"`},
 	} {
-		out, stderr, err := env.Kubectl(ctx, nil, append([]string{"get", "vmim", "--namespace", sns}, strings.Fields(args)...)...)
+		out, stderr, err := env.Kubectl(ctx, nil, append([]string{"get", "vmimage", "--namespace", sns}, strings.Fields(args)...)...)
 		if err != nil {
-			t.Fatalf("kubectl get vmim %s: %v\n%s", args, err, stderr)
+			t.Fatalf("kubectl get vmimage %s: %v\n%s", args, err, stderr)
 		}
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		row := columns(lines[len(lines)-1])
 		if len(row) < 8 || strings.Join(row[:5], " ") != strings.Join(want, " ") || row[6] != "2026-11-23T12:00:00Z" ||
 			(args != "" && row[7] != "nightly-3fa9c1d2e0") {
-			t.Errorf("kubectl get vmim %s:\n%s", args, out)
+			t.Errorf("kubectl get vmimage %s:\n%s", args, out)
 		}
 	}
 
-	for _, list := range []string{"diskpipe", "vmim,vmpvc,vmve,imt,dvol,ksvm"} {
+	for _, list := range []string{"diskpipe", "vmimage,vmpvc,vmve,imt,dvol,ksvm"} {
 		t.Run("get "+list, func(t *testing.T) {
 			out, stderr, err := env.Kubectl(ctx, nil, "get", list, "--namespace", ns)
 			if err != nil {

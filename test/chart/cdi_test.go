@@ -171,3 +171,28 @@ func sameSpec(t *testing.T, objs []*unstructured.Unstructured, want client.Objec
 	}
 	t.Errorf("the chart renders no %s %s", kind, want.GetName())
 }
+
+// TestShortNames: no short name of diskpipe's kinds is also one of CDI's, which the chart
+// installs beside them (KubeVirt's are checked against the real KubeVirt in test/e2e): kubectl
+// would expand it to whichever it found first.
+func TestShortNames(t *testing.T) {
+	owner := map[string]string{}
+	for _, o := range render(t, "diskpipe-system", "--set", "cdi.compatibility.enabled=true") {
+		if o.GetKind() != "CustomResourceDefinition" {
+			continue
+		}
+		names, _, _ := unstructured.NestedStringSlice(o.Object, "spec", "names", "shortNames")
+		if len(names) == 0 && groupOf(o) != "cdi.kubevirt.io" {
+			t.Errorf("diskpipe's CRD %s has no short name", o.GetName())
+		}
+		for _, n := range names {
+			if was, ok := owner[n]; ok {
+				t.Errorf("short name %q names both %s and %s", n, was, o.GetName())
+			}
+			owner[n] = o.GetName()
+		}
+	}
+	if owner["vmimage"] != "virtualmachineimages.hypercloud.tmaxanc.com" {
+		t.Errorf("VirtualMachineImage's short name is not vmimage: %v", owner)
+	}
+}

@@ -126,12 +126,12 @@ spec:
 			source.Size(), disk.Size, written, disk.Blocks*512)
 		Expect(written).To(BeNumerically(">", 0), "the manager counted the import's bytes")
 		Expect(written).To(BeNumerically("<=", disk.Size), "one copy of the data at most: nothing staged twice")
-		Expect(kubectl("", "get", "vmim", "-n", ns, "-o", "name")).To(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"),
+		Expect(kubectl("", "get", "vmimage", "-n", ns, "-o", "name")).To(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"),
 			"the staging golden of the imports that succeeded are gone")
 
 		kubectl("", "delete", "vm", "fromhttp", "fromref", "fromotherns", "broken", "-n", ns, "--wait=true", "--timeout=120s")
 		Eventually(func() string {
-			return kubectl("", "get", "dv,pvc,diskvolumes,vmim", "-n", ns, "-o", "name")
+			return kubectl("", "get", "dv,pvc,diskvolumes,vmimage", "-n", ns, "-o", "name")
 		}, 2*time.Minute, time.Second).Should(BeEmpty(), "the VMs' DataVolumes, and what made them, are gone")
 	})
 
@@ -277,7 +277,7 @@ spec:
 		Expect(kubectl("", "get", "pvc", "bare", "-n", ns, "-o", "jsonpath={.status.phase} {.spec.dataSourceRef.kind}/{.spec.dataSourceRef.name}")).
 			To(Equal("Bound VirtualMachineImage/pvc-bare"))
 		Eventually(func() string {
-			return kubectl("", "get", "vmim", "pvc-bare", "-n", ns, "--ignore-not-found", "-o", "name")
+			return kubectl("", "get", "vmimage", "pvc-bare", "-n", ns, "--ignore-not-found", "-o", "name")
 		}, time.Minute, time.Second).Should(BeEmpty(), "the staging image goes once the PVC holds the upload")
 
 		// An existing PVC is not marked for an upload: virtctl says why.

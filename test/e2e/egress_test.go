@@ -43,12 +43,12 @@ spec:
     httpOptions: {secretExtraHeaders: [malformed]}
   resources: {requests: {storage: 64Mi}}
 `, canary, canary, server), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "metadata-service"), 2*time.Minute, time.Second).Should(Equal("Failed ForbiddenDestination"))
-		Expect(kubectl("", "get", "vmim", "metadata-service", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(
+		Eventually(phase(ns, "vmimage", "metadata-service"), 2*time.Minute, time.Second).Should(Equal("Failed ForbiddenDestination"))
+		Expect(kubectl("", "get", "vmimage", "metadata-service", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(
 			ContainSubstring("refusing to connect to 169.254.169.254: it is a link-local address"))
-		Eventually(phase(ns, "vmim", "malformed-header"), 2*time.Minute, time.Second).Should(Equal("Failed InvalidArgument"))
+		Eventually(phase(ns, "vmimage", "malformed-header"), 2*time.Minute, time.Second).Should(Equal("Failed InvalidArgument"))
 
-		for _, what := range [][]string{{"get", "vmim", "-n", ns, "-o", "yaml"}, {"get", "events", "-n", ns, "-o", "yaml"}} {
+		for _, what := range [][]string{{"get", "vmimage", "-n", ns, "-o", "yaml"}, {"get", "events", "-n", ns, "-o", "yaml"}} {
 			out := kubectl("", what...)
 			Expect(out).To(ContainSubstring("ForbiddenDestination"), "kubectl %s", strings.Join(what, " "))
 			Expect(out).NotTo(ContainSubstring(canary), "kubectl %s shows a Secret's value", strings.Join(what, " "))

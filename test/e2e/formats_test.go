@@ -40,8 +40,8 @@ var _ = Describe("any format from any stream", func() {
 		run("xz", "-T2", ova)
 
 		kubectl(vmi("appliance", fmt.Sprintf("    http: %s/%s.xz?norange=1\n    ovaDisk: system", server, filepath.Base(ova))), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "appliance"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
-		Expect(kubectl("", "get", "vmim", "appliance", "-n", ns, "-o", "jsonpath={.status.format} {.status.virtualSize}")).
+		Eventually(phase(ns, "vmimage", "appliance"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmimage", "appliance", "-n", ns, "-o", "jsonpath={.status.format} {.status.virtualSize}")).
 			To(Equal(fmt.Sprintf("ova %dMi", capacity)))
 		disk := golden(ns, "appliance")
 		Expect(fileSize(disk)).To(Equal(capacity << 20))
@@ -54,8 +54,8 @@ var _ = Describe("any format from any stream", func() {
 		vhdx := filepath.Join(work, "disk-"+ns+".vhdx")
 		run("qemu-img", "convert", "-f", "raw", "-O", "vhdx", raw, vhdx)
 		kubectl(vmi("hyperv", fmt.Sprintf("    http: %s/%s?norange=1", server, filepath.Base(vhdx))), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "hyperv"), 2*time.Minute, time.Second).Should(Equal("Failed NeedsRandomAccess"))
-		Expect(kubectl("", "get", "vmim", "hyperv", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).
+		Eventually(phase(ns, "vmimage", "hyperv"), 2*time.Minute, time.Second).Should(Equal("Failed NeedsRandomAccess"))
+		Expect(kubectl("", "get", "vmimage", "hyperv", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).
 			To(And(ContainSubstring("server that supports Range"), ContainSubstring("qemu-img convert -O qcow2")))
 		Expect(golden(ns, "hyperv")).NotTo(BeAnExistingFile())
 	})

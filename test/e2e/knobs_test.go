@@ -36,7 +36,7 @@ spec:
   source:
     http: %s/disk.qcow2
 `, thickClass, server), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "thick"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(ns, "vmimage", "thick"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		vsize := fileSize(raw)
 		want := transfer.VolumeSizeFor(vsize, thickOverhead)
 		Expect(kubectl("", "get", "pvc", "vmim-thick", "-n", ns, "-o", "jsonpath={.spec.resources.requests.storage}")).

@@ -12,6 +12,9 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/diskpipe/diskpipe/test/bootdisk"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -95,7 +98,7 @@ spec:
 		}, time.Minute, time.Second).Should(Equal("Pending Pending"))
 		// The slow image's importer is deleted mid-way, as an eviction would: the import is made
 		// again, and its VMs go on waiting for the whole disk.
-		Eventually(phase(ns, "vmim", "slow"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		Eventually(phase(ns, "vmimage", "slow"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
 		time.Sleep(2 * time.Second) // part of the image is in
 		kubectl("", "delete", "pod", "vmim-slow-import-0", "-n", ns, "--wait=false")
 		deleted := time.Now()
@@ -107,7 +110,7 @@ spec:
 		Consistently(func() []string {
 			seen := kubectl("", "get", "vmi", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {end}`) +
 				kubectl("", "get", "pvc", "copy", "block", "vmpvc", "populated", "-n", ns, "--ignore-not-found", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {end}`)
-			if imported == 0 && phase(ns, "vmim", "slow")() == "Ready Imported" {
+			if imported == 0 && phase(ns, "vmimage", "slow")() == "Ready Imported" {
 				imported = time.Since(deleted)
 			}
 			var early []string
@@ -318,6 +321,45 @@ spec:
 			}
 			GinkgoWriter.Printf("vm%d: disk Ready %s, VMI %s, guest's line %.0fs\n", i, since(ready), strings.Join(phases, ", "), took[i].Seconds())
 		}
+	})
+})
+
+// Short names: kubectl expands a short name two APIs share to whichever it finds first (and
+// warns), so none of diskpipe's or of the CDI API it serves may be one of KubeVirt's.
+var _ = Describe("short names", afterKubeVirtRollout, func() {
+	BeforeEach(requireKubeVirt)
+
+	It("of diskpipe's kinds and of CDI's are none of the names the real KubeVirt serves", func() {
+		cfg, err := clientcmd.BuildConfigFromFlags("", cluster.KubeconfigFile())
+		Expect(err).NotTo(HaveOccurred())
+		disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		lists, err := disc.ServerPreferredResources()
+		if err != nil && !discovery.IsGroupDiscoveryFailedError(err) { // an aggregated API not up is no matter here
+			Expect(err).NotTo(HaveOccurred())
+		}
+		ours := map[string]bool{"hypercloud.tmaxanc.com": true, "virtualmachine.kubesphere.io": true, "diskvolume.kubesphere.io": true,
+			"cdi.kubevirt.io": true, "upload.cdi.kubevirt.io": true}
+		owner, kubevirt := map[string]string{}, 0
+		for _, l := range lists {
+			gv, err := schema.ParseGroupVersion(l.GroupVersion)
+			Expect(err).NotTo(HaveOccurred())
+			for _, r := range l.APIResources {
+				for _, n := range r.ShortNames {
+					name := r.Name + "." + gv.Group
+					if was, ok := owner[n]; ok && (ours[gv.Group] || ours[strings.SplitN(was, ".", 2)[1]]) {
+						Fail(fmt.Sprintf("short name %q names both %s and %s", n, was, name))
+					}
+					owner[n] = name
+					if gv.Group == "kubevirt.io" {
+						kubevirt++
+					}
+				}
+			}
+		}
+		Expect(kubevirt).To(BeNumerically(">", 3), "KubeVirt's kinds are served, with their short names")
+		Expect(owner).To(HaveKeyWithValue("vmimage", "virtualmachineimages.hypercloud.tmaxanc.com"))
+		Expect(owner).To(HaveKeyWithValue("vmim", "virtualmachineinstancemigrations.kubevirt.io"))
 	})
 })
 

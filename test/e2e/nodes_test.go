@@ -154,7 +154,7 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 	It("copies a node-local image once to each node its VMs run on, and clones every disk there", func() {
 		image := strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
 		kubectl(image, "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "golden"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(ns, "vmimage", "golden"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		golden := pvOf(ns, "vmim-golden")
 		Expect(golden.Spec.NodeAffinity).NotTo(BeNil(), "the golden image is node-local")
 		home := golden.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
@@ -177,14 +177,14 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		// replica on that node (a clone-source pod on the image's node streamed it to the
 		// importer on the VM's), and both disks there are clones of the replica.
 		Expect(pvOf(ns, "near").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+golden.Spec.CSI.VolumeHandle))
-		uid := kubectl("", "get", "vmim", "golden", "-n", ns, "-o", "jsonpath={.metadata.uid}")
+		uid := kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={.metadata.uid}")
 		replicas := strings.Fields(kubectl("", "get", "diskvolumes", "-n", ns, "-l", "diskpipe.io/replica-of="+uid, "-o", "name"))
 		Expect(replicas).To(HaveLen(1), "one replica, on the one node away from the image")
 		replica := pvOf(ns, strings.TrimPrefix(replicas[0], "diskvolume.diskvolume.kubesphere.io/"))
 		Expect(replica.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{away}))
 		Expect(replica.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "empty"), "the replica is a copy")
 		Eventually(func() string {
-			return kubectl("", "get", "vmim", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.name} {.phase};{end}")
+			return kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.name} {.phase};{end}")
 		}, time.Minute, time.Second).Should(Equal(fmt.Sprintf("%s %s Ready;", away, replica.Spec.ClaimRef.Name)), "the image lists its replicas by node")
 		for _, name := range []string{"far", "far2"} {
 			Expect(pvOf(ns, name).Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+replica.Spec.CSI.VolumeHandle), name)

@@ -62,7 +62,7 @@ var _ = Describe("kubectl diskpipe", func() {
 	It("waits for an image, showing its progress, then says it is Ready", localProves, func() {
 		ns := namespace()
 		kubectl(vmi("slow", fmt.Sprintf("    http: %s/disk.qcow2?rate=2000000", server)), "apply", "-n", ns, "-f", "-")
-		out, errOut, code := plugin("wait", "vmim/slow", "-n", ns, "--interval", "500ms")
+		out, errOut, code := plugin("wait", "vmimage/slow", "-n", ns, "--interval", "500ms")
 		Expect(code).To(Equal(0), errOut)
 		Expect(errOut).To(ContainSubstring("virtualmachineimage/slow: Importing"), "the progress, as plain lines into a pipe")
 		Expect(out).To(Equal("virtualmachineimage/slow: Ready, Imported\n"))
@@ -78,7 +78,7 @@ var _ = Describe("kubectl diskpipe", func() {
 	It("exits 1 for an image that failed for good, with its reason and what to do", localProves, func() {
 		ns := namespace()
 		kubectl(vmi("wrong", fmt.Sprintf("    http: %s/disk.qcow2\n    checksum: sha256:%s", server, strings.Repeat("0", 64))), "apply", "-n", ns, "-f", "-")
-		_, errOut, code := plugin("wait", "vmim/wrong", "-n", ns)
+		_, errOut, code := plugin("wait", "vmimage/wrong", "-n", ns)
 		Expect(code).To(Equal(1))
 		Expect(errOut).To(ContainSubstring("VirtualMachineImage/wrong failed: ChecksumMismatch"))
 		Expect(errOut).To(ContainSubstring("What to do: " + transfer.Advice("ChecksumMismatch")))

@@ -59,7 +59,7 @@ var _ = Describe("the README's walk-through", afterKubeVirtRollout, func() {
 		Expect(filepath.Join(dir, "exported.qcow2")).To(BeAnExistingFile())
 
 		// Leave the store as the other specs expect it.
-		for _, obj := range []string{"vmve/walkthrough", "virtualmachines.kubevirt.io/walkthrough", "vmpvc/walkthrough-root", "vmim/walkthrough"} {
+		for _, obj := range []string{"vmve/walkthrough", "virtualmachines.kubevirt.io/walkthrough", "vmpvc/walkthrough-root", "vmimage/walkthrough"} {
 			kubectl("", "delete", obj, "-n", ns, "--wait=false")
 		}
 		_, _ = cluster.AWS(context.Background(), "s3", "rb", "--force", "s3://images")

@@ -151,7 +151,7 @@ var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Or
 			"the provisioner asked the driver for a copy of the golden volume")
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "cloned"), "disk.img"))
 
-		snapName := kubectl("", "get", "vmim", "base", "-n", ns, "-o", "jsonpath={.status.snapshotName}")
+		snapName := kubectl("", "get", "vmimage", "base", "-n", ns, "-o", "jsonpath={.status.snapshotName}")
 		Expect(snapName).To(Equal("vmim-base-golden"))
 		snap := &snapshotv1.VolumeSnapshot{}
 		Expect(get(ns, snapName, snap)).To(Succeed())
@@ -219,7 +219,7 @@ var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Or
 		snapshotDir := node().SnapshotPath(*c.Status.SnapshotHandle)
 		volume := cluster.VolumePath(ns, "vmim-base")
 
-		kubectl("", "delete", "vmim", "base", "-n", ns, "--wait=true", "--timeout=60s")
+		kubectl("", "delete", "vmimage", "base", "-n", ns, "--wait=true", "--timeout=60s")
 		Eventually(gone(ns, "vmim-base", &corev1.PersistentVolumeClaim{}), time.Minute, time.Second).Should(BeTrue())
 		Eventually(gone(ns, "vmim-base-golden", &snapshotv1.VolumeSnapshot{}), time.Minute, time.Second).Should(BeTrue())
 		Eventually(gone("", content, &snapshotv1.VolumeSnapshotContent{}), time.Minute, time.Second).Should(BeTrue(), "the snapshot-controller deletes the content")
@@ -247,7 +247,7 @@ var _ = Describe("on a real node: diskpipe's pods under a kubelet", func() {
 		Expect(*pod.Spec.SecurityContext.RunAsUser).NotTo(BeZero())
 		Expect(*pod.Spec.Containers[0].SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())
 		Expect(pod.Spec.Containers[0].VolumeDevices).NotTo(BeEmpty(), "the target is a raw block device")
-		Eventually(phase(ns, "vmim", "block"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(ns, "vmimage", "block"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		Expect(*pvOf(ns, "vmim-block").Spec.VolumeMode).To(Equal(corev1.PersistentVolumeBlock))
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "vmim-block"), "block.img"))
 	})

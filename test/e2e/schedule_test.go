@@ -31,9 +31,9 @@ spec:
     cron: "@every 3s"
     keep: 2
 `, server, filepath.Base(source)), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "nightly"), 3*time.Minute, time.Second).Should(Equal("Ready Current"))
+		Eventually(phase(ns, "vmimage", "nightly"), 3*time.Minute, time.Second).Should(Equal("Ready Current"))
 		field := func(path string) func() string {
-			return func() string { return kubectl("", "get", "vmim", "nightly", "-n", ns, "-o", "jsonpath="+path) }
+			return func() string { return kubectl("", "get", "vmimage", "nightly", "-n", ns, "-o", "jsonpath="+path) }
 		}
 		first := field("{.status.schedule.current}")()
 		Expect(field("{.status.revision}")()).To(Equal("last-modified " + start.Add(-time.Hour).UTC().Format(http1123)))
@@ -42,7 +42,7 @@ spec:
 
 		// kubectl get shows the revision, how long ago the last check was, and when the next
 		// one is (a time: a date column can only tell the past).
-		table := kubectl("", "get", "vmim", "nightly", "-n", ns)
+		table := kubectl("", "get", "vmimage", "nightly", "-n", ns)
 		Expect(table).To(ContainSubstring("LAST CHECK"))
 		Expect(table).To(ContainSubstring("NEXT CHECK"))
 		Expect(table).To(ContainSubstring("last-modified"))
@@ -76,7 +76,7 @@ spec:
 		// A check that fails keeps the current image and says why.
 		Expect(os.Rename(source, source+".away")).To(Succeed())
 		Eventually(field("{.status.conditions[?(@.type==\"UpToDate\")].reason}"), time.Minute, time.Second).Should(Equal("SourceNotFound"))
-		Expect(phase(ns, "vmim", "nightly")()).To(Equal("Ready Current"))
+		Expect(phase(ns, "vmimage", "nightly")()).To(Equal("Ready Current"))
 		Expect(os.Rename(source+".away", source)).To(Succeed())
 
 		// A new release: imported, and new disks get it; the disk made before keeps its bytes.
@@ -96,15 +96,15 @@ spec:
 		Eventually(field("{.status.schedule.revisions[*].image}"), 3*time.Minute, time.Second).Should(
 			SatisfyAll(HaveSuffix(" "+second), Not(ContainSubstring(first))))
 		Eventually(func() string {
-			out, _, _ := cluster.Kubectl(context.Background(), nil, "get", "vmim,pvc", "-n", ns, "-o", "name")
+			out, _, _ := cluster.Kubectl(context.Background(), nil, "get", "vmimage,pvc", "-n", ns, "-o", "name")
 			return out
 		}, time.Minute, time.Second).ShouldNot(ContainSubstring(first))
 		third := field("{.status.schedule.current}")()
 		Expect(fileSize(golden(ns, third))).To(BeNumerically(">=", size+32<<20))
 
 		// Deleting the scheduled image deletes its revisions.
-		kubectl("", "delete", "vmim", "nightly", "-n", ns, "--wait=true", "--timeout=2m")
-		Expect(strings.TrimSpace(kubectl("", "get", "vmim", "-n", ns, "-o", "name"))).To(BeEmpty())
+		kubectl("", "delete", "vmimage", "nightly", "-n", ns, "--wait=true", "--timeout=2m")
+		Expect(strings.TrimSpace(kubectl("", "get", "vmimage", "-n", ns, "-o", "name"))).To(BeEmpty())
 		Expect(fileSize(after)).To(Equal(size+16<<20), "disks made from a deleted image stay")
 	})
 })

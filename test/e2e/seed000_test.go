@@ -88,8 +88,8 @@ var _ = Describe("a source that goes away", func() {
 		DeferCleanup(gone.Close)
 		kubectl(vmi("cutoff", "    http: http://"+l.Addr().String()+"/disk.qcow2")+"  resources:\n    requests:\n      storage: 128Mi\n  retry: 0\n",
 			"apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "cutoff"), 3*time.Minute, time.Second).Should(Equal("Failed SourceUnavailable"))
-		msg := kubectl("", "get", "vmim", "cutoff", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
+		Eventually(phase(ns, "vmimage", "cutoff"), 3*time.Minute, time.Second).Should(Equal("Failed SourceUnavailable"))
+		msg := kubectl("", "get", "vmimage", "cutoff", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
 		Expect(strings.ToLower(msg)).To(Or(ContainSubstring("eof"), ContainSubstring("reset"), ContainSubstring("closed")))
 	})
 })

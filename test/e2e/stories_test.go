@@ -39,7 +39,7 @@ spec:
 func importHTTP(ns, name, file string) {
 	GinkgoHelper()
 	kubectl(vmi(name, fmt.Sprintf("    http: %s/%s", server, file)), "apply", "-n", ns, "-f", "-")
-	Eventually(phase(ns, "vmim", name), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+	Eventually(phase(ns, "vmimage", name), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
 }
 
 // golden is the disk of an image's golden PVC.
@@ -89,7 +89,7 @@ var _ = Describe("the seed's stories", Ordered, afterKubeVirtRollout, func() {
 		out, err = awsIn(ctx, ns, "s3", "cp", images["qcow2"], "s3://vmimage/bionic.qcow2")
 		Expect(err).NotTo(HaveOccurred(), out)
 		kubectl(vmi("ubuntu18.04", "    objectStore:\n      bucketName: vmimage\n      objectName: bionic.qcow2"), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "ubuntu18.04"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(ns, "vmimage", "ubuntu18.04"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		table := kubectl("", "get", "virtualmachineimage", "-n", ns)
 		Expect(table).To(MatchRegexp(`ubuntu18\.04\s+Ready\s+100%\s+64Mi`))
 		sameDisk(golden(ns, "ubuntu18.04"))
@@ -98,14 +98,14 @@ var _ = Describe("the seed's stories", Ordered, afterKubeVirtRollout, func() {
 	It("imports over HTTP, a streamOptimized vmdk with its checksum", realProves, func() {
 		sum := sha256Of(images["vmdk"])
 		kubectl(vmi("centos", fmt.Sprintf("    http: %s/disk.vmdk\n    checksum: sha256:%s", server, sum)), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "centos"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
-		Expect(kubectl("", "get", "vmim", "centos", "-n", ns, "-o", "jsonpath={.status.format} {.status.digest}")).To(Equal("vmdk sha256:" + sum))
+		Eventually(phase(ns, "vmimage", "centos"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmimage", "centos", "-n", ns, "-o", "jsonpath={.status.format} {.status.digest}")).To(Equal("vmdk sha256:" + sum))
 		sameDisk(golden(ns, "centos"))
 	})
 
 	It("imports a raw image over HTTP", localProves, func() {
 		importHTTP(ns, "raw", "disk.raw")
-		Expect(kubectl("", "get", "vmim", "raw", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("raw"))
+		Expect(kubectl("", "get", "vmimage", "raw", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("raw"))
 		sameDisk(golden(ns, "raw"))
 	})
 
@@ -253,7 +253,7 @@ spec:
 
 	It("imports the downloaded export as a new image, which boots", realProves, func() {
 		importHTTP(ns, "reimported", "downloaded.qcow2")
-		Expect(kubectl("", "get", "vmim", "reimported", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("qcow2"))
+		Expect(kubectl("", "get", "vmimage", "reimported", "-n", ns, "-o", "jsonpath={.status.format}")).To(Equal("qcow2"))
 		boots(golden(ns, "reimported"))
 	})
 
@@ -296,7 +296,7 @@ subjects:
 		answer, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		Expect(resp.StatusCode).To(Equal(http.StatusCreated), "the proxy answered: %s", answer)
-		Eventually(phase(ns, "vmim", "uploaded"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(ns, "vmimage", "uploaded"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		sameDisk(golden(ns, "uploaded"))
 	})
 })
@@ -305,35 +305,35 @@ var _ = Describe("faults", func() {
 	It("retries an importer killed mid-way, and the result is identical", realProves, func() {
 		ns := namespace()
 		kubectl(vmi("killed", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "killed"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		Eventually(phase(ns, "vmimage", "killed"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
 		time.Sleep(time.Second) // part of the image is in
 		Expect(cluster.KillPod(ns, "vmim-killed-import-0")).To(Succeed())
-		Eventually(phase(ns, "vmim", "killed"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
-		Expect(kubectl("", "get", "vmim", "killed", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal("1"))
+		Eventually(phase(ns, "vmimage", "killed"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmimage", "killed", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal("1"))
 		sameDisk(golden(ns, "killed"))
 	})
 
 	It("replaces an importer pod deleted mid-import, and the result is identical", realProves, func() {
 		ns := namespace()
 		kubectl(vmi("evicted", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "evicted"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		Eventually(phase(ns, "vmimage", "evicted"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
 		time.Sleep(time.Second)
 		kubectl("", "delete", "pod", "vmim-evicted-import-0", "-n", ns, "--wait=false")
-		Eventually(phase(ns, "vmim", "evicted"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(ns, "vmimage", "evicted"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		// The controller counts a retry when it saw the stopped pod's result before the pod
 		// was gone (a kubelet reports it; the local cluster's agent does not); otherwise it
 		// makes the pod again under the same name.
-		Expect(kubectl("", "get", "vmim", "evicted", "-n", ns, "-o", "jsonpath={.status.retries}")).To(BeElementOf("", "1"))
+		Expect(kubectl("", "get", "vmimage", "evicted", "-n", ns, "-o", "jsonpath={.status.retries}")).To(BeElementOf("", "1"))
 		sameDisk(golden(ns, "evicted"))
 	})
 
 	It("leaves nothing behind when an image is deleted while it imports", func() {
 		ns := namespace()
 		kubectl(vmi("doomed", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "doomed"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		Eventually(phase(ns, "vmimage", "doomed"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
 		dir := cluster.VolumePath(ns, "vmim-doomed")
 		Expect(dir).To(BeADirectory())
-		kubectl("", "delete", "vmim", "doomed", "-n", ns, "--wait=true", "--timeout=60s")
+		kubectl("", "delete", "vmimage", "doomed", "-n", ns, "--wait=true", "--timeout=60s")
 		Eventually(func() string { return kubectl("", "get", "pods,pvc,secrets", "-n", ns, "-o", "name") }, time.Minute).Should(BeEmpty())
 		Eventually(dir, 10*time.Second).ShouldNot(BeADirectory())
 	})
@@ -341,8 +341,8 @@ var _ = Describe("faults", func() {
 	It("fails an image whose bytes do not match its checksum, without retrying, leaving no disk", localProves, func() {
 		ns := namespace()
 		kubectl(vmi("tampered", fmt.Sprintf("    http: %s/disk.qcow2\n    checksum: sha256:%s", server, strings.Repeat("0", 64))), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "tampered"), 2*time.Minute, time.Second).Should(Equal("Failed ChecksumMismatch"))
-		Expect(kubectl("", "get", "vmim", "tampered", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal(""))
+		Eventually(phase(ns, "vmimage", "tampered"), 2*time.Minute, time.Second).Should(Equal("Failed ChecksumMismatch"))
+		Expect(kubectl("", "get", "vmimage", "tampered", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal(""))
 		Expect(golden(ns, "tampered")).NotTo(BeAnExistingFile())
 	})
 })
@@ -375,10 +375,10 @@ var _ = Describe("more faults", func() {
 	It("finishes an import when the manager is restarted in the middle of it", realProves, func() {
 		ns := namespace()
 		kubectl(vmi("survivor", fmt.Sprintf("    http: %s/disk.qcow2?rate=200000", server))+"  resources:\n    requests:\n      storage: 128Mi\n", "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "survivor"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
+		Eventually(phase(ns, "vmimage", "survivor"), time.Minute, 200*time.Millisecond).Should(Equal("Importing Running"))
 		Expect(cluster.RestartManager()).To(Succeed())
-		Eventually(phase(ns, "vmim", "survivor"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
-		Expect(kubectl("", "get", "vmim", "survivor", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal(""), "the running import was adopted, not restarted")
+		Eventually(phase(ns, "vmimage", "survivor"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmimage", "survivor", "-n", ns, "-o", "jsonpath={.status.retries}")).To(Equal(""), "the running import was adopted, not restarted")
 		sameDisk(golden(ns, "survivor"))
 	})
 
@@ -424,11 +424,11 @@ spec:
 		// The importer retries its requests, then the controller retries the pod; or, when the
 		// manager must first make the namespace's account in the store (a manager that has not
 		// acted for it yet), no pod starts until the store answers, and status says so.
-		Eventually(phase(ns, "vmim", "patient"), time.Minute, 200*time.Millisecond).Should(
+		Eventually(phase(ns, "vmimage", "patient"), time.Minute, 200*time.Millisecond).Should(
 			Or(Equal("Importing Running"), HaveSuffix(" Retrying"), Equal("Pending ObjectStoreUnavailable")))
 		time.Sleep(3 * time.Second)
 		Expect(cluster.StartStore()).To(Succeed())
-		Eventually(phase(ns, "vmim", "patient"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(ns, "vmimage", "patient"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		sameDisk(golden(ns, "patient"))
 	})
 })
@@ -438,7 +438,7 @@ var _ = Describe("block volumes", func() {
 		ns := namespace()
 		kubectl(vmi("raw-block", fmt.Sprintf("    http: %s/disk.qcow2", server))+"  volumeMode: Block\n  resources:\n    requests:\n      storage: 80Mi\n",
 			"apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmim", "raw-block"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(ns, "vmimage", "raw-block"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "vmim-raw-block"), "block.img")) // the device's backing file
 		kubectl(`apiVersion: diskvolume.kubesphere.io/v1alpha1
 kind: DiskVolume

@@ -24,7 +24,7 @@ var _ = Describe("tenants of the bundled store", func() {
 		out, err = awsIn(ctx, a, "s3", "cp", images["qcow2"], "s3://"+bucket+"/disk.qcow2")
 		Expect(err).NotTo(HaveOccurred(), out)
 		kubectl(vmi("own", "    objectStore: {bucketName: "+bucket+", objectName: disk.qcow2}"), "apply", "-n", a, "-f", "-")
-		Eventually(phase(a, "vmim", "own"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(a, "vmimage", "own"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 
 		// B with its own keys and awscli: nothing of A's.
 		small := filepath.Join(work, "small-"+b)
@@ -49,11 +49,11 @@ var _ = Describe("tenants of the bundled store", func() {
 		kubectl(vmi("stolen", "    objectStore: {bucketName: "+bucket+", objectName: disk.qcow2}"), "apply", "-n", b, "-f", "-")
 		kubectl(vmi("stolen-nightly", "    objectStore: {bucketName: "+bucket+", objectName: disk.qcow2}")+"  schedule: {cron: \"@every 5s\", keep: 1}\n", "apply", "-n", b, "-f", "-")
 		for _, name := range []string{"stolen", "stolen-nightly"} {
-			Eventually(phase(b, "vmim", name), time.Minute, time.Second).Should(Equal("Failed SourceForbidden"), name)
-			Expect(kubectl("", "get", "vmim", name, "-n", b, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(ContainSubstring(refusal))
+			Eventually(phase(b, "vmimage", name), time.Minute, time.Second).Should(Equal("Failed SourceForbidden"), name)
+			Expect(kubectl("", "get", "vmimage", name, "-n", b, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(ContainSubstring(refusal))
 		}
 		kubectl(vmi("mine", fmt.Sprintf("    http: %s/disk.qcow2", server)), "apply", "-n", b, "-f", "-")
-		Eventually(phase(b, "vmim", "mine"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(b, "vmimage", "mine"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		kubectl(fmt.Sprintf(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineVolumeExport
 metadata: {name: overwrite}
@@ -78,7 +78,7 @@ spec:
 			`{"Effect":"Allow","Principal":{"AWS":["`+bAccess+`"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::`+bucket+`/disk.qcow2"]}]}`)
 		Expect(err).NotTo(HaveOccurred(), out)
 		kubectl(vmi("shared", "    objectStore: {bucketName: "+bucket+", objectName: disk.qcow2}"), "apply", "-n", b, "-f", "-")
-		Eventually(phase(b, "vmim", "shared"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(b, "vmimage", "shared"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
 
 		// Keys only for a user who may write the Secret they go to.
 		uploaders(b)
@@ -141,7 +141,7 @@ spec:
   resources: {requests: {storage: 64Mi}}
 `, uid, uid, pv), "apply", "-n", own, "-f", "-")
 		as(vmi("later", fmt.Sprintf("    http: %s/disk.qcow2", server)), "apply", "-n", own, "-f", "-")
-		Eventually(phase(own, "vmim", "later"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Eventually(phase(own, "vmimage", "later"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
 		Eventually(phase(own, "dvol", "loot"), time.Minute, time.Second).Should(Equal("Failed NameTaken"))
 		Expect(kubectl("", "get", "dvol", "loot", "-n", own, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(
 			Equal("a PersistentVolumeClaim named prime-" + uid + " already exists and was not made by diskpipe for this object; delete it and diskpipe makes it again"))
@@ -161,7 +161,7 @@ spec:
 		// owning it: no copy of its image.
 		kubectl("", "create", "rolebinding", "view-parts-"+mallory, "-n", victim, "--clusterrole", "system:aggregate-to-view", "--user", mallory)
 		kubectl("", "create", "rolebinding", "viewer-"+mallory, "-n", victim, "--clusterrole", "diskpipe-viewer", "--user", mallory)
-		Eventually(func() error { _, err := asUser(mallory, "", "get", "vmim", "golden", "-n", victim); return err }, 30*time.Second, time.Second).Should(Succeed())
+		Eventually(func() error { _, err := asUser(mallory, "", "get", "vmimage", "golden", "-n", victim); return err }, 30*time.Second, time.Second).Should(Succeed())
 		out, err := asUser(mallory, diskOf("copy", victim, "Filesystem", "64Mi"), "apply", "-n", own, "-f", "-")
 		Expect(err).To(HaveOccurred(), out)
 		Expect(out).To(ContainSubstring(fmt.Sprintf("%s may not copy the VirtualMachineImage %s/golden into namespace %s: copying another namespace's data needs its owner's consent",

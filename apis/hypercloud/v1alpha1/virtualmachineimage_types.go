@@ -81,7 +81,7 @@ type VirtualMachineImageSpec struct {
 // are cloned from.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:shortName=vmim,categories=diskpipe
+// +kubebuilder:resource:shortName=vmimage,categories=diskpipe
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Progress",type=string,JSONPath=`.status.progress`
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.virtualSize`
