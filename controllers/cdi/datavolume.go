@@ -235,14 +235,21 @@ func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observe
 // KubeVirt starts the VM. A staged source's image stays until then, since the clone is made
 // from its PVC. Once the claim is bound, it is marked as CDI's (markDone) and the staging
 // image, its work done, is deleted.
-func (r *Reconciler) done(ctx context.Context, dv *cdiv1.DataVolume, disk *diskvolume.DiskVolume, staged bool) (observed, error) {
+func (r *Reconciler) done(ctx context.Context, dv *cdiv1.DataVolume, made *diskvolume.DiskVolume, staged bool) (observed, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc)
 	if client.IgnoreNotFound(err) != nil {
 		return observed{}, err
 	}
 	found := err == nil
-	if found && pvc.Status.Phase != corev1.ClaimBound {
+	switch {
+	case found && pvc.Status.Phase != corev1.ClaimBound && disk.Deferred(pvc) && pvc.Annotations[storage.AnnotationSelectedNode] != "":
+		// A disk deferred to its VM's node is being made there (the claim's events say how).
+		return observed{disk: made, populating: pvc.Annotations[storage.AnnotationSelectedNode]}, nil
+	case found && pvc.Status.Phase != corev1.ClaimBound && disk.Deferred(pvc):
+		// As CDI's populators wait: KubeVirt starts the VM's pod on PendingPopulation.
+		return observed{waiting: cdiv1.PendingPopulation, waitingFor: "PVC " + dv.Name + " is filled on the VM's node"}, nil
+	case found && pvc.Status.Phase != corev1.ClaimBound:
 		return observed{waiting: cdiv1.WaitForFirstConsumer, waitingFor: "PVC " + dv.Name + " is bound"}, nil
 	}
 	if staged {
@@ -251,9 +258,9 @@ func (r *Reconciler) done(ctx context.Context, dv *cdiv1.DataVolume, disk *diskv
 				return observed{}, err
 			}
 		}
-		return observed{disk: disk}, r.deleteSourceImage(ctx, dv)
+		return observed{disk: made}, r.deleteSourceImage(ctx, dv)
 	}
-	return observed{disk: disk}, nil
+	return observed{disk: made}, nil
 }
 
 // ensureChild makes obj, controlled by dv, unless it exists; a refusal says why dv cannot go

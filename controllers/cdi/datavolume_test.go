@@ -31,6 +31,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
@@ -462,6 +463,40 @@ func TestDataVolumeWaitForFirstConsumer(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(img), img)
 		return apierrors.IsNotFound(err) || (err == nil && !img.DeletionTimestamp.IsZero())
 	}, 20*time.Second).Should(BeTrue(), "the staging image is deleted once the claim is bound")
+}
+
+// TestDataVolumeNodeLocal: on node-local storage that binds at the first consumer, a
+// DataVolume's disk is not cloned where its staging image happens to be: its claim waits,
+// PendingPopulation, on which KubeVirt starts the VM's pod, and is filled on the node that pod
+// is scheduled to (ImportInProgress meanwhile), never Succeeded before it is bound.
+func TestDataVolumeNodeLocal(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "dv-local")
+	for _, n := range []string{"dv-node-a", "dv-node-b"} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{corev1.LabelHostname: n}}}
+		g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, node))).To(Succeed())
+	}
+	dv := dataVolume(ns, "roaming", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/fedora.qcow2"}}, "1Gi")
+	dv.Spec.Storage.StorageClassName = ptr.To(classWFFC)
+	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	ctrltest.Complete(t, env, ns, "vmim-dv-roaming-probe-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+	ctrltest.BindWith(t, env, ns, "vmim-dv-roaming", func(pv *corev1.PersistentVolume) { // its importer ran on node a
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"dv-node-a"}}}}}}}
+	})
+	ctrltest.Complete(t, env, ns, "vmim-dv-roaming-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("PendingPopulation N/A Bound=False:Pending Ready=False: Running=False:WaitForFirstConsumer"))
+	claim := &corev1.PersistentVolumeClaim{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "roaming"}, claim)).To(Succeed())
+	g.Expect(claim.Spec.DataSourceRef.Kind).To(Equal("DiskVolume"), "filled on the VM's node, not cloned on the image's")
+
+	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, storage.AnnotationSelectedNode, "dv-node-b") // the VM's pod was scheduled
+	g.Expect(env.Client.Update(ctx, claim)).To(Succeed())
+	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("ImportInProgress N/A Bound=False:Pending Ready=False: Running=True:"))
+	g.Expect(dv.Status.Conditions[0].Message).To(Equal("PVC roaming is being filled on node dv-node-b, where the VM's pod was scheduled (the claim's events say how)"))
 }
 
 // TestDataVolumeImportFailures: a source that fails for good fails the DataVolume with the

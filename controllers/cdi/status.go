@@ -41,6 +41,8 @@ type observed struct {
 	img *hypercloud.VirtualMachineImage
 	// disk makes the claim (or fills an upload's).
 	disk *diskvolume.DiskVolume
+	// populating is the node a claim deferred to its VM's node is being filled on.
+	populating string
 }
 
 // statusFrom is the status of dv, which the controller saw as o.
@@ -64,6 +66,8 @@ func statusFrom(dv *cdiv1.DataVolume, o observed) cdiv1.DataVolumeStatus {
 		st.Conditions = doneConditions(boundCondition(o.claim), ReasonPrePopulated, ReasonPrePopulated)
 	case o.waiting != "":
 		return waitingStatus(dv, o.waiting, o.waitingFor)
+	case o.populating != "":
+		return populatingStatus(dv, o.populating)
 	case o.upload:
 		return uploadStatus(dv, o)
 	case o.img != nil:
@@ -105,6 +109,19 @@ func waitingStatus(dv *cdiv1.DataVolume, phase cdiv1.DataVolumePhase, what strin
 	msg := what + " when its first consumer, the VM's pod, is scheduled (StorageClass volumeBindingMode WaitForFirstConsumer)"
 	return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: phase, Progress: "N/A",
 		Conditions: conditions(ReasonPending, msg, corev1.ConditionFalse, ReasonWaitForFirstConsumer, msg)}
+}
+
+// populatingStatus is the status of a DataVolume whose claim, deferred to its VM's node, is
+// being filled on node: CDI's phase of the copy (its populators go from PendingPopulation to
+// the copy's phases), not Succeeded before the claim is bound.
+func populatingStatus(dv *cdiv1.DataVolume, node string) cdiv1.DataVolumeStatus {
+	phase := cdiv1.ImportInProgress
+	if clones(dv) {
+		phase = cdiv1.CloneInProgress
+	}
+	msg := fmt.Sprintf("PVC %s is being filled on node %s, where the VM's pod was scheduled (the claim's events say how)", dv.Name, node)
+	return cdiv1.DataVolumeStatus{ClaimName: dv.Name, Phase: phase, Progress: "N/A",
+		Conditions: conditions(ReasonPending, msg, corev1.ConditionTrue, "", msg)}
 }
 
 // clones says whether CDI would clone dv's bytes (its phases CloneScheduled and

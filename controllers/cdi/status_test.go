@@ -85,6 +85,7 @@ func TestStatusOfImport(t *testing.T) {
 // TestStatusFrom: every phase a DataVolume takes, from what the controller saw.
 func TestStatusFrom(t *testing.T) {
 	dv := &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: "root"}, Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{}}}}
+	clone := &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: "root"}, Spec: cdiv1.DataVolumeSpec{SourceRef: &cdiv1.DataVolumeSourceRef{Kind: "DataSource", Name: "fedora"}}}
 	upload := &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: "up"}, Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{Upload: &cdiv1.DataVolumeSourceUpload{}}}}
 	claim := func(phase corev1.PersistentVolumeClaimPhase) *corev1.PersistentVolumeClaim {
 		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root"}, Status: corev1.PersistentVolumeClaimStatus{Phase: phase}}
@@ -107,6 +108,9 @@ func TestStatusFrom(t *testing.T) {
 		{"a pre-populated claim missing", dv, observed{prePopulated: "old"}, "Pending N/A old ClaimNotFound/False ClaimNotFound"},
 		{"a pre-populated claim", dv, observed{prePopulated: "root", claim: claim(corev1.ClaimBound)}, "Succeeded 100.0% root Bound/False PrePopulated"},
 		{"a claim waiting for the VM's pod", dv, observed{waiting: cdiv1.WaitForFirstConsumer, waitingFor: "PVC root is bound"}, "WaitForFirstConsumer N/A root Pending/False WaitForFirstConsumer"},
+		{"a claim deferred to the VM's node, waiting for it", dv, observed{waiting: cdiv1.PendingPopulation, waitingFor: "PVC root is filled on the VM's node"}, "PendingPopulation N/A root Pending/False WaitForFirstConsumer"},
+		{"a claim deferred to the VM's node, filled there", dv, observed{disk: disk(common.PhaseReady), populating: "node-b"}, "ImportInProgress N/A root Pending/True "},
+		{"a clone deferred to the VM's node, filled there", clone, observed{disk: disk(common.PhaseReady), populating: "node-b"}, "CloneInProgress N/A root Pending/True "},
 		{"an import staged", dv, observed{img: &hypercloud.VirtualMachineImage{}}, "ImportScheduled N/A root Pending/False Pending"},
 		{"a disk being made", dv, observed{disk: disk(common.PhaseImporting)}, "ImportInProgress N/A root Pending/True "},
 		{"a disk made", dv, observed{disk: disk(common.PhaseReady)}, "Succeeded 100.0% root Bound/False Completed"},

@@ -115,13 +115,20 @@ func namespace(t *testing.T) string {
 // readyImage makes a VirtualMachineImage and plays its import to Ready.
 func readyImage(t *testing.T, ns, name, class string) *hypercloud.VirtualMachineImage {
 	t.Helper()
+	return readyImageWith(t, ns, name, class, nil)
+}
+
+// readyImageWith is readyImage, its golden PVC bound to a volume that volume shapes (its node
+// affinity), unless nil.
+func readyImageWith(t *testing.T, ns, name, class string, volume func(*corev1.PersistentVolume)) *hypercloud.VirtualMachineImage {
+	t.Helper()
 	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://images.example.com/" + name + ".qcow2")}}}
 	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity(goldenSize)
 	vmi.Spec.StorageClassName = &class
 	g := NewWithT(t)
 	g.Expect(env.Client.Create(t.Context(), vmi)).To(Succeed())
-	ctrltest.Bind(t, env, ns, "vmim-"+name)
+	ctrltest.BindWith(t, env, ns, "vmim-"+name, volume)
 	ctrltest.Complete(t, env, ns, "vmim-"+name+"-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
 	g.Eventually(func() common.Phase {
 		_ = env.Client.Get(t.Context(), client.ObjectKeyFromObject(vmi), vmi)

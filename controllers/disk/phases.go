@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
@@ -63,6 +64,8 @@ type plan struct {
 	// remote says why the node the disk is wanted on cannot mount the image's volume, which
 	// a copy then reads through a clone-source pod on the image's node; "" when it can.
 	remote string
+	// deferred: the disk's PVC is filled once its VM's node is known (deferToConsumer).
+	deferred bool
 }
 
 // fillsMore says whether a filesystem volume of the size the user asked holds more than the
@@ -138,6 +141,9 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	default:
 		// The storage makes the whole disk (a CSI clone, a restore): its PVC is bound once
 		// the storage is done.
+		if p.deferred, err = r.deferToConsumer(ctx, d, p); err != nil {
+			return ctrl.Result{}, err
+		}
 		pvc, err := r.ensurePVC(ctx, d, pvcName, p)
 		if err != nil {
 			return r.nameTaken(d, err)
@@ -468,8 +474,8 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, name string) er
 	// The volume cloned is the one the PVC names (a scheduled image's newest revision may be
 	// another by now): the golden PVC, or the one its snapshot was taken of.
 	src := pvc.Spec.DataSource
-	if src == nil {
-		return nil
+	if src == nil || (src.Kind != "PersistentVolumeClaim" && src.Kind != "VolumeSnapshot") {
+		return nil // a disk deferred to its VM's node (deferToConsumer) is filled there
 	}
 	goldenName := src.Name
 	if src.Kind == "VolumeSnapshot" {
@@ -494,6 +500,60 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, name string) er
 	return nil
 }
 
+// deferToConsumer says whether a disk the storage would make (a CSI clone or restore of an
+// image) is made only once its VM's node is known: on a class that binds at the first consumer,
+// from an image whose volume is node-local, a clone made where the scheduler puts the VM would
+// work on the image's node only. Its PVC then names the disk as its data source, and the
+// populator fills it on that node as the disk says (a clone of the image there, or of its
+// replica there), so that the VM runs on any node. A disk whose node is known, or that is a
+// replica, is made at once.
+func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan) (bool, error) {
+	if p.golden == nil || !storage.WaitsForConsumer(p.class) || d.obj.GetAnnotations()[AnnotationSelectedNode] != "" || isReplica(d) {
+		return false, nil
+	}
+	pv, err := r.volumeOf(ctx, p.golden.PVC)
+	if pv == nil || err != nil {
+		return false, err
+	}
+	reached, err := r.nodesReached(ctx, pv)
+	return pv.Spec.NodeAffinity != nil && reached <= 1, err
+}
+
+// Deferred says whether pvc is the claim of a disk deferred to its VM's node, which the
+// populator fills there.
+func Deferred(pvc *corev1.PersistentVolumeClaim) bool {
+	ref := pvc.Spec.DataSourceRef
+	return ref != nil && ref.APIGroup != nil && ((*ref.APIGroup == "diskvolume.kubesphere.io" && ref.Kind == "DiskVolume") ||
+		(*ref.APIGroup == "hypercloud.tmaxanc.com" && ref.Kind == "VirtualMachinePvc"))
+}
+
+// volumeOf is the PersistentVolume pvc is bound to, nil when none is.
+func (r *Reconciler) volumeOf(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (*corev1.PersistentVolume, error) {
+	if pvc.Spec.VolumeName == "" {
+		return nil, nil
+	}
+	pv := &corev1.PersistentVolume{}
+	if err := r.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return pv, nil
+}
+
+// nodesReached counts the nodes that can use pv's volume.
+func (r *Reconciler) nodesReached(ctx context.Context, pv *corev1.PersistentVolume) (int, error) {
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return 0, err
+	}
+	reached := 0
+	for i := range nodes.Items {
+		if storage.Reaches(pv, &nodes.Items[i]) {
+			reached++
+		}
+	}
+	return reached, nil
+}
+
 // unreachable says why the node the disk is wanted on (where the scheduler put its first
 // consumer, AnnotationSelectedNode) cannot use the golden PVC's volume: a node-local volume
 // (TopoLVM, local-path) of another node, which a CSI clone or restore cannot copy from. ""
@@ -506,12 +566,12 @@ func (r *Reconciler) unreachable(ctx context.Context, d *vmDisk, golden *corev1.
 // not known; and whether the volume is node-local (its affinity admits one node), rather
 // than of a zone (EBS, Persistent Disk), whose snapshots are restored anywhere.
 func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeClaim, name string) (string, bool, error) {
-	if name == "" || golden.Spec.VolumeName == "" {
+	if name == "" {
 		return "", false, nil
 	}
-	pv := &corev1.PersistentVolume{}
-	if err := r.Get(ctx, client.ObjectKey{Name: golden.Spec.VolumeName}, pv); err != nil {
-		return "", false, client.IgnoreNotFound(err)
+	pv, err := r.volumeOf(ctx, golden)
+	if pv == nil || err != nil {
+		return "", false, err
 	}
 	node := &corev1.Node{}
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
@@ -520,15 +580,9 @@ func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeC
 	if storage.Reaches(pv, node) {
 		return "", false, nil
 	}
-	nodes := &corev1.NodeList{}
-	if err := r.List(ctx, nodes); err != nil {
+	reached, err := r.nodesReached(ctx, pv)
+	if err != nil {
 		return "", false, err
-	}
-	reached := 0
-	for i := range nodes.Items {
-		if storage.Reaches(pv, &nodes.Items[i]) {
-			reached++
-		}
 	}
 	return fmt.Sprintf("the image's volume is on %s, and the disk is wanted on node %s", storage.Placement(pv), name), reached <= 1, nil
 }
@@ -548,6 +602,15 @@ func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *p
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: p.size}},
 			StorageClassName: d.pvc.StorageClassName, VolumeMode: d.pvc.VolumeMode, DataSource: p.dataSource,
 		}}
+	if p.deferred {
+		// Filled by the populator (controllers/populator) on its consumer's node, as this
+		// disk says; the CSI provisioner leaves a claim of a source it does not know.
+		gvk, err := apiutil.GVKForObject(d.obj, r.Scheme())
+		if err != nil {
+			return nil, err
+		}
+		pvc.Spec.DataSource, pvc.Spec.DataSourceRef = nil, &corev1.TypedObjectReference{APIGroup: ptr.To(gvk.Group), Kind: gvk.Kind, Name: d.obj.GetName()}
+	}
 	// A disk made for a claim of a class that binds on first consumer is provisioned on the
 	// node the scheduler chose for that claim (the populator writes it on the DiskVolume).
 	if node := d.obj.GetAnnotations()[AnnotationSelectedNode]; node != "" {
@@ -569,6 +632,12 @@ func (r *Reconciler) waitForBinding(ctx context.Context, d *vmDisk, pvc *corev1.
 	switch {
 	case pvc.Status.Phase == corev1.ClaimBound:
 		r.made(ctx, d, pvc, p, nil, describe(d, p))
+	case p.deferred:
+		how := "made on the node its VM's pod is scheduled to, from the image's node-local volume: cloned there, or copied once to that node " +
+			"as the image's replica and cloned from it"
+		r.made(ctx, d, pvc, p, nil, how)
+		meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionTrue,
+			Reason: reasonWaitingForConsumer, Message: how + " (WaitForFirstConsumer)"})
 	case storage.WaitsForConsumer(p.class):
 		r.made(ctx, d, pvc, p, nil, describe(d, p)+"; the volume is provisioned when the VM's pod is scheduled")
 		meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionTrue,

@@ -157,3 +157,62 @@ func TestPopulatorWaitsForFirstConsumer(t *testing.T) {
 	prime := pvcOf(t, ns, disk.PrimeName(d.UID)) // grown to the claim's size by a pod, so filled in a prime
 	g.Expect(prime.Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "node-a"), "provisioned where the claim's pod runs")
 }
+
+// TestDeferredToConsumer: a disk of a node-local image, on a class that binds at the first
+// consumer, waits for its VM's node: it is Ready (the VM may start), its PVC names the disk as
+// its data source, which no CSI driver fills, and once the scheduler has chosen the node the
+// populator fills the PVC there as the disk says. A claim that names a disk it was not made by
+// is not filled, and says why. An image whose volume reaches every node is cloned at once
+// (TestWaitForFirstConsumer).
+func TestDeferredToConsumer(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	for _, n := range []string{"deferred-a", "deferred-b"} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{corev1.LabelHostname: n}}}
+		if err := env.Client.Create(t.Context(), node); client.IgnoreAlreadyExists(err) != nil {
+			t.Fatal(err)
+		}
+	}
+	golden := readyImageWith(t, ns, "local", classWFFC, func(pv *corev1.PersistentVolume) {
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"deferred-a"}}}}}}}
+	})
+	d := newDiskVolume(ns, "roaming", fromImage("", "local"), classWFFC, "")
+	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(condition(common.ConditionReady)(&d.Status)).To(Equal("WaitingForFirstConsumer: made on the node its VM's pod is scheduled to, " +
+		"from the image's node-local volume: cloned there, or copied once to that node as the image's replica and cloned from it (WaitForFirstConsumer)"))
+	claim := pvcOf(t, ns, "roaming")
+	g.Expect(claim.Spec.DataSource.Kind).To(Equal("DiskVolume"), "no CSI clone of the image, which only its node could make (the apiserver mirrors the ref)")
+	g.Expect(claim.Spec.DataSourceRef).To(Equal(&corev1.TypedObjectReference{APIGroup: ptr.To(diskvolume.GroupVersion.Group), Kind: "DiskVolume", Name: "roaming"}))
+	name := "populate-" + string(claim.UID)
+	inner := &diskvolume.DiskVolume{}
+	g.Consistently(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, inner) }, 2*time.Second).
+		ShouldNot(Succeed(), "nothing is made before the VM's node is known")
+
+	// The scheduler put the VM on the node the image is not on: the claim is filled there, as
+	// the disk says.
+	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, disk.AnnotationSelectedNode, "deferred-b")
+	g.Expect(env.Client.Update(t.Context(), claim)).To(Succeed())
+	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, inner) }, 20*time.Second).Should(Succeed())
+	g.Expect(inner.Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "deferred-b"))
+	g.Expect(inner.Spec.Source).To(Equal(d.Spec.Source))
+	g.Expect(*inner.Spec.StorageClassName).To(Equal(classWFFC))
+	g.Expect(inner.Spec.Resources.Requests.Storage.String()).To(Equal(goldenSize), "the claim's size")
+	g.Expect(metav1.IsControlledBy(inner, claim)).To(BeTrue())
+	// There it is made from the image's replica on that node, copied once.
+	g.Eventually(diskStatus(t, inner, &inner.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), HavePrefix("WaitingForReplica: ")))
+	replicas := &diskvolume.DiskVolumeList{}
+	g.Expect(env.Client.List(t.Context(), replicas, client.InNamespace(ns), client.MatchingLabels{disk.LabelReplicaOf: string(golden.UID)})).To(Succeed())
+	g.Expect(replicas.Items).To(HaveLen(1))
+	g.Expect(replicas.Items[0].Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "deferred-b"))
+
+	// A claim that names the disk but was not made by it is not filled from it.
+	forged := imageClaim(ns, "", classWFFC, goldenSize)
+	forged.Name, forged.Annotations = "forged", map[string]string{disk.AnnotationSelectedNode: "deferred-b"}
+	forged.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To(diskvolume.GroupVersion.Group), Kind: "DiskVolume", Name: "roaming"}
+	g.Expect(env.Client.Create(t.Context(), forged)).To(Succeed())
+	g.Eventually(func() []string { return eventReasons(t, ns, forged.UID) }, 20*time.Second).Should(ContainElement("PopulateUnsupported"))
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "populate-" + string(forged.UID)}, &diskvolume.DiskVolume{})).NotTo(Succeed())
+}

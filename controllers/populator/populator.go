@@ -1,5 +1,7 @@
 // Package populator fills plain PersistentVolumeClaims whose dataSourceRef names a
-// VirtualMachineImage or an ImageTemplate: Kubernetes' volume populators. The apiserver leaves
+// VirtualMachineImage or an ImageTemplate: Kubernetes' volume populators. It fills the PVC of
+// a disk deferred to its VM's node (disk.deferToConsumer) too, whose dataSourceRef names the
+// DiskVolume or VirtualMachinePvc that made it: as that disk says, where its VM runs. The apiserver leaves
 // such a claim Pending (the CSI provisioner handles only the kinds it knows), and the
 // populator fills it the way lib-volume-populator's do:
 //
@@ -69,25 +71,32 @@ func Setup(mgr ctrl.Manager) error {
 	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-populator")}
 	ours := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		pvc, ok := o.(*corev1.PersistentVolumeClaim)
-		return ok && imageRef(pvc) != nil
+		return ok && sourceRef(pvc) != nil
 	})
 	return ctrl.NewControllerManagedBy(mgr).Named("populator").
 		For(&corev1.PersistentVolumeClaim{}, builder.WithPredicates(ours)).
 		Owns(&diskvolume.DiskVolume{}).Complete(r)
 }
 
-// imageRef is the claim's data source when it is one of diskpipe's images.
-func imageRef(pvc *corev1.PersistentVolumeClaim) *corev1.TypedObjectReference {
+// sourceRef is the claim's data source when it is one of diskpipe's images, or the disk that
+// made the claim.
+func sourceRef(pvc *corev1.PersistentVolumeClaim) *corev1.TypedObjectReference {
 	ref := pvc.Spec.DataSourceRef
 	if ref == nil || ref.APIGroup == nil {
 		return nil
 	}
 	switch {
 	case *ref.APIGroup == hypercloud.GroupVersion.Group && ref.Kind == "VirtualMachineImage",
-		*ref.APIGroup == virtualmachine.GroupVersion.Group && ref.Kind == "ImageTemplate":
+		*ref.APIGroup == virtualmachine.GroupVersion.Group && ref.Kind == "ImageTemplate",
+		disk.Deferred(pvc):
 		return ref
 	}
 	return nil
+}
+
+// isDisk says whether ref names a disk rather than an image.
+func isDisk(ref *corev1.TypedObjectReference) bool {
+	return ref.Kind == "DiskVolume" || ref.Kind == "VirtualMachinePvc"
 }
 
 // DiskName names the DiskVolume, and so the prime PVC, that fills the claim.
@@ -116,7 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	ref := imageRef(pvc)
+	ref := sourceRef(pvc)
 	if ref == nil || !pvc.DeletionTimestamp.IsZero() {
 		r.progress.Delete(req.NamespacedName)
 		return ctrl.Result{}, nil // the claim's owner reference takes its DiskVolume
@@ -147,7 +156,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if node != "" {
 		d.Annotations = map[string]string{disk.AnnotationSelectedNode: node}
 	}
-	d.Spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(ref.Name), Kind: diskvolume.ImageKind(ref.Kind)}
+	if isDisk(ref) {
+		spec, why, err := r.deferredSpec(ctx, pvc, ref)
+		if err != nil {
+			return ctrl.Result{}, err
+		} else if why != "" {
+			r.tell(pvc, corev1.EventTypeWarning, reasonUnsupported, why)
+			return ctrl.Result{}, nil
+		}
+		d.Spec = *spec
+	} else {
+		d.Spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(ref.Name), Kind: diskvolume.ImageKind(ref.Kind)}
+	}
 	d.Spec.AccessModes = pvc.Spec.AccessModes
 	d.Spec.StorageClassName, d.Spec.VolumeMode = pvc.Spec.StorageClassName, pvc.Spec.VolumeMode
 	if q, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
@@ -180,8 +200,49 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 }
 
-// image is the status of the image the claim names, nil when it does not exist.
+// deferredSpec is the spec of the DiskVolume that fills pvc, the claim of a disk deferred to
+// its VM's node: the disk's own, of an image source. Only the disk that made the claim (its
+// controller) is copied: a claim that names a disk it was not made by says why it is not
+// filled.
+func (r *Reconciler) deferredSpec(ctx context.Context, pvc *corev1.PersistentVolumeClaim, ref *corev1.TypedObjectReference) (*diskvolume.DiskVolumeSpec, string, error) {
+	key := types.NamespacedName{Namespace: pvc.Namespace, Name: ref.Name}
+	var (
+		obj  client.Object
+		spec diskvolume.DiskVolumeSpec
+	)
+	switch ref.Kind {
+	case "DiskVolume":
+		v := &diskvolume.DiskVolume{}
+		if err := r.Get(ctx, key, v); err != nil {
+			return nil, fmt.Sprintf("%s %s does not exist: %v", ref.Kind, ref.Name, err), client.IgnoreNotFound(err)
+		}
+		obj, spec = v, *v.Spec.DeepCopy()
+	default:
+		v := &hypercloud.VirtualMachinePvc{}
+		if err := r.Get(ctx, key, v); err != nil {
+			return nil, fmt.Sprintf("%s %s does not exist: %v", ref.Kind, ref.Name, err), client.IgnoreNotFound(err)
+		}
+		obj = v
+		spec = diskvolume.DiskVolumeSpec{PVCTemplate: *v.Spec.PVC.DeepCopy(), CloneStrategy: v.Spec.CloneStrategy, Retry: v.Spec.Retry,
+			Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(v.Spec.VirtualMachineImageName), Kind: diskvolume.ImageKindVirtualMachineImage}}}
+	}
+	if !metav1.IsControlledBy(pvc, obj) {
+		return nil, fmt.Sprintf("the claim's dataSourceRef names %s %s, which did not make it: a claim is filled from a disk only by the disk that made it "+
+			"(name an image instead)", ref.Kind, ref.Name), nil
+	}
+	if spec.Source.Image == nil {
+		return nil, fmt.Sprintf("%s %s is not made of an image: only a disk of an image waits for its VM's node", ref.Kind, ref.Name), nil
+	}
+	spec.Resources.Requests.Storage = nil // the claim's, below
+	return &spec, "", nil
+}
+
+// image is the status of the image the claim names, nil when it does not exist or the claim
+// names a disk (whose image's failures are the disk's).
 func (r *Reconciler) image(ctx context.Context, ns string, ref *corev1.TypedObjectReference) (*common.ImageStatus, error) {
+	if isDisk(ref) {
+		return nil, nil
+	}
 	key := types.NamespacedName{Namespace: ns, Name: ref.Name}
 	var (
 		obj client.Object

@@ -173,9 +173,10 @@ func (c *Cluster) install(ctx context.Context) error {
 		// the cluster's networks, which importers otherwise may not reach.
 		"--set", "importer.clusterCIDRs={" + ClusterCIDR + "," + ServiceCIDR + "}", "--set", "importer.allowedDestinations={" + NodeIP + "}",
 		"--wait", "--timeout", "5m"}, c.opts.HelmArgs...)
-	if c.opts.KubeVirt {
+	if c.opts.KubeVirt || c.opts.Nodes > 1 {
 		// KubeVirt runs here: diskpipe serves it CDI's API, as in a cluster where it replaces
-		// CDI (KubeVirt's dataVolumeTemplates, DataSources).
+		// CDI (KubeVirt's dataVolumeTemplates, DataSources); and on several nodes, where
+		// DataVolumes of node-local images are made on their VMs' nodes.
 		args = append(args, "--set", "cdi.compatibility.enabled=true")
 	}
 	c.step("helm %s", strings.Join(args, " "))

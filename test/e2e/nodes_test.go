@@ -192,13 +192,12 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		Expect(kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=DiskVolume,reason=Preferred", "-o", "jsonpath={.items[*].message}")).
 			To(ContainSubstring(fmt.Sprintf("Cloning with CSIClone of the image's replica %s on node %s, where the image's volume is not", replica.Spec.ClaimRef.Name, away)))
 
-		// A DiskVolume the storage clones when its VM is scheduled cannot follow the VM to
-		// another node: once the scheduler put the VM there, the disk says so, and why, rather
-		// than leave the VM Pending for ever.
+		// A DiskVolume the storage would clone (CSIClone) waits for its VM's node, and is made
+		// there: from the replica on that node, not pinned to the image's.
 		kubectl(fmt.Sprintf(`apiVersion: diskvolume.kubesphere.io/v1alpha1
 kind: DiskVolume
 metadata:
-  name: pinned
+  name: roaming
 spec:
   source:
     image: {name: golden, kind: VirtualMachineImage}
@@ -206,11 +205,47 @@ spec:
   storageClassName: %s
 ---
 %s  nodeSelector: {kubernetes.io/hostname: %s}
-`, realcluster.LocalClass, idlePod("vm-pinned", "pinned"), away), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "diskvolume", "pinned"), 2*time.Minute, time.Second).Should(Equal("Failed SourceUnreachable"))
-		Expect(kubectl("", "get", "diskvolume", "pinned", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(Equal(fmt.Sprintf(
-			"its VM's pod was scheduled to node %s, where a CSIClone cannot be made: the image's volume is on nodes with %s in %s, and the disk is wanted on node %s. "+
-				"Make the disk as a PVC whose dataSourceRef is the image (it waits for the VM's node and copies the image there), or run the VM where the image is",
-			away, realcluster.TopologyKey, home, away)))
+`, realcluster.LocalClass, idlePod("vm-roaming", "roaming"), away), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "pvc", "roaming"), 4*time.Minute, time.Second).Should(Equal("Bound"))
+		Expect(pvOf(ns, "roaming").Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{away}))
+		Expect(pvOf(ns, "roaming").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+replica.Spec.CSI.VolumeHandle))
+		kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/vm-roaming")
+		sameDisk(filepath.Join(cluster.VolumePath(ns, "roaming"), "disk.img"))
+		Expect(kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=roaming,reason=Populated", "-o", "jsonpath={.items[*].message}")).
+			To(ContainSubstring("filled from VirtualMachineImage golden"))
+
+		// The same through CDI's API: a DataVolume of a DataSource of the image, on the third
+		// node, waits for its VM's pod (PendingPopulation) and is made there from a new replica.
+		third := nodes[0]
+		for _, n := range nodes {
+			if n != home && n != away {
+				third = n
+			}
+		}
+		kubectl(fmt.Sprintf(`apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataSource
+metadata:
+  name: golden
+spec:
+  source: {pvc: {namespace: %s, name: vmim-golden}}
+---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata:
+  name: dv-third
+spec:
+  sourceRef: {kind: DataSource, name: golden}
+  storage: {storageClassName: %s}
+`, ns, realcluster.LocalClass), "apply", "-n", ns, "-f", "-")
+		dvPhase := func() string { return kubectl("", "get", "dv", "dv-third", "-n", ns, "-o", "jsonpath={.status.phase}") }
+		Eventually(dvPhase, 2*time.Minute, time.Second).Should(Equal("PendingPopulation"))
+		kubectl(idlePod("vm-dv-third", "dv-third")+fmt.Sprintf("  nodeSelector: {kubernetes.io/hostname: %s}\n", third), "apply", "-n", ns, "-f", "-")
+		Eventually(dvPhase, 4*time.Minute, time.Second).Should(Equal("Succeeded"))
+		Expect(pvOf(ns, "dv-third").Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{third}))
+		kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/vm-dv-third")
+		sameDisk(filepath.Join(cluster.VolumePath(ns, "dv-third"), "disk.img"))
+		Eventually(func() string {
+			return kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}")
+		}, time.Minute, time.Second).Should(SatisfyAll(ContainSubstring(away+" Ready;"), ContainSubstring(third+" Ready;")), "a replica on each node away from the image")
 	})
 })

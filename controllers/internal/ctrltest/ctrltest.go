@@ -153,6 +153,12 @@ func Complete(t *testing.T, env *testenv.Env, ns, name string, res transfer.Resu
 // names it.
 func Bind(t *testing.T, env *testenv.Env, ns, name string) *corev1.PersistentVolumeClaim {
 	t.Helper()
+	return BindWith(t, env, ns, name, nil)
+}
+
+// BindWith is Bind, the volume it makes shaped by volume (its node affinity), unless nil.
+func BindWith(t *testing.T, env *testenv.Env, ns, name string, volume func(*corev1.PersistentVolume)) *corev1.PersistentVolumeClaim {
+	t.Helper()
 	pvc := &corev1.PersistentVolumeClaim{}
 	g := gomega.NewWithT(t)
 	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, pvc) },
@@ -165,6 +171,9 @@ func Bind(t *testing.T, env *testenv.Env, ns, name string) *corev1.PersistentVol
 				ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ns, Name: name, UID: pvc.UID},
 				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
 				PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "test.diskpipe.io", VolumeHandle: string(pvc.UID)}}}}
+		if volume != nil {
+			volume(pv)
+		}
 		g.Expect(env.Client.Create(t.Context(), pv)).To(gomega.Succeed())
 		pvc.Spec.VolumeName = pv.Name
 		g.Expect(env.Client.Update(t.Context(), pvc)).To(gomega.Succeed())
