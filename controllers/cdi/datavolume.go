@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -163,6 +164,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if o.refused == nil && o.prePopulated == "" {
+		if err := r.labelClaim(ctx, dv); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	st := statusFrom(dv, o)
 	now := metav1.Now()
 	for i := range st.Conditions { // CDI's DataVolumeCondition has its state inline, not a ConditionState
@@ -174,7 +180,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	dv.Status = st
-	return ctrl.Result{}, owned.WriteStatus(ctx, r.Client, base, dv, base.Status, dv.Status)
+	if err := owned.WriteStatus(ctx, r.Client, base, dv, base.Status, dv.Status); err != nil {
+		return ctrl.Result{}, err
+	}
+	if st.Phase != base.Status.Phase {
+		if typ, reason, note := phaseEvent(dv, st.Phase); reason != "" {
+			r.Events.Eventf(dv, nil, typ, reason, string(st.Phase), "%s", note)
+		}
+	}
+	return ctrl.Result{}, nil
 }
 
 // observe looks at what makes the DataVolume, making its children (the staging image, the
@@ -280,6 +294,68 @@ func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj 
 		r.Events.Eventf(dv, obj, corev1.EventTypeNormal, kind+"Created", "Create", "Made by %s %s", kind, obj.GetName())
 	}
 	return nil, nil
+}
+
+// Labels and annotations CDI puts on a DataVolume's claim, which KubeVirt and tools read.
+const (
+	// AnnContentType is the claim's content: kubevirt, a disk image (diskpipe writes no other).
+	AnnContentType = "cdi.kubevirt.io/storage.contentType"
+	// AnnCreatedForDataVolume is the UID of the DataVolume the claim was made for.
+	AnnCreatedForDataVolume = "cdi.kubevirt.io/createdForDataVolume"
+	// LabelApp is CDI's label on what it makes.
+	LabelApp = "app"
+)
+
+// claimMeta is what CDI puts on dv's claim: the DataVolume's labels and annotations (but the
+// last-applied configuration of kubectl, which is the DataVolume's, and populatedFor, which
+// says the claim is whole), its own app label, the content type and the DataVolume's UID.
+func claimMeta(dv *cdiv1.DataVolume) (labels, annotations map[string]string) {
+	labels = map[string]string{LabelApp: "containerized-data-importer", "app.kubernetes.io/component": "storage"}
+	maps.Copy(labels, dv.Labels)
+	annotations = maps.Clone(dv.Annotations)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	delete(annotations, corev1.LastAppliedConfigAnnotation)
+	delete(annotations, AnnPopulatedFor)
+	annotations[AnnContentType] = string(cdiv1.DataVolumeKubeVirt)
+	annotations[AnnCreatedForDataVolume] = string(dv.UID)
+	return labels, annotations
+}
+
+// labelClaim puts claimMeta on dv's claim once its DiskVolume (or dv) has made it, and again
+// when the DataVolume's labels change: backup, quota and chargeback tools select claims by the
+// DataVolume's labels, and KubeVirt reads the content type (VirtualMachineExport serves
+// kubevirt content, in-place restores take their prePopulated path).
+func (r *Reconciler) labelClaim(ctx context.Context, dv *cdiv1.DataVolume) error {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	owner := metav1.GetControllerOf(pvc)
+	ours := owner != nil && (owner.UID == dv.UID || (owner.Kind == "DiskVolume" && owner.Name == dv.Name))
+	if !ours || !pvc.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	labels, annotations := claimMeta(dv)
+	patch := client.MergeFrom(pvc.DeepCopy())
+	changed := false
+	for k, v := range labels {
+		if pvc.Labels[k] != v {
+			metav1.SetMetaDataLabel(&pvc.ObjectMeta, k, v)
+			changed = true
+		}
+	}
+	for k, v := range annotations {
+		if pvc.Annotations[k] != v {
+			metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, k, v)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return r.Patch(ctx, pvc, patch)
 }
 
 // markDone annotates pvc, a DataVolume's claim, as CDI's upload and import pods leave it once

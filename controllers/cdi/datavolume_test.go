@@ -12,6 +12,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -383,6 +384,8 @@ func TestDataVolumeImport(t *testing.T) {
 
 	dv := dataVolume(ns, "web", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/fedora.qcow2",
 		SecretRef: "basic", CertConfigMap: "ca", ExtraHeaders: []string{"X-Plain: yes"}, SecretExtraHeaders: []string{"token"}}}, "1Gi")
+	dv.Labels = map[string]string{"team": "blue"}
+	dv.Annotations = map[string]string{"backup.example.com/policy": "daily", corev1.LastAppliedConfigAnnotation: "{}"}
 	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
 	img := &hypercloud.VirtualMachineImage{}
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dv-web"}, img) }, 20*time.Second).Should(Succeed())
@@ -426,6 +429,29 @@ func TestDataVolumeImport(t *testing.T) {
 		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, p)
 		return p.Annotations
 	}, 20*time.Second).Should(HaveKeyWithValue("cdi.kubevirt.io/storage.pod.phase", "Succeeded"), "the claim says it is done, as CDI's does")
+	// The claim carries the DataVolume's labels and annotations, and CDI's own, as CDI's does.
+	g.Expect(p.Labels).To(And(HaveKeyWithValue("team", "blue"), HaveKeyWithValue("app", "containerized-data-importer")))
+	g.Expect(p.Annotations).To(And(HaveKeyWithValue("backup.example.com/policy", "daily"), HaveKeyWithValue(cdi.AnnContentType, "kubevirt"),
+		HaveKeyWithValue(cdi.AnnCreatedForDataVolume, string(dv.UID)), Not(HaveKey(corev1.LastAppliedConfigAnnotation))))
+	dv.Labels["team"] = "green" // a label changed later follows
+	g.Expect(env.Client.Update(ctx, dv)).To(Succeed())
+	g.Eventually(func() map[string]string {
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, p)
+		return p.Labels
+	}, 20*time.Second).Should(HaveKeyWithValue("team", "green"))
+	// Each phase was told as CDI tells it.
+	g.Eventually(func() []string {
+		list := &eventsv1.EventList{}
+		g.Expect(env.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+		var notes []string
+		for _, e := range list.Items {
+			if e.Regarding.UID == dv.UID && e.Type == corev1.EventTypeNormal && strings.HasPrefix(e.Reason, "Import") {
+				notes = append(notes, e.Reason+": "+e.Note)
+			}
+		}
+		return notes
+	}, 20*time.Second).Should(ContainElements("ImportScheduled: Import into web scheduled", "ImportInProgress: Import into web in progress",
+		"ImportSucceeded: Successfully imported into PVC web"))
 	g.Eventually(func() bool {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(img), img)
 		return apierrors.IsNotFound(err) || (err == nil && !img.DeletionTimestamp.IsZero())
