@@ -51,7 +51,7 @@ generate: $(CONTROLLER_GEN) $(CRD_REF_DOCS) ## Write the generated deepcopy func
 CDI_KINDS := datavolumes datasources dataimportcrons storageprofiles cdiconfigs cdis
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds and CDI's into files/cdi (templates/crds.yaml installs them), the manager's ClusterRole, and the VolumeSnapshot, KubeVirt VirtualMachine and Prometheus Operator CRDs tests install into test/crds.
+manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds and CDI's into files/cdi (templates/crds.yaml installs them), CDI's admission policies into files/cdi-policies, the manager's ClusterRole, and the VolumeSnapshot, KubeVirt VirtualMachine and Prometheus Operator CRDs tests install into test/crds.
 	rm -f charts/diskpipe/files/crds/*.yaml test/crds/snapshot/*.yaml
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:dir=charts/diskpipe/files/crds
 	$(CONTROLLER_GEN) rbac:roleName=diskpipe-manager paths=./controllers/... output:rbac:dir=charts/diskpipe/templates/rbac
@@ -59,6 +59,7 @@ manifests: $(CONTROLLER_GEN) ## Write the CRDs into charts/diskpipe/files/crds a
 	rm -rf charts/diskpipe/files/cdi
 	$(CONTROLLER_GEN) crd paths=kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1 output:crd:dir=charts/diskpipe/files/cdi
 	find charts/diskpipe/files/cdi -type f $(foreach k,$(CDI_KINDS),! -name cdi.kubevirt.io_$(k).yaml) -delete
+	go run ./hack/cdipolicies charts/diskpipe/files/cdi-policies
 	rm -rf test/crds/kubevirt
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=kubevirt.io/api/core/v1 output:crd:dir=test/crds/kubevirt
 	find test/crds/kubevirt -type f ! -name kubevirt.io_virtualmachines.yaml -delete

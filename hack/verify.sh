@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 snapshot() {
-  find apis charts/diskpipe/files/crds charts/diskpipe/templates/rbac test/crds -type f \( -name 'zz_generated*' -o -name '*.yaml' \) -print0 |
+  find apis charts/diskpipe/files/crds charts/diskpipe/files/cdi charts/diskpipe/files/cdi-policies charts/diskpipe/templates/rbac test/crds -type f \( -name 'zz_generated*' -o -name '*.yaml' \) -print0 |
     sort -z | xargs -0 sha256sum
   sha256sum docs/api.md docs/troubleshooting.md
   sha256sum go.mod go.sum test/tools/go.mod test/tools/go.sum
