@@ -6,6 +6,7 @@ package policy
 
 import (
 	"fmt"
+	"strings"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,6 +48,38 @@ var cdiUnsupported = []struct{ ok, reason string }{
 		"serviceAccountName is not served by diskpipe's CDI API: diskpipe's transfer pods run as its own account, without a token " +
 			"(the chart's importer.serviceAccountName)"},
 }
+
+// dvInvalid is each rule CDI's DataVolume webhook holds a new DataVolume to, as a CEL condition
+// on object.spec that holds when it is met (any other object, and an update, passes), and
+// CDI's words for it: CDI refuses these as the DataVolume is created, so GitOps tools and UIs
+// see the error, not a created object that fails. A DataVolume's spec cannot change after
+// (dvImmutable).
+var dvInvalid = []struct{ ok, reason string }{
+	{`has(object.spec.pvc) || has(object.spec.storage)`, "Missing Data volume PVC: give spec.storage (or spec.pvc)"},
+	{`!has(object.spec.pvc) || !has(object.spec.storage)`, "Duplicate storage definition, both target storage and target pvc defined"},
+	{`!has(object.spec.pvc) || (has(object.spec.pvc.resources) && has(object.spec.pvc.resources.requests) && 'storage' in object.spec.pvc.resources.requests)`,
+		"PVC size is missing: give spec.pvc.resources.requests.storage"},
+	{`!has(object.spec.storage) || (has(object.spec.storage.resources) && has(object.spec.storage.resources.requests) && 'storage' in object.spec.storage.resources.requests) || ` +
+		`has(object.spec.sourceRef) || (has(object.spec.source) && (has(object.spec.source.pvc) || has(object.spec.source.snapshot)))`,
+		"Storage size is missing: give spec.storage.resources.requests.storage (only a clone, of a pvc, a snapshot or a sourceRef, takes its source's size)"},
+	{`has(object.spec.source) || has(object.spec.sourceRef)`, "Data volume should have either Source or SourceRef"},
+	{`!has(object.spec.source) || !has(object.spec.sourceRef)`, "Data volume should have either Source or SourceRef, not both"},
+	{`!has(object.spec.source) || [` + sourceTypes + `].filter(x, x).size() == 1`,
+		"Data volume should have exactly one source: one of http, s3, gcs, registry, pvc, upload, blank, imageio, vddk or snapshot"},
+	{`!has(object.spec.sourceRef) || object.spec.sourceRef.kind == 'DataSource'`, "Unsupported sourceRef kind, currently only DataSource is supported"},
+}
+
+// sourceTypes are CEL conditions, one a DataVolume source type, that hold when it is set.
+var sourceTypes = func() string {
+	var has []string
+	for _, t := range []string{"http", "s3", "gcs", "registry", "pvc", "upload", "blank", "imageio", "vddk", "snapshot"} {
+		has = append(has, "has(object.spec.source."+t+")")
+	}
+	return strings.Join(has, ", ")
+}()
+
+// dvImmutable holds when a DataVolume's update leaves its spec as it was: CDI refuses any other.
+const dvImmutable = `oldObject == null || object.spec == oldObject.spec`
 
 // configUnsupported is each field of the CDIConfig's spec that diskpipe does not read, and the
 // reason; it is refused when set or changed (kept as it was, an update of other fields passes).
@@ -179,6 +212,12 @@ func CDIPolicy() *admissionregistrationv1.ValidatingAdmissionPolicy {
 		validations = append(validations, admissionregistrationv1.Validation{Expression: u.ok, Message: u.reason,
 			Reason: ptr.To(metav1.StatusReasonInvalid)})
 	}
+	for _, u := range dvInvalid {
+		validations = append(validations, admissionregistrationv1.Validation{Expression: "request.resource.resource != 'datavolumes' || oldObject != null || (" + u.ok + ")",
+			Message: u.reason, Reason: ptr.To(metav1.StatusReasonInvalid)})
+	}
+	validations = append(validations, admissionregistrationv1.Validation{Expression: "request.resource.resource != 'datavolumes' || " + dvImmutable,
+		Message: "Cannot update DataVolume Spec: a DataVolume's spec is fixed once it is made (delete it and make it again)", Reason: ptr.To(metav1.StatusReasonInvalid)})
 	for _, u := range configUnsupported {
 		validations = append(validations, admissionregistrationv1.Validation{Expression: configCondition(u.field), Message: u.reason,
 			Reason: ptr.To(metav1.StatusReasonInvalid)})

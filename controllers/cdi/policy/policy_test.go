@@ -1,4 +1,4 @@
-package manager_test
+package policy_test
 
 import (
 	"context"
@@ -18,7 +18,12 @@ import (
 	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/internal/cdiclaims"
+	"github.com/diskpipe/diskpipe/test/testenv"
 )
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
 
 // TestCDIPolicy: with CDI's CRDs (generated from CDI's API module) and the chart's
 // ValidatingAdmissionPolicy, the apiserver refuses each DataVolume, and each DataImportCron
@@ -61,6 +66,7 @@ func TestCDIPolicy(t *testing.T) {
 	dv := func(name, spec string) *unstructured.Unstructured {
 		return object("DataVolume", name, "spec: {"+spec+", "+strings.TrimSuffix(storage, "\n")+"}")
 	}
+	raw := func(name, spec string) *unstructured.Unstructured { return object("DataVolume", name, "spec: {"+spec+"}") }
 	config := func(name, spec string) *unstructured.Unstructured {
 		u := object("CDIConfig", name+"-"+ns, "spec: "+spec)
 		u.SetNamespace("")
@@ -114,6 +120,17 @@ func TestCDIPolicy(t *testing.T) {
 			"checkpoints (multi-stage warm imports) are not served"},
 		{"service account", dv("account", "source: {http: {url: 'https://example.com/d.qcow2'}}, serviceAccountName: importer"),
 			"serviceAccountName is not served by diskpipe's CDI API: diskpipe's transfer pods run as its own account, without a token"},
+		// CDI's own rules for a new DataVolume, in its words.
+		{"no storage", raw("nostorage", "source: {blank: {}}"), "Missing Data volume PVC: give spec.storage (or spec.pvc)"},
+		{"pvc and storage", raw("both", "source: {blank: {}}, pvc: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}, "+strings.TrimSuffix(storage, "\n")),
+			"Duplicate storage definition, both target storage and target pvc defined"},
+		{"pvc without a size", raw("pvcsize", "source: {blank: {}}, pvc: {accessModes: [ReadWriteOnce]}"), "PVC size is missing"},
+		{"storage without a size", raw("nosize", "source: {http: {url: 'https://example.com/d.qcow2'}}, storage: {}"), "Storage size is missing"},
+		{"a clone without a size", raw("clonesize", "sourceRef: {kind: DataSource, name: fedora}, storage: {}"), ""},
+		{"no source", dv("nosource", "contentType: kubevirt"), "Data volume should have either Source or SourceRef"},
+		{"source and sourceRef", dv("bothsrc", "source: {blank: {}}, sourceRef: {kind: DataSource, name: fedora}"), "Data volume should have either Source or SourceRef, not both"},
+		{"two sources", dv("two", "source: {blank: {}, http: {url: 'https://example.com/d.qcow2'}}"), "Data volume should have exactly one source"},
+		{"an empty source", dv("emptysrc", "source: {}"), "Data volume should have exactly one source"},
 		{"cron of gcs", cron("gcs", "{gcs: {url: 'https://storage.googleapis.com/b/o'}}"), "source gcs is not served"},
 
 		{"http", dv("http", "source: {http: {url: 'https://example.com/d.qcow2'}}, contentType: kubevirt"), ""},
@@ -174,6 +191,12 @@ func TestCDIPolicy(t *testing.T) {
 		g.Expect(unstructured.SetNestedField(u.Object, "archive", "spec", "contentType")).To(Succeed())
 	})).
 		To(MatchError(ContainSubstring("contentType archive is not served")))
+
+	// A DataVolume's spec is fixed once it is made; its labels are not.
+	g.Expect(ctrltest.Update(ctx, env.Client, u, func() {
+		g.Expect(unstructured.SetNestedField(u.Object, true, "spec", "preallocation")).To(Succeed())
+	})).To(MatchError(ContainSubstring("Cannot update DataVolume Spec")))
+	g.Expect(ctrltest.Update(ctx, env.Client, u, func() { u.SetLabels(map[string]string{"team": "blue"}) })).To(Succeed())
 
 	// The upload PVC's data source is its staging image, which the PVC's upload fills.
 	upload := pvc("upload", "")
