@@ -66,7 +66,9 @@ func TestCDIPolicy(t *testing.T) {
 	dv := func(name, spec string) *unstructured.Unstructured {
 		return object("DataVolume", name, "spec: {"+spec+", "+strings.TrimSuffix(storage, "\n")+"}")
 	}
-	raw := func(name, spec string) *unstructured.Unstructured { return object("DataVolume", name, "spec: {"+spec+"}") }
+	raw := func(name, spec string) *unstructured.Unstructured {
+		return object("DataVolume", name, "spec: {"+spec+"}")
+	}
 	config := func(name, spec string) *unstructured.Unstructured {
 		u := object("CDIConfig", name+"-"+ns, "spec: "+spec)
 		u.SetNamespace("")
