@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -77,11 +78,25 @@ func templateStorage(cron *cdiv1.DataImportCron) (*string, *corev1.PersistentVol
 	return nil, nil
 }
 
+// finalizerRetention holds a DataImportCron until what it made is let go of, as its
+// retentionPolicy says.
+const finalizerRetention = "cdi.diskpipe.io/retention"
+
 // Reconcile keeps the DataImportCron's image, its DataSource and its status.
 func (r *CronReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	cron := &cdiv1.DataImportCron{}
-	if err := r.Get(ctx, req.NamespacedName, cron); err != nil || !cron.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, client.IgnoreNotFound(err) // its image and DataSource go with it
+	if err := r.Get(ctx, req.NamespacedName, cron); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !cron.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.retain(ctx, cron)
+	}
+	if !controllerutil.ContainsFinalizer(cron, finalizerRetention) {
+		patch := client.MergeFrom(cron.DeepCopy())
+		controllerutil.AddFinalizer(cron, finalizerRetention)
+		if err := r.Patch(ctx, cron, patch); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	base := cron.DeepCopy()
 	st, err := r.status(ctx, cron)
@@ -161,6 +176,73 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 	return st, r.deleteSuperseded(ctx, cron, img.Name)
 }
 
+// retain lets go of what a DataImportCron being deleted made, as its retentionPolicy says, then
+// of the DataImportCron. With All, CDI's default, its DataSource and its images stay, the
+// images' checks suspended: disks keep being made from them, and a DataImportCron made again
+// of the same name and template (an operator's upgrade) takes them back and resumes. With
+// None they go with it.
+func (r *CronReconciler) retain(ctx context.Context, cron *cdiv1.DataImportCron) error {
+	if !controllerutil.ContainsFinalizer(cron, finalizerRetention) {
+		return nil
+	}
+	if ptr.Deref(cron.Spec.RetentionPolicy, cdiv1.DataImportCronRetainAll) == cdiv1.DataImportCronRetainAll {
+		images := &hypercloud.VirtualMachineImageList{}
+		if err := r.List(ctx, images, client.InNamespace(cron.Namespace), client.MatchingLabels{LabelDataImportCron: cron.Name}); err != nil {
+			return err
+		}
+		for i := range images.Items {
+			img := &images.Items[i]
+			if !metav1.IsControlledBy(img, cron) {
+				continue
+			}
+			patch := client.MergeFrom(img.DeepCopy())
+			img.OwnerReferences = slices.DeleteFunc(img.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == cron.UID })
+			if img.Spec.Schedule != nil {
+				img.Spec.Schedule.Suspend = ptr.To(true)
+			}
+			if err := r.Patch(ctx, img, patch); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+		ds := &cdiv1.DataSource{}
+		err := r.Get(ctx, client.ObjectKey{Namespace: cron.Namespace, Name: cron.Spec.ManagedDataSource}, ds)
+		if client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		if err == nil && metav1.IsControlledBy(ds, cron) {
+			patch := client.MergeFrom(ds.DeepCopy())
+			ds.OwnerReferences = slices.DeleteFunc(ds.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == cron.UID })
+			if err := r.Patch(ctx, ds, patch); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+	}
+	patch := client.MergeFrom(cron.DeepCopy())
+	controllerutil.RemoveFinalizer(cron, finalizerRetention)
+	return client.IgnoreNotFound(r.Patch(ctx, cron, patch))
+}
+
+// adopt takes back obj, of cron's name (its label), that a DataImportCron of the same name
+// retained when it was deleted: it is controlled by none.
+func (r *CronReconciler) adopt(ctx context.Context, cron *cdiv1.DataImportCron, obj client.Object) error {
+	if err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if obj.GetLabels()[LabelDataImportCron] != cron.Name || metav1.GetControllerOf(obj) != nil || !obj.GetDeletionTimestamp().IsZero() {
+		return nil
+	}
+	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+	if err := controllerutil.SetControllerReference(cron, obj, r.Scheme()); err != nil {
+		return err
+	}
+	gvk, err := r.GroupVersionKindFor(obj)
+	if err != nil {
+		return err
+	}
+	owned.Stamp(gvk.Kind, obj, cron.GetUID())
+	return r.Patch(ctx, obj, patch)
+}
+
 // deleteSuperseded deletes the scheduled images cron made for its template's earlier sources,
 // now that the image of its current one, current, has a Ready revision. Their revisions go with
 // them, each once no disk is being cloned from it.
@@ -210,6 +292,9 @@ func (r *CronReconciler) cronImage(cron *cdiv1.DataImportCron) (*hypercloud.Virt
 // ensureImage makes img, controlled by cron, or brings its schedule to cron's.
 func (r *CronReconciler) ensureImage(ctx context.Context, cron *cdiv1.DataImportCron, img *hypercloud.VirtualMachineImage) error {
 	want := img.Spec.Schedule.DeepCopy()
+	if err := r.adopt(ctx, cron, img.DeepCopy()); err != nil {
+		return err
+	}
 	if _, err := owned.Ensure(ctx, r.Client, cron, img); err != nil {
 		return err
 	}
@@ -227,7 +312,10 @@ func (r *CronReconciler) keepDataSource(ctx context.Context, cron *cdiv1.DataImp
 	src := cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: cron.Namespace, Name: pvc}}
 	labels := passedLabels(cron.Labels)
 	labels[LabelDataImportCron] = cron.Name
-	ds := &cdiv1.DataSource{}
+	ds := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: cron.Spec.ManagedDataSource, Namespace: cron.Namespace}}
+	if err := r.adopt(ctx, cron, ds); err != nil {
+		return err
+	}
 	err := r.Get(ctx, client.ObjectKey{Namespace: cron.Namespace, Name: cron.Spec.ManagedDataSource}, ds)
 	if apierrors.IsNotFound(err) {
 		ds = &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: cron.Spec.ManagedDataSource, Namespace: cron.Namespace,

@@ -815,6 +815,28 @@ func TestDataImportCron(t *testing.T) {
 	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(next), next)).To(Succeed())
 	g.Expect(next.DeletionTimestamp.IsZero()).To(BeTrue(), "the new source's image stays")
 
+	// Deleted with CDI's default retentionPolicy (All), the DataImportCron leaves its
+	// DataSource and its image, whose checks stop; made again (an operator's upgrade), it takes
+	// them back and the checks resume.
+	g.Expect(env.Client.Delete(ctx, cron)).To(Succeed())
+	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(cron), cron)) }, 20*time.Second).Should(BeTrue())
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(next), next)).To(Succeed())
+	g.Expect(metav1.GetControllerOf(next)).To(BeNil(), "the image is the DataImportCron's no longer")
+	g.Expect(next.Spec.Schedule.Suspend).To(Equal(ptr.To(true)))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fedora"}, ds)).To(Succeed())
+	g.Expect(metav1.GetControllerOf(ds)).To(BeNil())
+	g.Expect(ds.Spec.Source.PVC.Name).To(Equal("vmim-"+rev2.Name), "the DataSource still names the revision disks are made from")
+	again := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "fedora-cron", Namespace: ns}, Spec: *cron.Spec.DeepCopy()}
+	g.Expect(env.Client.Create(ctx, again)).To(Succeed())
+	g.Eventually(func() bool {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(next), next)
+		return metav1.IsControlledBy(next, again) && next.Spec.Schedule.Suspend == nil
+	}, 20*time.Second).Should(BeTrue(), "the image is taken back, its checks resumed")
+	g.Eventually(func() bool {
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fedora"}, ds)
+		return metav1.IsControlledBy(ds, again)
+	}, 20*time.Second).Should(BeTrue(), "the DataSource is taken back")
+
 	// A template diskpipe cannot check for revisions says so.
 	blank := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "blank", Namespace: ns}, Spec: cdiv1.DataImportCronSpec{
 		Schedule: "@daily", ManagedDataSource: "blank", Template: cdiv1.DataVolume{Spec: cdiv1.DataVolumeSpec{

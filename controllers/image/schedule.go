@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -54,6 +55,7 @@ const (
 	reasonCurrent             = "Current"
 	reasonWaitingForRevision  = "WaitingForRevision"
 	reasonInvalidSchedule     = "InvalidSchedule"
+	reasonSuspended           = "Suspended"
 	reasonUnchanged           = "Unchanged"
 	reasonUpdated             = "Updated"
 	reasonUpdating            = "Updating"
@@ -107,6 +109,11 @@ func (r *Reconciler) reconcileSchedule(ctx context.Context, g *goldenImage) (ctr
 	r.follow(g, revs)
 	if err := r.prune(ctx, g, revs); err != nil {
 		return ctrl.Result{}, err
+	}
+	if ptr.Deref(g.schedule.Suspend, false) {
+		ss.NextCheckTime = nil
+		r.setUpToDate(g, metav1.ConditionFalse, reasonSuspended, "the schedule is suspended (spec.schedule.suspend): no check is made until it is cleared")
+		return ctrl.Result{}, nil
 	}
 	since := g.obj.GetCreationTimestamp().Time
 	if ss.UpToDateTime != nil {

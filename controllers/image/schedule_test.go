@@ -284,4 +284,21 @@ func TestScheduleValidation(t *testing.T) {
 	g.Expect(meta.FindStatusCondition(bad.Status.Conditions, common.ConditionReady).Message).To(
 		Equal("the check failed: https://example.com/a.qcow2: 404 Not Found; no revision is imported yet"))
 	g.Expect(bad.Status.Schedule.NextCheckTime.Time).To(BeTemporally(">", time.Now().Add(time.Hour)), "a permanent failure waits for the schedule")
+
+	// A suspended schedule makes no check, and says so.
+	paused := &virtualmachine.ImageTemplate{ObjectMeta: metav1.ObjectMeta{Name: "paused", Namespace: ns},
+		Spec: virtualmachine.ImageTemplateSpec{Source: virtualmachine.ImageTemplateSource{HTTP: &common.HTTPSource{URL: "https://example.com/a.qcow2"}},
+			Schedule: &common.ImageSchedule{Cron: "@every 1h", Suspend: ptr.To(true)}}}
+	g.Expect(env.Client.Create(ctx, paused)).To(Succeed())
+	g.Eventually(func() string {
+		c := meta.FindStatusCondition(status(t, paused, &paused.Status)().Conditions, image.ConditionUpToDate)
+		if c == nil {
+			return ""
+		}
+		return c.Reason + ": " + c.Message
+	}, 20*time.Second).Should(Equal("Suspended: the schedule is suspended (spec.schedule.suspend): no check is made until it is cleared"))
+	g.Consistently(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "imt-paused-check-0"}, &corev1.Pod{})
+	}, 2*time.Second).
+		ShouldNot(Succeed(), "no check while suspended")
 }

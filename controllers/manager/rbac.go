@@ -14,7 +14,8 @@ package manager
 // the store keys it wrote at a user's request (it checks that it made them before it
 // rewrites them), plus, in the release namespace, its webhook certificate and upload token
 // key (charts/diskpipe/templates/rbac/bindings.yaml). No ConfigMap is read but the
-// apiserver's front-proxy CA in kube-system (a built-in Role, bound in the chart).
+// apiserver's front-proxy CA in kube-system (a built-in Role, bound in the chart). CDI's API's
+// permissions are in controllers/cdi/rbac.go.
 //
 // +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachinepvcs;virtualmachinevolumeexports,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=hypercloud.tmaxanc.com,resources=virtualmachineimages,verbs=get;list;watch;create;update;patch;delete
@@ -27,14 +28,6 @@ package manager
 // +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=diskvolume.kubesphere.io,resources=diskvolumes/finalizers,verbs=update
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes,verbs=get;list;watch
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes/finalizers,verbs=update
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=cdis;cdiconfigs,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=storageprofiles,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datasources,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=dataimportcrons,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=storageprofiles/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;patch

@@ -21,6 +21,11 @@ type ImageSchedule struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	Keep *int32 `json:"keep,omitempty"`
+
+	// suspend stops the checks while it is true, as a CronJob's does: the revisions kept stay,
+	// and the current one still serves disks.
+	// +optional
+	Suspend *bool `json:"suspend,omitempty"`
 }
 
 // DefaultKeep is how many revisions a schedule keeps when it does not say.
