@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -197,6 +198,7 @@ func (r *CronReconciler) retain(ctx context.Context, cron *cdiv1.DataImportCron)
 			}
 			patch := client.MergeFrom(img.DeepCopy())
 			img.OwnerReferences = slices.DeleteFunc(img.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == cron.UID })
+			metav1.SetMetaDataAnnotation(&img.ObjectMeta, annRetainedFrom, string(cron.UID))
 			if img.Spec.Schedule != nil {
 				img.Spec.Schedule.Suspend = ptr.To(true)
 			}
@@ -212,6 +214,7 @@ func (r *CronReconciler) retain(ctx context.Context, cron *cdiv1.DataImportCron)
 		if err == nil && metav1.IsControlledBy(ds, cron) {
 			patch := client.MergeFrom(ds.DeepCopy())
 			ds.OwnerReferences = slices.DeleteFunc(ds.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == cron.UID })
+			metav1.SetMetaDataAnnotation(&ds.ObjectMeta, annRetainedFrom, string(cron.UID))
 			if err := r.Patch(ctx, ds, patch); client.IgnoreNotFound(err) != nil {
 				return err
 			}
@@ -222,24 +225,36 @@ func (r *CronReconciler) retain(ctx context.Context, cron *cdiv1.DataImportCron)
 	return client.IgnoreNotFound(r.Patch(ctx, cron, patch))
 }
 
-// adopt takes back obj, of cron's name (its label), that a DataImportCron of the same name
-// retained when it was deleted: it is controlled by none.
+// annRetainedFrom is, on what a deleted DataImportCron retained, that DataImportCron's UID.
+const annRetainedFrom = "cdi.diskpipe.io/retained-from"
+
+// adopt takes back obj, which a DataImportCron of cron's name retained when it was deleted:
+// controlled by none, labelled with cron's name, and carrying diskpipe's mark for the
+// DataImportCron it names as the one it was retained from. An object of that name a user made
+// (no mark of diskpipe's) is not taken: it would serve its own bytes as the cron's.
 func (r *CronReconciler) adopt(ctx context.Context, cron *cdiv1.DataImportCron, obj client.Object) error {
 	if err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if obj.GetLabels()[LabelDataImportCron] != cron.Name || metav1.GetControllerOf(obj) != nil || !obj.GetDeletionTimestamp().IsZero() {
+	from := obj.GetAnnotations()[annRetainedFrom]
+	if obj.GetLabels()[LabelDataImportCron] != cron.Name || metav1.GetControllerOf(obj) != nil || !obj.GetDeletionTimestamp().IsZero() || from == "" {
+		return nil
+	}
+	gvk, err := r.GroupVersionKindFor(obj)
+	if err != nil {
+		return err
+	}
+	if !owned.Marked(gvk.Kind, obj, types.UID(from)) {
 		return nil
 	}
 	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
 	if err := controllerutil.SetControllerReference(cron, obj, r.Scheme()); err != nil {
 		return err
 	}
-	gvk, err := r.GroupVersionKindFor(obj)
-	if err != nil {
-		return err
-	}
 	owned.Stamp(gvk.Kind, obj, cron.GetUID())
+	anns := obj.GetAnnotations()
+	delete(anns, annRetainedFrom)
+	obj.SetAnnotations(anns)
 	return r.Patch(ctx, obj, patch)
 }
 
@@ -323,6 +338,7 @@ func (r *CronReconciler) keepDataSource(ctx context.Context, cron *cdiv1.DataImp
 		if err := controllerutil.SetControllerReference(cron, ds, r.Scheme()); err != nil {
 			return err
 		}
+		owned.Stamp("DataSource", ds, cron.UID)
 		return r.Create(ctx, ds)
 	} else if err != nil {
 		return err

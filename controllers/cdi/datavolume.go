@@ -25,6 +25,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -311,16 +313,31 @@ const (
 // says the claim is whole), its own app label, the content type and the DataVolume's UID.
 func claimMeta(dv *cdiv1.DataVolume) (labels, annotations map[string]string) {
 	labels = map[string]string{LabelApp: "containerized-data-importer", "app.kubernetes.io/component": "storage"}
-	maps.Copy(labels, dv.Labels)
-	annotations = maps.Clone(dv.Annotations)
-	if annotations == nil {
-		annotations = map[string]string{}
-	}
+	maps.Copy(labels, passable(dv.Labels))
+	annotations = passable(dv.Annotations)
 	delete(annotations, corev1.LastAppliedConfigAnnotation)
 	delete(annotations, AnnPopulatedFor)
 	annotations[AnnContentType] = string(cdiv1.DataVolumeKubeVirt)
 	annotations[AnnCreatedForDataVolume] = string(dv.UID)
 	return labels, annotations
+}
+
+// controlKeys are the prefixes of labels and annotations a DataVolume's do not pass to its
+// claim: those diskpipe, CDI's controllers and Kubernetes' volume controllers read on a claim
+// to decide what to do with it (diskpipe's prime and clone marks, CDI's pod phase, the
+// scheduler's node, binding), which a tenant must not steer through a DataVolume.
+var controlKeys = []string{"diskpipe.io/", "cdi.kubevirt.io/storage.", "pv.kubernetes.io/", "volume.kubernetes.io/", "volume.beta.kubernetes.io/"}
+
+// passable is from without the keys of controlKeys, and of any *.diskpipe.io domain.
+func passable(from map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range from {
+		domain, _, _ := strings.Cut(k, "/")
+		if !slices.ContainsFunc(controlKeys, func(p string) bool { return strings.HasPrefix(k, p) }) && !strings.HasSuffix(domain, ".diskpipe.io") {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // labelClaim puts claimMeta on dv's claim once its DiskVolume (or dv) has made it, and again

@@ -385,7 +385,9 @@ func TestDataVolumeImport(t *testing.T) {
 	dv := dataVolume(ns, "web", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/fedora.qcow2",
 		SecretRef: "basic", CertConfigMap: "ca", ExtraHeaders: []string{"X-Plain: yes"}, SecretExtraHeaders: []string{"token"}}}, "1Gi")
 	dv.Labels = map[string]string{"team": "blue"}
-	dv.Annotations = map[string]string{"backup.example.com/policy": "daily", corev1.LastAppliedConfigAnnotation: "{}"}
+	dv.Annotations = map[string]string{"backup.example.com/policy": "daily", corev1.LastAppliedConfigAnnotation: "{}",
+		// what diskpipe, CDI and Kubernetes read on a claim is not the DataVolume's to pass
+		"diskpipe.io/prime": "victim", "cdi.kubevirt.io/storage.pod.phase": "Running", "volume.kubernetes.io/selected-node": "n1", "cdi.diskpipe.io/x": "y"}
 	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
 	img := &hypercloud.VirtualMachineImage{}
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dv-web"}, img) }, 20*time.Second).Should(Succeed())
@@ -432,7 +434,9 @@ func TestDataVolumeImport(t *testing.T) {
 	// The claim carries the DataVolume's labels and annotations, and CDI's own, as CDI's does.
 	g.Expect(p.Labels).To(And(HaveKeyWithValue("team", "blue"), HaveKeyWithValue("app", "containerized-data-importer")))
 	g.Expect(p.Annotations).To(And(HaveKeyWithValue("backup.example.com/policy", "daily"), HaveKeyWithValue(cdi.AnnContentType, "kubevirt"),
-		HaveKeyWithValue(cdi.AnnCreatedForDataVolume, string(dv.UID)), Not(HaveKey(corev1.LastAppliedConfigAnnotation))))
+		HaveKeyWithValue(cdi.AnnCreatedForDataVolume, string(dv.UID)), Not(HaveKey(corev1.LastAppliedConfigAnnotation)),
+		Not(HaveKey("diskpipe.io/prime")), Not(HaveKey("volume.kubernetes.io/selected-node")), Not(HaveKey("cdi.diskpipe.io/x")),
+		HaveKeyWithValue("cdi.kubevirt.io/storage.pod.phase", "Succeeded")))
 	dv.Labels["team"] = "green" // a label changed later follows
 	g.Expect(env.Client.Update(ctx, dv)).To(Succeed())
 	g.Eventually(func() map[string]string {
@@ -836,6 +840,27 @@ func TestDataImportCron(t *testing.T) {
 		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fedora"}, ds)
 		return metav1.IsControlledBy(ds, again)
 	}, 20*time.Second).Should(BeTrue(), "the DataSource is taken back")
+
+	// An image a user made under the name a DataImportCron's would have, as if retained, is
+	// not taken as the DataImportCron's: it would serve the user's bytes to every clone.
+	planted := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "planted", Namespace: ns}, Spec: *cron.Spec.DeepCopy()}
+	planted.Spec.ManagedDataSource = "planted"
+	plantedName, err := cdi.CronImageName(planted)
+	g.Expect(err).NotTo(HaveOccurred())
+	fake := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: plantedName, Namespace: ns,
+		Labels: map[string]string{cdi.LabelDataImportCron: "planted"}, Annotations: map[string]string{"cdi.diskpipe.io/retained-from": "0000"}},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://evil.example.com/x.qcow2")}}}
+	g.Expect(env.Client.Create(ctx, fake)).To(Succeed())
+	g.Expect(env.Client.Create(ctx, planted)).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(planted), planted)
+		if len(planted.Status.Conditions) < 2 {
+			return ""
+		}
+		return planted.Status.Conditions[1].Reason + ": " + planted.Status.Conditions[1].Message
+	}, 20*time.Second).Should(Equal("ErrResourceExists: VirtualMachineImage " + plantedName + " already exists and is not managed by DataImportCron planted"))
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(fake), fake)).To(Succeed())
+	g.Expect(metav1.GetControllerOf(fake)).To(BeNil())
 
 	// A template diskpipe cannot check for revisions says so.
 	blank := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "blank", Namespace: ns}, Spec: cdiv1.DataImportCronSpec{

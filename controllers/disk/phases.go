@@ -416,7 +416,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 			return nil, err
 		case replica == nil:
 			return nil, &image.NotReadyError{Reason: reasonWaitingForReplica, Message: fmt.Sprintf(
-				"%s: the image is copied to that node once, as its replica %s, and the disk is then cloned from it there", facts.unreachable, replicaName(p.golden, node))}
+				"%s: the image is copied to that node once, as its replica %s, and the disk is then cloned from it there", facts.unreachable, image.ReplicaName(p.golden, node))}
 		default:
 			facts.unreachable, p.remote, preferred = "", "", common.CloneStrategyCSIClone
 		}
@@ -435,6 +435,11 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		strategy = d.status.CloneStrategy
 	} else {
 		r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeNormal, reason, "ChooseStrategy", "Cloning with %s", msg)
+		if replica != nil && strategy == common.CloneStrategyCSIClone {
+			if err := r.usedReplica(ctx, replica); err != nil {
+				return nil, err
+			}
+		}
 	}
 	meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: ConditionCloneStrategy, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
 	p.strategy = strategy
@@ -518,6 +523,10 @@ func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan) (b
 	reached, err := r.nodesReached(ctx, pv)
 	return pv.Spec.NodeAffinity != nil && reached <= 1, err
 }
+
+// AnnotationDeferredRevision is, on the claim of a disk deferred to its VM's node, the revision
+// of the scheduled image it was planned from and sized for, which the populator copies.
+const AnnotationDeferredRevision = "diskpipe.io/deferred-revision"
 
 // Deferred says whether pvc is the claim of a disk deferred to its VM's node, which the
 // populator fills there.
@@ -610,6 +619,9 @@ func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *p
 			return nil, err
 		}
 		pvc.Spec.DataSource, pvc.Spec.DataSourceRef = nil, &corev1.TypedObjectReference{APIGroup: ptr.To(gvk.Group), Kind: gvk.Kind, Name: d.obj.GetName()}
+		if rev := p.golden.Obj.GetName(); rev != string(d.image.Name) {
+			pvc.Annotations = map[string]string{AnnotationDeferredRevision: rev}
+		}
 	}
 	// A disk made for a claim of a class that binds on first consumer is provisioned on the
 	// node the scheduler chose for that claim (the populator writes it on the DiskVolume).
@@ -665,8 +677,12 @@ func (r *Reconciler) made(ctx context.Context, d *vmDisk, pvc *corev1.Persistent
 		if err := hostcopy.Cleanup(ctx, r.Client, d.obj, p.golden.PVC.Namespace); err != nil {
 			ctrl.LoggerFrom(ctx).Error(err, "Could not remove the clone source")
 		}
-		if err := r.unmark(ctx, pvc.Namespace, pvc.Name); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "Could not unmark the clone")
+		// A disk deferred to its VM's node is copied from the image when that node is known:
+		// the image is held (its clone mark stays) until the claim is bound (noteCapacity).
+		if !p.deferred {
+			if err := r.unmark(ctx, pvc.Namespace, pvc.Name); err != nil {
+				ctrl.LoggerFrom(ctx).Error(err, "Could not unmark the clone")
+			}
 		}
 	}
 }
@@ -697,6 +713,7 @@ func (r *Reconciler) noteCapacity(ctx context.Context, d *vmDisk, name string) e
 	}
 	if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
 		d.status.Capacity = &q
+		return r.unmark(ctx, pvc.Namespace, pvc.Name) // a deferred disk's image is let go of now
 	}
 	return nil
 }

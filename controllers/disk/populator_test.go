@@ -215,4 +215,12 @@ func TestDeferredToConsumer(t *testing.T) {
 	g.Expect(env.Client.Create(t.Context(), forged)).To(Succeed())
 	g.Eventually(func() []string { return eventReasons(t, ns, forged.UID) }, 20*time.Second).Should(ContainElement("PopulateUnsupported"))
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "populate-" + string(forged.UID)}, &diskvolume.DiskVolume{})).NotTo(Succeed())
+	// Nor one that names the disk as its controller: an owner reference is anyone's to write.
+	owner := imageClaim(ns, "", classWFFC, goldenSize)
+	owner.Name, owner.Annotations = "forged-owner", map[string]string{disk.AnnotationSelectedNode: "deferred-b"}
+	owner.Spec.DataSourceRef = forged.Spec.DataSourceRef
+	owner.OwnerReferences = []metav1.OwnerReference{{APIVersion: diskvolume.GroupVersion.String(), Kind: "DiskVolume", Name: "roaming", UID: d.UID, Controller: ptr.To(true)}}
+	g.Expect(env.Client.Create(t.Context(), owner)).To(Succeed())
+	g.Eventually(func() []string { return eventReasons(t, ns, owner.UID) }, 20*time.Second).Should(ContainElement("PopulateUnsupported"))
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "populate-" + string(owner.UID)}, &diskvolume.DiskVolume{})).NotTo(Succeed())
 }

@@ -2,15 +2,12 @@ package disk
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -41,18 +38,6 @@ const (
 // isReplica says whether d is a replica of an image (which is copied, never made of one).
 func isReplica(d *vmDisk) bool { return d.obj.GetLabels()[LabelReplicaOf] != "" }
 
-// replicaName is the name of golden's replica on node: the image's name (cut), and a hash of
-// the image's UID and the node, so that neither two images nor two nodes share one; at most 63
-// characters, as the name of a PVC its pods mount must be.
-func replicaName(golden *image.Golden, node string) string {
-	sum := sha256.Sum256([]byte(string(golden.Obj.GetUID()) + "/" + node))
-	name := golden.Obj.GetName()
-	if len(name) > 40 {
-		name = strings.TrimRight(name[:40], ".-")
-	}
-	return fmt.Sprintf("replica-%s-%s", name, hex.EncodeToString(sum[:])[:12])
-}
-
 // errReplicaFailed says the replica on a node failed: its disks are copied from the image's
 // node instead, and the replica's Ready condition says why it failed.
 type errReplicaFailed struct{ name, why string }
@@ -64,16 +49,7 @@ func (e *errReplicaFailed) Error() string {
 // replicaOn makes golden's replica on node unless it exists, and returns its PVC once it is
 // made (bound on node); nil while it is being made; an *errReplicaFailed when it failed.
 func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind diskvolume.ImageKind, node string) (*corev1.PersistentVolumeClaim, error) {
-	sum := sha256.Sum256([]byte(node))
-	// Of the image's size: no size of its own, so that its disk is the image's, not grown.
-	replica := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: replicaName(golden, node), Namespace: golden.PVC.Namespace,
-		Labels:      map[string]string{LabelReplicaOf: string(golden.Obj.GetUID()), LabelReplicaNode: hex.EncodeToString(sum[:])[:40]},
-		Annotations: map[string]string{AnnotationSelectedNode: node}},
-		Spec: diskvolume.DiskVolumeSpec{
-			Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(golden.Obj.GetName()), Kind: kind}},
-			PVCTemplate: common.PVCTemplate{AccessModes: golden.PVC.Spec.AccessModes, VolumeOptions: common.VolumeOptions{
-				StorageClassName: golden.PVC.Spec.StorageClassName, VolumeMode: golden.PVC.Spec.VolumeMode}},
-			CloneStrategy: ptr.To(common.CloneStrategyHostAssisted)}}
+	replica := image.Replica(golden, kind, node)
 	if _, err := owned.Ensure(ctx, r.Client, golden.Obj, replica); err != nil {
 		return nil, err
 	}
@@ -92,4 +68,16 @@ func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind d
 		return nil, client.IgnoreNotFound(err)
 	}
 	return pvc, nil
+}
+
+// usedReplica notes on the replica whose PVC pvc is that a disk is made from it now: the
+// image's replica policy evicts replicas no disk was made from for a time (image.keepReplicas).
+func (r *Reconciler) usedReplica(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	d := &diskvolume.DiskVolume{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: pvc.Name}, d); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	patch := client.MergeFrom(d.DeepCopy())
+	metav1.SetMetaDataAnnotation(&d.ObjectMeta, image.AnnotationReplicaUsed, time.Now().UTC().Format(time.RFC3339))
+	return client.IgnoreNotFound(r.Patch(ctx, d, patch))
 }

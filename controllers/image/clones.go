@@ -34,7 +34,9 @@ func (r *Reconciler) clones(ctx context.Context, g *goldenImage) ([]corev1.Persi
 		if err != nil {
 			return nil, err
 		}
-		if kind == g.kind() && ns == g.obj.GetNamespace() && name == g.obj.GetName() {
+		// A disk of a scheduled image is made from one of its revisions, g perhaps.
+		parent := metav1.GetControllerOf(g.obj)
+		if kind == g.kind() && ns == g.obj.GetNamespace() && (name == g.obj.GetName() || (parent != nil && parent.Kind == string(g.kind()) && name == parent.Name)) {
 			out = append(out, pvc)
 		}
 	}
@@ -48,13 +50,13 @@ func (r *Reconciler) diskInProgress(ctx context.Context, ns string, ref *metav1.
 	switch ref.Kind {
 	case "VirtualMachinePvc":
 		v := &hypercloud.VirtualMachinePvc{}
-		if err := r.Get(ctx, key, v); err != nil || v.UID != ref.UID || done(v.Status.Phase) {
+		if err := r.Get(ctx, key, v); err != nil || v.UID != ref.UID || done(&v.Status) {
 			return "", "", "", client.IgnoreNotFound(err)
 		}
 		return KindVirtualMachineImage, ns, v.Spec.VirtualMachineImageName, nil
 	case "DiskVolume":
 		d := &diskvolume.DiskVolume{}
-		if err := r.Get(ctx, key, d); err != nil || d.UID != ref.UID || d.Spec.Source.Image == nil || done(d.Status.Phase) {
+		if err := r.Get(ctx, key, d); err != nil || d.UID != ref.UID || d.Spec.Source.Image == nil || done(&d.Status) {
 			if apierrors.IsNotFound(err) {
 				err = nil
 			}
@@ -73,5 +75,9 @@ func (r *Reconciler) diskInProgress(ctx context.Context, ns string, ref *metav1.
 	return "", "", "", nil
 }
 
-// done says whether a disk in phase p is made or failed: no longer cloned.
-func done(p common.Phase) bool { return p == common.PhaseReady || p == common.PhaseFailed }
+// done says whether a disk is made or failed: no longer cloned. A disk Ready before its PVC is
+// bound (deferred to its VM's node, controllers/disk.deferToConsumer) is copied from the
+// image when that node is known: it is done once bound (its capacity noted).
+func done(st *common.DiskStatus) bool {
+	return st.Phase == common.PhaseFailed || (st.Phase == common.PhaseReady && st.Capacity != nil)
+}

@@ -135,7 +135,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	if g.status.Replicas, err = r.replicas(ctx, obj); err != nil {
 		return ctrl.Result{}, err
 	}
-	return r.reconcile(ctx, g)
+	res, err := r.reconcile(ctx, g)
+	if err != nil {
+		return res, err
+	}
+	next, err := r.keepReplicas(ctx, g)
+	if next > 0 && (res.RequeueAfter == 0 || next < res.RequeueAfter) {
+		res.RequeueAfter = next
+	}
+	return res, err
 }
 
 // replicas lists the image's replicas on other nodes, by node.

@@ -21,6 +21,8 @@ type goldenImage struct {
 	volume   common.VolumeOptions
 	retry    common.RetryLimit
 	schedule *common.ImageSchedule
+	// replicas is the image's replica policy (replica.go).
+	replicas *common.ReplicaPolicy
 	// revisionImage makes the image of one revision of a scheduled image's source: the same
 	// kind and spec, without the schedule, a registry source pinned to digest (if not "").
 	revisionImage func(digest string) client.Object
@@ -45,7 +47,7 @@ func (g *goldenImage) kind() diskvolume.ImageKind {
 func fromVirtualMachineImage(o client.Object) *goldenImage {
 	v := o.(*hypercloud.VirtualMachineImage)
 	g := &goldenImage{obj: v, status: &v.Status, checksum: v.Spec.Source.Checksum, ovaDisk: v.Spec.Source.OVADisk, volume: v.Spec.VolumeOptions,
-		retry: retryOf(v.Spec.Retry), schedule: v.Spec.Schedule, prefix: prefixVirtualMachineImage}
+		retry: retryOf(v.Spec.Retry), schedule: v.Spec.Schedule, replicas: v.Spec.Replicas, prefix: prefixVirtualMachineImage}
 	g.revisionImage = func(digest string) client.Object {
 		c := &hypercloud.VirtualMachineImage{Spec: *v.Spec.DeepCopy()}
 		c.Spec.Schedule = nil
@@ -69,7 +71,7 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 func fromImageTemplate(o client.Object) *goldenImage {
 	t := o.(*virtualmachine.ImageTemplate)
 	g := &goldenImage{obj: t, status: &t.Status, checksum: t.Spec.Source.Checksum, ovaDisk: t.Spec.Source.OVADisk, volume: t.Spec.VolumeOptions,
-		retry: retryOf(t.Spec.Retry), schedule: t.Spec.Schedule, prefix: prefixImageTemplate}
+		retry: retryOf(t.Spec.Retry), schedule: t.Spec.Schedule, replicas: t.Spec.Replicas, prefix: prefixImageTemplate}
 	g.revisionImage = func(digest string) client.Object {
 		c := &virtualmachine.ImageTemplate{Spec: *t.Spec.DeepCopy()}
 		c.Spec.Schedule = nil

@@ -43,6 +43,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
@@ -226,7 +227,7 @@ func (r *Reconciler) deferredSpec(ctx context.Context, pvc *corev1.PersistentVol
 		spec = diskvolume.DiskVolumeSpec{PVCTemplate: *v.Spec.PVC.DeepCopy(), CloneStrategy: v.Spec.CloneStrategy, Retry: v.Spec.Retry,
 			Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(v.Spec.VirtualMachineImageName), Kind: diskvolume.ImageKindVirtualMachineImage}}}
 	}
-	if !metav1.IsControlledBy(pvc, obj) {
+	if !owned.Mine("PersistentVolumeClaim", pvc, obj) { // an owner reference is anyone's to write; the mark is diskpipe's
 		return nil, fmt.Sprintf("the claim's dataSourceRef names %s %s, which did not make it: a claim is filled from a disk only by the disk that made it "+
 			"(name an image instead)", ref.Kind, ref.Name), nil
 	}
@@ -234,7 +235,36 @@ func (r *Reconciler) deferredSpec(ctx context.Context, pvc *corev1.PersistentVol
 		return nil, fmt.Sprintf("%s %s is not made of an image: only a disk of an image waits for its VM's node", ref.Kind, ref.Name), nil
 	}
 	spec.Resources.Requests.Storage = nil // the claim's, below
+	// The revision of a scheduled image the disk was planned from (and sized for), if it is
+	// still one of that image's revisions: a newer one imported meanwhile may not fit.
+	if rev := pvc.Annotations[disk.AnnotationDeferredRevision]; rev != "" {
+		if ok, err := r.revisionOf(ctx, spec.Source.Image, obj.GetNamespace(), rev); err != nil {
+			return nil, "", err
+		} else if ok {
+			spec.Source.Image.Name = common.LocalName(rev)
+		}
+	}
 	return &spec, "", nil
+}
+
+// revisionOf says whether rev is a revision of img (the image of a disk in namespace ns): an
+// image of its kind and namespace that the scheduled image controls.
+func (r *Reconciler) revisionOf(ctx context.Context, img *diskvolume.ImageSource, ns, rev string) (bool, error) {
+	imgNS := img.Namespace
+	if imgNS == "" {
+		imgNS = ns
+	}
+	parent, _ := image.NewObject(img.Kind)
+	child, _ := image.NewObject(img.Kind)
+	for _, o := range []struct {
+		obj  client.Object
+		name string
+	}{{parent, string(img.Name)}, {child, rev}} {
+		if err := r.Get(ctx, types.NamespacedName{Namespace: imgNS, Name: o.name}, o.obj); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+	}
+	return metav1.IsControlledBy(child, parent), nil
 }
 
 // image is the status of the image the claim names, nil when it does not exist or the claim

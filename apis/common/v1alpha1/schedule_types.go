@@ -84,3 +84,19 @@ type ScheduledRevision struct {
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
 }
+
+// ReplicaPolicy says which nodes get a copy of a node-local image before any disk is wanted
+// there, and when a copy no disk uses is let go of. It matters only for an image whose volume
+// lives on one node (TopoLVM, local-path, ...): elsewhere a disk is cloned from the image's own
+// volume. A node gets its copy from the image's node once, never from the origin.
+type ReplicaPolicy struct {
+	// nodeSelector pre-warms the nodes whose labels match it: each gets the image's replica
+	// as soon as the image is Ready, and keeps it. Empty: none is pre-warmed.
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+
+	// evictAfter deletes a replica of a node the selector does not match once no disk was
+	// made from it for this long ("168h"). Unset: replicas are kept until the image goes.
+	// +optional
+	EvictAfter *metav1.Duration `json:"evictAfter,omitempty"`
+}

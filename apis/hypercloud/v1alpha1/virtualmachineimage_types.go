@@ -75,6 +75,11 @@ type VirtualMachineImageSpec struct {
 	// newest Ready one. Only for http, objectStore, s3 and registry sources.
 	// +optional
 	Schedule *common.ImageSchedule `json:"schedule,omitempty"`
+
+	// replicas pre-warms nodes with copies of a node-local image and evicts copies no disk
+	// uses (see ReplicaPolicy).
+	// +optional
+	Replicas *common.ReplicaPolicy `json:"replicas,omitempty"`
 }
 
 // VirtualMachineImage imports a disk image into a read-only golden PVC that VirtualMachinePvcs

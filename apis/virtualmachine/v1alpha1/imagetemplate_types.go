@@ -86,6 +86,11 @@ type ImageTemplateSpec struct {
 	// newest Ready one. Only for http, objectStore, s3 and registry sources.
 	// +optional
 	Schedule *common.ImageSchedule `json:"schedule,omitempty"`
+
+	// replicas pre-warms nodes with copies of a node-local image and evicts copies no disk
+	// uses (see ReplicaPolicy).
+	// +optional
+	Replicas *common.ReplicaPolicy `json:"replicas,omitempty"`
 }
 
 // ImageTemplate imports a disk image into a read-only golden PVC that DiskVolumes are made from.

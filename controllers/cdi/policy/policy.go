@@ -79,7 +79,32 @@ var sourceTypes = func() string {
 }()
 
 // dvImmutable holds when a DataVolume's update leaves its spec as it was: CDI refuses any other.
-const dvImmutable = `oldObject == null || object.spec == oldObject.spec`
+// Sizes are compared as quantities, not as written: a client that reads the DataVolume and
+// writes it back whole may write 2048Mi as 2Gi.
+var dvImmutable = func() string {
+	same := func(field string) string {
+		return fmt.Sprintf("(has(object.spec.%[1]s) == has(oldObject.spec.%[1]s) && (!has(object.spec.%[1]s) || object.spec.%[1]s == oldObject.spec.%[1]s))", field)
+	}
+	size := func(of string) string {
+		return fmt.Sprintf("(has(%[1]s.resources) && has(%[1]s.resources.requests) && 'storage' in %[1]s.resources.requests)", of)
+	}
+	target := func(field string) string {
+		conds := []string{}
+		for _, f := range []string{"accessModes", "storageClassName", "volumeMode", "dataSource", "dataSourceRef", "selector", "volumeName"} {
+			conds = append(conds, same(field+"."+f))
+		}
+		n, o := "object.spec."+field, "oldObject.spec."+field
+		conds = append(conds, fmt.Sprintf("%[1]s == %[2]s && (!%[1]s || quantity(string(%[3]s.resources.requests.storage)).compareTo(quantity(string(%[4]s.resources.requests.storage))) == 0)",
+			size(n), size(o), n, o))
+		return fmt.Sprintf("(has(object.spec.%[1]s) == has(oldObject.spec.%[1]s) && (!has(object.spec.%[1]s) || (%[2]s)))", field, strings.Join(conds, " && "))
+	}
+	conds := []string{}
+	for _, f := range []string{"source", "sourceRef", "contentType", "preallocation", "priorityClassName", "checkpoints", "finalCheckpoint"} {
+		conds = append(conds, same(f))
+	}
+	conds = append(conds, target("storage"), target("pvc"))
+	return "oldObject == null || (" + strings.Join(conds, " && ") + ")"
+}()
 
 // configUnsupported is each field of the CDIConfig's spec that diskpipe does not read, and the
 // reason; it is refused when set or changed (kept as it was, an update of other fields passes).

@@ -199,6 +199,12 @@ func TestCDIPolicy(t *testing.T) {
 		g.Expect(unstructured.SetNestedField(u.Object, true, "spec", "preallocation")).To(Succeed())
 	})).To(MatchError(ContainSubstring("Cannot update DataVolume Spec")))
 	g.Expect(ctrltest.Update(ctx, env.Client, u, func() { u.SetLabels(map[string]string{"team": "blue"}) })).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, u, func() {
+		g.Expect(unstructured.SetNestedField(u.Object, "2Gi", "spec", "storage", "resources", "requests", "storage")).To(Succeed())
+	})).To(MatchError(ContainSubstring("Cannot update DataVolume Spec")), "a larger size is a change")
+	g.Expect(ctrltest.Update(ctx, env.Client, u, func() {
+		g.Expect(unstructured.SetNestedField(u.Object, "1024Mi", "spec", "storage", "resources", "requests", "storage")).To(Succeed())
+	})).To(Succeed(), "the same size written another way is none (a client writing back what it read)")
 
 	// The upload PVC's data source is its staging image, which the PVC's upload fills.
 	upload := pvc("upload", "")

@@ -1,0 +1,170 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+)
+
+// # Replicas of a node-local image
+//
+// On node-local storage a golden image's volume lives on one node, and a CSI clone of it is
+// made only there. Another node gets a replica: a DiskVolume of the image in its namespace,
+// controlled by the image, copied once from the image's node into the image's class there
+// (controllers/disk/replica.go makes one for the first disk wanted on a node; the image's
+// spec.replicas pre-warms nodes and evicts replicas no disk uses, below). Its disks there are
+// CSI clones of it.
+
+// AnnotationReplicaUsed is when a disk was last made from a replica (RFC 3339), written by the
+// disk controller; a replica no disk was made from yet counts from its creation.
+const AnnotationReplicaUsed = "diskpipe.io/replica-last-used"
+
+// ReplicaName is the name of golden's replica on node: the image's name (cut), and a hash of
+// the image's UID and the node, so that neither two images nor two nodes share one; at most 63
+// characters, as the name of a PVC its pods mount must be.
+func ReplicaName(golden *Golden, node string) string {
+	sum := sha256.Sum256([]byte(string(golden.Obj.GetUID()) + "/" + node))
+	name := golden.Obj.GetName()
+	if len(name) > 40 {
+		name = strings.TrimRight(name[:40], ".-")
+	}
+	return fmt.Sprintf("replica-%s-%s", name, hex.EncodeToString(sum[:])[:12])
+}
+
+// Replica is golden's replica on node, as it is made: of the image's size, class, mode and
+// access modes, copied (never cloned: the image's volume is on another node).
+func Replica(golden *Golden, kind diskvolume.ImageKind, node string) *diskvolume.DiskVolume {
+	sum := sha256.Sum256([]byte(node))
+	return &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: ReplicaName(golden, node), Namespace: golden.PVC.Namespace,
+		Labels:      map[string]string{LabelReplicaOf: string(golden.Obj.GetUID()), LabelReplicaNode: hex.EncodeToString(sum[:])[:40]},
+		Annotations: map[string]string{storage.AnnotationSelectedNode: node}},
+		Spec: diskvolume.DiskVolumeSpec{
+			Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(golden.Obj.GetName()), Kind: kind}},
+			PVCTemplate: common.PVCTemplate{AccessModes: golden.PVC.Spec.AccessModes, VolumeOptions: common.VolumeOptions{
+				StorageClassName: golden.PVC.Spec.StorageClassName, VolumeMode: golden.PVC.Spec.VolumeMode}},
+			CloneStrategy: ptr.To(common.CloneStrategyHostAssisted)}}
+}
+
+// keepReplicas applies the image's replica policy: a replica on each node its nodeSelector
+// matches, made as soon as the image is Ready, and replicas of other nodes no disk was made
+// from for evictAfter deleted. It says when to look again (0: not for eviction).
+func (r *Reconciler) keepReplicas(ctx context.Context, g *goldenImage) (time.Duration, error) {
+	policy := g.replicas
+	if policy == nil || g.status.Phase != common.PhaseReady {
+		return 0, nil
+	}
+	if stale, err := r.staleRevision(ctx, g); err != nil {
+		return 0, err
+	} else if stale {
+		policy = &common.ReplicaPolicy{EvictAfter: policy.EvictAfter} // only the current revision is pre-warmed
+	}
+	kind := g.kind()
+	golden, err := Lookup(ctx, r.Client, kind, g.obj.GetNamespace(), g.obj.GetName())
+	if nr := (*NotReadyError)(nil); errors.As(err, &nr) {
+		return 0, nil
+	} else if err != nil {
+		return 0, err
+	}
+	pv := &corev1.PersistentVolume{}
+	if golden.PVC.Spec.VolumeName == "" {
+		return 0, nil
+	}
+	if err := r.Get(ctx, client.ObjectKey{Name: golden.PVC.Spec.VolumeName}, pv); err != nil {
+		return 0, client.IgnoreNotFound(err)
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return 0, err
+	}
+	reached := 0
+	for i := range nodes.Items {
+		if storage.Reaches(pv, &nodes.Items[i]) {
+			reached++
+		}
+	}
+	if pv.Spec.NodeAffinity == nil || reached > 1 {
+		return 0, nil // not node-local: disks are cloned from the image's own volume
+	}
+	warm := labels.Nothing()
+	if policy.NodeSelector != nil {
+		if warm, err = metav1.LabelSelectorAsSelector(policy.NodeSelector); err != nil {
+			return 0, nil // the API's validation of the selector refused worse; nothing is warmed
+		}
+	}
+	warmed := map[string]bool{}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if !warm.Matches(labels.Set(n.Labels)) || storage.Reaches(pv, n) || !n.DeletionTimestamp.IsZero() {
+			continue
+		}
+		warmed[n.Name] = true
+		if _, err := owned.Ensure(ctx, r.Client, g.obj, Replica(golden, kind, n.Name)); err != nil {
+			return 0, err
+		}
+	}
+	if policy.EvictAfter == nil {
+		return 0, nil
+	}
+	list := &diskvolume.DiskVolumeList{}
+	if err := r.List(ctx, list, client.InNamespace(g.obj.GetNamespace()), client.MatchingLabels{LabelReplicaOf: string(g.obj.GetUID())}); err != nil {
+		return 0, err
+	}
+	var next time.Duration
+	for i := range list.Items {
+		d := &list.Items[i]
+		if !metav1.IsControlledBy(d, g.obj) || warmed[d.Annotations[storage.AnnotationSelectedNode]] || !d.DeletionTimestamp.IsZero() {
+			continue
+		}
+		used := d.CreationTimestamp.Time
+		if t, err := time.Parse(time.RFC3339, d.Annotations[AnnotationReplicaUsed]); err == nil {
+			used = t
+		}
+		left := time.Until(used.Add(policy.EvictAfter.Duration))
+		if left > 0 {
+			if next == 0 || left < next {
+				next = left
+			}
+			continue
+		}
+		// Disks cloned from it are volumes of their own; one being cloned holds its PVC (the
+		// provisioner's protection) until it is made.
+		if err := r.Delete(ctx, d, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return 0, err
+		}
+		r.Pods.Events.Eventf(g.obj, d, corev1.EventTypeNormal, "ReplicaEvicted", "Evict", "Deleted the replica %s on node %s: no disk was made from it for %s",
+			d.Name, d.Annotations[storage.AnnotationSelectedNode], policy.EvictAfter.Duration)
+	}
+	return next, nil
+}
+
+// staleRevision says whether g is a revision of a scheduled image that is not its current one.
+func (r *Reconciler) staleRevision(ctx context.Context, g *goldenImage) (bool, error) {
+	owner := metav1.GetControllerOf(g.obj)
+	if owner == nil || owner.Kind != string(g.kind()) {
+		return false, nil
+	}
+	parent := r.newObject()
+	if err := r.Get(ctx, client.ObjectKey{Namespace: g.obj.GetNamespace(), Name: owner.Name}, parent); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if parent.GetUID() != owner.UID {
+		return false, nil
+	}
+	p := r.adapt(parent)
+	return p.schedule != nil && (p.status.Schedule == nil || p.status.Schedule.Current != g.obj.GetName()), nil
+}
