@@ -33,6 +33,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -522,6 +523,12 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 	default:
 		return spec, nil, invalid("spec.pvc or spec.storage is required")
 	}
+	if spec.StorageClassName == nil {
+		// KubeVirt's default class for VM disks comes first, as CDI takes it.
+		if spec.StorageClassName, err = r.virtDefaultClass(ctx); err != nil {
+			return spec, nil, err
+		}
+	}
 	class, err := storage.ClassName(ctx, r.Client, spec.StorageClassName)
 	if err != nil {
 		return spec, nil, err
@@ -532,13 +539,26 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		if err := r.Get(ctx, client.ObjectKey{Name: class}, p); client.IgnoreNotFound(err) != nil {
 			return spec, nil, err
 		} else if err == nil {
-			if sets := p.Status.ClaimPropertySets; len(sets) > 0 && len(spec.AccessModes) == 0 {
-				spec.AccessModes = sets[0].AccessModes
+			if set := claimPropertySet(p.Status.ClaimPropertySets, spec.VolumeMode); set != nil && len(spec.AccessModes) == 0 {
+				spec.AccessModes = set.AccessModes
 				if spec.VolumeMode == nil {
-					spec.VolumeMode = sets[0].VolumeMode
+					spec.VolumeMode = set.VolumeMode
 				}
 			}
-			spec.CloneStrategy = diskStrategy(p)
+			sc, err := storage.Class(ctx, r.Client, class)
+			if err != nil {
+				return spec, nil, err
+			}
+			if sc != nil {
+				spec.CloneStrategy = diskStrategy(p, sc)
+			}
+			if min, err := resource.ParseQuantity(p.Annotations[AnnMinimumSize]); err == nil {
+				if size, ok := requested.Requests[corev1.ResourceStorage]; ok && size.Cmp(min) < 0 {
+					// The storage makes no smaller volume: the disk asks for what it makes.
+					requested = requested.DeepCopy()
+					requested.Requests[corev1.ResourceStorage] = min
+				}
+			}
 		}
 	}
 	if size, ok := requested.Requests[corev1.ResourceStorage]; ok {

@@ -325,6 +325,67 @@ func TestStorageProfiles(t *testing.T) {
 	g.Expect(*d.Spec.VolumeMode).To(Equal(corev1.PersistentVolumeBlock))
 	g.Expect(d.Spec.Resources.Requests.Storage.String()).To(Equal("1Gi"), "a block volume keeps nothing for a filesystem")
 	g.Expect(*d.Spec.CloneStrategy).To(Equal(common.CloneStrategyHostAssisted))
+
+	// A class of storage CDI knows (Ceph RBD) gets CDI's claim properties, RWX Block first (live
+	// migration), its driver's VolumeSnapshotClass (KubeVirt's VM snapshots read it) and CDI's
+	// clone-strategy annotation; a DataVolume that asks for Filesystem gets that set's modes.
+	g.Expect(env.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd-snapshots"},
+		Driver: "rbd.csi.ceph.com", DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "ceph-rbd",
+		Annotations: map[string]string{cdi.AnnCDICloneStrategy: "csi-clone"}}, Provisioner: "rbd.csi.ceph.com"})).To(Succeed())
+	rbd := &cdiv1.StorageProfile{}
+	g.Eventually(func() string {
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "ceph-rbd"}, rbd); err != nil || rbd.Status.StorageClass == nil {
+			return fmt.Sprint(err)
+		}
+		s := fmt.Sprintf("%s %s", ptr.Deref(rbd.Status.CloneStrategy, ""), ptr.Deref(rbd.Status.SnapshotClass, ""))
+		for _, set := range rbd.Status.ClaimPropertySets {
+			s += fmt.Sprintf(" %v/%s", set.AccessModes, ptr.Deref(set.VolumeMode, ""))
+		}
+		return s
+	}, 20*time.Second).Should(Equal("csi-clone rbd-snapshots [ReadWriteMany]/Block [ReadWriteOnce]/Block [ReadWriteOnce]/Filesystem"))
+	for name, mode := range map[string]*corev1.PersistentVolumeMode{"rbd-any": nil, "rbd-fs": ptr.To(corev1.PersistentVolumeFilesystem)} {
+		dv := dataVolume(ns, name, &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+		dv.Spec.Storage.StorageClassName, dv.Spec.Storage.VolumeMode = ptr.To("ceph-rbd"), mode
+		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	}
+	for name, want := range map[string]string{"rbd-any": "[ReadWriteMany] Block", "rbd-fs": "[ReadWriteOnce] Filesystem"} {
+		d := &diskvolume.DiskVolume{}
+		g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d) }, 20*time.Second).Should(Succeed())
+		g.Expect(fmt.Sprintf("%v %s", d.Spec.AccessModes, *d.Spec.VolumeMode)).To(Equal(want), name)
+		g.Expect(*d.Spec.CloneStrategy).To(Equal(common.CloneStrategyCSIClone), "CDI's annotation of the class")
+	}
+
+	// Storage that makes no small volume (EBS io2: 4Gi) raises a DataVolume's size to it.
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "io2"}, Provisioner: "ebs.csi.aws.com",
+		Parameters: map[string]string{"type": "io2"}})).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKey{Name: "io2"}, rbd)
+		return rbd.Annotations[cdi.AnnMinimumSize]
+	}, 20*time.Second).Should(Equal("4Gi"))
+	small := dataVolume(ns, "small", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	small.Spec.Storage.StorageClassName, small.Spec.Storage.VolumeMode = ptr.To("io2"), ptr.To(corev1.PersistentVolumeBlock)
+	g.Expect(env.Client.Create(ctx, small)).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(small), d)
+		if d.Spec.Resources.Requests.Storage == nil {
+			return ""
+		}
+		return d.Spec.Resources.Requests.Storage.String()
+	}, 20*time.Second).Should(Equal("4Gi"))
+
+	// A DataVolume that names no class takes the class KubeVirt's disks default to.
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "virt-default",
+		Annotations: map[string]string{cdi.AnnDefaultVirtClass: "true"}}, Provisioner: "fast.diskpipe.test"})).To(Succeed())
+	t.Cleanup(func() { // the other tests' DataVolumes take the cluster's default class
+		_ = env.Client.Delete(context.Background(), &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "virt-default"}})
+	})
+	plain := dataVolume(ns, "plain", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, plain)).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(plain), d)
+		return ptr.Deref(d.Spec.StorageClassName, "")
+	}, 20*time.Second).Should(Equal("virt-default"))
 }
 
 // TestDataSources: a DataSource's status names the source it resolves to (one DataSource

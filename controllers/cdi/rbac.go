@@ -7,7 +7,7 @@ package cdi
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=cdis;cdiconfigs,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=storageprofiles,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=storageprofiles,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datasources,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=dataimportcrons,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=dataimportcrons/finalizers,verbs=update

@@ -2,10 +2,16 @@ package cdi
 
 import (
 	"context"
+	"maps"
+	"slices"
+	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
@@ -15,6 +21,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // cdiStrategies are diskpipe's clone strategies in CDI's words.
@@ -48,24 +55,76 @@ func (r *ProfileReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err := owned.Create(ctx, r.Client, class, p); err != nil {
 		return ctrl.Result{}, err
 	}
-	base := p.DeepCopy()
-	p.Status = ProfileStatus(class, p.Spec, r.Strategies)
-	if equality.Semantic.DeepEqual(base.Status, p.Status) {
-		return ctrl.Result{}, nil
+	if min, ok := minimumSizes[provisionerKey(class)]; ok && p.Annotations[AnnMinimumSize] == "" {
+		patch := client.MergeFrom(p.DeepCopy())
+		metav1.SetMetaDataAnnotation(&p.ObjectMeta, AnnMinimumSize, min)
+		if err := r.Patch(ctx, p, patch); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
-	return ctrl.Result{}, r.Status().Patch(ctx, p, client.MergeFrom(base))
+	snapshotClass, err := r.snapshotClass(ctx, class, p.Spec.SnapshotClass)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	base := p.DeepCopy()
+	p.Status = ProfileStatus(class, p.Spec, r.Strategies, snapshotClass)
+	// A VolumeSnapshotClass made later is found by the next look (they are not watched: the
+	// snapshot API may not be installed).
+	again := ctrl.Result{RequeueAfter: 10 * time.Minute}
+	if equality.Semantic.DeepEqual(base.Status, p.Status) {
+		return again, nil
+	}
+	return again, r.Status().Patch(ctx, p, client.MergeFrom(base))
 }
 
-// ProfileStatus is the status of class's StorageProfile of spec.
-func ProfileStatus(class *storagev1.StorageClass, spec cdiv1.StorageProfileSpec, strategies disk.StrategyDefaults) cdiv1.StorageProfileStatus {
+// AnnMinimumSize is, on a StorageProfile, the smallest volume its storage makes: a
+// DataVolume's disk asks for at least this much, as in CDI.
+const AnnMinimumSize = "cdi.kubevirt.io/minimumSupportedPvcSize"
+
+// AnnCDICloneStrategy is CDI's annotation of a StorageClass that says its clone strategy:
+// copy, snapshot or csi-clone.
+const AnnCDICloneStrategy = "cdi.kubevirt.io/clone-strategy"
+
+// snapshotClass is the VolumeSnapshotClass of class's StorageProfile: the one its spec names,
+// if it is of the class's driver, else the driver's default one, else the first of its; ""
+// when there is none (KubeVirt's VM snapshots read it).
+func (r *ProfileReconciler) snapshotClass(ctx context.Context, class *storagev1.StorageClass, named *string) (string, error) {
+	if named != nil {
+		vsc := &snapshotv1.VolumeSnapshotClass{}
+		if err := r.Get(ctx, client.ObjectKey{Name: *named}, vsc); err != nil {
+			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+				return "", nil
+			}
+			return "", err
+		}
+		if vsc.Driver != class.Provisioner {
+			return "", nil
+		}
+		return vsc.Name, nil
+	}
+	return storage.SnapshotClassFor(ctx, r.Client, class.Provisioner)
+}
+
+// ProfileStatus is the status of class's StorageProfile of spec, whose VolumeSnapshotClass is
+// snapshotClass ("" when it has none).
+func ProfileStatus(class *storagev1.StorageClass, spec cdiv1.StorageProfileSpec, strategies disk.StrategyDefaults, snapshotClass string) cdiv1.StorageProfileStatus {
 	preferred := strategies.For(class)
 	if s, ok := class.Annotations[disk.AnnotationCloneStrategy]; ok {
 		preferred = common.CloneStrategy(s)
 	}
 	st := cdiv1.StorageProfileStatus{StorageClass: &class.Name, Provisioner: &class.Provisioner, ClaimPropertySets: defaultClaimProperties,
-		SnapshotClass: spec.SnapshotClass, DataImportCronSourceFormat: spec.DataImportCronSourceFormat}
+		DataImportCronSourceFormat: spec.DataImportCronSourceFormat}
+	if snapshotClass != "" {
+		st.SnapshotClass = &snapshotClass
+	}
+	if sets := classProperties(class); len(sets) > 0 {
+		st.ClaimPropertySets = sets
+	}
 	if s, ok := cdiStrategies[preferred]; ok {
 		st.CloneStrategy = &s
+	}
+	if s, ok := class.Annotations[AnnCDICloneStrategy]; ok && slices.Contains(slices.Collect(maps.Values(cdiStrategies)), cdiv1.CDICloneStrategy(s)) {
+		st.CloneStrategy = ptr.To(cdiv1.CDICloneStrategy(s))
 	}
 	if spec.CloneStrategy != nil {
 		st.CloneStrategy = spec.CloneStrategy
@@ -76,16 +135,58 @@ func ProfileStatus(class *storagev1.StorageClass, spec cdiv1.StorageProfileSpec,
 	return st
 }
 
-// diskStrategy is the clone strategy a StorageProfile's spec asks for, in diskpipe's words
-// (nil: none).
-func diskStrategy(p *cdiv1.StorageProfile) *common.CloneStrategy {
-	if p.Spec.CloneStrategy == nil {
+// diskStrategy is the clone strategy a StorageProfile's spec, or CDI's annotation of its class,
+// asks for, in diskpipe's words (nil: none; diskpipe chooses).
+func diskStrategy(p *cdiv1.StorageProfile, class *storagev1.StorageClass) *common.CloneStrategy {
+	want := p.Spec.CloneStrategy
+	if s, ok := class.Annotations[AnnCDICloneStrategy]; ok && want == nil {
+		want = ptr.To(cdiv1.CDICloneStrategy(s))
+	}
+	if want == nil {
 		return nil
 	}
 	for d, c := range cdiStrategies {
-		if c == *p.Spec.CloneStrategy {
+		if c == *want {
 			return &d
 		}
 	}
 	return nil
+}
+
+// claimPropertySet is the set of sets a DataVolume's spec.storage is completed from: the first
+// of the volume mode it asks for, else the first (nil: none).
+func claimPropertySet(sets []cdiv1.ClaimPropertySet, mode *corev1.PersistentVolumeMode) *cdiv1.ClaimPropertySet {
+	for i := range sets {
+		if mode != nil && sets[i].VolumeMode != nil && *sets[i].VolumeMode == *mode {
+			return &sets[i]
+		}
+	}
+	if len(sets) == 0 {
+		return nil
+	}
+	return &sets[0]
+}
+
+// AnnDefaultVirtClass marks the StorageClass KubeVirt's disks take when they name none, before
+// the cluster's default class.
+const AnnDefaultVirtClass = "storageclass.kubevirt.io/is-default-virt-class"
+
+// virtDefaultClass is the name of the class marked AnnDefaultVirtClass, nil when none is (the
+// newest when several are, as Kubernetes picks among default classes).
+func (r *Reconciler) virtDefaultClass(ctx context.Context) (*string, error) {
+	list := &storagev1.StorageClassList{}
+	if err := r.List(ctx, list); err != nil {
+		return nil, err
+	}
+	var found *storagev1.StorageClass
+	for i := range list.Items {
+		c := &list.Items[i]
+		if c.Annotations[AnnDefaultVirtClass] == "true" && (found == nil || c.CreationTimestamp.After(found.CreationTimestamp.Time)) {
+			found = c
+		}
+	}
+	if found == nil {
+		return nil, nil
+	}
+	return &found.Name, nil
 }
