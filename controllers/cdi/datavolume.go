@@ -218,7 +218,7 @@ func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observe
 		return r.observeUpload(ctx, dv, spec)
 	}
 	disk := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: dv.Name, Namespace: dv.Namespace,
-		Labels: map[string]string{LabelDataVolume: string(dv.UID)}}, Spec: spec}
+		Labels: map[string]string{LabelDataVolume: string(dv.UID)}, Annotations: transferAnnotations(dv)}, Spec: spec}
 	var img *hypercloud.VirtualMachineImage
 	if imported != nil {
 		if err := r.Get(ctx, client.ObjectKeyFromObject(disk), disk); client.IgnoreNotFound(err) != nil {
@@ -227,7 +227,7 @@ func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observe
 			return r.done(ctx, dv, disk, true)
 		}
 		img = &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: SourceImage(dv.Name), Namespace: dv.Namespace,
-			Labels: map[string]string{LabelDataVolume: string(dv.UID)}},
+			Labels: map[string]string{LabelDataVolume: string(dv.UID)}, Annotations: transferAnnotations(dv)},
 			Spec: hypercloud.VirtualMachineImageSpec{Source: *imported, VolumeOptions: common.VolumeOptions{
 				StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode}}}
 		if ref, err := r.ensureChild(ctx, dv, img, "VirtualMachineImage"); ref != nil || err != nil {
@@ -297,6 +297,20 @@ func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj 
 		r.Events.Eventf(dv, obj, corev1.EventTypeNormal, kind+"Created", "Create", "Made by %s %s", kind, obj.GetName())
 	}
 	return nil, nil
+}
+
+// transferAnnotations are what a DataVolume asks of the pods that make it, as CDI passes them to
+// its own: spec.priorityClassName, and the secondary networks of k8s.v1.cni.cncf.io/networks
+// (a dedicated import network), as the annotations of its image and disk that say so.
+func transferAnnotations(dv *cdiv1.DataVolume) map[string]string {
+	ann := map[string]string{}
+	if dv.Spec.PriorityClassName != "" {
+		ann[importpod.AnnTransferPriorityClass] = dv.Spec.PriorityClassName
+	}
+	if v := dv.Annotations[importpod.AnnMultusNetworks]; v != "" {
+		ann[importpod.AnnTransferNetworks] = v
+	}
+	return ann
 }
 
 // Labels and annotations CDI puts on a DataVolume's claim, which KubeVirt and tools read.

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -961,4 +962,25 @@ func TestGlobalPreallocation(t *testing.T) {
 		g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, d) }, 20*time.Second).Should(Succeed())
 		g.Expect(d.Spec.Preallocation).To(Equal(ptr.To(want)), name)
 	}
+}
+
+// TestTransferPods: a DataVolume's priorityClassName and its dedicated import network (the
+// annotation k8s.v1.cni.cncf.io/networks) reach the pods that make it, as CDI passes them.
+func TestTransferPods(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "dv-pods")
+	g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "imports-low"},
+		Value: 10}))).To(Succeed())
+	dv := dataVolume(ns, "prio", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/fedora.qcow2"}}, "1Gi")
+	dv.Spec.PriorityClassName = "imports-low"
+	dv.Annotations = map[string]string{"k8s.v1.cni.cncf.io/networks": "storage-net"}
+	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	probe := ctrltest.Pod(t, env, ns, "vmim-dv-prio-probe-0")
+	g.Expect(probe.Spec.PriorityClassName).To(Equal("imports-low"))
+	g.Expect(probe.Annotations).To(HaveKeyWithValue("k8s.v1.cni.cncf.io/networks", "storage-net"))
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(dv), d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Annotations).To(HaveKeyWithValue("transfer.diskpipe.io/priority-class", "imports-low"), "the disk's copy pods too")
 }

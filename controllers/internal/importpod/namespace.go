@@ -168,6 +168,7 @@ func create(ctx context.Context, cl client.Client, c Config, owner client.Object
 		err     error
 	)
 	if owner != nil {
+		WithTransferOptions(pod, owner)
 		created, err = owned.Ensure(ctx, cl, owner, pod)
 	} else if err = cl.Create(ctx, pod); err == nil {
 		created = true
@@ -178,4 +179,28 @@ func create(ctx context.Context, cl client.Client, c Config, owner client.Object
 		c.Forget(pod.Namespace)
 	}
 	return created, err
+}
+
+// Annotations of an image, disk or export that shape its transfer pods: the pods' priority
+// class, and the secondary networks (Multus) they are attached to, as
+// k8s.v1.cni.cncf.io/networks says it (a dedicated import network). CDI's DataVolume passes its
+// spec.priorityClassName and that annotation through them.
+const (
+	AnnTransferPriorityClass = "transfer.diskpipe.io/priority-class"
+	AnnTransferNetworks      = "transfer.diskpipe.io/networks"
+	// AnnMultusNetworks is Multus's annotation of a pod's secondary networks.
+	AnnMultusNetworks = "k8s.v1.cni.cncf.io/networks"
+)
+
+// WithTransferOptions gives pod what its owner's transfer annotations ask for. Whoever may
+// write the owner may run pods of that priority class and on those networks in its namespace
+// anyway; the pods' own egress rules (internal/transfer) hold on every network.
+func WithTransferOptions(pod *corev1.Pod, owner client.Object) {
+	ann := owner.GetAnnotations()
+	if v := ann[AnnTransferPriorityClass]; v != "" {
+		pod.Spec.PriorityClassName = v
+	}
+	if v := ann[AnnTransferNetworks]; v != "" {
+		metav1.SetMetaDataAnnotation(&pod.ObjectMeta, AnnMultusNetworks, v)
+	}
 }
