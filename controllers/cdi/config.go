@@ -100,7 +100,7 @@ func (c *Config) syncConfig(ctx context.Context) error {
 
 // fromCDI writes into the CDIConfig's spec what the CDI object's spec.config sets of what
 // diskpipe reads (the upload proxy's URL, filesystem overheads, the import proxy,
-// preallocation), as CDI's operator does: HCO, and CDI's documentation, configure CDI there.
+// preallocation, insecure registries), as CDI's operator does: HCO, and CDI's documentation, configure CDI there.
 // Where spec.config is set it wins; the CDIConfig's spec is the administrator's otherwise.
 func (c *Config) fromCDI(ctx context.Context, obj *cdiv1.CDIConfig) error {
 	cdi := &cdiv1.CDI{}
@@ -111,6 +111,7 @@ func (c *Config) fromCDI(ctx context.Context, obj *cdiv1.CDIConfig) error {
 	from := cdi.Spec.Config
 	want.UploadProxyURLOverride, want.FilesystemOverhead = from.UploadProxyURLOverride, from.FilesystemOverhead
 	want.ImportProxy, want.Preallocation = from.ImportProxy, from.Preallocation
+	want.InsecureRegistries = from.InsecureRegistries
 	if equality.Semantic.DeepEqual(&obj.Spec, want) {
 		return nil
 	}
@@ -226,4 +227,18 @@ func (c *Config) ensure(ctx context.Context, obj client.Object) error {
 		return fmt.Errorf("%T %s was not made by diskpipe (is CDI installed?): left alone", obj, obj.GetName())
 	}
 	return nil
+}
+
+// insecureRegistries are the registries the CDIConfig's spec.insecureRegistries names (read
+// over plain HTTP, or TLS unverified): an administrator's setting, of a cluster-scoped object.
+func insecureRegistries(ctx context.Context, c client.Reader) []string {
+	config := &cdiv1.CDIConfig{}
+	if err := c.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config); err != nil {
+		return nil
+	}
+	return config.Spec.InsecureRegistries
+}
+
+func (r *Reconciler) insecureRegistries(ctx context.Context) []string {
+	return insecureRegistries(ctx, r.Client)
 }

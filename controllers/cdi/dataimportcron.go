@@ -124,7 +124,7 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 		}
 		return st
 	}
-	img, err := r.cronImage(cron)
+	img, err := r.cronImage(cron, insecureRegistries(ctx, r.Client))
 	if ref := (*refusal)(nil); errors.As(err, &ref) {
 		return failed(ref.reason, ref.message), nil
 	} else if err != nil {
@@ -279,12 +279,12 @@ func (r *CronReconciler) deleteSuperseded(ctx context.Context, cron *cdiv1.DataI
 }
 
 // cronImage is the scheduled image that serves cron, or why there can be none.
-func (r *CronReconciler) cronImage(cron *cdiv1.DataImportCron) (*hypercloud.VirtualMachineImage, error) {
+func (r *CronReconciler) cronImage(cron *cdiv1.DataImportCron, insecure []string) (*hypercloud.VirtualMachineImage, error) {
 	t := cron.Spec.Template.Spec
 	if t.Source == nil || (t.Source.HTTP == nil && t.Source.S3 == nil && t.Source.Registry == nil) {
 		return nil, &refusal{reason: ReasonInvalidCron, message: "spec.template.spec.source must be http, s3 or registry: diskpipe checks those for new revisions"}
 	}
-	src, err := imageSource(t.Source, cron.Namespace)
+	src, err := imageSource(t.Source, cron.Namespace, insecure)
 	if err != nil {
 		return nil, err
 	}

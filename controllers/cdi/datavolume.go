@@ -508,7 +508,7 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		return spec, nil, err
 	}
 	if golden == nil {
-		if imported, err = imageSource(src, dv.Namespace); err != nil {
+		if imported, err = imageSource(src, dv.Namespace, r.insecureRegistries(ctx)); err != nil {
 			return spec, nil, err
 		}
 	}

@@ -984,3 +984,29 @@ func TestTransferPods(t *testing.T) {
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(dv), d) }, 20*time.Second).Should(Succeed())
 	g.Expect(d.Annotations).To(HaveKeyWithValue("transfer.diskpipe.io/priority-class", "imports-low"), "the disk's copy pods too")
 }
+
+// TestInsecureRegistries: a registry the CDIConfig's insecureRegistries names (CDI's
+// registry:5000 of KubeVirt's examples) is read over plain HTTP; any other is verified.
+func TestInsecureRegistries(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "insecure")
+	config := &cdiv1.CDIConfig{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Name: "config"}, config) }, 20*time.Second).Should(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.InsecureRegistries = []string{"registry:5000"} })).To(Succeed())
+	t.Cleanup(func() {
+		_ = ctrltest.Update(context.Background(), env.Client, config, func() { config.Spec.InsecureRegistries = nil })
+	})
+	for name, url := range map[string]string{"plain": "docker://registry:5000/disks/cirros:latest", "verified": "docker://quay.io/containerdisks/fedora:latest"} {
+		dv := dataVolume(ns, name, &cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To(url)}}, "1Gi")
+		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	}
+	for name, want := range map[string]bool{"plain": true, "verified": false} {
+		img := &hypercloud.VirtualMachineImage{}
+		g.Eventually(func() error {
+			return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdi.SourceImage(name)}, img)
+		}, 20*time.Second).Should(Succeed())
+		g.Expect(img.Spec.Source.Registry.InsecureSkipTLSVerify).To(Equal(want), name)
+	}
+}

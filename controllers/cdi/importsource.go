@@ -32,8 +32,9 @@ func SourceImage(name string) string {
 }
 
 // imageSource is the VirtualMachineImage source that imports src, or nil for a source that
-// is not imported (blank, snapshot).
-func imageSource(src *cdiv1.DataVolumeSource, ns string) (*hypercloud.VirtualMachineImageSource, error) {
+// is not imported (blank, snapshot); a registry among insecure (the CDIConfig's
+// insecureRegistries) is reached over plain HTTP, or TLS unverified.
+func imageSource(src *cdiv1.DataVolumeSource, ns string, insecure []string) (*hypercloud.VirtualMachineImageSource, error) {
 	switch {
 	case src.HTTP != nil:
 		h := src.HTTP
@@ -61,6 +62,7 @@ func imageSource(src *cdiv1.DataVolumeSource, ns string) (*hypercloud.VirtualMac
 		if r.Platform != nil {
 			reg.Architecture = r.Platform.Architecture
 		}
+		reg.InsecureSkipTLSVerify = insecureRegistry(*r.URL, insecure)
 		return &hypercloud.VirtualMachineImageSource{Registry: reg}, nil
 	case src.Upload != nil:
 		// virtctl image-upload: the upload proxy's CDI API takes the bytes for this image.
@@ -101,4 +103,20 @@ func s3Source(s *cdiv1.DataVolumeSourceS3) (*common.S3Source, error) {
 		return nil, invalid(fmt.Sprintf("spec.source.s3.url %q names no bucket and key: s3://bucket/key or http(s)://endpoint/bucket/key", s.URL))
 	}
 	return out, nil
+}
+
+// insecureRegistry says whether the registry of ref (docker://host[:port]/repository:tag, or
+// oci-archive...) is one of insecure, as CDI matches them: by host and port.
+func insecureRegistry(ref string, insecure []string) bool {
+	_, rest, ok := strings.Cut(ref, "://")
+	if !ok {
+		return false
+	}
+	host, _, _ := strings.Cut(rest, "/")
+	for _, h := range insecure {
+		if strings.EqualFold(strings.TrimSpace(h), host) {
+			return true
+		}
+	}
+	return false
 }

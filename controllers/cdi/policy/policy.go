@@ -112,8 +112,6 @@ var dvImmutable = func() string {
 // rest are of CDI's own pods.
 var configUnsupported = []struct{ field, reason string }{
 	{"podResourceRequirements", "CDIConfig spec.podResourceRequirements is not read by diskpipe: set importer.resources in diskpipe's chart values"},
-	{"insecureRegistries", "CDIConfig spec.insecureRegistries is not served by diskpipe: give the registry's CA in the " +
-		"DataVolume's certConfigMap (source registry)"},
 	{"dataVolumeTTLSeconds", "CDIConfig spec.dataVolumeTTLSeconds is not served by diskpipe: a DataVolume is kept until it is deleted"},
 }
 

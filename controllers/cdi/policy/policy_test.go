@@ -155,7 +155,7 @@ func TestCDIPolicy(t *testing.T) {
 		{"config proxy socks", config("proxy-socks", "{importProxy: {HTTPSProxy: 'socks5://proxy.corp:1080'}}"), "CDIConfig spec.importProxy HTTPProxy and HTTPSProxy must be"},
 		{"config resources", config("resources", "{podResourceRequirements: {limits: {cpu: '1'}}}"),
 			"CDIConfig spec.podResourceRequirements is not read by diskpipe: set importer.resources"},
-		{"config insecure", config("insecure", "{insecureRegistries: ['registry.local:5000']}"), "CDIConfig spec.insecureRegistries is not served by diskpipe"},
+		{"config insecure", config("insecure", "{insecureRegistries: ['registry.local:5000']}"), ""},
 		{"config ttl", config("ttl", "{dataVolumeTTLSeconds: 60}"), "CDIConfig spec.dataVolumeTTLSeconds is not served by diskpipe"},
 		{"config upload URL", config("url", "{uploadProxyURLOverride: 'https://upload.example.com'}"), ""},
 		{"config empty", config("empty", "{}"), ""},
@@ -235,8 +235,8 @@ func TestCDIPolicy(t *testing.T) {
 		g.Expect(unstructured.SetNestedField(legacy.Object, "https://upload.example.com", "spec", "uploadProxyURLOverride")).To(Succeed())
 	})).To(Succeed())
 	g.Expect(ctrltest.Update(ctx, env.Client, legacy, func() {
-		g.Expect(unstructured.SetNestedStringSlice(legacy.Object, []string{"registry.other:5000"}, "spec", "insecureRegistries")).To(Succeed())
-	})).To(MatchError(ContainSubstring("CDIConfig spec.insecureRegistries is not served by diskpipe")))
+		g.Expect(unstructured.SetNestedField(legacy.Object, int64(60), "spec", "dataVolumeTTLSeconds")).To(Succeed())
+	})).To(MatchError(ContainSubstring("CDIConfig spec.dataVolumeTTLSeconds is not served by diskpipe")))
 	g.Expect(ctrltest.Update(ctx, env.Client, legacy, func() {
 		g.Expect(unstructured.SetNestedField(legacy.Object, "0.7", "spec", "filesystemOverhead", "global")).To(Succeed())
 	})).To(MatchError(ContainSubstring("CDIConfig spec.filesystemOverhead above 0.5 is not taken by diskpipe")))
