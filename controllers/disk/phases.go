@@ -520,8 +520,7 @@ func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan) (b
 	if pv == nil || err != nil {
 		return false, err
 	}
-	reached, err := r.nodesReached(ctx, pv)
-	return pv.Spec.NodeAffinity != nil && reached <= 1, err
+	return r.nodeLocal(ctx, pv)
 }
 
 // AnnotationDeferredRevision is, on the claim of a disk deferred to its VM's node, the revision
@@ -548,19 +547,13 @@ func (r *Reconciler) volumeOf(ctx context.Context, pvc *corev1.PersistentVolumeC
 	return pv, nil
 }
 
-// nodesReached counts the nodes that can use pv's volume.
-func (r *Reconciler) nodesReached(ctx context.Context, pv *corev1.PersistentVolume) (int, error) {
+// nodeLocal says whether pv's volume is node-local (storage.NodeLocal).
+func (r *Reconciler) nodeLocal(ctx context.Context, pv *corev1.PersistentVolume) (bool, error) {
 	nodes := &corev1.NodeList{}
 	if err := r.List(ctx, nodes); err != nil {
-		return 0, err
+		return false, err
 	}
-	reached := 0
-	for i := range nodes.Items {
-		if storage.Reaches(pv, &nodes.Items[i]) {
-			reached++
-		}
-	}
-	return reached, nil
+	return storage.NodeLocal(pv, nodes.Items), nil
 }
 
 // unreachable says why the node the disk is wanted on (where the scheduler put its first
@@ -589,11 +582,11 @@ func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeC
 	if storage.Reaches(pv, node) {
 		return "", false, nil
 	}
-	reached, err := r.nodesReached(ctx, pv)
+	local, err := r.nodeLocal(ctx, pv)
 	if err != nil {
 		return "", false, err
 	}
-	return fmt.Sprintf("the image's volume is on %s, and the disk is wanted on node %s", storage.Placement(pv), name), reached <= 1, nil
+	return fmt.Sprintf("the image's volume is on %s, and the disk is wanted on node %s", storage.Placement(pv), name), local, nil
 }
 
 func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *plan) (*corev1.PersistentVolumeClaim, error) {

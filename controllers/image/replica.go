@@ -91,13 +91,7 @@ func (r *Reconciler) keepReplicas(ctx context.Context, g *goldenImage) (time.Dur
 	if err := r.List(ctx, nodes); err != nil {
 		return 0, err
 	}
-	reached := 0
-	for i := range nodes.Items {
-		if storage.Reaches(pv, &nodes.Items[i]) {
-			reached++
-		}
-	}
-	if pv.Spec.NodeAffinity == nil || reached > 1 {
+	if !storage.NodeLocal(pv, nodes.Items) {
 		return 0, nil // not node-local: disks are cloned from the image's own volume
 	}
 	warm := labels.Nothing()

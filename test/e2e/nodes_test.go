@@ -151,6 +151,36 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		Expect(phase(ns, "pvc", "there")()).To(Equal("Pending"))
 	})
 
+	It("pre-warms every node its image's replica policy selects, before any disk is wanted there", func() {
+		image := strings.Replace(vmi("warm", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1) +
+			"  replicas:\n    nodeSelector: {matchLabels: {kubernetes.io/os: linux}}\n    evictAfter: 720h\n"
+		kubectl(image, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmimage", "warm"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		home := pvOf(ns, "vmim-warm").Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
+		var others []string
+		for _, n := range nodes {
+			if n != home {
+				others = append(others, n+" Ready")
+			}
+		}
+		Eventually(func() []string {
+			return strings.Split(strings.TrimSuffix(kubectl("", "get", "vmimage", "warm", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}"), ";"), ";")
+		}, 4*time.Minute, 2*time.Second).Should(ConsistOf(others), "a replica on each other node, with no disk wanted yet")
+
+		// A disk wanted there now is a clone of the replica at once: nothing is copied for it.
+		away := strings.Fields(others[0])[0]
+		kubectl(claimOn("prewarmed", away, "256Mi", "dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: warm}"), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "pvc", "prewarmed"), 2*time.Minute, time.Second).Should(Equal("Bound"))
+		uid := kubectl("", "get", "vmimage", "warm", "-n", ns, "-o", "jsonpath={.metadata.uid}")
+		replica := kubectl("", "get", "diskvolumes", "-n", ns, "-l", "diskpipe.io/replica-of="+uid, "-o",
+			fmt.Sprintf(`jsonpath={.items[?(@.metadata.annotations.volume\.kubernetes\.io/selected-node=="%s")].metadata.name}`, away))
+		Expect(pvOf(ns, "prewarmed").Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+pvOf(ns, replica).Spec.CSI.VolumeHandle))
+		kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/vm-prewarmed")
+		sameDisk(filepath.Join(cluster.VolumePath(ns, "prewarmed"), "disk.img"))
+		Expect(kubectl("", "get", "diskvolume", replica, "-n", ns, "-o", `jsonpath={.metadata.annotations.diskpipe\.io/replica-last-used}`)).NotTo(BeEmpty(),
+			"the use is noted, for eviction")
+	})
+
 	It("copies a node-local image once to each node its VMs run on, and clones every disk there", func() {
 		image := strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
 		kubectl(image, "apply", "-n", ns, "-f", "-")

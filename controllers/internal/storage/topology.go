@@ -99,3 +99,18 @@ func Placement(pv *corev1.PersistentVolume) string {
 	}
 	return "nodes with " + strings.Join(terms, " or ")
 }
+
+// NodeLocal says whether pv's volume is node-local: its affinity admits at most one of nodes
+// (TopoLVM, local-path), rather than a zone's nodes or every node.
+func NodeLocal(pv *corev1.PersistentVolume, nodes []corev1.Node) bool {
+	if pv.Spec.NodeAffinity == nil {
+		return false
+	}
+	reached := 0
+	for i := range nodes {
+		if Reaches(pv, &nodes[i]) {
+			reached++
+		}
+	}
+	return reached <= 1
+}

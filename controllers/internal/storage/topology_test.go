@@ -49,4 +49,15 @@ func TestReaches(t *testing.T) {
 			}
 		})
 	}
+	// Node-local: its affinity admits one node of the cluster, not a zone's or every node.
+	nodes := []corev1.Node{*n1, *n2}
+	for pv, want := range map[*corev1.PersistentVolume]bool{
+		{}: false,
+		pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1")): true,
+		pv(expr("zone", corev1.NodeSelectorOpIn, "a")):                      false,
+	} {
+		if got := NodeLocal(pv, nodes); got != want {
+			t.Errorf("NodeLocal(%s) = %v; want %v", Placement(pv), got, want)
+		}
+	}
 }
