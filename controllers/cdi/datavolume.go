@@ -299,11 +299,20 @@ func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj 
 	return nil, nil
 }
 
+// AnnBindImmediate on a DataVolume asks that its claim be bound at once, on a class that binds at
+// the first consumer too (CDI reads it present, whatever its value).
+const AnnBindImmediate = "cdi.kubevirt.io/storage.bind.immediate.requested"
+
 // transferAnnotations are what a DataVolume asks of the pods that make it, as CDI passes them to
 // its own: spec.priorityClassName, and the secondary networks of k8s.v1.cni.cncf.io/networks
-// (a dedicated import network), as the annotations of its image and disk that say so.
+// (a dedicated import network), and whether it is bound at once, as the annotations of its image
+// and disk that say so.
 func transferAnnotations(dv *cdiv1.DataVolume) map[string]string {
 	ann := map[string]string{}
+	if _, ok := dv.Annotations[AnnBindImmediate]; ok {
+		// CDI binds such a DataVolume's claim at once, with its own pod, whatever the class.
+		ann[disk.AnnotationBindImmediately] = "true"
+	}
 	if dv.Spec.PriorityClassName != "" {
 		ann[importpod.AnnTransferPriorityClass] = dv.Spec.PriorityClassName
 	}

@@ -589,6 +589,21 @@ func TestDataVolumeNodeLocal(t *testing.T) {
 	g.Expect(env.Client.Update(ctx, claim)).To(Succeed())
 	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("ImportInProgress N/A Bound=False:Pending Ready=False: Running=True:"))
 	g.Expect(dv.Status.Conditions[0].Message).To(Equal("PVC roaming is being filled on node dv-node-b, where the VM's pod was scheduled (the claim's events say how)"))
+
+	// Asked to be bound at once (CDI's bind.immediate.requested), a DataVolume of the same
+	// image is cloned now, where the image is, and succeeds without a consumer.
+	now := &cdiv1.DataVolume{ObjectMeta: metav1.ObjectMeta{Name: "now", Namespace: ns, Annotations: map[string]string{cdi.AnnBindImmediate: ""}},
+		Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: ns, Name: "vmim-dv-roaming"}},
+			Storage: &cdiv1.StorageSpec{StorageClassName: ptr.To(classWFFC)}}}
+	g.Expect(env.Client.Create(ctx, now)).To(Succeed())
+	nowClaim := &corev1.PersistentVolumeClaim{}
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "now"}, nowClaim)
+		return nowClaim.Annotations[storage.AnnotationSelectedNode]
+	}, 20*time.Second).Should(Equal("dv-node-a"), "provisioned now on the image's node")
+	g.Expect(nowClaim.Spec.DataSource.Kind).To(Equal("PersistentVolumeClaim"), "a CSI clone, not deferred")
+	ctrltest.Bind(t, env, ns, "now")
+	g.Eventually(dvState(t, now), 20*time.Second).Should(HavePrefix("Succeeded 100.0%"))
 }
 
 // TestDataVolumeImportFailures: a source that fails for good fails the DataVolume with the

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -141,6 +143,9 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	default:
 		// The storage makes the whole disk (a CSI clone, a restore): its PVC is bound once
 		// the storage is done.
+		if err := r.bindNow(ctx, d, p); err != nil {
+			return ctrl.Result{}, err
+		}
 		if p.deferred, err = r.deferToConsumer(ctx, d, p); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -533,6 +538,43 @@ func Deferred(pvc *corev1.PersistentVolumeClaim) bool {
 	ref := pvc.Spec.DataSourceRef
 	return ref != nil && ref.APIGroup != nil && ((*ref.APIGroup == "diskvolume.kubesphere.io" && ref.Kind == "DiskVolume") ||
 		(*ref.APIGroup == "hypercloud.tmaxanc.com" && ref.Kind == "VirtualMachinePvc"))
+}
+
+// AnnotationBindImmediately on a disk of a class that binds at the first consumer asks for its
+// volume now, not where its VM's pod is scheduled later (CDI's
+// cdi.kubevirt.io/storage.bind.immediate.requested of a DataVolume).
+const AnnotationBindImmediately = "diskpipe.io/bind-immediately"
+
+// bindNow fixes the node of a disk that asks to be bound at once (AnnotationBindImmediately)
+// on a class that binds at the first consumer, and that the storage makes from the image's
+// volume: the first node (by name) that volume reaches, noted on the disk as its selected
+// node, so that its PVC is provisioned there now.
+func (r *Reconciler) bindNow(ctx context.Context, d *vmDisk, p *plan) error {
+	ann := d.obj.GetAnnotations()
+	if ann[AnnotationBindImmediately] != "true" || ann[AnnotationSelectedNode] != "" || p.golden == nil || !storage.WaitsForConsumer(p.class) {
+		return nil
+	}
+	pv, err := r.volumeOf(ctx, p.golden.PVC)
+	if pv == nil || err != nil {
+		return err
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return err
+	}
+	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if n.Spec.Unschedulable || !storage.Reaches(pv, n) {
+			continue
+		}
+		patch := client.MergeFrom(d.obj.DeepCopyObject().(client.Object))
+		ann := maps.Clone(d.obj.GetAnnotations())
+		ann[AnnotationSelectedNode] = n.Name
+		d.obj.SetAnnotations(ann)
+		return r.Patch(ctx, d.obj, patch)
+	}
+	return nil // no node reaches it now: the disk waits for its consumer as any other
 }
 
 // volumeOf is the PersistentVolume pvc is bound to, nil when none is.

@@ -175,8 +175,8 @@ func BindWith(t *testing.T, env *testenv.Env, ns, name string, volume func(*core
 			volume(pv)
 		}
 		g.Expect(env.Client.Create(t.Context(), pv)).To(gomega.Succeed())
-		pvc.Spec.VolumeName = pv.Name
-		g.Expect(env.Client.Update(t.Context(), pvc)).To(gomega.Succeed())
+		// The controllers write the claim too (labels, annotations): a conflict is tried again.
+		g.Expect(Update(t.Context(), env.Client, pvc, func() { pvc.Spec.VolumeName = pv.Name })).To(gomega.Succeed())
 	} else {
 		pv := &corev1.PersistentVolume{}
 		g.Eventually(func() types.UID {
@@ -187,9 +187,14 @@ func BindWith(t *testing.T, env *testenv.Env, ns, name string, volume func(*core
 		}, Wait).Should(gomega.Equal(pvc.UID), "the claimRef of volume %s", pvc.Spec.VolumeName)
 		size = pv.Spec.Capacity[corev1.ResourceStorage]
 	}
-	pvc.Status.Phase = corev1.ClaimBound
-	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: size}
-	g.Expect(env.Client.Status().Update(t.Context(), pvc)).To(gomega.Succeed())
+	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(pvc), pvc); err != nil {
+			return err
+		}
+		pvc.Status.Phase = corev1.ClaimBound
+		pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: size}
+		return env.Client.Status().Update(t.Context(), pvc)
+	})).To(gomega.Succeed())
 	return pvc
 }
 
