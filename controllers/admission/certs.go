@@ -59,6 +59,9 @@ type CertKeeper struct {
 	Namespace, SecretName string
 	// Configuration is the ValidatingWebhookConfiguration whose caBundle is kept.
 	Configuration string
+	// Mutating are MutatingWebhookConfigurations (served by the same server, CDI's
+	// StorageProfile webhook) whose caBundle is kept too.
+	Mutating []string
 	// APIServices are the APIServices (served by the same server) whose caBundle is kept: the
 	// upload token APIs.
 	APIServices []string
@@ -153,13 +156,24 @@ func (k *CertKeeper) sync(ctx context.Context) error {
 
 func (k *CertKeeper) patchBundle(ctx context.Context, bundle []byte) error {
 	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	if err := k.patchOne(ctx, "webhook configuration", validating, bundle, func() (cs []*admissionregistrationv1.WebhookClientConfig) {
+	if err := k.patchOne(ctx, "webhook configuration", k.Configuration, validating, bundle, func() (cs []*admissionregistrationv1.WebhookClientConfig) {
 		for i := range validating.Webhooks {
 			cs = append(cs, &validating.Webhooks[i].ClientConfig)
 		}
 		return cs
 	}); err != nil {
 		return err
+	}
+	for _, name := range k.Mutating {
+		mutating := &admissionregistrationv1.MutatingWebhookConfiguration{}
+		if err := k.patchOne(ctx, "mutating webhook configuration", name, mutating, bundle, func() (cs []*admissionregistrationv1.WebhookClientConfig) {
+			for i := range mutating.Webhooks {
+				cs = append(cs, &mutating.Webhooks[i].ClientConfig)
+			}
+			return cs
+		}); err != nil {
+			return err
+		}
 	}
 	// The aggregated APIs of upload tokens: the apiserver checks the manager's certificate
 	// against each APIService's caBundle.
@@ -187,15 +201,15 @@ func (k *CertKeeper) patchAPIService(ctx context.Context, name string, bundle []
 	return nil
 }
 
-// patchOne reads the configuration obj (what names it) and patches bundle into the client
+// patchOne reads the configuration obj (what, of that name) and patches bundle into the client
 // configs of its webhooks where it is not there yet.
-func (k *CertKeeper) patchOne(ctx context.Context, what string, obj client.Object, bundle []byte, configs func() []*admissionregistrationv1.WebhookClientConfig) error {
-	if err := k.Reader.Get(ctx, client.ObjectKey{Name: k.Configuration}, obj); err != nil {
-		return fmt.Errorf("reading the %s %s: %w", what, k.Configuration, err)
+func (k *CertKeeper) patchOne(ctx context.Context, what, name string, obj client.Object, bundle []byte, configs func() []*admissionregistrationv1.WebhookClientConfig) error {
+	if err := k.Reader.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
+		return fmt.Errorf("reading the %s %s: %w", what, name, err)
 	}
 	base, ok := obj.DeepCopyObject().(client.Object)
 	if !ok {
-		return fmt.Errorf("copying the %s %s", what, k.Configuration)
+		return fmt.Errorf("copying the %s %s", what, name)
 	}
 	changed := false
 	for _, c := range configs() {
@@ -207,7 +221,7 @@ func (k *CertKeeper) patchOne(ctx context.Context, what string, obj client.Objec
 		return nil
 	}
 	if err := k.Client.Patch(ctx, obj, client.StrategicMergeFrom(base)); err != nil {
-		return fmt.Errorf("patching the caBundle of the %s %s: %w", what, k.Configuration, err)
+		return fmt.Errorf("patching the caBundle of the %s %s: %w", what, name, err)
 	}
 	return nil
 }

@@ -69,7 +69,8 @@ func start(t *testing.T) {
 		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "csi.diskpipe.test"})).To(Succeed())
 	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: classWFFC}, Provisioner: "csi.diskpipe.test",
 		VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)})).To(Succeed())
-	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil, cdipolicy.SourceKinds()...))
+	host, port, certDir, err := env.InstallWebhooks(ctx, admission.Configuration("diskpipe-system", "diskpipe-webhook", nil, cdipolicy.SourceKinds()...),
+		cdi.ProfileHookConfiguration("diskpipe-system", "diskpipe-webhook", nil))
 	g.Expect(err).NotTo(HaveOccurred())
 	user, err := env.ApplyChartRBAC(ctx, "diskpipe-system", "cdi.compatibility.enabled=true")
 	g.Expect(err).NotTo(HaveOccurred())
@@ -1024,4 +1025,38 @@ func TestInsecureRegistries(t *testing.T) {
 		}, 20*time.Second).Should(Succeed())
 		g.Expect(img.Spec.Source.Registry.InsecureSkipTLSVerify).To(Equal(want), name)
 	}
+}
+
+// TestProfileHook: a PVC KubeVirt labels for it (a VM's persistent state, a memory dump) gets
+// the access and volume modes of its class's StorageProfile, as CDI's webhook gives them: RWX
+// Block on Ceph RBD, which the VM's live migration needs; an unlabelled PVC is left alone.
+func TestProfileHook(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "pvc-hook")
+	g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "hook-rbd"},
+		Provisioner: "rbd.csi.ceph.com"}))).To(Succeed())
+	g.Eventually(func() int {
+		p := &cdiv1.StorageProfile{}
+		_ = env.Client.Get(ctx, client.ObjectKey{Name: "hook-rbd"}, p)
+		return len(p.Status.ClaimPropertySets)
+	}, 20*time.Second).Should(Equal(3))
+	claim := func(name string, labels map[string]string, mode *corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("hook-rbd"), VolumeMode: mode,
+				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity("10Mi")}}}}
+	}
+	label := map[string]string{cdi.LabelApplyStorageProfile: "true"}
+	block := claim("persistent-state-for-vm", label, ptr.To(corev1.PersistentVolumeBlock))
+	g.Expect(env.Client.Create(ctx, block)).To(Succeed())
+	g.Expect(fmt.Sprintf("%v %s", block.Spec.AccessModes, ptr.Deref(block.Spec.VolumeMode, ""))).To(Equal("[ReadWriteMany] Block"))
+	// The API defaults a claim's volume mode to Filesystem before any webhook sees it.
+	fs := claim("dump", label, nil)
+	g.Expect(env.Client.Create(ctx, fs)).To(Succeed())
+	g.Expect(fmt.Sprintf("%v %s", fs.Spec.AccessModes, ptr.Deref(fs.Spec.VolumeMode, ""))).To(Equal("[ReadWriteOnce] Filesystem"))
+	plain := claim("plain", nil, nil)
+	plain.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+	g.Expect(env.Client.Create(ctx, plain)).To(Succeed())
+	g.Expect(ptr.Deref(plain.Spec.VolumeMode, "")).To(Equal(corev1.PersistentVolumeFilesystem), "the API's default, not the profile's")
 }

@@ -171,22 +171,7 @@ func claimPropertySet(sets []cdiv1.ClaimPropertySet, mode *corev1.PersistentVolu
 // the cluster's default class.
 const AnnDefaultVirtClass = "storageclass.kubevirt.io/is-default-virt-class"
 
-// virtDefaultClass is the name of the class marked AnnDefaultVirtClass, nil when none is (the
-// newest when several are, as Kubernetes picks among default classes).
+// virtDefaultClass is the name of the class marked AnnDefaultVirtClass (pvchook.go).
 func (r *Reconciler) virtDefaultClass(ctx context.Context) (*string, error) {
-	list := &storagev1.StorageClassList{}
-	if err := r.List(ctx, list); err != nil {
-		return nil, err
-	}
-	var found *storagev1.StorageClass
-	for i := range list.Items {
-		c := &list.Items[i]
-		if c.Annotations[AnnDefaultVirtClass] == "true" && (found == nil || c.CreationTimestamp.After(found.CreationTimestamp.Time)) {
-			found = c
-		}
-	}
-	if found == nil {
-		return nil, nil
-	}
-	return &found.Name, nil
+	return virtDefaultClass(ctx, r.Client)
 }

@@ -175,6 +175,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 					keeper.APIServices = append(keeper.APIServices, uploadproxy.APIServiceName(cdiupload.GroupVersion))
 				}
 			}
+			if opts.CDICompatibility {
+				keeper.Mutating = []string{cdi.ProfileHookName}
+			}
 			hookOpts.TLSOpts = append(hookOpts.TLSOpts, func(c *tls.Config) { c.GetCertificate = keeper.GetCertificate })
 		}
 		hooks = webhook.NewServer(hookOpts)
@@ -274,6 +277,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		}
 		if err := admission.Register(ctx, mgr, opts.AllowHostDisk, cdipolicy.SourceKinds()...); err != nil {
 			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
+		}
+		if opts.CDICompatibility {
+			cdi.RegisterProfileHook(mgr)
 		}
 		if w := opts.Webhook; w.UploadTokenSecret.Name != "" {
 			api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/diskpipe/diskpipe/controllers/cdi"
 	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -195,4 +196,53 @@ func TestShortNames(t *testing.T) {
 	if owner["vmimage"] != "virtualmachineimages.hypercloud.tmaxanc.com" {
 		t.Errorf("VirtualMachineImage's short name is not vmimage: %v", owner)
 	}
+}
+
+// TestProfileHookConfiguration: with CDI's API on, the chart's StorageProfile webhook is the one
+// the manager serves (cdi.ProfileHookConfiguration), pointed at the chart's Service, and the
+// manager may keep its caBundle; without it, there is none.
+func TestProfileHookConfiguration(t *testing.T) {
+	if o := find(render(t, "diskpipe-system"), "MutatingWebhookConfiguration"); o != nil {
+		t.Errorf("a MutatingWebhookConfiguration is rendered without CDI's API: %s", o.GetName())
+	}
+	objs := render(t, "diskpipe-system", "--set", "cdi.compatibility.enabled=true")
+	o := find(objs, "MutatingWebhookConfiguration")
+	if o == nil {
+		t.Fatal("no MutatingWebhookConfiguration rendered with cdi.compatibility.enabled")
+	}
+	var got admissionregistrationv1.MutatingWebhookConfiguration
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := cdiv1hook("diskpipe-system", testenv.ChartRelease+"-manager")
+	if got.Name != want.Name || !equality.Semantic.DeepEqual(got.Webhooks, want.Webhooks) {
+		t.Errorf("the chart's StorageProfile webhook differs:\nchart:   %+v\nmanager: %+v", got.Webhooks, want.Webhooks)
+	}
+	patchable := false
+	for _, r := range objs {
+		if r.GetKind() != "ClusterRole" {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(r.Object, "rules")
+		for _, rule := range rules {
+			m, _ := rule.(map[string]any)
+			res, _, _ := unstructured.NestedStringSlice(m, "resources")
+			names, _, _ := unstructured.NestedStringSlice(m, "resourceNames")
+			if slices.Contains(res, "mutatingwebhookconfigurations") && slices.Equal(names, []string{want.Name}) {
+				patchable = true
+			}
+		}
+	}
+	if !patchable {
+		t.Errorf("the manager may not patch the caBundle of %s", want.Name)
+	}
+}
+
+// cdiv1hook is cdi.ProfileHookConfiguration as the chart points it: at port 443.
+func cdiv1hook(ns, service string) *admissionregistrationv1.MutatingWebhookConfiguration {
+	want := cdi.ProfileHookConfiguration(ns, service, nil)
+	for i := range want.Webhooks {
+		want.Webhooks[i].ClientConfig.Service.Port = ptr.To[int32](443)
+	}
+	return want
 }

@@ -240,12 +240,25 @@ func (e *Env) TempDir() string {
 	return d
 }
 
-// InstallWebhooks installs cfg with its Services replaced by a local URL, and apiServices with
-// theirs replaced by ExternalName Services of 127.0.0.1 (which the apiserver dials as it would a
-// Service's pods), and returns where a manager must serve them all: host, port, and a
-// directory holding a serving certificate made for the test, good for 127.0.0.1 and for each
-// APIService's Service name (the name the apiserver checks).
-func (e *Env) InstallWebhooks(ctx context.Context, cfg *admissionregistrationv1.ValidatingWebhookConfiguration, apiServices ...*unstructured.Unstructured) (host string, port int, certDir string, err error) {
+// InstallWebhooks installs cfg, and any MutatingWebhookConfiguration of others, with their
+// Services replaced by a local URL, and the APIServices of others with theirs replaced by
+// ExternalName Services of 127.0.0.1 (which the apiserver dials as it would a Service's pods),
+// and returns where a manager must serve them all: host, port, and a directory holding a
+// serving certificate made for the test, good for 127.0.0.1 and for each APIService's Service
+// name (the name the apiserver checks).
+func (e *Env) InstallWebhooks(ctx context.Context, cfg *admissionregistrationv1.ValidatingWebhookConfiguration, others ...client.Object) (host string, port int, certDir string, err error) {
+	var apiServices []*unstructured.Unstructured
+	var mutating []*admissionregistrationv1.MutatingWebhookConfiguration
+	for _, o := range others {
+		switch o := o.(type) {
+		case *unstructured.Unstructured:
+			apiServices = append(apiServices, o)
+		case *admissionregistrationv1.MutatingWebhookConfiguration:
+			mutating = append(mutating, o)
+		default:
+			return "", 0, "", fmt.Errorf("InstallWebhooks: a %T is neither an APIService nor a MutatingWebhookConfiguration", o)
+		}
+	}
 	host = "127.0.0.1"
 	if port, err = freeport.Port(host); err != nil {
 		return "", 0, "", err
@@ -268,13 +281,22 @@ func (e *Env) InstallWebhooks(ctx context.Context, cfg *admissionregistrationv1.
 	if err != nil {
 		return "", 0, "", err
 	}
-	cfg = cfg.DeepCopy()
-	for i := range cfg.Webhooks {
-		c := &cfg.Webhooks[i].ClientConfig
+	local := func(c *admissionregistrationv1.WebhookClientConfig) {
 		c.URL = ptr.To(fmt.Sprintf("https://%s%s", net.JoinHostPort(host, strconv.Itoa(port)), ptr.Deref(c.Service.Path, "/")))
 		c.Service, c.CABundle = nil, bundle
 	}
+	cfg = cfg.DeepCopy()
+	for i := range cfg.Webhooks {
+		local(&cfg.Webhooks[i].ClientConfig)
+	}
 	objs := []client.Object{cfg}
+	for _, m := range mutating {
+		m = m.DeepCopy()
+		for i := range m.Webhooks {
+			local(&m.Webhooks[i].ClientConfig)
+		}
+		objs = append(objs, m)
+	}
 	for _, a := range apiServices {
 		a = a.DeepCopy()
 		ns, _, _ := unstructured.NestedString(a.Object, "spec", "service", "namespace")
