@@ -179,6 +179,7 @@ func TestDeferredToConsumer(t *testing.T) {
 			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"deferred-a"}}}}}}}
 	})
 	d := newDiskVolume(ns, "roaming", fromImage("", "local"), classWFFC, "")
+	d.Annotations = map[string]string{"transfer.diskpipe.io/priority-class": "imports-low"}
 	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
 	g.Expect(condition(common.ConditionReady)(&d.Status)).To(Equal("WaitingForFirstConsumer: made on the node its VM's pod is scheduled to, " +
@@ -197,6 +198,7 @@ func TestDeferredToConsumer(t *testing.T) {
 	g.Expect(env.Client.Update(t.Context(), claim)).To(Succeed())
 	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, inner) }, 20*time.Second).Should(Succeed())
 	g.Expect(inner.Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "deferred-b"))
+	g.Expect(inner.Annotations).To(HaveKeyWithValue("transfer.diskpipe.io/priority-class", "imports-low"), "its pods as the disk's would be")
 	g.Expect(inner.Spec.Source).To(Equal(d.Spec.Source))
 	g.Expect(*inner.Spec.StorageClassName).To(Equal(classWFFC))
 	g.Expect(inner.Spec.Resources.Requests.Storage.String()).To(Equal(goldenSize), "the claim's size")

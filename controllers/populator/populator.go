@@ -44,6 +44,7 @@ import (
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
@@ -158,7 +159,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		d.Annotations = map[string]string{disk.AnnotationSelectedNode: node}
 	}
 	if isDisk(ref) {
-		spec, why, err := r.deferredSpec(ctx, pvc, ref)
+		spec, transfer, why, err := r.deferredSpec(ctx, pvc, ref)
 		if err != nil {
 			return ctrl.Result{}, err
 		} else if why != "" {
@@ -166,6 +167,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, nil
 		}
 		d.Spec = *spec
+		for k, v := range transfer { // its transfer pods as the disk's would be
+			metav1.SetMetaDataAnnotation(&d.ObjectMeta, k, v)
+		}
 	} else {
 		d.Spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(ref.Name), Kind: diskvolume.ImageKind(ref.Kind)}
 	}
@@ -205,46 +209,49 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // its VM's node: the disk's own, of an image source. Only the disk that made the claim (its
 // controller) is copied: a claim that names a disk it was not made by says why it is not
 // filled.
-func (r *Reconciler) deferredSpec(ctx context.Context, pvc *corev1.PersistentVolumeClaim, ref *corev1.TypedObjectReference) (*diskvolume.DiskVolumeSpec, string, error) {
+func (r *Reconciler) deferredSpec(ctx context.Context, pvc *corev1.PersistentVolumeClaim, ref *corev1.TypedObjectReference) (spec *diskvolume.DiskVolumeSpec, transfer map[string]string, why string, err error) {
 	key := types.NamespacedName{Namespace: pvc.Namespace, Name: ref.Name}
-	var (
-		obj  client.Object
-		spec diskvolume.DiskVolumeSpec
-	)
+	var obj client.Object
 	switch ref.Kind {
 	case "DiskVolume":
 		v := &diskvolume.DiskVolume{}
 		if err := r.Get(ctx, key, v); err != nil {
-			return nil, fmt.Sprintf("%s %s does not exist: %v", ref.Kind, ref.Name, err), client.IgnoreNotFound(err)
+			return nil, nil, fmt.Sprintf("%s %s does not exist: %v", ref.Kind, ref.Name, err), client.IgnoreNotFound(err)
 		}
-		obj, spec = v, *v.Spec.DeepCopy()
+		obj, spec = v, v.Spec.DeepCopy()
 	default:
 		v := &hypercloud.VirtualMachinePvc{}
 		if err := r.Get(ctx, key, v); err != nil {
-			return nil, fmt.Sprintf("%s %s does not exist: %v", ref.Kind, ref.Name, err), client.IgnoreNotFound(err)
+			return nil, nil, fmt.Sprintf("%s %s does not exist: %v", ref.Kind, ref.Name, err), client.IgnoreNotFound(err)
 		}
 		obj = v
-		spec = diskvolume.DiskVolumeSpec{PVCTemplate: *v.Spec.PVC.DeepCopy(), CloneStrategy: v.Spec.CloneStrategy, Retry: v.Spec.Retry,
+		spec = &diskvolume.DiskVolumeSpec{PVCTemplate: *v.Spec.PVC.DeepCopy(), CloneStrategy: v.Spec.CloneStrategy, Retry: v.Spec.Retry,
 			Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(v.Spec.VirtualMachineImageName), Kind: diskvolume.ImageKindVirtualMachineImage}}}
 	}
 	if !owned.Mine("PersistentVolumeClaim", pvc, obj) { // an owner reference is anyone's to write; the mark is diskpipe's
-		return nil, fmt.Sprintf("the claim's dataSourceRef names %s %s, which did not make it: a claim is filled from a disk only by the disk that made it "+
+		return nil, nil, fmt.Sprintf("the claim's dataSourceRef names %s %s, which did not make it: a claim is filled from a disk only by the disk that made it "+
 			"(name an image instead)", ref.Kind, ref.Name), nil
 	}
 	if spec.Source.Image == nil {
-		return nil, fmt.Sprintf("%s %s is not made of an image: only a disk of an image waits for its VM's node", ref.Kind, ref.Name), nil
+		return nil, nil, fmt.Sprintf("%s %s is not made of an image: only a disk of an image waits for its VM's node", ref.Kind, ref.Name), nil
 	}
 	spec.Resources.Requests.Storage = nil // the claim's, below
 	// The revision of a scheduled image the disk was planned from (and sized for), if it is
 	// still one of that image's revisions: a newer one imported meanwhile may not fit.
 	if rev := pvc.Annotations[disk.AnnotationDeferredRevision]; rev != "" {
 		if ok, err := r.revisionOf(ctx, spec.Source.Image, obj.GetNamespace(), rev); err != nil {
-			return nil, "", err
+			return nil, nil, "", err
 		} else if ok {
 			spec.Source.Image.Name = common.LocalName(rev)
 		}
 	}
-	return &spec, "", nil
+	transfer = map[string]string{}
+	for _, k := range []string{importpod.AnnTransferPriorityClass, importpod.AnnTransferNetworks} {
+		if v := obj.GetAnnotations()[k]; v != "" {
+			transfer[k] = v
+		}
+	}
+	return spec, transfer, "", nil
 }
 
 // revisionOf says whether rev is a revision of img (the image of a disk in namespace ns): an
