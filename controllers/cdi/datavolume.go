@@ -557,20 +557,24 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		return spec, nil, err
 	}
 	if dv.Spec.Storage != nil {
-		// spec.storage is completed from the class's StorageProfile, as CDI does.
+		// spec.storage is completed from the class's StorageProfile, as CDI does: once the
+		// profile of a class that exists says what the class offers (a disk's modes cannot
+		// change after), which a class made a moment ago may not yet.
+		sc, err := storage.Class(ctx, r.Client, class)
+		if err != nil {
+			return spec, nil, err
+		}
 		p := &cdiv1.StorageProfile{}
 		if err := r.Get(ctx, client.ObjectKey{Name: class}, p); client.IgnoreNotFound(err) != nil {
 			return spec, nil, err
+		} else if sc != nil && (err != nil || p.Status.StorageClass == nil) {
+			return spec, nil, fmt.Errorf("waiting for the StorageProfile of class %s", class)
 		} else if err == nil {
 			if set := claimPropertySet(p.Status.ClaimPropertySets, spec.VolumeMode); set != nil && len(spec.AccessModes) == 0 {
 				spec.AccessModes = set.AccessModes
 				if spec.VolumeMode == nil {
 					spec.VolumeMode = set.VolumeMode
 				}
-			}
-			sc, err := storage.Class(ctx, r.Client, class)
-			if err != nil {
-				return spec, nil, err
 			}
 			if sc != nil {
 				spec.CloneStrategy = diskStrategy(p, sc)
