@@ -238,7 +238,3 @@ func insecureRegistries(ctx context.Context, c client.Reader) []string {
 	}
 	return config.Spec.InsecureRegistries
 }
-
-func (r *Reconciler) insecureRegistries(ctx context.Context) []string {
-	return insecureRegistries(ctx, r.Client)
-}

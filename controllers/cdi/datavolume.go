@@ -517,7 +517,7 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		return spec, nil, err
 	}
 	if golden == nil {
-		if imported, err = imageSource(src, dv.Namespace, r.insecureRegistries(ctx)); err != nil {
+		if imported, err = imageSource(src, dv.Namespace, insecureRegistries(ctx, r.Client)); err != nil {
 			return spec, nil, err
 		}
 	}
@@ -548,7 +548,7 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 	}
 	if spec.StorageClassName == nil {
 		// KubeVirt's default class for VM disks comes first, as CDI takes it.
-		if spec.StorageClassName, err = r.virtDefaultClass(ctx); err != nil {
+		if spec.StorageClassName, err = virtDefaultClass(ctx, r.Client); err != nil {
 			return spec, nil, err
 		}
 	}

@@ -961,12 +961,7 @@ func TestGlobalPreallocation(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 	ns := namespace(t, "prealloc")
-	config := &cdiv1.CDIConfig{}
-	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Name: "config"}, config) }, 20*time.Second).Should(Succeed())
-	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.Preallocation = ptr.To(true) })).To(Succeed())
-	t.Cleanup(func() {
-		_ = ctrltest.Update(context.Background(), env.Client, config, func() { config.Spec.Preallocation = nil })
-	})
+	withConfig(t, func(spec *cdiv1.CDIConfigSpec) { spec.Preallocation = ptr.To(true) })
 	unsaid := dataVolume(ns, "unsaid", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
 	said := dataVolume(ns, "said", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
 	said.Spec.Preallocation = ptr.To(false)
@@ -1008,12 +1003,7 @@ func TestInsecureRegistries(t *testing.T) {
 	g := NewWithT(t)
 	ctx := t.Context()
 	ns := namespace(t, "insecure")
-	config := &cdiv1.CDIConfig{}
-	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Name: "config"}, config) }, 20*time.Second).Should(Succeed())
-	g.Expect(ctrltest.Update(ctx, env.Client, config, func() { config.Spec.InsecureRegistries = []string{"registry:5000"} })).To(Succeed())
-	t.Cleanup(func() {
-		_ = ctrltest.Update(context.Background(), env.Client, config, func() { config.Spec.InsecureRegistries = nil })
-	})
+	withConfig(t, func(spec *cdiv1.CDIConfigSpec) { spec.InsecureRegistries = []string{"registry:5000"} })
 	for name, url := range map[string]string{"plain": "docker://registry:5000/disks/cirros:latest", "verified": "docker://quay.io/containerdisks/fedora:latest"} {
 		dv := dataVolume(ns, name, &cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{URL: ptr.To(url)}}, "1Gi")
 		g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
@@ -1059,4 +1049,17 @@ func TestProfileHook(t *testing.T) {
 	plain.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
 	g.Expect(env.Client.Create(ctx, plain)).To(Succeed())
 	g.Expect(ptr.Deref(plain.Spec.VolumeMode, "")).To(Equal(corev1.PersistentVolumeFilesystem), "the API's default, not the profile's")
+}
+
+// withConfig changes the CDIConfig's spec for the test, and puts it back as it was after.
+func withConfig(t *testing.T, change func(*cdiv1.CDIConfigSpec)) {
+	t.Helper()
+	g := NewWithT(t)
+	config := &cdiv1.CDIConfig{}
+	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Name: "config"}, config) }, 20*time.Second).Should(Succeed())
+	was := config.Spec.DeepCopy()
+	g.Expect(ctrltest.Update(t.Context(), env.Client, config, func() { change(&config.Spec) })).To(Succeed())
+	t.Cleanup(func() {
+		_ = ctrltest.Update(context.Background(), env.Client, config, func() { config.Spec = *was })
+	})
 }

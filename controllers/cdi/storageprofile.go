@@ -170,8 +170,3 @@ func claimPropertySet(sets []cdiv1.ClaimPropertySet, mode *corev1.PersistentVolu
 // AnnDefaultVirtClass marks the StorageClass KubeVirt's disks take when they name none, before
 // the cluster's default class.
 const AnnDefaultVirtClass = "storageclass.kubevirt.io/is-default-virt-class"
-
-// virtDefaultClass is the name of the class marked AnnDefaultVirtClass (pvchook.go).
-func (r *Reconciler) virtDefaultClass(ctx context.Context) (*string, error) {
-	return virtDefaultClass(ctx, r.Client)
-}

@@ -23,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
@@ -536,8 +538,8 @@ const AnnotationDeferredRevision = "diskpipe.io/deferred-revision"
 // populator fills there.
 func Deferred(pvc *corev1.PersistentVolumeClaim) bool {
 	ref := pvc.Spec.DataSourceRef
-	return ref != nil && ref.APIGroup != nil && ((*ref.APIGroup == "diskvolume.kubesphere.io" && ref.Kind == "DiskVolume") ||
-		(*ref.APIGroup == "hypercloud.tmaxanc.com" && ref.Kind == "VirtualMachinePvc"))
+	return ref != nil && ref.APIGroup != nil && ((*ref.APIGroup == diskvolume.GroupVersion.Group && ref.Kind == "DiskVolume") ||
+		(*ref.APIGroup == hypercloud.GroupVersion.Group && ref.Kind == "VirtualMachinePvc"))
 }
 
 // AnnotationBindImmediately on a disk of a class that binds at the first consumer asks for its
