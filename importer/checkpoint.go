@@ -78,10 +78,13 @@ type sealed struct {
 	SHA256     string          `json:"sha256"`
 }
 
-// matches reports whether c continues an import of this source into this disk.
-func (c *checkpoint) matches(source, identity string, format Format, vsize int64) bool {
+// matches reports whether c continues an import of this source (of srcSize bytes, -1 when
+// unknown) into this disk. The record lies on a volume a VM may have written: every number in
+// it is checked, not only its seal.
+func (c *checkpoint) matches(source, identity string, format Format, vsize, srcSize int64) bool {
 	return c != nil && identity != "" && c.Source == source && c.Identity == identity &&
-		c.Format == string(format) && c.VirtualSize == vsize && c.Done > 0 && c.Done <= vsize
+		c.Format == string(format) && c.VirtualSize == vsize && c.Done > 0 && c.Done <= vsize &&
+		c.Hashed >= 0 && (srcSize < 0 || c.Hashed <= srcSize)
 }
 
 // checkpointPath is where a disk file's checkpoint lives.

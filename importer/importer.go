@@ -355,7 +355,7 @@ func startOrResume(o *Options, f *fetcher, format Format, vsize int64, t *Target
 	fresh := &checkpoint{Source: o.Source.String(), Format: string(format), VirtualSize: vsize}
 	if id != "" && t.checkpointable(vsize) {
 		fresh.Identity = id
-		if cp := t.loadCheckpoint(vsize); cp.matches(fresh.Source, id, format, vsize) {
+		if cp := t.loadCheckpoint(vsize); cp.matches(fresh.Source, id, format, vsize, f.obj.Size()) {
 			if cp.Hashed == 0 || cs.Want == "" || cs.Restore(cp.Hash) == nil {
 				if cs.Want == "" {
 					cp.Hashed, cp.Hash = 0, nil

@@ -56,6 +56,8 @@ func (m *mappedImage) ReadAt(p []byte, off int64) (int, error) {
 				return done, err
 			}
 			copy(p[done:done+n], block[within:])
+		case host < 0:
+			return done, negativeOffset(host)
 		default:
 			if _, err := m.ra.ReadAt(p[done:done+n], host+within); err != nil {
 				return done, err

@@ -73,8 +73,9 @@ func parseQcow2Header(head []byte, fileSize int64) (*qcow2Header, error) {
 	}
 	if backingOff != 0 {
 		name := "(unreadable)"
-		if end := backingOff + uint64(backingLen); backingLen > 0 && backingLen <= 1023 && end <= uint64(len(head)) {
-			name = fmt.Sprintf("%q", head[backingOff:end])
+		// Both numbers are the image's: compare without adding them, so that no sum wraps.
+		if n := uint64(backingLen); n > 0 && n <= 1023 && backingOff < uint64(len(head)) && n <= uint64(len(head))-backingOff {
+			name = fmt.Sprintf("%q", head[backingOff:backingOff+n])
 		}
 		return nil, transfer.Permanent(transfer.ReasonBackingFile,
 			"the qcow2 image has a backing file %s: diskpipe imports only self-contained images (flatten it with 'qemu-img convert -O qcow2')", name)
@@ -113,6 +114,10 @@ func parseQcow2Header(head []byte, fileSize int64) (*qcow2Header, error) {
 	if h.L1TableOffset == 0 || h.L1TableOffset%clusterSize != 0 {
 		return nil, malformed("L1 table offset %#x is not cluster-aligned", h.L1TableOffset)
 	}
+	// Offsets past qcow2's 56 bits are refused before they are added to anything.
+	if h.L1TableOffset > 1<<56 {
+		return nil, malformed("L1 table offset %#x is past the largest image qcow2 can describe", h.L1TableOffset)
+	}
 	if fileSize >= 0 {
 		if end := h.L1TableOffset + uint64(h.L1Size)*8; end > uint64(fileSize) {
 			return nil, transfer.Permanent(transfer.ReasonTruncatedImage,
@@ -134,6 +139,9 @@ type checkedHead struct {
 }
 
 func (c checkedHead) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, negativeOffset(off)
+	}
 	if off < int64(len(c.head)) {
 		n := copy(p, c.head[off:])
 		if n == len(p) {
@@ -143,6 +151,12 @@ func (c checkedHead) ReadAt(p []byte, off int64) (int, error) {
 		return n + m, err
 	}
 	return c.r.ReadAt(p, off)
+}
+
+// negativeOffset is the error for a read an image's tables send before its start: every
+// reader of an image refuses one, whatever table arithmetic made it.
+func negativeOffset(off int64) error {
+	return transfer.Permanent(transfer.ReasonMalformedImage, "malformed image: its tables point at offset %d, before the start of the file", off)
 }
 
 // noBackingFile is go-qcow2reader's opener of backing files: diskpipe never opens one (the
@@ -161,6 +175,9 @@ type boundedReaderAt struct {
 }
 
 func (b boundedReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, negativeOffset(off)
+	}
 	if off >= b.size {
 		return 0, transfer.Permanent(transfer.ReasonTruncatedImage,
 			"truncated image: it refers to bytes %d to %d, the file has %d", off, off+int64(len(p)), b.size)

@@ -109,6 +109,10 @@ func importQcow2Stream(r io.Reader, head []byte, t *Target) (int64, error) {
 			break // every table has passed and every cluster they map is written: the image ends here
 		}
 	}
+	if len(l1) < cap(l1) {
+		return 0, transfer.Permanent(transfer.ReasonTruncatedImage,
+			"truncated qcow2 image: the stream ended at byte %d, before its L1 table (bytes %d to %d)", s.pos, l1Off, l1Off+int64(cap(l1)))
+	}
 	s.pos += s.cs
 	s.cur, s.prev = nil, s.cur
 	if err := s.finishCompressed(); err != nil {

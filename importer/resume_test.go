@@ -294,7 +294,7 @@ func TestCheckpointInBackground(t *testing.T) {
 						t.Error(err)
 					}
 				}()
-				if got := reopened.loadCheckpoint(8 << 20); !got.matches(cp.Source, cp.Identity, Format(cp.Format), cp.VirtualSize) || got.Done != cp.Done {
+				if got := reopened.loadCheckpoint(8 << 20); !got.matches(cp.Source, cp.Identity, Format(cp.Format), cp.VirtualSize, -1) || got.Done != cp.Done {
 					t.Errorf("the kept disk's checkpoint is %+v, want %+v", got, cp)
 				}
 				return

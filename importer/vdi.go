@@ -32,6 +32,9 @@ func openVDI(ra io.ReaderAt) (*mappedImage, error) {
 	if size <= 0 || size > 1<<44 || blockSize < 512 || blockSize%512 != 0 || blockSize > 64<<20 || blocks*blockSize < size {
 		return nil, transfer.Permanent(transfer.ReasonMalformedImage, "malformed vdi image: %d blocks of %d bytes for a %d-byte disk", blocks, blockSize, size)
 	}
+	if extra != 0 { // as qemu: no image writer sets it
+		return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "vdi images with %d bytes of extra data per block are not supported", extra)
+	}
 	bmap, err := readTable(ra, bmapOff, blocks, "block map")
 	if err != nil {
 		return nil, err
@@ -42,6 +45,9 @@ func openVDI(ra io.ReaderAt) (*mappedImage, error) {
 			if e >= 0xfffffffe { // unallocated or discarded: zeros
 				return 0, false, nil
 			}
-			return dataOff + int64(e)*(blockSize+extra) + extra, true, nil
+			if int64(e) >= blocks {
+				return 0, false, transfer.Permanent(transfer.ReasonMalformedImage, "malformed vdi image: block %d is stored as block %d of %d", b, e, blocks)
+			}
+			return dataOff + int64(e)*blockSize, true, nil
 		}}, nil
 }

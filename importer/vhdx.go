@@ -38,7 +38,7 @@ func openVHDX(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 		return transfer.Permanent(transfer.ReasonMalformedImage, "malformed vhdx image: %s", what)
 	}
 	read := func(off, n int64) ([]byte, error) {
-		if off < 0 || n < 0 || n > 64<<20 || off+n > fileSize {
+		if off < 0 || n < 0 || n > 64<<20 || off > fileSize-n {
 			return nil, transfer.Permanent(transfer.ReasonTruncatedImage, "truncated vhdx image: %d bytes at %d lie past its end", n, off)
 		}
 		b := make([]byte, n)
@@ -127,7 +127,11 @@ func openVHDX(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 			e := le.Uint64(bat[(b+b/chunkRatio)*8:])
 			switch e & 7 {
 			case 6, 7: // fully or partially present
-				return int64(e>>20) << 20, true, nil //nolint:gosec // a file offset in MiB
+				if e>>20 >= uint64(fileSize)>>20+1 { //nolint:gosec // fileSize is positive
+					return 0, false, transfer.Permanent(transfer.ReasonTruncatedImage,
+						"truncated vhdx image: block %d lies at MiB %d, the file has %d bytes", b, e>>20, fileSize)
+				}
+				return int64(e>>20) << 20, true, nil //nolint:gosec // a file offset in MiB, checked above
 			default: // not present, undefined, zero, unmapped: zeros, there being no parent
 				return 0, false, nil
 			}

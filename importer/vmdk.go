@@ -32,19 +32,41 @@ type vmdkHeader struct {
 // parseVMDKHeader reads the 512-byte header h of a KDMV extent.
 func parseVMDKHeader(h []byte) (vmdkHeader, error) {
 	le := binary.LittleEndian
+	// Every sector count is checked before it is multiplied: a crafted one must not wrap into
+	// a negative or small offset.
+	fields := []struct {
+		what string
+		n    uint64
+	}{{"capacity", le.Uint64(h[12:])}, {"grain size", le.Uint64(h[20:])}, {"descriptor offset", le.Uint64(h[28:])},
+		{"descriptor size", le.Uint64(h[36:])}, {"overhead", le.Uint64(h[64:])}}
+	for _, f := range fields {
+		if f.n > maxVMDKSectors {
+			return vmdkHeader{}, transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk image: its %s is %d sectors", f.what, f.n)
+		}
+	}
+	inBytes := func(i int) int64 { return int64(fields[i].n) * 512 } //nolint:gosec // at most maxVMDKSectors
 	vh := vmdkHeader{
-		flags:   le.Uint32(h[8:]),
-		size:    int64(le.Uint64(h[12:])) * 512,                                          //nolint:gosec // checked below
-		grain:   int64(le.Uint64(h[20:])) * 512,                                          //nolint:gosec // checked below
-		descOff: int64(le.Uint64(h[28:])) * 512, descLen: int64(le.Uint64(h[36:])) * 512, //nolint:gosec // bounded by their users
-		gtes:     int64(le.Uint32(h[44:])),
-		gdSector: le.Uint64(h[56:]),
-		overhead: int64(le.Uint64(h[64:])) * 512, //nolint:gosec // bounded by its user
+		flags: le.Uint32(h[8:]), size: inBytes(0), grain: inBytes(1), descOff: inBytes(2), descLen: inBytes(3), overhead: inBytes(4),
+		gtes: int64(le.Uint32(h[44:])), gdSector: le.Uint64(h[56:]),
 	}
 	if vh.size <= 0 || vh.size > 1<<44 || vh.grain < 512 || vh.grain > 16<<20 || vh.gtes <= 0 || vh.gtes > 1<<16 {
 		return vh, transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk image: %d-byte disk, %d-byte grains, %d entries per table", vh.size, vh.grain, vh.gtes)
 	}
+	if vh.gdSector != vmdkGDAtEnd && vh.gdSector > maxVMDKSectors {
+		return vh, transfer.Permanent(transfer.ReasonMalformedImage, "malformed vmdk image: its grain directory is at sector %d", vh.gdSector)
+	}
 	return vh, nil
+}
+
+// maxVMDKSectors bounds every sector number or count of a vmdk header: 2^40 sectors (512 TiB)
+// is past any file diskpipe imports, and times 512 leaves sums of them far from wrapping.
+const maxVMDKSectors = 1 << 40
+
+// gdEntries is how many grain tables map the extent's disk: qemu rounds up, and so must a
+// reader, or the last grains have no table.
+func (vh vmdkHeader) gdEntries() int64 {
+	grains := (vh.size + vh.grain - 1) / vh.grain
+	return (grains + vh.gtes - 1) / vh.gtes
 }
 
 // checkVMDKDescriptor refuses an image whose descriptor names a parent.
@@ -95,8 +117,7 @@ func openVMDK(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 		}
 	}
 	gdOff := int64(vh.gdSector) * 512 //nolint:gosec // checked by readTable
-	gdEntries := (size/grain + gtes - 1) / gtes
-	gd, err := readTable(ra, gdOff, gdEntries, "grain directory")
+	gd, err := readTable(ra, gdOff, vh.gdEntries(), "grain directory")
 	if err != nil {
 		return nil, err
 	}

@@ -134,7 +134,7 @@ func (s *vmdkStream) readOverhead() error {
 	if s.h.gdSector == vmdkGDAtEnd {
 		return nil
 	}
-	gtCount := (s.h.size/s.h.grain + s.h.gtes - 1) / s.h.gtes
+	gtCount := s.h.gdEntries()
 	gd, ok := s.at(int64(s.h.gdSector)*512, gtCount*4) //nolint:gosec // bounded by at
 	if !ok {
 		return transfer.Permanent(transfer.ReasonNeedsRandomAccess,
@@ -158,7 +158,7 @@ func (s *vmdkStream) readOverhead() error {
 // at returns the overhead bytes at file offset off, if they were kept.
 func (s *vmdkStream) at(off, n int64) ([]byte, bool) {
 	from := off - 512
-	if n <= 0 || from < 0 || from+n > int64(len(s.overhead)) {
+	if n <= 0 || from < 0 || from > int64(len(s.overhead)) || n > int64(len(s.overhead))-from {
 		return nil, false
 	}
 	return s.overhead[from : from+n], true

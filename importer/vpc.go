@@ -43,7 +43,7 @@ func openVPC(ra io.ReaderAt, fileSize int64) (*mappedImage, error) {
 	}
 	hdr := make([]byte, 1024)
 	hdrOff := int64(be.Uint64(footer[16:])) //nolint:gosec // checked below
-	if hdrOff <= 0 || hdrOff+1024 > fileSize {
+	if hdrOff <= 0 || hdrOff > fileSize-1024 {
 		return nil, transfer.Permanent(transfer.ReasonMalformedImage, "malformed vpc image: dynamic header at %d", hdrOff)
 	}
 	if _, err := ra.ReadAt(hdr, hdrOff); err != nil {
