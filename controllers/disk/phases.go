@@ -126,7 +126,18 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	}
 	source := "grow" // how the disk is made, for metrics
 	var copyFrom *hostcopy.Source
+	// A disk of a node-local image on a class that binds at the first consumer is made where
+	// its VM's pod is scheduled, however it is filled: a pod that filled it now would pin it to
+	// the node that pod ran on.
+	if err := r.bindNow(ctx, d, p); err != nil {
+		return ctrl.Result{}, err
+	}
+	if p.deferred, err = r.deferToConsumer(ctx, d, p); err != nil {
+		return ctrl.Result{}, err
+	}
 	switch {
+	case p.deferred:
+		return r.madeByStorage(ctx, d, pvcName, p)
 	case p.dataSource == nil && d.blank:
 		source = "blank"
 		spec.Name = fmt.Sprintf("%s-blank-%d", pvcName, st.Retries)
@@ -143,23 +154,21 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		spec.Name = fmt.Sprintf("%s-grow-%d", pvcName, st.Retries)
 		spec.Import = contract.Import{GrowOnly: true}
 	default:
-		// The storage makes the whole disk (a CSI clone, a restore): its PVC is bound once
-		// the storage is done.
-		if err := r.bindNow(ctx, d, p); err != nil {
-			return ctrl.Result{}, err
-		}
-		if p.deferred, err = r.deferToConsumer(ctx, d, p); err != nil {
-			return ctrl.Result{}, err
-		}
-		pvc, err := r.ensurePVC(ctx, d, pvcName, p)
-		if err != nil {
-			return r.nameTaken(d, err)
-		}
-		st.PVCName = pvcName
-		r.cloning(d)
-		return r.waitForBinding(ctx, d, pvc, p)
+		return r.madeByStorage(ctx, d, pvcName, p)
 	}
 	return r.fill(ctx, d, p, spec, source, copyFrom)
+}
+
+// madeByStorage makes a disk the storage makes whole (a CSI clone, a restore; a deferred disk
+// by the populator): its PVC is bound once the storage is done.
+func (r *Reconciler) madeByStorage(ctx context.Context, d *vmDisk, pvcName string, p *plan) (ctrl.Result, error) {
+	pvc, err := r.ensurePVC(ctx, d, pvcName, p)
+	if err != nil {
+		return r.nameTaken(d, err)
+	}
+	d.status.PVCName = pvcName
+	r.cloning(d)
+	return r.waitForBinding(ctx, d, pvc, p)
 }
 
 // cloning is the phase of a disk on its way.

@@ -210,6 +210,21 @@ func TestDeferredToConsumer(t *testing.T) {
 	g.Expect(replicas.Items).To(HaveLen(1))
 	g.Expect(replicas.Items[0].Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "deferred-b"))
 
+	// So does a disk that a pod would fill, were it made now: grown past the image, or copied
+	// by the host. That pod would pin it to the node it ran on.
+	grown := newDiskVolume(ns, "grown", fromImage("", "local"), classWFFC, "4Gi")
+	copied := newDiskVolume(ns, "copied", fromImage("", "local"), classWFFC, "")
+	copied.Spec.CloneStrategy = ptr.To(common.CloneStrategyHostAssisted)
+	for _, v := range []*diskvolume.DiskVolume{grown, copied} {
+		g.Expect(env.Client.Create(t.Context(), v)).To(Succeed())
+		g.Eventually(diskStatus(t, v, &v.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), HavePrefix("WaitingForFirstConsumer: ")), v.Name)
+		c := pvcOf(t, ns, v.Name)
+		g.Expect(c.Spec.DataSourceRef).To(Equal(&corev1.TypedObjectReference{APIGroup: ptr.To(diskvolume.GroupVersion.Group), Kind: "DiskVolume", Name: v.Name}), v.Name)
+		pods := &corev1.PodList{}
+		g.Expect(env.Client.List(t.Context(), pods, client.InNamespace(ns), client.MatchingLabels{disk.LabelDisk: string(v.UID)})).To(Succeed())
+		g.Expect(pods.Items).To(BeEmpty(), "no pod fills %s before its VM's node is known", v.Name)
+	}
+
 	// A claim that names the disk but was not made by it is not filled from it.
 	forged := imageClaim(ns, "", classWFFC, goldenSize)
 	forged.Name, forged.Annotations = "forged", map[string]string{disk.AnnotationSelectedNode: "deferred-b"}

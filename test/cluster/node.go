@@ -118,6 +118,10 @@ type node struct {
 	pid       int    // PID 1 of its namespaces, as the machine sees it
 }
 
+// kubeVirtNodeDirs are the host paths where KubeVirt's handler keeps a node's state (its
+// DaemonSet's hostPath volumes besides the kubelet's).
+var kubeVirtNodeDirs = []string{"/run/kubevirt", "/run/kubevirt-private", "/run/kubevirt-libvirt-runtimes", "/var/lib/kubevirt-node-labeller"}
+
 // MaxNodes is how many nodes a cluster may have: each takes a /24 of ClusterCIDR.
 const MaxNodes = 8
 
@@ -200,7 +204,19 @@ func (c *Cluster) nodeNamespace(ctx context.Context, n *node) error {
 	}
 	c.step("%s: its PID and mount namespace", n.name)
 	// The init names the node's kubelet directory, so that a later teardown finds it.
-	script := fmt.Sprintf("set -e; mount --make-rshared /; mount --bind %q %s; exec %q %q", root, KubeletRoot, initBin, root)
+	script := fmt.Sprintf("set -e; mount --make-rshared /; mount --bind %q %s; ", root, KubeletRoot)
+	if n.index > 1 {
+		// KubeVirt's handler keeps its VMs' sockets, mounts and records on the node's own
+		// paths: past the first node (which has the machine's), each node has its own.
+		for _, dir := range kubeVirtNodeDirs {
+			own := c.nodePath(n, "kubevirt", filepath.Base(dir))
+			if err := os.MkdirAll(own, 0o755); err != nil {
+				return err
+			}
+			script += fmt.Sprintf("mkdir -p %s; mount --bind %q %s; ", dir, own, dir)
+		}
+	}
+	script += fmt.Sprintf("exec %q %q", initBin, root)
 	args := []string{"--pid", "--fork", "--mount", "--mount-proc", "--propagation", "unchanged"}
 	if n.netns != "" {
 		args = append(args, "--net")

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/diskpipe/diskpipe/test/bootdisk"
 	realcluster "github.com/diskpipe/diskpipe/test/cluster"
 )
 
@@ -81,7 +83,7 @@ spec:
 }
 
 // multiNode labels a spec that needs several nodes: CI runs these on a cluster of three
-// (make test-cluster NODES=3 E2E_LABELS=nodes), after the suite on one node.
+// with KubeVirt (make test-cluster KUBEVIRT=1 NODES=3 E2E_LABELS=nodes), after the suite on one node.
 var multiNode = Label("nodes")
 
 var _ = Describe("on three nodes: the harness's network and node-local storage", Ordered, multiNode, func() {
@@ -277,5 +279,80 @@ spec:
 		Eventually(func() string {
 			return kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}")
 		}, time.Minute, time.Second).Should(SatisfyAll(ContainSubstring(away+" Ready;"), ContainSubstring(third+" Ready;")), "a replica on each node away from the image")
+	})
+})
+
+// onNode pins a KubeVirt VirtualMachine's VMs to node.
+func onNode(vm, node string) string {
+	return strings.Replace(vm, "    spec:\n      domain:\n", "    spec:\n      nodeSelector: {kubernetes.io/hostname: "+node+"}\n      domain:\n", 1)
+}
+
+var _ = Describe("real KubeVirt on three nodes", afterKubeVirtRollout, multiNode, func() {
+	BeforeEach(requireKubeVirt)
+
+	It("boots VMs on the nodes away from a node-local image, through a DiskVolume and a DataVolume of a DataSource, each from a replica on its node", func() {
+		nodes := severalNodes()
+		ns := vmNamespace()
+		image := strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
+		kubectl(image, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmimage", "golden"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		home := pvOf(ns, "vmim-golden").Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
+		var away []string
+		for _, n := range nodes {
+			if n != home {
+				away = append(away, n)
+			}
+		}
+		Expect(away).To(HaveLen(len(nodes) - 1))
+
+		// On one node, a DiskVolume of the image on the node-local class; on another, KubeVirt's
+		// dataVolumeTemplates from a DataSource of it. Neither disk exists before its VM's node
+		// is known.
+		kubectl(fmt.Sprintf(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: byhand
+spec:
+  source:
+    image: {name: golden, kind: VirtualMachineImage}
+  storageClassName: %s
+  resources: {requests: {storage: 512Mi}}
+---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataSource
+metadata:
+  name: golden
+spec:
+  source: {pvc: {namespace: %s, name: vmim-golden}}
+---
+`, realcluster.LocalClass, ns)+
+			onNode(kubeVirtVM("byhand", "Once", "byhand"), away[0])+"---\n"+
+			onNode(strings.Replace(dvVM("fromsource", "sourceRef: {kind: DataSource, name: golden}"),
+				"storage:\n", "storage:\n        storageClassName: "+realcluster.LocalClass+"\n", 1), away[1]),
+			"apply", "-n", ns, "-f", "-")
+
+		// The DiskVolume's disk is its size less the filesystem's overhead; a DataVolume's is at
+		// least the size asked for, as CDI makes it.
+		Expect(guestConsole(ns, "byhand", "")[0]).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=%s", grown(512<<20), bootdisk.Marker)))
+		line := guestConsole(ns, "fromsource", "")[0]
+		Expect(line).To(And(HavePrefix("DISKPIPE-BOOT disk=vda size="), HaveSuffix(" marker="+bootdisk.Marker)))
+		size, err := strconv.ParseInt(strings.Fields(strings.TrimPrefix(line, "DISKPIPE-BOOT disk=vda size="))[0], 10, 64)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(size).To(BeNumerically(">=", 512<<20))
+		for vm, node := range map[string]string{"byhand": away[0], "fromsource": away[1]} {
+			Expect(kubectl("", "get", "vmi", vm, "-n", ns, "-o", "jsonpath={.status.nodeName}")).To(Equal(node), vm)
+		}
+		for claim, node := range map[string]string{"byhand": away[0], "fromsource-root": away[1]} {
+			Expect(pvOf(ns, claim).Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{node}), "%s is on its VM's node", claim)
+		}
+		// The image was copied once into each of those nodes, and nowhere else.
+		want := make([]string, 0, len(away))
+		for _, n := range away {
+			want = append(want, n+" Ready")
+		}
+		Eventually(func() []string {
+			return strings.FieldsFunc(kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}"),
+				func(r rune) bool { return r == ';' })
+		}, time.Minute, time.Second).Should(ConsistOf(want), "a replica on each VM's node, none on the image's")
 	})
 })
