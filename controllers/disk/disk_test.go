@@ -484,11 +484,26 @@ func TestWaitForFirstConsumer(t *testing.T) {
 		return st.Capacity.String()
 	}, Equal(goldenSize)))
 
+	// A disk a pod would fill now (grown past the image; blank) would be bound on the node that
+	// pod ran on, and its VM pinned there: it waits for its VM's node too, and is filled there
+	// (TestDeferredToConsumer).
 	big := newDiskVolume(ns, "big", fromImage("", "wffc"), classWFFC, "8Gi")
-	g.Expect(env.Client.Create(t.Context(), big)).To(Succeed())
-	ctrltest.Pod(t, env, ns, "big-grow-0") // the grow pod is the first consumer
-	g.Eventually(diskStatus(t, big, &big.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseCloning)))
-	g.Consistently(diskStatus(t, big, &big.Status), time.Second).Should(WithTransform(phase, Equal(common.PhaseCloning)))
+	blank := newDiskVolume(ns, "empty", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, classWFFC, "1Gi")
+	for _, v := range []*diskvolume.DiskVolume{big, blank} {
+		g.Expect(env.Client.Create(t.Context(), v)).To(Succeed())
+		g.Eventually(diskStatus(t, v, &v.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), HavePrefix("WaitingForFirstConsumer: ")), v.Name)
+		g.Expect(pvcOf(t, ns, v.Name).Spec.DataSourceRef.Kind).To(Equal("DiskVolume"), v.Name)
+		pods := &corev1.PodList{}
+		g.Expect(env.Client.List(t.Context(), pods, client.InNamespace(ns), client.MatchingLabels{disk.LabelDisk: string(v.UID)})).To(Succeed())
+		g.Expect(pods.Items).To(BeEmpty(), "no pod fills %s before its VM's node is known", v.Name)
+	}
+	g.Expect(condition(common.ConditionReady)(&blank.Status)).To(Equal("WaitingForFirstConsumer: made on the node its VM's pod is scheduled to (blank), " +
+		"which it would be pinned to were it made now (WaitForFirstConsumer)"))
+	// Asked to be bound now, it is filled now.
+	now := newDiskVolume(ns, "now", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, classWFFC, "1Gi")
+	now.Annotations = map[string]string{disk.AnnotationBindImmediately: "true"}
+	g.Expect(env.Client.Create(t.Context(), now)).To(Succeed())
+	ctrltest.Pod(t, env, ns, "now-blank-0")
 }
 
 // TestWaitsForImage: a disk made before its image is Ready waits, and goes on as soon as the

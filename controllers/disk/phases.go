@@ -68,8 +68,10 @@ type plan struct {
 	// remote says why the node the disk is wanted on cannot mount the image's volume, which
 	// a copy then reads through a clone-source pod on the image's node; "" when it can.
 	remote string
-	// deferred: the disk's PVC is filled once its VM's node is known (deferToConsumer).
-	deferred bool
+	// deferred: the disk's PVC is filled once its VM's node is known (deferToConsumer), as
+	// deferredHow says.
+	deferred    bool
+	deferredHow string
 }
 
 // fillsMore says whether a filesystem volume of the size the user asked holds more than the
@@ -126,13 +128,11 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	}
 	source := "grow" // how the disk is made, for metrics
 	var copyFrom *hostcopy.Source
-	// A disk of a node-local image on a class that binds at the first consumer is made where
-	// its VM's pod is scheduled, however it is filled: a pod that filled it now would pin it to
-	// the node that pod ran on.
+	grows := !block && (p.size.Cmp(p.sourceSize) > 0 || preallocate || p.fillsMore(r.Pods.Config.FilesystemOverhead.For(spec.StorageClass)))
 	if err := r.bindNow(ctx, d, p); err != nil {
 		return ctrl.Result{}, err
 	}
-	if p.deferred, err = r.deferToConsumer(ctx, d, p); err != nil {
+	if p.deferred, err = r.deferToConsumer(ctx, d, p, p.dataSource == nil || grows); err != nil {
 		return ctrl.Result{}, err
 	}
 	switch {
@@ -148,7 +148,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		spec.Import = contract.Import{Grow: true}
 		copyFrom = &hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC),
 			Remote: p.remote != ""}
-	case !block && (p.size.Cmp(p.sourceSize) > 0 || preallocate || p.fillsMore(r.Pods.Config.FilesystemOverhead.For(spec.StorageClass))):
+	case grows:
 		// The storage copied the disk; a larger volume needs disk.img grown to fill it, and a
 		// preallocated disk its holes allocated.
 		spec.Name = fmt.Sprintf("%s-grow-%d", pvcName, st.Retries)
@@ -521,21 +521,30 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, name string) er
 	return nil
 }
 
-// deferToConsumer says whether a disk the storage would make (a CSI clone or restore of an
-// image) is made only once its VM's node is known: on a class that binds at the first consumer,
-// from an image whose volume is node-local, a clone made where the scheduler puts the VM would
-// work on the image's node only. Its PVC then names the disk as its data source, and the
-// populator fills it on that node as the disk says (a clone of the image there, or of its
-// replica there), so that the VM runs on any node. A disk whose node is known, or that is a
-// replica, is made at once.
-func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan) (bool, error) {
-	if p.golden == nil || !storage.WaitsForConsumer(p.class) || d.obj.GetAnnotations()[AnnotationSelectedNode] != "" || isReplica(d) {
+// deferToConsumer says whether a disk on a class that binds at the first consumer is made only
+// once its VM's node is known. A disk a pod fills (byPod: a blank disk, a host copy, a clone
+// grown to its size) would be bound wherever that pod ran, and the VM pinned there; a disk
+// the storage makes (a CSI clone or restore) of an image whose volume is node-local would work
+// on the image's node only. Such a disk's PVC names the disk as its data source, and the
+// populator fills it on the VM's node as the disk says (from the image there, or from its
+// replica there), so that the VM runs on any node. A disk whose node is known, one asked to be
+// bound at once, and a replica are made at once.
+func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan, byPod bool) (bool, error) {
+	ann := d.obj.GetAnnotations()
+	if !storage.WaitsForConsumer(p.class) || ann[AnnotationSelectedNode] != "" || ann[AnnotationBindImmediately] == "true" || isReplica(d) ||
+		(p.golden == nil && !d.blank) {
 		return false, nil
+	}
+	if byPod {
+		p.deferredHow = "made on the node its VM's pod is scheduled to (" + describe(d, p) + "), which it would be pinned to were it made now"
+		return true, nil
 	}
 	pv, err := r.volumeOf(ctx, p.golden.PVC)
 	if pv == nil || err != nil {
 		return false, err
 	}
+	p.deferredHow = "made on the node its VM's pod is scheduled to, from the image's node-local volume: cloned there, or copied once to that node " +
+		"as the image's replica and cloned from it"
 	return r.nodeLocal(ctx, pv)
 }
 
@@ -665,7 +674,9 @@ func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *p
 			return nil, err
 		}
 		pvc.Spec.DataSource, pvc.Spec.DataSourceRef = nil, &corev1.TypedObjectReference{APIGroup: ptr.To(gvk.Group), Kind: gvk.Kind, Name: d.obj.GetName()}
-		if rev := p.golden.Obj.GetName(); rev != string(d.image.Name) {
+		if p.golden == nil {
+			// blank: nothing to pin
+		} else if rev := p.golden.Obj.GetName(); rev != string(d.image.Name) {
 			pvc.Annotations = map[string]string{AnnotationDeferredRevision: rev}
 		}
 	}
@@ -691,8 +702,7 @@ func (r *Reconciler) waitForBinding(ctx context.Context, d *vmDisk, pvc *corev1.
 	case pvc.Status.Phase == corev1.ClaimBound:
 		r.made(ctx, d, pvc, p, nil, describe(d, p))
 	case p.deferred:
-		how := "made on the node its VM's pod is scheduled to, from the image's node-local volume: cloned there, or copied once to that node " +
-			"as the image's replica and cloned from it"
+		how := p.deferredHow
 		r.made(ctx, d, pvc, p, nil, how)
 		meta.SetStatusCondition(&d.status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionTrue,
 			Reason: reasonWaitingForConsumer, Message: how + " (WaitForFirstConsumer)"})

@@ -232,13 +232,13 @@ func (r *Reconciler) deferredSpec(ctx context.Context, pvc *corev1.PersistentVol
 		return nil, nil, fmt.Sprintf("the claim's dataSourceRef names %s %s, which did not make it: a claim is filled from a disk only by the disk that made it "+
 			"(name an image instead)", ref.Kind, ref.Name), nil
 	}
-	if spec.Source.Image == nil {
-		return nil, nil, fmt.Sprintf("%s %s is not made of an image: only a disk of an image waits for its VM's node", ref.Kind, ref.Name), nil
+	if spec.Source.Image == nil && spec.Source.Blank == nil {
+		return nil, nil, fmt.Sprintf("%s %s is neither of an image nor blank: only those wait for their VM's node", ref.Kind, ref.Name), nil
 	}
 	spec.Resources.Requests.Storage = nil // the claim's, below
 	// The revision of a scheduled image the disk was planned from (and sized for), if it is
 	// still one of that image's revisions: a newer one imported meanwhile may not fit.
-	if rev := pvc.Annotations[disk.AnnotationDeferredRevision]; rev != "" {
+	if rev := pvc.Annotations[disk.AnnotationDeferredRevision]; rev != "" && spec.Source.Image != nil {
 		if ok, err := r.revisionOf(ctx, spec.Source.Image, obj.GetNamespace(), rev); err != nil {
 			return nil, nil, "", err
 		} else if ok {

@@ -290,7 +290,7 @@ func onNode(vm, node string) string {
 var _ = Describe("real KubeVirt on three nodes", afterKubeVirtRollout, multiNode, func() {
 	BeforeEach(requireKubeVirt)
 
-	It("boots VMs on the nodes away from a node-local image, through a DiskVolume and a DataVolume of a DataSource, each from a replica on its node", func() {
+	It("boots VMs on the nodes away from a node-local image, through a DiskVolume and a DataVolume of a DataSource beside a blank one, each from a replica on its node", func() {
 		nodes := severalNodes()
 		ns := vmNamespace()
 		image := strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
@@ -327,23 +327,54 @@ spec:
 ---
 `, realcluster.LocalClass, ns)+
 			onNode(kubeVirtVM("byhand", "Once", "byhand"), away[0])+"---\n"+
-			onNode(strings.Replace(dvVM("fromsource", "sourceRef: {kind: DataSource, name: golden}"),
-				"storage:\n", "storage:\n        storageClassName: "+realcluster.LocalClass+"\n", 1), away[1]),
+			onNode(fmt.Sprintf(`apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: fromsource
+spec:
+  runStrategy: Once
+  dataVolumeTemplates:
+  - metadata: {name: fromsource-root}
+    spec:
+      storage: {storageClassName: %[1]s, resources: {requests: {storage: 512Mi}}}
+      sourceRef: {kind: DataSource, name: golden}
+  - metadata: {name: fromsource-data}
+    spec:
+      storage: {storageClassName: %[1]s, resources: {requests: {storage: 128Mi}}}
+      source: {blank: {}}
+  template:
+    spec:
+      domain:
+        devices:
+          autoattachPodInterface: false
+          disks:
+          - {name: root, disk: {bus: virtio}}
+          - {name: data, disk: {bus: virtio}}
+        resources: {requests: {memory: 128Mi}}
+      volumes:
+      - {name: root, dataVolume: {name: fromsource-root}}
+      - {name: data, dataVolume: {name: fromsource-data}}
+`, realcluster.LocalClass), away[1]),
 			"apply", "-n", ns, "-f", "-")
 
 		// The DiskVolume's disk is its size less the filesystem's overhead; a DataVolume's is at
 		// least the size asked for, as CDI makes it.
 		Expect(guestConsole(ns, "byhand", "")[0]).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=%s", grown(512<<20), bootdisk.Marker)))
-		line := guestConsole(ns, "fromsource", "")[0]
+		lines := guestConsole(ns, "fromsource", "")
+		line := lines[0]
 		Expect(line).To(And(HavePrefix("DISKPIPE-BOOT disk=vda size="), HaveSuffix(" marker="+bootdisk.Marker)))
+		Expect(lines).To(ContainElement(And(HavePrefix("DISKPIPE-DISK disk=vdb size="), Not(ContainSubstring(bootdisk.Marker)))), "the blank disk: %q", lines)
 		size, err := strconv.ParseInt(strings.Fields(strings.TrimPrefix(line, "DISKPIPE-BOOT disk=vda size="))[0], 10, 64)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(size).To(BeNumerically(">=", 512<<20))
 		for vm, node := range map[string]string{"byhand": away[0], "fromsource": away[1]} {
 			Expect(kubectl("", "get", "vmi", vm, "-n", ns, "-o", "jsonpath={.status.nodeName}")).To(Equal(node), vm)
 		}
-		for claim, node := range map[string]string{"byhand": away[0], "fromsource-root": away[1]} {
+		// Every disk is on its VM's node: the blank one too, which a pod filling it before the VM
+		// was scheduled would have put on that pod's node.
+		for claim, node := range map[string]string{"byhand": away[0], "fromsource-root": away[1], "fromsource-data": away[1]} {
 			Expect(pvOf(ns, claim).Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{node}), "%s is on its VM's node", claim)
+			Expect(kubectl("", "get", "pvc", claim, "-n", ns, "-o", "jsonpath={.spec.dataSourceRef.kind}")).To(Equal("DiskVolume"), "%s was filled once its VM's node was known", claim)
 		}
 		// The image was copied once into each of those nodes, and nowhere else.
 		want := make([]string, 0, len(away))
