@@ -6,6 +6,8 @@ package virtualmachine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +16,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -238,17 +239,40 @@ func (r *Reconciler) ensureKubeVirtVM(ctx context.Context, vm *vmv1.VirtualMachi
 		tmpl.ObjectMeta.Annotations = map[string]string{AnnotationIPPool: string(pools)}
 	}
 	want := kubevirtv1.VirtualMachineSpec{RunStrategy: &strategy, Template: tmpl}
-	kv := &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: vm.Name, Namespace: vm.Namespace}, Spec: want}
+	hash, err := specHash(want)
+	if err != nil {
+		return nil, err
+	}
+	kv := &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: vm.Name, Namespace: vm.Namespace,
+		Annotations: map[string]string{AnnotationSpecHash: hash}}, Spec: want}
 	if err := owned.Create(ctx, r.Client, vm, kv); err != nil {
 		return nil, err
 	}
-	if !equality.Semantic.DeepEqual(kv.Spec.Template, want.Template) || !equality.Semantic.DeepEqual(kv.Spec.RunStrategy, want.RunStrategy) {
+	// KubeVirt completes the spec it is given (its webhook's defaults, the firmware's UUID its
+	// controller writes back): the spec is rewritten only when what diskpipe wants of it
+	// changed, never to undo KubeVirt's own fields, which the two would fight over for ever.
+	if kv.Annotations[AnnotationSpecHash] != hash {
 		kv.Spec.Template, kv.Spec.RunStrategy = want.Template, want.RunStrategy
+		metav1.SetMetaDataAnnotation(&kv.ObjectMeta, AnnotationSpecHash, hash)
 		if err := r.Update(ctx, kv); err != nil {
 			return nil, err
 		}
 	}
 	return kv, nil
+}
+
+// AnnotationSpecHash on a KubeVirt VirtualMachine is the hash of the spec diskpipe last wrote
+// to it from the VM's hardware and disks.
+const AnnotationSpecHash = "virtualmachine.kubesphere.io/spec-hash"
+
+// specHash is a short hash of spec's JSON.
+func specHash(spec kubevirtv1.VirtualMachineSpec) (string, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8]), nil
 }
 
 func setCondition(st *vmv1.VirtualMachineStatus, typ string, status metav1.ConditionStatus, reason, msg string) {

@@ -152,6 +152,26 @@ func TestSeedVirtualMachine(t *testing.T) {
 	g.Expect(unstructured.SetNestedField(u.Object, "Running", "status", "printableStatus")).To(Succeed())
 	g.Expect(env.Client.Update(t.Context(), u)).To(Succeed())
 	g.Eventually(func() string { return vmStatus(t, vm)().PrintableStatus }, 20*time.Second).Should(Equal("Running"))
+
+	// KubeVirt completes the spec (its controller writes the firmware's UUID back): diskpipe
+	// leaves what KubeVirt wrote, rather than fight over it, until the VM's own spec changes.
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vm1"}, u)).To(Succeed())
+	g.Expect(unstructured.SetNestedField(u.Object, "6a1a2b3c-0000-4000-8000-000000000001", "spec", "template", "spec", "domain", "firmware", "uuid")).To(Succeed())
+	g.Expect(env.Client.Update(t.Context(), u)).To(Succeed())
+	written := u.GetResourceVersion()
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(vm), vm)).To(Succeed())
+	vm.Labels = map[string]string{"touched": "yes"} // a reconcile
+	g.Expect(env.Client.Update(t.Context(), vm)).To(Succeed())
+	g.Consistently(func() string {
+		g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vm1"}, u)).To(Succeed())
+		return u.GetResourceVersion()
+	}, 3*time.Second).Should(Equal(written), "KubeVirt's fields are left as KubeVirt wrote them")
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(vm), vm)).To(Succeed())
+	halted := vmv1.RunStrategy("Halted")
+	vm.Spec.RunStrategy = &halted
+	g.Expect(env.Client.Update(t.Context(), vm)).To(Succeed())
+	g.Eventually(func() kubevirtv1.VirtualMachineRunStrategy { return *kubeVirtVM(t, ns, "vm1").Spec.RunStrategy }, 20*time.Second).
+		Should(Equal(kubevirtv1.RunStrategyHalted), "a change of the VM's own spec is written")
 }
 
 // TestInvalidHardware: a field KubeVirt does not know fails the VM with the field's name,
