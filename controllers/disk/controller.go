@@ -13,6 +13,7 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -111,6 +112,14 @@ func Setup(mgr ctrl.Manager, o Options) error {
 				return imageKey(image.KindImageTemplate, o.GetNamespace(), o.GetName())
 			})).
 			Watches(&snapshotv1.VolumeSnapshot{}, toDisks(func(o client.Object) string { return snapshotKey(o.GetNamespace(), o.GetName()) })).
+			// A deferred disk hears of the populator's disk that fills its claim (fillFailed):
+			// that disk is controlled by the claim, whose name is the deferred disk's.
+			Watches(&diskvolume.DiskVolume{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+				if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "PersistentVolumeClaim" && o.GetName() == PopulateName(ref.UID) {
+					return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}}}
+				}
+				return nil
+			})).
 			Complete(r)
 		if err != nil {
 			return fmt.Errorf("%s: %w", k.name, err)

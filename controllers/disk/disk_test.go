@@ -497,13 +497,23 @@ func TestWaitForFirstConsumer(t *testing.T) {
 		g.Expect(env.Client.List(t.Context(), pods, client.InNamespace(ns), client.MatchingLabels{disk.LabelDisk: string(v.UID)})).To(Succeed())
 		g.Expect(pods.Items).To(BeEmpty(), "no pod fills %s before its VM's node is known", v.Name)
 	}
-	g.Expect(condition(common.ConditionReady)(&blank.Status)).To(Equal("WaitingForFirstConsumer: made on the node its VM's pod is scheduled to (blank), " +
+	g.Expect(condition(common.ConditionReady)(&blank.Status)).To(Equal("WaitingForFirstConsumer: made blank on the node its VM's pod is scheduled to, " +
 		"which it would be pinned to were it made now (WaitForFirstConsumer)"))
 	// Asked to be bound now, it is filled now.
 	now := newDiskVolume(ns, "now", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, classWFFC, "1Gi")
 	now.Annotations = map[string]string{disk.AnnotationBindImmediately: "true"}
 	g.Expect(env.Client.Create(t.Context(), now)).To(Succeed())
 	ctrltest.Pod(t, env, ns, "now-blank-0")
+	// Deferral is decided once: the annotation removed mid-fill does not defer the disk, whose
+	// fill goes on.
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(now), now)).To(Succeed())
+	now.Annotations = nil
+	g.Expect(env.Client.Update(t.Context(), now)).To(Succeed())
+	g.Consistently(diskStatus(t, now, &now.Status), 3*time.Second).Should(WithTransform(condition(common.ConditionReady), Not(HavePrefix("WaitingForFirstConsumer"))))
+	claim := &corev1.PersistentVolumeClaim{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "now"}, claim); err == nil {
+		g.Expect(claim.Spec.DataSourceRef).To(BeNil(), "not deferred midway")
+	}
 }
 
 // TestWaitsForImage: a disk made before its image is Ready waits, and goes on as soon as the

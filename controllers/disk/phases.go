@@ -97,6 +97,9 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		if err := r.checkPlaced(ctx, d, pvcName); err != nil {
 			return ctrl.Result{}, err
 		}
+		if err := r.fillFailed(ctx, d, pvcName); err != nil {
+			return ctrl.Result{}, err
+		}
 		return ctrl.Result{}, r.noteCapacity(ctx, d, pvcName)
 	}
 	if wait := tr.RetryWait(time.Now()); wait > 0 {
@@ -132,7 +135,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	if err := r.bindNow(ctx, d, p); err != nil {
 		return ctrl.Result{}, err
 	}
-	if p.deferred, err = r.deferToConsumer(ctx, d, p, p.dataSource == nil || grows); err != nil {
+	if p.deferred, err = r.deferToConsumer(ctx, d, p, pvcName, p.dataSource == nil || grows); err != nil {
 		return ctrl.Result{}, err
 	}
 	switch {
@@ -529,23 +532,82 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, name string) er
 // populator fills it on the VM's node as the disk says (from the image there, or from its
 // replica there), so that the VM runs on any node. A disk whose node is known, one asked to be
 // bound at once, and a replica are made at once.
-func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan, byPod bool) (bool, error) {
+func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan, pvcName string, byPod bool) (bool, error) {
 	ann := d.obj.GetAnnotations()
 	if !storage.WaitsForConsumer(p.class) || ann[AnnotationSelectedNode] != "" || ann[AnnotationBindImmediately] == "true" || isReplica(d) ||
 		(p.golden == nil && !d.blank) {
 		return false, nil
 	}
-	if byPod {
-		p.deferredHow = "made on the node its VM's pod is scheduled to (" + describe(d, p) + "), which it would be pinned to were it made now"
-		return true, nil
+	// Decided once: a disk whose claim or prime exists goes on as it began (a fill begun before
+	// an upgrade, or before its bind-immediately annotation was removed, is not deferred midway).
+	for _, name := range []string{pvcName, PrimeName(d.obj.GetUID())} {
+		pvc := &corev1.PersistentVolumeClaim{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err == nil {
+			if name == pvcName && Deferred(pvc) {
+				p.deferredHow = deferredHow(d, p, byPod)
+				return true, nil
+			}
+			return false, nil
+		} else if !apierrors.IsNotFound(err) {
+			return false, err
+		}
 	}
-	pv, err := r.volumeOf(ctx, p.golden.PVC)
-	if pv == nil || err != nil {
-		return false, err
+	if !byPod && p.golden != nil {
+		pv, err := r.volumeOf(ctx, p.golden.PVC)
+		if pv == nil || err != nil {
+			return false, err
+		}
+		if local, err := r.nodeLocal(ctx, pv); !local || err != nil {
+			return false, err
+		}
 	}
-	p.deferredHow = "made on the node its VM's pod is scheduled to, from the image's node-local volume: cloned there, or copied once to that node " +
-		"as the image's replica and cloned from it"
-	return r.nodeLocal(ctx, pv)
+	p.deferredHow = deferredHow(d, p, byPod)
+	return true, nil
+}
+
+// deferredHow says how a disk deferred to its VM's node is made there.
+func deferredHow(d *vmDisk, p *plan, byPod bool) string {
+	switch {
+	case d.blank:
+		return "made blank on the node its VM's pod is scheduled to, which it would be pinned to were it made now"
+	case byPod:
+		return "made on the node its VM's pod is scheduled to (" + describe(d, p) + ", grown to its size), which it would be pinned to were it made now"
+	default:
+		return "made on the node its VM's pod is scheduled to, from the image's node-local volume: cloned there, or copied once to that node " +
+			"as the image's replica and cloned from it"
+	}
+}
+
+// PopulateName is the name of the DiskVolume the populator makes to fill the claim of UID uid.
+func PopulateName(uid types.UID) string { return "populate-" + string(uid) }
+
+// fillFailed fails a disk deferred to its VM's node whose fill there failed for good: the
+// populator's disk of its claim (PopulateName) is Failed, and says why. The VM's claim would
+// otherwise wait for ever behind a disk that says Ready.
+func (r *Reconciler) fillFailed(ctx context.Context, d *vmDisk, name string) error {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !Deferred(pvc) || pvc.Status.Phase == corev1.ClaimBound || !owned.Mine("PersistentVolumeClaim", pvc, d.obj) {
+		return nil
+	}
+	inner := &diskvolume.DiskVolume{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: PopulateName(pvc.UID)}, inner); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if inner.Status.Phase != common.PhaseFailed || !metav1.IsControlledBy(inner, pvc) {
+		return nil
+	}
+	reason, msg := "FillFailed", "no reason given"
+	if c := meta.FindStatusCondition(inner.Status.Conditions, common.ConditionReady); c != nil {
+		reason, msg = c.Reason, c.Message
+	}
+	msg = fmt.Sprintf("filling PVC %s on node %s, where its VM's pod was scheduled, failed (DiskVolume %s): %s",
+		pvc.Name, pvc.Annotations[AnnotationSelectedNode], inner.Name, msg)
+	d.tracked().SetFailed(reason, msg)
+	r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeWarning, reason, "Fill", "The disk cannot be made: %s", msg)
+	return nil
 }
 
 // AnnotationDeferredRevision is, on the claim of a disk deferred to its VM's node, the revision

@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -209,6 +210,17 @@ func TestDeferredToConsumer(t *testing.T) {
 	g.Expect(env.Client.List(t.Context(), replicas, client.InNamespace(ns), client.MatchingLabels{disk.LabelReplicaOf: string(golden.UID)})).To(Succeed())
 	g.Expect(replicas.Items).To(HaveLen(1))
 	g.Expect(replicas.Items[0].Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "deferred-b"))
+
+	// Should the fill there fail for good, the disk that said Ready fails, saying why: the VM's
+	// claim would otherwise wait for ever.
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(inner), inner)).To(Succeed())
+	inner.Status.Phase = common.PhaseFailed
+	meta.SetStatusCondition(&inner.Status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionFalse,
+		Reason: "ImportFailed", Message: "the node's disk is full"})
+	g.Expect(env.Client.Status().Update(t.Context(), inner)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseFailed)))
+	g.Expect(condition(common.ConditionReady)(&d.Status)).To(Equal(fmt.Sprintf("ImportFailed: filling PVC roaming on node deferred-b, where its VM's pod "+
+		"was scheduled, failed (DiskVolume %s): the node's disk is full", name)))
 
 	// So does a disk that a pod would fill, were it made now: grown past the image, or copied
 	// by the host. That pod would pin it to the node it ran on.

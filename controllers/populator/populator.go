@@ -1,9 +1,9 @@
 // Package populator fills plain PersistentVolumeClaims whose dataSourceRef names a
 // VirtualMachineImage or an ImageTemplate: Kubernetes' volume populators. It fills the PVC of
 // a disk deferred to its VM's node (disk.deferToConsumer) too, whose dataSourceRef names the
-// DiskVolume or VirtualMachinePvc that made it: as that disk says, where its VM runs. The apiserver leaves
-// such a claim Pending (the CSI provisioner handles only the kinds it knows), and the
-// populator fills it the way lib-volume-populator's do:
+// DiskVolume or VirtualMachinePvc that made it: as that disk says (of an image, or blank),
+// where its VM runs. The apiserver leaves such a claim Pending (the CSI provisioner handles
+// only the kinds it knows), and the populator fills it the way lib-volume-populator's do:
 //
 //  1. it makes a DiskVolume of the image beside the claim, with the claim's class, mode, access
 //     modes and size: its PVC (the "prime" one) is made as every disk is (CSI clone, snapshot
@@ -102,7 +102,7 @@ func isDisk(ref *corev1.TypedObjectReference) bool {
 }
 
 // DiskName names the DiskVolume, and so the prime PVC, that fills the claim.
-func DiskName(pvc *corev1.PersistentVolumeClaim) string { return "populate-" + string(pvc.UID) }
+func DiskName(pvc *corev1.PersistentVolumeClaim) string { return disk.PopulateName(pvc.UID) }
 
 // WaitingForConsumer says whether claim pvc waits for its first consumer, a pod, before it is
 // filled: its StorageClass (named) binds on first consumer, and the scheduler has not chosen
@@ -335,8 +335,11 @@ func (r *Reconciler) rebind(ctx context.Context, pvc *corev1.PersistentVolumeCla
 		if d.Status.VirtualSize != nil {
 			size = "a disk of " + d.Status.VirtualSize.String()
 		}
-		r.event(pvc, corev1.EventTypeNormal, ReasonPopulated, "filled from %s %s (%s): volume %s is the claim's",
-			d.Spec.Source.Image.Kind, d.Spec.Source.Image.Name, size, prime.Spec.VolumeName)
+		from := "a blank disk"
+		if img := d.Spec.Source.Image; img != nil {
+			from = fmt.Sprintf("%s %s", img.Kind, img.Name)
+		}
+		r.event(pvc, corev1.EventTypeNormal, ReasonPopulated, "filled from %s (%s): volume %s is the claim's", from, size, prime.Spec.VolumeName)
 	}
 	return ctrl.Result{RequeueAfter: 2 * time.Second}, nil // until the PV controller binds the claim
 }
