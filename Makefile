@@ -217,11 +217,15 @@ chaos: $(CLUSTER_DEPS_$(CLUSTER)) ## Import, clone and export at scale on the lo
 	go run ./test/chaos -cluster=$(CLUSTER) $(CHAOS_FLAGS)
 
 .PHONY: bench
-bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark (bench-kubevirt, which needs root, apart).
+bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark (bench-kubevirt and bench-fanout, which need root, apart).
 
 .PHONY: bench-kubevirt
 bench-kubevirt: ## Boot five VMs at once from one golden image under the real KubeVirt on the real node (root); prints each one's time and where it went.
-	$(MAKE) test-cluster KUBEVIRT=1 E2E_LABELS=bench
+	$(MAKE) test-cluster KUBEVIRT=1 E2E_LABELS='bench && !nodes'
+
+.PHONY: bench-fanout
+bench-fanout: ## Fan a golden image of 1 GiB out to twelve VMs on three real nodes (root), through replicas and through host copies; prints the times and bytes of both.
+	$(MAKE) test-cluster KUBEVIRT=1 NODES=3 E2E_LABELS='bench && nodes'
 
 .PHONY: fuzz-imports
 fuzz-imports: ## Run the whole-import fuzz targets for FUZZTIME each.

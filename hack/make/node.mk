@@ -28,7 +28,7 @@ NODES ?= 1
 # The real node skips the specs labelled local-proves: what they prove (a client's behaviour, a
 # format's parsing, a controller's policy) is the same on any cluster, and make test runs them on
 # the local cluster; that keeps CI's real node, KubeVirt's VMs included, in its time.
-# The specs labelled bench measure (make bench-kubevirt runs them). E2E_LABELS= runs every spec
+# The specs labelled bench measure (make bench-kubevirt and bench-fanout run them). E2E_LABELS= runs every spec
 # on the real node.
 E2E_LABELS ?= !local-proves && !bench
 

@@ -26,16 +26,20 @@ import (
 )
 
 // importBytes is what diskpipe's pods wrote into volumes for imports from source (a kind:
-// http, pvc, ...) in ns: the sum of the managers' diskpipe_operation_bytes_total for the
-// namespace (the leader counts them), read from each manager pod's metrics port.
-func importBytes(ns, source string) int64 {
+// http, pvc, ...) in ns.
+func importBytes(ns, source string) int64 { return operationBytes(ns, "import", source) }
+
+// operationBytes is what diskpipe's pods wrote for operation (import, clone, ...) from source
+// in ns: the sum of the managers' diskpipe_operation_bytes_total for the namespace (the leader
+// counts them), read from each manager pod's metrics port.
+func operationBytes(ns, operation, source string) int64 {
 	texts, err := node().ManagerMetrics(context.Background())
 	Expect(err).NotTo(HaveOccurred())
 	var sum float64
 	for _, text := range texts {
 		for _, line := range strings.Split(text, "\n") {
 			if strings.HasPrefix(line, "diskpipe_operation_bytes_total{") && strings.Contains(line, `namespace="`+ns+`"`) &&
-				strings.Contains(line, `operation="import"`) && strings.Contains(line, `source="`+source+`"`) {
+				strings.Contains(line, `operation="`+operation+`"`) && strings.Contains(line, `source="`+source+`"`) {
 				v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 				Expect(err).NotTo(HaveOccurred(), line)
 				sum += v

@@ -17,6 +17,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,6 +152,7 @@ func serveFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer f.Close()
+	w = &counted{ResponseWriter: w, n: servedCounter(filepath.Base(r.URL.Path))}
 	fi, _ := f.Stat()
 	if r.URL.Query().Get("norange") != "" {
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
@@ -162,6 +165,28 @@ func serveFile(w http.ResponseWriter, r *http.Request) {
 		w = &throttled{ResponseWriter: w, rate: rate}
 	}
 	http.ServeContent(w, r, fi.Name(), fi.ModTime(), f)
+}
+
+// served counts the bytes the server sent of each file, by name.
+var served sync.Map // string -> *atomic.Int64
+
+func servedCounter(name string) *atomic.Int64 {
+	n, _ := served.LoadOrStore(name, new(atomic.Int64))
+	return n.(*atomic.Int64)
+}
+
+// servedBytes is how many bytes of file name the server has sent.
+func servedBytes(name string) int64 { return servedCounter(name).Load() }
+
+type counted struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *counted) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 type throttled struct {

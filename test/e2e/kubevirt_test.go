@@ -452,6 +452,12 @@ func virtctl(args ...string) {
 // then one per disk. A VMI of UID not is not the one looked for (a run before a restart).
 func guestConsole(ns, name, not string) []string {
 	GinkgoHelper()
+	return guestConsoleWithin(ns, name, not, 4*time.Minute)
+}
+
+// guestConsoleWithin is guestConsole waiting up to limit.
+func guestConsoleWithin(ns, name, not string, limit time.Duration) []string {
+	GinkgoHelper()
 	var lines []string
 	last := ""
 	Eventually(func() string {
@@ -471,7 +477,7 @@ func guestConsole(ns, name, not string) []string {
 			return "reading the console of " + pod + " again"
 		}
 		return lines[0]
-	}, 4*time.Minute, 2*time.Second).Should(HavePrefix("DISKPIPE-BOOT "), "the guest's line on KubeVirt's serial console")
+	}, limit, 2*time.Second).Should(HavePrefix("DISKPIPE-BOOT "), "the guest's line on KubeVirt's serial console")
 	return lines
 }
 
