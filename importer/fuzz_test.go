@@ -196,7 +196,8 @@ func seedRaw(f *testing.F, n int) string {
 }
 
 // seedImage converts raw with qemu-img and these options and returns the image's bytes.
-func seedImage(f *testing.F, raw string, args ...string) []byte {
+func seedImage(f testing.TB, raw string, args ...string) []byte {
+	f.Helper()
 	out := filepath.Join(f.TempDir(), "seed.img")
 	if b, err := qemuImgOutput(append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
 		f.Fatalf("qemu-img: %v\n%s", err, b)

@@ -32,15 +32,7 @@ func TestHostileImages(t *testing.T) {
 		{"-O", "qcow2"}, {"-O", "qcow2", "-c"}, {"-O", "qcow2", "-o", "compat=0.10,cluster_size=4096"},
 		{"-O", "vmdk"}, {"-O", "vmdk", "-o", "subformat=streamOptimized"}, {"-O", "vpc"}, {"-O", "vdi"}, {"-O", "vhdx"},
 	} {
-		out := filepath.Join(dir, "seed.img")
-		if b, err := qemuImgOutput(append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
-			t.Fatalf("qemu-img: %v\n%s", err, b)
-		}
-		b, err := os.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		images = append(images, b)
+		images = append(images, seedImage(t, raw, args...))
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
 	outcomes := map[transfer.Reason]int{}
@@ -91,17 +83,7 @@ func TestCraftedOffsets(t *testing.T) {
 		seed[i] = byte(i*7 + 1)
 	}
 	writeFile(t, raw, seed)
-	image := func(args ...string) []byte {
-		out := filepath.Join(dir, "seed.img")
-		if b, err := qemuImgOutput(append(append([]string{"convert", "-f", "raw"}, args...), raw, out)...); err != nil {
-			t.Fatalf("qemu-img: %v\n%s", err, b)
-		}
-		b, err := os.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	image := func(args ...string) []byte { return seedImage(t, raw, args...) }
 	be, le := binary.BigEndian, binary.LittleEndian
 	qcow2, vmdk, stream := image("-O", "qcow2"), image("-O", "vmdk"), image("-O", "vmdk", "-o", "subformat=streamOptimized")
 	vpc, vdi, vhdx := image("-O", "vpc"), image("-O", "vdi"), image("-O", "vhdx")

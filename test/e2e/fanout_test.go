@@ -83,9 +83,7 @@ func fanOut(nodes []string, file, strategy string) fanout {
 	GinkgoHelper()
 	ns := vmNamespace()
 	before := servedBytes(file)
-	kubectl(strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/%s", server, file)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1),
-		"apply", "-n", ns, "-f", "-")
-	Eventually(phase(ns, "vmimage", "golden"), 5*time.Minute, time.Second).Should(Equal("Ready Imported"))
+	importLocal(ns, "golden", file, "", nodes)
 	if strategy != "" {
 		strategy = "  " + strategy + "\n"
 	}

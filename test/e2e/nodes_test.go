@@ -82,6 +82,37 @@ spec:
 `, name, realcluster.LocalClass, size, source, idlePod("vm-"+name, name), node)
 }
 
+// importLocal imports file of the test's server into VirtualMachineImage name of the node-local
+// class (spec, YAML lines under the image's spec, added), waits until it is Ready, and returns
+// the node its volume is on and the cluster's other nodes.
+func importLocal(ns, name, file, spec string, nodes []string) (home string, others []string) {
+	GinkgoHelper()
+	image := strings.Replace(vmi(name, fmt.Sprintf("    http: %s/%s", server, file)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
+	kubectl(image+spec, "apply", "-n", ns, "-f", "-")
+	Eventually(phase(ns, "vmimage", name), 5*time.Minute, time.Second).Should(Equal("Ready Imported"))
+	golden := pvOf(ns, "vmim-"+name)
+	Expect(golden.Spec.NodeAffinity).NotTo(BeNil(), "the golden image is node-local")
+	home = golden.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
+	for _, n := range nodes {
+		if n != home {
+			others = append(others, n)
+		}
+	}
+	return home, others
+}
+
+// goldenDataSource is CDI's DataSource golden of ns, of the image golden's PVC.
+func goldenDataSource(ns string) string {
+	return fmt.Sprintf(`apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataSource
+metadata:
+  name: golden
+spec:
+  source: {pvc: {namespace: %s, name: vmim-golden}}
+---
+`, ns)
+}
+
 // multiNode labels a spec that needs several nodes: CI runs these on a cluster of three
 // with KubeVirt (make test-cluster KUBEVIRT=1 NODES=3 E2E_LABELS=nodes), after the suite on one node.
 var multiNode = Label("nodes")
@@ -154,23 +185,17 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 	})
 
 	It("pre-warms every node its image's replica policy selects, before any disk is wanted there", func() {
-		image := strings.Replace(vmi("warm", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1) +
-			"  replicas:\n    nodeSelector: {matchLabels: {kubernetes.io/os: linux}}\n    evictAfter: 720h\n"
-		kubectl(image, "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmimage", "warm"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
-		home := pvOf(ns, "vmim-warm").Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
+		_, rest := importLocal(ns, "warm", "disk.qcow2", "  replicas:\n    nodeSelector: {matchLabels: {kubernetes.io/os: linux}}\n    evictAfter: 720h\n", nodes)
 		var others []string
-		for _, n := range nodes {
-			if n != home {
-				others = append(others, n+" Ready")
-			}
+		for _, n := range rest {
+			others = append(others, n+" Ready")
 		}
 		Eventually(func() []string {
 			return strings.Split(strings.TrimSuffix(kubectl("", "get", "vmimage", "warm", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}"), ";"), ";")
 		}, 4*time.Minute, 2*time.Second).Should(ConsistOf(others), "a replica on each other node, with no disk wanted yet")
 
 		// A disk wanted there now is a clone of the replica at once: nothing is copied for it.
-		away := strings.Fields(others[0])[0]
+		away := rest[0]
 		kubectl(claimOn("prewarmed", away, "256Mi", "dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: warm}"), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "pvc", "prewarmed"), 2*time.Minute, time.Second).Should(Equal("Bound"))
 		uid := kubectl("", "get", "vmimage", "warm", "-n", ns, "-o", "jsonpath={.metadata.uid}")
@@ -184,16 +209,9 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 	})
 
 	It("copies a node-local image once to each node its VMs run on, and clones every disk there", func() {
-		image := strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
-		kubectl(image, "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmimage", "golden"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		home, others := importLocal(ns, "golden", "disk.qcow2", "", nodes)
 		golden := pvOf(ns, "vmim-golden")
-		Expect(golden.Spec.NodeAffinity).NotTo(BeNil(), "the golden image is node-local")
-		home := golden.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
-		away := nodes[0]
-		if away == home {
-			away = nodes[1]
-		}
+		away := others[0]
 		claims := map[string]string{"far": away, "far2": away, "near": home}
 		for name, node := range claims {
 			kubectl(claimOn(name, node, "256Mi", "dataSourceRef: {apiGroup: hypercloud.tmaxanc.com, kind: VirtualMachineImage, name: golden}"), "apply", "-n", ns, "-f", "-")
@@ -254,21 +272,14 @@ spec:
 				third = n
 			}
 		}
-		kubectl(fmt.Sprintf(`apiVersion: cdi.kubevirt.io/v1beta1
-kind: DataSource
-metadata:
-  name: golden
-spec:
-  source: {pvc: {namespace: %s, name: vmim-golden}}
----
-apiVersion: cdi.kubevirt.io/v1beta1
+		kubectl(goldenDataSource(ns)+fmt.Sprintf(`apiVersion: cdi.kubevirt.io/v1beta1
 kind: DataVolume
 metadata:
   name: dv-third
 spec:
   sourceRef: {kind: DataSource, name: golden}
   storage: {storageClassName: %s}
-`, ns, realcluster.LocalClass), "apply", "-n", ns, "-f", "-")
+`, realcluster.LocalClass), "apply", "-n", ns, "-f", "-")
 		dvPhase := func() string { return kubectl("", "get", "dv", "dv-third", "-n", ns, "-o", "jsonpath={.status.phase}") }
 		Eventually(dvPhase, 2*time.Minute, time.Second).Should(Equal("PendingPopulation"))
 		kubectl(idlePod("vm-dv-third", "dv-third")+fmt.Sprintf("  nodeSelector: {kubernetes.io/hostname: %s}\n", third), "apply", "-n", ns, "-f", "-")
@@ -293,17 +304,7 @@ var _ = Describe("real KubeVirt on three nodes", afterKubeVirtRollout, multiNode
 	It("boots VMs on the nodes away from a node-local image, through a DiskVolume and a DataVolume of a DataSource beside a blank one, each from a replica on its node", func() {
 		nodes := severalNodes()
 		ns := vmNamespace()
-		image := strings.Replace(vmi("golden", fmt.Sprintf("    http: %s/disk.qcow2", server)), "storageClassName: cephrbd", "storageClassName: "+realcluster.LocalClass, 1)
-		kubectl(image, "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmimage", "golden"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
-		home := pvOf(ns, "vmim-golden").Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
-		var away []string
-		for _, n := range nodes {
-			if n != home {
-				away = append(away, n)
-			}
-		}
-		Expect(away).To(HaveLen(len(nodes) - 1))
+		_, away := importLocal(ns, "golden", "disk.qcow2", "", nodes)
 
 		// On one node, a DiskVolume of the image on the node-local class; on another, KubeVirt's
 		// dataVolumeTemplates from a DataSource of it. Neither disk exists before its VM's node
@@ -318,14 +319,7 @@ spec:
   storageClassName: %s
   resources: {requests: {storage: 512Mi}}
 ---
-apiVersion: cdi.kubevirt.io/v1beta1
-kind: DataSource
-metadata:
-  name: golden
-spec:
-  source: {pvc: {namespace: %s, name: vmim-golden}}
----
-`, realcluster.LocalClass, ns)+
+`, realcluster.LocalClass)+goldenDataSource(ns)+
 			onNode(kubeVirtVM("byhand", "Once", "byhand"), away[0])+"---\n"+
 			onNode(fmt.Sprintf(`apiVersion: kubevirt.io/v1
 kind: VirtualMachine
