@@ -93,6 +93,9 @@ func hugeBuffers(n, size int64) [][]byte {
 
 // ReadAt copies from the cached blocks, fetching those it lacks.
 func (c *blockCache) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, negativeOffset(off)
+	}
 	if off >= c.size {
 		return 0, io.EOF
 	}

@@ -206,3 +206,17 @@ func TestCheckpointNumbers(t *testing.T) {
 		}
 	}
 }
+
+// TestNegativeOffsets: the cache every random-access import reads through, and the target
+// every import writes, refuse an offset before the start, whoever computed it.
+func TestNegativeOffsets(t *testing.T) {
+	src := bytes.NewReader(make([]byte, 4<<20))
+	c := newBlockCache(src, 4<<20, 1<<20, 4, 2, 1)
+	if _, err := c.ReadAt(make([]byte, 512), -512); transfer.ReasonOf(err) != transfer.ReasonMalformedImage {
+		t.Errorf("cache: %v", err)
+	}
+	target := fuzzTarget(t)
+	if _, err := target.WriteAt(make([]byte, 512), -512); transfer.ReasonOf(err) != transfer.ReasonMalformedImage {
+		t.Errorf("target: %v", err)
+	}
+}

@@ -200,6 +200,9 @@ func (t *Target) zero() error {
 // WriteAt writes p at off, skipping the 4 KiB blocks (aligned to the disk, so that they
 // become holes) that hold only zeros: the target was prepared all-zero, so nothing is lost.
 func (t *Target) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, negativeOffset(off)
+	}
 	if end := off + int64(len(p)); end > t.usable {
 		return 0, t.fits(end)
 	}
