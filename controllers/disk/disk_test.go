@@ -507,8 +507,9 @@ func TestWaitForFirstConsumer(t *testing.T) {
 	// Deferral is decided once: the annotation removed mid-fill does not defer the disk, whose
 	// fill goes on.
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(now), now)).To(Succeed())
+	base := now.DeepCopy()
 	now.Annotations = nil
-	g.Expect(env.Client.Update(t.Context(), now)).To(Succeed())
+	g.Expect(env.Client.Patch(t.Context(), now, client.MergeFrom(base))).To(Succeed()) // no lock: the controller writes it meanwhile
 	g.Consistently(diskStatus(t, now, &now.Status), 3*time.Second).Should(WithTransform(condition(common.ConditionReady), Not(HavePrefix("WaitingForFirstConsumer"))))
 	claim := &corev1.PersistentVolumeClaim{}
 	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "now"}, claim); err == nil {

@@ -214,10 +214,11 @@ func TestDeferredToConsumer(t *testing.T) {
 	// Should the fill there fail for good, the disk that said Ready fails, saying why: the VM's
 	// claim would otherwise wait for ever.
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(inner), inner)).To(Succeed())
+	failed := inner.DeepCopy()
 	inner.Status.Phase = common.PhaseFailed
 	meta.SetStatusCondition(&inner.Status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionFalse,
 		Reason: "ImportFailed", Message: "the node's disk is full"})
-	g.Expect(env.Client.Status().Update(t.Context(), inner)).To(Succeed())
+	g.Expect(env.Client.Status().Patch(t.Context(), inner, client.MergeFrom(failed))).To(Succeed()) // no lock: its controller writes it meanwhile
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseFailed)))
 	g.Expect(condition(common.ConditionReady)(&d.Status)).To(Equal(fmt.Sprintf("ImportFailed: filling PVC roaming on node deferred-b, where its VM's pod "+
 		"was scheduled, failed (DiskVolume %s): the node's disk is full", name)))

@@ -160,16 +160,18 @@ func TestSeedVirtualMachine(t *testing.T) {
 	g.Expect(env.Client.Update(t.Context(), u)).To(Succeed())
 	written := u.GetResourceVersion()
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(vm), vm)).To(Succeed())
+	base := vm.DeepCopy()
 	vm.Labels = map[string]string{"touched": "yes"} // a reconcile
-	g.Expect(env.Client.Update(t.Context(), vm)).To(Succeed())
+	g.Expect(env.Client.Patch(t.Context(), vm, client.MergeFrom(base))).To(Succeed())
 	g.Consistently(func() string {
 		g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vm1"}, u)).To(Succeed())
 		return u.GetResourceVersion()
 	}, 3*time.Second).Should(Equal(written), "KubeVirt's fields are left as KubeVirt wrote them")
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(vm), vm)).To(Succeed())
+	base = vm.DeepCopy()
 	halted := vmv1.RunStrategy("Halted")
 	vm.Spec.RunStrategy = &halted
-	g.Expect(env.Client.Update(t.Context(), vm)).To(Succeed())
+	g.Expect(env.Client.Patch(t.Context(), vm, client.MergeFrom(base))).To(Succeed())
 	g.Eventually(func() kubevirtv1.VirtualMachineRunStrategy { return *kubeVirtVM(t, ns, "vm1").Spec.RunStrategy }, 20*time.Second).
 		Should(Equal(kubevirtv1.RunStrategyHalted), "a change of the VM's own spec is written")
 }
