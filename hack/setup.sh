@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests, benchmarks and demo use, when any is missing;
 # `hack/setup.sh cluster` adds what the real single-node cluster (test/cluster) runs: containerd,
-# runc, iptables, conntrack, iproute2, ca-certificates (shipped in diskpipe's image).
+# runc, iptables, conntrack, iproute2, ca-certificates (shipped in diskpipe's image), and
+# xfsprogs, whose reflink filesystem holds its CSI driver's volumes.
 # Go tools and the Kubernetes binaries are built from Go modules by the Makefile.
 set -euo pipefail
 
@@ -15,7 +16,7 @@ packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-regis
   qemu-system-x86 syslinux syslinux-common mtools dosfstools tmux
   gcc libc6-dev libdeflate-dev file nginx-light libcap2-bin)
 if [ "${1:-}" = cluster ]; then
-  packages+=(containerd runc iptables conntrack iproute2 socat ethtool)
+  packages+=(containerd runc iptables conntrack iproute2 socat ethtool xfsprogs)
 fi
 # `hack/setup.sh kubevirt`: what building KubeVirt's handler and launcher links (libvirt) and
 # what makes their images' Debian root filesystems.

@@ -153,6 +153,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			return nil, err
 		}
 	}
+	if err := c.csiStore(); err != nil {
+		return nil, fmt.Errorf("the CSI driver's filesystem: %w", err)
+	}
 	c.step("network: bridge %s %s/24, services %s routed into it", Bridge, NodeIP, ServiceCIDR)
 	if err := c.network(); err != nil {
 		return nil, fmt.Errorf("the node's network: %w", err)
