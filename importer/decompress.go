@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/gzip"
@@ -59,8 +60,14 @@ func readCluster(r io.Reader) (*[]byte, error) {
 // maxClusterSize is qcow2's largest cluster (cluster bits 21): one decoded cluster always fits.
 const maxClusterSize = 2 << 20
 
-// inflatedBuffers hold decoded clusters; only the bytes decoded into them become resident.
-var inflatedBuffers = sync.Pool{New: func() any { b := make([]byte, maxClusterSize); return &b }}
+// Decoded clusters go into pooled buffers of two sizes: most images have 64 KiB clusters, and
+// a buffer of qcow2's largest for each of eight workers weighed 16 MiB in the heap the
+// collector paces itself on. Once a cluster needs a large one, large ones are taken first.
+var (
+	inflatedSmall = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+	inflatedLarge = sync.Pool{New: func() any { b := make([]byte, maxClusterSize); return &b }}
+	largeClusters atomic.Bool
+)
 
 // inflateCluster decodes a compressed cluster whole with the fast decoder (inflater), or,
 // for a stream it does not take, with the streaming one.
@@ -70,12 +77,24 @@ func inflateCluster(r io.Reader) (io.ReadCloser, error) {
 		clusterBuffers.Put(bp)
 		return nil, err
 	}
-	out := inflatedBuffers.Get().(*[]byte)
-	if n, ok := inflateInto(*bp, *out); ok {
-		clusterBuffers.Put(bp)
-		return &pooledReader{Reader: bytes.NewReader((*out)[:n]), release: func() { inflatedBuffers.Put(out) }}, nil
+	if inflater == "go" {
+		return inflateStream(bp)
 	}
-	inflatedBuffers.Put(out)
+	pools := []*sync.Pool{&inflatedSmall, &inflatedLarge}
+	if largeClusters.Load() {
+		pools = pools[1:]
+	}
+	for _, pool := range pools {
+		out := pool.Get().(*[]byte)
+		if n, ok := inflateInto(*bp, *out); ok {
+			if pool == &inflatedLarge {
+				largeClusters.Store(true)
+			}
+			clusterBuffers.Put(bp)
+			return &pooledReader{Reader: bytes.NewReader((*out)[:n]), release: func() { pool.Put(out) }}, nil
+		}
+		pool.Put(out)
+	}
 	return inflateStream(bp)
 }
 

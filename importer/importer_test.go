@@ -85,6 +85,8 @@ func TestFormats(t *testing.T) {
 			return convertTo(t, raw, "qcow2", "-c", "-o", "compression_type=zstd")
 		}},
 		{"qcow2 4k clusters", "qcow2", "", func() string { return convertTo(t, raw, "qcow2", "-o", "cluster_size=4096") }},
+		// Larger than the small buffers clusters are first decoded into (decompress.go).
+		{"qcow2 zlib 2M clusters", "qcow2", "", func() string { return convertTo(t, raw, "qcow2", "-c", "-o", "cluster_size=2M") }},
 		{"vmdk monolithicSparse", "vmdk", "", func() string { return convertTo(t, raw, "vmdk") }},
 		{"vmdk streamOptimized", "vmdk", "", func() string { return convertTo(t, raw, "vmdk", "-o", "subformat=streamOptimized") }},
 		{"vpc dynamic", "vpc", "", func() string { return convertTo(t, raw, "vpc") }},
@@ -155,6 +157,7 @@ func TestNoRangeServer(t *testing.T) {
 		{"qcow2 zlib clusters", convertTo(t, raw, "qcow2", "-c"), "qcow2"},
 		{"qcow2 zstd clusters", convertTo(t, raw, "qcow2", "-c", "-o", "compression_type=zstd"), "qcow2"},
 		{"qcow2 4k clusters", convertTo(t, raw, "qcow2", "-o", "cluster_size=4096"), "qcow2"},
+		{"qcow2 zlib 2M clusters", convertTo(t, raw, "qcow2", "-c", "-o", "cluster_size=2M"), "qcow2"},
 		{"qcow2.xz", compress(t, qcow, "xz"), "qcow2"},
 		{"qcow2.gz", compress(t, qcow, "gzip"), "qcow2"},
 	} {

@@ -19,7 +19,7 @@ import (
 // is written as it arrives. Non-zero clusters no table has claimed yet are held, up to
 // maxUnclaimed, in case a later table claims them; an image that needs more than that says
 // it needs random access.
-const maxUnclaimed = 64 << 20
+const maxUnclaimed = 8 << 20
 
 // maxPending bounds the clusters the tables that passed map ahead of their data (about 40
 // bytes of memory each, so 80 MiB at most): 128 GiB of 64 KiB clusters mapped before any of
@@ -42,6 +42,11 @@ type qcow2Stream struct {
 	order      []int64          // unclaimed, oldest first
 	dropped    map[int64]bool   // unclaimed clusters let go of
 	decompress func(io.Reader) (io.ReadCloser, error)
+
+	// Buffers used again, so that a stream of many GiB allocates a few clusters' worth, not
+	// its size in garbage: spare is a passed cluster no one holds, gathered and inflated
+	// are a compressed cluster's bytes and what they inflate to, zero is a cluster of zeros.
+	spare, gathered, inflated, zero []byte
 }
 
 type compressedRef struct{ host, size, guest int64 }
@@ -84,7 +89,10 @@ func importQcow2Stream(r io.Reader, head []byte, t *Target) (int64, error) {
 	l1Off := int64(h.L1TableOffset) //nolint:gosec // checked by parseQcow2Header
 	l1 := make([]byte, 0, int(h.L1Size)*8)
 	for s.pos = 0; ; s.pos += s.cs {
-		buf := make([]byte, s.cs)
+		buf := s.spare
+		if s.spare = nil; buf == nil {
+			buf = make([]byte, s.cs)
+		}
 		n, err := io.ReadFull(r, buf)
 		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 			break
@@ -103,6 +111,9 @@ func importQcow2Stream(r io.Reader, head []byte, t *Target) (int64, error) {
 		}
 		if err := s.cluster(buf, l1Off); err != nil {
 			return 0, err
+		}
+		if _, held := s.unclaimed[s.pos-s.cs]; s.prev != nil && !held {
+			s.spare = s.prev
 		}
 		s.prev = buf
 		if len(l1) == cap(l1) && len(s.l2) == 0 && len(s.data) == 0 && len(s.comp) == 0 {
@@ -271,7 +282,10 @@ func (s *qcow2Stream) finishCompressed() error {
 		if err != nil {
 			return transfer.Permanent(transfer.ReasonMalformedImage, "malformed qcow2 image: compressed cluster at %d: %w", c.host, err)
 		}
-		out := make([]byte, s.cs)
+		if s.inflated == nil {
+			s.inflated = make([]byte, s.cs)
+		}
+		out := s.inflated
 		_, err = io.ReadFull(rc, out)
 		rc.Close()
 		if err != nil {
@@ -286,8 +300,13 @@ func (s *qcow2Stream) finishCompressed() error {
 }
 
 // bytesAt gathers [host, host+n) from the clusters at hand; past the end of the stream, zeros.
+// The bytes are valid until the next call.
 func (s *qcow2Stream) bytesAt(host, n int64) ([]byte, error) {
-	out := make([]byte, 0, n)
+	if s.zero == nil {
+		s.zero = make([]byte, s.cs)
+	}
+	out := s.gathered[:0]
+	defer func() { s.gathered = out[:0] }()
 	for h := host; h < host+n; {
 		base := h / s.cs * s.cs
 		var b []byte
@@ -297,14 +316,14 @@ func (s *qcow2Stream) bytesAt(host, n int64) ([]byte, error) {
 		case base == s.pos-s.cs && s.prev != nil:
 			b = s.prev
 		case base >= s.pos:
-			b = make([]byte, s.cs) // past the end of the file
+			b = s.zero // past the end of the file
 		default:
 			var ok bool
 			if b, ok = s.unclaimed[base]; !ok {
 				if s.dropped[base] {
 					return nil, s.tooLate()
 				}
-				b = make([]byte, s.cs)
+				b = s.zero
 			}
 		}
 		take := min(host+n, base+s.cs) - h

@@ -351,3 +351,60 @@ func TestOVFCapacity(t *testing.T) {
 		}
 	}
 }
+
+// tableAfterData rewrites a qcow2 image made by qemu-img of a disk under 512 MiB (one L2
+// table) so that its L2 table comes after the data it maps: the table moves to the end of the
+// file and its old cluster is zeroed. qemu-img compare checks that the result is still an
+// image of the same disk.
+func tableAfterData(t *testing.T, img, raw string) string {
+	t.Helper()
+	b, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := binary.BigEndian
+	cs := int64(1) << be.Uint32(b[20:])
+	l1 := be.Uint64(b[40:])
+	l2 := int64(be.Uint64(b[l1:]) & 0x00fffffffffffe00)
+	end := (int64(len(b)) + cs - 1) / cs * cs
+	out := append(b, make([]byte, end-int64(len(b)))...)
+	out = append(out, b[l2:l2+cs]...)
+	clear(out[l2 : l2+cs])
+	be.PutUint64(out[l1:], uint64(end)|1<<63)
+	p := filepath.Join(t.TempDir(), "table-last.qcow2")
+	writeFile(t, p, out)
+	runTool(t, "qemu-img", "compare", "-f", "raw", "-F", "qcow2", raw, p)
+	return p
+}
+
+// TestTablesAfterTheirData streams qcow2 images whose data comes before the table that maps
+// it: what passed is held up to maxUnclaimed and written when the table arrives; beyond it the
+// import stops with NeedsRandomAccess and says why, while the same image served with Range
+// imports.
+func TestTablesAfterTheirData(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		size int64
+		fits bool
+	}{
+		{"held until its table comes", maxUnclaimed / 2, true},
+		{"more than is held", maxUnclaimed * 3 / 2, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			raw := randomRaw(t, c.size)
+			img := tableAfterData(t, convertTo(t, raw, "qcow2"), raw)
+			target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: serve(t, &fileServer{path: img, noRange: true})}})
+			if c.fits {
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameDisk(t, raw, target)
+				return
+			}
+			wantFailure(t, target, err, transfer.ReasonNeedsRandomAccess, false,
+				fmt.Sprintf("places data more than %d MiB before the tables that map it", maxUnclaimed>>20))
+			target, _ = mustImport(t, t.TempDir(), Options{Source: &HTTPSource{URL: serve(t, &fileServer{path: img})}})
+			sameDisk(t, raw, target)
+		})
+	}
+}

@@ -67,7 +67,7 @@ type Export struct {
 // DefaultImport is what the importer does with no flag given.
 func DefaultImport() Import {
 	return Import{Source: "http", S3: S3{BucketLookup: "Auto"}, Parallel: 8, Retries: DefaultRetries, StallTimeout: time.Minute,
-		Pod: DefaultPod(128 << 20)}
+		Pod: DefaultPod(56 << 20)}
 }
 
 // DefaultExport is what the exporter does with no flag given.
