@@ -367,7 +367,8 @@ func tableAfterData(t *testing.T, img, raw string) string {
 	l1 := be.Uint64(b[40:])
 	l2 := int64(be.Uint64(b[l1:]) & 0x00fffffffffffe00)
 	end := (int64(len(b)) + cs - 1) / cs * cs
-	out := append(b, make([]byte, end-int64(len(b)))...)
+	out := make([]byte, end, end+cs)
+	copy(out, b)
 	out = append(out, b[l2:l2+cs]...)
 	clear(out[l2 : l2+cs])
 	be.PutUint64(out[l1:], uint64(end)|1<<63)

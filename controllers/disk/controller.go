@@ -15,11 +15,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
@@ -120,6 +124,21 @@ func Setup(mgr ctrl.Manager, o Options) error {
 				}
 				return nil
 			})).
+			// A node that leaves the cluster or joins it (checkNode): every disk that is or
+			// was Ready looks again. Nodes' status updates are not heard.
+			Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+				list := k.list()
+				if err := mgr.GetClient().List(ctx, list); err != nil {
+					return nil
+				}
+				var reqs []reconcile.Request
+				forEach(list, func(o client.Object) {
+					if d := adapt(o); d.status.Phase == common.PhaseReady || nodeLost(d) {
+						reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
+					}
+				})
+				return reqs
+			}), builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
 			Complete(r)
 		if err != nil {
 			return fmt.Errorf("%s: %w", k.name, err)

@@ -37,6 +37,8 @@ import (
 // Condition types and reasons of disks, besides Ready and the importer's reasons.
 const (
 	ConditionCloneStrategy = "CloneStrategy"
+	// ConditionCopySource: which volume a replica is copied from, and why (copySource).
+	ConditionCopySource = "CopySource"
 
 	reasonMade                  = "Made"
 	reasonWaitingForConsumer    = "WaitingForFirstConsumer"
@@ -87,20 +89,27 @@ func (p *plan) fillsMore(overhead float64) bool {
 func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, error) {
 	st, tr := d.status, d.tracked()
 	pvcName := d.obj.GetName()
+	if st.Phase == common.PhaseReady || nodeLost(d) {
+		pvc := &corev1.PersistentVolumeClaim{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: pvcName}, pvc); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		if err := r.checkNode(ctx, d, pvc); err != nil || st.Phase != common.PhaseReady {
+			return ctrl.Result{}, err
+		}
+		if err := r.checkPlaced(ctx, d, pvc); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := r.fillFailed(ctx, d, pvc); err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{}, r.noteCapacity(ctx, d, pvc)
+	}
 	if st.Phase == common.PhaseFailed {
 		// What served the copy goes too: a clone source left would hold the image's PVC and
 		// one of its serving slots.
 		return ctrl.Result{}, errors.Join(r.unmark(ctx, d.obj.GetNamespace(), pvcName), r.unmark(ctx, d.obj.GetNamespace(), PrimeName(d.obj.GetUID())),
 			r.cleanup(ctx, d))
-	}
-	if st.Phase == common.PhaseReady {
-		if err := r.checkPlaced(ctx, d, pvcName); err != nil {
-			return ctrl.Result{}, err
-		}
-		if err := r.fillFailed(ctx, d, pvcName); err != nil {
-			return ctrl.Result{}, err
-		}
-		return ctrl.Result{}, r.noteCapacity(ctx, d, pvcName)
 	}
 	if wait := tr.RetryWait(time.Now()); wait > 0 {
 		return ctrl.Result{RequeueAfter: wait}, nil
@@ -149,8 +158,17 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		source = "copy"
 		spec.Name = fmt.Sprintf("%s-clone-%d", pvcName, st.Retries)
 		spec.Import = contract.Import{Grow: true}
-		copyFrom = &hostcopy.Source{Namespace: p.golden.PVC.Namespace, Name: p.golden.PVC.Name, Block: image.IsBlock(p.golden.PVC),
-			Remote: p.remote != ""}
+		from := p.golden.PVC
+		if isReplica(d) {
+			var how string
+			if from, how, err = r.copySource(ctx, d, p.golden); err != nil {
+				return ctrl.Result{}, err
+			}
+			if how != "" {
+				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionCopySource, Status: metav1.ConditionTrue, Reason: "Nearest", Message: "copied " + how})
+			}
+		}
+		copyFrom = &hostcopy.Source{Namespace: from.Namespace, Name: from.Name, Block: image.IsBlock(from), Remote: p.remote != "" || from != p.golden.PVC}
 	case grows:
 		// The storage copied the disk; a larger volume needs disk.img grown to fill it, and a
 		// preallocated disk its holes allocated.
@@ -482,14 +500,10 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 // image's volume does not reach: a node-local volume is cloned only on its node, so its PVC
 // would stay Pending for ever, and the VM with it. The disk says where the image is and what
 // to do instead.
-func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, name string) error {
+func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
 	st := d.status
 	if d.image == nil || st.Capacity != nil || (st.CloneStrategy != common.CloneStrategyCSIClone && st.CloneStrategy != common.CloneStrategySnapshot) {
 		return nil
-	}
-	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err != nil {
-		return client.IgnoreNotFound(err)
 	}
 	node := pvc.Annotations[AnnotationSelectedNode]
 	if pvc.Status.Phase == corev1.ClaimBound || node == "" {
@@ -578,17 +592,50 @@ func deferredHow(d *vmDisk, p *plan, byPod bool) string {
 	}
 }
 
+// ReasonNodeLost is the reason of a disk whose volume is on a node gone from the cluster.
+const ReasonNodeLost = image.ReasonNodeLost
+
+// nodeLost says whether d failed because its volume's node is gone (checkNode).
+func nodeLost(d *vmDisk) bool {
+	c := meta.FindStatusCondition(d.status.Conditions, common.ConditionReady)
+	return d.status.Phase == common.PhaseFailed && c != nil && c.Reason == ReasonNodeLost
+}
+
+// checkNode fails a Ready disk whose volume is on a node gone from the cluster (storage.Lost:
+// a node lost for good is deleted), rather than leave its VM waiting for a node that will not
+// come: a node-local volume's data went with the node. A disk failed so is Ready again when a
+// node that reaches its volume comes (back) into the cluster. The disk's controller hears of
+// nodes that come and go (controller.go).
+func (r *Reconciler) checkNode(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
+	pv, err := r.volumeOf(ctx, pvc)
+	if pv == nil || err != nil {
+		return err
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return err
+	}
+	switch lost := storage.Lost(pv, nodes.Items); {
+	case lost && d.status.Phase == common.PhaseReady:
+		msg := fmt.Sprintf("its volume %s is on %s, and no node of the cluster is: that node is gone, and the disk's data with it unless the node comes back",
+			pv.Name, storage.Placement(pv))
+		d.tracked().SetFailed(ReasonNodeLost, msg)
+		r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeWarning, ReasonNodeLost, "Check", "The disk is lost: %s", msg)
+	case !lost && d.status.Phase == common.PhaseFailed:
+		d.status.Phase = common.PhaseReady
+		d.tracked().SetReady(metav1.ConditionTrue, reasonMade, fmt.Sprintf("its volume %s is on %s, which is in the cluster again", pv.Name, storage.Placement(pv)))
+		r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeNormal, reasonMade, "Check", "The disk's node is back: its volume %s is reached again", pv.Name)
+	}
+	return nil
+}
+
 // PopulateName is the name of the DiskVolume the populator makes to fill the claim of UID uid.
 func PopulateName(uid types.UID) string { return "populate-" + string(uid) }
 
 // fillFailed fails a disk deferred to its VM's node whose fill there failed for good: the
 // populator's disk of its claim (PopulateName) is Failed, and says why. The VM's claim would
 // otherwise wait for ever behind a disk that says Ready.
-func (r *Reconciler) fillFailed(ctx context.Context, d *vmDisk, name string) error {
-	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err != nil {
-		return client.IgnoreNotFound(err)
-	}
+func (r *Reconciler) fillFailed(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
 	if !Deferred(pvc) || pvc.Status.Phase == corev1.ClaimBound || !owned.Mine("PersistentVolumeClaim", pvc, d.obj) {
 		return nil
 	}
@@ -821,13 +868,9 @@ func (r *Reconciler) unmark(ctx context.Context, ns, name string) error {
 
 // noteCapacity records the bound size of a Ready disk's PVC (a WaitForFirstConsumer disk
 // binds after it is Ready).
-func (r *Reconciler) noteCapacity(ctx context.Context, d *vmDisk, name string) error {
+func (r *Reconciler) noteCapacity(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
 	if d.status.Capacity != nil {
 		return nil
-	}
-	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err != nil {
-		return client.IgnoreNotFound(err)
 	}
 	if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
 		d.status.Capacity = &q

@@ -3,6 +3,8 @@ package disk
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,7 +15,9 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // # Replicas of a node-local image
@@ -68,6 +72,84 @@ func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind d
 		return nil, client.IgnoreNotFound(err)
 	}
 	return pvc, nil
+}
+
+// copySource is the volume replica d is copied from: the nearest that holds the image. That is
+// a Ready replica on another node of d's node's zone (topology.kubernetes.io/zone) if there is
+// one, else the image's own volume while a node of the cluster reaches it, else any Ready
+// replica: a zone's nodes are served from within it, the image's node is not the only one
+// serving every copy, and new replicas are made while the image's node is gone. It says which
+// and why; "" for a copy that began, which goes on from its volume (hostcopy.Serving).
+func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Golden) (*corev1.PersistentVolumeClaim, string, error) {
+	if name, err := hostcopy.Serving(ctx, r.Client, d.obj, golden.PVC.Namespace); err != nil {
+		return nil, "", err
+	} else if name == golden.PVC.Name {
+		return golden.PVC, "", nil // chosen before: its condition says why
+	} else if name != "" {
+		pvc := &corev1.PersistentVolumeClaim{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: golden.PVC.Namespace, Name: name}, pvc); client.IgnoreNotFound(err) != nil {
+			return nil, "", err
+		} else if err == nil {
+			return pvc, "", nil
+		}
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return nil, "", err
+	}
+	zoneOf := map[string]string{}
+	for _, n := range nodes.Items {
+		zoneOf[n.Name] = n.Labels[corev1.LabelTopologyZone]
+	}
+	zone, inZone := zoneOf[d.obj.GetAnnotations()[AnnotationSelectedNode]]
+	inZone = inZone && zone != ""
+	list := &diskvolume.DiskVolumeList{}
+	if err := r.List(ctx, list, client.InNamespace(golden.PVC.Namespace), client.MatchingLabels{LabelReplicaOf: string(golden.Obj.GetUID())}); err != nil {
+		return nil, "", err
+	}
+	slices.SortFunc(list.Items, func(a, b diskvolume.DiskVolume) int { return strings.Compare(a.Name, b.Name) })
+	var ready []*diskvolume.DiskVolume
+	for i := range list.Items {
+		rep := &list.Items[i]
+		node := rep.Annotations[AnnotationSelectedNode]
+		if _, there := zoneOf[node]; there && rep.Name != d.obj.GetName() && metav1.IsControlledBy(rep, golden.Obj) &&
+			rep.Status.Phase == common.PhaseReady && rep.DeletionTimestamp.IsZero() {
+			ready = append(ready, rep)
+		}
+	}
+	type candidate struct {
+		rep *diskvolume.DiskVolume // nil: the image's volume
+		why string
+	}
+	var order []candidate
+	for _, rep := range ready {
+		if inZone && zoneOf[rep.Annotations[AnnotationSelectedNode]] == zone {
+			order = append(order, candidate{rep, "in zone " + zone})
+		}
+	}
+	pv, err := r.volumeOf(ctx, golden.PVC)
+	if err != nil {
+		return nil, "", err
+	}
+	if pv == nil || !storage.Lost(pv, nodes.Items) {
+		order = append(order, candidate{nil, ""})
+	} else {
+		for _, rep := range ready {
+			order = append(order, candidate{rep, "as the image's volume is on " + storage.Placement(pv) + ", which is gone from the cluster"})
+		}
+	}
+	for _, c := range order {
+		if c.rep == nil {
+			break
+		}
+		pvc := &corev1.PersistentVolumeClaim{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: c.rep.Namespace, Name: c.rep.Name}, pvc); err == nil && pvc.DeletionTimestamp.IsZero() {
+			return pvc, fmt.Sprintf("from the replica %s on node %s, %s", c.rep.Name, c.rep.Annotations[AnnotationSelectedNode], c.why), nil
+		} else if client.IgnoreNotFound(err) != nil {
+			return nil, "", err
+		}
+	}
+	return golden.PVC, "from the image's volume", nil
 }
 
 // usedReplica notes on the replica whose PVC pvc is that a disk is made from it now: the

@@ -7,7 +7,9 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -80,4 +82,131 @@ func TestReplicaPolicy(t *testing.T) {
 		return apierrors.IsNotFound(err) || (err == nil && !cold.DeletionTimestamp.IsZero())
 	}, 20*time.Second).Should(BeTrue(), "the cold node's replica is evicted")
 	g.Consistently(replicas, 2*time.Second).Should(HaveKey("policy-warm"))
+}
+
+// TestNodeLost: a Ready disk whose volume is on a node deleted from the cluster fails with
+// NodeLost, naming the node, and is Ready again when the node comes back; a node-local image
+// deletes its replica that failed so.
+func TestNodeLost(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t)
+	newNode := func(name string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}}}
+	}
+	g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, newNode("lost-far")))).To(Succeed())
+	onFar := func(pv *corev1.PersistentVolume) {
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"lost-far"}}}}}}}
+	}
+	d := newDiskVolume(ns, "far", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, "", "1Gi")
+	g.Expect(env.Client.Create(ctx, d)).To(Succeed())
+	ctrltest.BindWith(t, env, ns, disk.PrimeName(d.UID), onFar)
+	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), "far-blank-0", "far", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+
+	g.Expect(env.Client.Delete(ctx, newNode("lost-far"))).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseFailed)))
+	g.Expect(condition(common.ConditionReady)(&d.Status)).To(And(HavePrefix("NodeLost: its volume pvc-"), ContainSubstring("lost-far"),
+		ContainSubstring("no node of the cluster is")))
+
+	g.Expect(env.Client.Create(ctx, newNode("lost-far"))).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	g.Expect(condition(common.ConditionReady)(&d.Status)).To(ContainSubstring("in the cluster again"))
+
+	// A replica that failed so is deleted by its image.
+	vmi := readyImage(t, ns, "lost", classCSI)
+	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-lost")}
+	replica := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "lost-gone")
+	g.Expect(controllerutil.SetControllerReference(vmi, replica, env.Client.Scheme())).To(Succeed())
+	g.Expect(env.Client.Create(ctx, replica)).To(Succeed())
+	g.Eventually(func() []common.ImageReplica {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)
+		return vmi.Status.Replicas
+	}, 20*time.Second).Should(ContainElement(HaveField("Node", "lost-gone")))
+	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(replica), replica); err != nil {
+			return err
+		}
+		replica.Status.Phase = common.PhaseFailed
+		meta.SetStatusCondition(&replica.Status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionFalse,
+			Reason: disk.ReasonNodeLost, Message: "its volume is on node lost-gone, and no node of the cluster is"})
+		return env.Client.Status().Update(ctx, replica)
+	})).To(Succeed())
+	g.Eventually(func() bool {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(replica), replica)
+		return apierrors.IsNotFound(err) || (err == nil && !replica.DeletionTimestamp.IsZero())
+	}, 20*time.Second).Should(BeTrue(), "the lost node's replica is deleted")
+	g.Eventually(func() []common.ImageReplica {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)
+		return vmi.Status.Replicas
+	}, 20*time.Second).ShouldNot(ContainElement(HaveField("Node", "lost-gone")))
+}
+
+// TestReplicaCopiedFromNearest: a replica is copied from a Ready replica of its node's zone,
+// else from the image's volume, else (the image's node gone from the cluster) from any Ready
+// replica; the CopySource condition says which and why, and the clone-source pod reads it.
+func TestReplicaCopiedFromNearest(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t)
+	for name, zone := range map[string]string{"near-home": "z0", "near-a": "z1", "near-b": "z1", "near-c": "z2", "near-d": "z3"} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name, corev1.LabelTopologyZone: zone}}}
+		g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, node))).To(Succeed())
+	}
+	vmi := readyImageWith(t, ns, "near", classWFFC, func(pv *corev1.PersistentVolume) {
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"near-home"}}}}}}}
+	})
+	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-near")}
+	replicaOn := func(node string) *diskvolume.DiskVolume {
+		rep := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, node)
+		g.Expect(controllerutil.SetControllerReference(vmi, rep, env.Client.Scheme())).To(Succeed())
+		g.Expect(env.Client.Create(ctx, rep)).To(Succeed())
+		return rep
+	}
+	copiedFrom := func(rep *diskvolume.DiskVolume) func(g Gomega) string {
+		return func(g Gomega) string {
+			pod := &corev1.Pod{}
+			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "clone-source-" + string(rep.UID)}, pod)).To(Succeed())
+			claim := ""
+			for _, v := range pod.Spec.Volumes {
+				if v.PersistentVolumeClaim != nil {
+					claim = v.PersistentVolumeClaim.ClaimName
+				}
+			}
+			g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(rep), rep)).To(Succeed())
+			return claim + " " + condition(disk.ConditionCopySource)(&rep.Status)
+		}
+	}
+	// The replica on near-a is copied from the image's volume (no other is Ready), and is
+	// made Ready here as if the copy had ended.
+	a := replicaOn("near-a")
+	g.Eventually(copiedFrom(a), 20*time.Second).Should(Equal("vmim-near Nearest: copied from the image's volume"))
+	g.Expect(env.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "clone-source-" + string(a.UID)}})).To(Succeed())
+	g.Eventually(func() common.Phase {
+		_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(a), a); err != nil || a.Status.Phase == common.PhaseReady {
+				return err
+			}
+			a.Status.Phase = common.PhaseReady
+			return env.Client.Status().Update(ctx, a)
+		})
+		return a.Status.Phase
+	}, 20*time.Second).Should(Equal(common.PhaseReady))
+	g.Consistently(func() common.Phase { _ = env.Client.Get(ctx, client.ObjectKeyFromObject(a), a); return a.Status.Phase }, 2*time.Second).Should(Equal(common.PhaseReady))
+	g.Expect(env.Client.Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: a.Name},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity(goldenSize)}}}})).To(Succeed())
+
+	// near-b is in near-a's zone; near-c in none that has a replica.
+	g.Eventually(copiedFrom(replicaOn("near-b")), 20*time.Second).Should(Equal(a.Name + " Nearest: copied from the replica " + a.Name + " on node near-a, in zone z1"))
+	g.Eventually(copiedFrom(replicaOn("near-c")), 20*time.Second).Should(Equal("vmim-near Nearest: copied from the image's volume"))
+
+	// The image's node is gone: near-d is copied from the Ready replica.
+	g.Expect(env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "near-home"}})).To(Succeed())
+	g.Eventually(copiedFrom(replicaOn("near-d")), 20*time.Second).Should(And(HavePrefix(a.Name+" Nearest: copied from the replica "+a.Name+" on node near-a, as the image's volume is on "),
+		ContainSubstring("near-home"), HaveSuffix("which is gone from the cluster")))
 }

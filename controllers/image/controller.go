@@ -14,6 +14,7 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -157,6 +158,15 @@ func (r *Reconciler) replicas(ctx context.Context, obj client.Object) ([]common.
 		// Only its own: a label is anyone's to write.
 		node := d.Annotations[storage.AnnotationSelectedNode]
 		if !metav1.IsControlledBy(&d, obj) || len(node) > 253 || len(d.Name) > 63 {
+			continue
+		}
+		// A replica on a node gone from the cluster (its disk failed NodeLost) goes: were the
+		// node to come back, its next disk makes a new one.
+		if c := meta.FindStatusCondition(d.Status.Conditions, common.ConditionReady); d.Status.Phase == common.PhaseFailed && c != nil && c.Reason == ReasonNodeLost {
+			if err := r.Delete(ctx, &d, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+				return nil, err
+			}
+			r.Pods.Events.Eventf(obj, &d, corev1.EventTypeWarning, "ReplicaLost", "Delete", "Deleted the replica %s: %s", d.Name, c.Message)
 			continue
 		}
 		out = append(out, common.ImageReplica{Node: node, Name: d.Name, Phase: d.Status.Phase})

@@ -30,6 +30,10 @@ import (
 // spec.replicas pre-warms nodes and evicts replicas no disk uses, below). Its disks there are
 // CSI clones of it.
 
+// ReasonNodeLost is the reason of a disk (a replica among them) whose volume is on a node gone
+// from the cluster; the disk controller sets it, and the image deletes such a replica.
+const ReasonNodeLost = "NodeLost"
+
 // AnnotationReplicaUsed is when a disk was last made from a replica (RFC 3339), written by the
 // disk controller; a replica no disk was made from yet counts from its creation.
 const AnnotationReplicaUsed = "diskpipe.io/replica-last-used"

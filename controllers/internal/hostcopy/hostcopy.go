@@ -122,6 +122,21 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 	return true, nil
 }
 
+// Serving is the PVC that owner's clone-source pod in namespace serves, "" when it has none:
+// a copy that began goes on from the volume it began from.
+func Serving(ctx context.Context, c client.Client, owner client.Object, namespace string) (string, error) {
+	pod := &corev1.Pod{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: sourceName(owner)}, pod); err != nil || !owned.Marked("Pod", pod, owner.GetUID()) {
+		return "", client.IgnoreNotFound(err)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			return v.PersistentVolumeClaim.ClaimName, nil
+		}
+	}
+	return "", nil
+}
+
 // bounded returns a *BusyError when owner has no clone-source pod for src yet and MaxServing
 // others serve it.
 func bounded(ctx context.Context, c client.Client, owner client.Object, src Source) error {

@@ -30,6 +30,21 @@ func Reaches(pv *corev1.PersistentVolume, node *corev1.Node) bool {
 	return false
 }
 
+// Lost says whether pv's volume is on nodes none of which is in the cluster: its affinity
+// names nodes, and none of nodes meets it. A node lost for good is deleted from the cluster,
+// and a node-local volume's data goes with it unless the node comes back.
+func Lost(pv *corev1.PersistentVolume, nodes []corev1.Node) bool {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return false
+	}
+	for i := range nodes {
+		if Reaches(pv, &nodes[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 // meets says whether node meets every requirement of term; a term of none is met by no node.
 func meets(term corev1.NodeSelectorTerm, node *corev1.Node) (bool, error) {
 	if len(term.MatchExpressions) == 0 && len(term.MatchFields) == 0 {
