@@ -224,7 +224,7 @@ bench-kubevirt: ## Boot five VMs at once from one golden image under the real Ku
 	$(MAKE) test-cluster KUBEVIRT=1 E2E_LABELS='bench && !nodes'
 
 .PHONY: bench-fanout
-bench-fanout: ## Fan a golden image of 1 GiB out to twelve VMs on three real nodes (root), through replicas and through host copies; prints the times and bytes of both.
+bench-fanout: ## Fan a golden image of 1 GiB out to twelve VMs on three real nodes (root), through replicas made on demand, pre-warmed replicas and host copies; prints the times and bytes of each.
 	$(MAKE) test-cluster KUBEVIRT=1 NODES=3 E2E_LABELS='bench && nodes'
 
 .PHONY: fuzz-imports
