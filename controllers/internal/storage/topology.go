@@ -32,10 +32,20 @@ func Reaches(pv *corev1.PersistentVolume, node *corev1.Node) bool {
 
 // Lost says whether pv's volume is on nodes none of which is in the cluster: its affinity
 // names nodes, and none of nodes meets it. A node lost for good is deleted from the cluster,
-// and a node-local volume's data goes with it unless the node comes back.
+// and a node-local volume's data goes with it unless the node comes back. A volume of a zone
+// or region (EBS, Persistent Disk) is never lost: a zone without nodes (scaled to none) still
+// holds it.
 func Lost(pv *corev1.PersistentVolume, nodes []corev1.Node) bool {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
 		return false
+	}
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, req := range term.MatchExpressions {
+			switch req.Key {
+			case corev1.LabelTopologyZone, corev1.LabelTopologyRegion, corev1.LabelFailureDomainBetaZone, corev1.LabelFailureDomainBetaRegion:
+				return false
+			}
+		}
 	}
 	for i := range nodes {
 		if Reaches(pv, &nodes[i]) {

@@ -60,4 +60,21 @@ func TestReaches(t *testing.T) {
 			t.Errorf("NodeLocal(%s) = %v; want %v", Placement(pv), got, want)
 		}
 	}
+	// Lost: no node of the cluster meets the affinity of a node's volume; a zone's volume is
+	// never lost.
+	for _, tc := range []struct {
+		pv    *corev1.PersistentVolume
+		nodes []corev1.Node
+		want  bool
+	}{
+		{&corev1.PersistentVolume{}, nil, false},
+		{pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1")), nodes, false},
+		{pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1")), []corev1.Node{*n2}, true},
+		{pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1")), nil, true},
+		{pv(expr(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, "b")), nodes, false},
+	} {
+		if got := Lost(tc.pv, tc.nodes); got != tc.want {
+			t.Errorf("Lost(%s) on %d nodes = %v; want %v", Placement(tc.pv), len(tc.nodes), got, tc.want)
+		}
+	}
 }
