@@ -608,8 +608,8 @@ func nodeLost(d *vmDisk) bool {
 // nodes that come and go (controller.go).
 func (r *Reconciler) checkNode(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
 	pv, err := r.volumeOf(ctx, pvc)
-	if pv == nil || err != nil {
-		return err
+	if pv == nil || pv.Spec.NodeAffinity == nil || err != nil {
+		return err // network storage every node reaches
 	}
 	nodes := &corev1.NodeList{}
 	if err := r.List(ctx, nodes); err != nil {
