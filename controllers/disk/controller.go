@@ -8,6 +8,7 @@ package disk
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"time"
 
@@ -124,8 +125,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 				}
 				return nil
 			})).
-			// A node that leaves the cluster or joins it (checkNode): every disk that is or
-			// was Ready looks again. Nodes' status updates are not heard.
+			// A node that leaves the cluster, joins it or is labelled anew (checkNode): every
+			// disk that is or was Ready looks again.
 			Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 				list := k.list()
 				if err := mgr.GetClient().List(ctx, list); err != nil {
@@ -138,7 +139,13 @@ func Setup(mgr ctrl.Manager, o Options) error {
 					}
 				})
 				return reqs
-			}), builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
+			}), builder.WithPredicates(predicate.Funcs{
+				// Every disk is looked at when the manager starts: the nodes it finds then are
+				// not news. A node's labels change when it comes back (its CSI driver's topology
+				// label is added once the driver registers); its status updates are not heard.
+				CreateFunc: func(e event.CreateEvent) bool { return !e.IsInInitialList },
+				UpdateFunc: func(e event.UpdateEvent) bool { return !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels()) },
+			})).
 			Complete(r)
 		if err != nil {
 			return fmt.Errorf("%s: %w", k.name, err)

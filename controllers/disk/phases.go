@@ -159,9 +159,14 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		spec.Name = fmt.Sprintf("%s-clone-%d", pvcName, st.Retries)
 		spec.Import = contract.Import{Grow: true}
 		from := p.golden.PVC
-		if isReplica(d) {
+		if isReplica(d, p.golden) {
 			var how string
-			if from, how, err = r.copySource(ctx, d, p.golden); err != nil {
+			var nr *image.NotReadyError
+			if from, how, err = r.copySource(ctx, d, p.golden); errors.As(err, &nr) {
+				st.Phase = common.PhasePending
+				tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
+				return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
+			} else if err != nil {
 				return ctrl.Result{}, err
 			}
 			if how != "" {
@@ -439,7 +444,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	// A node the image does not reach gets a replica of it, which its disks are cloned from
 	// (replica.go): where a CSI clone of the image would be possible but for its node.
 	var replica *corev1.PersistentVolumeClaim
-	if facts.unreachable != "" && facts.nodeLocal && !isReplica(d) && preferred != common.CloneStrategyHostAssisted && facts.sourceNamespace == facts.targetNamespace &&
+	if facts.unreachable != "" && facts.nodeLocal && !isReplica(d, p.golden) && preferred != common.CloneStrategyHostAssisted && facts.sourceNamespace == facts.targetNamespace &&
 		facts.sourceClass == facts.targetClass && facts.sourceMode == facts.targetMode && facts.targetDriver != "" {
 		node := d.obj.GetAnnotations()[AnnotationSelectedNode]
 		replica, err = r.replicaOn(ctx, p.golden, d.image.Kind, node)
@@ -548,7 +553,7 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, pvc *corev1.Per
 // bound at once, and a replica are made at once.
 func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan, pvcName string, byPod bool) (bool, error) {
 	ann := d.obj.GetAnnotations()
-	if !storage.WaitsForConsumer(p.class) || ann[AnnotationSelectedNode] != "" || ann[AnnotationBindImmediately] == "true" || isReplica(d) ||
+	if !storage.WaitsForConsumer(p.class) || ann[AnnotationSelectedNode] != "" || ann[AnnotationBindImmediately] == "true" || isReplica(d, p.golden) ||
 		(p.golden == nil && !d.blank) {
 		return false, nil
 	}
@@ -608,8 +613,8 @@ func nodeLost(d *vmDisk) bool {
 // nodes that come and go (controller.go).
 func (r *Reconciler) checkNode(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
 	pv, err := r.volumeOf(ctx, pvc)
-	if pv == nil || pv.Spec.NodeAffinity == nil || err != nil {
-		return err // network storage every node reaches
+	if pv == nil || pv.Spec.NodeAffinity == nil || storage.Zonal(pv) || err != nil {
+		return err // network storage, or a zone's: no node takes it away
 	}
 	nodes := &corev1.NodeList{}
 	if err := r.List(ctx, nodes); err != nil {
@@ -649,6 +654,9 @@ func (r *Reconciler) fillFailed(ctx context.Context, d *vmDisk, pvc *corev1.Pers
 	reason, msg := "FillFailed", "no reason given"
 	if c := meta.FindStatusCondition(inner.Status.Conditions, common.ConditionReady); c != nil {
 		reason, msg = c.Reason, c.Message
+	}
+	if reason == ReasonNodeLost {
+		reason = "FillFailed" // this disk's claim is not bound: it has no node to lose or get back
 	}
 	msg = fmt.Sprintf("filling PVC %s on node %s, where its VM's pod was scheduled, failed (DiskVolume %s): %s",
 		pvc.Name, pvc.Annotations[AnnotationSelectedNode], inner.Name, msg)

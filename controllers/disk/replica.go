@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -39,8 +40,11 @@ const (
 	reasonWaitingForReplica = "WaitingForReplica"
 )
 
-// isReplica says whether d is a replica of an image (which is copied, never made of one).
-func isReplica(d *vmDisk) bool { return d.obj.GetLabels()[LabelReplicaOf] != "" }
+// isReplica says whether d is a replica of golden's image (which is copied, never made of
+// one): a DiskVolume the image controls and diskpipe made for it. A label is anyone's to write.
+func isReplica(d *vmDisk, golden *image.Golden) bool {
+	return golden != nil && d.obj.GetLabels()[LabelReplicaOf] == string(golden.Obj.GetUID()) && owned.Mine("DiskVolume", d.obj, golden.Obj)
+}
 
 // errReplicaFailed says the replica on a node failed: its disks are copied from the image's
 // node instead, and the replica's Ready condition says why it failed.
@@ -79,19 +83,12 @@ func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind d
 // one, else the image's own volume while a node of the cluster reaches it, else any Ready
 // replica: a zone's nodes are served from within it, the image's node is not the only one
 // serving every copy, and new replicas are made while the image's node is gone. It says which
-// and why; "" for a copy that began, which goes on from its volume (hostcopy.Serving).
+// and why; "" for a copy that began, which goes on from its volume (hostcopy.Serving). With the
+// image's node gone and no replica Ready, there is none: an *image.NotReadyError says so.
 func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Golden) (*corev1.PersistentVolumeClaim, string, error) {
-	if name, err := hostcopy.Serving(ctx, r.Client, d.obj, golden.PVC.Namespace); err != nil {
+	pinned, err := hostcopy.Serving(ctx, r.Client, d.obj, golden.PVC.Namespace)
+	if err != nil {
 		return nil, "", err
-	} else if name == golden.PVC.Name {
-		return golden.PVC, "", nil // chosen before: its condition says why
-	} else if name != "" {
-		pvc := &corev1.PersistentVolumeClaim{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: golden.PVC.Namespace, Name: name}, pvc); client.IgnoreNotFound(err) != nil {
-			return nil, "", err
-		} else if err == nil {
-			return pvc, "", nil
-		}
 	}
 	nodes := &corev1.NodeList{}
 	if err := r.List(ctx, nodes); err != nil {
@@ -112,9 +109,33 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 	for i := range list.Items {
 		rep := &list.Items[i]
 		node := rep.Annotations[AnnotationSelectedNode]
-		if _, there := zoneOf[node]; there && rep.Name != d.obj.GetName() && metav1.IsControlledBy(rep, golden.Obj) &&
+		if _, there := zoneOf[node]; there && rep.Name != d.obj.GetName() && owned.Mine("DiskVolume", rep, golden.Obj) &&
 			rep.Status.Phase == common.PhaseReady && rep.DeletionTimestamp.IsZero() {
 			ready = append(ready, rep)
+		}
+	}
+	pv, err := r.volumeOf(ctx, golden.PVC)
+	if err != nil {
+		return nil, "", err
+	}
+	lost := pv != nil && storage.Lost(pv, nodes.Items)
+	// A copy that began goes on from its volume while that is there; one whose volume's node
+	// is gone (or whose replica is not Ready any more) starts again from another.
+	switch {
+	case pinned == "":
+	case pinned == golden.PVC.Name && !lost:
+		return golden.PVC, "", nil // chosen before: its condition says why
+	case slices.ContainsFunc(ready, func(rep *diskvolume.DiskVolume) bool { return rep.Name == pinned }):
+		pvc := &corev1.PersistentVolumeClaim{}
+		if err := r.Get(ctx, client.ObjectKey{Namespace: golden.PVC.Namespace, Name: pinned}, pvc); err == nil {
+			return pvc, "", nil
+		} else if !apierrors.IsNotFound(err) {
+			return nil, "", err
+		}
+		fallthrough
+	default:
+		if err := hostcopy.Cleanup(ctx, r.Client, d.obj, golden.PVC.Namespace); err != nil {
+			return nil, "", err
 		}
 	}
 	type candidate struct {
@@ -127,11 +148,7 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 			order = append(order, candidate{rep, "in zone " + zone})
 		}
 	}
-	pv, err := r.volumeOf(ctx, golden.PVC)
-	if err != nil {
-		return nil, "", err
-	}
-	if pv == nil || !storage.Lost(pv, nodes.Items) {
+	if !lost {
 		order = append(order, candidate{nil, ""})
 	} else {
 		for _, rep := range ready {
@@ -143,11 +160,17 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 			break
 		}
 		pvc := &corev1.PersistentVolumeClaim{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: c.rep.Namespace, Name: c.rep.Name}, pvc); err == nil && pvc.DeletionTimestamp.IsZero() {
+		if err := r.Get(ctx, client.ObjectKey{Namespace: c.rep.Namespace, Name: c.rep.Name}, pvc); err == nil && pvc.DeletionTimestamp.IsZero() &&
+			pvc.Status.Phase == corev1.ClaimBound && owned.Mine("PersistentVolumeClaim", pvc, c.rep) {
 			return pvc, fmt.Sprintf("from the replica %s on node %s, %s", c.rep.Name, c.rep.Annotations[AnnotationSelectedNode], c.why), nil
 		} else if client.IgnoreNotFound(err) != nil {
 			return nil, "", err
 		}
+	}
+	if lost {
+		// A clone source there would wait for ever, and hold one of the image's serving slots.
+		return nil, "", &image.NotReadyError{Reason: ReasonNodeLost, Message: fmt.Sprintf(
+			"the image's volume is on %s, which is gone from the cluster, and no replica of it is Ready to copy from", storage.Placement(pv))}
 	}
 	return golden.PVC, "from the image's volume", nil
 }

@@ -7,7 +7,6 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -20,6 +19,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -119,21 +119,27 @@ func TestNodeLost(t *testing.T) {
 	vmi := readyImage(t, ns, "lost", classCSI)
 	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-lost")}
 	replica := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "lost-gone")
-	g.Expect(controllerutil.SetControllerReference(vmi, replica, env.Client.Scheme())).To(Succeed())
-	g.Expect(env.Client.Create(ctx, replica)).To(Succeed())
+	_, err := owned.Ensure(ctx, env.Client, vmi, replica)
+	g.Expect(err).NotTo(HaveOccurred())
 	g.Eventually(func() []common.ImageReplica {
 		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)
 		return vmi.Status.Replicas
 	}, 20*time.Second).Should(ContainElement(HaveField("Node", "lost-gone")))
-	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(replica), replica); err != nil {
-			return err
-		}
-		replica.Status.Phase = common.PhaseFailed
-		meta.SetStatusCondition(&replica.Status.Conditions, metav1.Condition{Type: common.ConditionReady, Status: metav1.ConditionFalse,
-			Reason: disk.ReasonNodeLost, Message: "its volume is on node lost-gone, and no node of the cluster is"})
-		return env.Client.Status().Update(ctx, replica)
-	})).To(Succeed())
+	lostSince := func(since time.Time) {
+		g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(replica), replica); err != nil {
+				return err
+			}
+			replica.Status.Phase = common.PhaseFailed
+			replica.Status.Conditions = []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(since),
+				Reason: disk.ReasonNodeLost, Message: "its volume is on node lost-gone, and no node of the cluster is"}}
+			return env.Client.Status().Update(ctx, replica)
+		})).To(Succeed())
+	}
+	lostSince(time.Now())
+	g.Consistently(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(replica), replica) }, 2*time.Second).Should(Succeed(),
+		"a node gone a moment ago may come back: its replica stays for image.LostReplicaGrace")
+	lostSince(time.Now().Add(-image.LostReplicaGrace - time.Minute))
 	g.Eventually(func() bool {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(replica), replica)
 		return apierrors.IsNotFound(err) || (err == nil && !replica.DeletionTimestamp.IsZero())
@@ -163,8 +169,8 @@ func TestReplicaCopiedFromNearest(t *testing.T) {
 	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-near")}
 	replicaOn := func(node string) *diskvolume.DiskVolume {
 		rep := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, node)
-		g.Expect(controllerutil.SetControllerReference(vmi, rep, env.Client.Scheme())).To(Succeed())
-		g.Expect(env.Client.Create(ctx, rep)).To(Succeed())
+		_, err := owned.Ensure(ctx, env.Client, vmi, rep)
+		g.Expect(err).NotTo(HaveOccurred())
 		return rep
 	}
 	copiedFrom := func(rep *diskvolume.DiskVolume) func(g Gomega) string {
@@ -197,9 +203,35 @@ func TestReplicaCopiedFromNearest(t *testing.T) {
 		return a.Status.Phase
 	}, 20*time.Second).Should(Equal(common.PhaseReady))
 	g.Consistently(func() common.Phase { _ = env.Client.Get(ctx, client.ObjectKeyFromObject(a), a); return a.Status.Phase }, 2*time.Second).Should(Equal(common.PhaseReady))
-	g.Expect(env.Client.Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: a.Name},
+	// Its claim, bound: diskpipe's, for the replica (a claim of its name made by someone else
+	// is not read from).
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: a.Name},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity(goldenSize)}}}})).To(Succeed())
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity(goldenSize)}}}}
+	g.Expect(owned.Create(ctx, env.Client, a, claim)).To(Succeed())
+	claim.Status.Phase = corev1.ClaimBound
+	g.Expect(env.Client.Status().Update(ctx, claim)).To(Succeed())
+
+	// A DiskVolume dressed as a replica in near-a's zone (the image as its controller, the
+	// replica's labels, Ready, a bound claim, a name that sorts first) that diskpipe did not
+	// make is not copied from.
+	forged := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "near-a")
+	forged.Name = "replica-aaaa"
+	g.Expect(controllerutil.SetControllerReference(vmi, forged, env.Client.Scheme())).To(Succeed())
+	g.Expect(env.Client.Create(ctx, forged)).To(Succeed())
+	g.Eventually(func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(forged), forged); err != nil {
+			return err
+		}
+		forged.Status.Phase = common.PhaseReady
+		return env.Client.Status().Update(ctx, forged)
+	}, 20*time.Second).Should(Succeed())
+	forgedClaim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: forged.Name},
+		Spec: *claim.Spec.DeepCopy()}
+	g.Expect(controllerutil.SetControllerReference(forged, forgedClaim, env.Client.Scheme())).To(Succeed())
+	g.Expect(env.Client.Create(ctx, forgedClaim)).To(Succeed())
+	forgedClaim.Status.Phase = corev1.ClaimBound
+	g.Expect(env.Client.Status().Update(ctx, forgedClaim)).To(Succeed())
 
 	// near-b is in near-a's zone; near-c in none that has a replica.
 	g.Eventually(copiedFrom(replicaOn("near-b")), 20*time.Second).Should(Equal(a.Name + " Nearest: copied from the replica " + a.Name + " on node near-a, in zone z1"))

@@ -133,7 +133,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	if g.schedule != nil {
 		return r.reconcileSchedule(ctx, g)
 	}
-	if g.status.Replicas, err = r.replicas(ctx, obj); err != nil {
+	var lost time.Duration
+	if g.status.Replicas, lost, err = r.replicas(ctx, obj); err != nil {
 		return ctrl.Result{}, err
 	}
 	res, err := r.reconcile(ctx, g)
@@ -141,18 +142,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		return res, err
 	}
 	next, err := r.keepReplicas(ctx, g)
-	if next > 0 && (res.RequeueAfter == 0 || next < res.RequeueAfter) {
-		res.RequeueAfter = next
+	for _, n := range []time.Duration{next, lost} {
+		if n > 0 && (res.RequeueAfter == 0 || n < res.RequeueAfter) {
+			res.RequeueAfter = n
+		}
 	}
 	return res, err
 }
 
+// LostReplicaGrace is how long a replica's node is gone before the image deletes the replica:
+// a node deleted and registered again (by an admin, a remediation, a cloud controller that
+// briefly lost the instance) keeps its replica and the data on it.
+var LostReplicaGrace = 10 * time.Minute
+
 // replicas lists the image's replicas on other nodes, by node.
-func (r *Reconciler) replicas(ctx context.Context, obj client.Object) ([]common.ImageReplica, error) {
+func (r *Reconciler) replicas(ctx context.Context, obj client.Object) ([]common.ImageReplica, time.Duration, error) {
 	list := &diskvolume.DiskVolumeList{}
 	if err := r.List(ctx, list, client.InNamespace(obj.GetNamespace()), client.MatchingLabels{LabelReplicaOf: string(obj.GetUID())}); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
+	var next time.Duration
 	var out []common.ImageReplica
 	for _, d := range list.Items {
 		// Only its own: a label is anyone's to write.
@@ -160,17 +169,25 @@ func (r *Reconciler) replicas(ctx context.Context, obj client.Object) ([]common.
 		if !metav1.IsControlledBy(&d, obj) || len(node) > 253 || len(d.Name) > 63 {
 			continue
 		}
-		// A replica on a node gone from the cluster (its disk failed NodeLost) goes: were the
-		// node to come back, its next disk makes a new one.
-		if c := meta.FindStatusCondition(d.Status.Conditions, common.ConditionReady); d.Status.Phase == common.PhaseFailed && c != nil && c.Reason == ReasonNodeLost {
-			if err := r.Delete(ctx, &d, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
-				return nil, err
+		// A replica on a node gone from the cluster (its disk failed NodeLost) for
+		// LostReplicaGrace goes: were the node to come back later, its next disk makes a new one.
+		if c := meta.FindStatusCondition(d.Status.Conditions, common.ConditionReady); d.Status.Phase == common.PhaseFailed && c != nil &&
+			c.Reason == ReasonNodeLost && d.DeletionTimestamp.IsZero() {
+			if left := time.Until(c.LastTransitionTime.Add(LostReplicaGrace)); left > 0 {
+				if next == 0 || left < next {
+					next = left
+				}
+			} else {
+				if err := r.Delete(ctx, &d, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+					return nil, 0, err
+				}
+				r.Pods.Events.Eventf(obj, &d, corev1.EventTypeWarning, "ReplicaLost", "Delete", "Deleted the replica %s, whose node is gone for %s: %s",
+					d.Name, LostReplicaGrace, c.Message)
+				continue
 			}
-			r.Pods.Events.Eventf(obj, &d, corev1.EventTypeWarning, "ReplicaLost", "Delete", "Deleted the replica %s: %s", d.Name, c.Message)
-			continue
 		}
 		out = append(out, common.ImageReplica{Node: node, Name: d.Name, Phase: d.Status.Phase})
 	}
 	slices.SortFunc(out, func(a, b common.ImageReplica) int { return strings.Compare(a.Node, b.Node) })
-	return out[:min(len(out), 256)], nil
+	return out[:min(len(out), 256)], next, nil
 }

@@ -60,7 +60,7 @@ var Catalog = []ReasonDoc{
 	{Reason: "WaitingForFirstConsumer", On: "Ready disks", Meaning: "the volume is provisioned when the VM's pod is scheduled", Advice: "nothing"},
 	{Reason: "WaitingForReplica", On: "disks of node-local images", Meaning: "the image's replica on the disk's node is being copied there (once per node); the disk is a clone of it next", Advice: "wait; the replica's DiskVolume (`replica-<image>-<hash>`) shows the copy"},
 	{Reason: "SourceUnreachable", On: "disks of node-local images", Meaning: "the disk's node was fixed before (a replica, a populator's disk) and the storage cannot clone or restore the image's volume there", Advice: "make the disk as a PVC whose dataSourceRef is the image, or run the VM where the image is"},
-	{Reason: "NodeLost", On: "Ready disks", Meaning: "the disk's volume is on a node deleted from the cluster: a node-local volume's data is gone with it (an image deletes its replica there)", Advice: "bring the node back (the disk is Ready again), or delete the disk and make it again"},
+	{Reason: "NodeLost", On: "Ready disks", Meaning: "the disk's volume is on a node deleted from the cluster: a node-local volume's data is gone with it (an image deletes its replica there after 10 minutes)", Advice: "bring the node back (the disk is Ready again), or delete the disk and make it again"},
 	{Reason: "WaitingForClones", On: "images being deleted", Meaning: "disks are still being cloned from the image", Advice: "wait, or delete those disks"},
 	{Reason: "WaitingForRevision", On: "scheduled images", Meaning: "no revision is imported yet (the first check or import is under way)", Advice: "wait"},
 	{Reason: "InvalidSchedule", On: "scheduled images", Meaning: "`spec.schedule.cron` does not parse", Advice: "fix it"},

@@ -33,19 +33,13 @@ func Reaches(pv *corev1.PersistentVolume, node *corev1.Node) bool {
 // Lost says whether pv's volume is on nodes none of which is in the cluster: its affinity
 // names nodes, and none of nodes meets it. A node lost for good is deleted from the cluster,
 // and a node-local volume's data goes with it unless the node comes back. A volume of a zone
-// or region (EBS, Persistent Disk) is never lost: a zone without nodes (scaled to none) still
-// holds it.
+// or region (Zonal) is never lost: a zone without nodes (scaled to none) still holds it.
 func Lost(pv *corev1.PersistentVolume, nodes []corev1.Node) bool {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
 		return false
 	}
-	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
-		for _, req := range term.MatchExpressions {
-			switch req.Key {
-			case corev1.LabelTopologyZone, corev1.LabelTopologyRegion, corev1.LabelFailureDomainBetaZone, corev1.LabelFailureDomainBetaRegion:
-				return false
-			}
-		}
+	if Zonal(pv) {
+		return false
 	}
 	for i := range nodes {
 		if Reaches(pv, &nodes[i]) {
@@ -53,6 +47,23 @@ func Lost(pv *corev1.PersistentVolume, nodes []corev1.Node) bool {
 		}
 	}
 	return true
+}
+
+// Zonal says whether pv's affinity names a zone or region (topology.kubernetes.io/zone, and
+// the drivers' own keys: topology.gke.io/zone, topology.ebs.csi.aws.com/zone, ...) rather than
+// nodes alone: a volume of EBS, Persistent Disk or Azure Disk, which outlives any node.
+func Zonal(pv *corev1.PersistentVolume) bool {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return false
+	}
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, req := range term.MatchExpressions {
+			if k := strings.ToLower(req.Key); strings.Contains(k, "zone") || strings.Contains(k, "region") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // meets says whether node meets every requirement of term; a term of none is met by no node.

@@ -72,6 +72,7 @@ func TestReaches(t *testing.T) {
 		{pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1")), []corev1.Node{*n2}, true},
 		{pv(expr("topology.topolvm.io/node", corev1.NodeSelectorOpIn, "n1")), nil, true},
 		{pv(expr(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, "b")), nodes, false},
+		{pv(expr("topology.ebs.csi.aws.com/zone", corev1.NodeSelectorOpIn, "b")), nil, false},
 	} {
 		if got := Lost(tc.pv, tc.nodes); got != tc.want {
 			t.Errorf("Lost(%s) on %d nodes = %v; want %v", Placement(tc.pv), len(tc.nodes), got, tc.want)
