@@ -64,7 +64,7 @@ type Options struct {
 // that an import pod stays under 64 MiB of RSS (make bench-import). The converter's eight
 // workers take segments of 1 MiB of the disk and so read within a few neighbouring blocks;
 // with segments of 4 MiB, or with 12 blocks of 2 MiB, a worker's half-read block was evicted
-// and read again (18 % of a plain qcow2 twice; a resumed import read a fifth of its rest twice).
+// and read again (18 % of a plain qcow2 twice; a resumed import read half its rest twice).
 const (
 	cacheBlockSize = 1 << 20
 	cacheBlocks    = 24
