@@ -575,10 +575,7 @@ func TestDataVolumeNodeLocal(t *testing.T) {
 	dv.Spec.Storage.StorageClassName = ptr.To(classWFFC)
 	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
 	ctrltest.Complete(t, env, ns, "vmim-dv-roaming-probe-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
-	ctrltest.BindWith(t, env, ns, "vmim-dv-roaming", func(pv *corev1.PersistentVolume) { // its importer ran on node a
-		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"dv-node-a"}}}}}}}
-	})
+	ctrltest.BindWith(t, env, ns, "vmim-dv-roaming", ctrltest.OnNode("dv-node-a")) // its importer ran on node a
 	ctrltest.Complete(t, env, ns, "vmim-dv-roaming-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
 
 	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("PendingPopulation N/A Bound=False:Pending Ready=False: Running=False:WaitForFirstConsumer"))

@@ -601,10 +601,7 @@ func deferredHow(d *vmDisk, p *plan, byPod bool) string {
 const ReasonNodeLost = image.ReasonNodeLost
 
 // nodeLost says whether d failed because its volume's node is gone (checkNode).
-func nodeLost(d *vmDisk) bool {
-	c := meta.FindStatusCondition(d.status.Conditions, common.ConditionReady)
-	return d.status.Phase == common.PhaseFailed && c != nil && c.Reason == ReasonNodeLost
-}
+func nodeLost(d *vmDisk) bool { return image.LostToNode(d.status) != nil }
 
 // checkNode fails a Ready disk whose volume is on a node gone from the cluster (storage.Lost:
 // a node lost for good is deleted), rather than leave its VM waiting for a node that will not

@@ -175,10 +175,7 @@ func TestDeferredToConsumer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	golden := readyImageWith(t, ns, "local", classWFFC, func(pv *corev1.PersistentVolume) {
-		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"deferred-a"}}}}}}}
-	})
+	golden := readyImageWith(t, ns, "local", classWFFC, ctrltest.OnNode("deferred-a"))
 	d := newDiskVolume(ns, "roaming", fromImage("", "local"), classWFFC, "")
 	d.Annotations = map[string]string{"transfer.diskpipe.io/priority-class": "imports-low"}
 	g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())

@@ -43,10 +43,7 @@ func TestReplicaPolicy(t *testing.T) {
 	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity(goldenSize)
 	vmi.Spec.StorageClassName = ptr.To(classWFFC)
 	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
-	ctrltest.BindWith(t, env, ns, "vmim-warmed", func(pv *corev1.PersistentVolume) {
-		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"policy-home"}}}}}}}
-	})
+	ctrltest.BindWith(t, env, ns, "vmim-warmed", ctrltest.OnNode("policy-home"))
 	replicas := func() map[string]string {
 		list := &diskvolume.DiskVolumeList{}
 		g.Expect(env.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{disk.LabelReplicaOf: string(vmi.UID)})).To(Succeed())
@@ -96,13 +93,9 @@ func TestNodeLost(t *testing.T) {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}}}
 	}
 	g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, newNode("lost-far")))).To(Succeed())
-	onFar := func(pv *corev1.PersistentVolume) {
-		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"lost-far"}}}}}}}
-	}
 	d := newDiskVolume(ns, "far", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, "", "1Gi")
 	g.Expect(env.Client.Create(ctx, d)).To(Succeed())
-	ctrltest.BindWith(t, env, ns, disk.PrimeName(d.UID), onFar)
+	ctrltest.BindWith(t, env, ns, disk.PrimeName(d.UID), ctrltest.OnNode("lost-far"))
 	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), "far-blank-0", "far", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
 
@@ -162,10 +155,7 @@ func TestReplicaCopiedFromNearest(t *testing.T) {
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name, corev1.LabelTopologyZone: zone}}}
 		g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, node))).To(Succeed())
 	}
-	vmi := readyImageWith(t, ns, "near", classWFFC, func(pv *corev1.PersistentVolume) {
-		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"near-home"}}}}}}}
-	})
+	vmi := readyImageWith(t, ns, "near", classWFFC, ctrltest.OnNode("near-home"))
 	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-near")}
 	replicaOn := func(node string) *diskvolume.DiskVolume {
 		rep := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, node)

@@ -14,7 +14,6 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -171,8 +170,7 @@ func (r *Reconciler) replicas(ctx context.Context, obj client.Object) ([]common.
 		}
 		// A replica on a node gone from the cluster (its disk failed NodeLost) for
 		// LostReplicaGrace goes: were the node to come back later, its next disk makes a new one.
-		if c := meta.FindStatusCondition(d.Status.Conditions, common.ConditionReady); d.Status.Phase == common.PhaseFailed && c != nil &&
-			c.Reason == ReasonNodeLost && d.DeletionTimestamp.IsZero() {
+		if c := LostToNode(&d.Status); c != nil && d.DeletionTimestamp.IsZero() {
 			if left := time.Until(c.LastTransitionTime.Add(LostReplicaGrace)); left > 0 {
 				if next == 0 || left < next {
 					next = left

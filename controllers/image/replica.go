@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
@@ -33,6 +34,16 @@ import (
 // ReasonNodeLost is the reason of a disk (a replica among them) whose volume is on a node gone
 // from the cluster; the disk controller sets it, and the image deletes such a replica.
 const ReasonNodeLost = "NodeLost"
+
+// LostToNode is the Ready condition of a disk that failed because its volume's node is gone
+// (ReasonNodeLost), nil for any other disk.
+func LostToNode(st *common.DiskStatus) *metav1.Condition {
+	c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
+	if st.Phase != common.PhaseFailed || c == nil || c.Reason != ReasonNodeLost {
+		return nil
+	}
+	return c
+}
 
 // AnnotationReplicaUsed is when a disk was last made from a replica (RFC 3339), written by the
 // disk controller; a replica no disk was made from yet counts from its creation.

@@ -198,6 +198,15 @@ func BindWith(t *testing.T, env *testenv.Env, ns, name string, volume func(*core
 	return pvc
 }
 
+// OnNode shapes a volume BindWith makes into a node-local one of node (by its hostname label),
+// as TopoLVM's and local-path's are.
+func OnNode(node string) func(*corev1.PersistentVolume) {
+	return func(pv *corev1.PersistentVolume) {
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}}
+	}
+}
+
 // Fill plays the storage and the kubelet for a disk an importer pod fills: the prime PVC is
 // bound, the pod ends with res, and the disk's PVC is bound to the prime's volume once the
 // disk controller hands it over.
