@@ -239,8 +239,8 @@ spec:
 
 	// One run in three here, KubeVirt's launcher failed the attach itself ("SyncVMI failed:
 	// LibvirtError(Code=55 ...): transient domains do not have any persistent config", its
-	// AttachDeviceFlags with the live and config flags, under Debian 12's libvirt 9.0); diskpipe's
-	// disk was Ready and its claim Bound. A second attempt, in a new namespace, is shown as such
+	// AttachDeviceFlags with the live and config flags, under Debian 12's libvirt 9.0, the launcher
+	// image's before Debian 13's); diskpipe's disk was Ready and its claim Bound. A second attempt, in a new namespace, is shown as such
 	// in the report.
 	It("hot-plugs a DiskVolume into a running VM with virtctl addvolume, and the guest sees it whole", FlakeAttempts(2), func() {
 		ns := vmNamespace()

@@ -381,3 +381,129 @@ spec:
 		}, time.Minute, time.Second).Should(ConsistOf(want), "a replica on each VM's node, none on the image's")
 	})
 })
+
+// migratable is a VM of kubeVirtVM whose guest stays up, printing a line for each disk it is
+// given (bootdisk.HotplugSerial): after a move, a disk plugged in shows it runs on.
+func migratable(vm string) string {
+	return strings.Replace(vm, "      domain:\n", "      domain:\n        firmware: {serial: "+bootdisk.HotplugSerial+"}\n", 1)
+}
+
+var _ = Describe("live migration on three nodes", afterKubeVirtRollout, multiNode, func() {
+	BeforeEach(requireKubeVirt)
+
+	It("moves a running VM whose disk is a DiskVolume on shared storage to another node, the guest running on", func() {
+		severalNodes()
+		ns := vmNamespace()
+		importHTTP(ns, "golden", "disk.qcow2")
+		vm := migratable(kubeVirtVM("moving", "Always", "moving"))
+		kubectl(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: moving
+spec:
+  source:
+    image: {name: golden, kind: VirtualMachineImage}
+  accessModes: [ReadWriteMany]
+  volumeMode: Block
+  resources: {requests: {storage: 512Mi}}
+---
+`+diskOf("extra", "", "Block", "256Mi")+"---\n"+vm, "apply", "-n", ns, "-f", "-")
+		first := guestConsole(ns, "moving", "")
+		Expect(first[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
+		Eventually(func() string {
+			return kubectl("", "get", "vmi", "moving", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="LiveMigratable")].status} {.status.conditions[?(@.type=="LiveMigratable")].message}`)
+		}, time.Minute, time.Second).Should(HavePrefix("True"), "KubeVirt finds the VM live-migratable: its disk is on storage every node reaches")
+		from := kubectl("", "get", "vmi", "moving", "-n", ns, "-o", "jsonpath={.status.nodeName}")
+
+		kubectl(`apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstanceMigration
+metadata:
+  name: move
+spec:
+  vmiName: moving
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "virtualmachineinstancemigrations.kubevirt.io", "move", "-n", ns, "-o", "jsonpath={.status.phase}")
+		}, 5*time.Minute, 2*time.Second).Should(Equal("Succeeded"), "the migration")
+		state := kubectl("", "get", "vmi", "moving", "-n", ns, "-o", "jsonpath={.status.migrationState.completed} {.status.migrationState.failed} {.status.migrationState.sourceNode} {.status.migrationState.targetNode} {.status.nodeName} {.status.phase}")
+		f := strings.Fields(state)
+		Expect(f).To(HaveLen(5), "completed, source, target, node, phase: %q", state) // failed is empty
+		Expect(f[0]).To(Equal("true"))
+		Expect(f[1]).To(Equal(from))
+		Expect(f[2]).NotTo(Equal(from), "the VM moved to another node")
+		Expect(f[3]).To(Equal(f[2]))
+		Expect(f[4]).To(Equal("Running"))
+
+		// The guest runs on where it moved: a disk plugged in now shows in the console of the
+		// launcher pod on the target node.
+		pod := kubectl("", "get", "pods", "-n", ns, "-l", "kubevirt.io/created-by="+vmiUID(ns, "moving"),
+			"--field-selector", "spec.nodeName="+f[2]+",status.phase=Running", "-o", "jsonpath={.items[*].metadata.name}")
+		Expect(strings.Fields(pod)).To(HaveLen(1), "one launcher pod running on the target node")
+		virtctl("addvolume", "moving", "--volume-name=extra", "--bus=virtio", "-n", ns)
+		Eventually(func() []string { return consoleLines(ns, pod) }, 3*time.Minute, 2*time.Second).Should(
+			ContainElement(fmt.Sprintf("DISKPIPE-DISK disk=vdb size=%d marker=%s", 256<<20, bootdisk.Marker)),
+			"a disk plugged in after the move (a block volume: all of it), whole, in the guest")
+	})
+})
+
+var _ = Describe("storage live migration on three nodes", afterKubeVirtRollout, multiNode, func() {
+	BeforeEach(requireKubeVirt)
+
+	It("moves a running VM's disk to a blank DiskVolume on the node-local class, the guest running on and booting from the copy", func() {
+		severalNodes()
+		ns := vmNamespace()
+		// KubeVirt moves a VM's volumes only when its VMs roll out live and its workloads are
+		// updated by live migration (its documentation's storage migration); the rest of the
+		// suite keeps Stage (test/cluster/kubevirt.go).
+		setRollout := func(strategy, methods string) {
+			kubectl("", "patch", "kubevirt", "kubevirt", "-n", "kubevirt", "--type=merge", "-p",
+				`{"spec":{"configuration":{"vmRolloutStrategy":"`+strategy+`"},"workloadUpdateStrategy":{"workloadUpdateMethods":`+methods+`}}}`)
+		}
+		setRollout("LiveUpdate", `["LiveMigrate"]`)
+		DeferCleanup(setRollout, "Stage", "[]")
+
+		importHTTP(ns, "golden", "disk.qcow2")
+		vm := migratable(kubeVirtVM("relocating", "Always", "relocating"))
+		vm = strings.Replace(vm, "  runStrategy: Always\n", "  runStrategy: Always\n  updateVolumesStrategy: Migration\n", 1)
+		kubectl(diskOf("relocating", "", "Filesystem", "512Mi")+"---\n"+diskOf("extra", "", "Block", "256Mi")+"---\n"+vm, "apply", "-n", ns, "-f", "-")
+		Expect(guestConsole(ns, "relocating", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
+		from := kubectl("", "get", "vmi", "relocating", "-n", ns, "-o", "jsonpath={.status.nodeName}")
+
+		// The destination: a blank DiskVolume on the node-local class (WaitForFirstConsumer),
+		// made where the migration's target pod is scheduled.
+		kubectl(fmt.Sprintf(`apiVersion: diskvolume.kubesphere.io/v1alpha1
+kind: DiskVolume
+metadata:
+  name: moved
+spec:
+  source: {blank: {}}
+  storageClassName: %s
+  resources: {requests: {storage: 1Gi}}
+`, realcluster.LocalClass), "apply", "-n", ns, "-f", "-")
+		kubectl("", "patch", "vm", "relocating", "-n", ns, "--type=json", "-p",
+			`[{"op":"replace","path":"/spec/template/spec/volumes/0/persistentVolumeClaim/claimName","value":"moved"}]`)
+		Eventually(func() string {
+			return kubectl("", "get", "vmi", "relocating", "-n", ns, "-o",
+				`jsonpath={.status.migrationState.completed}/{.status.migrationState.failed} {.spec.volumes[0].persistentVolumeClaim.claimName} {.status.migrationState.failureReason}`)
+		}, 5*time.Minute, 2*time.Second).Should(Equal("true/ moved "), "the VM's disk moved to the DiskVolume moved")
+		to := kubectl("", "get", "vmi", "relocating", "-n", ns, "-o", "jsonpath={.status.nodeName}")
+		Expect(to).NotTo(Equal(from), "the VM moved with its disk")
+		Expect(pvOf(ns, "moved").Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{to}), "the new disk is on the VM's node")
+		Expect(phase(ns, "dvol", "moved")()).To(HavePrefix("Ready"))
+
+		// The guest runs on: a disk plugged in now shows in the target's console.
+		pod := kubectl("", "get", "pods", "-n", ns, "-l", "kubevirt.io/created-by="+vmiUID(ns, "relocating"),
+			"--field-selector", "spec.nodeName="+to+",status.phase=Running", "-o", "jsonpath={.items[*].metadata.name}")
+		Expect(strings.Fields(pod)).To(HaveLen(1), "one launcher pod running on the target node")
+		virtctl("addvolume", "relocating", "--volume-name=extra", "--bus=virtio", "-n", ns)
+		Eventually(func() []string { return consoleLines(ns, pod) }, 3*time.Minute, 2*time.Second).Should(
+			ContainElement(fmt.Sprintf("DISKPIPE-DISK disk=vdb size=%d marker=%s", 256<<20, bootdisk.Marker)),
+			"a disk plugged in after the move (a block volume: all of it), whole, in the guest")
+
+		// And boots from the copy: the bootable disk's marker, read from the new volume.
+		old := vmiUID(ns, "relocating")
+		virtctl("restart", "relocating", "-n", ns)
+		Expect(guestConsole(ns, "relocating", old)[0]).To(And(HavePrefix("DISKPIPE-BOOT disk=vda "), HaveSuffix(" marker="+bootdisk.Marker)))
+		Expect(kubectl("", "get", "vmi", "relocating", "-n", ns, "-o", "jsonpath={.status.nodeName}")).To(Equal(to), "a VM on node-local storage boots where its disk is")
+	})
+})
