@@ -205,8 +205,8 @@ bench-controllers: tools build ## Create 1,000 images and 5,000 DiskVolumes agai
 # (50 images, 100 disks, 10 exports, 20 manager kills, 10 pod kills, 2 store restarts).
 CHAOS_FLAGS ?=
 
-# CLUSTER=real runs the demo or the chaos suite on the real single-node cluster (root; what
-# make test-cluster uses).
+# CLUSTER=real runs the demo or the chaos suite on the real cluster (root; what make
+# test-cluster uses); NODES=3 runs the chaos suite on three nodes, stopping their agents.
 CLUSTER ?= local
 CLUSTER_DEPS_local = setup tools build bootdisk
 CLUSTER_DEPS_real = setup cluster-tools build image pause-image bootdisk
@@ -214,7 +214,7 @@ CLUSTER_DEPS_real = setup cluster-tools build image pause-image bootdisk
 .PHONY: chaos
 chaos: $(CLUSTER_DEPS_$(CLUSTER)) ## Import, clone and export at scale on the local cluster (CLUSTER=real: on a real node) while killing the manager, pods and the store; prints a table, fails when anything was lost or left over.
 	$(if $(filter real,$(CLUSTER)),hack/setup.sh cluster)
-	go run ./test/chaos -cluster=$(CLUSTER) $(CHAOS_FLAGS)
+	DISKPIPE_NODES=$(NODES) go run ./test/chaos -cluster=$(CLUSTER) $(CHAOS_FLAGS)
 
 .PHONY: bench
 bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark (bench-kubevirt and bench-fanout, which need root, apart).

@@ -27,7 +27,7 @@ import (
 
 // check verifies the end state: everything Ready and identical to its source, nothing left
 // over, no secret in any log.
-func check(ctx context.Context, c config, cl framework.Cluster, raw string, images []*hypercloud.VirtualMachineImage,
+func check(ctx context.Context, c config, cl framework.Cluster, raw string, images, locals []*hypercloud.VirtualMachineImage,
 	disks []*diskvolume.DiskVolume, exports []*hypercloud.VirtualMachineVolumeExport) []row {
 	k := cl.APIClient()
 	_, _, rootSecret, err := cl.StoreAccess(ctx)
@@ -45,6 +45,23 @@ func check(ctx context.Context, c config, cl framework.Cluster, raw string, imag
 		_ = k.Get(ctx, client.ObjectKeyFromObject(img), img)
 		imgs.add("image", img, img.Status.Phase, img.Status.Retries, func() bool { return same(raw, cl.VolumePath(img.Namespace, img.Status.PVCName)) })
 	}
+	// A node-local image and each of its replicas, on every other node, hold the source.
+	lcl, reps := &tally{}, &tally{}
+	replicas, homes := 0, 0
+	for _, img := range locals {
+		_ = k.Get(ctx, client.ObjectKeyFromObject(img), img)
+		lcl.add("node-local image", img, img.Status.Phase, img.Status.Retries, func() bool { return same(raw, cl.VolumePath(img.Namespace, img.Status.PVCName)) })
+		nodes := map[string]bool{}
+		for _, r := range img.Status.Replicas {
+			replicas++
+			nodes[r.Node] = true
+			obj := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Namespace: img.Namespace, Name: r.Name}}
+			reps.add("replica", obj, r.Phase, 0, func() bool { return same(raw, cl.VolumePath(img.Namespace, r.Name)) })
+		}
+		if len(nodes) == len(img.Status.Replicas) && len(nodes) == len(cl.Nodes())-1 {
+			homes++
+		}
+	}
 	for _, d := range disks {
 		_ = k.Get(ctx, client.ObjectKeyFromObject(d), d)
 		dvs.add("disk", d, d.Status.Phase, d.Status.Retries, func() bool { return same(raw, cl.VolumePath(d.Namespace, d.Status.PVCName)) })
@@ -61,7 +78,14 @@ func check(ctx context.Context, c config, cl framework.Cluster, raw string, imag
 	count("DiskVolumes identical to the image (qemu-img)", dvs.same, c.disks)
 	count("exports Ready", exs.ready, c.exports)
 	count("exports identical to the disk (download, qemu-img)", exs.same, c.exports)
-	for _, t := range []*tally{imgs, dvs, exs} {
+	if c.localImages > 0 {
+		count("node-local images Ready", lcl.ready, c.localImages)
+		count("node-local images identical to the source (qemu-img)", lcl.same, c.localImages)
+		count("node-local images with one replica on each other node", homes, c.localImages)
+		count("replicas Ready", reps.ready, replicas)
+		count("replicas identical to the source (qemu-img)", reps.same, replicas)
+	}
+	for _, t := range []*tally{imgs, lcl, reps, dvs, exs} {
 		all.stuck, all.retries = all.stuck+t.stuck, all.retries+t.retries
 		if all.firstBad == "" {
 			all.firstBad = t.firstBad
@@ -74,7 +98,7 @@ func check(ctx context.Context, c config, cl framework.Cluster, raw string, imag
 
 	// Nothing left over.
 	count("pods left", inChaos(ctx, k, &corev1.PodList{}), 0)
-	count("PVCs beyond the golden ones and the disks", inChaos(ctx, k, &corev1.PersistentVolumeClaimList{})-c.images-c.disks, 0)
+	count("PVCs beyond the golden ones, the replicas and the disks", inChaos(ctx, k, &corev1.PersistentVolumeClaimList{})-c.images-c.localImages-replicas-c.disks, 0)
 	secretList := &corev1.SecretList{}
 	_ = k.List(ctx, secretList, client.HasLabels{"diskpipe.io/export"})
 	count("exporter Secrets left", len(secretList.Items), 0)

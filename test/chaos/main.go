@@ -1,7 +1,9 @@
 // Command chaos runs many imports, clones and exports on the local cluster while it breaks
 // things — the manager SIGKILLed and restarted again and again, importer and exporter pods
-// killed, the object store stopped and started, a source server that drops connections — and
-// then checks that nothing was lost: `make chaos` (full size), `make chaos CHAOS_FLAGS=...`.
+// killed, the object store stopped and started, a source server that drops connections; on a
+// real cluster of several nodes also a node's kubelet and containerd stopped and started, while
+// node-local images are copied to every node — and then checks that nothing was lost: `make
+// chaos` (full size), `make chaos CHAOS_FLAGS=...`, `make chaos CLUSTER=real NODES=3`.
 //
 // It prints a table of what it did and found, and exits 1 when a check fails. The faults'
 // times and targets come from -seed, so a failing run can be repeated.
@@ -32,6 +34,8 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/image"
+	realcluster "github.com/diskpipe/diskpipe/test/cluster"
 	"github.com/diskpipe/diskpipe/test/framework"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
@@ -39,6 +43,8 @@ import (
 type config struct {
 	images, disks, exports              int
 	managerKills, podKills, storeStarts int
+	nodeStops, localImages              int
+	loseNode                            bool
 	seed                                uint64
 	sourceRate                          int64
 	timeout                             time.Duration
@@ -54,6 +60,9 @@ func main() {
 	flag.IntVar(&c.managerKills, "manager-kills", 20, "times the manager is SIGKILLed and restarted")
 	flag.IntVar(&c.podKills, "pod-kills", 10, "importer and exporter pods killed")
 	flag.IntVar(&c.storeStarts, "store-restarts", 2, "times the object store is stopped and started")
+	flag.IntVar(&c.nodeStops, "node-stops", 2, "times a node's kubelet and containerd are stopped and started (several nodes only)")
+	flag.IntVar(&c.localImages, "local-images", 6, "images on the node-local class, each copied to every other node (several nodes only)")
+	flag.BoolVar(&c.loseNode, "lose-node", true, "after the checks, take the last node away for good: its replicas must be reported lost (several nodes only)")
 	flag.Int64Var(&c.sourceRate, "source-rate", 256<<10, "bytes per second of each response of the HTTP source, a slow mirror: the work lasts long enough for the faults")
 	flag.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()%100000), "seed of the faults")
 	flag.DurationVar(&c.timeout, "timeout", 20*time.Minute, "the whole run's limit")
@@ -99,6 +108,11 @@ func run(c config) (bool, error) {
 	}
 	defer cl.Stop()
 	k := cl.APIClient()
+	if len(cl.Nodes()) < 2 {
+		// A node's agents stopped on the only node would stop everything; a node-local image
+		// has no other node to be copied to.
+		c.nodeStops, c.localImages = 0, 0
+	}
 
 	// Sources: the tests' bootable disk as qcow2, compressed qcow2 and vmdk from an HTTP
 	// server that drops one response in ten, and as raw from the bundled store.
@@ -134,6 +148,7 @@ func run(c config) (bool, error) {
 	defer stopFaults()
 	var fwg sync.WaitGroup
 	fwg.Go(func() { f.run(faultCtx) })
+	fwg.Go(func() { f.stopNodes(faultCtx) })
 
 	start := time.Now()
 	sources := []func(i int) hypercloud.VirtualMachineImageSource{
@@ -161,6 +176,21 @@ func run(c config) (bool, error) {
 		}
 		images = append(images, img)
 	}
+	// Node-local images, each pre-warmed on every node: copies between nodes while nodes stop.
+	var locals []*hypercloud.VirtualMachineImage
+	for i := range c.localImages {
+		class := realcluster.LocalClass
+		img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("local-%d", i), Namespace: namespaces[i%len(namespaces)]},
+			Spec: hypercloud.VirtualMachineImageSpec{Source: sources[i%len(sources)](i), Retry: retries(),
+				VolumeOptions: common.VolumeOptions{StorageClassName: &class},
+				Replicas:      &common.ReplicaPolicy{NodeSelector: &metav1.LabelSelector{}}}}
+		q := resource.MustParse("128Mi")
+		img.Spec.Resources.Requests.Storage = &q
+		if err := create(ctx, k, img); err != nil {
+			return false, err
+		}
+		locals = append(locals, img)
+	}
 	strategies := []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
 	var disks []*diskvolume.DiskVolume
 	for i := range c.disks {
@@ -174,7 +204,7 @@ func run(c config) (bool, error) {
 		}
 		disks = append(disks, d)
 	}
-	if err := waitFinal(ctx, k, "images", func() client.ObjectList { return &hypercloud.VirtualMachineImageList{} }, c.images); err != nil {
+	if err := waitFinal(ctx, k, "images", func() client.ObjectList { return &hypercloud.VirtualMachineImageList{} }, c.images+c.localImages); err != nil {
 		return false, err
 	}
 	imagesDone := time.Since(start)
@@ -199,6 +229,9 @@ func run(c config) (bool, error) {
 	if err := waitFinal(ctx, k, "exports", func() client.ObjectList { return &hypercloud.VirtualMachineVolumeExportList{} }, c.exports); err != nil {
 		return false, err
 	}
+	if err := waitReplicas(ctx, k, locals, len(cl.Nodes())-1); err != nil {
+		return false, err
+	}
 	stopFaults()
 	fwg.Wait()
 	// The manager may be down at the end of the faults: bring it back for the checks.
@@ -208,11 +241,15 @@ func run(c config) (bool, error) {
 	total := time.Since(start)
 	time.Sleep(5 * time.Second) // the last reconciles clean up after the final phases
 
-	rows := check(ctx, c, cl, raw, images, disks, exports)
+	rows := check(ctx, c, cl, raw, images, locals, disks, exports)
+	if c.loseNode && c.localImages > 0 {
+		rows = append(rows, loseNode(ctx, cl, locals)...)
+	}
 	rows = append([]row{
 		{"manager SIGKILLed and restarted", fmt.Sprint(f.managerKills.Load()), fmt.Sprint(c.managerKills), f.managerKills.Load() >= int64(c.managerKills)/2},
 		{"importer/exporter pods killed", fmt.Sprint(f.podKills.Load()), fmt.Sprint(c.podKills), c.podKills == 0 || f.podKills.Load() > 0},
 		{"object store stopped and started", fmt.Sprint(f.storeStarts.Load()), fmt.Sprint(c.storeStarts), f.storeStarts.Load() >= int64(c.storeStarts)},
+		{"node agents (kubelet, containerd) stopped and started", fmt.Sprint(f.nodeStops.Load()), fmt.Sprint(c.nodeStops), f.nodeStops.Load() >= int64(c.nodeStops)},
 		{"source responses cut", fmt.Sprint(src.cut.Load()), "> 0", src.cut.Load() > 0},
 		{"time: images Ready / everything", fmt.Sprintf("%.0f s / %.0f s", imagesDone.Seconds(), total.Seconds()), fmt.Sprintf("< %s", c.timeout), true},
 	}, rows...)
@@ -289,7 +326,9 @@ func phasesOf(ctx context.Context, k client.Client, l client.ObjectList) ([]comm
 		}
 	case *diskvolume.DiskVolumeList:
 		for _, o := range l.Items {
-			ps = append(ps, o.Status.Phase)
+			if !isReplica(&o) {
+				ps = append(ps, o.Status.Phase)
+			}
 		}
 	case *hypercloud.VirtualMachineVolumeExportList:
 		for _, o := range l.Items {
@@ -307,6 +346,7 @@ type faults struct {
 	log io.Writer
 
 	managerKills, podKills, storeStarts atomic.Int64
+	nodeStops                           atomic.Int64
 	managerDown                         atomic.Bool
 }
 
@@ -359,6 +399,155 @@ func (f *faults) run(ctx context.Context) {
 			fmt.Fprintf(f.log, "chaos: object store stopped and started\n")
 		}
 	}
+}
+
+// stopNodes stops the agents of a node other than the first (where the control plane, the
+// manager and the store run) for 20 to 60 seconds at seeded moments, one node at a time: its
+// containers run on unseen, and past the node controller's grace period the Node is NotReady.
+func (f *faults) stopNodes(ctx context.Context) {
+	real, ok := framework.RealNode(f.cl)
+	nodes := f.cl.Nodes()
+	if !ok || len(nodes) < 2 {
+		return
+	}
+	rng := rand.New(rand.NewPCG(f.c.seed, 3))
+	for f.nodeStops.Load() < int64(f.c.nodeStops) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(10+rng.IntN(30)) * time.Second):
+		}
+		node := nodes[1+rng.IntN(len(nodes)-1)]
+		down := time.Duration(20+rng.IntN(40)) * time.Second
+		if err := real.StopNode(node); err != nil {
+			fmt.Fprintf(f.log, "chaos: stopping %s: %v\n", node, err)
+			continue
+		}
+		fmt.Fprintf(f.log, "chaos: %s's kubelet and containerd stopped for %s\n", node, down)
+		time.Sleep(down)
+		// Started again even when the run is over: the checks read the node's volumes.
+		start, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		err := real.StartNode(start, node)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(f.log, "chaos: starting %s again: %v\n", node, err)
+			continue
+		}
+		f.nodeStops.Add(1)
+		fmt.Fprintf(f.log, "chaos: %s started again\n", node)
+	}
+}
+
+// loseNode takes the last node away for good, after the checks, and checks that each replica
+// on it is reported lost (Failed, reason NodeLost) within three minutes while the images and
+// their replicas on the other nodes stay Ready.
+func loseNode(ctx context.Context, cl framework.Cluster, locals []*hypercloud.VirtualMachineImage) []row {
+	real, _ := framework.RealNode(cl)
+	nodes := cl.Nodes()
+	lost := nodes[len(nodes)-1]
+	k := cl.APIClient()
+	var on, elsewhere []client.ObjectKey
+	for _, img := range locals {
+		_ = k.Get(ctx, client.ObjectKeyFromObject(img), img)
+		for _, r := range img.Status.Replicas {
+			key := client.ObjectKey{Namespace: img.Namespace, Name: r.Name}
+			if r.Node == lost {
+				on = append(on, key)
+			} else {
+				elsewhere = append(elsewhere, key)
+			}
+		}
+	}
+	fmt.Printf("chaos: losing %s for good, with %d replicas on it\n", lost, len(on))
+	if err := real.LoseNode(ctx, lost); err != nil {
+		return []row{{"losing node " + lost, err.Error(), "", false}}
+	}
+	start := time.Now()
+	phases := func(keys []client.ObjectKey) (ready, reported int) {
+		for _, key := range keys {
+			d := &diskvolume.DiskVolume{}
+			if k.Get(ctx, key, d) != nil {
+				continue
+			}
+			if d.Status.Phase == common.PhaseReady {
+				ready++
+			}
+			if image.LostToNode(&d.Status) != nil {
+				reported++
+			}
+		}
+		return ready, reported
+	}
+	reported := 0
+	for time.Since(start) < 3*time.Minute && ctx.Err() == nil {
+		if _, reported = phases(on); reported == len(on) {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	took := time.Since(start)
+	ready, _ := phases(elsewhere)
+	images := 0
+	for _, img := range locals {
+		if k.Get(ctx, client.ObjectKeyFromObject(img), img) == nil && img.Status.Phase == common.PhaseReady {
+			images++
+		}
+	}
+	return []row{
+		{fmt.Sprintf("replicas on the lost node reported NodeLost (in %.1f s)", took.Seconds()), fmt.Sprint(reported), fmt.Sprint(len(on)), reported == len(on) && len(on) > 0},
+		{"replicas on the other nodes still Ready", fmt.Sprint(ready), fmt.Sprint(len(elsewhere)), ready == len(elsewhere)},
+		{"node-local images still Ready", fmt.Sprint(images), fmt.Sprint(len(locals)), images == len(locals)},
+	}
+}
+
+// isReplica says whether a DiskVolume is an image's replica on another node, which the image
+// controls, rather than one of the run's disks.
+func isReplica(d *diskvolume.DiskVolume) bool {
+	owner := metav1.GetControllerOf(d)
+	return owner != nil && owner.Kind == "VirtualMachineImage"
+}
+
+// waitReplicas waits until each node-local image has a Ready replica on each of the other
+// nodes (others of them), or has Failed.
+func waitReplicas(ctx context.Context, k client.Client, locals []*hypercloud.VirtualMachineImage, others int) error {
+	last := time.Now()
+	for {
+		done := 0
+		for _, img := range locals {
+			if err := k.Get(ctx, client.ObjectKeyFromObject(img), img); err != nil {
+				continue
+			}
+			if img.Status.Phase == common.PhaseFailed || readyReplicas(img) >= others {
+				done++
+			}
+		}
+		if done == len(locals) {
+			if len(locals) > 0 {
+				fmt.Printf("chaos: node-local images: every one final, its replicas too\n")
+			}
+			return nil
+		}
+		if time.Since(last) > 30*time.Second {
+			fmt.Printf("chaos: node-local images: %d of %d with every replica Ready\n", done, len(locals))
+			last = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node-local images: %d of %d with every replica Ready when the time ran out", done, len(locals))
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// readyReplicas counts an image's Ready replicas.
+func readyReplicas(img *hypercloud.VirtualMachineImage) int {
+	n := 0
+	for _, r := range img.Status.Replicas {
+		if r.Phase == common.PhaseReady {
+			n++
+		}
+	}
+	return n
 }
 
 // flaky serves files with Range at rate bytes/s per response, cutting one response in ten

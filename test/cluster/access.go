@@ -7,10 +7,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -309,3 +311,93 @@ func (c *Cluster) Logs(ctx context.Context, ns, pod string, w io.Writer) error {
 
 // KubeconfigFile is the administrator's kubeconfig (client certificates).
 func (c *Cluster) KubeconfigFile() string { return c.Kubeconfig }
+
+// StopNode stops node name's kubelet and containerd at once (SIGKILL), as a node agent that
+// crashed or hangs: the node's containers run on, unseen; after the node controller's grace
+// period the Node is NotReady. StartNode starts them again with the same command lines.
+func (c *Cluster) StopNode(name string) error {
+	n := c.nodeNamed(name)
+	if n == nil {
+		return fmt.Errorf("no node %q", name)
+	}
+	for _, component := range []string{"kubelet", "containerd"} {
+		p := c.procNamed(n.proc(component))
+		if p == nil {
+			return fmt.Errorf("%s has no %s", name, component)
+		}
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+	return nil
+}
+
+// StartNode starts node name's containerd and kubelet again after StopNode, and waits until
+// the node is Ready. As systemd would, it starts the kubelet again when it exits at once (a
+// containerd that has not finished its start yet).
+func (c *Cluster) StartNode(ctx context.Context, name string) error {
+	n := c.nodeNamed(name)
+	if n == nil {
+		return fmt.Errorf("no node %q", name)
+	}
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		for _, component := range []string{"containerd", "kubelet"} {
+			p := c.procNamed(n.proc(component))
+			if p == nil {
+				return fmt.Errorf("%s has no %s", name, component)
+			}
+			select {
+			case <-p.done:
+			default:
+				continue // running
+			}
+			if err := c.start(p.name, p.cmd.Path, p.cmd.Args[1:]...); err != nil {
+				return err
+			}
+		}
+		if err = c.nodeReady(ctx, n); err == nil || c.exited(n.proc("kubelet")) == nil {
+			return err
+		}
+		time.Sleep(2 * time.Second)
+	}
+	return err
+}
+
+// procNamed is the last process started under name, or nil.
+func (c *Cluster) procNamed(name string) *proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		if c.procs[i].name == name {
+			return c.procs[i]
+		}
+	}
+	return nil
+}
+
+// LoseNode takes node name away for good, as a machine that died: its containers killed, its
+// agents stopped, and its Node deleted, as an administrator (or a cloud's node controller)
+// deletes a node that will not return. Its volumes' files stay on this machine, unreachable
+// through the cluster.
+func (c *Cluster) LoseNode(ctx context.Context, name string) error {
+	n := c.nodeNamed(name)
+	if n == nil {
+		return fmt.Errorf("no node %q", name)
+	}
+	sock := c.nodePath(n, "containerd", "containerd.sock")
+	out, _ := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "ls", "-q").Output()
+	for _, id := range strings.Fields(string(out)) {
+		_ = exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id).Run()
+	}
+	if err := c.StopNode(name); err != nil {
+		return err
+	}
+	if p := c.procNamed(n.proc("kube-proxy")); p != nil {
+		stopProc(p)
+	}
+	// The shims outlive containerd: they are found by the address they were given.
+	killMatching(io.Discard, func(cmdline string) bool {
+		return strings.Contains(cmdline, "containerd-shim") && strings.Contains(cmdline, sock)
+	})
+	return client.IgnoreNotFound(c.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+}

@@ -278,20 +278,19 @@ func (c *Cluster) start(name, bin string, args ...string) error {
 	return nil
 }
 
-// exited says whether a component has ended, for the waits to fail at once.
+// exited says whether a component has ended, for the waits to fail at once: its last run,
+// when StartNode started it again.
 func (c *Cluster) exited(name string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, p := range c.procs {
-		if p.name == name {
-			select {
-			case <-p.done:
-				return fmt.Errorf("%s exited: %s (its log: %s)", name, p.cmd.ProcessState, c.path("logs", name+".log"))
-			default:
-			}
-		}
+	p := c.procNamed(name)
+	if p == nil {
+		return nil
 	}
-	return nil
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s exited: %s (its log: %s)", name, p.cmd.ProcessState, c.path("logs", name+".log"))
+	default:
+		return nil
+	}
 }
 
 // wait polls check until it succeeds, the component named ends, or the time is up.

@@ -447,6 +447,11 @@ healthzBindAddress: 127.0.0.1:10256
 	if err != nil {
 		return err
 	}
+	return c.nodeReady(ctx, n)
+}
+
+// nodeReady waits until node n is Ready.
+func (c *Cluster) nodeReady(ctx context.Context, n *node) error {
 	return c.wait(ctx, n.name+" to be Ready", n.proc("kubelet"), 3*time.Minute, func(ctx context.Context) error {
 		node := &corev1.Node{}
 		if err := c.Client.Get(ctx, client.ObjectKey{Name: n.name}, node); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -227,5 +228,19 @@ func (c *Cluster) install(ctx context.Context) error {
 		pods, _, _ := c.Kubectl(ctx, nil, "get", "pods,pvc,events", "-n", ReleaseNamespace, "-o", "wide")
 		return fmt.Errorf("helm install: %w: %s\n%s", err, out, pods)
 	}
-	return testenv.WaitAPIService(ctx, c.Client, uploadproxy.TokenAPIService)
+	if err := testenv.WaitAPIService(ctx, c.Client, uploadproxy.TokenAPIService); err != nil {
+		return err
+	}
+	// helm waits for the store's pod; its NodePort answers once kube-proxy has programmed it.
+	return c.wait(ctx, "the store's NodePort", "kube-proxy", time.Minute, func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, StoreEndpoint, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		return resp.Body.Close()
+	})
 }
