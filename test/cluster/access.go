@@ -385,10 +385,7 @@ func (c *Cluster) LoseNode(ctx context.Context, name string) error {
 		return fmt.Errorf("no node %q", name)
 	}
 	sock := c.nodePath(n, "containerd", "containerd.sock")
-	out, _ := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "ls", "-q").Output()
-	for _, id := range strings.Fields(string(out)) {
-		_ = exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id).Run()
-	}
+	killTasks(sock)
 	if err := c.StopNode(name); err != nil {
 		return err
 	}

@@ -23,15 +23,20 @@ func killContainers(dir string, log io.Writer) {
 		if _, err := os.Stat(sock); err != nil {
 			continue
 		}
-		out, _ := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "ls", "-q").Output()
-		for _, id := range strings.Fields(string(out)) {
-			_ = exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id).Run()
-		}
+		killTasks(sock)
 	}
 	// The shims outlive containerd: they are found by the address they were given.
 	killMatching(log, func(cmdline string) bool {
 		return strings.Contains(cmdline, "containerd-shim") && strings.Contains(cmdline, dir)
 	})
+}
+
+// killTasks SIGKILLs the containers of the containerd at sock.
+func killTasks(sock string) {
+	out, _ := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "ls", "-q").Output()
+	for _, id := range strings.Fields(string(out)) {
+		_ = exec.Command("ctr", "--address", sock, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id).Run()
+	}
 }
 
 // killMatching SIGKILLs every process whose command line matches.
