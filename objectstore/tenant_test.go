@@ -2,8 +2,15 @@ package objectstore_test
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
@@ -217,3 +224,58 @@ func TestQuota(t *testing.T) {
 		t.Errorf("a PUT after room was freed: %v\n%s", err, out)
 	}
 }
+
+// TestQuotaUnknownLength: a write that does not say how long it is (chunked transfer encoding,
+// no Content-Length) cannot slip past the quota, which counts a write by its stated length,
+// whether a PUT or an uploaded part; the bucket holds nothing of it. (The store's HTTP server
+// refuses such a body before the quota sees it: 400 BadRequest.)
+func TestQuotaUnknownLength(t *testing.T) {
+	s := objectstoretest.StartWith(t, "--quota-per-namespace", "1Mi")
+	ctx := t.Context()
+	tenant, err := s.Client().Tenant(ctx, "quota-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	access, secret := tenant.Keys()
+	if out, err := s.AWSAs(ctx, access, secret, "s3", "mb", "s3://quota-c"); err != nil {
+		t.Fatal(err, out)
+	}
+	upload, err := s.AWSAs(ctx, access, secret, "s3api", "create-multipart-upload", "--bucket", "quota-c", "--key", "parts", "--query", "UploadId", "--output", "text")
+	if err != nil {
+		t.Fatal(err, upload)
+	}
+	for _, path := range []string{"/quota-c/unsized", "/quota-c/parts?partNumber=1&uploadId=" + url.QueryEscape(strings.TrimSpace(upload))} {
+		// 3 MiB, three times the quota, of a length only the end of the stream tells.
+		body := struct{ io.Reader }{io.LimitReader(zeros{}, 3<<20)}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPut, s.Endpoint+path, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Amz-Content-Sha256", "UNSIGNED-PAYLOAD")
+		if err := v4.NewSigner().SignHTTP(ctx, aws.Credentials{AccessKeyID: access, SecretAccessKey: secret}, req, "UNSIGNED-PAYLOAD", "s3", "us-east-1", time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue // the store closed the connection on the refused body: refused too
+		}
+		said, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode < 400 {
+			t.Errorf("PUT %s of unknown length: %s, want a refusal\n%s", path, resp.Status, said)
+		}
+	}
+	out, err := s.AWSAs(ctx, access, secret, "s3api", "list-objects-v2", "--bucket", "quota-c", "--query", "length(Contents || `[]`)")
+	if err != nil || strings.TrimSpace(out) != "0" {
+		t.Errorf("the bucket after the refused writes holds %s objects (%v), want 0", out, err)
+	}
+	out, err = s.AWSAs(ctx, access, secret, "s3api", "list-parts", "--bucket", "quota-c", "--key", "parts", "--upload-id", strings.TrimSpace(upload), "--query", "length(Parts || `[]`)")
+	if err != nil || strings.TrimSpace(out) != "0" {
+		t.Errorf("the upload after the refused part holds %s parts (%v), want 0", out, err)
+	}
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
