@@ -148,7 +148,11 @@ func run(c config) (bool, error) {
 	defer stopFaults()
 	var fwg sync.WaitGroup
 	fwg.Go(func() { f.run(faultCtx) })
-	fwg.Go(func() { f.stopNodes(faultCtx) })
+	// The node stops run on the run's context: the work may end before the last of them, which
+	// is waited for once the other faults have stopped (a store restarted while its new pod's
+	// node is stopped would not come back within the run).
+	var nwg sync.WaitGroup
+	nwg.Go(func() { f.stopNodes(ctx) })
 
 	start := time.Now()
 	sources := []func(i int) hypercloud.VirtualMachineImageSource{
@@ -234,6 +238,7 @@ func run(c config) (bool, error) {
 	}
 	stopFaults()
 	fwg.Wait()
+	nwg.Wait()
 	// The manager may be down at the end of the faults: bring it back for the checks.
 	if f.managerDown.Load() {
 		_ = cl.RestartManager()
@@ -402,8 +407,9 @@ func (f *faults) run(ctx context.Context) {
 }
 
 // stopNodes stops the agents of a node other than the first (where the control plane, the
-// manager and the store run) for 20 to 60 seconds at seeded moments, one node at a time: its
-// containers run on unseen, and past the node controller's grace period the Node is NotReady.
+// manager and the store run) for 20 to 45 seconds at seeded moments, one node at a time, until
+// it has done so c.nodeStops times (or tried twice as often): its containers run on unseen,
+// and past the node controller's grace period the Node is NotReady.
 func (f *faults) stopNodes(ctx context.Context) {
 	real, ok := framework.RealNode(f.cl)
 	nodes := f.cl.Nodes()
@@ -411,14 +417,14 @@ func (f *faults) stopNodes(ctx context.Context) {
 		return
 	}
 	rng := rand.New(rand.NewPCG(f.c.seed, 3))
-	for f.nodeStops.Load() < int64(f.c.nodeStops) {
+	for try := 0; f.nodeStops.Load() < int64(f.c.nodeStops) && try < 2*f.c.nodeStops; try++ {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Duration(10+rng.IntN(30)) * time.Second):
+		case <-time.After(time.Duration(5+rng.IntN(15)) * time.Second):
 		}
 		node := nodes[1+rng.IntN(len(nodes)-1)]
-		down := time.Duration(20+rng.IntN(40)) * time.Second
+		down := time.Duration(20+rng.IntN(25)) * time.Second
 		if err := real.StopNode(node); err != nil {
 			fmt.Fprintf(f.log, "chaos: stopping %s: %v\n", node, err)
 			continue
