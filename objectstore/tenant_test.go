@@ -161,16 +161,8 @@ func TestTenantAfterRotation(t *testing.T) {
 func TestQuota(t *testing.T) {
 	s := objectstoretest.StartWith(t, "--quota-per-namespace", "1Mi")
 	ctx := t.Context()
-	a, err := s.Client().Tenant(ctx, "quota-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := s.Client().Tenant(ctx, "quota-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	aAccess, aSecret := a.Keys()
-	bAccess, bSecret := b.Keys()
+	aAccess, aSecret := tenantKeys(t, s, "quota-a")
+	bAccess, bSecret := tenantKeys(t, s, "quota-b")
 	asA := func(args ...string) (string, error) { return s.AWSAs(ctx, aAccess, aSecret, args...) }
 	small, _ := randomFile(t, 600<<10)
 	for _, args := range [][]string{{"s3", "mb", "s3://quota-a"}, {"s3", "mb", "s3://quota-a2"}, {"s3", "cp", "--only-show-errors", small, "s3://quota-a/one"}} {
@@ -232,11 +224,7 @@ func TestQuota(t *testing.T) {
 func TestQuotaUnknownLength(t *testing.T) {
 	s := objectstoretest.StartWith(t, "--quota-per-namespace", "1Mi")
 	ctx := t.Context()
-	tenant, err := s.Client().Tenant(ctx, "quota-c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	access, secret := tenant.Keys()
+	access, secret := tenantKeys(t, s, "quota-c")
 	if out, err := s.AWSAs(ctx, access, secret, "s3", "mb", "s3://quota-c"); err != nil {
 		t.Fatal(err, out)
 	}
@@ -279,3 +267,13 @@ func TestQuotaUnknownLength(t *testing.T) {
 type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+// tenantKeys are namespace ns's keys in the store s, its account made.
+func tenantKeys(t *testing.T, s *objectstoretest.Server, ns string) (access, secret string) {
+	t.Helper()
+	tenant, err := s.Client().Tenant(t.Context(), ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tenant.Keys()
+}

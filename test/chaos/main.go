@@ -29,6 +29,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -169,31 +170,34 @@ func run(c config) (bool, error) {
 			return hypercloud.VirtualMachineImageSource{ObjectStore: &common.ObjectStoreSource{BucketName: "chaos-src", ObjectName: "disk.raw"}}
 		},
 	}
-	var images []*hypercloud.VirtualMachineImage
-	for i := range c.images {
-		img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("image-%d", i), Namespace: namespaces[i%len(namespaces)]},
-			Spec: hypercloud.VirtualMachineImageSpec{Source: sources[i%len(sources)](i), Retry: retries()}}
-		q := resource.MustParse("128Mi")
-		img.Spec.Resources.Requests.Storage = &q
-		if err := create(ctx, k, img); err != nil {
-			return false, err
+	// makeImages creates n images named prefix-<i>, spread over the namespaces and sources;
+	// local ones are on the node-local class, each pre-warmed on every node.
+	makeImages := func(prefix string, n int, local bool) ([]*hypercloud.VirtualMachineImage, error) {
+		var made []*hypercloud.VirtualMachineImage
+		for i := range n {
+			img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", prefix, i), Namespace: namespaces[i%len(namespaces)]},
+				Spec: hypercloud.VirtualMachineImageSpec{Source: sources[i%len(sources)](i), Retry: retries()}}
+			q := resource.MustParse("128Mi")
+			img.Spec.Resources.Requests.Storage = &q
+			if local {
+				img.Spec.StorageClassName = ptr.To(realcluster.LocalClass)
+				img.Spec.Replicas = &common.ReplicaPolicy{NodeSelector: &metav1.LabelSelector{}}
+			}
+			if err := create(ctx, k, img); err != nil {
+				return nil, err
+			}
+			made = append(made, img)
 		}
-		images = append(images, img)
+		return made, nil
 	}
-	// Node-local images, each pre-warmed on every node: copies between nodes while nodes stop.
-	var locals []*hypercloud.VirtualMachineImage
-	for i := range c.localImages {
-		class := realcluster.LocalClass
-		img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("local-%d", i), Namespace: namespaces[i%len(namespaces)]},
-			Spec: hypercloud.VirtualMachineImageSpec{Source: sources[i%len(sources)](i), Retry: retries(),
-				VolumeOptions: common.VolumeOptions{StorageClassName: &class},
-				Replicas:      &common.ReplicaPolicy{NodeSelector: &metav1.LabelSelector{}}}}
-		q := resource.MustParse("128Mi")
-		img.Spec.Resources.Requests.Storage = &q
-		if err := create(ctx, k, img); err != nil {
-			return false, err
-		}
-		locals = append(locals, img)
+	images, err := makeImages("image", c.images, false)
+	if err != nil {
+		return false, err
+	}
+	// Node-local images: copies between nodes while nodes stop.
+	locals, err := makeImages("local", c.localImages, true)
+	if err != nil {
+		return false, err
 	}
 	strategies := []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
 	var disks []*diskvolume.DiskVolume
@@ -406,8 +410,8 @@ func (f *faults) run(ctx context.Context) {
 	}
 }
 
-// stopNodes stops the agents of a node other than the first (where the control plane, the
-// manager and the store run) for 20 to 45 seconds at seeded moments, one node at a time, until
+// stopNodes stops the agents of a node other than the first (whose address the control plane
+// and the store's NodePort are on) for 20 to 45 seconds at seeded moments, one node at a time, until
 // it has done so c.nodeStops times (or tried twice as often): its containers run on unseen,
 // and past the node controller's grace period the Node is NotReady.
 func (f *faults) stopNodes(ctx context.Context) {
