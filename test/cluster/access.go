@@ -332,15 +332,15 @@ func (c *Cluster) StopNode(name string) error {
 }
 
 // StartNode starts node name's containerd and kubelet again after StopNode, and waits until
-// the node is Ready. As systemd would, it starts the kubelet again when it exits at once (a
-// containerd that has not finished its start yet).
+// the node is Ready. As systemd would, it starts the kubelet again whenever it exits (a
+// containerd that has not finished its start yet), until ctx ends.
 func (c *Cluster) StartNode(ctx context.Context, name string) error {
 	n := c.nodeNamed(name)
 	if n == nil {
 		return fmt.Errorf("no node %q", name)
 	}
 	var err error
-	for attempt := 0; attempt < 5; attempt++ {
+	for ctx.Err() == nil {
 		for _, component := range []string{"containerd", "kubelet"} {
 			p := c.procNamed(n.proc(component))
 			if p == nil {
@@ -358,7 +358,7 @@ func (c *Cluster) StartNode(ctx context.Context, name string) error {
 		if err = c.nodeReady(ctx, n); err == nil || c.exited(n.proc("kubelet")) == nil {
 			return err
 		}
-		time.Sleep(2 * time.Second)
+		time.Sleep(3 * time.Second)
 	}
 	return err
 }
