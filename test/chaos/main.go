@@ -143,8 +143,10 @@ func run(c config) (bool, error) {
 		return false, err
 	}
 
-	// Faults, at seeded times, while the work runs.
-	f := &faults{c: c, cl: cl, rng: rand.New(rand.NewPCG(c.seed, 2)), log: log}
+	// Faults, at seeded times, while the work runs; each one is printed with its time, so that
+	// a run that fails where its directory is gone (CI) still says what happened when.
+	start := time.Now()
+	f := &faults{c: c, cl: cl, rng: rand.New(rand.NewPCG(c.seed, 2)), log: &stamped{w: io.MultiWriter(log, os.Stdout), start: start}}
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	defer stopFaults()
 	var fwg sync.WaitGroup
@@ -155,7 +157,6 @@ func run(c config) (bool, error) {
 	var nwg sync.WaitGroup
 	nwg.Go(func() { f.stopNodes(ctx) })
 
-	start := time.Now()
 	sources := []func(i int) hypercloud.VirtualMachineImageSource{
 		func(int) hypercloud.VirtualMachineImageSource {
 			return hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL(base + "disk.qcow2")}
@@ -213,7 +214,7 @@ func run(c config) (bool, error) {
 		disks = append(disks, d)
 	}
 	if err := waitFinal(ctx, k, "images", func() client.ObjectList { return &hypercloud.VirtualMachineImageList{} }, c.images+c.localImages); err != nil {
-		return false, err
+		return false, stuck(k, err)
 	}
 	imagesDone := time.Since(start)
 
@@ -232,13 +233,13 @@ func run(c config) (bool, error) {
 		exports = append(exports, ex)
 	}
 	if err := waitFinal(ctx, k, "disks", func() client.ObjectList { return &diskvolume.DiskVolumeList{} }, c.disks); err != nil {
-		return false, err
+		return false, stuck(k, err)
 	}
 	if err := waitFinal(ctx, k, "exports", func() client.ObjectList { return &hypercloud.VirtualMachineVolumeExportList{} }, c.exports); err != nil {
-		return false, err
+		return false, stuck(k, err)
 	}
 	if err := waitReplicas(ctx, k, locals, len(cl.Nodes())-1); err != nil {
-		return false, err
+		return false, stuck(k, err)
 	}
 	stopFaults()
 	fwg.Wait()
@@ -345,6 +346,83 @@ func phasesOf(ctx context.Context, k client.Client, l client.ObjectList) ([]comm
 		}
 	}
 	return ps, nil
+}
+
+// stamped prefixes each write, a line, with the seconds since start.
+type stamped struct {
+	mu    sync.Mutex
+	w     io.Writer
+	start time.Time
+}
+
+func (s *stamped) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := fmt.Fprintf(s.w, "%6.1f s ", time.Since(s.start).Seconds()); err != nil {
+		return 0, err
+	}
+	return s.w.Write(p)
+}
+
+// stuck prints every object of the run that is not final, with its conditions, and where the
+// run's pods and the nodes are, then returns err: what a failed wait needs to be understood
+// once the run's directory is gone.
+func stuck(k client.Client, err error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fmt.Printf("chaos: what is not final:\n")
+	conds := func(cs []metav1.Condition) string {
+		var b strings.Builder
+		for _, c := range cs {
+			fmt.Fprintf(&b, "\n      %s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
+		}
+		return b.String()
+	}
+	images := &hypercloud.VirtualMachineImageList{}
+	if k.List(ctx, images) == nil {
+		for _, o := range images.Items {
+			if !final(o.Status.Phase) || len(o.Status.Replicas) > 0 {
+				fmt.Printf("  image %s/%s %s replicas %v%s\n", o.Namespace, o.Name, o.Status.Phase, o.Status.Replicas, conds(o.Status.Conditions))
+			}
+		}
+	}
+	disks := &diskvolume.DiskVolumeList{}
+	if k.List(ctx, disks) == nil {
+		for _, o := range disks.Items {
+			if !final(o.Status.Phase) {
+				fmt.Printf("  disk %s/%s %s%s\n", o.Namespace, o.Name, o.Status.Phase, conds(o.Status.Conditions))
+			}
+		}
+	}
+	exports := &hypercloud.VirtualMachineVolumeExportList{}
+	if k.List(ctx, exports) == nil {
+		for _, o := range exports.Items {
+			if !final(o.Status.Phase) {
+				fmt.Printf("  export %s/%s %s%s\n", o.Namespace, o.Name, o.Status.Phase, conds(o.Status.Conditions))
+			}
+		}
+	}
+	pods := &corev1.PodList{}
+	if k.List(ctx, pods) == nil {
+		for _, p := range pods.Items {
+			if p.Status.Phase != corev1.PodSucceeded {
+				fmt.Printf("  pod %s/%s on %q %s\n", p.Namespace, p.Name, p.Spec.NodeName, p.Status.Phase)
+			}
+		}
+	}
+	nodes := &corev1.NodeList{}
+	if k.List(ctx, nodes) == nil {
+		for _, n := range nodes.Items {
+			ready := "unknown"
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady {
+					ready = fmt.Sprintf("%s since %s", c.Status, c.LastTransitionTime.Format(time.TimeOnly))
+				}
+			}
+			fmt.Printf("  node %s Ready=%s taints %v\n", n.Name, ready, n.Spec.Taints)
+		}
+	}
+	return err
 }
 
 // faults breaks things at seeded moments.

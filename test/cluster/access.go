@@ -340,6 +340,7 @@ func (c *Cluster) StartNode(ctx context.Context, name string) error {
 		return fmt.Errorf("no node %q", name)
 	}
 	var err error
+	since := time.Now()
 	for ctx.Err() == nil {
 		for _, component := range []string{"containerd", "kubelet"} {
 			p := c.procNamed(n.proc(component))
@@ -355,7 +356,7 @@ func (c *Cluster) StartNode(ctx context.Context, name string) error {
 				return err
 			}
 		}
-		if err = c.nodeReady(ctx, n); err == nil || c.exited(n.proc("kubelet")) == nil {
+		if err = c.nodeReady(ctx, n, since); err == nil || c.exited(n.proc("kubelet")) == nil {
 			return err
 		}
 		time.Sleep(3 * time.Second)

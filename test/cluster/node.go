@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -447,11 +448,12 @@ healthzBindAddress: 127.0.0.1:10256
 	if err != nil {
 		return err
 	}
-	return c.nodeReady(ctx, n)
+	return c.nodeReady(ctx, n, time.Time{})
 }
 
-// nodeReady waits until node n is Ready.
-func (c *Cluster) nodeReady(ctx context.Context, n *node) error {
+// nodeReady waits until node n is Ready by a heartbeat of its kubelet's at or after since.
+func (c *Cluster) nodeReady(ctx context.Context, n *node, since time.Time) error {
+	since = since.Truncate(time.Second) // a heartbeat's time has whole seconds
 	return c.wait(ctx, n.name+" to be Ready", n.proc("kubelet"), 3*time.Minute, func(ctx context.Context) error {
 		node := &corev1.Node{}
 		if err := c.Client.Get(ctx, client.ObjectKey{Name: n.name}, node); err != nil {
@@ -459,7 +461,12 @@ func (c *Cluster) nodeReady(ctx context.Context, n *node) error {
 		}
 		for _, cond := range node.Status.Conditions {
 			if cond.Type == corev1.NodeReady {
-				if cond.Status == corev1.ConditionTrue {
+				switch {
+				case cond.LastHeartbeatTime.Before(&metav1.Time{Time: since}):
+					// What a kubelet said before it was stopped: the node controller may not
+					// have marked it NotReady yet.
+					return fmt.Errorf("no heartbeat since %s", since.Format(time.TimeOnly))
+				case cond.Status == corev1.ConditionTrue:
 					return nil
 				}
 				return fmt.Errorf("%s: %s", cond.Reason, cond.Message)

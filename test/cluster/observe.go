@@ -79,6 +79,11 @@ func (c *Cluster) ManagerMetrics(ctx context.Context) ([]string, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port))+"/metrics", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := hc.Do(req)
+		// A pod is Ready by its health probe a moment before its metrics server listens.
+		for err != nil && errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
+			time.Sleep(250 * time.Millisecond)
+			resp, err = hc.Do(req)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
 			continue
