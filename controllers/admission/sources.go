@@ -66,8 +66,12 @@ var engineKinds = []SourceKind{
 	{Resource: hypercloud.GroupVersion.WithResource("virtualmachineimages"), Kind: "VirtualMachineImage",
 		New: func() client.Object { return &hypercloud.VirtualMachineImage{} },
 		Source: func(o client.Object) *Source {
-			if p := o.(*hypercloud.VirtualMachineImage).Spec.Source.PVC; p != nil && p.Namespace != "" {
+			src := o.(*hypercloud.VirtualMachineImage).Spec.Source
+			if p := src.PVC; p != nil && p.Namespace != "" {
 				return &Source{Kind: "PersistentVolumeClaim", Namespace: p.Namespace, Name: string(p.Name)}
+			}
+			if s := src.Snapshot; s != nil && s.Namespace != "" {
+				return &Source{Kind: "VolumeSnapshot", Namespace: s.Namespace, Name: string(s.Name)}
 			}
 			return nil
 		}},

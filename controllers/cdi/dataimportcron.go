@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -24,6 +25,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // A DataImportCron is served by a scheduled VirtualMachineImage, dic-<name>-<hash>, that it
@@ -46,6 +48,9 @@ const (
 	ReasonImportProgress = "ImportProgressing"
 	ReasonNoImport       = "NoImport"
 	ReasonInvalidCron    = "InvalidSpec"
+	// ReasonSnapshotNotReady: the newest revision's snapshot, the source in the snapshot
+	// format, is not ready to use yet.
+	ReasonSnapshotNotReady = "SnapshotNotReady"
 )
 
 // CronReconciler serves DataImportCrons.
@@ -108,10 +113,16 @@ func (r *CronReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		return string(c.Type), &c.ConditionState
 	})
 	cron.Status = st
-	if equality.Semantic.DeepEqual(base.Status, cron.Status) {
-		return ctrl.Result{}, nil
+	var res ctrl.Result
+	for _, c := range st.Conditions {
+		if c.Reason == ReasonSnapshotNotReady {
+			res.RequeueAfter = 5 * time.Second // nothing wakes it when a snapshot is ready
+		}
 	}
-	return ctrl.Result{}, r.Patch(ctx, cron, client.MergeFrom(base)) // CDI's DataImportCron CRD has no status subresource
+	if equality.Semantic.DeepEqual(base.Status, cron.Status) {
+		return res, nil
+	}
+	return res, r.Patch(ctx, cron, client.MergeFrom(base)) // CDI's DataImportCron CRD has no status subresource
 }
 
 // status is the DataImportCron's status now, after keeping its image and DataSource.
@@ -171,10 +182,50 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 		upToDate.Message = "a newer revision is being imported"
 	}
 	st.Conditions = []cdiv1.DataImportCronCondition{progressing, upToDate}
-	if err := r.keepDataSource(ctx, cron, golden.PVC.Name); err != nil {
+	src := cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: cron.Namespace, Name: golden.PVC.Name}}
+	format, snapshotClass, err := r.sourceFormat(ctx, cron)
+	if err != nil {
+		return st, err
+	}
+	st.SourceFormat = &format
+	if format == cdiv1.DataImportCronSourceFormatSnapshot {
+		// The revision's golden snapshot is the source, once it is ready to use; until then the
+		// DataSource names what it named.
+		snap, err := image.EnsureSnapshot(ctx, r.Client, golden, snapshotClass)
+		if err != nil {
+			return st, err
+		}
+		if snap.Status == nil || !ptr.Deref(snap.Status.ReadyToUse, false) {
+			st.Conditions[1] = cdiv1.DataImportCronCondition{Type: cdiv1.DataImportCronUpToDate, ConditionState: cdiv1.ConditionState{
+				Status: corev1.ConditionFalse, Reason: ReasonSnapshotNotReady, Message: fmt.Sprintf("waiting for the VolumeSnapshot %s of PVC %s to be ready to use", snap.Name, golden.PVC.Name)}}
+			return st, nil
+		}
+		src = cdiv1.DataSourceSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Namespace: cron.Namespace, Name: snap.Name}}
+	}
+	if err := r.keepDataSource(ctx, cron, src); err != nil {
 		return st, err
 	}
 	return st, r.deleteSuperseded(ctx, cron, img.Name)
+}
+
+// sourceFormat is the format of cron's sources, as the StorageProfile of its template's class
+// says (pvc by default, and where the class has no VolumeSnapshotClass), with the
+// VolumeSnapshotClass that snapshots are taken with.
+func (r *CronReconciler) sourceFormat(ctx context.Context, cron *cdiv1.DataImportCron) (cdiv1.DataImportCronSourceFormat, string, error) {
+	class, _ := templateStorage(cron)
+	name, err := storage.ClassName(ctx, r.Client, class)
+	if err != nil || name == "" {
+		return cdiv1.DataImportCronSourceFormatPvc, "", err
+	}
+	profile := &cdiv1.StorageProfile{}
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, profile); err != nil {
+		return cdiv1.DataImportCronSourceFormatPvc, "", client.IgnoreNotFound(err)
+	}
+	format := ptr.Deref(profile.Status.DataImportCronSourceFormat, cdiv1.DataImportCronSourceFormatPvc)
+	if format != cdiv1.DataImportCronSourceFormatSnapshot || ptr.Deref(profile.Status.SnapshotClass, "") == "" {
+		return cdiv1.DataImportCronSourceFormatPvc, "", nil
+	}
+	return format, *profile.Status.SnapshotClass, nil
 }
 
 // retain lets go of what a DataImportCron being deleted made, as its retentionPolicy says, then
@@ -321,10 +372,9 @@ func (r *CronReconciler) ensureImage(ctx context.Context, cron *cdiv1.DataImport
 	return r.Patch(ctx, img, patch)
 }
 
-// keepDataSource points cron's managed DataSource at pvc: made, controlled by cron, when
+// keepDataSource points cron's managed DataSource at src: made, controlled by cron, when
 // missing; one that exists (made beforehand, as SSP makes them) is kept pointed at it.
-func (r *CronReconciler) keepDataSource(ctx context.Context, cron *cdiv1.DataImportCron, pvc string) error {
-	src := cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: cron.Namespace, Name: pvc}}
+func (r *CronReconciler) keepDataSource(ctx context.Context, cron *cdiv1.DataImportCron, src cdiv1.DataSourceSource) error {
 	labels := passedLabels(cron.Labels)
 	labels[LabelDataImportCron] = cron.Name
 	ds := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: cron.Spec.ManagedDataSource, Namespace: cron.Namespace}}

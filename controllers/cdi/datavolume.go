@@ -8,8 +8,10 @@
 // KubeVirt's virt-controller reads (a Running condition False with reason "Error" is what makes
 // it show a VM's DataVolumeError).
 //
-// An http, s3, registry or pvc source is imported by a VirtualMachineImage the DataVolume
-// controls, and the DiskVolume is cloned from it (importsource.go).
+// An http, s3, registry or pvc source, or a snapshot of another namespace, is imported by a
+// VirtualMachineImage the DataVolume controls, and the DiskVolume is cloned from it
+// (importsource.go). A pvc or snapshot that is a golden image's (an image's PVC, a
+// DataImportCron's snapshot) is cloned from that image itself, with nothing staged.
 //
 // An upload source is served as an upload into a PVC is (uploadpvc.go): the claim is made at
 // once, Pending, and filled by the populator once the upload is in.
@@ -29,6 +31,7 @@ import (
 	"strings"
 	"time"
 
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -82,7 +85,7 @@ func (r *refusal) Error() string { return r.message }
 func invalid(message string) error { return &refusal{reason: ReasonInvalidSpec, message: message} }
 
 func notServed(source string) error {
-	return &refusal{reason: ReasonSourceNotServed, message: "diskpipe's CDI API serves the sources http, s3, registry, pvc, snapshot (the last two within a namespace) and blank so far, not " + source + " (docs/cdi.md)"}
+	return &refusal{reason: ReasonSourceNotServed, message: "diskpipe's CDI API serves the sources http, s3, registry, upload, pvc, snapshot and blank, not " + source + " (docs/cdi.md)"}
 }
 
 // Options configure the DataVolume controller.
@@ -528,10 +531,10 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		spec.Source.Image = &diskvolume.ImageSource{Name: common.LocalName(SourceImage(dv.Name)), Kind: diskvolume.ImageKindVirtualMachineImage}
 	case src.Blank != nil:
 		spec.Source.Blank = &common.BlankSource{}
-	case src.Snapshot != nil && (src.Snapshot.Namespace == "" || src.Snapshot.Namespace == dv.Namespace):
+	case src.Snapshot != nil:
 		spec.Source.Snap = &diskvolume.SnapshotSource{Name: common.LocalName(src.Snapshot.Name)}
 	default:
-		return spec, nil, notServed(sourceKind(src, dv.Namespace))
+		return spec, nil, notServed(sourceKind(src))
 	}
 	var requested *corev1.VolumeResourceRequirements
 	switch {
@@ -595,7 +598,7 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		}
 		spec.Resources.Requests.Storage = &size
 	} else if src.Blank != nil || src.Upload != nil {
-		return spec, nil, invalid("a DataVolume of source " + sourceKind(src, dv.Namespace) + " needs a size: spec.storage.resources.requests.storage")
+		return spec, nil, invalid("a DataVolume of source " + sourceKind(src) + " needs a size: spec.storage.resources.requests.storage")
 	}
 	if src.Upload != nil && len(dv.Name) > cdiclaims.MaxUploadPVCName {
 		return spec, nil, invalid(fmt.Sprintf("a DataVolume of source upload has a name of at most %d characters (its staging image is named %s<name>)",
@@ -623,28 +626,34 @@ func sourceNamespace(src cdiv1.DataSourceSource) string {
 // goldenImage is the image whose golden PVC a pvc source names (a DataImportCron's DataSource
 // names one), which the disk is then cloned from directly; nil for any other source.
 func (r *Reconciler) goldenImage(ctx context.Context, src *cdiv1.DataVolumeSource, ns string) (*diskvolume.ImageSource, error) {
-	if src.PVC == nil {
+	var obj client.Object
+	var key client.ObjectKey
+	switch {
+	case src.PVC != nil:
+		obj, key = &corev1.PersistentVolumeClaim{}, client.ObjectKey{Namespace: cmp.Or(src.PVC.Namespace, ns), Name: src.PVC.Name}
+	case src.Snapshot != nil:
+		// A golden snapshot: a DataImportCron's source in the snapshot format.
+		obj, key = &snapshotv1.VolumeSnapshot{}, client.ObjectKey{Namespace: cmp.Or(src.Snapshot.Namespace, ns), Name: src.Snapshot.Name}
+	default:
 		return nil, nil
 	}
-	pvcNS := cmp.Or(src.PVC.Namespace, ns)
-	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: pvcNS, Name: src.PVC.Name}, pvc); err != nil {
+	if err := r.Get(ctx, key, obj); err != nil {
 		return nil, client.IgnoreNotFound(err)
 	}
-	owner := metav1.GetControllerOf(pvc)
-	if pvc.Labels[image.LabelGolden] != "true" || owner == nil ||
+	owner := metav1.GetControllerOf(obj)
+	if obj.GetLabels()[image.LabelGolden] != "true" || owner == nil ||
 		(owner.Kind != string(diskvolume.ImageKindVirtualMachineImage) && owner.Kind != string(diskvolume.ImageKindImageTemplate)) {
 		return nil, nil
 	}
 	img := &diskvolume.ImageSource{Name: common.LocalName(owner.Name), Kind: diskvolume.ImageKind(owner.Kind)}
-	if pvcNS != ns {
-		img.Namespace = pvcNS
+	if key.Namespace != ns {
+		img.Namespace = key.Namespace
 	}
 	return img, nil
 }
 
 // sourceKind names a DataVolume source for a message.
-func sourceKind(src *cdiv1.DataVolumeSource, ns string) string {
+func sourceKind(src *cdiv1.DataVolumeSource) string {
 	switch {
 	case src.HTTP != nil:
 		return "http"
@@ -659,7 +668,13 @@ func sourceKind(src *cdiv1.DataVolumeSource, ns string) string {
 	case src.Blank != nil:
 		return "blank"
 	case src.Snapshot != nil:
-		return "snapshot from namespace " + src.Snapshot.Namespace + " (into " + ns + ")"
+		return "snapshot"
+	case src.GCS != nil:
+		return "gcs (an https URL of the object as an http source, or its S3-compatible endpoint as an s3 source, serves it)"
+	case src.Imageio != nil:
+		return "imageio (export the disk from oVirt and import it by http)"
+	case src.VDDK != nil:
+		return "vddk (export the disk from vSphere and import it by http)"
 	default:
 		return "this source"
 	}

@@ -17,6 +17,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
@@ -174,10 +175,10 @@ func TestDataVolumeRefusals(t *testing.T) {
 	g.Eventually(dvState(t, taken), 20*time.Second).Should(Equal("Pending N/A Bound=False:ErrResourceExists Ready=False: Running=False:ErrResourceExists"))
 	g.Expect(taken.Status.Conditions[0].Message).To(Equal("DiskVolume taken already exists and is not managed by DataVolume taken"))
 
-	snap := dataVolume(ns, "snap", &cdiv1.DataVolumeSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Namespace: "golden", Name: "fedora"}}, "1Gi")
-	g.Expect(env.Client.Create(ctx, snap)).To(Succeed())
-	g.Eventually(dvState(t, snap), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))
-	g.Expect(snap.Status.Conditions[0].Message).To(ContainSubstring("not snapshot from namespace golden (into " + ns + ") (docs/cdi.md)"))
+	gcs := dataVolume(ns, "gcs", &cdiv1.DataVolumeSource{GCS: &cdiv1.DataVolumeSourceGCS{URL: "gs://bucket/fedora.qcow2"}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, gcs)).To(Succeed())
+	g.Eventually(dvState(t, gcs), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))
+	g.Expect(gcs.Status.Conditions[0].Message).To(ContainSubstring("not gcs (an https URL of the object as an http source"))
 
 	sizeless := dataVolume(ns, "sizeless", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
 	sizeless.Spec.Storage.Resources = corev1.VolumeResourceRequirements{}
@@ -672,6 +673,9 @@ func TestDataVolumeCrossNamespace(t *testing.T) {
 	g.Expect(refused).To(MatchError(ContainSubstring("bob may not copy the PersistentVolumeClaim " + golden + "/fedora into namespace " + team +
 		": copying another namespace's data needs its owner's consent, create on datavolumes/source (cdi.kubevirt.io) in " + golden)))
 
+	snap := dataVolume(team, "snap", &cdiv1.DataVolumeSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Namespace: golden, Name: "fedora"}}, "1Gi")
+	g.Expect(bob.Create(ctx, snap)).To(MatchError(ContainSubstring("bob may not copy the VolumeSnapshot " + golden + "/fedora into namespace " + team)))
+
 	// Nor may bob name it in a DataSource, whose status would tell whether it exists.
 	probe := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: team},
 		Spec: cdiv1.DataSourceSpec{Source: cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: golden, Name: "fedora"}}}}
@@ -694,6 +698,11 @@ func TestDataVolumeCrossNamespace(t *testing.T) {
 	img := &hypercloud.VirtualMachineImage{}
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: team, Name: "dv-allowed"}, img) }, 20*time.Second).Should(Succeed())
 	g.Expect(img.Spec.Source.PVC).To(Equal(&common.PVCSource{Namespace: golden, Name: "fedora"}))
+
+	// A snapshot of another namespace is staged as an image copying it.
+	g.Expect(bob.Create(ctx, snap)).To(Succeed())
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: team, Name: "dv-snap"}, img) }, 20*time.Second).Should(Succeed())
+	g.Expect(img.Spec.Source.Snapshot).To(Equal(&common.VolumeSnapshotSource{Namespace: golden, Name: "fedora"}))
 
 	// bob's own DataSource naming golden's PVC is not a way round the rule.
 	ds := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: "sneaky", Namespace: team},
@@ -1059,4 +1068,86 @@ func withConfig(t *testing.T, change func(*cdiv1.CDIConfigSpec)) {
 	t.Cleanup(func() {
 		_ = ctrltest.Update(context.Background(), env.Client, config, func() { config.Spec = *was })
 	})
+}
+
+// TestDataImportCronSnapshotFormat: where the StorageProfile of a DataImportCron's class says
+// dataImportCronSourceFormat: snapshot, the DataSource names the newest revision's golden
+// VolumeSnapshot once it is ready to use (until then it names nothing new), the status says the
+// format, and a DataVolume made from the DataSource is cloned from the revision's image itself.
+func TestDataImportCronSnapshotFormat(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "cron-snap")
+	g.Expect(env.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: "snapfmt-snapshots"},
+		Driver: "snapfmt.diskpipe.test", DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "snapfmt"}, Provisioner: "snapfmt.diskpipe.test"})).To(Succeed())
+	p := &cdiv1.StorageProfile{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Name: "snapfmt"}, p) }, 20*time.Second).Should(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, p, func() {
+		p.Spec.DataImportCronSourceFormat = ptr.To(cdiv1.DataImportCronSourceFormatSnapshot)
+	})).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKey{Name: "snapfmt"}, p)
+		return fmt.Sprint(ptr.Deref(p.Status.DataImportCronSourceFormat, ""), " ", ptr.Deref(p.Status.SnapshotClass, ""))
+	}, 20*time.Second).Should(Equal("snapshot snapfmt-snapshots"))
+
+	cron := &cdiv1.DataImportCron{ObjectMeta: metav1.ObjectMeta{Name: "fedora-cron", Namespace: ns}, Spec: cdiv1.DataImportCronSpec{
+		Schedule: "@every 1h", ManagedDataSource: "fedora",
+		Template: cdiv1.DataVolume{Spec: cdiv1.DataVolumeSpec{Source: &cdiv1.DataVolumeSource{Registry: &cdiv1.DataVolumeSourceRegistry{
+			URL: ptr.To("docker://quay.io/containerdisks/fedora:latest")}}, Storage: &cdiv1.StorageSpec{StorageClassName: ptr.To("snapfmt")}}}}}
+	g.Expect(env.Client.Create(ctx, cron)).To(Succeed())
+	name, err := cdi.CronImageName(cron)
+	g.Expect(err).NotTo(HaveOccurred())
+	img := &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, img) }, 20*time.Second).Should(Succeed())
+	const digest = "sha256:3333333333333333333333333333333333333333333333333333333333333333"
+	ctrltest.Complete(t, env, ns, "vmim-"+name+"-check-0", transfer.Result{Revision: digest})
+	rev := newRevision(t, ns, img, digest)
+	ctrltest.Complete(t, env, ns, "vmim-"+rev.Name+"-probe-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30, Revision: digest})
+	ctrltest.Bind(t, env, ns, "vmim-"+rev.Name)
+	importRevision(t, ns, rev, digest)
+
+	// The revision's golden snapshot is taken with the profile's VolumeSnapshotClass; the
+	// DataSource waits for it.
+	snap := &snapshotv1.VolumeSnapshot{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-" + rev.Name + "-golden"}, snap)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(snap.Spec.VolumeSnapshotClassName).To(Equal(ptr.To("snapfmt-snapshots")))
+	g.Expect(*snap.Spec.Source.PersistentVolumeClaimName).To(Equal("vmim-" + rev.Name))
+	upToDate := func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(cron), cron)
+		for _, c := range cron.Status.Conditions {
+			if c.Type == cdiv1.DataImportCronUpToDate {
+				return fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+			}
+		}
+		return ""
+	}
+	g.Eventually(upToDate, 20*time.Second).Should(Equal("False SnapshotNotReady: waiting for the VolumeSnapshot vmim-" + rev.Name + "-golden of PVC vmim-" + rev.Name + " to be ready to use"))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fedora"}, &cdiv1.DataSource{})).NotTo(Succeed(), "no DataSource before the snapshot is ready")
+	snap.Status = &snapshotv1.VolumeSnapshotStatus{ReadyToUse: ptr.To(true), RestoreSize: ptr.To(resource.MustParse("1Gi"))}
+	g.Expect(env.Client.Status().Update(ctx, snap)).To(Succeed())
+	g.Eventually(upToDate, 20*time.Second).Should(HavePrefix("True UpToDate"))
+	g.Expect(cron.Status.SourceFormat).To(Equal(ptr.To(cdiv1.DataImportCronSourceFormatSnapshot)))
+
+	ds := &cdiv1.DataSource{}
+	g.Eventually(func() string {
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fedora"}, ds); err != nil || len(ds.Status.Conditions) == 0 {
+			return fmt.Sprint(err)
+		}
+		return string(ds.Status.Conditions[0].Status)
+	}, 20*time.Second).Should(Equal("True"), "the DataSource is Ready on the revision's snapshot")
+	g.Expect(ds.Spec.Source).To(Equal(cdiv1.DataSourceSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Namespace: ns, Name: snap.Name}}))
+
+	root := dataVolume(ns, "root", nil, "2Gi")
+	root.Spec.SourceRef = &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: "fedora"}
+	g.Expect(env.Client.Create(ctx, root)).To(Succeed())
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(root), d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: common.LocalName(rev.Name), Kind: diskvolume.ImageKindVirtualMachineImage}),
+		"cloned from the revision's image itself")
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdi.SourceImage("root")}, &hypercloud.VirtualMachineImage{})).
+		NotTo(Succeed(), "nothing is staged")
 }

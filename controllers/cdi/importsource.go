@@ -32,7 +32,7 @@ func SourceImage(name string) string {
 }
 
 // imageSource is the VirtualMachineImage source that imports src, or nil for a source that
-// is not imported (blank, snapshot); a registry among insecure (the CDIConfig's
+// is not imported (blank, a snapshot of the DataVolume's namespace); a registry among insecure (the CDIConfig's
 // insecureRegistries) is reached over plain HTTP, or TLS unverified.
 func imageSource(src *cdiv1.DataVolumeSource, ns string, insecure []string) (*hypercloud.VirtualMachineImageSource, error) {
 	switch {
@@ -75,6 +75,12 @@ func imageSource(src *cdiv1.DataVolumeSource, ns string, insecure []string) (*hy
 			p.Namespace = src.PVC.Namespace
 		}
 		return &hypercloud.VirtualMachineImageSource{PVC: p}, nil
+	case src.Snapshot != nil && src.Snapshot.Namespace != "" && src.Snapshot.Namespace != ns:
+		// A snapshot of another namespace is restored there for the copy (a volume is restored
+		// only in its snapshot's namespace); admission checked CDI's rule as for a PVC. One of
+		// the DataVolume's own namespace is restored by its DiskVolume, with nothing staged.
+		return &hypercloud.VirtualMachineImageSource{Snapshot: &common.VolumeSnapshotSource{
+			Name: common.LocalName(src.Snapshot.Name), Namespace: src.Snapshot.Namespace}}, nil
 	}
 	return nil, nil
 }

@@ -62,6 +62,8 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 		g.source = shared
 	case src.PVC != nil:
 		g.source = copySource(copyOfPVC, namespaceOr(src.PVC.Namespace, v.Namespace), string(src.PVC.Name))
+	case src.Snapshot != nil:
+		g.source = copySource(copyOfSnapshot, namespaceOr(src.Snapshot.Namespace, v.Namespace), string(src.Snapshot.Name))
 	default:
 		g.source = source{kind: "upload", upload: "virtualmachineimages"}
 	}

@@ -14,6 +14,8 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -115,9 +117,19 @@ func IsBlock(pvc *corev1.PersistentVolumeClaim) bool {
 	return pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock
 }
 
-// copySourcePVC finds the PVC a copy reads.
-func copySourcePVC(ctx context.Context, c client.Reader, ref *copyRef) (*corev1.PersistentVolumeClaim, error) {
+// copySourcePVC finds the PVC a copy reads: for a snapshot, the claim restored from it for
+// owner's copy, made the first time.
+func copySourcePVC(ctx context.Context, c client.Client, owner client.Object, ref *copyRef) (*corev1.PersistentVolumeClaim, error) {
 	switch ref.what {
+	case copyOfSnapshot:
+		pvc, err := hostcopy.Restore(ctx, c, owner, ref.namespace, ref.name)
+		if w := (*hostcopy.SnapshotWait)(nil); errors.As(err, &w) {
+			return nil, &NotReadyError{w.Reason, w.Message}
+		}
+		if no := (*owned.ErrNotOwned)(nil); errors.As(err, &no) {
+			return nil, &NotReadyError{"NameTaken", no.Error() + " (the snapshot is restored under that name)"}
+		}
+		return pvc, err
 	case copyOfImage:
 		g, err := Lookup(ctx, c, KindImageTemplate, ref.namespace, ref.name)
 		if err != nil {

@@ -35,9 +35,10 @@ type copyRef struct {
 type copyKind string
 
 const (
-	copyOfPVC   copyKind = "pvc"
-	copyOfImage copyKind = "clone"
-	copyOfDisk  copyKind = "disk"
+	copyOfPVC      copyKind = "pvc"
+	copyOfSnapshot copyKind = "snapshot"
+	copyOfImage    copyKind = "clone"
+	copyOfDisk     copyKind = "disk"
 )
 
 func copySource(what copyKind, ns, name string) source {

@@ -55,19 +55,29 @@ func operationBytes(ns, operation, source string) int64 {
 var _ = Describe("CDI's API under the real KubeVirt", afterKubeVirtRollout, func() {
 	BeforeEach(requireKubeVirt)
 
-	It("boots VMs whose dataVolumeTemplates import by http and clone a DataSource and a PVC of another namespace; a failed import is the VM's DataVolumeError; deleting a VM deletes its DataVolumes and PVCs", func() {
+	It("boots VMs whose dataVolumeTemplates import by http and clone a VolumeSnapshot DataSource and a PVC of another namespace; a failed import is the VM's DataVolumeError; deleting a VM deletes its DataVolumes and PVCs", func() {
 		ns, golden := vmNamespace(), namespace()
 		// The golden disk of a DataSource, in a namespace of its own, as KubeVirt's common
-		// instance types name them (kubevirt-os-images).
+		// instance types name them (kubevirt-os-images); the DataSource names its snapshot, as
+		// DataImportCrons keep them on Ceph RBD.
 		importHTTP(golden, "golden", "disk.qcow2")
-		kubectl(diskOf("fedora", "", "Filesystem", "512Mi")+`---
+		kubectl(diskOf("fedora", "", "Filesystem", "512Mi"), "apply", "-n", golden, "-f", "-")
+		Eventually(phase(golden, "dvol", "fedora"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		kubectl(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata:
+  name: fedora
+spec:
+  volumeSnapshotClassName: `+realcluster.SnapshotClass+`
+  source: {persistentVolumeClaimName: fedora}
+---
 apiVersion: cdi.kubevirt.io/v1beta1
 kind: DataSource
 metadata:
   name: fedora
 spec:
   source:
-    pvc: {name: fedora, namespace: `+golden+`}
+    snapshot: {name: fedora, namespace: `+golden+`}
 `, "apply", "-n", golden, "-f", "-")
 		Eventually(func() string {
 			return kubectl("", "get", "datasource", "fedora", "-n", golden, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
@@ -132,6 +142,8 @@ spec:
 		Expect(written).To(BeNumerically("<=", disk.Size), "one copy of the data at most: nothing staged twice")
 		Expect(kubectl("", "get", "vmimage", "-n", ns, "-o", "name")).To(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"),
 			"the staging golden of the imports that succeeded are gone")
+		Expect(kubectl("", "get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name")).To(BeEmpty(),
+			"the snapshot's volume restored for the copy is gone")
 
 		kubectl("", "delete", "vm", "fromhttp", "fromref", "fromotherns", "broken", "-n", ns, "--wait=true", "--timeout=120s")
 		Eventually(func() string {

@@ -180,6 +180,19 @@ spec:
 		boots(filepath.Join(cluster.VolumePath(ns, "restored"), "disk.img"))
 	})
 
+	It("makes a golden image of another namespace's VolumeSnapshot, restored there for the copy only", realProves, func() {
+		other := namespace()
+		kubectl(vmi("from-backup", "    snapshot: {namespace: "+ns+", name: rootdisk-backup}"), "apply", "-n", other, "-f", "-")
+		Eventually(phase(other, "vmimage", "from-backup"), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmimage", "from-backup", "-n", other, "-o", "jsonpath={.status.sourceType}")).To(Equal("snapshot"))
+		run("qemu-img", "compare", "-f", "raw", "-F", "raw", filepath.Join(cluster.VolumePath(ns, "restored"), "disk.img"), golden(other, "from-backup"))
+		// The volume restored in the snapshot's namespace, and the pod that served it, go once
+		// the image is whole.
+		Eventually(func() string {
+			return kubectl("", "get", "pvc,pods,secrets", "-n", ns, "-l", "diskpipe.io/clone-for", "-o", "name")
+		}, time.Minute, time.Second).Should(BeEmpty())
+	})
+
 	It("exports a disk as qcow2 that a plain HTTP GET downloads", realProves, func() {
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachineVolumeExport

@@ -187,8 +187,22 @@ type PVCSource struct {
 	// +required
 	Name LocalName `json:"name"`
 
-	// namespace of the PVC; empty means the referring object's own namespace. Reading another
-	// namespace's PVC needs permission to read PVCs there.
+	// namespace of the PVC; empty means the referring object's own namespace. Copying another
+	// namespace's PVC needs its owner's consent: create on datavolumes/source (cdi.kubevirt.io)
+	// there.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace,omitempty"`
+}
+
+// VolumeSnapshotSource copies the disk of an existing VolumeSnapshot.
+type VolumeSnapshotSource struct {
+	// name of the VolumeSnapshot.
+	// +required
+	Name LocalName `json:"name"`
+
+	// namespace of the VolumeSnapshot; empty means the referring object's own namespace.
+	// Copying another namespace's snapshot needs its owner's consent, as a PVC does.
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
 	Namespace string `json:"namespace,omitempty"`

@@ -7,11 +7,11 @@ import (
 )
 
 // VirtualMachineImageSource is where an image's bytes come from: exactly one of http,
-// objectStore, s3, registry, pvc or upload.
-// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.objectStore), has(self.s3), has(self.registry), has(self.pvc), has(self.upload)].filter(x, x).size() == 1",message="exactly one of http, objectStore, s3, registry, pvc or upload must be set"
+// objectStore, s3, registry, pvc, snapshot or upload.
+// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.objectStore), has(self.s3), has(self.registry), has(self.pvc), has(self.snapshot), has(self.upload)].filter(x, x).size() == 1",message="exactly one of http, objectStore, s3, registry, pvc, snapshot or upload must be set"
 // +kubebuilder:validation:XValidation:rule="!has(self.httpOptions) || has(self.http)",message="httpOptions needs an http source"
-// +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !has(self.pvc)",message="checksum does not apply to a pvc source"
-// +kubebuilder:validation:XValidation:rule="!has(self.ovaDisk) || !has(self.pvc)",message="ovaDisk does not apply to a pvc source"
+// +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !(has(self.pvc) || has(self.snapshot))",message="checksum does not apply to a pvc or snapshot source"
+// +kubebuilder:validation:XValidation:rule="!has(self.ovaDisk) || !(has(self.pvc) || has(self.snapshot))",message="ovaDisk does not apply to a pvc or snapshot source"
 type VirtualMachineImageSource struct {
 	// http is the URL of the image.
 	// +optional
@@ -36,6 +36,11 @@ type VirtualMachineImageSource struct {
 	// pvc copies an existing PVC's disk.
 	// +optional
 	PVC *common.PVCSource `json:"pvc,omitempty"`
+
+	// snapshot copies the disk of an existing VolumeSnapshot: it is restored into a volume in
+	// its own namespace for as long as the copy runs.
+	// +optional
+	Snapshot *common.VolumeSnapshotSource `json:"snapshot,omitempty"`
 
 	// upload waits for the image's bytes to be uploaded through the upload proxy.
 	// +optional

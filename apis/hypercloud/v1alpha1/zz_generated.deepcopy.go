@@ -103,6 +103,11 @@ func (in *VirtualMachineImageSource) DeepCopyInto(out *VirtualMachineImageSource
 		*out = new(commonv1alpha1.PVCSource)
 		**out = **in
 	}
+	if in.Snapshot != nil {
+		in, out := &in.Snapshot, &out.Snapshot
+		*out = new(commonv1alpha1.VolumeSnapshotSource)
+		**out = **in
+	}
 	if in.Upload != nil {
 		in, out := &in.Upload, &out.Upload
 		*out = new(commonv1alpha1.UploadSource)

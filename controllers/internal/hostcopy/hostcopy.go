@@ -222,7 +222,8 @@ func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcN
 }
 
 // Cleanup removes the clone-source pod and Secret that serve owner from srcNamespace (also
-// its own: a remote source in the namespace is served alike).
+// its own: a remote source in the namespace is served alike), and the claim restored for it
+// from a snapshot (Restore), when it bears owner's mark.
 func Cleanup(ctx context.Context, c client.Client, owner client.Object, srcNamespace string) error {
 	meta := metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace}
 	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}} {
@@ -230,7 +231,14 @@ func Cleanup(ctx context.Context, c client.Client, owner client.Object, srcNames
 			return err
 		}
 	}
-	return nil
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(&corev1.PersistentVolumeClaim{ObjectMeta: meta}), pvc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !owned.Marked("PersistentVolumeClaim", pvc, owner.GetUID()) {
+		return nil // someone else's, under the name: not diskpipe's to delete
+	}
+	return client.IgnoreNotFound(c.Delete(ctx, pvc, client.Preconditions{UID: &pvc.UID}))
 }
 
 func sourceName(owner client.Object) string      { return "clone-source-" + string(owner.GetUID()) }

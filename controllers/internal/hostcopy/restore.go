@@ -1,0 +1,139 @@
+package hostcopy
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+)
+
+// SnapshotWait says why a copy of a VolumeSnapshot cannot start yet.
+type SnapshotWait struct {
+	Reason, Message string
+}
+
+func (e *SnapshotWait) Error() string { return e.Message }
+
+// defaultClassAnnotation marks the cluster's default StorageClass.
+const defaultClassAnnotation = "storageclass.kubernetes.io/is-default-class"
+
+// Restore returns the claim a copy of the VolumeSnapshot namespace/name reads: restored from it
+// in its own namespace (a volume is restored only where its snapshot is), named and marked as
+// owner's clone source, so that Cleanup removes it with the pod once the copy is done. It is
+// made with the class and volume mode of the snapshot's source claim, or, when that is gone, a
+// class of the snapshot's driver (the default one first) and the mode its content records.
+// A *SnapshotWait says why it cannot be made yet.
+func Restore(ctx context.Context, c client.Client, owner client.Object, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: sourceName(owner)}, pvc)
+	switch {
+	case err == nil && !owned.Marked("PersistentVolumeClaim", pvc, owner.GetUID()):
+		return nil, &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: namespace + "/" + pvc.Name}
+	case err == nil:
+		return pvc, nil
+	case !apierrors.IsNotFound(err):
+		return nil, err
+	}
+	// Each copy restores a volume of its own in the snapshot's namespace, which is not the
+	// copier's: at most MaxServing at once, as clone-source pods.
+	restores := &corev1.PersistentVolumeClaimList{}
+	if err := c.List(ctx, restores, client.InNamespace(namespace), client.MatchingLabels{LabelSourceOf: restoreLabel(name)}); err != nil {
+		return nil, err
+	}
+	if n := len(restores.Items); n >= MaxServing {
+		return nil, &SnapshotWait{"WaitingForCloneSource", fmt.Sprintf(
+			"%d copies of the VolumeSnapshot %s/%s are restored in its namespace, as many as may be at once; this one starts when one of them ends", n, namespace, name)}
+	}
+	snap := &snapshotv1.VolumeSnapshot{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, snap); apierrors.IsNotFound(err) {
+		return nil, &SnapshotWait{"SourceNotFound", fmt.Sprintf("the VolumeSnapshot %s/%s does not exist", namespace, name)}
+	} else if err != nil {
+		return nil, err
+	}
+	st := snap.Status
+	if st == nil || !ptr.Deref(st.ReadyToUse, false) || st.BoundVolumeSnapshotContentName == nil || st.RestoreSize == nil || st.RestoreSize.IsZero() {
+		msg := fmt.Sprintf("the VolumeSnapshot %s/%s is not ready to use yet", namespace, name)
+		if st != nil && st.Error != nil && st.Error.Message != nil {
+			msg += ": " + *st.Error.Message
+		}
+		return nil, &SnapshotWait{"SourceNotReady", msg}
+	}
+	content := &snapshotv1.VolumeSnapshotContent{}
+	if err := c.Get(ctx, client.ObjectKey{Name: *st.BoundVolumeSnapshotContentName}, content); err != nil {
+		return nil, fmt.Errorf("reading the content of the VolumeSnapshot %s/%s: %w", namespace, name, err)
+	}
+	class, mode, err := restoreClass(ctx, c, snap, content)
+	if err != nil {
+		return nil, err
+	}
+	pvc = &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: namespace, Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: restoreLabel(name)}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: &class,
+			VolumeMode:       &mode,
+			DataSource:       &corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotv1.GroupName), Kind: "VolumeSnapshot", Name: name},
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *st.RestoreSize}},
+		},
+	}
+	// In another namespace it can have no owner: its mark names the object it serves.
+	owned.Stamp("PersistentVolumeClaim", pvc, owner.GetUID())
+	if namespace == owner.GetNamespace() {
+		if err := controllerutil.SetControllerReference(owner, pvc, c.Scheme()); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("restoring the VolumeSnapshot %s/%s: %w", namespace, name, err)
+	}
+	return pvc, nil
+}
+
+// restoreLabel is LabelSourceOf's value on the claims restored from snapshot name.
+func restoreLabel(name string) string { return sourceLabel(Source{Name: "VolumeSnapshot/" + name}) }
+
+// restoreClass is the class and volume mode a snapshot is restored with.
+func restoreClass(ctx context.Context, c client.Client, snap *snapshotv1.VolumeSnapshot, content *snapshotv1.VolumeSnapshotContent) (string, corev1.PersistentVolumeMode, error) {
+	mode := ptr.Deref(content.Spec.SourceVolumeMode, corev1.PersistentVolumeFilesystem)
+	if from := snap.Spec.Source.PersistentVolumeClaimName; from != nil {
+		src := &corev1.PersistentVolumeClaim{}
+		err := c.Get(ctx, client.ObjectKey{Namespace: snap.Namespace, Name: *from}, src)
+		if err == nil && src.Spec.StorageClassName != nil {
+			class := &storagev1.StorageClass{}
+			if err := c.Get(ctx, client.ObjectKey{Name: *src.Spec.StorageClassName}, class); err == nil && class.Provisioner == content.Spec.Driver {
+				return class.Name, ptr.Deref(src.Spec.VolumeMode, mode), nil
+			}
+		} else if client.IgnoreNotFound(err) != nil {
+			return "", "", err
+		}
+	}
+	classes := &storagev1.StorageClassList{}
+	if err := c.List(ctx, classes); err != nil {
+		return "", "", err
+	}
+	var found string
+	for _, class := range classes.Items {
+		if class.Provisioner != content.Spec.Driver {
+			continue
+		}
+		if class.Annotations[defaultClassAnnotation] == "true" {
+			return class.Name, mode, nil
+		}
+		found = cmp.Or(found, class.Name)
+	}
+	if found == "" {
+		return "", "", &SnapshotWait{"NoStorageClass", fmt.Sprintf("no StorageClass has the provisioner %s that the VolumeSnapshot %s/%s can be restored by",
+			content.Spec.Driver, snap.Namespace, snap.Name)}
+	}
+	return found, mode, nil
+}

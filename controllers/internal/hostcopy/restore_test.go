@@ -1,0 +1,127 @@
+package hostcopy
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+)
+
+// TestRestore: a copy of a VolumeSnapshot reads a claim restored from it in its namespace, with
+// the class and mode of the snapshot's source claim, else its driver's default class and the
+// mode its content records; it waits, saying why, for a snapshot missing, not ready, or with no
+// class to restore it, and while MaxServing copies of it are restored; a claim of the name that
+// diskpipe did not make is neither used nor deleted (one step, with a fake client).
+func TestRestore(t *testing.T) {
+	if !owned.HasKey() {
+		owned.UseKey([]byte("hostcopy test"), time.Time{})
+	}
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, storagev1.AddToScheme, snapshotv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := t.Context()
+	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	owner := func(i int) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("image-%d", i), Namespace: "team", UID: types.UID(fmt.Sprintf("u%d", i))}}
+	}
+	waits := func(i int, reason, message string) {
+		t.Helper()
+		var w *SnapshotWait
+		if _, err := Restore(ctx, c, owner(i), "golden", "fedora"); !errors.As(err, &w) || w.Reason != reason || w.Message != message {
+			t.Fatalf("want %s %q, got %v", reason, message, err)
+		}
+	}
+	create := func(objs ...client.Object) {
+		t.Helper()
+		for _, o := range objs {
+			if err := c.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	waits(0, "SourceNotFound", "the VolumeSnapshot golden/fedora does not exist")
+	snap := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "fedora", Namespace: "golden"},
+		Spec:   snapshotv1.VolumeSnapshotSpec{Source: snapshotv1.VolumeSnapshotSource{PersistentVolumeClaimName: ptr.To("fedora-disk")}},
+		Status: &snapshotv1.VolumeSnapshotStatus{ReadyToUse: ptr.To(false), Error: &snapshotv1.VolumeSnapshotError{Message: ptr.To("the driver is busy")}}}
+	create(snap)
+	waits(0, "SourceNotReady", "the VolumeSnapshot golden/fedora is not ready to use yet: the driver is busy")
+	snap.Status = &snapshotv1.VolumeSnapshotStatus{ReadyToUse: ptr.To(true), BoundVolumeSnapshotContentName: ptr.To("content-1"), RestoreSize: ptr.To(resource.MustParse("3Gi"))}
+	if err := c.Update(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	create(&snapshotv1.VolumeSnapshotContent{ObjectMeta: metav1.ObjectMeta{Name: "content-1"},
+		Spec: snapshotv1.VolumeSnapshotContentSpec{Driver: "rbd.csi.ceph.com", SourceVolumeMode: ptr.To(corev1.PersistentVolumeFilesystem)}})
+	waits(0, "NoStorageClass", "no StorageClass has the provisioner rbd.csi.ceph.com that the VolumeSnapshot golden/fedora can be restored by")
+
+	// The source claim's class and mode, when the class is of the snapshot's driver.
+	create(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd-block"}, Provisioner: "rbd.csi.ceph.com"},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd", Annotations: map[string]string{defaultClassAnnotation: "true"}}, Provisioner: "rbd.csi.ceph.com"},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "local"}, Provisioner: "topolvm.io"},
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"},
+			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd-block"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock)}})
+	pvc, err := Restore(ctx, c, owner(0), "golden", "fedora")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprintf("%s/%s class=%s mode=%s size=%s from=%s/%s marked=%t", pvc.Namespace, pvc.Name, *pvc.Spec.StorageClassName, *pvc.Spec.VolumeMode,
+		pvc.Spec.Resources.Requests.Storage(), pvc.Spec.DataSource.Kind, pvc.Spec.DataSource.Name, owned.Marked("PersistentVolumeClaim", pvc, "u0"))
+	if want := "golden/clone-source-u0 class=rbd-block mode=Block size=3Gi from=VolumeSnapshot/fedora marked=true"; got != want {
+		t.Errorf("restored claim:\n got %s\nwant %s", got, want)
+	}
+	if again, err := Restore(ctx, c, owner(0), "golden", "fedora"); err != nil || again.UID != pvc.UID {
+		t.Errorf("a second pass finds the same claim: %v", err)
+	}
+
+	// Its source claim gone: the driver's default class, the content's mode.
+	if err := c.Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"}}); err != nil {
+		t.Fatal(err)
+	}
+	pvc, err = Restore(ctx, c, owner(1), "golden", "fedora")
+	if err != nil || *pvc.Spec.StorageClassName != "rbd" || *pvc.Spec.VolumeMode != corev1.PersistentVolumeFilesystem {
+		t.Fatalf("without its source claim: %v %v", pvc, err)
+	}
+
+	// At most MaxServing restores of one snapshot at once.
+	for i := 2; i < MaxServing; i++ {
+		if _, err := Restore(ctx, c, owner(i), "golden", "fedora"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waits(MaxServing, "WaitingForCloneSource", "4 copies of the VolumeSnapshot golden/fedora are restored in its namespace, as many as may be at once; this one starts when one of them ends")
+	if err := Cleanup(ctx, c, owner(1), "golden"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Restore(ctx, c, owner(MaxServing), "golden", "fedora"); err != nil {
+		t.Errorf("a copy once one ended: %v", err)
+	}
+
+	// A claim of the name made by someone else is not diskpipe's.
+	create(&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "clone-source-u9", Namespace: "golden"}})
+	var notOwned *owned.ErrNotOwned
+	if _, err := Restore(ctx, c, owner(9), "golden", "fedora"); !errors.As(err, &notOwned) {
+		t.Errorf("a claim under the name not made by diskpipe: %v", err)
+	}
+	if err := Cleanup(ctx, c, owner(9), "golden"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "golden", Name: "clone-source-u9"}, &corev1.PersistentVolumeClaim{}); err != nil {
+		t.Errorf("Cleanup deleted a claim diskpipe did not make: %v", err)
+	}
+}
