@@ -189,6 +189,10 @@ fuzz: setup ## Run each fuzz target for FUZZTIME (default 60000x executions); fo
 bench-import: setup build ## Import a 4 GiB qcow2 over HTTP beside curl and qemu-img; prints the ratios.
 	go run ./test/bench import
 
+.PHONY: bench-copy
+bench-copy: setup build ## Copy a 4 GiB disk between two importers as a clone source serves it to a writer (a host-assisted copy between nodes) beside curl and qemu-img; prints both sides' peak RSS.
+	go run ./test/bench copy
+
 .PHONY: bench-export
 bench-export: setup build ## Export a 4 GiB disk to the bundled store beside qemu-img convert + aws s3 cp.
 	go run ./test/bench export
@@ -217,7 +221,7 @@ chaos: $(CLUSTER_DEPS_$(CLUSTER)) ## Import, clone and export at scale on the lo
 	DISKPIPE_NODES=$(NODES) go run ./test/chaos -cluster=$(CLUSTER) $(CHAOS_FLAGS)
 
 .PHONY: bench
-bench: bench-import bench-export bench-upload bench-controllers ## Run every benchmark (bench-kubevirt and bench-fanout, which need root, apart).
+bench: bench-import bench-copy bench-export bench-upload bench-controllers ## Run every benchmark (bench-kubevirt and bench-fanout, which need root, apart).
 
 .PHONY: bench-kubevirt
 bench-kubevirt: ## Boot five VMs at once from one golden image under the real KubeVirt on the real node (root); prints each one's time and where it went.

@@ -14,7 +14,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench import|export|upload|controllers")
+		fmt.Fprintln(os.Stderr, "usage: bench import|copy|export|upload|controllers")
 		os.Exit(64)
 	}
 	root, _ := filepath.Abs(".")
@@ -28,6 +28,8 @@ func main() {
 		err = benchImport(root, work)
 	case "export":
 		err = benchExport(root, work)
+	case "copy":
+		err = benchCopy(root, work)
 	case "controllers":
 		err = benchControllers(root)
 	case "upload":

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -22,17 +23,48 @@ func timedEnv(name string, bytes int64, env []string, cmd string, args ...string
 	var out strings.Builder
 	c.Stdout, c.Stderr = &out, &out
 	start := time.Now()
-	err := c.Run()
-	m := measurement{name: name, wall: time.Since(start), bytes: bytes}
+	if err := c.Start(); err != nil {
+		return measurement{}, err
+	}
+	hwm := watchHWM(c.Process.Pid)
+	err := c.Wait()
+	m := measurement{name: name, wall: time.Since(start), bytes: bytes, peakRSS: hwm()}
 	if err != nil {
 		return m, fmt.Errorf("%s %s: %w\n%s", cmd, strings.Join(args, " "), err, tail(out.String()))
 	}
 	if ru, ok := c.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		m.peakRSS = ru.Maxrss * 1024
 		m.written = ru.Oublock * 512
 		m.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	return m, nil
+}
+
+// watchHWM reads process pid's peak RSS (VmHWM) every 20 ms until the returned function is
+// called (once the process ended), which returns the last one read. A child's ru_maxrss is no
+// measure of a small process: it counts what the child shared with this one between fork and
+// exec (this process's own RSS, some 50 MiB).
+func watchHWM(pid int) func() int64 {
+	var peak atomic.Int64
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			if v, err := peakRSS(pid); err == nil && v > peak.Load() {
+				peak.Store(v)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		<-stopped
+		return peak.Load()
+	}
 }
 
 func tail(s string) string {

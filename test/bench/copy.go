@@ -1,0 +1,147 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// benchCopy measures a host-assisted copy between nodes as the pods run it: the clone-source
+// pod's importer serving a disk (importer --serve, to the bearer of a token) and the writer's
+// importer reading it over HTTP into a new disk, against curl of the same served disk and
+// qemu-img convert of the file. A fan-out runs many of these per node, so both sides' peak RSS
+// is the figure that counts (target <= 64 MiB each).
+func benchCopy(root, work string) error {
+	raw, err := fsImage(work)
+	if err != nil {
+		return err
+	}
+	importer := filepath.Join(root, "bin", "importer")
+	if _, err := os.Stat(importer); err != nil {
+		return fmt.Errorf("%s: run 'make build' first: %w", importer, err)
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	token := hex.EncodeToString(b)
+	tokenFile := filepath.Join(work, "copy-token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(tokenFile)
+	runs := 3
+	if v, err := strconv.Atoi(os.Getenv("BENCH_RUNS")); err == nil && v > 0 {
+		runs = v
+	}
+	size := fileSize(raw)
+	fmt.Printf("bench-copy: %s, %.2f GiB virtual, %.2f GiB of data, served by importer --serve on loopback; median of %d cold runs\n",
+		raw, float64(size)/(1<<30), float64(allocated(raw))/(1<<30), runs)
+
+	out := filepath.Join(work, "copied.raw")
+	ref := filepath.Join(work, "copy-qemu-img.raw")
+	defer os.Remove(out)
+	defer os.Remove(ref)
+	var curl, qemu, ours, served []measurement
+	for range runs {
+		srv, url, err := startServe(importer, raw, tokenFile)
+		if err != nil {
+			return err
+		}
+		auth := "Authorization: Bearer " + token
+		dropCaches()
+		m, err := timed("curl -o /dev/null (the served disk)", size, "curl", "-sSf", "-H", auth, "-o", "/dev/null", url)
+		if err != nil {
+			_, _ = srv.stop()
+			return err
+		}
+		curl = append(curl, m)
+		_ = os.Remove(ref)
+		dropCaches()
+		if m, err = timed("qemu-img convert -O raw (local)", size, "qemu-img", "convert", "-t", "writeback", "-O", "raw", raw, ref); err != nil {
+			_, _ = srv.stop()
+			return err
+		}
+		qemu = append(qemu, m)
+		_ = os.Remove(out)
+		// The server's own peak is read from this run alone: a server per round.
+		_, _ = srv.stop()
+		if srv, url, err = startServe(importer, raw, tokenFile); err != nil {
+			return err
+		}
+		dropCaches()
+		m, err = timed("diskpipe importer (HTTP from --serve)", size, importer, "--source", "http", "--url", url, "--header", auth,
+			"--format", "raw", "--target", out, "--capacity", strconv.FormatInt(size*2, 10), "--allow-destination", "127.0.0.1",
+			"--metrics-addr", "", "--termination-message-path", "")
+		sm, serr := srv.stop()
+		if err != nil {
+			return err
+		}
+		if serr != nil {
+			return serr
+		}
+		ours, served = append(ours, m), append(served, sm)
+		if err := sh("qemu-img", "compare", "-f", "raw", "-F", "raw", raw, out); err != nil {
+			return fmt.Errorf("the copy differs from its source: %w", err)
+		}
+	}
+	c, q, o, s := median(curl), median(qemu), median(ours), median(served)
+	for _, m := range []measurement{c, q, o} {
+		fmt.Println("  " + m.String())
+	}
+	fmt.Printf("  %-34s %8.1f MiB peak RSS, %.2f s CPU\n", "importer --serve (the clone source)", float64(s.peakRSS)/(1<<20), s.cpu.Seconds())
+	fmt.Printf("  our wall / max(curl, qemu-img) = %.2f (target <= 1.0); peak RSS: reader %.0f MiB, server %.0f MiB (target <= 64 each); identical by qemu-img compare\n",
+		o.wall.Seconds()/max(c.wall, q.wall).Seconds(), float64(o.peakRSS)/(1<<20), float64(s.peakRSS)/(1<<20))
+	return nil
+}
+
+// serveProc is an importer --serve process.
+type serveProc struct {
+	cmd *exec.Cmd
+	hwm func() int64
+}
+
+// startServe starts importer --serve of disk on a free loopback port and waits until it
+// answers; it returns the disk's URL.
+func startServe(importer, disk, tokenFile string) (*serveProc, string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(importer, "--serve", addr, "--path", disk, "--token-file", tokenFile, "--metrics-addr", "", "--termination-message-path", "")
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
+		if conn, err := net.Dial("tcp", addr); err == nil {
+			conn.Close()
+			return &serveProc{cmd: cmd, hwm: watchHWM(cmd.Process.Pid)}, "http://" + addr + "/disk", nil
+		}
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	return nil, "", fmt.Errorf("importer --serve did not listen on %s: %s", addr, tail(log.String()))
+}
+
+// stop ends the server and returns its peak RSS and CPU.
+func (p *serveProc) stop() (measurement, error) {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Wait() // ended by the signal
+	m := measurement{name: "importer --serve", peakRSS: p.hwm()}
+	ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return m, fmt.Errorf("no resource usage of importer --serve")
+	}
+	m.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return m, nil
+}
