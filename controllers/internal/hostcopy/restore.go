@@ -30,8 +30,9 @@ const defaultClassAnnotation = "storageclass.kubernetes.io/is-default-class"
 // Restore returns the claim a copy of the VolumeSnapshot namespace/name reads: restored from it
 // in its own namespace (a volume is restored only where its snapshot is), named and marked as
 // owner's clone source, so that Cleanup removes it with the pod once the copy is done. It is
-// made with the class and volume mode of the snapshot's source claim, or, when that is gone, a
-// class of the snapshot's driver (the default one first) and the mode its content records.
+// made with the class, volume mode and size of the snapshot's source claim, or, when that is
+// gone, a class of the snapshot's driver (the default one first), the mode its content records
+// and its restore size.
 // A *SnapshotWait says why it cannot be made yet.
 func Restore(ctx context.Context, c client.Client, owner client.Object, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
@@ -76,6 +77,22 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 	if err != nil {
 		return nil, err
 	}
+	// Some drivers report the bytes a snapshot holds as its restore size, less than the volume
+	// it was taken of, which held the disk and its filesystem's overhead: the restored volume
+	// is as large as that volume, where it is known.
+	size := *st.RestoreSize
+	if from := snap.Spec.Source.PersistentVolumeClaimName; from != nil {
+		src := &corev1.PersistentVolumeClaim{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: *from}, src); err == nil {
+			q, ok := src.Status.Capacity[corev1.ResourceStorage]
+			if !ok {
+				q = src.Spec.Resources.Requests[corev1.ResourceStorage]
+			}
+			if q.Cmp(size) > 0 {
+				size = q
+			}
+		}
+	}
 	pvc = &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: namespace, Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: restoreLabel(name)}},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -83,7 +100,7 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 			StorageClassName: &class,
 			VolumeMode:       &mode,
 			DataSource:       &corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotv1.GroupName), Kind: "VolumeSnapshot", Name: name},
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *st.RestoreSize}},
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
 		},
 	}
 	// In another namespace it can have no owner: its mark names the object it serves.

@@ -75,14 +75,16 @@ func TestRestore(t *testing.T) {
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd", Annotations: map[string]string{defaultClassAnnotation: "true"}}, Provisioner: "rbd.csi.ceph.com"},
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "local"}, Provisioner: "topolvm.io"},
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"},
-			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd-block"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock)}})
+			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd-block"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock)},
+			Status: corev1.PersistentVolumeClaimStatus{Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("4Gi")}}})
 	pvc, err := Restore(ctx, c, owner(0), "golden", "fedora")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := fmt.Sprintf("%s/%s class=%s mode=%s size=%s from=%s/%s marked=%t", pvc.Namespace, pvc.Name, *pvc.Spec.StorageClassName, *pvc.Spec.VolumeMode,
 		pvc.Spec.Resources.Requests.Storage(), pvc.Spec.DataSource.Kind, pvc.Spec.DataSource.Name, owned.Marked("PersistentVolumeClaim", pvc, "u0"))
-	if want := "golden/clone-source-u0 class=rbd-block mode=Block size=3Gi from=VolumeSnapshot/fedora marked=true"; got != want {
+	// The snapshot says it holds 3 Gi, its volume had 4 Gi: the restore is as large as that.
+	if want := "golden/clone-source-u0 class=rbd-block mode=Block size=4Gi from=VolumeSnapshot/fedora marked=true"; got != want {
 		t.Errorf("restored claim:\n got %s\nwant %s", got, want)
 	}
 	if again, err := Restore(ctx, c, owner(0), "golden", "fedora"); err != nil || again.UID != pvc.UID {
@@ -94,7 +96,7 @@ func TestRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	pvc, err = Restore(ctx, c, owner(1), "golden", "fedora")
-	if err != nil || *pvc.Spec.StorageClassName != "rbd" || *pvc.Spec.VolumeMode != corev1.PersistentVolumeFilesystem {
+	if err != nil || *pvc.Spec.StorageClassName != "rbd" || *pvc.Spec.VolumeMode != corev1.PersistentVolumeFilesystem || pvc.Spec.Resources.Requests.Storage().String() != "3Gi" {
 		t.Fatalf("without its source claim: %v %v", pvc, err)
 	}
 
