@@ -60,6 +60,11 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			return &transfer.Result{Succeeded: true}, Serve(ctx, a.Serve, a.Path, strings.TrimSpace(string(token)))
 		})
 	}
+	if a.Install != "" {
+		return cmd.Run(ctx, "Install", func(context.Context) (*transfer.Result, error) {
+			return &transfer.Result{Succeeded: true}, install(a.Install)
+		})
+	}
 	if a.GrowOnly {
 		return cmd.Run(ctx, "Grow", func(context.Context) (*transfer.Result, error) {
 			return Grow(a.Target, a.Capacity, overhead, a.Preallocate)
@@ -109,10 +114,17 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			o.Source = r
 		case "file":
 			o.Source, o.Format = &FileSource{Path: a.Path}, FormatRaw
+		case "containerdisk":
+			// A container disk the node pulled and this pod runs: its one disk, in any format.
+			p, err := containerDiskFile(a.Path)
+			if err != nil {
+				return nil, err
+			}
+			o.Source = &FileSource{Path: p}
 		case "blank":
 			o.Blank, o.BlankSize = true, a.BlankSize
 		default:
-			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, registry, file or blank", a.Source)
+			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, registry, containerdisk, file or blank", a.Source)
 		}
 		if (a.Probe || a.Check) && o.Source == nil {
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--probe and --check need a source to read")

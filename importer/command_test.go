@@ -257,3 +257,47 @@ func TestCommandStopped(t *testing.T) {
 		})
 	}
 }
+
+// TestCommandContainerDisk: a container disk the node pulled is read from the one file of its
+// /disk, in whatever format; an image with no disk, or several, fails for good saying so; and
+// --install copies the importer for the init container of such a pod.
+func TestCommandContainerDisk(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	image := t.TempDir()
+	disk := filepath.Join(image, "disk")
+	if err := os.Mkdir(disk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	code, res, _ := runMain(t, "--source", "containerdisk", "--path", disk, "--target", filepath.Join(t.TempDir(), "disk.img"))
+	if code != transfer.ExitFailed || res.Reason != transfer.ReasonSourceNotFound || !strings.Contains(res.Message, "holds no disk file") {
+		t.Errorf("no disk: exit %d, result %+v", code, res)
+	}
+	if err := os.Rename(convertTo(t, raw, "qcow2"), filepath.Join(disk, "fedora.qcow2")); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "disk.img")
+	code, res, log := runMain(t, "--source", "containerdisk", "--path", disk, "--target", target)
+	if code != transfer.ExitSucceeded || res.Format != "qcow2" {
+		t.Fatalf("exit %d, result %+v\n%s", code, res, log)
+	}
+	sameDisk(t, raw, target)
+	if err := os.WriteFile(filepath.Join(disk, "README"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, res, _ = runMain(t, "--source", "containerdisk", "--path", disk, "--target", filepath.Join(t.TempDir(), "disk.img"))
+	if code != transfer.ExitFailed || res.Reason != transfer.ReasonInvalidArgument || !strings.Contains(res.Message, "holds 2 files") {
+		t.Errorf("two files: exit %d, result %+v", code, res)
+	}
+
+	installed := filepath.Join(t.TempDir(), "importer")
+	if code, res, log := runMain(t, "--install", installed); code != transfer.ExitSucceeded {
+		t.Fatalf("install: exit %d, result %+v\n%s", code, res, log)
+	}
+	self, _ := os.Executable()
+	if sha256File(t, installed) != sha256File(t, self) {
+		t.Error("--install wrote another binary than the running one")
+	}
+	if fi, err := os.Stat(installed); err != nil || fi.Mode().Perm()&0o111 == 0 {
+		t.Errorf("--install: not executable: %v %v", fi, err)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -61,4 +63,50 @@ func (o *fileObject) ReadRange(_ context.Context, off, n int64) (io.ReadCloser, 
 		n = o.size - off
 	}
 	return io.NopCloser(io.NewSectionReader(o.f, off, n)), nil
+}
+
+// containerDiskFile is the disk of a container disk image mounted at dir: the one regular file
+// in it, as KubeVirt's containerDisk volumes take it.
+func containerDiskFile(dir string) (string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", transfer.Permanent(transfer.ReasonSourceNotFound, "the image holds no %s directory with its disk: %w", dir, err)
+	}
+	var files []string
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() { // a link to a file too
+			files = append(files, p)
+		}
+	}
+	switch len(files) {
+	case 1:
+		return files[0], nil
+	case 0:
+		return "", transfer.Permanent(transfer.ReasonSourceNotFound, "the image's %s holds no disk file: a container disk holds one, as docker://quay.io/containerdisks images do", dir)
+	}
+	return "", transfer.Permanent(transfer.ReasonInvalidArgument, "the image's %s holds %d files (%s): a container disk holds one disk", dir, len(files), strings.Join(files, ", "))
+}
+
+// install copies the running importer to path, executable: an init container's work, for a
+// pod whose own image (a container disk) holds no importer.
+func install(path string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return transfer.Permanent(transfer.ReasonInternal, "finding the importer's own binary: %w", err)
+	}
+	in, err := os.Open(self)
+	if err != nil {
+		return transfer.Permanent(transfer.ReasonInternal, "reading the importer's own binary: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o555)
+	if err != nil {
+		return transfer.Permanent(transfer.ReasonInvalidArgument, "installing the importer: %w", err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return transfer.Permanent(transfer.ReasonInternal, "installing the importer: %w", err)
+	}
+	return out.Close()
 }

@@ -62,6 +62,11 @@ func imageSource(src *cdiv1.DataVolumeSource, ns string, insecure []string) (*hy
 		if r.Platform != nil {
 			reg.Architecture = r.Platform.Architecture
 		}
+		if ptr.Deref(r.PullMethod, cdiv1.RegistryPullPod) == cdiv1.RegistryPullNode {
+			// The node pulls it, with its own mirrors, CAs and credentials (secretRef too).
+			reg.PullMethod, reg.CertConfigMap, reg.Architecture = common.PullMethodNode, "", ""
+			return &hypercloud.VirtualMachineImageSource{Registry: reg}, nil
+		}
 		reg.InsecureSkipTLSVerify = insecureRegistry(*r.URL, insecure)
 		return &hypercloud.VirtualMachineImageSource{Registry: reg}, nil
 	case src.Upload != nil:

@@ -281,6 +281,47 @@ func TestProbeAndTemplate(t *testing.T) {
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(imt), imt) }, 20*time.Second).ShouldNot(Succeed())
 }
 
+// TestNodePull: a container disk with pullMethod Node is run by the probe and import pods
+// themselves, so that the node's runtime pulls it (its pull Secret an image pull secret), with
+// the importer copied in by an init container of diskpipe's image; settings that only diskpipe's
+// own pull reads are refused with the reason.
+func TestNodePull(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "node-pull")
+	g.Expect(err).NotTo(HaveOccurred())
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "fedora", Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{
+			Registry: &common.RegistrySource{URL: "docker://mirror.example.com/containerdisks/fedora:41", SecretRef: "pull", PullMethod: common.PullMethodNode}}}}
+	refused := vmi.DeepCopy()
+	refused.Name, refused.Spec.Source.Registry.CertConfigMap = "with-ca", "ca"
+	g.Expect(env.Client.Create(ctx, refused)).To(MatchError(ContainSubstring(
+		"with pullMethod Node the node pulls the image with its own settings: certConfigMap, insecureSkipTLSVerify, architecture and signature apply to pullMethod Pod only")))
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+
+	for i, name := range []string{"vmim-fedora-probe-0", "vmim-fedora-import-0"} {
+		pod := ctrltest.Pod(t, env, ns, name)
+		ctr := pod.Spec.Containers[0]
+		g.Expect(ctr.Image).To(Equal("mirror.example.com/containerdisks/fedora:41"), name)
+		g.Expect(ctr.Command).To(Equal([]string{"/diskpipe/importer"}), name)
+		g.Expect(strings.Join(ctr.Args, " ")).To(ContainSubstring("--source containerdisk --path /disk"), name)
+		g.Expect(strings.Join(ctr.Args, " ")).NotTo(ContainSubstring("--url"), name)
+		g.Expect(ctr.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: "diskpipe", MountPath: "/diskpipe", ReadOnly: true}), name)
+		g.Expect(pod.Spec.InitContainers).To(HaveLen(1), name)
+		install := pod.Spec.InitContainers[0]
+		g.Expect(install.Image).NotTo(Equal(ctr.Image), name)
+		g.Expect(install.Command).To(Equal([]string{"/importer"}), name)
+		g.Expect(install.Args).To(Equal([]string{"--install", "/diskpipe/importer"}), name)
+		g.Expect(*install.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue(), name)
+		g.Expect(pod.Spec.ImagePullSecrets).To(ContainElement(corev1.LocalObjectReference{Name: "pull"}), name)
+		if i == 0 {
+			kubelet(t, ns, name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 5 << 30}, 0)
+			ctrltest.Bind(t, env, ns, "vmim-fedora")
+		}
+	}
+}
+
 // TestSizeRequired: a source whose size only an import can tell (compressed raw) waits for the
 // user to give a size, without probing again, and imports once the spec has one.
 func TestSizeRequired(t *testing.T) {

@@ -229,6 +229,7 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 	s.Mounts = append(append([]importpod.Mount{}, g.source.mounts...), s.Mounts...)
 	s.Scratch = s.Scratch || g.source.scratch
 	s.Import.Checksum, s.Import.OVADisk = string(g.checksum), g.ovaDisk
+	g.pulledByNode(&s)
 	pod := &corev1.Pod{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: s.Namespace, Name: s.Name}, pod)
 	if err == nil {

@@ -2,6 +2,7 @@ package image
 
 import (
 	"fmt"
+	"strings"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
@@ -24,6 +25,10 @@ type source struct {
 	upload string
 	// scratch gives the pod a writable /tmp (importpod.Spec.Scratch).
 	scratch bool
+	// nodePull is a container disk the node pulls for the import and the probe (a registry
+	// source with pullMethod Node; its checks for revisions read the registry as imp says),
+	// with pullSecret as an image pull secret.
+	nodePull, pullSecret string
 }
 
 // copyRef names what a copy reads.
@@ -100,7 +105,23 @@ func registrySource(r *common.RegistrySource) source {
 		s.imp.RegistryPublicKeyFile = keyDir + "/cosign.pub"
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(r.Signature.PublicKeySecretRef), Path: keyDir})
 	}
+	if r.PullMethod == common.PullMethodNode {
+		s.nodePull, s.pullSecret = strings.TrimPrefix(r.URL, "docker://"), string(r.SecretRef)
+	}
 	return s
+}
+
+// pulledByNode turns s, the spec of an import or probe of g, into one that reads the container
+// disk the node pulls (the kubelet resolves the reference as it resolves any image's).
+func (g *goldenImage) pulledByNode(s *importpod.Spec) {
+	if g.source.nodePull == "" || s.Import.Check {
+		return
+	}
+	s.NodePull = g.source.nodePull
+	if g.source.pullSecret != "" {
+		s.PullSecrets = []string{g.source.pullSecret}
+	}
+	s.Import.Source, s.Import.Path, s.Import.URL, s.Import.AuthDir, s.Import.Architecture = "containerdisk", importpod.ContainerDiskDir, "", "", ""
 }
 
 func (s *source) addCA(cm common.LocalName) {

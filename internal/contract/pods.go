@@ -5,7 +5,7 @@ import "time"
 // Import is the importer's command line: an import into a volume, or one of its other modes
 // (Probe, Check, Grow, GrowOnly, Serve). The order of the fields is the order of the flags.
 type Import struct {
-	Source     string   `flag:"source" usage:"source kind: http, s3, registry, file or blank"`
+	Source     string   `flag:"source" usage:"source kind: http, s3, registry, containerdisk, file or blank"`
 	Format     string   `flag:"format" usage:"force the format (raw); empty detects it"`
 	URL        string   `flag:"url" usage:"http: the image's URL; registry: docker://registry/repository:tag"`
 	URLFile    string   `flag:"url-file" usage:"http: a file (a mounted Secret key) holding the URL, for URLs that carry a credential (presigned)"`
@@ -22,7 +22,7 @@ type Import struct {
 	// Serve imports nothing: it serves the disk at Path read-only over HTTP on this address,
 	// to the bearer of the token in TokenFile (a clone source).
 	Serve     string `flag:"serve" usage:"import nothing: serve the disk at --path read-only over HTTP on this address, to the bearer of --token-file"`
-	Path      string `flag:"path" usage:"file: the source disk (a file or block device); serve: the disk served"`
+	Path      string `flag:"path" usage:"file: the source disk (a file or block device); containerdisk: the directory that holds the image's one disk (/disk); serve: the disk served"`
 	TokenFile string `flag:"token-file" usage:"serve: the file (a mounted Secret key) holding the bearer token"`
 	BlankSize int64  `flag:"blank-size" usage:"blank: the disk's size in bytes"`
 	Grow      bool   `flag:"grow" usage:"make disk.img as large as the volume allows when the image is smaller (blank: size 0 is the whole volume)"`
@@ -36,6 +36,9 @@ type Import struct {
 	// StallTimeout is how long a response may send nothing before it is retried.
 	StallTimeout time.Duration `flag:"stall-timeout" usage:"how long a response may send nothing before it is retried"`
 	CPUProfile   string        `flag:"cpu-profile" usage:"write a CPU profile to this file (for performance work)"`
+	// Install imports nothing: it copies the importer to this path, for a pod that runs it
+	// inside another image (a container disk the node pulls).
+	Install string `flag:"install" usage:"import nothing: copy this importer to the path (an init container's, for a container disk pulled by the node)"`
 	Pod
 	Target      string   `flag:"target" usage:"disk.img on a filesystem volume, or a block device"`
 	Overhead    *float64 `flag:"overhead" usage:"share of a filesystem volume kept for the filesystem (default 0.06)"`

@@ -218,6 +218,31 @@ spec:
 			"booted from the clone of the namespace's PVC")
 		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase};{end}`)).
 			To(Equal("frompvc-root=Succeeded;fromregistry-data=Succeeded;fromregistry-root=Succeeded;"))
+
+		// pullMethod node: the node's containerd pulls the container disk from the registry it
+		// pulls diskpipe's image from, which a pod cannot reach (its address is the node's
+		// loopback): the import succeeds only as the node's pull.
+		ref := node().Registry + "/containerdisks/node-pulled:1"
+		archive := filepath.Join(work, "node-pulled-"+ns+".tar")
+		for _, args := range [][]string{
+			{"build", "--out", archive, "--ref", ref, "--arch", "amd64", "disk/disk.qcow2=" + images["qcow2"]},
+			{"push", "--archive", archive, ref},
+		} {
+			out, err := exec.Command(testenv.Path("bin", "image"), args...).CombinedOutput()
+			Expect(err).NotTo(HaveOccurred(), "image %s: %s", args[0], out)
+		}
+		kubectl(`apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {name: nodepulled}
+spec:
+  storage: {resources: {requests: {storage: 512Mi}}}
+  source:
+    registry: {url: "docker://`+ref+`", pullMethod: node}
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "dv", "nodepulled", "-n", ns, "-o", "jsonpath={.status.phase}")
+		}, 3*time.Minute, time.Second).Should(Equal("Succeeded"))
+		run("qemu-img", "compare", "-f", "raw", "-F", "qcow2", filepath.Join(cluster.VolumePath(ns, "nodepulled"), "disk.img"), images["qcow2"])
 	})
 
 	It("keeps a DataImportCron's DataSource on the newest revision: a VM made from it after an update boots the new one, and the old import is collected", func() {

@@ -135,6 +135,7 @@ type S3Source struct {
 }
 
 // RegistrySource imports the disk of a container disk image: the single file under /disk/.
+// +kubebuilder:validation:XValidation:rule="!has(self.pullMethod) || self.pullMethod == 'Pod' || !(has(self.certConfigMap) || has(self.insecureSkipTLSVerify) && self.insecureSkipTLSVerify || has(self.architecture) || has(self.signature))",message="with pullMethod Node the node pulls the image with its own settings: certConfigMap, insecureSkipTLSVerify, architecture and signature apply to pullMethod Pod only"
 type RegistrySource struct {
 	// url of the image, "docker://registry/repository:tag" or "...@sha256:<digest>". An
 	// "oci-archive:" path would name a file inside the importer's pod, which holds none:
@@ -163,6 +164,14 @@ type RegistrySource struct {
 	// +optional
 	InsecureSkipTLSVerify bool `json:"insecureSkipTLSVerify,omitempty"`
 
+	// pullMethod is who pulls the image: Pod (the default), diskpipe's importer, which streams
+	// the disk out of the registry with no scratch space; or Node, the node's container
+	// runtime, with the node's registry mirrors and credentials (and secretRef, as an image
+	// pull secret), into a pod that runs the image and reads its disk.
+	// +optional
+	// +kubebuilder:validation:Enum=Pod;Node
+	PullMethod PullMethod `json:"pullMethod,omitempty"`
+
 	// signature, when set, requires the image to be signed, and checks it before a byte of
 	// the disk is written. An unsigned image (reason Unsigned), one signed by another key
 	// (SignatureInvalid) or one changed after it was signed (SignedDigestMismatch) fails
@@ -170,6 +179,16 @@ type RegistrySource struct {
 	// +optional
 	Signature *RegistrySignature `json:"signature,omitempty"`
 }
+
+// PullMethod is who pulls a container disk.
+type PullMethod string
+
+const (
+	// PullMethodPod: diskpipe's importer pulls it.
+	PullMethodPod PullMethod = "Pod"
+	// PullMethodNode: the node's container runtime pulls it.
+	PullMethodNode PullMethod = "Node"
+)
 
 // RegistrySignature is what a container disk must be signed by.
 type RegistrySignature struct {

@@ -36,10 +36,6 @@ var cdiUnsupported = []struct{ ok, reason string }{
 			"(diskpipe converts both)"},
 	{`!has(variables.spec.source) || !has(variables.spec.source.registry) || !has(variables.spec.source.registry.imageStream)`,
 		"source registry imageStream (OpenShift) is not served by diskpipe's CDI API: name the image by url (docker://...)"},
-	{`!has(variables.spec.source) || !has(variables.spec.source.registry) || !has(variables.spec.source.registry.pullMethod) || ` +
-		`variables.spec.source.registry.pullMethod == 'pod'`,
-		"source registry pullMethod node is not served by diskpipe's CDI API: diskpipe's importer pulls the image itself " +
-			"(pullMethod pod, the default)"},
 	{`!has(variables.spec.contentType) || variables.spec.contentType == 'kubevirt'`,
 		"contentType archive is not served by diskpipe's CDI API: diskpipe imports disk images (contentType kubevirt) only"},
 	{`!has(variables.spec.checkpoints) || size(variables.spec.checkpoints) == 0`,

@@ -75,7 +75,7 @@ func TestRestore(t *testing.T) {
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd", Annotations: map[string]string{defaultClassAnnotation: "true"}}, Provisioner: "rbd.csi.ceph.com"},
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "local"}, Provisioner: "topolvm.io"},
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"},
-			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd-block"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock)},
+			Spec:   corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd-block"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock)},
 			Status: corev1.PersistentVolumeClaimStatus{Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("4Gi")}}})
 	pvc, err := Restore(ctx, c, owner(0), "golden", "fedora")
 	if err != nil {

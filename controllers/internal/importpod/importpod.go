@@ -249,7 +249,18 @@ type Spec struct {
 	// Scratch gives the pod a writable /tmp, an emptyDir of ScratchSize: the root filesystem
 	// is read-only.
 	Scratch bool
+	// NodePull is a container disk image the node pulls: the pod runs it, with the importer
+	// copied in by an init container of diskpipe's image, and reads its disk (ContainerDiskDir).
+	NodePull string
+	// PullSecrets are Secrets of the pod's namespace the node may pull NodePull with.
+	PullSecrets []string
 }
+
+// Where a pod that runs a container disk (Spec.NodePull) finds its disk and its importer.
+const (
+	ContainerDiskDir = "/disk"
+	installDir       = "/diskpipe"
+)
 
 // NoSidecars are the annotations that keep service meshes from injecting a sidecar into a
 // transfer pod (CDI sets them on its pods too): a pod whose sidecar runs on never ends, so its
@@ -373,8 +384,30 @@ func Build(c Config, s Spec) *corev1.Pod {
 		ctr.Args = contract.Args(imp)
 	}
 	ctr.Env = c.proxyEnv()
+	if s.NodePull != "" {
+		runContainerDisk(&pod.Spec, &ctr, s)
+	}
 	pod.Spec.Containers = []corev1.Container{ctr}
 	return pod
+}
+
+// runContainerDisk makes ctr run in the container disk s.NodePull, which the node pulls, with
+// diskpipe's importer copied into an emptyDir by an init container of diskpipe's image.
+func runContainerDisk(spec *corev1.PodSpec, ctr *corev1.Container, s Spec) {
+	install := *ctr.DeepCopy()
+	install.Name, install.Ports, install.VolumeMounts, install.VolumeDevices, install.Env = "install", nil, nil, nil, nil
+	install.Args = contract.Args(contract.Import{Install: installDir + ctr.Command[0]})
+	mount := corev1.VolumeMount{Name: "diskpipe", MountPath: installDir}
+	install.VolumeMounts = []corev1.VolumeMount{mount}
+	mount.ReadOnly = true
+	ctr.VolumeMounts = append(ctr.VolumeMounts, mount)
+	ctr.Image, ctr.ImagePullPolicy, ctr.Command = s.NodePull, corev1.PullIfNotPresent, []string{installDir + ctr.Command[0]}
+	spec.InitContainers = append(spec.InitContainers, install)
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "diskpipe", VolumeSource: corev1.VolumeSource{
+		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("256Mi"))}}})
+	for _, name := range s.PullSecrets {
+		spec.ImagePullSecrets = append(spec.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
+	}
 }
 
 // Result reads the result a finished pod left in its termination message. A pod that ended
