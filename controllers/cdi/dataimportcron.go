@@ -196,8 +196,12 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 			return st, err
 		}
 		if snap.Status == nil || !ptr.Deref(snap.Status.ReadyToUse, false) {
+			msg := fmt.Sprintf("waiting for the VolumeSnapshot %s of PVC %s to be ready to use", snap.Name, golden.PVC.Name)
+			if snap.Status != nil && snap.Status.Error != nil && snap.Status.Error.Message != nil {
+				msg += ": " + *snap.Status.Error.Message // the snapshotter's own words
+			}
 			st.Conditions[1] = cdiv1.DataImportCronCondition{Type: cdiv1.DataImportCronUpToDate, ConditionState: cdiv1.ConditionState{
-				Status: corev1.ConditionFalse, Reason: ReasonSnapshotNotReady, Message: fmt.Sprintf("waiting for the VolumeSnapshot %s of PVC %s to be ready to use", snap.Name, golden.PVC.Name)}}
+				Status: corev1.ConditionFalse, Reason: ReasonSnapshotNotReady, Message: msg}}
 			return st, nil
 		}
 		src = cdiv1.DataSourceSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Namespace: cron.Namespace, Name: snap.Name}}

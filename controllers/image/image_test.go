@@ -315,11 +315,25 @@ func TestNodePull(t *testing.T) {
 		g.Expect(install.Args).To(Equal([]string{"--install", "/diskpipe/importer"}), name)
 		g.Expect(*install.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue(), name)
 		g.Expect(pod.Spec.ImagePullSecrets).To(ContainElement(corev1.LocalObjectReference{Name: "pull"}), name)
+		g.Expect(ctr.ImagePullPolicy).To(Equal(corev1.PullAlways), "%s: the registry is asked whether this pod may pull it", name)
 		if i == 0 {
 			kubelet(t, ns, name, corev1.PodSucceeded, &transfer.Result{Succeeded: true, Format: "qcow2", VirtualSize: 5 << 30}, 0)
 			ctrltest.Bind(t, env, ns, "vmim-fedora")
 		}
 	}
+	// A node that cannot pull the image: the kubelet's reason is the image's.
+	pod := ctrltest.Pod(t, env, ns, "vmim-fedora-import-0")
+	pod.Status.Phase = corev1.PodPending
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "importer", State: corev1.ContainerState{
+		Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImagePull", Message: "pull access denied"}}}}
+	g.Expect(env.Client.Status().Update(ctx, pod)).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)
+		if c := meta.FindStatusCondition(vmi.Status.Conditions, common.ConditionReady); c != nil {
+			return c.Message
+		}
+		return ""
+	}, 20*time.Second).Should(Equal("waiting for the pod vmim-fedora-import-0 to start: its container importer is ErrImagePull: pull access denied"))
 }
 
 // TestSizeRequired: a source whose size only an import can tell (compressed raw) waits for the

@@ -40,6 +40,10 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 	switch {
 	case err == nil && !owned.Marked("PersistentVolumeClaim", pvc, owner.GetUID()):
 		return nil, &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: namespace + "/" + pvc.Name}
+	case err == nil && !pvc.DeletionTimestamp.IsZero():
+		// Removed after an earlier pass (a copy done, then its status not written): made again
+		// once it is gone.
+		return nil, &SnapshotWait{"SourceNotReady", fmt.Sprintf("the volume %s/%s restored for this copy is being deleted", namespace, pvc.Name)}
 	case err == nil:
 		return pvc, nil
 	case !apierrors.IsNotFound(err):
@@ -110,7 +114,10 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 			return nil, err
 		}
 	}
-	if err := c.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := c.Create(ctx, pvc); apierrors.IsAlreadyExists(err) {
+		// Made since it was looked for: the next pass reads it, and checks whose it is.
+		return nil, &SnapshotWait{"SourceNotReady", fmt.Sprintf("the volume %s/%s restored for this copy is being made", namespace, pvc.Name)}
+	} else if err != nil {
 		return nil, fmt.Errorf("restoring the VolumeSnapshot %s/%s: %w", namespace, name, err)
 	}
 	return pvc, nil

@@ -401,7 +401,9 @@ func runContainerDisk(spec *corev1.PodSpec, ctr *corev1.Container, s Spec) {
 	install.VolumeMounts = []corev1.VolumeMount{mount}
 	mount.ReadOnly = true
 	ctr.VolumeMounts = append(ctr.VolumeMounts, mount)
-	ctr.Image, ctr.ImagePullPolicy, ctr.Command = s.NodePull, corev1.PullIfNotPresent, []string{installDir + ctr.Command[0]}
+	// Always: the node checks with the registry that this pod's pull secrets (or the node's)
+	// may pull the image, rather than handing over a copy another namespace pulled with its own.
+	ctr.Image, ctr.ImagePullPolicy, ctr.Command = s.NodePull, corev1.PullAlways, []string{installDir + ctr.Command[0]}
 	spec.InitContainers = append(spec.InitContainers, install)
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "diskpipe", VolumeSource: corev1.VolumeSource{
 		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("256Mi"))}}})

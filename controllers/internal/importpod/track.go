@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -143,9 +144,21 @@ func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done fun
 		if *st.Phase == "" {
 			*st.Phase = common.PhasePending
 		}
-		st.SetReady(metav1.ConditionFalse, ReasonPending, "waiting for the pod "+pod.Name+" to start")
+		st.SetReady(metav1.ConditionFalse, ReasonPending, "waiting for the pod "+pod.Name+" to start"+whyWaiting(pod))
 		return ctrl.Result{}, nil
 	}
+}
+
+// whyWaiting is what keeps a pending pod's containers from starting, as the kubelet says it
+// (an image the node cannot pull, ErrImagePull, ImagePullBackOff: a container disk pulled by
+// the node), or "" when it says nothing.
+func whyWaiting(pod *corev1.Pod) string {
+	for _, cs := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" && w.Reason != "ContainerCreating" {
+			return fmt.Sprintf(": its container %s is %s: %s", cs.Name, w.Reason, w.Message)
+		}
+	}
+	return ""
 }
 
 // failed retries a transient failure with backoff, up to the retry limit, and ends the work
