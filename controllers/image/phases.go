@@ -40,6 +40,13 @@ const presignExpiry = 24 * time.Hour
 func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result, error) {
 	st, tr := g.status, g.tracked()
 	if st.Phase == common.PhaseReady || st.Phase == common.PhaseFailed {
+		if ref := g.source.copyOf; ref != nil && st.Phase == common.PhaseFailed {
+			// A copy that failed for good lets go of what served it in the source's namespace
+			// (its pod, its token, a volume restored from a snapshot).
+			if err := hostcopy.Cleanup(ctx, r.Client, g.obj, ref.namespace); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
 		// An import's outcome is final (the source cannot change); only the golden snapshot,
 		// made when a disk first needs it, is noted.
 		return ctrl.Result{}, r.noteSnapshot(ctx, g)
@@ -337,7 +344,7 @@ func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, e
 		return ctrl.Result{}, err
 	}
 	if ref := g.source.copyOf; ref != nil {
-		if err := hostcopy.Cleanup(ctx, r.Client, g.obj, ref.namespace); err != nil {
+		if err := hostcopy.CleanupReading(ctx, r.Client, r.Fresh.API, g.obj, ref.namespace); err != nil {
 			return ctrl.Result{}, err
 		}
 	}

@@ -187,7 +187,10 @@ spec:
 		Expect(kubectl("", "get", "vmimage", "from-backup", "-n", other, "-o", "jsonpath={.status.sourceType}")).To(Equal("snapshot"))
 		run("qemu-img", "compare", "-f", "raw", "-F", "raw", filepath.Join(cluster.VolumePath(ns, "restored"), "disk.img"), golden(other, "from-backup"))
 		// The volume restored in the snapshot's namespace, and the pod that served it, go once
-		// the image is whole.
+		// the image is whole, or has failed for good (too small a volume asked for).
+		kubectl(strings.Replace(vmi("too-small", "    snapshot: {namespace: "+ns+", name: rootdisk-backup}"), "spec:\n", "spec:\n  resources: {requests: {storage: 64Mi}}\n", 1),
+			"apply", "-n", other, "-f", "-")
+		Eventually(phase(other, "vmimage", "too-small"), 3*time.Minute, time.Second).Should(Equal("Failed TooLarge"))
 		Eventually(func() string {
 			return kubectl("", "get", "pvc,pods,secrets", "-n", ns, "-l", "diskpipe.io/clone-for", "-o", "name")
 		}, time.Minute, time.Second).Should(BeEmpty())

@@ -225,6 +225,13 @@ func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcN
 // its own: a remote source in the namespace is served alike), and the claim restored for it
 // from a snapshot (Restore), when it bears owner's mark.
 func Cleanup(ctx context.Context, c client.Client, owner client.Object, srcNamespace string) error {
+	return CleanupReading(ctx, c, c, owner, srcNamespace)
+}
+
+// CleanupReading is Cleanup, looking for the restored claim with r: the apiserver itself
+// where a claim made a moment ago may not be in the cache yet (an image deleted just after
+// its copy began), which would leave it, owned by nothing, in the source's namespace.
+func CleanupReading(ctx context.Context, c client.Client, r client.Reader, owner client.Object, srcNamespace string) error {
 	meta := metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace}
 	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}} {
 		if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
@@ -232,7 +239,7 @@ func Cleanup(ctx context.Context, c client.Client, owner client.Object, srcNames
 		}
 	}
 	pvc := &corev1.PersistentVolumeClaim{}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(&corev1.PersistentVolumeClaim{ObjectMeta: meta}), pvc); err != nil {
+	if err := r.Get(ctx, client.ObjectKeyFromObject(&corev1.PersistentVolumeClaim{ObjectMeta: meta}), pvc); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	if !owned.Marked("PersistentVolumeClaim", pvc, owner.GetUID()) {
