@@ -794,6 +794,23 @@ func importRevision(t *testing.T, ns string, img *hypercloud.VirtualMachineImage
 	ctrltest.Complete(t, env, ns, "vmim-"+img.Name+"-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30, Revision: rev})
 }
 
+// clonedFromRevision checks that a DataVolume made from DataSource ds of namespace ns is
+// cloned from rev, the revision's image itself, with nothing staged.
+func clonedFromRevision(t *testing.T, ns, ds string, rev *hypercloud.VirtualMachineImage) {
+	t.Helper()
+	g := NewWithT(t)
+	ctx := t.Context()
+	root := dataVolume(ns, "root", nil, "2Gi")
+	root.Spec.SourceRef = &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: ds}
+	g.Expect(env.Client.Create(ctx, root)).To(Succeed())
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(root), d) }, 20*time.Second).Should(Succeed())
+	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: common.LocalName(rev.Name), Kind: diskvolume.ImageKindVirtualMachineImage}),
+		"cloned from the revision's image itself")
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdi.SourceImage("root")}, &hypercloud.VirtualMachineImage{})).
+		NotTo(Succeed(), "nothing is staged")
+}
+
 // TestDataImportCron: a DataImportCron is served by a scheduled image it controls; once a
 // revision is imported its DataSource names that revision's golden PVC, its status says it is
 // up to date, and a DataVolume made from the DataSource is cloned from the revision's image,
@@ -857,15 +874,7 @@ func TestDataImportCron(t *testing.T) {
 		"instancetype.kubevirt.io/default-preference": "fedora", "instancetype.kubevirt.io/default-instancetype": "u1.medium",
 		"kubevirt.io/dynamic-credentials-support": "true"}), "the VM defaults pass to the DataSource, other labels do not")
 
-	root := dataVolume(ns, "root", nil, "2Gi")
-	root.Spec.SourceRef = &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: "fedora"}
-	g.Expect(env.Client.Create(ctx, root)).To(Succeed())
-	d := &diskvolume.DiskVolume{}
-	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(root), d) }, 20*time.Second).Should(Succeed())
-	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: common.LocalName(rev.Name), Kind: diskvolume.ImageKindVirtualMachineImage}),
-		"cloned from the revision's image itself")
-	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdi.SourceImage("root")}, &hypercloud.VirtualMachineImage{})).
-		NotTo(Succeed(), "nothing is staged")
+	clonedFromRevision(t, ns, "fedora", rev)
 
 	// The template moves to another registry: an image's source is immutable, so the new
 	// source gets a scheduled image of its own. Until it has a Ready revision the DataSource
@@ -1141,13 +1150,5 @@ func TestDataImportCronSnapshotFormat(t *testing.T) {
 	}, 20*time.Second).Should(Equal("True"), "the DataSource is Ready on the revision's snapshot")
 	g.Expect(ds.Spec.Source).To(Equal(cdiv1.DataSourceSource{Snapshot: &cdiv1.DataVolumeSourceSnapshot{Namespace: ns, Name: snap.Name}}))
 
-	root := dataVolume(ns, "root", nil, "2Gi")
-	root.Spec.SourceRef = &cdiv1.DataVolumeSourceRef{Kind: cdiv1.DataVolumeDataSource, Name: "fedora"}
-	g.Expect(env.Client.Create(ctx, root)).To(Succeed())
-	d := &diskvolume.DiskVolume{}
-	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(root), d) }, 20*time.Second).Should(Succeed())
-	g.Expect(d.Spec.Source.Image).To(Equal(&diskvolume.ImageSource{Name: common.LocalName(rev.Name), Kind: diskvolume.ImageKindVirtualMachineImage}),
-		"cloned from the revision's image itself")
-	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdi.SourceImage("root")}, &hypercloud.VirtualMachineImage{})).
-		NotTo(Succeed(), "nothing is staged")
+	clonedFromRevision(t, ns, "fedora", rev)
 }

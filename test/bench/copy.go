@@ -20,13 +20,9 @@ import (
 // qemu-img convert of the file. A fan-out runs many of these per node, so both sides' peak RSS
 // is the figure that counts (target <= 64 MiB each).
 func benchCopy(root, work string) error {
-	raw, err := fsImage(work)
+	raw, importer, err := fixture(root, work)
 	if err != nil {
 		return err
-	}
-	importer := filepath.Join(root, "bin", "importer")
-	if _, err := os.Stat(importer); err != nil {
-		return fmt.Errorf("%s: run 'make build' first: %w", importer, err)
 	}
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
@@ -36,10 +32,7 @@ func benchCopy(root, work string) error {
 		return err
 	}
 	defer os.Remove(tokenFile)
-	runs := 3
-	if v, err := strconv.Atoi(os.Getenv("BENCH_RUNS")); err == nil && v > 0 {
-		runs = v
-	}
+	runs := benchRuns()
 	size := fileSize(raw)
 	fmt.Printf("bench-copy: %s, %.2f GiB virtual, %.2f GiB of data, served by importer --serve on loopback; median of %d cold runs\n",
 		raw, float64(size)/(1<<30), float64(allocated(raw))/(1<<30), runs)

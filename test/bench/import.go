@@ -26,13 +26,9 @@ import (
 // beside them: reading the image and writing the import's bytes durably (dd conv=fdatasync)
 // at once.
 func benchImport(root, work string) error {
-	raw, err := fsImage(work)
+	raw, importer, err := fixture(root, work)
 	if err != nil {
 		return err
-	}
-	importer := filepath.Join(root, "bin", "importer")
-	if _, err := os.Stat(importer); err != nil {
-		return fmt.Errorf("%s: run 'make build' first: %w", importer, err)
 	}
 	// The in-memory copies are served through a link in the directory nginx serves.
 	mem, err := os.MkdirTemp("/dev/shm", "diskpipe-bench-")
@@ -51,10 +47,7 @@ func benchImport(root, work string) error {
 		return err
 	}
 	defer srv.Stop()
-	runs := 3
-	if v, err := strconv.Atoi(os.Getenv("BENCH_RUNS")); err == nil && v > 0 {
-		runs = v
-	}
+	runs := benchRuns()
 
 	fmt.Printf("bench-import: source %s: %.2f GiB virtual, %.2f GiB of data; served by nginx, median of %d cold runs\n", raw,
 		float64(fileSize(raw))/(1<<30), float64(allocated(raw))/(1<<30), runs)
@@ -297,4 +290,24 @@ func cpuTimes(ms []measurement) string {
 func knowsFlag(bin, name string) bool {
 	out, _ := exec.Command(bin, "--help").CombinedOutput() //nolint:gosec // a build named by the user
 	return strings.Contains(string(out), "-"+name)
+}
+
+// fixture is the benchmarks' disk (fsImage) and the importer binary that make build made.
+func fixture(root, work string) (raw, importer string, err error) {
+	if raw, err = fsImage(work); err != nil {
+		return "", "", err
+	}
+	importer = filepath.Join(root, "bin", "importer")
+	if _, err := os.Stat(importer); err != nil {
+		return "", "", fmt.Errorf("%s: run 'make build' first: %w", importer, err)
+	}
+	return raw, importer, nil
+}
+
+// benchRuns is the rounds of each benchmark: BENCH_RUNS, else 3.
+func benchRuns() int {
+	if v, err := strconv.Atoi(os.Getenv("BENCH_RUNS")); err == nil && v > 0 {
+		return v
+	}
+	return 3
 }

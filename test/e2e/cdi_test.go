@@ -245,8 +245,22 @@ spec:
 		run("qemu-img", "compare", "-f", "raw", "-F", "qcow2", filepath.Join(cluster.VolumePath(ns, "nodepulled"), "disk.img"), images["qcow2"])
 	})
 
-	It("keeps a DataImportCron's DataSource on the newest revision: a VM made from it after an update boots the new one, and the old import is collected", func() {
+	It("keeps a DataImportCron's DataSource on the newest revision: a VM made from it after an update by virtctl create vm boots the new one with the instancetype its labels name, and the old import is collected", func() {
 		ns := vmNamespace()
+		// The VM defaults a boot source names, as common-instancetypes ships them.
+		kubectl(`apiVersion: instancetype.kubevirt.io/v1beta1
+kind: VirtualMachineClusterInstancetype
+metadata: {name: diskpipe.tiny}
+spec:
+  cpu: {guest: 1}
+  memory: {guest: 128Mi}
+---
+apiVersion: instancetype.kubevirt.io/v1beta1
+kind: VirtualMachineClusterPreference
+metadata: {name: diskpipe.virtio}
+spec:
+  devices: {preferredDiskBus: virtio}
+`, "apply", "-f", "-")
 		// The source: the test disk as qcow2, then the same disk 64 MiB larger (a new release).
 		source := filepath.Join(work, "cron-"+ns+".qcow2")
 		start := time.Now().Truncate(time.Second)
@@ -255,6 +269,9 @@ spec:
 kind: DataImportCron
 metadata:
   name: os
+  labels:
+    instancetype.kubevirt.io/default-instancetype: diskpipe.tiny
+    instancetype.kubevirt.io/default-preference: diskpipe.virtio
 spec:
   schedule: "@every 5s"
   managedDataSource: os
@@ -282,9 +299,16 @@ spec:
 		Eventually(func() string {
 			return kubectl("", "get", "datasource", "os", "-n", ns, "-o", "jsonpath={.spec.source.pvc.name}")
 		}, time.Minute, time.Second).Should(Equal(second))
-		kubectl(dvVM("after", "sourceRef: {kind: DataSource, name: os}"), "apply", "-n", ns, "-f", "-")
+		// "Create a VM from this boot volume": KubeVirt infers the instancetype and preference
+		// from the labels the DataImportCron passed to its DataSource.
+		vm := virtctlOutput("create", "vm", "--name", "after", "--volume-import", "type:ds,src:"+ns+"/os,size:512Mi")
+		vm = strings.Replace(vm, "devices: {}", "devices: {autoattachPodInterface: false}", 1) // no pod network here
+		kubectl(vm, "apply", "-n", ns, "-f", "-")
+		Expect(kubectl("", "get", "vm", "after", "-n", ns, "-o", "jsonpath={.spec.instancetype.name} {.spec.preference.name}")).
+			To(Equal("diskpipe.tiny diskpipe.virtio"), "the instancetype and preference the DataSource's labels name")
 		Expect(guestConsole(ns, "after", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
-		Expect("vmim-"+kubectl("", "get", "dvol", "after-root", "-n", ns, "-o", "jsonpath={.spec.source.image.name}")).To(Equal(second),
+		root := kubectl("", "get", "vm", "after", "-n", ns, "-o", "jsonpath={.spec.dataVolumeTemplates[0].metadata.name}")
+		Expect("vmim-"+kubectl("", "get", "dvol", root, "-n", ns, "-o", "jsonpath={.spec.source.image.name}")).To(Equal(second),
 			"the VM made after the update is cloned from the new revision's image")
 		// importsToKeep 1: the first revision's image and golden PVC go.
 		Eventually(func() string { return kubectl("", "get", "pvc", first, "-n", ns, "--ignore-not-found", "-o", "name") }, 2*time.Minute, time.Second).

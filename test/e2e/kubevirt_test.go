@@ -443,8 +443,18 @@ func vmiUID(ns, name string) string {
 // virtctl runs KubeVirt's virtctl, built from the KubeVirt module, against the cluster.
 func virtctl(args ...string) {
 	GinkgoHelper()
-	out, err := exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), append([]string{"--kubeconfig", cluster.KubeconfigFile()}, args...)...).CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), "virtctl %s: %s", strings.Join(args, " "), out)
+	virtctlOutput(args...)
+}
+
+// virtctlOutput runs virtctl and returns what it printed on its standard output.
+func virtctlOutput(args ...string) string {
+	GinkgoHelper()
+	var stderr strings.Builder
+	cmd := exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), append([]string{"--kubeconfig", cluster.KubeconfigFile()}, args...)...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	Expect(err).NotTo(HaveOccurred(), "virtctl %s: %s%s", strings.Join(args, " "), out, stderr.String())
+	return string(out)
 }
 
 // guestConsole waits for the bootable disk's lines on VM name's serial console, as KubeVirt
