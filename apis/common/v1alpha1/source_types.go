@@ -184,9 +184,9 @@ type RegistrySource struct {
 type PullMethod string
 
 const (
-	// PullMethodPod: diskpipe's importer pulls it.
+	// PullMethodPod is diskpipe's importer pulling it.
 	PullMethodPod PullMethod = "Pod"
-	// PullMethodNode: the node's container runtime pulls it.
+	// PullMethodNode is the node's container runtime pulling it.
 	PullMethodNode PullMethod = "Node"
 )
 
