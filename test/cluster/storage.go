@@ -14,6 +14,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -143,9 +144,17 @@ func (c *Cluster) storage(ctx context.Context) error {
 		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete), VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}); err != nil {
 		return err
 	}
-	if err := c.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: SnapshotClass},
-		Driver: Driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete}); err != nil {
-		return err
+	// The client may have read the API's kinds before the CRDs were served: it reads them again
+	// on a miss, which can come a moment too early.
+	for start := time.Now(); ; time.Sleep(250 * time.Millisecond) {
+		err := c.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: SnapshotClass},
+			Driver: Driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete})
+		if err == nil {
+			break
+		}
+		if !meta.IsNoMatchError(err) || time.Since(start) > 30*time.Second {
+			return fmt.Errorf("making the VolumeSnapshotClass: %w", err)
+		}
 	}
 	// --strict-topology: a claim that waited for its consumer is wanted on that node only, as
 	// TopoLVM's deployment asks.
