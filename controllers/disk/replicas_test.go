@@ -1,12 +1,14 @@
 package disk_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -141,6 +143,35 @@ func TestNodeLost(t *testing.T) {
 		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)
 		return vmi.Status.Replicas
 	}, 20*time.Second).ShouldNot(ContainElement(HaveField("Node", "lost-gone")))
+}
+
+// TestGoldenNodeLost: a Ready image whose node-local golden volume is on a node deleted from
+// the cluster stays Ready (its replicas hold the bytes) and says, in its GoldenVolume
+// condition, that the volume is gone with the node and how many replicas hold them; the
+// condition turns True when the node comes back.
+func TestGoldenNodeLost(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t)
+	home := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "golden-home", Labels: map[string]string{corev1.LabelHostname: "golden-home"}}}
+	g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, home.DeepCopy()))).To(Succeed())
+	vmi := readyImageWith(t, ns, "homed", classCSI, ctrltest.OnNode("golden-home"))
+	golden := func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)
+		if c := meta.FindStatusCondition(vmi.Status.Conditions, image.ConditionGoldenVolume); c != nil {
+			return fmt.Sprintf("%s %s %s: %s", vmi.Status.Phase, c.Status, c.Reason, c.Message)
+		}
+		return string(vmi.Status.Phase)
+	}
+	g.Consistently(golden, 2*time.Second).Should(Equal("Ready"), "nothing is said while the node is there")
+
+	g.Expect(env.Client.Delete(ctx, home.DeepCopy())).To(Succeed())
+	g.Eventually(golden, 20*time.Second).Should(And(HavePrefix("Ready False NodeLost: its volume pvc-"), ContainSubstring("golden-home"),
+		ContainSubstring("no node of the cluster is"), HaveSuffix("0 Ready replicas on other nodes hold them, and disks are made from those")))
+
+	g.Expect(env.Client.Create(ctx, home.DeepCopy())).To(Succeed())
+	g.Eventually(golden, 20*time.Second).Should(And(HavePrefix("Ready True Reachable: its volume pvc-"), HaveSuffix("in the cluster")))
 }
 
 // TestReplicaCopiedFromNearest: a replica is copied from a Ready replica of its node's zone,

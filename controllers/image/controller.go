@@ -14,10 +14,17 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
@@ -100,7 +107,29 @@ func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObje
 	// A scheduled image owns the images of its source's revisions (schedule.go).
 	return ctrl.NewControllerManagedBy(mgr).Named(name).For(kind).Owns(newObject()).
 		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Owns(&snapshotv1.VolumeSnapshot{}).
-		Owns(&diskvolume.DiskVolume{}).Complete(r)
+		Owns(&diskvolume.DiskVolume{}).
+		// A node that leaves or joins the cluster may hold a golden volume (checkGoldenNode).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.readyImages),
+			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
+		Complete(r)
+}
+
+// readyImages are the Ready images of the reconciler's kind, which a node's coming or going
+// may concern.
+func (r *Reconciler) readyImages(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := r.newList()
+	if err := r.List(ctx, list); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	_ = meta.EachListItem(list, func(o runtime.Object) error {
+		obj := o.(client.Object)
+		if g := r.adapt(obj); g.status.Phase == common.PhaseReady && g.status.PVCName != "" {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(obj)})
+		}
+		return nil
+	})
+	return reqs
 }
 
 // Reconcile brings one image's import forward.

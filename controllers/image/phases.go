@@ -48,7 +48,11 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 			}
 		}
 		// An import's outcome is final (the source cannot change); only the golden snapshot,
-		// made when a disk first needs it, is noted.
+		// made when a disk first needs it, and whether the golden volume's node is there, are
+		// noted.
+		if err := r.checkGoldenNode(ctx, g); err != nil {
+			return ctrl.Result{}, err
+		}
 		return ctrl.Result{}, r.noteSnapshot(ctx, g)
 	}
 	st.SourceType = g.source.kind

@@ -177,3 +177,58 @@ func (r *Reconciler) staleRevision(ctx context.Context, g *goldenImage) (bool, e
 	p := r.adapt(parent)
 	return p.schedule != nil && (p.status.Schedule == nil || p.status.Schedule.Current != g.obj.GetName()), nil
 }
+
+// ConditionGoldenVolume says, on a Ready image whose golden volume is node-local, whether that
+// volume's node is in the cluster. A node lost for good takes the golden bytes with it; the
+// image stays Ready while its replicas on other nodes hold them (disks are made from those),
+// and says so here rather than pretend its volume is there.
+const ConditionGoldenVolume = "GoldenVolume"
+
+// checkGoldenNode notes in a Ready image's ConditionGoldenVolume whether its golden volume is
+// reached by a node of the cluster, for a node-local one (storage.Lost); an event marks each
+// change.
+func (r *Reconciler) checkGoldenNode(ctx context.Context, g *goldenImage) error {
+	st := g.status
+	if st.Phase != common.PhaseReady || st.PVCName == "" {
+		return nil
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: g.obj.GetNamespace(), Name: st.PVCName}, pvc); err != nil || pvc.Spec.VolumeName == "" {
+		return client.IgnoreNotFound(err)
+	}
+	pv := &corev1.PersistentVolume{}
+	if err := r.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if pv.Spec.NodeAffinity == nil || storage.Zonal(pv) {
+		return nil // network storage, or a zone's: no node takes it away
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return err
+	}
+	c := metav1.Condition{Type: ConditionGoldenVolume, Status: metav1.ConditionTrue, Reason: "Reachable",
+		Message: fmt.Sprintf("its volume %s is on %s, in the cluster", pv.Name, storage.Placement(pv))}
+	if storage.Lost(pv, nodes.Items) {
+		ready := 0
+		for _, rep := range st.Replicas {
+			if rep.Phase == common.PhaseReady {
+				ready++
+			}
+		}
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonNodeLost
+		c.Message = fmt.Sprintf("its volume %s is on %s, and no node of the cluster is: the golden bytes are gone with that node unless it comes back; "+
+			"%d Ready replicas on other nodes hold them, and disks are made from those", pv.Name, storage.Placement(pv), ready)
+	}
+	if was := meta.FindStatusCondition(st.Conditions, ConditionGoldenVolume); was == nil && c.Status == metav1.ConditionTrue {
+		return nil // nothing to say while nothing was lost
+	} else if was == nil || was.Status != c.Status {
+		kind := corev1.EventTypeNormal
+		if c.Status == metav1.ConditionFalse {
+			kind = corev1.EventTypeWarning
+		}
+		r.Pods.Events.Eventf(g.obj, nil, kind, c.Reason, "Check", "The golden volume: %s", c.Message)
+	}
+	meta.SetStatusCondition(&st.Conditions, c)
+	return nil
+}

@@ -179,17 +179,29 @@ spec:
 			"the KubeVirt VM and its VMI, the VM's blank disk and its PVC are gone; the disk it only used stays")
 	})
 
-	It("snapshots a stopped VM on a diskpipe disk with KubeVirt's VirtualMachineSnapshot, restores it, and the restored disk holds the snapshot's bytes and boots", func() {
+	It("snapshots a stopped VM on a diskpipe disk and a dataVolumeTemplates disk with KubeVirt's VirtualMachineSnapshot, restores it in place, and the restored disks hold the snapshot's bytes and boot", func() {
 		ns := vmNamespace()
 		importHTTP(ns, "golden", "disk.qcow2")
 		kubectl(vmPvc("root", "golden", "512Mi"), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmpvc", "root"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
 		// Manual: virtctl start boots it once (a Halted VM it would turn to Always, and restart
-		// each time the guest powers off).
-		kubectl(kubeVirtVM("snapped", "Manual", "root"), "apply", "-n", ns, "-f", "-")
+		// each time the guest powers off). Its second disk is a DataVolume of its own, which
+		// KubeVirt restores through CDI's API (a DataVolume marked pre-populated).
+		vm := kubeVirtVM("snapped", "Manual", "root")
+		vm = strings.Replace(vm, "  runStrategy: Manual\n", `  runStrategy: Manual
+  dataVolumeTemplates:
+  - metadata: {name: snapped-data}
+    spec:
+      storage: {resources: {requests: {storage: 64Mi}}}
+      source: {blank: {}}
+`, 1)
+		vm = strings.Replace(vm, "        resources:", "          - name: data\n            disk: {bus: virtio}\n        resources:", 1)
+		vm += "      - name: data\n        dataVolume: {name: snapped-data}\n"
+		kubectl(vm, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
-		}, time.Minute, time.Second).Should(Equal("Stopped"))
+			return kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.status.printableStatus}") + " " +
+				kubectl("", "get", "dv", "snapped-data", "-n", ns, "-o", "jsonpath={.status.phase}")
+		}, 2*time.Minute, time.Second).Should(Equal("Stopped Succeeded"))
 
 		kubectl(`apiVersion: snapshot.kubevirt.io/v1beta1
 kind: VirtualMachineSnapshot
@@ -201,20 +213,26 @@ spec:
 		Eventually(func() string {
 			return kubectl("", "get", "vmsnapshot", "before", "-n", ns, "-o", "jsonpath={.status.phase} {.status.readyToUse}")
 		}, 2*time.Minute, time.Second).Should(Equal("Succeeded true"))
-		Expect(kubectl("", "get", "volumesnapshot", "-n", ns, "-o", "jsonpath={.items[*].spec.source.persistentVolumeClaimName}")).To(Equal("root"),
-			"KubeVirt snapshotted the disk's PVC by CSI")
+		Expect(kubectl("", "get", "volumesnapshot", "-n", ns, "-o", "jsonpath={.items[*].spec.source.persistentVolumeClaimName}")).To(And(ContainSubstring("root"), ContainSubstring("snapped-data")),
+			"KubeVirt snapshotted both disks' PVCs by CSI")
 
-		// After the snapshot the disk is changed (its marker overwritten), as a guest would
-		// change it; a copy of what it held is kept to compare the restored disk with.
-		before := filepath.Join(work, ns+"-before.img")
-		disk := filepath.Join(cluster.VolumePath(ns, "root"), "disk.img")
-		run("cp", "--sparse=always", disk, before)
-		f, err := os.OpenFile(disk, os.O_WRONLY, 0)
-		Expect(err).NotTo(HaveOccurred())
-		_, err = f.WriteAt(make([]byte, 512), bootdisk.MarkerOffset)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(f.Close()).To(Succeed())
-		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", before, disk).Run()).To(HaveOccurred(), "the disk was changed")
+		// After the snapshot the disks are changed (the boot disk's marker overwritten, bytes
+		// written on the blank one), as a guest would change them; copies of what they held are
+		// kept to compare the restored disks with.
+		change := func(claim string, at int64, b []byte) string {
+			before := filepath.Join(work, ns+"-"+claim+"-before.img")
+			disk := filepath.Join(cluster.VolumePath(ns, claim), "disk.img")
+			run("cp", "--sparse=always", disk, before)
+			f, err := os.OpenFile(disk, os.O_WRONLY, 0)
+			Expect(err).NotTo(HaveOccurred())
+			_, err = f.WriteAt(b, at)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(f.Close()).To(Succeed())
+			Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", before, disk).Run()).To(HaveOccurred(), "%s was changed", claim)
+			return before
+		}
+		before := change("root", bootdisk.MarkerOffset, make([]byte, 512))
+		dataBefore := change("snapped-data", 0, []byte("written after the snapshot"))
 
 		kubectl(`apiVersion: snapshot.kubevirt.io/v1beta1
 kind: VirtualMachineRestore
@@ -232,6 +250,13 @@ spec:
 		Eventually(func() string { return kubectl("", "get", "pvc", restored, "-n", ns, "-o", "jsonpath={.status.phase}") }, time.Minute, time.Second).Should(Equal("Bound"))
 		got := filepath.Join(cluster.VolumePath(ns, restored), "disk.img")
 		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", before, got).CombinedOutput()).To(ContainSubstring("Images are identical"))
+		// The DataVolume: KubeVirt names a new one in the template, marked pre-populated on the
+		// claim it restored; diskpipe takes it as whole, writing nothing.
+		dv := kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.spec.dataVolumeTemplates[0].metadata.name}")
+		Expect(dv).NotTo(Equal("snapped-data"), "the VM's template names the DataVolume KubeVirt restored")
+		Eventually(func() string { return kubectl("", "get", "dv", dv, "-n", ns, "-o", "jsonpath={.status.phase}") }, 2*time.Minute, time.Second).Should(Equal("Succeeded"))
+		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", dataBefore, filepath.Join(cluster.VolumePath(ns, dv), "disk.img")).CombinedOutput()).
+			To(ContainSubstring("Images are identical"))
 
 		virtctl("start", "snapped", "-n", ns)
 		Expect(guestConsole(ns, "snapped", "")[0]).To(Equal(fmt.Sprintf("DISKPIPE-BOOT disk=vda size=%d marker=%s", grown(512<<20), bootdisk.Marker)))
