@@ -168,7 +168,7 @@ func TestGoldenNodeLost(t *testing.T) {
 
 	g.Expect(env.Client.Delete(ctx, home.DeepCopy())).To(Succeed())
 	g.Eventually(golden, 20*time.Second).Should(And(HavePrefix("Ready False NodeLost: its volume pvc-"), ContainSubstring("golden-home"),
-		ContainSubstring("no node of the cluster is"), HaveSuffix("0 Ready replicas on other nodes hold them, and disks are made from those")))
+		ContainSubstring("no node of the cluster is"), HaveSuffix("no replica on another node holds them; no disk can be made from the image unless the node comes back")))
 
 	g.Expect(env.Client.Create(ctx, home.DeepCopy())).To(Succeed())
 	g.Eventually(golden, 20*time.Second).Should(And(HavePrefix("Ready True Reachable: its volume pvc-"), HaveSuffix("in the cluster")))

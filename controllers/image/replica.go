@@ -219,6 +219,10 @@ func (r *Reconciler) checkGoldenNode(ctx context.Context, g *goldenImage) error 
 		c.Status, c.Reason = metav1.ConditionFalse, ReasonNodeLost
 		c.Message = fmt.Sprintf("its volume %s is on %s, and no node of the cluster is: the golden bytes are gone with that node unless it comes back; "+
 			"%d Ready replicas on other nodes hold them, and disks are made from those", pv.Name, storage.Placement(pv), ready)
+		if ready == 0 {
+			c.Message = fmt.Sprintf("its volume %s is on %s, and no node of the cluster is: the golden bytes are gone with that node, and no replica "+
+				"on another node holds them; no disk can be made from the image unless the node comes back", pv.Name, storage.Placement(pv))
+		}
 	}
 	if was := meta.FindStatusCondition(st.Conditions, ConditionGoldenVolume); was == nil && c.Status == metav1.ConditionTrue {
 		return nil // nothing to say while nothing was lost
