@@ -200,8 +200,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // observe looks at what makes the DataVolume, making its children (the staging image, the
 // DiskVolume, an upload's claim) if they are missing, and says what it saw.
 func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observed, error) {
-	if claim, ok := dv.Annotations[annPrePopulated]; ok {
-		return r.prePopulated(ctx, dv, claim)
+	if _, ok := dv.Annotations[annPrePopulated]; ok {
+		// Its presence is what counts, as CDI reads it: KubeVirt's restore writes "true", or
+		// the DataVolume's name; the claim is the DataVolume's own, of its name.
+		return r.prePopulated(ctx, dv)
 	}
 	if adopt, err := r.adopt(ctx, dv); err != nil {
 		if ref := (*refusal)(nil); errors.As(err, &ref) {
@@ -209,7 +211,7 @@ func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observe
 		}
 		return observed{}, err
 	} else if adopt {
-		return r.prePopulated(ctx, dv, dv.Name)
+		return r.prePopulated(ctx, dv)
 	}
 	spec, imported, err := r.diskSpec(ctx, dv)
 	if ref := (*refusal)(nil); errors.As(err, &ref) {
@@ -472,8 +474,8 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 }
 
 // prePopulated looks at the claim of a DataVolume whose claim is already whole.
-func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume, claim string) (observed, error) {
-	o := observed{prePopulated: cmp.Or(claim, dv.Name)}
+func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume) (observed, error) {
+	o := observed{prePopulated: dv.Name}
 	pvc := &corev1.PersistentVolumeClaim{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: o.prePopulated}, pvc)
 	if err == nil {

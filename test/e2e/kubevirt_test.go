@@ -244,7 +244,11 @@ spec:
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
 			return kubectl("", "get", "vmrestore", "back", "-n", ns, "-o", "jsonpath={.status.complete}")
-		}, 3*time.Minute, time.Second).Should(Equal("true"))
+		}, 3*time.Minute, time.Second).Should(Equal("true"), func() string {
+			return kubectl("", "get", "vmrestore", "back", "-n", ns, "-o", "yaml") +
+				kubectl("", "get", "dv,pvc,dvol", "-n", ns, "-o", "wide") +
+				kubectl("", "get", "dv", "-n", ns, "-o", "yaml")
+		})
 		restored := kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.spec.template.spec.volumes[0].persistentVolumeClaim.claimName}")
 		Expect(restored).NotTo(Equal("root"), "the VM now names the PVC KubeVirt restored from the snapshot")
 		Eventually(func() string { return kubectl("", "get", "pvc", restored, "-n", ns, "-o", "jsonpath={.status.phase}") }, time.Minute, time.Second).Should(Equal("Bound"))
