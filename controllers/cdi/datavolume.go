@@ -457,7 +457,7 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 		return !cdiclaims.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
 	case dv.Annotations[AnnAllowClaimAdoption] != "true" && pvc.Annotations[AnnPopulatedFor] != dv.Name:
 		return false, &refusal{reason: ReasonResourceExists, message: fmt.Sprintf("PVC %s already exists and is not managed by DataVolume %s: to take it as the "+
-			"DataVolume's disk, annotate the DataVolume %s: \"true\" (or %s: %s)", pvc.Name, dv.Name, AnnAllowClaimAdoption, annPrePopulated, pvc.Name)}
+			"DataVolume's disk, annotate the DataVolume %s: \"true\" (or %s: \"true\")", pvc.Name, dv.Name, AnnAllowClaimAdoption, annPrePopulated)}
 	case owner != nil:
 		return false, &refusal{reason: ReasonResourceExists, message: fmt.Sprintf("PVC %s already exists and is controlled by %s %s, not DataVolume %s",
 			pvc.Name, owner.Kind, owner.Name, dv.Name)}

@@ -764,7 +764,7 @@ func TestClaimAdoption(t *testing.T) {
 	g.Expect(env.Client.Create(ctx, other)).To(Succeed())
 	g.Eventually(dvState(t, other), 20*time.Second).Should(Equal("Pending N/A Bound=False:ErrResourceExists Ready=False: Running=False:ErrResourceExists"))
 	g.Expect(other.Status.Conditions[0].Message).To(Equal(`PVC other already exists and is not managed by DataVolume other: to take it as the DataVolume's disk, ` +
-		`annotate the DataVolume cdi.kubevirt.io/allowClaimAdoption: "true" (or cdi.kubevirt.io/storage.prePopulated: other)`))
+		`annotate the DataVolume cdi.kubevirt.io/allowClaimAdoption: "true" (or cdi.kubevirt.io/storage.prePopulated: "true")`))
 	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(other), &diskvolume.DiskVolume{})).NotTo(Succeed(), "no disk is made")
 	pvc := &corev1.PersistentVolumeClaim{}
 	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(other), pvc)).To(Succeed())
