@@ -77,7 +77,17 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 	if err := c.Get(ctx, client.ObjectKey{Name: *st.BoundVolumeSnapshotContentName}, content); err != nil {
 		return nil, fmt.Errorf("reading the content of the VolumeSnapshot %s/%s: %w", namespace, name, err)
 	}
-	class, mode, err := restoreClass(ctx, c, snap, content)
+	// The claim the snapshot was taken of, read once, nil when it is gone.
+	var src *corev1.PersistentVolumeClaim
+	if from := snap.Spec.Source.PersistentVolumeClaimName; from != nil {
+		src = &corev1.PersistentVolumeClaim{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: *from}, src); apierrors.IsNotFound(err) {
+			src = nil
+		} else if err != nil {
+			return nil, err
+		}
+	}
+	class, mode, err := restoreClass(ctx, c, snap, content, src)
 	if err != nil {
 		return nil, err
 	}
@@ -85,16 +95,13 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 	// it was taken of, which held the disk and its filesystem's overhead: the restored volume
 	// is as large as that volume, where it is known.
 	size := *st.RestoreSize
-	if from := snap.Spec.Source.PersistentVolumeClaimName; from != nil {
-		src := &corev1.PersistentVolumeClaim{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: *from}, src); err == nil {
-			q, ok := src.Status.Capacity[corev1.ResourceStorage]
-			if !ok {
-				q = src.Spec.Resources.Requests[corev1.ResourceStorage]
-			}
-			if q.Cmp(size) > 0 {
-				size = q
-			}
+	if src != nil {
+		q, ok := src.Status.Capacity[corev1.ResourceStorage]
+		if !ok {
+			q = src.Spec.Resources.Requests[corev1.ResourceStorage]
+		}
+		if q.Cmp(size) > 0 {
+			size = q
 		}
 	}
 	pvc = &corev1.PersistentVolumeClaim{
@@ -126,19 +133,15 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 // restoreLabel is LabelSourceOf's value on the claims restored from snapshot name.
 func restoreLabel(name string) string { return sourceLabel(Source{Name: "VolumeSnapshot/" + name}) }
 
-// restoreClass is the class and volume mode a snapshot is restored with.
-func restoreClass(ctx context.Context, c client.Client, snap *snapshotv1.VolumeSnapshot, content *snapshotv1.VolumeSnapshotContent) (string, corev1.PersistentVolumeMode, error) {
+// restoreClass is the class and volume mode a snapshot is restored with, src the claim it
+// was taken of (nil when gone).
+func restoreClass(ctx context.Context, c client.Client, snap *snapshotv1.VolumeSnapshot, content *snapshotv1.VolumeSnapshotContent,
+	src *corev1.PersistentVolumeClaim) (string, corev1.PersistentVolumeMode, error) {
 	mode := ptr.Deref(content.Spec.SourceVolumeMode, corev1.PersistentVolumeFilesystem)
-	if from := snap.Spec.Source.PersistentVolumeClaimName; from != nil {
-		src := &corev1.PersistentVolumeClaim{}
-		err := c.Get(ctx, client.ObjectKey{Namespace: snap.Namespace, Name: *from}, src)
-		if err == nil && src.Spec.StorageClassName != nil {
-			class := &storagev1.StorageClass{}
-			if err := c.Get(ctx, client.ObjectKey{Name: *src.Spec.StorageClassName}, class); err == nil && class.Provisioner == content.Spec.Driver {
-				return class.Name, ptr.Deref(src.Spec.VolumeMode, mode), nil
-			}
-		} else if client.IgnoreNotFound(err) != nil {
-			return "", "", err
+	if src != nil && src.Spec.StorageClassName != nil {
+		class := &storagev1.StorageClass{}
+		if err := c.Get(ctx, client.ObjectKey{Name: *src.Spec.StorageClassName}, class); err == nil && class.Provisioner == content.Spec.Driver {
+			return class.Name, ptr.Deref(src.Spec.VolumeMode, mode), nil
 		}
 	}
 	classes := &storagev1.StorageClassList{}
