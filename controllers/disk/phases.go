@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
-	"strings"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -692,35 +690,20 @@ func (r *Reconciler) bindNow(ctx context.Context, d *vmDisk, p *plan) error {
 	if pv == nil || err != nil {
 		return err
 	}
-	nodes := &corev1.NodeList{}
-	if err := r.List(ctx, nodes); err != nil {
-		return err
+	node, _, err := storage.NodeReaching(ctx, r.Client, pv)
+	if node == "" || err != nil {
+		return err // no node reaches it now: the disk waits for its consumer as any other
 	}
-	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		if n.Spec.Unschedulable || !storage.Reaches(pv, n) {
-			continue
-		}
-		patch := client.MergeFrom(d.obj.DeepCopyObject().(client.Object))
-		ann := maps.Clone(d.obj.GetAnnotations())
-		ann[AnnotationSelectedNode] = n.Name
-		d.obj.SetAnnotations(ann)
-		return r.Patch(ctx, d.obj, patch)
-	}
-	return nil // no node reaches it now: the disk waits for its consumer as any other
+	patch := client.MergeFrom(d.obj.DeepCopyObject().(client.Object))
+	ann = maps.Clone(ann)
+	ann[AnnotationSelectedNode] = node
+	d.obj.SetAnnotations(ann)
+	return r.Patch(ctx, d.obj, patch)
 }
 
 // volumeOf is the PersistentVolume pvc is bound to, nil when none is.
 func (r *Reconciler) volumeOf(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (*corev1.PersistentVolume, error) {
-	if pvc.Spec.VolumeName == "" {
-		return nil, nil
-	}
-	pv := &corev1.PersistentVolume{}
-	if err := r.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv); err != nil {
-		return nil, client.IgnoreNotFound(err)
-	}
-	return pv, nil
+	return storage.VolumeOf(ctx, r.Client, pvc)
 }
 
 // nodeLocal says whether pv's volume is node-local (storage.NodeLocal).

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // SnapshotWait says why a copy of a VolumeSnapshot cannot start yet.
@@ -104,8 +105,13 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 			size = q
 		}
 	}
+	ann, err := restoreNode(ctx, c, snap, src)
+	if err != nil {
+		return nil, err
+	}
 	pvc = &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: namespace, Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: restoreLabel(name)}},
+		ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: namespace, Annotations: ann,
+			Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: restoreLabel(name)}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			StorageClassName: &class,
@@ -128,6 +134,31 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 		return nil, fmt.Errorf("restoring the VolumeSnapshot %s/%s: %w", namespace, name, err)
 	}
 	return pvc, nil
+}
+
+// restoreNode pins the restore of a snapshot of a node-local volume (TopoLVM, local-path,
+// OpenEBS LocalPV), which its driver makes only on that volume's node, to that node: the
+// annotations that have it provisioned there, as the scheduler would for a consumer it put
+// there, rather than on whichever node the scheduler picks for the pod that reads it. Nil for
+// a volume of every node or of a zone, and when the source claim is gone (where the snapshot
+// is is then not known: it is restored where its reader runs).
+func restoreNode(ctx context.Context, c client.Client, snap *snapshotv1.VolumeSnapshot, src *corev1.PersistentVolumeClaim) (map[string]string, error) {
+	if src == nil {
+		return nil, nil
+	}
+	pv, err := storage.VolumeOf(ctx, c, src)
+	if pv == nil || err != nil || storage.Zonal(pv) {
+		return nil, err
+	}
+	node, local, err := storage.NodeReaching(ctx, c, pv)
+	switch {
+	case err != nil || !local:
+		return nil, err
+	case node == "":
+		return nil, &SnapshotWait{"SourceNotReady", fmt.Sprintf("the VolumeSnapshot %s/%s is of a node-local volume, restored only on %s, and no such node takes pods now",
+			snap.Namespace, snap.Name, storage.Placement(pv))}
+	}
+	return map[string]string{storage.AnnotationSelectedNode: node}, nil
 }
 
 // restoreLabel is LabelSourceOf's value on the claims restored from snapshot name.

@@ -22,7 +22,7 @@ import (
 
 // TestRestore: a copy of a VolumeSnapshot reads a claim restored from it in its namespace, with
 // the class and mode of the snapshot's source claim, else its driver's default class and the
-// mode its content records; it waits, saying why, for a snapshot missing, not ready, or with no
+// mode its content records, on its source volume's node when that is node-local; it waits, saying why, for a snapshot missing, not ready, or with no
 // class to restore it, and while MaxServing copies of it are restored; a claim of the name that
 // diskpipe did not make is neither used nor deleted (one step, with a fake client).
 func TestRestore(t *testing.T) {
@@ -112,6 +112,49 @@ func TestRestore(t *testing.T) {
 	}
 	if _, err := Restore(ctx, c, owner(MaxServing), "golden", "fedora"); err != nil {
 		t.Errorf("a copy once one ended: %v", err)
+	}
+
+	// A snapshot of a node-local volume is restored on that volume's node, the first by name
+	// that takes pods; a zone's volume, anywhere.
+	if err := Cleanup(ctx, c, owner(2), "golden"); err != nil {
+		t.Fatal(err)
+	}
+	local := func(name, key string, nodes ...string) *corev1.PersistentVolume {
+		return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{NodeAffinity: &corev1.VolumeNodeAffinity{
+			Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: key, Operator: corev1.NodeSelectorOpIn, Values: nodes}}}}}}}}
+	}
+	node := func(name string, unschedulable bool) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"topology.topolvm.io/node": name, "topology.kubernetes.io/zone": "z1"}},
+			Spec: corev1.NodeSpec{Unschedulable: unschedulable}}
+	}
+	create(node("node-a", false), node("node-b", false), node("node-c", true),
+		local("on-b", "topology.topolvm.io/node", "node-b"), local("on-c", "topology.topolvm.io/node", "node-c"), local("in-z1", "topology.kubernetes.io/zone", "z1"),
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"},
+			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd"), VolumeName: "on-b"}})
+	pvc, err = Restore(ctx, c, owner(2), "golden", "fedora")
+	if err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "node-b" {
+		t.Errorf("a node-local snapshot's restore is pinned to its volume's node node-b: %v %v", pvc.GetAnnotations(), err)
+	}
+	// Its only node taking no pods: the copy waits, saying so.
+	if err := Cleanup(ctx, c, owner(2), "golden"); err != nil {
+		t.Fatal(err)
+	}
+	fedora := &corev1.PersistentVolumeClaim{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "golden", Name: "fedora-disk"}, fedora); err != nil {
+		t.Fatal(err)
+	}
+	fedora.Spec.VolumeName = "on-c"
+	if err := c.Update(ctx, fedora); err != nil {
+		t.Fatal(err)
+	}
+	waits(2, "SourceNotReady", "the VolumeSnapshot golden/fedora is of a node-local volume, restored only on nodes with topology.topolvm.io/node in node-c, and no such node takes pods now")
+	fedora.Spec.VolumeName = "in-z1"
+	if err := c.Update(ctx, fedora); err != nil {
+		t.Fatal(err)
+	}
+	if pvc, err = Restore(ctx, c, owner(2), "golden", "fedora"); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
+		t.Errorf("a zone's snapshot is restored where its reader runs: %v %v", pvc.GetAnnotations(), err)
 	}
 
 	// A claim of the name made by someone else is not diskpipe's.

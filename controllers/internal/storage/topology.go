@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // AnnotationSelectedNode is where the scheduler writes the node of a claim's first consumer;
@@ -149,4 +151,32 @@ func NodeLocal(pv *corev1.PersistentVolume, nodes []corev1.Node) bool {
 		}
 	}
 	return reached <= 1
+}
+
+// VolumeOf is the PersistentVolume pvc is bound to, nil when none is.
+func VolumeOf(ctx context.Context, c client.Reader, pvc *corev1.PersistentVolumeClaim) (*corev1.PersistentVolume, error) {
+	if pvc.Spec.VolumeName == "" {
+		return nil, nil
+	}
+	pv := &corev1.PersistentVolume{}
+	if err := c.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return pv, nil
+}
+
+// NodeReaching is the first node by name that takes new pods and reaches pv, and whether pv is
+// node-local (NodeLocal); "" when no node reaches it now.
+func NodeReaching(ctx context.Context, c client.Reader, pv *corev1.PersistentVolume) (string, bool, error) {
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return "", false, err
+	}
+	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	for i := range nodes.Items {
+		if n := &nodes.Items[i]; !n.Spec.Unschedulable && Reaches(pv, n) {
+			return n.Name, NodeLocal(pv, nodes.Items), nil
+		}
+	}
+	return "", NodeLocal(pv, nodes.Items), nil
 }
