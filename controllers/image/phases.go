@@ -259,6 +259,19 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 		}
 		s.Mounts = append(s.Mounts, importpod.Mount{Secret: s.Name, Path: urlDir})
 	}
+	// A KubeVirt export server, read at its own pod (importpod.ExportServer).
+	if s.Import.Source == "http" && s.Import.URL != "" {
+		to, err := importpod.ExportServer(ctx, r.Fresh.API, s.Import.URL)
+		var wait *importpod.ExportWait
+		if errors.As(err, &wait) {
+			return nil, &NotReadyError{"SourceNotReady", wait.Message}
+		} else if err != nil {
+			return nil, err
+		}
+		if to != "" {
+			s.Import.ConnectTo = append(s.Import.ConnectTo, to)
+		}
+	}
 	pod = importpod.Build(r.Pods.Config, s)
 	if err := r.Pods.Start(ctx, w, pod); err != nil {
 		return nil, err

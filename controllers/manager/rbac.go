@@ -32,6 +32,8 @@ package manager
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=services,verbs=get
+// +kubebuilder:rbac:groups=export.kubevirt.io,resources=virtualmachineexports,verbs=get
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=create;update;delete;deletecollection
 // +kubebuilder:rbac:groups="",resources=secrets,resourceNames=diskpipe-objectstore-keys,verbs=get
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create

@@ -14,9 +14,12 @@ KUBEVIRT_STATIC  := virt-operator virt-api virt-controller virtctl manifest-temp
 KUBEVIRT_CGO     := virt-handler virt-launcher virt-launcher-monitor virt-chroot virt-freezer virt-probe virt-tail
 KUBEVIRT_PKG_manifest-templator := tools/manifest-templator
 KUBEVIRT_BINS    := $(addprefix $(BIN)/kubevirt/,$(KUBEVIRT_STATIC) $(KUBEVIRT_CGO))
+# VirtualMachineExport's server and proxy, static too, built apart: the build above stays as it
+# was cached (Go's cache holds the packages they share with it).
+KUBEVIRT_EXPORT  := $(addprefix $(BIN)/kubevirt/,virt-exportserver virt-exportproxy)
 
 .PHONY: kubevirt
-kubevirt: $(KUBEVIRT_BINS) ## Build KubeVirt v1.7.0's commands into bin/kubevirt/ (the real node's KubeVirt).
+kubevirt: $(KUBEVIRT_BINS) $(KUBEVIRT_EXPORT) ## Build KubeVirt v1.7.0's commands into bin/kubevirt/ (the real node's KubeVirt).
 
 $(KUBEVIRT_BINS) &: test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setup-kubevirt
 	CACHE_KEY="libvirt-dev $$(dpkg-query -W -f='$${Version}' libvirt-dev)" \
@@ -26,19 +29,30 @@ $(KUBEVIRT_BINS) &: test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setu
 		file $(BIN)/kubevirt/$$c | grep -q 'statically linked' || { echo "$(BIN)/kubevirt/$$c is not statically linked" >&2; exit 1; }; \
 	done
 
+$(KUBEVIRT_EXPORT) &: test/tools/kubevirt/go.mod test/tools/kubevirt/go.sum | setup-kubevirt $(KUBEVIRT_BINS)
+	CACHE_KEY="libvirt-dev $$(dpkg-query -W -f='$${Version}' libvirt-dev)" \
+		$(call CACHED_ALL,$(KUBEVIRT_EXPORT)) 'cd test/tools/kubevirt && CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -o $(BIN)/kubevirt/ \
+		kubevirt.io/kubevirt/cmd/virt-exportserver kubevirt.io/kubevirt/cmd/virt-exportproxy'
+	@for c in $(KUBEVIRT_EXPORT); do \
+		file $$c | grep -q 'statically linked' || { echo "$$c is not statically linked" >&2; exit 1; }; \
+	done
+
 .PHONY: setup-kubevirt
 setup-kubevirt: setup
 	hack/setup.sh kubevirt
 
-# KubeVirt's five images, as OCI archives in bin/kubevirt/ that the real node pushes to its
-# registry: the operator, api and controller on diskpipe's minimal base; the handler and the
+# KubeVirt's images, as OCI archives in bin/kubevirt/ that the real node pushes to its
+# registry: the operator, api, controller and the export server and proxy (VirtualMachineExport)
+# on diskpipe's minimal base; the handler and the
 # launcher on Debian root filesystems (test/kubevirt/rootfs.sh: libvirt, QEMU, the virtqemud
 # shim). Each is rebuilt only when what it holds changes.
 KUBEVIRT_VERSION := v1.7.0
-KUBEVIRT_IMAGES  := virt-operator virt-api virt-controller virt-handler virt-launcher
+KUBEVIRT_IMAGES  := virt-operator virt-api virt-controller virt-exportserver virt-exportproxy virt-handler virt-launcher
 KUBEVIRT_FILES_virt-operator   := virt-operator
 KUBEVIRT_FILES_virt-api        := virt-api
 KUBEVIRT_FILES_virt-controller := virt-controller
+KUBEVIRT_FILES_virt-exportserver := virt-exportserver
+KUBEVIRT_FILES_virt-exportproxy  := virt-exportproxy
 KUBEVIRT_FILES_virt-handler    := virt-handler virt-chroot
 KUBEVIRT_FILES_virt-launcher   := virt-launcher virt-launcher-monitor virt-freezer virt-probe virt-tail node-labeller.sh container-disk
 KUBEVIRT_IMAGE_ARGS_virt-handler  := --rootfs $(BIN)/kubevirt/handler-rootfs.tar --user 0:0

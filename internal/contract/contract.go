@@ -26,6 +26,7 @@ type Pod struct {
 	MemoryLimit            int64         `flag:"memory-limit" usage:"soft limit of the Go heap in bytes"`
 	ForbidCIDR             []string      `flag:"forbid-cidr" usage:"a network the pod may not connect to, e.g. the cluster's pod or service CIDR (repeatable)"`
 	AllowDestination       []string      `flag:"allow-destination" usage:"a CIDR, address or host name that may be connected to even where refused by default (repeatable)"`
+	ConnectTo              []string      `flag:"connect-to" usage:"host:port=address:port: dial address:port for host:port, a server the manager vouches for (repeatable)"`
 }
 
 // DefaultPod is what a pod does with no flag given.

@@ -50,6 +50,11 @@ func (c *Command) Configure(p contract.Pod) error {
 			return fmt.Errorf("--allow-destination %q: %w", v, err)
 		}
 	}
+	for _, v := range p.ConnectTo {
+		if err := c.Egress.Connect(v); err != nil {
+			return fmt.Errorf("--connect-to: %w", err)
+		}
+	}
 	return nil
 }
 

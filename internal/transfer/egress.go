@@ -35,6 +35,10 @@ type Egress struct {
 	AllowedHosts []string
 	// Unrestricted turns the rule off (tests of other things, and the manager's own clients).
 	Unrestricted bool
+	// ConnectTo maps a "host:port" a source names to the "address:port" dialled for it, which
+	// passes: a server the manager found and vouches for (a KubeVirt export server's pod, whose
+	// Service address the rule refuses), the URL's host still naming it for TLS.
+	ConnectTo map[string]string
 
 	dialer *net.Dialer
 }
@@ -165,6 +169,22 @@ func (e *Egress) Allow(v string) error {
 	return nil
 }
 
+// Connect adds a ConnectTo entry, written "host:port=address:port".
+func (e *Egress) Connect(v string) error {
+	from, to, ok := strings.Cut(strings.TrimSpace(v), "=")
+	if _, _, err := net.SplitHostPort(from); !ok || err != nil {
+		return fmt.Errorf("%q is not host:port=address:port", v)
+	}
+	if _, err := netip.ParseAddrPort(to); err != nil {
+		return fmt.Errorf("%q is not host:port=address:port: %w", v, err)
+	}
+	if e.ConnectTo == nil {
+		e.ConnectTo = map[string]string{}
+	}
+	e.ConnectTo[strings.ToLower(from)] = to
+	return nil
+}
+
 // hostAllowed reports whether host is named in AllowedHosts.
 func (e *Egress) hostAllowed(host string) bool {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
@@ -273,6 +293,9 @@ func (e *Egress) CheckHost(ctx context.Context, host string) error {
 // the dialer actually connects to (net.Dialer.Control), after DNS.
 func (e *Egress) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	base := e.baseDialer()
+	if to, ok := e.connectTo(addr); ok {
+		return base.DialContext(ctx, network, to)
+	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil || e == nil || e.Unrestricted || e.hostAllowed(host) {
 		return base.DialContext(ctx, network, addr)
@@ -297,6 +320,15 @@ func (e *Egress) DialContext(ctx context.Context, network, addr string) (net.Con
 	return conn, err
 }
 
+// connectTo is the address ConnectTo maps addr to.
+func (e *Egress) connectTo(addr string) (string, bool) {
+	if e == nil {
+		return "", false
+	}
+	to, ok := e.ConnectTo[strings.ToLower(addr)]
+	return to, ok
+}
+
 func (e *Egress) baseDialer() *net.Dialer {
 	if e != nil && e.dialer != nil {
 		return e.dialer
@@ -309,6 +341,9 @@ func (e *Egress) baseDialer() *net.Dialer {
 // checked first.
 func (e *Egress) Apply(tr *http.Transport) http.RoundTripper {
 	if e == nil || e.Unrestricted {
+		if e != nil && len(e.ConnectTo) > 0 {
+			tr.DialContext = e.DialContext
+		}
 		return tr
 	}
 	proxies := map[string]bool{}

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"flag"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -160,6 +161,61 @@ func TestNumericHost(t *testing.T) {
 		}
 		if got != want {
 			t.Errorf("%s: %q, want %q", host, got, want)
+		}
+	}
+}
+
+// A server the manager vouches for (a KubeVirt export server's pod) is dialled at the address
+// it was found at for the host the URL names, and only for that host: the same address named
+// by itself, or under another name, is refused as before; TLS is still for the URL's host.
+func TestEgressConnectTo(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("disk from " + r.Host))
+	}))
+	defer srv.Close()
+	at := strings.TrimPrefix(srv.URL, "https://")
+	var pod contract.Pod
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	contract.Bind(fs, &pod)
+	if err := fs.Parse([]string{"--connect-to", "Virt-Export-Fedora.Golden.svc:443=" + at}); err != nil {
+		t.Fatal(err)
+	}
+	var cmd Command
+	if err := cmd.Configure(pod); err != nil {
+		t.Fatal(err)
+	}
+	tr := srv.Client().Transport.(*http.Transport).Clone()
+	tr.DisableKeepAlives = true
+	c := &http.Client{Transport: cmd.Egress.Apply(tr)}
+	get := func(u string, name string) (string, error) {
+		tr.TLSClientConfig.ServerName = name
+		resp, err := c.Get(u)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b := new(strings.Builder)
+		_, err = io.Copy(b, resp.Body)
+		return b.String(), err
+	}
+	// httptest's certificate names example.com: TLS is checked against the name asked for.
+	if got, err := get("https://virt-export-fedora.golden.svc/volumes/disk/disk.img.gz", "example.com"); err != nil || got != "disk from virt-export-fedora.golden.svc" {
+		t.Fatalf("the vouched-for server: %q %v", got, err)
+	}
+	if _, err := get("https://virt-export-fedora.golden.svc/x", "virt-export-fedora.golden.svc"); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("TLS is for the URL's host: %v", err)
+	}
+	for _, u := range []string{"https://" + at + "/", "https://localhost:" + strings.Split(at, ":")[1] + "/"} {
+		if _, err := get(u, "example.com"); !IsForbiddenDestination(err) {
+			t.Errorf("%s is not vouched for: %v", u, err)
+		}
+	}
+	if _, err := get("https://virt-export-fedora.golden.svc:8443/", "example.com"); err == nil {
+		t.Error("another port of the host was dialled where it was vouched for")
+	}
+	for _, bad := range []string{"host:443", "host=10.0.0.1:8443", "host:443=name:8443", "host:443=10.0.0.1"} {
+		if err := (&Egress{}).Connect(bad); err == nil {
+			t.Errorf("%q was taken", bad)
 		}
 	}
 }

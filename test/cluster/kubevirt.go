@@ -17,14 +17,14 @@ import (
 const KubeVirtVersion = "v1.7.0"
 
 // kubeVirtImages are KubeVirt's images (make kubevirt-images writes bin/kubevirt/NAME-image.tar).
-var kubeVirtImages = []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-launcher"}
+var kubeVirtImages = []string{"virt-operator", "virt-api", "virt-controller", "virt-exportserver", "virt-exportproxy", "virt-handler", "virt-launcher"}
 
 // kubeVirtCR is the KubeVirt object, as a user writes it for a one-node cluster without
 // /dev/kvm: software emulation, one replica of virt-api and virt-controller. VMs are rolled
 // out by restarting them (Stage), which the specs do themselves; the storage migration spec
 // turns live updates on for its own run. The feature gates Snapshot (beta in 1.7, off unless named:
-// VirtualMachineSnapshot and VirtualMachineRestore) and HotplugVolumes (virtctl addvolume)
-// are on.
+// VirtualMachineSnapshot and VirtualMachineRestore), HotplugVolumes (virtctl addvolume) and
+// VMExport (VirtualMachineExport, with its export proxy) are on.
 const kubeVirtCR = `apiVersion: kubevirt.io/v1
 kind: KubeVirt
 metadata:
@@ -41,7 +41,7 @@ spec:
     obsoleteCPUModels: {"486": true}
     developerConfiguration:
       useEmulation: true
-      featureGates: [Snapshot, HotplugVolumes]
+      featureGates: [Snapshot, HotplugVolumes, VMExport]
 `
 
 // kubevirt installs the real KubeVirt as its documentation tells users: virt-operator from its

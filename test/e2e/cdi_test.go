@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -382,11 +386,102 @@ spec:
 		Expect(out).To(ContainSubstring("Processing completed successfully"))
 		Expect(guestConsole(ns, "toupload", "")[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
 	})
+	It("exports a stopped VM's dataVolumeTemplates disk with KubeVirt's VirtualMachineExport as kubevirt content (raw and gzip, each whole), and its manifests, applied in another namespace, import through diskpipe and boot", func() {
+		ns, other := vmNamespace(), vmNamespace()
+		kubectl(strings.Replace(dvVM("exported", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2")), "runStrategy: Once", "runStrategy: Halted", 1), "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "dv", "exported-root", "-n", ns, "-o", "jsonpath={.status.phase}")
+		}, 3*time.Minute, time.Second).Should(Equal("Succeeded"))
+		token := "tok" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		kubectl("", "create", "secret", "generic", "export-token", "-n", ns, "--from-literal=token="+token)
+		kubectl(`apiVersion: export.kubevirt.io/v1beta1
+kind: VirtualMachineExport
+metadata:
+  name: exported
+spec:
+  tokenSecretRef: export-token
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: exported}
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "vmexport", "exported", "-n", ns, "-o", `jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].message}`)
+		}, 4*time.Minute, 2*time.Second).Should(HavePrefix("Ready"))
+		// KubeVirt serves the DataVolume's disk as kubevirt content, which it learns from the
+		// claim diskpipe made for it (its content type, its DataVolume owner).
+		Expect(kubectl("", "get", "vmexport", "exported", "-n", ns, "-o", `jsonpath={.status.links.internal.volumes[0].name}:{range .status.links.internal.volumes[0].formats[*]}{.format} {end}`)).
+			To(Equal("exported-root:raw gzip "))
+		get := exportClient(ns, "exported", token)
+		disk := filepath.Join(cluster.VolumePath(ns, "exported-root"), "disk.img")
+		for _, format := range []string{"raw", "gzip"} {
+			u := kubectl("", "get", "vmexport", "exported", "-n", ns, "-o", `jsonpath={.status.links.internal.volumes[0].formats[?(@.format=="`+format+`")].url}`)
+			got := filepath.Join(GinkgoT().TempDir(), "disk.img")
+			body := get(u, "")
+			if format == "gzip" {
+				r, err := gzip.NewReader(bytes.NewReader(body))
+				Expect(err).NotTo(HaveOccurred())
+				body, err = io.ReadAll(r)
+				Expect(err).NotTo(HaveOccurred())
+			}
+			Expect(os.WriteFile(got, body, 0o600)).To(Succeed())
+			Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", got, disk).CombinedOutput()).To(ContainSubstring("Images are identical"), format)
+		}
+
+		// The manifests KubeVirt gives to make the VM again: its CA's ConfigMap, the VM, whose
+		// dataVolumeTemplates now import from the export server, and the token's header Secret.
+		// Applied in another namespace (the VM's own namespace changed, as KubeVirt's docs say),
+		// diskpipe reads the export server at its pod, which its egress rule refuses otherwise.
+		manifests := string(get(exportLink(ns, "exported", "all"), "application/yaml")) + "\n---\n" + string(get(exportLink(ns, "exported", "auth-header-secret"), "application/yaml"))
+		Expect(manifests).To(ContainSubstring("https://virt-export-exported." + ns + ".svc/volumes/exported-root/disk.img.gz"))
+		manifests = strings.ReplaceAll(manifests, "namespace: "+ns+"\n", "namespace: "+other+"\n")
+		manifests = strings.Replace(manifests, "runStrategy: Halted", "runStrategy: Once", 1)
+		kubectl(manifests, "apply", "-n", other, "-f", "-")
+		line := guestConsole(other, "exported", "")[0]
+		Expect(line).To(HaveSuffix(" marker=" + bootdisk.Marker))
+		Expect(kubectl("", "get", "dv", "exported-root", "-n", other, "-o", "jsonpath={.status.phase}")).To(Equal("Succeeded"))
+		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", disk, filepath.Join(cluster.VolumePath(other, "exported-root"), "disk.img")).CombinedOutput()).
+			To(ContainSubstring("Images are identical"), "the disk made again from the export holds the exported bytes")
+		kubectl("", "delete", "vm", "exported", "-n", other, "--wait=true", "--timeout=120s")
+		kubectl("", "delete", "vmexport", "exported", "-n", ns, "--wait=true", "--timeout=60s")
+	})
 })
 
-// grantCloneSource gives the default service account of namespace vmNS CDI's right to clone
-// from namespace sourceNS (create on datavolumes/source), which KubeVirt asks of a VM's account
-// before it makes a DataVolume that clones, in the same namespace or across.
+// exportLink is the internal link of VirtualMachineExport ns/name's manifests of type what.
+func exportLink(ns, name, what string) string {
+	GinkgoHelper()
+	return kubectl("", "get", "vmexport", name, "-n", ns, "-o", `jsonpath={.status.links.internal.manifests[?(@.type=="`+what+`")].url}`)
+}
+
+// exportClient returns a GET of a URL of VirtualMachineExport ns/name's server, as a client in
+// the cluster reads it: TLS for the Service's name, checked with the export's CA, and the
+// token in KubeVirt's header; from the node, it connects to the server's pod. accept, when set,
+// is the Accept header.
+func exportClient(ns, name, token string) func(url, accept string) []byte {
+	GinkgoHelper()
+	roots := x509.NewCertPool()
+	Expect(roots.AppendCertsFromPEM([]byte(kubectl("", "get", "vmexport", name, "-n", ns, "-o", "jsonpath={.status.links.internal.cert}")))).To(BeTrue())
+	ip := kubectl("", "get", "pod", "virt-export-"+name, "-n", ns, "-o", "jsonpath={.status.podIP}")
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, net.JoinHostPort(ip, "8443"))
+		}}
+	c := &http.Client{Transport: tr, Timeout: 5 * time.Minute}
+	return func(url, accept string) []byte {
+		GinkgoHelper()
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		Expect(err).NotTo(HaveOccurred())
+		req.Header.Set("x-kubevirt-export-token", token)
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := c.Do(req)
+		Expect(err).NotTo(HaveOccurred())
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(resp.StatusCode).To(Equal(http.StatusOK), "%s: %s", url, body)
+		return body
+	}
+}
+
 func grantCloneSource(sourceNS, vmNS string) {
 	GinkgoHelper()
 	kubectl(fmt.Sprintf(`apiVersion: rbac.authorization.k8s.io/v1

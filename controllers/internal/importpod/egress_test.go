@@ -32,7 +32,7 @@ func TestEgress(t *testing.T) {
 		t.Errorf("the policy selects %v: clone sources serve, they do not connect out", p.Spec.PodSelector)
 	}
 	var blocks []string
-	store := false
+	store, exports := false, false
 	for _, r := range p.Spec.Egress {
 		for _, to := range r.To {
 			if to.IPBlock != nil {
@@ -41,14 +41,17 @@ func TestEgress(t *testing.T) {
 			if to.PodSelector != nil && to.PodSelector.MatchLabels["app.kubernetes.io/component"] == "objectstore" && r.Ports[0].Port.IntVal == 9000 {
 				store = true
 			}
+			if e := to.PodSelector; e != nil && len(e.MatchExpressions) == 1 && e.MatchExpressions[0].Key == exportServiceLabel && r.Ports[0].Port.IntVal == 8443 {
+				exports = true
+			}
 		}
 	}
 	want := []string{"10.244.0.1/32 except ", "10.96.7.0/24 except ", "0.0.0.0/0 except 10.244.0.0/16", "::/0 except fd00::/8"}
 	if !slices.Equal(blocks, want) {
 		t.Errorf("ip blocks %q, want %q", blocks, want)
 	}
-	if !store {
-		t.Error("the policy does not let pods reach the store")
+	if !store || !exports {
+		t.Errorf("the policy does not let pods reach the store (%t) or KubeVirt's export servers (%t)", store, exports)
 	}
 	if c.ValidateEgress() != nil || (Config{ClusterCIDRs: []string{"10.0.0.1"}}).ValidateEgress() == nil {
 		t.Error("ValidateEgress")

@@ -90,7 +90,7 @@ func (c Config) networkPolicy(ns string) *networkingv1.NetworkPolicy {
 }
 
 // egressPolicy lets importer and exporter pods reach DNS, the bundled store, clone sources,
-// the allowed destinations and the internet, and nothing else in the cluster: the second layer
+// KubeVirt's export servers, the allowed destinations and the internet, and nothing else in the cluster: the second layer
 // under the pods' own refusal (transfer.Egress), for a cluster whose network enforces it.
 // Allowed host names cannot be written as a peer; an allowed in-cluster mirror is reached by
 // the CIDR it is listed by.
@@ -105,6 +105,11 @@ func (c Config) egressPolicy(ns string) *networkingv1.NetworkPolicy {
 			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelComponent: ComponentCloneSource}},
 		}}},
 	}
+	// KubeVirt's export servers, which the pods reach only where the manager vouched for one
+	// (ExportServer).
+	rules = append(rules, networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, exportServerPort)},
+		To: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{
+			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: exportServiceLabel, Operator: metav1.LabelSelectorOpExists}}}}}})
 	if np := c.NetworkPolicy; len(np.StoreLabels) > 0 && np.StorePort != 0 {
 		rules = append(rules, networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, np.StorePort)},
 			To: []networkingv1.NetworkPolicyPeer{{
