@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -72,7 +73,7 @@ func ExportServer(ctx context.Context, c client.Reader, rawURL string) (string, 
 	}
 	export := &metav1.PartialObjectMetadata{}
 	export.SetGroupVersionKind(schema.FromAPIVersionAndKind(owner.APIVersion, owner.Kind))
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: owner.Name}, export); apierrors.IsNotFound(err) {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: owner.Name}, export); apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
 		return "", nil
 	} else if err != nil {
 		return "", fmt.Errorf("reading the VirtualMachineExport %s/%s: %w", namespace, owner.Name, err)
