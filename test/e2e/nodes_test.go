@@ -1,15 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/test/bootdisk"
 	realcluster "github.com/diskpipe/diskpipe/test/cluster"
@@ -182,6 +185,50 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 			return kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=there,reason=ProvisioningFailed", "-o", "jsonpath={.items[*].message}")
 		}, 2*time.Minute, 2*time.Second).Should(ContainSubstring(fmt.Sprintf("the source lives on node %s: a clone or a restore of a node-local volume is made only there, and this one is wanted on %s", nodes[1], nodes[2])))
 		Expect(phase(ns, "pvc", "there")()).To(Equal("Pending"))
+	})
+
+	It("restores another namespace's snapshot of a node-local volume on that volume's node, for an image of it", func() {
+		golden := namespace()
+		home, _ := importLocal(golden, "snapped", "disk.qcow2", "", nodes)
+		kubectl(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata:
+  name: snapped
+spec:
+  volumeSnapshotClassName: `+realcluster.SnapshotClass+`
+  source: {persistentVolumeClaimName: vmim-snapped}
+`, "apply", "-n", golden, "-f", "-")
+		Eventually(func() string {
+			return kubectl("", "get", "volumesnapshot", "snapped", "-n", golden, "-o", "jsonpath={.status.readyToUse}")
+		}, 2*time.Minute, time.Second).Should(Equal("true"))
+		// The driver restores a node-local snapshot only on its volume's node: the claim restored
+		// for the copy is provisioned there, wherever the scheduler would have put its reader.
+		var restoredOn sync.Map
+		ctx, stop := context.WithCancel(context.Background())
+		defer stop()
+		go func() {
+			defer GinkgoRecover()
+			for ctx.Err() == nil {
+				pvcs := &corev1.PersistentVolumeClaimList{}
+				if err := cluster.APIClient().List(ctx, pvcs, client.InNamespace(golden), client.HasLabels{"diskpipe.io/clone-for"}); err == nil {
+					for _, p := range pvcs.Items {
+						restoredOn.Store(p.Name, p.Annotations["volume.kubernetes.io/selected-node"])
+					}
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}()
+		kubectl(vmi("fromsnap", "    snapshot: {name: snapped, namespace: "+golden+"}"), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmimage", "fromsnap"), 5*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		stop()
+		sameDisk(filepath.Join(cluster.VolumePath(ns, "vmim-fromsnap"), "disk.img"))
+		seen := map[string]string{}
+		restoredOn.Range(func(k, v any) bool { seen[k.(string)] = v.(string); return true })
+		Expect(seen).To(HaveLen(1), "one claim restored for the copy")
+		for name, node := range seen {
+			Expect(node).To(Equal(home), "%s is restored on the node of the snapshot's volume", name)
+		}
+		Expect(kubectl("", "get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name")).To(BeEmpty(), "the restored claim and its pod are gone")
 	})
 
 	It("pre-warms every node its image's replica policy selects, before any disk is wanted there", func() {
