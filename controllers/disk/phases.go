@@ -388,7 +388,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		if g.Deleting() && d.status.PVCName == "" {
 			return nil, &image.NotReadyError{Reason: "SourceDeleting", Message: fmt.Sprintf("the image %s/%s is being deleted", g.PVC.Namespace, g.Obj.GetName())}
 		}
-		p.golden, p.sourceSize = g, image.PVCSize(g.PVC)
+		p.golden, p.sourceSize = g, storage.ClaimSize(g.PVC)
 	case d.snapshot != "":
 		snap := &snapshotv1.VolumeSnapshot{}
 		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: d.snapshot}, snap); err != nil {

@@ -205,7 +205,7 @@ func (r *Reconciler) source(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		tracked(ex).SetReady(metav1.ConditionFalse, reasonWaitingForSnapshot, "waiting for the snapshot "+snap.Name+" to be ready")
 		return nil, nil
 	}
-	size := image.PVCSize(pvc)
+	size := storage.ClaimSize(pvc)
 	if snap.Status.RestoreSize != nil && snap.Status.RestoreSize.Cmp(size) > 0 {
 		size = *snap.Status.RestoreSize
 	}

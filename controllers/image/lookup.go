@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -102,14 +101,6 @@ func lookupPVC(ctx context.Context, c client.Reader, ns, name string) (*corev1.P
 		return nil, err
 	}
 	return pvc, nil
-}
-
-// PVCSize is a PVC's size: its bound capacity, else its request.
-func PVCSize(pvc *corev1.PersistentVolumeClaim) resource.Quantity {
-	if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
-		return q
-	}
-	return pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 }
 
 // IsBlock says whether a PVC is a block volume.

@@ -90,7 +90,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 	case g.volume.Resources.Requests.Storage != nil:
 		capacity = g.volume.Resources.Requests.Storage.Value()
 	case copyFrom != nil:
-		q := PVCSize(copyFrom)
+		q := storage.ClaimSize(copyFrom)
 		capacity = q.Value()
 	default:
 		if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil && c.Reason == reasonSizeRequired {

@@ -25,9 +25,6 @@ type SnapshotWait struct {
 
 func (e *SnapshotWait) Error() string { return e.Message }
 
-// defaultClassAnnotation marks the cluster's default StorageClass.
-const defaultClassAnnotation = "storageclass.kubernetes.io/is-default-class"
-
 // Restore returns the claim a copy of the VolumeSnapshot namespace/name reads: restored from it
 // in its own namespace (a volume is restored only where its snapshot is), named and marked as
 // owner's clone source, so that Cleanup removes it with the pod once the copy is done. It is
@@ -97,11 +94,7 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 	// is as large as that volume, where it is known.
 	size := *st.RestoreSize
 	if src != nil {
-		q, ok := src.Status.Capacity[corev1.ResourceStorage]
-		if !ok {
-			q = src.Spec.Resources.Requests[corev1.ResourceStorage]
-		}
-		if q.Cmp(size) > 0 {
+		if q := storage.ClaimSize(src); q.Cmp(size) > 0 {
 			size = q
 		}
 	}
@@ -184,7 +177,7 @@ func restoreClass(ctx context.Context, c client.Client, snap *snapshotv1.VolumeS
 		if class.Provisioner != content.Spec.Driver {
 			continue
 		}
-		if class.Annotations[defaultClassAnnotation] == "true" {
+		if class.Annotations[storage.AnnotationDefaultClass] == "true" {
 			return class.Name, mode, nil
 		}
 		found = cmp.Or(found, class.Name)

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // TestRestore: a copy of a VolumeSnapshot reads a claim restored from it in its namespace, with
@@ -72,7 +73,7 @@ func TestRestore(t *testing.T) {
 
 	// The source claim's class and mode, when the class is of the snapshot's driver.
 	create(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd-block"}, Provisioner: "rbd.csi.ceph.com"},
-		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd", Annotations: map[string]string{defaultClassAnnotation: "true"}}, Provisioner: "rbd.csi.ceph.com"},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "rbd", Annotations: map[string]string{storage.AnnotationDefaultClass: "true"}}, Provisioner: "rbd.csi.ceph.com"},
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "local"}, Provisioner: "topolvm.io"},
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"},
 			Spec:   corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd-block"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock)},

@@ -11,11 +11,13 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 const (
-	annotationDefaultClass         = "storageclass.kubernetes.io/is-default-class"
+	// AnnotationDefaultClass marks the cluster's default StorageClass.
+	AnnotationDefaultClass         = "storageclass.kubernetes.io/is-default-class"
 	annotationDefaultSnapshotClass = "snapshot.storage.kubernetes.io/is-default-class"
 )
 
@@ -37,7 +39,7 @@ func Class(ctx context.Context, c client.Reader, name string) (*storagev1.Storag
 		return nil, err
 	}
 	for i := range list.Items {
-		if list.Items[i].Annotations[annotationDefaultClass] == "true" {
+		if list.Items[i].Annotations[AnnotationDefaultClass] == "true" {
 			return &list.Items[i], nil
 		}
 	}
@@ -55,6 +57,14 @@ func ClassName(ctx context.Context, c client.Reader, name *string) (string, erro
 		return "", err
 	}
 	return sc.Name, nil
+}
+
+// ClaimSize is a PVC's size: its bound capacity, else its request.
+func ClaimSize(pvc *corev1.PersistentVolumeClaim) resource.Quantity {
+	if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok {
+		return q
+	}
+	return pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 }
 
 // WaitsForConsumer says whether sc binds a claim only once its first consumer, a pod, is
