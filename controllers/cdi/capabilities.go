@@ -77,6 +77,18 @@ var minimumSizes = map[string]string{
 	"pd.csi.storage.gke.io/hyperdisk": "4Gi", "ebs.csi.aws.com/io1": "4Gi", "ebs.csi.aws.com/io2": "4Gi",
 	"ebs.csi.aws.com/gp": "1Gi", "csi.san.synology.com/iscsi": "1Gi", "csi.san.synology.com/nfs": "1Gi", "csi.san.synology.com/smb": "1Gi",
 	"csi.trident.netapp.io/gcnv-flex": "1Gi", "hspc.csi.hitachi.com": "1Gi",
+	"vpc.file.csi.ibm.io/rfs": "1Gi", "vpc.file.csi.ibm.io/rfs-rwo": "1Gi", "vpc.file.csi.ibm.io/dp2": "10Gi", "vpc.file.csi.ibm.io/dp2-rwo": "10Gi",
+}
+
+// snapshotSources are the storage whose golden images CDI keeps as VolumeSnapshots by default
+// (a StorageProfile's dataImportCronSourceFormat snapshot), by provisioner key: clones of one
+// snapshot scale better there than clones of one volume. Reported only where a
+// VolumeSnapshotClass of the driver exists.
+var snapshotSources = []string{
+	"rook-ceph.rbd.csi.ceph.com", "openshift-storage.rbd.csi.ceph.com",
+	"csi.trident.netapp.io/ontap-nas", "csi.trident.netapp.io/ontap-san", "csi.trident.netapp.io/gcnv-flex",
+	"pd.csi.storage.gke.io", "pd.csi.storage.gke.io/hyperdisk",
+	"vpc.file.csi.ibm.io", "vpc.file.csi.ibm.io/dp2", "vpc.file.csi.ibm.io/dp2-rwo", "vpc.file.csi.ibm.io/rfs", "vpc.file.csi.ibm.io/rfs-rwo",
 }
 
 // provisionerKey is class's key in capabilities: its provisioner, and for some the parameter
@@ -141,6 +153,12 @@ func provisionerKey(class *storagev1.StorageClass) string {
 		if t := params["type"]; t == "hyperdisk-balanced" || t == "hyperdisk-balanced-high-availability" {
 			return p + "/hyperdisk"
 		}
+	case "vpc.file.csi.ibm.io":
+		key := map[string]string{"rfs": "/rfs", "dp2": "/dp2"}[params["profile"]]
+		if key != "" && params["vmState"] == "true" {
+			key += "-rwo"
+		}
+		return p + key
 	case "csi.san.synology.com":
 		switch params["protocol"] {
 		case "iscsi", "":

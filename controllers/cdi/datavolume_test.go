@@ -359,6 +359,27 @@ func TestStorageProfiles(t *testing.T) {
 		g.Expect(*d.Spec.CloneStrategy).To(Equal(common.CloneStrategyCSIClone), "CDI's annotation of the class")
 	}
 
+	// Where CDI keeps golden images as snapshots (Rook's RBD, GKE's PD), a profile says so by
+	// default, once its driver has a VolumeSnapshotClass.
+	g.Expect(env.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: "rook-snapshots"},
+		Driver: "rook-ceph.rbd.csi.ceph.com", DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete})).To(Succeed())
+	for _, c := range []*storagev1.StorageClass{{ObjectMeta: metav1.ObjectMeta{Name: "rook-rbd"}, Provisioner: "rook-ceph.rbd.csi.ceph.com"},
+		{ObjectMeta: metav1.ObjectMeta{Name: "gke-pd"}, Provisioner: "pd.csi.storage.gke.io"}} {
+		g.Expect(env.Client.Create(ctx, c)).To(Succeed())
+	}
+	format := func(class string) func() string {
+		return func() string {
+			p := &cdiv1.StorageProfile{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: class}, p); err != nil || p.Status.StorageClass == nil {
+				return fmt.Sprint(err)
+			}
+			return string(ptr.Deref(p.Status.DataImportCronSourceFormat, "unset"))
+		}
+	}
+	g.Eventually(format("rook-rbd"), 20*time.Second).Should(Equal("snapshot"))
+	g.Eventually(format("gke-pd"), 20*time.Second).Should(Equal("unset"), "no VolumeSnapshotClass of its driver")
+	g.Eventually(format("ceph-rbd"), 20*time.Second).Should(Equal("unset"), "CDI keeps plain RBD's as PVCs")
+
 	// Storage that makes no small volume (EBS io2: 4Gi) raises a DataVolume's size to it.
 	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "io2"}, Provisioner: "ebs.csi.aws.com",
 		Parameters: map[string]string{"type": "io2"}})).To(Succeed())

@@ -116,6 +116,9 @@ func ProfileStatus(class *storagev1.StorageClass, spec cdiv1.StorageProfileSpec,
 		DataImportCronSourceFormat: spec.DataImportCronSourceFormat}
 	if snapshotClass != "" {
 		st.SnapshotClass = &snapshotClass
+		if st.DataImportCronSourceFormat == nil && slices.Contains(snapshotSources, provisionerKey(class)) {
+			st.DataImportCronSourceFormat = ptr.To(cdiv1.DataImportCronSourceFormatSnapshot)
+		}
 	}
 	if sets := classProperties(class); len(sets) > 0 {
 		st.ClaimPropertySets = sets
