@@ -241,6 +241,13 @@ func run(c config) (bool, error) {
 	if err := waitReplicas(ctx, k, locals, len(cl.Nodes())-1); err != nil {
 		return false, stuck(k, err)
 	}
+	// On a fast run the work may be final before the faults' seeded moments have all come (a
+	// manager restart waits for the new pod, behind a stopped node): the faults go on until
+	// each kind the checks count has happened as often as they ask, within a few minutes, and
+	// the checks then hold for the objects at rest as well.
+	for deadline := time.Now().Add(5 * time.Minute); !f.enough() && time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+	}
 	stopFaults()
 	fwg.Wait()
 	nwg.Wait()
@@ -486,6 +493,11 @@ func (f *faults) run(ctx context.Context) {
 			fmt.Fprintf(f.log, "chaos: object store stopped and started\n")
 		}
 	}
+}
+
+// enough says whether the manager kills and store restarts the checks count have happened.
+func (f *faults) enough() bool {
+	return f.managerKills.Load() >= int64(f.c.managerKills)/2 && f.storeStarts.Load() >= int64(f.c.storeStarts)
 }
 
 // stopNodes stops the agents of a node other than the first (whose address the control plane
