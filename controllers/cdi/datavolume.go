@@ -243,6 +243,17 @@ func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observe
 		return observed{refused: ref}, err
 	}
 	if img != nil && img.Status.Phase != common.PhaseReady {
+		// A source whose size only an import tells (a compressed raw image: KubeVirt's export
+		// links are gzip) is staged at the disk's size, as CDI imports it into the DataVolume's
+		// claim of that size.
+		if c := meta.FindStatusCondition(img.Status.Conditions, common.ConditionReady); c != nil && c.Reason == image.ReasonSizeRequired &&
+			img.Spec.Resources.Requests.Storage == nil && spec.Resources.Requests.Storage != nil {
+			patch := client.MergeFrom(img.DeepCopy())
+			img.Spec.Resources.Requests.Storage = ptr.To(spec.Resources.Requests.Storage.DeepCopy())
+			if err := r.Patch(ctx, img, patch); err != nil {
+				return observed{}, err
+			}
+		}
 		return observed{img: img}, nil
 	}
 	if disk.Status.Phase == common.PhaseReady {

@@ -93,7 +93,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		q := storage.ClaimSize(copyFrom)
 		capacity = q.Value()
 	default:
-		if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil && c.Reason == reasonSizeRequired {
+		if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil && c.Reason == ReasonSizeRequired {
 			return ctrl.Result{}, nil // until the spec gives a size
 		}
 		if st.VirtualSize == nil {
@@ -206,7 +206,7 @@ func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) 
 	st := g.status
 	return r.Pods.Observe(ctx, w, pod, func(res *transfer.Result) error {
 		if res.VirtualSize < 0 {
-			g.tracked().SetReady(metav1.ConditionFalse, reasonSizeRequired,
+			g.tracked().SetReady(metav1.ConditionFalse, ReasonSizeRequired,
 				"the source's size cannot be known without importing it (a compressed raw image): set spec.resources.requests.storage")
 			st.Phase = common.PhasePending
 			return nil

@@ -14,7 +14,7 @@ import (
 // Condition reasons besides the importer's own (transfer.Reason) and the pod tracker's.
 const (
 	reasonImported         = "Imported"
-	reasonSizeRequired     = "SizeRequired"
+	ReasonSizeRequired     = "SizeRequired"
 	ReasonWaitingForUpload = "WaitingForUpload"
 	reasonWaitingForClones = "WaitingForClones"
 )
