@@ -457,6 +457,31 @@ func TestDataSources(t *testing.T) {
 	g.Expect(d.Spec.Source.Snap).To(Equal(&diskvolume.SnapshotSource{Name: "fedora-41"}))
 }
 
+// TestDataVolumeCompressedRaw: a source whose size only an import tells (a gzip of a raw disk,
+// as KubeVirt's export links are) is staged at the disk's size, as CDI imports it into the
+// DataVolume's claim, and the import starts.
+func TestDataVolumeCompressedRaw(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "dv-gzip")
+	g.Expect(err).NotTo(HaveOccurred())
+	dv := dataVolume(ns, "gz", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://virt-export-vm.other.svc/volumes/vm-root/disk.img.gz"}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
+	probe := ctrltest.Pod(t, env, ns, "vmim-dv-gz-probe-0")
+	ctrltest.Complete(t, env, ns, probe.Name, transfer.Result{Format: "raw", VirtualSize: -1})
+	d, img := &diskvolume.DiskVolume{}, &hypercloud.VirtualMachineImage{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(dv), d) }, 20*time.Second).Should(Succeed())
+	g.Eventually(func() string {
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dv-gz"}, img); err != nil || img.Spec.Resources.Requests.Storage == nil {
+			return fmt.Sprint(err)
+		}
+		return img.Spec.Resources.Requests.Storage.String()
+	}, 20*time.Second).Should(Equal(d.Spec.Resources.Requests.Storage.String()), "the staging image takes the disk's size")
+	ctrltest.Bind(t, env, ns, "vmim-dv-gz")
+	ctrltest.Pod(t, env, ns, "vmim-dv-gz-import-0")
+}
+
 // TestDataVolumeImport: an http DataVolume is imported by a VirtualMachineImage it controls,
 // with CDI's source options become the importer's, and its disk cloned from it; the status
 // follows the import, then the clone; once the disk is whole the staging image is deleted.
