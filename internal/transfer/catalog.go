@@ -43,7 +43,7 @@ var Catalog = []ReasonDoc{
 	{Reason: string(ReasonCancelled), Transient: "yes", Meaning: "the pod was stopped (deleted, evicted, its node drained) before it finished", Advice: "nothing: the next attempt goes on"},
 	{Reason: string(ReasonInternal), Transient: "yes", Meaning: "a failure diskpipe could not classify, or a pod that ended without a result", Advice: "read the importer pod's log; report it if it repeats"},
 
-	{Reason: "SourceNotFound / SourceNotReady / SourceDeleting", On: "disks, copied images", Meaning: "the image, disk or PVC read from is missing, not Ready yet, or being deleted", Advice: "create it or wait; the object goes on by itself"},
+	{Reason: "SourceNotFound / SourceNotReady / SourceDeleting", On: "disks, copied images, images of a KubeVirt export", Meaning: "the image, disk, PVC or snapshot read from is missing, not Ready yet, or being deleted; a KubeVirt VirtualMachineExport's server has no ready pod yet", Advice: "create it or wait; the object goes on by itself"},
 	{Reason: "SnapshotNotFound", On: "DiskVolume `snap`", Meaning: "the VolumeSnapshot does not exist", Advice: "create it"},
 	{Reason: "ObjectStoreNotConfigured", On: "`objectStore`/`upload` images, exports", Meaning: "the installation has no bundled store", Advice: "use an `s3` source or destination"},
 	{Reason: "WaitingForUpload", On: "`upload` images", Meaning: "the upload proxy has not stored the whole image yet", Advice: "upload it ([uploads](uploads.md))"},
