@@ -260,7 +260,7 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 		s.Mounts = append(s.Mounts, importpod.Mount{Secret: s.Name, Path: urlDir})
 	}
 	// A KubeVirt export server, read at its own pod (importpod.ExportServer).
-	if s.Import.Source == "http" && s.Import.URL != "" {
+	if s.Import.Source == "http" && s.Import.URL != "" && !s.Import.Insecure {
 		to, err := importpod.ExportServer(ctx, r.Fresh.API, s.Import.URL)
 		var wait *importpod.ExportWait
 		if errors.As(err, &wait) {

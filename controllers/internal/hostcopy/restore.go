@@ -139,8 +139,9 @@ func restoreNode(ctx context.Context, c client.Client, snap *snapshotv1.VolumeSn
 	if src == nil {
 		return nil, nil
 	}
+	// The volume bound to the claim, not one a claim's volumeName merely names.
 	pv, err := storage.VolumeOf(ctx, c, src)
-	if pv == nil || err != nil || storage.Zonal(pv) {
+	if pv == nil || err != nil || storage.Zonal(pv) || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != src.UID {
 		return nil, err
 	}
 	node, local, err := storage.NodeReaching(ctx, c, pv)

@@ -121,9 +121,10 @@ func TestRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	local := func(name, key string, nodes ...string) *corev1.PersistentVolume {
-		return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{NodeAffinity: &corev1.VolumeNodeAffinity{
-			Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
-				{Key: key, Operator: corev1.NodeSelectorOpIn, Values: nodes}}}}}}}}
+		return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{ClaimRef: &corev1.ObjectReference{UID: "fedora-disk"},
+			NodeAffinity: &corev1.VolumeNodeAffinity{
+				Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+					{Key: key, Operator: corev1.NodeSelectorOpIn, Values: nodes}}}}}}}}
 	}
 	node := func(name string, unschedulable bool) *corev1.Node {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"topology.topolvm.io/node": name, "topology.kubernetes.io/zone": "z1"}},
@@ -131,7 +132,12 @@ func TestRestore(t *testing.T) {
 	}
 	create(node("node-a", false), node("node-b", false), node("node-c", true),
 		local("on-b", "topology.topolvm.io/node", "node-b"), local("on-c", "topology.topolvm.io/node", "node-c"), local("in-z1", "topology.kubernetes.io/zone", "z1"),
-		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"},
+		func() *corev1.PersistentVolume {
+			pv := local("of-another", "topology.topolvm.io/node", "node-c")
+			pv.Spec.ClaimRef.UID = "another-claim"
+			return pv
+		}(),
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden", UID: "fedora-disk"},
 			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd"), VolumeName: "on-b"}})
 	pvc, err = Restore(ctx, c, owner(2), "golden", "fedora")
 	if err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "node-b" {
@@ -150,6 +156,16 @@ func TestRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	waits(2, "SourceNotReady", "the VolumeSnapshot golden/fedora is of a node-local volume, restored only on nodes with topology.topolvm.io/node in node-c, and no such node takes pods now")
+	fedora.Spec.VolumeName = "of-another"
+	if err := c.Update(ctx, fedora); err != nil {
+		t.Fatal(err)
+	}
+	if pvc, err = Restore(ctx, c, owner(2), "golden", "fedora"); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
+		t.Errorf("a volume the claim names but is not bound to does not place the restore: %v %v", pvc.GetAnnotations(), err)
+	}
+	if err := Cleanup(ctx, c, owner(2), "golden"); err != nil {
+		t.Fatal(err)
+	}
 	fedora.Spec.VolumeName = "in-z1"
 	if err := c.Update(ctx, fedora); err != nil {
 		t.Fatal(err)

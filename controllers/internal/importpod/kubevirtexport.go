@@ -26,8 +26,11 @@ import (
 // vouches for is narrower: the export server's own pod, in the export's namespace, controlled
 // by the export that controls the Service the URL names. The importer dials that pod for the
 // URL's host (contract.Pod.ConnectTo), checks its certificate against that host and sends the
-// export's token as the URL's source says; it reaches nothing else so, and a pod of the node's
-// network (whose address is the node's) is never vouched for.
+// export's token as the URL's source says; it reaches nothing else so. A pod of the node's
+// network (whose address is the node's) is never vouched for, nor an import that skips TLS
+// verification (the image controller asks only for one that verifies): the address is learnt
+// when the importer's pod is made, and should the export's pod go and its address pass to
+// another pod, that pod holds no certificate for the export's name.
 
 // exportHost matches the host of an export server's URL: the Service virt-export-<name> in a
 // namespace, by its cluster-local name.
@@ -81,13 +84,14 @@ func ExportServer(ctx context.Context, c client.Reader, rawURL string) (string, 
 	if export.UID != owner.UID {
 		return "", nil
 	}
-	port := 0
+	// KubeVirt names both after the export and leads 443 to the server's own port: anything
+	// else is not its making.
+	name := "virt-export-" + owner.Name
+	port := false
 	for _, p := range svc.Spec.Ports {
-		if p.Port == 443 && p.TargetPort.IntValue() > 0 {
-			port = p.TargetPort.IntValue()
-		}
+		port = port || (p.Port == 443 && p.TargetPort.IntValue() == exportServerPort)
 	}
-	if port == 0 {
+	if !port || svc.Name != name {
 		return "", nil
 	}
 	pods := &corev1.PodList{}
@@ -96,9 +100,9 @@ func ExportServer(ctx context.Context, c client.Reader, rawURL string) (string, 
 	}
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == export.UID && p.DeletionTimestamp.IsZero() &&
+		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == export.UID && p.Name == name && p.DeletionTimestamp.IsZero() &&
 			!p.Spec.HostNetwork && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" && podReady(p) {
-			return net.JoinHostPort(u.Hostname(), "443") + "=" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port)), nil
+			return net.JoinHostPort(u.Hostname(), "443") + "=" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(exportServerPort)), nil
 		}
 	}
 	return "", &ExportWait{fmt.Sprintf("the VirtualMachineExport %s/%s has no export server ready yet (its pod starts once its source may be read: a VM stopped, its disks populated)",

@@ -74,4 +74,13 @@ func TestExportServer(t *testing.T) {
 	stale.OwnerReferences = ref("e0")
 	check("a Service of an earlier export of the name", build(export, stale, pod("virt-export-fedora", "10.244.1.7", "e0", true, false)), url, "", false)
 	check("the export gone", build(svc, pod("virt-export-fedora", "10.244.1.7", "e1", true, false)), url, "", false)
+	elsewhere := svc.DeepCopy()
+	elsewhere.Spec.Ports[0].TargetPort = intstr.FromInt32(10250)
+	check("a Service leading elsewhere than the server's port", build(export, elsewhere, pod("virt-export-fedora", "10.244.1.7", "e1", true, false)), url, "", false)
+	other := export.DeepCopy()
+	other.Name = "other"
+	renamed := svc.DeepCopy()
+	renamed.OwnerReferences[0].Name = "other"
+	check("a Service of another export's name", build(other, renamed, pod("virt-export-fedora", "10.244.1.7", "e1", true, false)), url, "", false)
+	check("only a pod of the export of another name", build(export, svc, pod("virt-export-forged", "10.244.1.8", "e1", true, false)), url, "", true)
 }
