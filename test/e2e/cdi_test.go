@@ -67,14 +67,7 @@ var _ = Describe("CDI's API under the real KubeVirt", afterKubeVirtRollout, func
 		importHTTP(golden, "golden", "disk.qcow2")
 		kubectl(diskOf("fedora", "", "Filesystem", "512Mi"), "apply", "-n", golden, "-f", "-")
 		Eventually(phase(golden, "dvol", "fedora"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
-		kubectl(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata:
-  name: fedora
-spec:
-  volumeSnapshotClassName: `+realcluster.SnapshotClass+`
-  source: {persistentVolumeClaimName: fedora}
----
+		kubectl(volumeSnapshot("fedora", "fedora")+`---
 apiVersion: cdi.kubevirt.io/v1beta1
 kind: DataSource
 metadata:
@@ -443,6 +436,18 @@ spec:
 		kubectl("", "delete", "vmexport", "exported", "-n", ns, "--wait=true", "--timeout=60s")
 	})
 })
+
+// volumeSnapshot is a VolumeSnapshot name of the claim claim, of the harness's snapshot class.
+func volumeSnapshot(name, claim string) string {
+	return fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata:
+  name: %s
+spec:
+  volumeSnapshotClassName: %s
+  source: {persistentVolumeClaimName: %s}
+`, name, realcluster.SnapshotClass, claim)
+}
 
 // exportLink is the internal link of VirtualMachineExport ns/name's manifests of type what.
 func exportLink(ns, name, what string) string {

@@ -190,14 +190,7 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 	It("restores another namespace's snapshot of a node-local volume on that volume's node, for an image of it", func() {
 		golden := namespace()
 		home, _ := importLocal(golden, "snapped", "disk.qcow2", "", nodes)
-		kubectl(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata:
-  name: snapped
-spec:
-  volumeSnapshotClassName: `+realcluster.SnapshotClass+`
-  source: {persistentVolumeClaimName: vmim-snapped}
-`, "apply", "-n", golden, "-f", "-")
+		kubectl(volumeSnapshot("snapped", "vmim-snapped"), "apply", "-n", golden, "-f", "-")
 		Eventually(func() string {
 			return kubectl("", "get", "volumesnapshot", "snapped", "-n", golden, "-o", "jsonpath={.status.readyToUse}")
 		}, 2*time.Minute, time.Second).Should(Equal("true"))
