@@ -507,7 +507,8 @@ func guestConsoleWithin(ns, name, not string, limit time.Duration) []string {
 		lines = consoleLines(ns, pod)
 		if len(lines) == 0 || !strings.HasPrefix(lines[0], "DISKPIPE-BOOT ") {
 			last = ""
-			return "no boot line yet in the console of " + pod
+			// What the guest said instead (its firmware's last lines), for a boot that never comes.
+			return fmt.Sprintf("no boot line yet in the console of %s (its last lines: %q)", pod, consoleTail(ns, pod, 5))
 		}
 		// The disks' lines follow the boot line: the same lines twice are all of them.
 		read := strings.Join(lines, "\n")
@@ -535,6 +536,19 @@ func launcherPod(ns, name, not string) (pod, why string) {
 }
 
 // consoleLines are the bootable disk's lines in a launcher pod's serial console log.
+// consoleTail is the last n lines of the serial console of launcher pod ns/pod that say
+// something.
+func consoleTail(ns, pod string, n int) []string {
+	out, _, _ := cluster.Kubectl(context.Background(), nil, "logs", "-n", ns, pod, "-c", "guest-console-log", "--tail", "50")
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines[max(0, len(lines)-n):]
+}
+
 func consoleLines(ns, pod string) []string {
 	out, _, _ := cluster.Kubectl(context.Background(), nil, "logs", "-n", ns, pod, "-c", "guest-console-log")
 	var lines []string
