@@ -65,7 +65,7 @@ func TestExportServer(t *testing.T) {
 		check(u, served, u, "", false)
 	}
 	check("no export server pod ready", build(export, svc, pod("virt-export-fedora", "10.244.1.7", "e1", false, false)), url, "", true)
-	check("only a pod of the node's network", build(export, svc, pod("host", "192.168.1.10", "e1", true, true)), url, "", true)
+	check("only a pod of the node's network", build(export, svc, pod("virt-export-fedora", "192.168.1.10", "e1", true, true)), url, "", true)
 	check("no such Service", build(export), url, "", false)
 	mine := svc.DeepCopy()
 	mine.OwnerReferences = nil
