@@ -77,7 +77,7 @@ spec:
     snapshot: {name: fedora, namespace: `+golden+`}
 `, "apply", "-n", golden, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "datasource", "fedora", "-n", golden, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			return observe("get", "datasource", "fedora", "-n", golden, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		}, 2*time.Minute, time.Second).Should(Equal("True"))
 		grantCloneSource(golden, ns)
 
@@ -95,7 +95,7 @@ spec:
 		// The import that cannot succeed: KubeVirt shows it as the VM's status, with diskpipe's
 		// reason in the DataVolume's.
 		Eventually(func() string {
-			return kubectl("", "get", "vm", "broken", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+			return observe("get", "vm", "broken", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
 		}, 3*time.Minute, time.Second).Should(Equal("DataVolumeError"))
 		Expect(kubectl("", "get", "dv", "broken-root", "-n", ns, "-o", `jsonpath={.status.phase} {.status.conditions[?(@.type=="Running")].reason}`)).
 			To(Equal("Failed Error"))
@@ -103,7 +103,7 @@ spec:
 			To(ContainSubstring("404"))
 		// KubeVirt's event on the VM (its conditions hold only its own sync errors).
 		Eventually(func() string {
-			return kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=VirtualMachine,involvedObject.name=broken,reason=FailedDataVolumeImport",
+			return observe("get", "events", "-n", ns, "--field-selector", "involvedObject.kind=VirtualMachine,involvedObject.name=broken,reason=FailedDataVolumeImport",
 				"-o", "jsonpath={range .items[*]}{.message}{end}")
 		}, time.Minute, time.Second).Should(ContainSubstring("DataVolume broken-root failed to import disk image"))
 
@@ -144,7 +144,7 @@ spec:
 
 		kubectl("", "delete", "vm", "fromhttp", "fromref", "fromotherns", "broken", "-n", ns, "--wait=true", "--timeout=120s")
 		Eventually(func() string {
-			return kubectl("", "get", "dv,pvc,diskvolumes,vmimage", "-n", ns, "-o", "name")
+			return observe("get", "dv,pvc,diskvolumes,vmimage", "-n", ns, "-o", "name")
 		}, 2*time.Minute, time.Second).Should(BeEmpty(), "the VMs' DataVolumes, and what made them, are gone")
 	})
 
@@ -237,7 +237,7 @@ spec:
     registry: {url: "docker://`+ref+`", pullMethod: node}
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "dv", "nodepulled", "-n", ns, "-o", "jsonpath={.status.phase}")
+			return observe("get", "dv", "nodepulled", "-n", ns, "-o", "jsonpath={.status.phase}")
 		}, 3*time.Minute, time.Second).Should(Equal("Succeeded"))
 		run("qemu-img", "compare", "-f", "raw", "-F", "qcow2", filepath.Join(cluster.VolumePath(ns, "nodepulled"), "disk.img"), images["qcow2"])
 	})
@@ -280,12 +280,12 @@ spec:
       storage: {}
 `, server+"/"+filepath.Base(source)), "apply", "-n", ns, "-f", "-")
 		imported := func() string {
-			return kubectl("", "get", "dataimportcron", "os", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="UpToDate")].status} {.status.lastImportedPVC.name}`)
+			return observe("get", "dataimportcron", "os", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="UpToDate")].status} {.status.lastImportedPVC.name}`)
 		}
 		Eventually(imported, 3*time.Minute, time.Second).Should(HavePrefix("True vmim-"))
 		first := strings.Fields(imported())[1]
 		Eventually(func() string {
-			return kubectl("", "get", "datasource", "os", "-n", ns, "-o", `jsonpath={.spec.source.pvc.name} {.status.conditions[?(@.type=="Ready")].status}`)
+			return observe("get", "datasource", "os", "-n", ns, "-o", `jsonpath={.spec.source.pvc.name} {.status.conditions[?(@.type=="Ready")].status}`)
 		}, time.Minute, time.Second).Should(Equal(first + " True"))
 		grantCloneSource(ns, ns)
 
@@ -294,7 +294,7 @@ spec:
 		Eventually(imported, 3*time.Minute, time.Second).Should(And(HavePrefix("True vmim-"), Not(HaveSuffix(" "+first))))
 		second := strings.Fields(imported())[1]
 		Eventually(func() string {
-			return kubectl("", "get", "datasource", "os", "-n", ns, "-o", "jsonpath={.spec.source.pvc.name}")
+			return observe("get", "datasource", "os", "-n", ns, "-o", "jsonpath={.spec.source.pvc.name}")
 		}, time.Minute, time.Second).Should(Equal(second))
 		// "Create a VM from this boot volume": KubeVirt infers the instancetype and preference
 		// from the labels the DataImportCron passed to its DataSource.
@@ -308,7 +308,7 @@ spec:
 		Expect("vmim-"+kubectl("", "get", "dvol", root, "-n", ns, "-o", "jsonpath={.spec.source.image.name}")).To(Equal(second),
 			"the VM made after the update is cloned from the new revision's image")
 		// importsToKeep 1: the first revision's image and golden PVC go.
-		Eventually(func() string { return kubectl("", "get", "pvc", first, "-n", ns, "--ignore-not-found", "-o", "name") }, 2*time.Minute, time.Second).
+		Eventually(func() string { return observe("get", "pvc", first, "-n", ns, "--ignore-not-found", "-o", "name") }, 2*time.Minute, time.Second).
 			Should(BeEmpty())
 	})
 
@@ -339,7 +339,7 @@ spec:
 		Expect(kubectl("", "get", "pvc", "bare", "-n", ns, "-o", "jsonpath={.status.phase} {.spec.dataSourceRef.kind}/{.spec.dataSourceRef.name}")).
 			To(Equal("Bound VirtualMachineImage/pvc-bare"))
 		Eventually(func() string {
-			return kubectl("", "get", "vmimage", "pvc-bare", "-n", ns, "--ignore-not-found", "-o", "name")
+			return observe("get", "vmimage", "pvc-bare", "-n", ns, "--ignore-not-found", "-o", "name")
 		}, time.Minute, time.Second).Should(BeEmpty(), "the staging image goes once the PVC holds the upload")
 
 		// An existing PVC is not marked for an upload: virtctl says why.
@@ -354,7 +354,7 @@ spec:
 		// Once the storage has bound it: virtctl updates the claim without retrying, and the
 		// binding's own updates of a new claim would be a conflict.
 		Eventually(func() string {
-			return kubectl("", "get", "pvc", "existing", "-n", ns, "-o", "jsonpath={.status.phase}")
+			return observe("get", "pvc", "existing", "-n", ns, "-o", "jsonpath={.status.phase}")
 		}, time.Minute, time.Second).Should(Equal("Bound"))
 		out, err = upload("pvc", "existing", "--no-create")
 		Expect(err).To(HaveOccurred())
@@ -371,7 +371,7 @@ spec:
 		// claim is there at once, Pending; virtctl fills it, and the VM starts once it is whole.
 		kubectl(dvVM("toupload", "source: {upload: {}}"), "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "dv", "toupload-root", "-n", ns, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
+			return observe("get", "dv", "toupload-root", "-n", ns, "--ignore-not-found", "-o", "jsonpath={.status.phase}")
 		}, 2*time.Minute, time.Second).Should(Equal("UploadReady"))
 		Expect(kubectl("", "get", "pvc", "toupload-root", "-n", ns, "-o", "jsonpath={.status.phase}")).To(Equal("Pending"))
 		out, err = upload("dv", "toupload-root", "--no-create")
@@ -383,7 +383,7 @@ spec:
 		ns, other := vmNamespace(), vmNamespace()
 		kubectl(strings.Replace(dvVM("exported", fmt.Sprintf("source:\n        http: {url: %q}", server+"/disk.qcow2")), "runStrategy: Once", "runStrategy: Halted", 1), "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "dv", "exported-root", "-n", ns, "-o", "jsonpath={.status.phase}")
+			return observe("get", "dv", "exported-root", "-n", ns, "-o", "jsonpath={.status.phase}")
 		}, 3*time.Minute, time.Second).Should(Equal("Succeeded"))
 		token := "tok" + strconv.FormatInt(time.Now().UnixNano(), 36)
 		kubectl("", "create", "secret", "generic", "export-token", "-n", ns, "--from-literal=token="+token)
@@ -396,7 +396,7 @@ spec:
   source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: exported}
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "vmexport", "exported", "-n", ns, "-o", `jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].message}`)
+			return observe("get", "vmexport", "exported", "-n", ns, "-o", `jsonpath={.status.phase} {.status.conditions[?(@.type=="Ready")].message}`)
 		}, 4*time.Minute, 2*time.Second).Should(HavePrefix("Ready"))
 		// KubeVirt serves the DataVolume's disk as kubevirt content, which it learns from the
 		// claim diskpipe made for it (its content type, its DataVolume owner).

@@ -99,6 +99,31 @@ var _ = AfterEach(func() {
 	}
 })
 
+// A run with DISKPIPE_E2E_FAILURES set appends each failed spec's name, place and first lines
+// of failure to that file, which .ci/run prints last: the end of a long log then says why.
+var _ = ReportAfterSuite("failures digest", func(r Report) {
+	path := os.Getenv("DISKPIPE_E2E_FAILURES")
+	if path == "" {
+		return
+	}
+	var b strings.Builder
+	for _, s := range r.SpecReports {
+		if !s.Failed() {
+			continue
+		}
+		msg := strings.Split(strings.TrimSpace(s.Failure.Message), "\n")
+		fmt.Fprintf(&b, "FAILED %s\n  at %s\n  %s\n", s.FullText(), s.Failure.Location, strings.Join(msg[:min(len(msg), 12)], "\n  "))
+	}
+	if b.Len() == 0 {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	Expect(err).NotTo(HaveOccurred())
+	defer f.Close()
+	_, err = f.WriteString(b.String())
+	Expect(err).NotTo(HaveOccurred())
+})
+
 // health is a line on the cluster: node conditions other than Ready that hold, pods the
 // kubelet evicted, and the restarts of diskpipe's pods.
 func health() string {
@@ -231,6 +256,17 @@ func kubectl(stdin string, args ...string) string {
 	GinkgoHelper()
 	out, errOut, err := cluster.Kubectl(context.Background(), []byte(stdin), args...)
 	Expect(err).NotTo(HaveOccurred(), "kubectl %s: %s", strings.Join(args, " "), errOut)
+	return out
+}
+
+// observe is kubectl's output for a read that Eventually polls: an error (the object not made
+// yet by its controller, the API server busy) comes back as text, which Eventually retries and
+// shows if it lasts, where kubectl would fail the spec at the first look.
+func observe(args ...string) string {
+	out, errOut, err := cluster.Kubectl(context.Background(), nil, args...)
+	if err != nil {
+		return fmt.Sprintf("(kubectl %s: %v: %s)", strings.Join(args, " "), err, strings.TrimSpace(errOut))
+	}
 	return out
 }
 

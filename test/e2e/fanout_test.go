@@ -103,7 +103,7 @@ func fanOut(nodes []string, file, imageSpec, strategy string) fanout {
 		imported := time.Now()
 		uid := kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={.metadata.uid}")
 		Eventually(func() string {
-			return kubectl("", "get", "diskvolumes", "-n", ns, "-l", "diskpipe.io/replica-of="+uid, "-o", "jsonpath={.items[*].status.phase}")
+			return observe("get", "diskvolumes", "-n", ns, "-l", "diskpipe.io/replica-of="+uid, "-o", "jsonpath={.items[*].status.phase}")
 		}, 10*time.Minute, time.Second).Should(Equal(strings.TrimSpace(strings.Repeat("Ready ", len(nodes)-1))))
 		warmed = time.Since(imported)
 	}
@@ -133,7 +133,7 @@ spec:
 		defer GinkgoRecover()
 		Eventually(func() int {
 			// One look at every claim a second: name, phase and node.
-			claims := kubectl("", "get", "pvc", "-n", ns, "-o",
+			claims := observe("get", "pvc", "-n", ns, "-o",
 				`jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.metadata.annotations.volume\.kubernetes\.io/selected-node}{"\n"}{end}`)
 			now := time.Since(start)
 			for _, line := range strings.Split(claims, "\n") {

@@ -51,7 +51,7 @@ var _ = Describe("real KubeVirt", afterKubeVirtRollout, func() {
 		// new launcher pod, from the same disks.
 		first := vmiUID(ns, "byhand")
 		Eventually(func() string {
-			return kubectl("", "get", "vm", "byhand", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+			return observe("get", "vm", "byhand", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
 		},
 			2*time.Minute, time.Second).Should(Equal("Stopped"))
 		virtctl("start", "byhand", "-n", ns)
@@ -166,7 +166,7 @@ spec:
 {"op": "add", "path": "/spec/hardware/domain/devices/autoattachPodInterface", "value": false}]`)
 		Eventually(phase(ns, "ksvm", "vm1"), 2*time.Minute, time.Second).Should(Equal("Ready VirtualMachineCreated"))
 		Eventually(func() string {
-			return kubectl("", "get", "ksvm", "vm1", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+			return observe("get", "ksvm", "vm1", "-n", ns, "-o", "jsonpath={.status.printableStatus}")
 		},
 			3*time.Minute, 500*time.Millisecond).Should(Equal("Running"), "KubeVirt's printable status, mirrored")
 		// disk1 (bootOrder 1) is the second disk, vdb; disk0-vm-blank, the blank 4Gi, is vda.
@@ -176,7 +176,7 @@ spec:
 
 		kubectl("", "delete", "ksvm", "vm1", "-n", ns, "--wait=true", "--timeout=60s")
 		Eventually(func() string {
-			return kubectl("", "get", "virtualmachines.kubevirt.io,vmi,diskvolumes,pvc", "-n", ns, "-o", "name")
+			return observe("get", "virtualmachines.kubevirt.io,vmi,diskvolumes,pvc", "-n", ns, "-o", "name")
 		}, 2*time.Minute, time.Second).Should(Equal("diskvolume.diskvolume.kubesphere.io/disk1-from-image\n"+
 			"persistentvolumeclaim/disk1-from-image\npersistentvolumeclaim/vmim-centos\n"),
 			"the KubeVirt VM and its VMI, the VM's blank disk and its PVC are gone; the disk it only used stays")
@@ -202,8 +202,8 @@ spec:
 		vm += "      - name: data\n        dataVolume: {name: snapped-data}\n"
 		kubectl(vm, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.status.printableStatus}") + " " +
-				kubectl("", "get", "dv", "snapped-data", "-n", ns, "-o", "jsonpath={.status.phase}")
+			return observe("get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.status.printableStatus}") + " " +
+				observe("get", "dv", "snapped-data", "-n", ns, "-o", "jsonpath={.status.phase}")
 		}, 2*time.Minute, time.Second).Should(Equal("Stopped Succeeded"))
 
 		kubectl(`apiVersion: snapshot.kubevirt.io/v1beta1
@@ -214,7 +214,7 @@ spec:
   source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapped}
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "vmsnapshot", "before", "-n", ns, "-o", "jsonpath={.status.phase} {.status.readyToUse}")
+			return observe("get", "vmsnapshot", "before", "-n", ns, "-o", "jsonpath={.status.phase} {.status.readyToUse}")
 		}, 2*time.Minute, time.Second).Should(Equal("Succeeded true"))
 		Expect(kubectl("", "get", "volumesnapshot", "-n", ns, "-o", "jsonpath={.items[*].spec.source.persistentVolumeClaimName}")).To(And(ContainSubstring("root"), ContainSubstring("snapped-data")),
 			"KubeVirt snapshotted both disks' PVCs by CSI")
@@ -246,7 +246,7 @@ spec:
   virtualMachineSnapshotName: before
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "vmrestore", "back", "-n", ns, "-o", "jsonpath={.status.complete}")
+			return observe("get", "vmrestore", "back", "-n", ns, "-o", "jsonpath={.status.complete}")
 		}, 3*time.Minute, time.Second).Should(Equal("true"), func() string {
 			return kubectl("", "get", "vmrestore", "back", "-n", ns, "-o", "yaml") +
 				kubectl("", "get", "dv,pvc,dvol", "-n", ns, "-o", "wide") +
@@ -254,14 +254,14 @@ spec:
 		})
 		restored := kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.spec.template.spec.volumes[0].persistentVolumeClaim.claimName}")
 		Expect(restored).NotTo(Equal("root"), "the VM now names the PVC KubeVirt restored from the snapshot")
-		Eventually(func() string { return kubectl("", "get", "pvc", restored, "-n", ns, "-o", "jsonpath={.status.phase}") }, time.Minute, time.Second).Should(Equal("Bound"))
+		Eventually(func() string { return observe("get", "pvc", restored, "-n", ns, "-o", "jsonpath={.status.phase}") }, time.Minute, time.Second).Should(Equal("Bound"))
 		got := filepath.Join(cluster.VolumePath(ns, restored), "disk.img")
 		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", before, got).CombinedOutput()).To(ContainSubstring("Images are identical"))
 		// The DataVolume: KubeVirt names a new one in the template, marked pre-populated on the
 		// claim it restored; diskpipe takes it as whole, writing nothing.
 		dv := kubectl("", "get", "vm", "snapped", "-n", ns, "-o", "jsonpath={.spec.dataVolumeTemplates[0].metadata.name}")
 		Expect(dv).NotTo(Equal("snapped-data"), "the VM's template names the DataVolume KubeVirt restored")
-		Eventually(func() string { return kubectl("", "get", "dv", dv, "-n", ns, "-o", "jsonpath={.status.phase}") }, 2*time.Minute, time.Second).Should(Equal("Succeeded"))
+		Eventually(func() string { return observe("get", "dv", dv, "-n", ns, "-o", "jsonpath={.status.phase}") }, 2*time.Minute, time.Second).Should(Equal("Succeeded"))
 		Expect(exec.Command("qemu-img", "compare", "-f", "raw", "-F", "raw", dataBefore, filepath.Join(cluster.VolumePath(ns, dv), "disk.img")).CombinedOutput()).
 			To(ContainSubstring("Images are identical"))
 
@@ -529,11 +529,14 @@ func guestConsoleWithin(ns, name, not string, limit time.Duration) []string {
 func launcherPod(ns, name, not string) (pod, why string) {
 	uid := vmiUID(ns, name)
 	if uid == "" || uid == not {
-		return "", "no new VMI yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+		return "", "no new VMI yet; the VM is " + observe("get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
 	}
-	pod, _, _ = strings.Cut(kubectl("", "get", "pods", "-n", ns, "-l", "kubevirt.io/created-by="+uid, "-o", "jsonpath={.items[*].metadata.name}"), " ")
-	if pod == "" {
-		return "", "no launcher pod yet; the VM is " + kubectl("", "get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
+	pods, errOut, err := cluster.Kubectl(context.Background(), nil, "get", "pods", "-n", ns, "-l", "kubevirt.io/created-by="+uid, "-o", "jsonpath={.items[*].metadata.name}")
+	if err != nil {
+		return "", "the launcher pods cannot be listed: " + strings.TrimSpace(errOut)
+	}
+	if pod, _, _ = strings.Cut(pods, " "); pod == "" {
+		return "", "no launcher pod yet; the VM is " + observe("get", "vm", name, "-n", ns, "-o", "jsonpath={.status.printableStatus}")
 	}
 	return pod, ""
 }

@@ -182,7 +182,7 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 
 		kubectl(claimOn("there", nodes[2], "64Mi", "dataSource: {kind: PersistentVolumeClaim, name: local}"), "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "events", "-n", ns, "--field-selector", "involvedObject.name=there,reason=ProvisioningFailed", "-o", "jsonpath={.items[*].message}")
+			return observe("get", "events", "-n", ns, "--field-selector", "involvedObject.name=there,reason=ProvisioningFailed", "-o", "jsonpath={.items[*].message}")
 		}, 2*time.Minute, 2*time.Second).Should(ContainSubstring(fmt.Sprintf("the source lives on node %s: a clone or a restore of a node-local volume is made only there, and this one is wanted on %s", nodes[1], nodes[2])))
 		Expect(phase(ns, "pvc", "there")()).To(Equal("Pending"))
 	})
@@ -192,7 +192,7 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		home, _ := importLocal(golden, "snapped", "disk.qcow2", "", nodes)
 		kubectl(volumeSnapshot("snapped", "vmim-snapped"), "apply", "-n", golden, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "volumesnapshot", "snapped", "-n", golden, "-o", "jsonpath={.status.readyToUse}")
+			return observe("get", "volumesnapshot", "snapped", "-n", golden, "-o", "jsonpath={.status.readyToUse}")
 		}, 2*time.Minute, time.Second).Should(Equal("true"))
 		// The driver restores a node-local snapshot only on its volume's node: the claim restored
 		// for the copy is provisioned there, wherever the scheduler would have put its reader.
@@ -231,7 +231,7 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 			others = append(others, n+" Ready")
 		}
 		Eventually(func() []string {
-			return strings.Split(strings.TrimSuffix(kubectl("", "get", "vmimage", "warm", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}"), ";"), ";")
+			return strings.Split(strings.TrimSuffix(observe("get", "vmimage", "warm", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}"), ";"), ";")
 		}, 4*time.Minute, 2*time.Second).Should(ConsistOf(others), "a replica on each other node, with no disk wanted yet")
 
 		// A disk wanted there now is a clone of the replica at once: nothing is copied for it.
@@ -274,7 +274,7 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		Expect(replica.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values).To(Equal([]string{away}))
 		Expect(replica.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "empty"), "the replica is a copy")
 		Eventually(func() string {
-			return kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.name} {.phase};{end}")
+			return observe("get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.name} {.phase};{end}")
 		}, time.Minute, time.Second).Should(Equal(fmt.Sprintf("%s %s Ready;", away, replica.Spec.ClaimRef.Name)), "the image lists its replicas by node")
 		for _, name := range []string{"far", "far2"} {
 			Expect(pvOf(ns, name).Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(realcluster.ContentSourceAttribute, "volume/"+replica.Spec.CSI.VolumeHandle), name)
@@ -320,7 +320,7 @@ spec:
   sourceRef: {kind: DataSource, name: golden}
   storage: {storageClassName: %s}
 `, realcluster.LocalClass), "apply", "-n", ns, "-f", "-")
-		dvPhase := func() string { return kubectl("", "get", "dv", "dv-third", "-n", ns, "-o", "jsonpath={.status.phase}") }
+		dvPhase := func() string { return observe("get", "dv", "dv-third", "-n", ns, "-o", "jsonpath={.status.phase}") }
 		Eventually(dvPhase, 2*time.Minute, time.Second).Should(Equal("PendingPopulation"))
 		kubectl(idlePod("vm-dv-third", "dv-third")+fmt.Sprintf("  nodeSelector: {kubernetes.io/hostname: %s}\n", third), "apply", "-n", ns, "-f", "-")
 		Eventually(dvPhase, 4*time.Minute, time.Second).Should(Equal("Succeeded"))
@@ -328,7 +328,7 @@ spec:
 		kubectl("", "wait", "-n", ns, "--for=condition=Ready", "--timeout=120s", "pod/vm-dv-third")
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "dv-third"), "disk.img"))
 		Eventually(func() string {
-			return kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}")
+			return observe("get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}")
 		}, time.Minute, time.Second).Should(SatisfyAll(ContainSubstring(away+" Ready;"), ContainSubstring(third+" Ready;")), "a replica on each node away from the image")
 	})
 })
@@ -416,7 +416,7 @@ spec:
 			want = append(want, n+" Ready")
 		}
 		Eventually(func() []string {
-			return strings.FieldsFunc(kubectl("", "get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}"),
+			return strings.FieldsFunc(observe("get", "vmimage", "golden", "-n", ns, "-o", "jsonpath={range .status.replicas[*]}{.node} {.phase};{end}"),
 				func(r rune) bool { return r == ';' })
 		}, time.Minute, time.Second).Should(ConsistOf(want), "a replica on each VM's node, none on the image's")
 	})
@@ -451,7 +451,7 @@ spec:
 		first := guestConsole(ns, "moving", "")
 		Expect(first[0]).To(HavePrefix("DISKPIPE-BOOT disk=vda "))
 		Eventually(func() string {
-			return kubectl("", "get", "vmi", "moving", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="LiveMigratable")].status} {.status.conditions[?(@.type=="LiveMigratable")].message}`)
+			return observe("get", "vmi", "moving", "-n", ns, "-o", `jsonpath={.status.conditions[?(@.type=="LiveMigratable")].status} {.status.conditions[?(@.type=="LiveMigratable")].message}`)
 		}, time.Minute, time.Second).Should(HavePrefix("True"), "KubeVirt finds the VM live-migratable: its disk is on storage every node reaches")
 		from := kubectl("", "get", "vmi", "moving", "-n", ns, "-o", "jsonpath={.status.nodeName}")
 
@@ -463,7 +463,7 @@ spec:
   vmiName: moving
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "virtualmachineinstancemigrations.kubevirt.io", "move", "-n", ns, "-o", "jsonpath={.status.phase}")
+			return observe("get", "virtualmachineinstancemigrations.kubevirt.io", "move", "-n", ns, "-o", "jsonpath={.status.phase}")
 		}, 5*time.Minute, 2*time.Second).Should(Equal("Succeeded"), "the migration")
 		state := kubectl("", "get", "vmi", "moving", "-n", ns, "-o", "jsonpath={.status.migrationState.completed} {.status.migrationState.failed} {.status.migrationState.sourceNode} {.status.migrationState.targetNode} {.status.nodeName} {.status.phase}")
 		f := strings.Fields(state)
@@ -523,7 +523,7 @@ spec:
 		kubectl("", "patch", "vm", "relocating", "-n", ns, "--type=json", "-p",
 			`[{"op":"replace","path":"/spec/template/spec/volumes/0/persistentVolumeClaim/claimName","value":"moved"}]`)
 		Eventually(func() string {
-			return kubectl("", "get", "vmi", "relocating", "-n", ns, "-o",
+			return observe("get", "vmi", "relocating", "-n", ns, "-o",
 				`jsonpath={.status.migrationState.completed}/{.status.migrationState.failed} {.spec.volumes[0].persistentVolumeClaim.claimName} {.status.migrationState.failureReason}`)
 		}, 5*time.Minute, 2*time.Second).Should(Equal("true/ moved "), "the VM's disk moved to the DiskVolume moved")
 		to := kubectl("", "get", "vmi", "relocating", "-n", ns, "-o", "jsonpath={.status.nodeName}")

@@ -98,7 +98,7 @@ var _ = Describe("kubectl diskpipe", func() {
 		Expect(file + ".part").NotTo(BeAnExistingFile())
 		run("qemu-img", "check", file)
 		run("qemu-img", "compare", "-F", "qcow2", raw, file)
-		Eventually(func() string { return kubectl("", "get", "vmve", "-n", ns, "-o", "name") }, time.Minute).Should(BeEmpty())
+		Eventually(func() string { return observe("get", "vmve", "-n", ns, "-o", "name") }, time.Minute).Should(BeEmpty())
 		Eventually(func() string {
 			ls, _ := cluster.AWS(context.Background(), "s3", "ls", "--recursive", "s3://"+diskpipeplugin.ExportBucket(ns)+"/"+ns+"/")
 			return ls

@@ -202,7 +202,7 @@ var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Or
 
 		kubectl("", "delete", "ksvm", "vm1", "-n", ns, "--wait=true", "--timeout=60s")
 		Eventually(func() string {
-			return kubectl("", "get", "virtualmachines.kubevirt.io,diskvolumes,pvc", "-n", ns, "-o", "name")
+			return observe("get", "virtualmachines.kubevirt.io,diskvolumes,pvc", "-n", ns, "-o", "name")
 		}, 2*time.Minute, time.Second).Should(Equal("diskvolume.diskvolume.kubesphere.io/disk1-from-image\n"+
 			"diskvolume.diskvolume.kubesphere.io/restored\n"+
 			"persistentvolumeclaim/disk1-from-image\npersistentvolumeclaim/restored\npersistentvolumeclaim/vmim-base\n"),
@@ -359,7 +359,7 @@ spec:
     name: populated
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(func() string {
-			return kubectl("", "get", "pvc", "rootdisk", "-n", ns, "-o", "jsonpath={.status.phase}")
+			return observe("get", "pvc", "rootdisk", "-n", ns, "-o", "jsonpath={.status.phase}")
 		}, 3*time.Minute, time.Second).Should(Equal("Bound"))
 		disk := filepath.Join(cluster.VolumePath(ns, "rootdisk"), "disk.img")
 		Expect(fileSize(disk)).To(Equal(grown(256 << 20)))
@@ -369,7 +369,7 @@ spec:
 		Expect(events).To(And(ContainSubstring("Populating"), ContainSubstring("Populated")))
 		// The DiskVolume that filled it, and its PVC, are gone; the volume stays with the claim.
 		Eventually(func() []string {
-			return strings.Fields(kubectl("", "get", "diskvolumes,pvc", "-n", ns, "-o", "name"))
+			return strings.Fields(observe("get", "diskvolumes,pvc", "-n", ns, "-o", "name"))
 		}, time.Minute, time.Second).Should(Equal([]string{"persistentvolumeclaim/rootdisk", "persistentvolumeclaim/vmim-populated"}))
 	})
 })

@@ -33,7 +33,7 @@ spec:
 `, server, filepath.Base(source)), "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmimage", "nightly"), 3*time.Minute, time.Second).Should(Equal("Ready Current"))
 		field := func(path string) func() string {
-			return func() string { return kubectl("", "get", "vmimage", "nightly", "-n", ns, "-o", "jsonpath="+path) }
+			return func() string { return observe("get", "vmimage", "nightly", "-n", ns, "-o", "jsonpath="+path) }
 		}
 		first := field("{.status.schedule.current}")()
 		Expect(field("{.status.revision}")()).To(Equal("last-modified " + start.Add(-time.Hour).UTC().Format(http1123)))

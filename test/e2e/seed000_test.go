@@ -54,7 +54,7 @@ spec:
 		sameDisk(disk)
 		boots(disk)
 		// The clone source in the other namespace is gone.
-		Eventually(func() string { return kubectl("", "get", "pods", "-n", "test", "-o", "name") }, 30*time.Second).Should(BeEmpty())
+		Eventually(func() string { return observe("get", "pods", "-n", "test", "-o", "name") }, 30*time.Second).Should(BeEmpty())
 	})
 
 	It("makes the seed's DiskVolume from the template", realProves, func() {

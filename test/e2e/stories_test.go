@@ -192,7 +192,7 @@ spec:
 			"apply", "-n", other, "-f", "-")
 		Eventually(phase(other, "vmimage", "too-small"), 3*time.Minute, time.Second).Should(Equal("Failed TooLarge"))
 		Eventually(func() string {
-			return kubectl("", "get", "pvc,pods,secrets", "-n", ns, "-l", "diskpipe.io/clone-for", "-o", "name")
+			return observe("get", "pvc,pods,secrets", "-n", ns, "-l", "diskpipe.io/clone-for", "-o", "name")
 		}, time.Minute, time.Second).Should(BeEmpty())
 	})
 
@@ -350,7 +350,7 @@ var _ = Describe("faults", func() {
 		dir := cluster.VolumePath(ns, "vmim-doomed")
 		Expect(dir).To(BeADirectory())
 		kubectl("", "delete", "vmimage", "doomed", "-n", ns, "--wait=true", "--timeout=60s")
-		Eventually(func() string { return kubectl("", "get", "pods,pvc,secrets", "-n", ns, "-o", "name") }, time.Minute).Should(BeEmpty())
+		Eventually(func() string { return observe("get", "pods,pvc,secrets", "-n", ns, "-o", "name") }, time.Minute).Should(BeEmpty())
 		Eventually(dir, 10*time.Second).ShouldNot(BeADirectory())
 	})
 
@@ -424,7 +424,7 @@ spec:
 		got := filepath.Join(work, "live.qcow2")
 		run("curl", "-sSf", "-o", got, kubectl("", "get", "vmve", "live", "-n", ns, "-o", "jsonpath={.status.downloadURL}"))
 		run("qemu-img", "compare", "-F", "qcow2", raw, got)
-		Eventually(func() string { return kubectl("", "get", "volumesnapshots,pvc", "-n", ns, "-o", "name") }, 30*time.Second).
+		Eventually(func() string { return observe("get", "volumesnapshots,pvc", "-n", ns, "-o", "name") }, 30*time.Second).
 			Should(Equal("persistentvolumeclaim/attached\npersistentvolumeclaim/vmim-base\n"), "the snapshot and its temporary PVC are gone")
 	})
 

@@ -146,7 +146,7 @@ spec:
 		Expect(kubectl("", "get", "dvol", "loot", "-n", own, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)).To(
 			Equal("a PersistentVolumeClaim named prime-" + uid + " already exists and was not made by diskpipe for this object; delete it and diskpipe makes it again"))
 		Consistently(func() string {
-			return kubectl("", "get", "pv", pv, "-o", "jsonpath={.spec.claimRef.namespace}/{.spec.claimRef.name}/{.spec.claimRef.uid}")
+			return observe("get", "pv", pv, "-o", "jsonpath={.spec.claimRef.namespace}/{.spec.claimRef.name}/{.spec.claimRef.uid}")
 		}, 5*time.Second, time.Second).Should(Equal(claim), "the victim's volume is still the victim's")
 		Expect(kubectl("", "get", "pvc", "vmim-golden", "-n", victim, "-o", "jsonpath={.status.phase}")).To(Equal("Bound"))
 
