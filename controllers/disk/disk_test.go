@@ -179,7 +179,8 @@ func pvcOf(t *testing.T, ns, name string) *corev1.PersistentVolumeClaim {
 	return pvc
 }
 
-// TestCSIClone is the seed's VirtualMachinePvc: a CSI clone of the golden PVC, larger than
+// TestCSIClone is the seed's VirtualMachinePvc: a CSI clone of the golden PVC (of a class
+// whose driver has no VolumeSnapshotClass, so that automatic is a CSI clone), larger than
 // the image, so disk.img is grown to the volume by a grow pod once the clone is bound. The
 // clone and the grow happen in a PVC of diskpipe's (the prime); the disk's own PVC is bound to
 // that volume only once the disk is whole.
@@ -187,13 +188,13 @@ func TestCSIClone(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
 	ns := namespace(t)
-	vmi := readyImage(t, ns, "ubuntu", classCSI)
+	vmi := readyImage(t, ns, "ubuntu", classOther)
 
 	vmpvc := &hypercloud.VirtualMachinePvc{ObjectMeta: metav1.ObjectMeta{Name: "vm-disk", Namespace: ns},
 		Spec: hypercloud.VirtualMachinePvcSpec{VirtualMachineImageName: "ubuntu",
 			PVC: common.PVCTemplate{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}}}}
 	vmpvc.Spec.PVC.Resources.Requests.Storage = ctrltest.Quantity("10Gi")
-	vmpvc.Spec.PVC.StorageClassName = ptr.To(classCSI)
+	vmpvc.Spec.PVC.StorageClassName = ptr.To(classOther)
 	g.Expect(env.Client.Create(t.Context(), vmpvc)).To(Succeed())
 
 	prime := disk.PrimeName(vmpvc.UID)
@@ -242,7 +243,7 @@ func TestCSIClone(t *testing.T) {
 	g.Eventually(func() map[string]string { return pvcOf(t, ns, "vm-disk").Labels }, 20*time.Second).ShouldNot(HaveKey(image.LabelCloneOf))
 
 	// The same size as the image: nothing to grow; Ready once bound.
-	same := newDiskVolume(ns, "same-size", fromImage("", "ubuntu"), "", "")
+	same := newDiskVolume(ns, "same-size", fromImage("", "ubuntu"), classOther, "")
 	g.Expect(env.Client.Create(t.Context(), same)).To(Succeed())
 	g.Expect(pvcOf(t, ns, "same-size").Spec.Resources.Requests.Storage().String()).To(Equal(goldenSize))
 	g.Eventually(diskStatus(t, same, &same.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
@@ -256,14 +257,14 @@ func TestCSIClone(t *testing.T) {
 
 	// Asking for exactly the golden PVC's size, which holds more than the image's 1 GiB disk:
 	// the clone is grown to fill it, as a copy would be, so the guest sees what was asked.
-	asked := newDiskVolume(ns, "asked", fromImage("", "ubuntu"), "", goldenSize)
+	asked := newDiskVolume(ns, "asked", fromImage("", "ubuntu"), classOther, goldenSize)
 	g.Expect(env.Client.Create(t.Context(), asked)).To(Succeed())
 	ctrltest.Bind(t, env, ns, disk.PrimeName(asked.UID))
 	grow = ctrltest.Pod(t, env, ns, "asked-grow-0")
 	g.Expect(strings.Join(grow.Spec.Containers[0].Args, " ")).To(ContainSubstring("--grow-only"))
 
 	// Smaller than the image: refused, with the sizes.
-	small := newDiskVolume(ns, "small", fromImage("", "ubuntu"), "", "1Gi")
+	small := newDiskVolume(ns, "small", fromImage("", "ubuntu"), classOther, "1Gi")
 	g.Expect(env.Client.Create(t.Context(), small)).To(Succeed())
 	g.Eventually(diskStatus(t, small, &small.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
 		Equal("TooSmall: the disk asks for 1Gi but its source needs 2Gi: ask for at least that")))
@@ -303,6 +304,42 @@ func TestSnapshotStrategy(t *testing.T) {
 		WithTransform(condition(disk.ConditionCloneStrategy), Equal("Preferred: Snapshot, as preferred")))
 	ctrltest.Bind(t, env, ns, "a")
 	g.Eventually(diskStatus(t, a, &a.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+}
+
+// TestAutomatic: with nothing preferring a strategy, the disks of an image on shared storage
+// whose driver has a VolumeSnapshotClass are restored from its one golden snapshot; those of an
+// image on a node-local volume, or of a driver with no snapshot class, are CSI clones.
+func TestAutomatic(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ns := namespace(t)
+	readyImage(t, ns, "shared", classCSI)
+	readyImageWith(t, ns, "local", classCSI, func(pv *corev1.PersistentVolume) {
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"automatic-node"}}}}}}}
+	})
+	readyImage(t, ns, "nosnap", classOther)
+	restored := "Preferred: Snapshot of the image's golden VolumeSnapshot, the default on shared storage whose driver has a VolumeSnapshotClass: one snapshot serves every disk of the image"
+	golden := corev1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "vmim-shared-golden"}
+	for _, tc := range []struct {
+		disk, image, class string
+		source             corev1.TypedLocalObjectReference
+		condition          string
+	}{
+		{"s1", "shared", classCSI, golden, restored},
+		{"s2", "shared", classCSI, golden, restored},
+		{"l", "local", classCSI, corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-local"}, "Preferred: CSIClone, as preferred"},
+		{"n", "nosnap", classOther, corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-nosnap"}, "Preferred: CSIClone, as preferred"},
+	} {
+		d := newDiskVolume(ns, tc.disk, fromImage("", tc.image), tc.class, "")
+		g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
+		g.Expect(pvcOf(t, ns, tc.disk).Spec.DataSource).To(Equal(&tc.source), tc.disk)
+		g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy), Equal(tc.condition)), tc.disk)
+	}
+	snaps := &snapshotv1.VolumeSnapshotList{}
+	g.Expect(env.Client.List(t.Context(), snaps, client.InNamespace(ns))).To(Succeed())
+	g.Expect(snaps.Items).To(HaveLen(1), "one golden snapshot, of the shared image, serves both its disks")
+	g.Expect(*snaps.Items[0].Spec.Source.PersistentVolumeClaimName).To(Equal("vmim-shared"))
 }
 
 // TestInstallationDefaults: with neither the disk nor its class saying, the installation's

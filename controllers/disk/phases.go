@@ -439,6 +439,11 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		return nil, err
 	}
 	p.remote = facts.unreachable
+	if preferred == "" {
+		if facts.shared, err = r.shared(ctx, p.golden.PVC); err != nil {
+			return nil, err
+		}
+	}
 	// A node the image does not reach gets a replica of it, which its disks are cloned from
 	// (replica.go): where a CSI clone of the image would be possible but for its node.
 	var replica *corev1.PersistentVolumeClaim
@@ -713,6 +718,16 @@ func (r *Reconciler) nodeLocal(ctx context.Context, pv *corev1.PersistentVolume)
 		return false, err
 	}
 	return storage.NodeLocal(pv, nodes.Items), nil
+}
+
+// shared says whether the golden PVC's volume is bound and not node-local (automatic).
+func (r *Reconciler) shared(ctx context.Context, golden *corev1.PersistentVolumeClaim) (bool, error) {
+	pv, err := r.volumeOf(ctx, golden)
+	if pv == nil || err != nil {
+		return false, err
+	}
+	local, err := r.nodeLocal(ctx, pv)
+	return !local, err
 }
 
 // unreachable says why the node the disk is wanted on (where the scheduler put its first

@@ -47,9 +47,10 @@ func TestPopulator(t *testing.T) {
 	g.Expect(*d.Spec.StorageClassName).To(Equal(classCSI))
 	g.Expect(metav1.IsControlledBy(d, claim)).To(BeTrue(), "the claim owns it: deleting the claim takes it")
 
-	// The DiskVolume's PVC is made as any disk's: a CSI clone of the golden PVC, grown.
+	// The DiskVolume's PVC is made as any disk's: on shared storage with a snapshot class,
+	// restored from the image's golden snapshot, then grown.
 	fill := pvcOf(t, ns, disk.PrimeName(d.UID))
-	g.Expect(fill.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-fedora"}))
+	g.Expect(fill.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "vmim-fedora-golden"}))
 	ctrltest.Fill(t, env, ns, fill.Name, name+"-grow-0", name, transfer.Result{Format: "raw", VirtualSize: 10090985472})
 	pv := &corev1.PersistentVolume{}
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Name: pvcOf(t, ns, name).Spec.VolumeName}, pv)).To(Succeed())

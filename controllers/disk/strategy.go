@@ -18,31 +18,36 @@ const AnnotationCloneStrategy = "diskpipe.io/clone-strategy"
 // StrategyDefaults are the installation's preferences (the chart's cloneStrategy values),
 // below a disk's spec.cloneStrategy and its StorageClass's annotation.
 type StrategyDefaults struct {
-	// Default is preferred where nothing else says; empty means CSIClone.
+	// Default is preferred where nothing else says; Automatic (or empty) lets diskpipe choose
+	// (automatic, below).
 	Default common.CloneStrategy `json:"default,omitempty"`
 	// StorageClasses maps a StorageClass name to the strategy preferred for its disks.
 	StorageClasses map[string]common.CloneStrategy `json:"storageClasses,omitempty"`
 }
 
 // For returns the strategy preferred for disks of class (nil: unknown), before the class's
-// annotation and the disk's own choice are considered.
+// annotation and the disk's own choice are considered; "" when the installation leaves it to
+// diskpipe (Automatic, below).
 func (d StrategyDefaults) For(class *storagev1.StorageClass) common.CloneStrategy {
 	if class != nil {
 		if s, ok := d.StorageClasses[class.Name]; ok {
 			return s
 		}
 	}
-	if d.Default != "" {
-		return d.Default
+	if d.Default == StrategyAutomatic {
+		return ""
 	}
-	return common.CloneStrategyCSIClone
+	return d.Default
 }
+
+// StrategyAutomatic, as the installation's default, leaves the strategy to diskpipe.
+const StrategyAutomatic common.CloneStrategy = "Automatic"
 
 // Validate refuses a strategy diskpipe does not know.
 func (d StrategyDefaults) Validate() error {
 	known := func(s common.CloneStrategy) bool { return s == "" || slices.Contains(strategies, s) }
-	if !known(d.Default) {
-		return fmt.Errorf("cloneStrategy.default %q is not one of %v", d.Default, strategies)
+	if !known(d.Default) && d.Default != StrategyAutomatic {
+		return fmt.Errorf("cloneStrategy.default %q is not one of %v", d.Default, append([]common.CloneStrategy{StrategyAutomatic}, strategies...))
 	}
 	for class, s := range d.StorageClasses {
 		if !known(s) || s == "" {
@@ -73,14 +78,37 @@ type cloneFacts struct {
 	// restored only there (a zone's are restored anywhere).
 	unreachable string
 	nodeLocal   bool
+	// shared: the image's volume is bound and not node-local (shared storage, or a zone's,
+	// whose snapshots are restored anywhere), whatever node the disk is wanted on.
+	shared bool
 }
 
 var strategies = []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
 
-// choose returns the first strategy, from preferred down the order CSIClone, Snapshot,
-// HostAssisted, that can make the disk, with the condition reason and a message that says
-// why each one before it could not.
+// Automatic is the strategy when nothing prefers one (preferred ""): a disk of an image whose
+// volume every node reaches (shared storage: Ceph RBD, a SAN, a zone's disks) is restored from
+// the image's one golden VolumeSnapshot where its driver has a VolumeSnapshotClass, as CDI
+// does: one snapshot serves every disk of the image, where a CSI clone makes one of its own
+// each time (Ceph RBD's clones of a volume snapshot it, and flatten past a depth). Elsewhere,
+// and on node-local storage (whose snapshots are restored only on their node, and whose disks
+// on other nodes are clones of the image's replica there), CSIClone first.
+func automatic(f cloneFacts) common.CloneStrategy {
+	if f.shared && f.cannot(common.CloneStrategySnapshot) == "" {
+		return common.CloneStrategySnapshot
+	}
+	return common.CloneStrategyCSIClone
+}
+
+// choose returns the first strategy, from preferred (automatic when "") down the order
+// CSIClone, Snapshot, HostAssisted, that can make the disk, with the condition reason and a
+// message that says why each one before it could not.
 func choose(preferred common.CloneStrategy, f cloneFacts) (common.CloneStrategy, string, string) {
+	if preferred == "" {
+		if s := automatic(f); s == common.CloneStrategySnapshot {
+			return s, reasonPreferred, "Snapshot of the image's golden VolumeSnapshot, the default on shared storage whose driver has a VolumeSnapshotClass: one snapshot serves every disk of the image"
+		}
+		preferred = common.CloneStrategyCSIClone
+	}
 	var why []string
 	start := 0
 	for i, s := range strategies {

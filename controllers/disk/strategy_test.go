@@ -57,6 +57,22 @@ func TestChoose(t *testing.T) {
 			}),
 			common.CloneStrategySnapshot, reasonFellBack,
 			"Snapshot, because CSIClone is not possible: the image's volume is on nodes with zone in a, and the disk is wanted on node b1"},
+		// Automatic: nothing prefers a strategy.
+		{"automatic on shared storage with a snapshot class", "", with(func(c *cloneFacts) { c.shared = true }),
+			common.CloneStrategySnapshot, reasonPreferred,
+			"Snapshot of the image's golden VolumeSnapshot, the default on shared storage whose driver has a VolumeSnapshotClass: one snapshot serves every disk of the image"},
+		{"automatic, a zone's volume in another zone", "", with(func(c *cloneFacts) {
+			c.shared, c.unreachable = true, "the image's volume is on nodes with zone in a, and the disk is wanted on node b1"
+		}),
+			common.CloneStrategySnapshot, reasonPreferred,
+			"Snapshot of the image's golden VolumeSnapshot, the default on shared storage whose driver has a VolumeSnapshotClass: one snapshot serves every disk of the image"},
+		{"automatic on node-local storage", "", same, common.CloneStrategyCSIClone, reasonPreferred, "CSIClone, as preferred"},
+		{"automatic on shared storage without a snapshot class", "", with(func(c *cloneFacts) { c.shared, c.snapshotClass = true, "" }),
+			common.CloneStrategyCSIClone, reasonPreferred, "CSIClone, as preferred"},
+		{"automatic on shared storage, another driver", "", with(func(c *cloneFacts) { c.shared, c.targetClass, c.targetDriver = true, "nfs", "nfs.csi" }),
+			common.CloneStrategyHostAssisted, reasonFellBack,
+			`HostAssisted, because CSIClone is not possible: the image's storage class is "ceph" and the disk's "nfs"; ` +
+				`Snapshot is not possible: the image's driver is "rbd" and the disk's "nfs.csi"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, reason, msg := choose(tc.preferred, tc.facts)

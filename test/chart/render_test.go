@@ -173,7 +173,7 @@ func TestSchemaRejects(t *testing.T) {
 		want []string
 	}{
 		{[]string{"manager.replicas=0"}, []string{"manager.replicas", "minimum"}},
-		{[]string{"cloneStrategy.default=Fastest"}, []string{"cloneStrategy.default", "CSIClone", "Snapshot", "HostAssisted"}},
+		{[]string{"cloneStrategy.default=Fastest"}, []string{"cloneStrategy.default", "Automatic", "CSIClone", "Snapshot", "HostAssisted"}},
 		{[]string{"cloneStrategy.storageClasses.nfs=Copy"}, []string{"cloneStrategy.storageClasses.nfs"}},
 		{[]string{"webhook.failurePolicy=Maybe"}, []string{"webhook.failurePolicy", "Fail", "Ignore"}},
 		{[]string{"manager.replica=2"}, []string{"manager", "replica"}}, // a typo is not ignored

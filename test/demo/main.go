@@ -139,7 +139,7 @@ func run(ctx context.Context, c framework.Cluster, dir string) error {
 		return err
 	}
 	show(ctx, c, "get", "virtualmachinepvc,diskvolume", "-n", ns, "-o", "wide")
-	done("the seed's VirtualMachinePvc (CSI clone, disk.img grown to 10Gi) and a DiskVolume", t, "PVCs vmrootdisk, disk1-from-image")
+	done("the seed's VirtualMachinePvc (restored from the image's golden snapshot, disk.img grown to 10Gi) and a DiskVolume", t, "PVCs vmrootdisk, disk1-from-image")
 
 	t = time.Now()
 	vm, err := seed("000-virtualmachine.yaml", "namespace: test2", "namespace: "+ns)

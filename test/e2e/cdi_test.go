@@ -137,10 +137,10 @@ spec:
 			source.Size(), disk.Size, written, disk.Blocks*512)
 		Expect(written).To(BeNumerically(">", 0), "the manager counted the import's bytes")
 		Expect(written).To(BeNumerically("<=", disk.Size), "one copy of the data at most: nothing staged twice")
-		Expect(kubectl("", "get", "vmimage", "-n", ns, "-o", "name")).To(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"),
-			"the staging golden of the imports that succeeded are gone")
-		Expect(kubectl("", "get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name")).To(BeEmpty(),
-			"the snapshot's volume restored for the copy is gone")
+		Eventually(func() string { return observe("get", "vmimage", "-n", ns, "-o", "name") }, time.Minute, time.Second).
+			Should(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"), "the staging golden of the imports that succeeded are gone")
+		Eventually(func() string { return observe("get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name") }, time.Minute, time.Second).
+			Should(BeEmpty(), "the snapshot's volume restored for the copy is gone")
 
 		kubectl("", "delete", "vm", "fromhttp", "fromref", "fromotherns", "broken", "-n", ns, "--wait=true", "--timeout=120s")
 		Eventually(func() string {

@@ -221,7 +221,9 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 		for name, node := range seen {
 			Expect(node).To(Equal(home), "%s is restored on the node of the snapshot's volume", name)
 		}
-		Expect(kubectl("", "get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name")).To(BeEmpty(), "the restored claim and its pod are gone")
+		// Once the image is Ready, the copy's claim and pod are removed (not before: a retry reads them).
+		Eventually(func() string { return observe("get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name") }, time.Minute, time.Second).
+			Should(BeEmpty(), "the restored claim and its pod are gone")
 	})
 
 	It("pre-warms every node its image's replica policy selects, before any disk is wanted there", func() {

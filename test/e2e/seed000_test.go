@@ -62,7 +62,8 @@ spec:
 		Expect(err).NotTo(HaveOccurred())
 		kubectl(string(seed), "apply", "-f", "-")
 		Eventually(phase("test", "dvol", "disk1"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
-		Expect(kubectl("", "get", "dvol", "disk1", "-n", "test", "-o", "jsonpath={.status.cloneStrategy}")).To(Equal("CSIClone"))
+		// Shared storage with a VolumeSnapshotClass: restored from the template's golden snapshot.
+		Expect(kubectl("", "get", "dvol", "disk1", "-n", "test", "-o", "jsonpath={.status.cloneStrategy}")).To(Equal("Snapshot"))
 		disk := filepath.Join(cluster.VolumePath("test", "disk1"), "disk.img")
 		fi, err := os.Stat(disk)
 		Expect(err).NotTo(HaveOccurred())

@@ -109,7 +109,7 @@ var _ = Describe("the seed's stories", Ordered, afterKubeVirtRollout, func() {
 		sameDisk(golden(ns, "raw"))
 	})
 
-	It("makes a VM disk larger than its image from a VirtualMachinePvc (CSI clone, disk.img grown)", realProves, func() {
+	It("makes a VM disk larger than its image from a VirtualMachinePvc (restored from the golden snapshot, disk.img grown)", realProves, func() {
 		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
 kind: VirtualMachinePvc
 metadata:
@@ -123,7 +123,7 @@ spec:
         storage: 1Gi
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmpvc", "vmrootdisk"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
-		Expect(kubectl("", "get", "vmpvc", "vmrootdisk", "-n", ns, "-o", "jsonpath={.status.cloneStrategy}")).To(Equal("CSIClone"))
+		Expect(kubectl("", "get", "vmpvc", "vmrootdisk", "-n", ns, "-o", "jsonpath={.status.cloneStrategy}")).To(Equal("Snapshot"))
 		disk := filepath.Join(cluster.VolumePath(ns, "vmrootdisk"), "disk.img")
 		fi, err := os.Stat(disk)
 		Expect(err).NotTo(HaveOccurred())
@@ -425,7 +425,8 @@ spec:
 		run("curl", "-sSf", "-o", got, kubectl("", "get", "vmve", "live", "-n", ns, "-o", "jsonpath={.status.downloadURL}"))
 		run("qemu-img", "compare", "-F", "qcow2", raw, got)
 		Eventually(func() string { return observe("get", "volumesnapshots,pvc", "-n", ns, "-o", "name") }, 30*time.Second).
-			Should(Equal("persistentvolumeclaim/attached\npersistentvolumeclaim/vmim-base\n"), "the snapshot and its temporary PVC are gone")
+			Should(Equal("volumesnapshot.snapshot.storage.k8s.io/vmim-base-golden\npersistentvolumeclaim/attached\npersistentvolumeclaim/vmim-base\n"),
+				"the export's snapshot and its temporary PVC are gone; the image's golden snapshot, which the disk was restored from, stays")
 	})
 
 	It("retries an import while the object store restarts", realProves, func() {
