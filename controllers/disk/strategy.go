@@ -40,7 +40,7 @@ func (d StrategyDefaults) For(class *storagev1.StorageClass) common.CloneStrateg
 	return d.Default
 }
 
-// StrategyAutomatic, as the installation's default, leaves the strategy to diskpipe.
+// StrategyAutomatic is the installation default that leaves the strategy to diskpipe.
 const StrategyAutomatic common.CloneStrategy = "Automatic"
 
 // Validate refuses a strategy diskpipe does not know.

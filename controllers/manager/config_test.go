@@ -59,7 +59,7 @@ func TestLoadChartConfig(t *testing.T) {
 		"filesystemOverhead:\n  storageClasses: {nfs: 6}\n": `filesystemOverhead of StorageClass nfs is 6: give a fraction from 0 to 0.5`,
 		"importer:\n  clusterCIDRs: [10.96.0.0]\n":          `importer.clusterCIDRs: "10.96.0.0" is not a CIDR`,
 		"importer:\n  allowedDestinations: [\"a b\"]\n":     `importer.allowedDestinations: "a b" is neither a CIDR, an address nor a host name`,
-		"cloneStrategy:\n  default: Fastest\n":             `cloneStrategy.default "Fastest" is not one of [Automatic CSIClone Snapshot HostAssisted]`,
+		"cloneStrategy:\n  default: Fastest\n":              `cloneStrategy.default "Fastest" is not one of [Automatic CSIClone Snapshot HostAssisted]`,
 	} {
 		g.Expect(os.WriteFile(path, []byte(body), 0o600)).To(Succeed())
 		_, err := manager.LoadConfig(path)

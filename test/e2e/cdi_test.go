@@ -139,7 +139,9 @@ spec:
 		Expect(written).To(BeNumerically("<=", disk.Size), "one copy of the data at most: nothing staged twice")
 		Eventually(func() string { return observe("get", "vmimage", "-n", ns, "-o", "name") }, time.Minute, time.Second).
 			Should(Equal("virtualmachineimage.hypercloud.tmaxanc.com/dv-broken-root\n"), "the staging golden of the imports that succeeded are gone")
-		Eventually(func() string { return observe("get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name") }, time.Minute, time.Second).
+		Eventually(func() string {
+			return observe("get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name")
+		}, time.Minute, time.Second).
 			Should(BeEmpty(), "the snapshot's volume restored for the copy is gone")
 
 		kubectl("", "delete", "vm", "fromhttp", "fromref", "fromotherns", "broken", "-n", ns, "--wait=true", "--timeout=120s")

@@ -222,7 +222,9 @@ var _ = Describe("on three nodes: the harness's network and node-local storage",
 			Expect(node).To(Equal(home), "%s is restored on the node of the snapshot's volume", name)
 		}
 		// Once the image is Ready, the copy's claim and pod are removed (not before: a retry reads them).
-		Eventually(func() string { return observe("get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name") }, time.Minute, time.Second).
+		Eventually(func() string {
+			return observe("get", "pvc,pods", "-n", golden, "-l", "diskpipe.io/clone-for", "-o", "name")
+		}, time.Minute, time.Second).
 			Should(BeEmpty(), "the restored claim and its pod are gone")
 	})
 
