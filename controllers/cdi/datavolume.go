@@ -232,7 +232,7 @@ func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observe
 			return r.done(ctx, dv, disk, true)
 		}
 		img = &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: SourceImage(dv.Name), Namespace: dv.Namespace,
-			Labels: map[string]string{LabelDataVolume: string(dv.UID)}, Annotations: transferAnnotations(dv)},
+			Labels: map[string]string{LabelDataVolume: string(dv.UID), image.LabelStaging: "true"}, Annotations: transferAnnotations(dv)},
 			Spec: hypercloud.VirtualMachineImageSpec{Source: *imported, VolumeOptions: common.VolumeOptions{
 				StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode}}}
 		if ref, err := r.ensureChild(ctx, dv, img, "VirtualMachineImage"); ref != nil || err != nil {

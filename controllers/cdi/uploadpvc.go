@@ -67,7 +67,8 @@ func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil || !cdiclaims.IsUploadPVC(pvc) || !pvc.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cdiclaims.UploadPVCImage(pvc.Name), Namespace: pvc.Namespace}}
+	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cdiclaims.UploadPVCImage(pvc.Name), Namespace: pvc.Namespace,
+		Labels: map[string]string{image.LabelStaging: "true"}}}
 	if pvc.Status.Phase == corev1.ClaimBound {
 		// The populator has written the upload into the claim: the staging image has done its work.
 		err := r.Get(ctx, client.ObjectKeyFromObject(img), img)

@@ -204,7 +204,7 @@ func TestCSIClone(t *testing.T) {
 	g.Expect(pvc.Labels).To(HaveKeyWithValue(image.LabelCloneOf, string(vmi.UID)), "marked while cloning")
 	g.Expect(metav1.IsControlledBy(pvc, vmpvc)).To(BeTrue())
 	g.Eventually(diskStatus(t, vmpvc, &vmpvc.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy),
-		Equal("Preferred: CSIClone, as preferred")))
+		Equal(`FellBack: CSIClone, because Snapshot is not possible: no VolumeSnapshotClass for the driver "other.diskpipe.test"`)))
 	g.Expect(vmpvc.Status.CloneStrategy).To(Equal(common.CloneStrategyCSIClone))
 
 	primed := ctrltest.Bind(t, env, ns, prime)
@@ -329,7 +329,8 @@ func TestAutomatic(t *testing.T) {
 		{"s1", "shared", classCSI, golden, restored},
 		{"s2", "shared", classCSI, golden, restored},
 		{"l", "local", classCSI, corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-local"}, "Preferred: CSIClone, as preferred"},
-		{"n", "nosnap", classOther, corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-nosnap"}, "Preferred: CSIClone, as preferred"},
+		{"n", "nosnap", classOther, corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-nosnap"},
+			`FellBack: CSIClone, because Snapshot is not possible: no VolumeSnapshotClass for the driver "other.diskpipe.test"`},
 	} {
 		d := newDiskVolume(ns, tc.disk, fromImage("", tc.image), tc.class, "")
 		g.Expect(env.Client.Create(t.Context(), d)).To(Succeed())
@@ -340,6 +341,25 @@ func TestAutomatic(t *testing.T) {
 	g.Expect(env.Client.List(t.Context(), snaps, client.InNamespace(ns))).To(Succeed())
 	g.Expect(snaps.Items).To(HaveLen(1), "one golden snapshot, of the shared image, serves both its disks")
 	g.Expect(*snaps.Items[0].Spec.Source.PersistentVolumeClaimName).To(Equal("vmim-shared"))
+
+	// A staging image (a DataVolume's) serves one disk: cloned, not snapshotted and restored.
+	staged := readyImage(t, ns, "staged", classCSI)
+	staged.Labels = map[string]string{image.LabelStaging: "true"}
+	g.Expect(env.Client.Update(t.Context(), staged)).To(Succeed())
+	st := newDiskVolume(ns, "st", fromImage("", "staged"), classCSI, "")
+	g.Expect(env.Client.Create(t.Context(), st)).To(Succeed())
+	g.Expect(pvcOf(t, ns, "st").Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-staged"}))
+
+	// The golden snapshot failed (a snapshot class the storage cannot serve): later disks are
+	// CSI clones, and say why; the disks made from it wait, as they asked.
+	snap := &snaps.Items[0]
+	snap.Status = &snapshotv1.VolumeSnapshotStatus{Error: &snapshotv1.VolumeSnapshotError{Message: ptr.To("no backup target")}}
+	g.Expect(env.Client.Status().Update(t.Context(), snap)).To(Succeed())
+	later := newDiskVolume(ns, "later", fromImage("", "shared"), classCSI, "")
+	g.Expect(env.Client.Create(t.Context(), later)).To(Succeed())
+	g.Expect(pvcOf(t, ns, "later").Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-shared"}))
+	g.Eventually(diskStatus(t, later, &later.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy),
+		Equal("FellBack: CSIClone, because Snapshot is not possible: the image's golden VolumeSnapshot vmim-shared-golden failed: no backup target")))
 }
 
 // TestInstallationDefaults: with neither the disk nor its class saying, the installation's

@@ -439,7 +439,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		return nil, err
 	}
 	p.remote = facts.unreachable
-	if preferred == "" {
+	if preferred == "" && p.golden.Obj.GetLabels()[image.LabelStaging] != "true" {
 		if facts.shared, err = r.shared(ctx, p.golden.PVC); err != nil {
 			return nil, err
 		}
@@ -468,6 +468,11 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	}
 	if facts.targetDriver != "" && preferred != common.CloneStrategyHostAssisted {
 		if facts.snapshotClass, err = storage.SnapshotClassFor(ctx, r.Client, facts.targetDriver); err != nil {
+			return nil, err
+		}
+	}
+	if facts.shared && facts.snapshotClass != "" {
+		if facts.snapshotFailed, err = r.snapshotFailed(ctx, p.golden); err != nil {
 			return nil, err
 		}
 	}
@@ -718,6 +723,20 @@ func (r *Reconciler) nodeLocal(ctx context.Context, pv *corev1.PersistentVolume)
 		return false, err
 	}
 	return storage.NodeLocal(pv, nodes.Items), nil
+}
+
+// snapshotFailed says why the image's golden VolumeSnapshot cannot be restored from: the error
+// the snapshotter reported on it; "" when it has none, or there is none yet. Automatic then
+// clones the image's volume instead of restoring it (an explicit Snapshot waits, as asked).
+func (r *Reconciler) snapshotFailed(ctx context.Context, g *image.Golden) (string, error) {
+	snap := &snapshotv1.VolumeSnapshot{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: g.PVC.Namespace, Name: image.SnapshotName(g)}, snap); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	if snap.Status == nil || snap.Status.Error == nil {
+		return "", nil
+	}
+	return fmt.Sprintf("the image's golden VolumeSnapshot %s failed: %s", snap.Name, ptr.Deref(snap.Status.Error.Message, "no message")), nil
 }
 
 // shared says whether the golden PVC's volume is bound and not node-local (automatic).

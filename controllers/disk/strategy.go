@@ -79,8 +79,12 @@ type cloneFacts struct {
 	unreachable string
 	nodeLocal   bool
 	// shared: the image's volume is bound and not node-local (shared storage, or a zone's,
-	// whose snapshots are restored anywhere), whatever node the disk is wanted on.
+	// whose snapshots are restored anywhere), whatever node the disk is wanted on; and the
+	// image serves more than one disk (not a DataVolume's staging image).
 	shared bool
+	// snapshotFailed says why the image's golden VolumeSnapshot cannot be restored (its error);
+	// "" when it is fine or not made yet.
+	snapshotFailed string
 }
 
 var strategies = []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
@@ -99,13 +103,18 @@ func automatic(f cloneFacts) common.CloneStrategy {
 	return common.CloneStrategyCSIClone
 }
 
+// snapshotDefault is the condition's message of a disk that automatic restores from the golden
+// snapshot.
+const snapshotDefault = "Snapshot of the image's golden VolumeSnapshot, the default on shared storage whose driver has a VolumeSnapshotClass: one snapshot serves every disk of the image"
+
 // choose returns the first strategy, from preferred (automatic when "") down the order
 // CSIClone, Snapshot, HostAssisted, that can make the disk, with the condition reason and a
 // message that says why each one before it could not.
 func choose(preferred common.CloneStrategy, f cloneFacts) (common.CloneStrategy, string, string) {
-	if preferred == "" {
-		if s := automatic(f); s == common.CloneStrategySnapshot {
-			return s, reasonPreferred, "Snapshot of the image's golden VolumeSnapshot, the default on shared storage whose driver has a VolumeSnapshotClass: one snapshot serves every disk of the image"
+	auto := preferred == ""
+	if auto {
+		if automatic(f) == common.CloneStrategySnapshot {
+			return common.CloneStrategySnapshot, reasonPreferred, snapshotDefault
 		}
 		preferred = common.CloneStrategyCSIClone
 	}
@@ -118,6 +127,10 @@ func choose(preferred common.CloneStrategy, f cloneFacts) (common.CloneStrategy,
 	}
 	for _, s := range strategies[start:] {
 		reason := f.cannot(s)
+		if reason == "" && auto && f.shared && len(why) == 0 {
+			// The default on shared storage, a restore, was not possible: the message says why.
+			return s, reasonFellBack, fmt.Sprintf("%s, because %s is not possible: %s", s, common.CloneStrategySnapshot, f.cannot(common.CloneStrategySnapshot))
+		}
 		if reason == "" {
 			msg := fmt.Sprintf("%s, as preferred", s)
 			r := reasonPreferred
@@ -159,6 +172,8 @@ func (f cloneFacts) cannot(s common.CloneStrategy) string {
 		return fmt.Sprintf("the image's driver is %q and the disk's %q", f.sourceDriver, f.targetDriver)
 	case f.snapshotClass == "":
 		return fmt.Sprintf("no VolumeSnapshotClass for the driver %q", f.targetDriver)
+	case f.snapshotFailed != "":
+		return f.snapshotFailed
 	}
 	return ""
 }

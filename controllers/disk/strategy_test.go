@@ -68,7 +68,12 @@ func TestChoose(t *testing.T) {
 			"Snapshot of the image's golden VolumeSnapshot, the default on shared storage whose driver has a VolumeSnapshotClass: one snapshot serves every disk of the image"},
 		{"automatic on node-local storage", "", same, common.CloneStrategyCSIClone, reasonPreferred, "CSIClone, as preferred"},
 		{"automatic on shared storage without a snapshot class", "", with(func(c *cloneFacts) { c.shared, c.snapshotClass = true, "" }),
-			common.CloneStrategyCSIClone, reasonPreferred, "CSIClone, as preferred"},
+			common.CloneStrategyCSIClone, reasonFellBack, `CSIClone, because Snapshot is not possible: no VolumeSnapshotClass for the driver "rbd"`},
+		{"automatic, the golden snapshot failed", "", with(func(c *cloneFacts) {
+			c.shared, c.snapshotFailed = true, "the image's golden VolumeSnapshot vmim-a-golden failed: no backup target"
+		}),
+			common.CloneStrategyCSIClone, reasonFellBack,
+			"CSIClone, because Snapshot is not possible: the image's golden VolumeSnapshot vmim-a-golden failed: no backup target"},
 		{"automatic on shared storage, another driver", "", with(func(c *cloneFacts) { c.shared, c.targetClass, c.targetDriver = true, "nfs", "nfs.csi" }),
 			common.CloneStrategyHostAssisted, reasonFellBack,
 			`HostAssisted, because CSIClone is not possible: the image's storage class is "ceph" and the disk's "nfs"; ` +

@@ -53,6 +53,10 @@ const (
 	// annotation storage.AnnotationSelectedNode names.
 	LabelReplicaOf   = "diskpipe.io/replica-of"
 	LabelReplicaNode = "diskpipe.io/replica-node"
+	// LabelStaging ("true") marks an image that stages one disk's bytes and goes once the disk
+	// is made (a DataVolume's import or upload): its disk is cloned from its volume, never from
+	// a golden snapshot, which would be taken and restored for that one disk.
+	LabelStaging = "diskpipe.io/staging"
 )
 
 // Options configure the image controllers.
