@@ -89,13 +89,14 @@ type cloneFacts struct {
 
 var strategies = []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
 
-// Automatic is the strategy when nothing prefers one (preferred ""): a disk of an image whose
-// volume every node reaches (shared storage: Ceph RBD, a SAN, a zone's disks) is restored from
-// the image's one golden VolumeSnapshot where its driver has a VolumeSnapshotClass, as CDI
-// does: one snapshot serves every disk of the image, where a CSI clone makes one of its own
-// each time (Ceph RBD's clones of a volume snapshot it, and flatten past a depth). Elsewhere,
-// and on node-local storage (whose snapshots are restored only on their node, and whose disks
-// on other nodes are clones of the image's replica there), CSIClone first.
+// automatic is the strategy when nothing prefers one (preferred ""): a disk of an image whose
+// volume is not node-local (shared storage: Ceph RBD, a SAN; or a zone's disks, whose snapshots
+// are restored in any zone) is restored from the image's one golden VolumeSnapshot where its
+// driver has a VolumeSnapshotClass (CDI's default too): one snapshot serves every disk of the
+// image, where a CSI clone makes one of its own each time (Ceph RBD's clones of a volume
+// snapshot it, and flatten past a depth). Elsewhere, and on node-local storage (whose snapshots
+// are restored only on their node, and whose disks on other nodes are clones of the image's
+// replica there), CSIClone first.
 func automatic(f cloneFacts) common.CloneStrategy {
 	if f.shared && f.cannot(common.CloneStrategySnapshot) == "" {
 		return common.CloneStrategySnapshot
