@@ -231,6 +231,7 @@ func (c *Config) ensure(ctx context.Context, obj client.Object) error {
 
 // insecureRegistries are the registries the CDIConfig's spec.insecureRegistries names (read
 // over plain HTTP, or TLS unverified): an administrator's setting, of a cluster-scoped object.
+// r is uncached: an image made right after the setting changed is made as it says now.
 func insecureRegistries(ctx context.Context, c client.Reader) []string {
 	config := &cdiv1.CDIConfig{}
 	if err := c.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config); err != nil {

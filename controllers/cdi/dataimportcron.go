@@ -54,7 +54,11 @@ const (
 )
 
 // CronReconciler serves DataImportCrons.
-type CronReconciler struct{ client.Client }
+type CronReconciler struct {
+	client.Client
+	// API reads the CDIConfig's insecure registries uncached, as the administrator just set them.
+	API client.Reader
+}
 
 // CronImageName names the scheduled image that serves cron's template as it is now.
 func CronImageName(cron *cdiv1.DataImportCron) (string, error) {
@@ -135,7 +139,7 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 		}
 		return st
 	}
-	img, err := r.cronImage(cron, insecureRegistries(ctx, r.Client))
+	img, err := r.cronImage(cron, insecureRegistries(ctx, r.API))
 	if ref := (*refusal)(nil); errors.As(err, &ref) {
 		return failed(ref.reason, ref.message), nil
 	} else if err != nil {

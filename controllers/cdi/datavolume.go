@@ -102,6 +102,9 @@ type Options struct {
 // Reconciler serves DataVolumes.
 type Reconciler struct {
 	client.Client
+	// API reads uncached what must be as the administrator just set it: the CDIConfig's
+	// insecure registries and preallocation, read once when a DataVolume's disk is made.
+	API    client.Reader
 	Events events.EventRecorder
 	Options
 }
@@ -135,7 +138,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return err
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("dataimportcron").For(&cdiv1.DataImportCron{}).
-		Owns(&hypercloud.VirtualMachineImage{}).Owns(&cdiv1.DataSource{}).Complete(&CronReconciler{Client: mgr.GetClient()}); err != nil {
+		Owns(&hypercloud.VirtualMachineImage{}).Owns(&cdiv1.DataSource{}).Complete(&CronReconciler{Client: mgr.GetClient(), API: mgr.GetAPIReader()}); err != nil {
 		return err
 	}
 	// A DataVolume made from a DataSource waits for it.
@@ -149,7 +152,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &cdiv1.DataVolume{}, indexSourceRef, byRef); err != nil {
 		return err
 	}
-	r := &Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
+	r := &Reconciler{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("diskpipe-cdi"), Options: o}
 	return ctrl.NewControllerManagedBy(mgr).Named("datavolume").
 		For(&cdiv1.DataVolume{}).Owns(&diskvolume.DiskVolume{}).Owns(&hypercloud.VirtualMachineImage{}).
 		Watches(&cdiv1.DataSource{}, enqueue(r, &cdiv1.DataVolumeList{}, indexSourceRef, "")).
@@ -533,7 +536,7 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		return spec, nil, err
 	}
 	if golden == nil {
-		if imported, err = imageSource(src, dv.Namespace, insecureRegistries(ctx, r.Client)); err != nil {
+		if imported, err = imageSource(src, dv.Namespace, insecureRegistries(ctx, r.API)); err != nil {
 			return spec, nil, err
 		}
 	}
@@ -621,7 +624,7 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 	if spec.Preallocation == nil {
 		// CDI's default for a DataVolume that does not say: the CDIConfig's.
 		config := &cdiv1.CDIConfig{}
-		if err := r.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config); client.IgnoreNotFound(err) != nil && !meta.IsNoMatchError(err) {
+		if err := r.API.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config); client.IgnoreNotFound(err) != nil && !meta.IsNoMatchError(err) {
 			return spec, nil, err
 		}
 		spec.Preallocation = config.Spec.Preallocation
