@@ -1198,3 +1198,48 @@ func TestDataImportCronSnapshotFormat(t *testing.T) {
 
 	clonedFromRevision(t, ns, "fedora", rev)
 }
+
+// TestProfileSnapshotClass: with CDI's API served, a StorageProfile's spec.snapshotClass names
+// the class of the golden snapshots diskpipe takes of its storage class's images (CDI's rule for
+// its snapshot clones), over the driver's default; the profile's status says the same class.
+func TestProfileSnapshotClass(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "profile-snap")
+	const driver = "profsnap.diskpipe.test"
+	for name, isDefault := range map[string]string{"profsnap-default": "true", "profsnap-chosen": "false"} {
+		g.Expect(env.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Annotations: map[string]string{"snapshot.storage.kubernetes.io/is-default-class": isDefault}},
+			Driver: driver, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete})).To(Succeed())
+	}
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "profsnap"}, Provisioner: driver})).To(Succeed())
+	p := &cdiv1.StorageProfile{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Name: "profsnap"}, p) }, 20*time.Second).Should(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, p, func() { p.Spec.SnapshotClass = ptr.To("profsnap-chosen") })).To(Succeed())
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKey{Name: "profsnap"}, p)
+		return ptr.Deref(p.Status.SnapshotClass, "")
+	}, 20*time.Second).Should(Equal("profsnap-chosen"))
+
+	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "golden", Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://images.example.com/golden.qcow2")}}}
+	img.Spec.Resources.Requests.Storage = ctrltest.Quantity("2Gi")
+	img.Spec.StorageClassName = ptr.To("profsnap")
+	g.Expect(env.Client.Create(ctx, img)).To(Succeed())
+	ctrltest.Bind(t, env, ns, "vmim-golden")
+	ctrltest.Complete(t, env, ns, "vmim-golden-import-0", transfer.Result{Format: "qcow2", VirtualSize: 1 << 30})
+	g.Eventually(func() common.Phase {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(img), img)
+		return img.Status.Phase
+	}, 20*time.Second).Should(Equal(common.PhaseReady))
+	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: ns}, Spec: diskvolume.DiskVolumeSpec{
+		Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: "golden", Kind: diskvolume.ImageKindVirtualMachineImage}}}}
+	d.Spec.StorageClassName = ptr.To("profsnap")
+	g.Expect(env.Client.Create(ctx, d)).To(Succeed())
+	snap := &snapshotv1.VolumeSnapshot{}
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-golden-golden"}, snap)
+	}, 20*time.Second).Should(Succeed())
+	g.Expect(snap.Spec.VolumeSnapshotClassName).To(Equal(ptr.To("profsnap-chosen")), "the profile's class, not the driver's default")
+}

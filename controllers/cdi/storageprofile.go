@@ -2,11 +2,11 @@ package cdi
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
 
-	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -85,24 +85,36 @@ const AnnMinimumSize = "cdi.kubevirt.io/minimumSupportedPvcSize"
 // copy, snapshot or csi-clone.
 const AnnCDICloneStrategy = "cdi.kubevirt.io/clone-strategy"
 
-// snapshotClass is the VolumeSnapshotClass of class's StorageProfile: the one its spec names,
-// if it is of the class's driver, else the driver's default one, else the first of its; ""
-// when there is none (KubeVirt's VM snapshots read it).
-func (r *ProfileReconciler) snapshotClass(ctx context.Context, class *storagev1.StorageClass, named *string) (string, error) {
-	if named != nil {
-		vsc := &snapshotv1.VolumeSnapshotClass{}
-		if err := r.Get(ctx, client.ObjectKey{Name: *named}, vsc); err != nil {
+// ProfileSnapshotClass is the engine's storage.SnapshotClasses.Named with CDI's API served:
+// the VolumeSnapshotClass a class's StorageProfile names in spec.snapshotClass (CDI's rule for
+// its snapshot clones, and what KubeVirt's VM snapshots read in the status), before the
+// StorageClass's own annotation. c reads the StorageProfile; none, or one naming nothing,
+// names nothing.
+func ProfileSnapshotClass(c client.Reader) func(context.Context, *storagev1.StorageClass) (*string, string, error) {
+	return func(ctx context.Context, class *storagev1.StorageClass) (*string, string, error) {
+		p := &cdiv1.StorageProfile{}
+		if err := c.Get(ctx, client.ObjectKey{Name: class.Name}, p); err != nil {
 			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
-				return "", nil
+				return nil, "", nil
 			}
-			return "", err
+			return nil, "", err
 		}
-		if vsc.Driver != class.Provisioner {
-			return "", nil
-		}
-		return vsc.Name, nil
+		return p.Spec.SnapshotClass, profileWhere(class), nil
 	}
-	return storage.SnapshotClassFor(ctx, r.Client, class.Provisioner)
+}
+
+func profileWhere(class *storagev1.StorageClass) string {
+	return fmt.Sprintf("the StorageProfile %s's spec.snapshotClass", class.Name)
+}
+
+// snapshotClass is the VolumeSnapshotClass of class's StorageProfile, whose spec names named:
+// as the engine chooses it (storage.SnapshotClasses), "" when there is none.
+func (r *ProfileReconciler) snapshotClass(ctx context.Context, class *storagev1.StorageClass, named *string) (string, error) {
+	classes := storage.SnapshotClasses{Reader: r.Client, Named: func(context.Context, *storagev1.StorageClass) (*string, string, error) {
+		return named, profileWhere(class), nil
+	}}
+	name, _, err := classes.For(ctx, class)
+	return name, err
 }
 
 // ProfileStatus is the status of class's StorageProfile of spec, whose VolumeSnapshotClass is

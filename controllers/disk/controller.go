@@ -14,6 +14,7 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -31,6 +32,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // Finalizer holds a disk until what it made outside its namespace (a clone source) is gone.
@@ -51,6 +53,8 @@ type Reconciler struct {
 	Pods  *importpod.Tracker
 	// Strategies are the installation's clone strategy defaults.
 	Strategies StrategyDefaults
+	// Snapshots chooses the class of an image's golden VolumeSnapshot.
+	Snapshots storage.SnapshotClasses
 
 	newObject func() client.Object
 	adapt     func(client.Object) *vmDisk
@@ -60,6 +64,9 @@ type Reconciler struct {
 type Options struct {
 	Pods       importpod.Config
 	Strategies StrategyDefaults
+	// SnapshotClassNamed is storage.SnapshotClasses.Named: what names a class's
+	// VolumeSnapshotClass before its annotation (CDI's StorageProfile); nil for none.
+	SnapshotClassNamed func(context.Context, *storagev1.StorageClass) (*string, string, error)
 }
 
 // Setup registers the VirtualMachinePvc and DiskVolume controllers.
@@ -93,7 +100,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		r := &Reconciler{Client: mgr.GetClient(), Fresh: &owned.Fresh{Cache: mgr.GetClient(), API: mgr.GetAPIReader()},
 			Pods: &importpod.Tracker{Client: mgr.GetClient(), Config: pods, Events: mgr.GetEventRecorder("diskpipe-" + k.name),
 				HTTP: &http.Client{Timeout: 2 * time.Second}},
-			Strategies: o.Strategies, newObject: k.new, adapt: adapt}
+			Strategies: o.Strategies, Snapshots: storage.SnapshotClasses{Reader: mgr.GetClient(), Named: o.SnapshotClassNamed},
+			newObject: k.new, adapt: adapt}
 		// A disk waiting for its image or snapshot is woken when that changes.
 		toDisks := func(key func(client.Object) string) handler.EventHandler {
 			return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, src client.Object) []reconcile.Request {

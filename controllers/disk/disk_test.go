@@ -24,6 +24,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -122,10 +123,21 @@ func readyImage(t *testing.T, ns, name, class string) *hypercloud.VirtualMachine
 // affinity), unless nil.
 func readyImageWith(t *testing.T, ns, name, class string, volume func(*corev1.PersistentVolume)) *hypercloud.VirtualMachineImage {
 	t.Helper()
+	return readyImageOf(t, newImage(ns, name, class), volume)
+}
+
+func newImage(ns, name, class string) *hypercloud.VirtualMachineImage {
 	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{HTTP: common.HTTPURL("https://images.example.com/" + name + ".qcow2")}}}
 	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity(goldenSize)
 	vmi.Spec.StorageClassName = &class
+	return vmi
+}
+
+// readyImageOf makes vmi (of newImage) and brings it to Ready as readyImageWith does.
+func readyImageOf(t *testing.T, vmi *hypercloud.VirtualMachineImage, volume func(*corev1.PersistentVolume)) *hypercloud.VirtualMachineImage {
+	t.Helper()
+	ns, name := vmi.Namespace, vmi.Name
 	g := NewWithT(t)
 	g.Expect(env.Client.Create(t.Context(), vmi)).To(Succeed())
 	ctrltest.BindWith(t, env, ns, "vmim-"+name, volume)
@@ -343,9 +355,11 @@ func TestAutomatic(t *testing.T) {
 	g.Expect(*snaps.Items[0].Spec.Source.PersistentVolumeClaimName).To(Equal("vmim-shared"))
 
 	// A staging image (a DataVolume's) serves one disk: cloned, not snapshotted and restored.
-	staged := readyImage(t, ns, "staged", classCSI)
+	// Labelled as the CDI side makes it: from the start (a label added later may reach the
+	// disk controller's cache after the disk does).
+	staged := newImage(ns, "staged", classCSI)
 	staged.Labels = map[string]string{image.LabelStaging: "true"}
-	g.Expect(env.Client.Update(t.Context(), staged)).To(Succeed())
+	readyImageOf(t, staged, nil)
 	st := newDiskVolume(ns, "st", fromImage("", "staged"), classCSI, "")
 	g.Expect(env.Client.Create(t.Context(), st)).To(Succeed())
 	g.Expect(pvcOf(t, ns, "st").Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-staged"}))
@@ -360,6 +374,37 @@ func TestAutomatic(t *testing.T) {
 	g.Expect(pvcOf(t, ns, "later").Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-shared"}))
 	g.Eventually(diskStatus(t, later, &later.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy),
 		Equal("FellBack: CSIClone, because Snapshot is not possible: the image's golden VolumeSnapshot vmim-shared-golden failed: no backup target")))
+}
+
+// TestSnapshotClassAnnotation: a StorageClass's diskpipe.io/snapshot-class names the class of
+// its images' golden snapshots (the driver's default is not taken); one that names a class of
+// another driver leaves Snapshot impossible, and the condition says why.
+func TestSnapshotClassAnnotation(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t)
+	const picked = "picked.diskpipe.test" // a driver of its own: its default class is no other test's
+	for name, isDefault := range map[string]string{"picked-default": "true", "picked-local": "false"} {
+		g.Expect(env.Client.Create(ctx, &snapshotv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Annotations: map[string]string{"snapshot.storage.kubernetes.io/is-default-class": isDefault}},
+			Driver: picked, DeletionPolicy: snapshotv1.VolumeSnapshotContentDelete})).To(Succeed())
+	}
+	for class, named := range map[string]string{"csi-picked": "picked-local", "csi-misnamed": snapClass} {
+		g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: class,
+			Annotations: map[string]string{storage.AnnotationSnapshotClass: named}}, Provisioner: picked})).To(Succeed())
+		readyImage(t, ns, class, class)
+		d := newDiskVolume(ns, class, fromImage("", class), class, "")
+		g.Expect(env.Client.Create(ctx, d)).To(Succeed())
+		pvcOf(t, ns, class)
+	}
+	snap := &snapshotv1.VolumeSnapshot{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-csi-picked-golden"}, snap)).To(Succeed())
+	g.Expect(snap.Spec.VolumeSnapshotClassName).To(Equal(ptr.To("picked-local")), "the annotation's class, not the driver's default")
+	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "csi-misnamed"}}
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy), Equal(
+		`FellBack: CSIClone, because Snapshot is not possible: the StorageClass csi-misnamed's annotation diskpipe.io/snapshot-class names the VolumeSnapshotClass "csi-snapshots", of the driver "csi.diskpipe.test", not "picked.diskpipe.test"`)))
+	g.Expect(pvcOf(t, ns, "csi-misnamed").Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-csi-misnamed"}))
 }
 
 // TestInstallationDefaults: with neither the disk nor its class saying, the installation's

@@ -467,7 +467,8 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		}
 	}
 	if facts.targetDriver != "" && preferred != common.CloneStrategyHostAssisted {
-		if facts.snapshotClass, err = storage.SnapshotClassFor(ctx, r.Client, facts.targetDriver); err != nil {
+		// The golden snapshot is of the image's volume, so of its class's choosing.
+		if facts.snapshotClass, facts.noSnapshotClass, err = r.Snapshots.For(ctx, goldenClass); err != nil {
 			return nil, err
 		}
 	}

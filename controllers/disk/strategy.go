@@ -70,8 +70,10 @@ type cloneFacts struct {
 	sourceMode, targetMode           corev1.PersistentVolumeMode
 	// sourceDriver and targetDriver are the classes' provisioners; "" when unknown.
 	sourceDriver, targetDriver string
-	// snapshotClass is a VolumeSnapshotClass of the target's driver; "" when there is none.
-	snapshotClass string
+	// snapshotClass is the VolumeSnapshotClass the image's volume is snapshotted with (of the
+	// target's driver where Snapshot is possible); "" when there is none, and noSnapshotClass
+	// says why.
+	snapshotClass, noSnapshotClass string
 	// unreachable says why the node the disk is wanted on cannot use the image's volume (a
 	// node-local volume on another node, a zone's volume in another zone); "" when it can, or
 	// the node is not known yet. nodeLocal: the volume is one node's, whose snapshots are
@@ -172,7 +174,7 @@ func (f cloneFacts) cannot(s common.CloneStrategy) string {
 	case f.sourceDriver != f.targetDriver:
 		return fmt.Sprintf("the image's driver is %q and the disk's %q", f.sourceDriver, f.targetDriver)
 	case f.snapshotClass == "":
-		return fmt.Sprintf("no VolumeSnapshotClass for the driver %q", f.targetDriver)
+		return f.noSnapshotClass
 	case f.snapshotFailed != "":
 		return f.snapshotFailed
 	}

@@ -29,7 +29,9 @@ func TestChoose(t *testing.T) {
 		{"other class, same driver", common.CloneStrategyCSIClone, with(func(c *cloneFacts) { c.targetClass = "ceph-fast" }),
 			common.CloneStrategySnapshot, reasonFellBack,
 			`Snapshot, because CSIClone is not possible: the image's storage class is "ceph" and the disk's "ceph-fast"`},
-		{"no snapshot class", common.CloneStrategySnapshot, with(func(c *cloneFacts) { c.snapshotClass = "" }),
+		{"no snapshot class", common.CloneStrategySnapshot, with(func(c *cloneFacts) {
+			c.snapshotClass, c.noSnapshotClass = "", `no VolumeSnapshotClass for the driver "rbd"`
+		}),
 			common.CloneStrategyHostAssisted, reasonFellBack,
 			`HostAssisted, because Snapshot is not possible: no VolumeSnapshotClass for the driver "rbd"`},
 		{"other namespace", common.CloneStrategyCSIClone, with(func(c *cloneFacts) { c.targetNamespace = "b" }),
@@ -67,8 +69,11 @@ func TestChoose(t *testing.T) {
 			common.CloneStrategySnapshot, reasonPreferred,
 			"Snapshot of the image's golden VolumeSnapshot, the default on shared storage whose driver has a VolumeSnapshotClass: one snapshot serves every disk of the image"},
 		{"automatic on node-local storage", "", same, common.CloneStrategyCSIClone, reasonPreferred, "CSIClone, as preferred"},
-		{"automatic on shared storage without a snapshot class", "", with(func(c *cloneFacts) { c.shared, c.snapshotClass = true, "" }),
-			common.CloneStrategyCSIClone, reasonFellBack, `CSIClone, because Snapshot is not possible: no VolumeSnapshotClass for the driver "rbd"`},
+		{"automatic on shared storage without a snapshot class", "", with(func(c *cloneFacts) {
+			c.shared, c.snapshotClass, c.noSnapshotClass = true, "", `the StorageProfile ceph's spec.snapshotClass names the VolumeSnapshotClass "gone", which does not exist`
+		}),
+			common.CloneStrategyCSIClone, reasonFellBack,
+			`CSIClone, because Snapshot is not possible: the StorageProfile ceph's spec.snapshotClass names the VolumeSnapshotClass "gone", which does not exist`},
 		{"automatic, the golden snapshot failed", "", with(func(c *cloneFacts) {
 			c.shared, c.snapshotFailed = true, "the image's golden VolumeSnapshot vmim-a-golden failed: no backup target"
 		}),

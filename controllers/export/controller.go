@@ -13,6 +13,7 @@ import (
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -45,6 +46,9 @@ type Options struct {
 	// store's public endpoint (an Ingress), which users outside the cluster reach; nil uses
 	// Store, whose in-cluster address works only inside the cluster.
 	Downloads *objectstore.Client
+	// SnapshotClassNamed is storage.SnapshotClasses.Named: what names the VolumeSnapshotClass
+	// of a class's volumes before its annotation (CDI's StorageProfile); nil for none.
+	SnapshotClassNamed func(context.Context, *storagev1.StorageClass) (*string, string, error)
 }
 
 // Reconciler reconciles VirtualMachineVolumeExports.

@@ -311,7 +311,7 @@ func TestInUseWithoutSnapshotClass(t *testing.T) {
 	ex := newExport(ns, "refused", "busy", ns+"-refused.qcow2")
 	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(Equal("Pending InUseWithoutSnapshot: the PVC busy is in use by the pod virt-launcher-vm2 " +
-		"and its storage has no VolumeSnapshotClass, so it cannot be exported without reading a disk that is being written: " +
+		"and it cannot be snapshotted (no VolumeSnapshotClass for the driver \"nosnap.diskpipe.test\"), so it cannot be exported without reading a disk that is being written: " +
 		"stop the VM, or install a VolumeSnapshotClass for its driver"))
 	g.Consistently(func() error {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "refused-export-0"}, &corev1.Pod{})

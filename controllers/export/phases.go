@@ -172,16 +172,14 @@ func (r *Reconciler) source(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		if err != nil {
 			return nil, err
 		}
-		snapClass := ""
-		if class != nil {
-			if snapClass, err = storage.SnapshotClassFor(ctx, r.Client, class.Provisioner); err != nil {
-				return nil, err
-			}
+		snapClass, why, err := storage.SnapshotClasses{Reader: r.Client, Named: r.SnapshotClassNamed}.For(ctx, class)
+		if err != nil {
+			return nil, err
 		}
 		if snapClass == "" {
 			return nil, &image.NotReadyError{Reason: reasonInUseWithoutSnapshot, Message: fmt.Sprintf(
-				"the PVC %s is in use by the pod %s and its storage has no VolumeSnapshotClass, so it cannot be exported "+
-					"without reading a disk that is being written: stop the VM, or install a VolumeSnapshotClass for its driver", pvc.Name, user)}
+				"the PVC %s is in use by the pod %s and it cannot be snapshotted (%s), so it cannot be exported "+
+					"without reading a disk that is being written: stop the VM, or install a VolumeSnapshotClass for its driver", pvc.Name, user, why)}
 		}
 		snap := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: ex.Name + "-export", Namespace: ex.Namespace,
 			Labels: map[string]string{LabelExport: string(ex.UID)}},

@@ -234,10 +234,17 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err := image.SetupImageTemplate(mgr, imageOpts); err != nil {
 		return nil, fmt.Errorf("setting up the ImageTemplate controller: %w", err)
 	}
-	if err := disk.Setup(mgr, disk.Options{Pods: opts.Importer, Strategies: opts.CloneStrategies}); err != nil {
+	diskOpts := disk.Options{Pods: opts.Importer, Strategies: opts.CloneStrategies}
+	if opts.CDICompatibility {
+		// A CDI user's StorageProfile spec.snapshotClass names the class of every snapshot
+		// diskpipe takes of that storage class's volumes, as CDI's snapshot clones take it.
+		diskOpts.SnapshotClassNamed = cdi.ProfileSnapshotClass(mgr.GetClient())
+	}
+	if err := disk.Setup(mgr, diskOpts); err != nil {
 		return nil, fmt.Errorf("setting up the disk controllers: %w", err)
 	}
-	exportOpts := export.Options{Pods: opts.Importer, Store: imageOpts.ObjectStore, StoreConfig: opts.ObjectStore}
+	exportOpts := export.Options{Pods: opts.Importer, Store: imageOpts.ObjectStore, StoreConfig: opts.ObjectStore,
+		SnapshotClassNamed: diskOpts.SnapshotClassNamed}
 	if opts.ObjectStore != nil && opts.ObjectStorePublicEndpoint != "" {
 		public := *opts.ObjectStore
 		public.Endpoint = opts.ObjectStorePublicEndpoint

@@ -48,7 +48,7 @@ var Catalog = []ReasonDoc{
 	{Reason: "ObjectStoreNotConfigured", On: "`objectStore`/`upload` images, exports", Meaning: "the installation has no bundled store", Advice: "use an `s3` source or destination"},
 	{Reason: "WaitingForUpload", On: "`upload` images", Meaning: "the upload proxy has not stored the whole image yet", Advice: "upload it ([uploads](uploads.md))"},
 	{Reason: "ObjectStoreUnavailable", On: "`objectStore` images, exports to the bundled store", Meaning: "the manager could not reach the bundled store to act as the namespace (or make its account)", Advice: "wait; check the store's pod. No pod starts until the store answers"},
-	{Reason: "InUseWithoutSnapshot", On: "exports", Meaning: "the PVC is mounted by a running pod and its driver has no VolumeSnapshotClass", Advice: "stop the VM, or install a VolumeSnapshotClass"},
+	{Reason: "InUseWithoutSnapshot", On: "exports", Meaning: "the PVC is mounted by a running pod and cannot be snapshotted: its driver has no VolumeSnapshotClass, or its class names one that is not the driver's", Advice: "stop the VM, install a VolumeSnapshotClass, or name one of the driver's (docs/disks.md)"},
 	{Reason: "WaitingForSnapshot", On: "exports", Meaning: "the in-use PVC's snapshot is being taken", Advice: "wait"},
 	{Reason: "InvalidHardware", On: "VirtualMachines", Meaning: "`spec.hardware` is not a KubeVirt VirtualMachineInstance spec", Advice: "fix the named field"},
 	{Reason: "WaitingForDisks / DiskFailed", On: "VirtualMachines", Meaning: "a DiskVolume is not Ready yet, or failed", Advice: "wait, or read that DiskVolume's reason"},

@@ -1,16 +1,14 @@
 // Package storage answers what the controllers ask of the cluster's storage: a PVC's storage
-// class (or the default one) and the VolumeSnapshotClass of a CSI driver.
+// class (or the default one) and the VolumeSnapshotClass its volumes are snapshotted with.
 package storage
 
 import (
 	"context"
 	"fmt"
 
-	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -71,31 +69,6 @@ func ClaimSize(pvc *corev1.PersistentVolumeClaim) resource.Quantity {
 // scheduled (volumeBindingMode WaitForFirstConsumer).
 func WaitsForConsumer(sc *storagev1.StorageClass) bool {
 	return sc != nil && sc.VolumeBindingMode != nil && *sc.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
-}
-
-// SnapshotClassFor returns the VolumeSnapshotClass for driver: the default one, else any;
-// "" when there is none (or the snapshot API is not installed).
-func SnapshotClassFor(ctx context.Context, c client.Reader, driver string) (string, error) {
-	list := &snapshotv1.VolumeSnapshotClassList{}
-	if err := c.List(ctx, list); err != nil {
-		if meta.IsNoMatchError(err) {
-			return "", nil
-		}
-		return "", err
-	}
-	found := ""
-	for _, vsc := range list.Items {
-		if vsc.Driver != driver {
-			continue
-		}
-		if vsc.Annotations[annotationDefaultSnapshotClass] == "true" {
-			return vsc.Name, nil
-		}
-		if found == "" {
-			found = vsc.Name
-		}
-	}
-	return found, nil
 }
 
 // ErrNotBound is GiveVolume's refusal: the volume is not bound to the claim it would be taken
