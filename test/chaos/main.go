@@ -200,14 +200,16 @@ func run(c config) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	strategies := []common.CloneStrategy{common.CloneStrategyCSIClone, common.CloneStrategySnapshot, common.CloneStrategyHostAssisted}
+	// Each strategy asked for, and none: the installation's default (Automatic, a restore of
+	// the image's golden snapshot on the shared storage these images are on).
+	strategies := []*common.CloneStrategy{ptr.To(common.CloneStrategyCSIClone), ptr.To(common.CloneStrategySnapshot),
+		ptr.To(common.CloneStrategyHostAssisted), nil}
 	var disks []*diskvolume.DiskVolume
 	for i := range c.disks {
 		img := images[i%len(images)]
-		st := strategies[i%len(strategies)]
 		d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("disk-%d", i), Namespace: img.Namespace},
 			Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{
-				Name: common.LocalName(img.Name), Kind: diskvolume.ImageKindVirtualMachineImage}}, CloneStrategy: &st, Retry: retries()}}
+				Name: common.LocalName(img.Name), Kind: diskvolume.ImageKindVirtualMachineImage}}, CloneStrategy: strategies[i%len(strategies)], Retry: retries()}}
 		if err := create(ctx, k, d); err != nil {
 			return false, err
 		}
