@@ -263,3 +263,60 @@ func TestVirtualMachineChecksItsAuthor(t *testing.T) {
 	cur.Spec.Hardware = p.Spec.Hardware
 	g.Expect(carol.Update(ctx, cur)).To(MatchError(ContainSubstring("carol may not get configmaps cluster-config")))
 }
+
+// TestPolicyRefresh: the pods' NetworkPolicies follow the installation's settings: one still as
+// diskpipe wrote it is brought to what the settings ask now (an allowed destination added to
+// the chart reaches namespaces prepared before), with nothing but the manager's rights; one an
+// administrator tightened, or one an older diskpipe wrote without its mark, is left alone.
+func TestPolicyRefresh(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	cfg, err := env.UserConfig(managerUser)
+	g.Expect(err).NotTo(HaveOccurred())
+	asManager, err := client.New(cfg, client.Options{Scheme: env.Client.Scheme()})
+	g.Expect(err).NotTo(HaveOccurred())
+	settings := func(allowed ...string) importpod.Config {
+		c := importpod.Config{ClusterCIDRs: []string{"10.96.0.0/12"}, AllowedDestinations: allowed,
+			NetworkPolicy: &importpod.NetworkPolicyConfig{ManagerNamespace: "diskpipe-system", ManagerLabels: map[string]string{"app.kubernetes.io/component": "manager"}}}
+		c.Defaults() // each its own manager: nothing remembered of an earlier one
+		return c
+	}
+	egress := func(ns string) *networkingv1.NetworkPolicy {
+		p := &networkingv1.NetworkPolicy{}
+		g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: importpod.EgressPolicyName}, p)).To(Succeed())
+		return p
+	}
+	allows := func(p *networkingv1.NetworkPolicy, cidr string) bool {
+		for _, r := range p.Spec.Egress {
+			for _, peer := range r.To {
+				if peer.IPBlock != nil && peer.IPBlock.CIDR == cidr {
+					return true
+				}
+			}
+		}
+		return false
+	}
+
+	ns := namespace(t)
+	g.Expect(importpod.PrepareNamespace(ctx, asManager, settings(), ns)).To(Succeed())
+	g.Expect(allows(egress(ns), "10.100.0.7/32")).To(BeFalse())
+	g.Expect(importpod.PrepareNamespace(ctx, asManager, settings("10.100.0.7"), ns)).To(Succeed())
+	g.Expect(allows(egress(ns), "10.100.0.7/32")).To(BeTrue(), "the mirror added to the chart reaches a namespace prepared before")
+
+	// An administrator's tightening stays.
+	tightened := egress(ns)
+	tightened.Spec.Egress = tightened.Spec.Egress[:1] // DNS only
+	g.Expect(env.Client.Update(ctx, tightened)).To(Succeed())
+	g.Expect(importpod.PrepareNamespace(ctx, asManager, settings("10.100.0.7", "10.100.0.8"), ns)).To(Succeed())
+	g.Expect(egress(ns).Spec.Egress).To(HaveLen(1), "the administrator's policy is left as they made it")
+
+	// A policy without the mark (an older diskpipe's, perhaps tightened since) stays too.
+	old := namespace(t)
+	g.Expect(env.Client.Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: importpod.EgressPolicyName, Namespace: old,
+		Labels: map[string]string{importpod.LabelManagedBy: importpod.ManagedBy}},
+		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}}})).To(Succeed())
+	g.Expect(importpod.PrepareNamespace(ctx, asManager, settings("10.100.0.7"), old)).To(Succeed())
+	g.Expect(egress(old).Spec.Egress).To(BeEmpty())
+	g.Expect(egress(old).Annotations).NotTo(HaveKey(importpod.AnnotationWrittenSpec))
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -194,8 +195,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		RenewDeadline:                 &renew,
 		Controller:                    config.Controller{MaxConcurrentReconciles: max(opts.Concurrency, 1), SkipNameValidation: &opts.SkipNameValidation},
 		// Secrets are read one at a time, uncached: caching them would hold every Secret of
-		// the cluster in memory and need the right to list them.
-		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}},
+		// the cluster in memory and need the right to list them. So are the pods'
+		// NetworkPolicies, read once per namespace and manager (importpod.PrepareNamespace).
+		Client: client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}, &networkingv1.NetworkPolicy{}}}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)

@@ -38,7 +38,7 @@ package manager
 // +kubebuilder:rbac:groups="",resources=secrets,resourceNames=diskpipe-objectstore-keys,verbs=get
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list
-// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=create
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch

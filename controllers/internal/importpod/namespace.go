@@ -2,6 +2,9 @@ package importpod
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 
@@ -23,11 +26,18 @@ const (
 	EgressPolicyName  = "diskpipe-pods-egress"
 )
 
+// AnnotationWrittenSpec, on a NetworkPolicy PrepareNamespace made, is the hash of the spec
+// it wrote (writtenSpec).
+const AnnotationWrittenSpec = "diskpipe.io/written-spec"
+
 // PrepareNamespace makes, once per namespace and manager, what c's pods need there: the
 // service account they run as (bound to nothing; its token is never mounted) and, with
 // c.NetworkPolicy, a policy that admits only the manager to their metrics port and only
-// diskpipe's importer pods to a clone source. Existing objects are left as they are, so an
-// administrator may tighten them.
+// diskpipe's importer pods to a clone source, and one that limits where they connect. A
+// policy still as diskpipe wrote it (its spec hashes to its AnnotationWrittenSpec) is brought
+// to what c asks now (an upgrade's new rule, an allowed destination added to the chart); one
+// an administrator changed, or that an older diskpipe wrote without the annotation, is left
+// as it is, so an administrator may tighten them.
 func PrepareNamespace(ctx context.Context, cl client.Client, c Config, ns string) error {
 	if c.prepared != nil {
 		if _, done := c.prepared.Load(ns); done {
@@ -39,10 +49,14 @@ func PrepareNamespace(ctx context.Context, cl client.Client, c Config, ns string
 		objs = append(objs, &corev1.ServiceAccount{ObjectMeta: objectMeta(c.ServiceAccountName, ns), AutomountServiceAccountToken: ptr.To(false)})
 	}
 	if np := c.NetworkPolicy; np != nil {
-		objs = append(objs, c.networkPolicy(ns), c.egressPolicy(ns))
+		objs = append(objs, withWrittenSpec(c.networkPolicy(ns)), withWrittenSpec(c.egressPolicy(ns)))
 	}
 	for _, o := range objs {
-		if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+		err := cl.Create(ctx, o)
+		if p, ok := o.(*networkingv1.NetworkPolicy); ok && apierrors.IsAlreadyExists(err) {
+			err = refreshPolicy(ctx, cl, p)
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("preparing namespace %s for diskpipe's pods: %w", ns, err)
 		}
 	}
@@ -50,6 +64,39 @@ func PrepareNamespace(ctx context.Context, cl client.Client, c Config, ns string
 		c.prepared.Store(ns, true)
 	}
 	return nil
+}
+
+// refreshPolicy brings the existing policy of want's name to want where it is still as
+// diskpipe wrote it.
+func refreshPolicy(ctx context.Context, cl client.Client, want *networkingv1.NetworkPolicy) error {
+	have := &networkingv1.NetworkPolicy{}
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(want), have); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	written := have.Annotations[AnnotationWrittenSpec]
+	if written == "" || written != writtenSpec(have.Spec) || written == want.Annotations[AnnotationWrittenSpec] {
+		return nil
+	}
+	have.Spec = want.Spec
+	metav1.SetMetaDataAnnotation(&have.ObjectMeta, AnnotationWrittenSpec, want.Annotations[AnnotationWrittenSpec])
+	return cl.Update(ctx, have)
+}
+
+// withWrittenSpec marks p with the hash of its spec, as PrepareNamespace writes it.
+func withWrittenSpec(p *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
+	metav1.SetMetaDataAnnotation(&p.ObjectMeta, AnnotationWrittenSpec, writtenSpec(p.Spec))
+	return p
+}
+
+// writtenSpec is the hash of a policy's spec: every field diskpipe writes is set, so the
+// apiserver's defaults change nothing and a stored spec hashes as it was written.
+func writtenSpec(spec networkingv1.NetworkPolicySpec) string {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
 }
 
 // Forget makes the next PrepareNamespace of ns check again, after a pod could not be made
