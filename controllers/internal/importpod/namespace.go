@@ -26,7 +26,7 @@ const (
 	EgressPolicyName  = "diskpipe-pods-egress"
 )
 
-// AnnotationWrittenSpec, on a NetworkPolicy PrepareNamespace made, is the hash of the spec
+// AnnotationWrittenSpec is, on a NetworkPolicy PrepareNamespace made, the hash of the spec
 // it wrote (writtenSpec).
 const AnnotationWrittenSpec = "diskpipe.io/written-spec"
 
