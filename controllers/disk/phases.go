@@ -420,10 +420,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		return p, nil
 	}
 
-	preferred := r.Strategies.For(class)
-	if class != nil && class.Annotations[AnnotationCloneStrategy] != "" {
-		preferred = common.CloneStrategy(class.Annotations[AnnotationCloneStrategy])
-	}
+	preferred := r.Strategies.Preferred(class)
 	if d.strategy != nil {
 		preferred = *d.strategy
 	}

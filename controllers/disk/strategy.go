@@ -25,19 +25,25 @@ type StrategyDefaults struct {
 	StorageClasses map[string]common.CloneStrategy `json:"storageClasses,omitempty"`
 }
 
-// For returns the strategy preferred for disks of class (nil: unknown), before the class's
-// annotation and the disk's own choice are considered; "" when the installation leaves it to
-// diskpipe (Automatic, below).
-func (d StrategyDefaults) For(class *storagev1.StorageClass) common.CloneStrategy {
+// Preferred returns the strategy preferred for disks of class (nil: unknown) before the
+// disk's own spec.cloneStrategy: the class's annotation AnnotationCloneStrategy, else the
+// installation's value for the class, else its default; "" where the one that says is
+// Automatic, or nothing says (diskpipe chooses: automatic, below). An annotation that names no
+// strategy is not read.
+func (d StrategyDefaults) Preferred(class *storagev1.StorageClass) common.CloneStrategy {
+	s := d.Default
 	if class != nil {
-		if s, ok := d.StorageClasses[class.Name]; ok {
-			return s
+		if v, ok := d.StorageClasses[class.Name]; ok {
+			s = v
+		}
+		if v := common.CloneStrategy(class.Annotations[AnnotationCloneStrategy]); v == StrategyAutomatic || slices.Contains(strategies, v) {
+			s = v
 		}
 	}
-	if d.Default == StrategyAutomatic {
+	if s == StrategyAutomatic {
 		return ""
 	}
-	return d.Default
+	return s
 }
 
 // StrategyAutomatic is the installation default that leaves the strategy to diskpipe.
@@ -45,13 +51,13 @@ const StrategyAutomatic common.CloneStrategy = "Automatic"
 
 // Validate refuses a strategy diskpipe does not know.
 func (d StrategyDefaults) Validate() error {
-	known := func(s common.CloneStrategy) bool { return s == "" || slices.Contains(strategies, s) }
-	if !known(d.Default) && d.Default != StrategyAutomatic {
-		return fmt.Errorf("cloneStrategy.default %q is not one of %v", d.Default, append([]common.CloneStrategy{StrategyAutomatic}, strategies...))
+	all := append([]common.CloneStrategy{StrategyAutomatic}, strategies...)
+	if d.Default != "" && !slices.Contains(all, d.Default) {
+		return fmt.Errorf("cloneStrategy.default %q is not one of %v", d.Default, all)
 	}
 	for class, s := range d.StorageClasses {
-		if !known(s) || s == "" {
-			return fmt.Errorf("cloneStrategy.storageClasses[%s] %q is not one of %v", class, s, strategies)
+		if !slices.Contains(all, s) {
+			return fmt.Errorf("cloneStrategy.storageClasses[%s] %q is not one of %v", class, s, all)
 		}
 	}
 	return nil

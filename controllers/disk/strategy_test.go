@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 )
@@ -90,5 +92,43 @@ func TestChoose(t *testing.T) {
 				t.Errorf("choose(%s) = %s, %s, %q; want %s, %s, %q", tc.preferred, got, reason, msg, tc.want, tc.reason, tc.msg)
 			}
 		})
+	}
+}
+
+// TestPreferred: the class's annotation, else the installation's value for the class, else its
+// default; Automatic at any of them leaves the choice to diskpipe (""), and an annotation that
+// names no strategy is not read.
+func TestPreferred(t *testing.T) {
+	class := func(name, annotation string) *storagev1.StorageClass {
+		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if annotation != "" {
+			sc.Annotations = map[string]string{AnnotationCloneStrategy: annotation}
+		}
+		return sc
+	}
+	chart := StrategyDefaults{Default: common.CloneStrategyCSIClone,
+		StorageClasses: map[string]common.CloneStrategy{"ceph": StrategyAutomatic, "nfs": common.CloneStrategyHostAssisted}}
+	for _, tc := range []struct {
+		name     string
+		defaults StrategyDefaults
+		class    *storagev1.StorageClass
+		want     common.CloneStrategy
+	}{
+		{"the default", chart, class("lvm", ""), common.CloneStrategyCSIClone},
+		{"unknown class", chart, nil, common.CloneStrategyCSIClone},
+		{"the class's value", chart, class("nfs", ""), common.CloneStrategyHostAssisted},
+		{"the class's value: Automatic", chart, class("ceph", ""), ""},
+		{"the annotation over the class's value", chart, class("nfs", "Snapshot"), common.CloneStrategySnapshot},
+		{"the annotation: Automatic", chart, class("lvm", "Automatic"), ""},
+		{"an annotation that names none", chart, class("nfs", "Rsync"), common.CloneStrategyHostAssisted},
+		{"nothing says", StrategyDefaults{}, class("lvm", ""), ""},
+		{"the default: Automatic", StrategyDefaults{Default: StrategyAutomatic}, class("lvm", ""), ""},
+	} {
+		if got := tc.defaults.Preferred(tc.class); got != tc.want {
+			t.Errorf("%s: Preferred = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	if err := chart.Validate(); err != nil {
+		t.Errorf("Automatic for a class: %v", err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
@@ -70,6 +72,12 @@ func TestLoadChartConfig(t *testing.T) {
 		g.Expect(os.WriteFile(path, []byte(body), 0o600)).To(Succeed())
 		cfg, err := manager.LoadConfig(path)
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(cfg.CloneStrategy.For(nil)).To(BeEmpty(), body)
+		g.Expect(cfg.CloneStrategy.Preferred(nil)).To(BeEmpty(), body)
 	}
+	// A class may be left to diskpipe where the default is another.
+	g.Expect(os.WriteFile(path, []byte("cloneStrategy:\n  default: CSIClone\n  storageClasses: {ceph: Automatic}\n"), 0o600)).To(Succeed())
+	cfg, err = manager.LoadConfig(path)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cfg.CloneStrategy.Preferred(&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "ceph"}})).To(BeEmpty())
+	g.Expect(cfg.CloneStrategy.Preferred(nil)).To(Equal(common.CloneStrategyCSIClone))
 }
