@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
@@ -229,13 +230,23 @@ func (c *Config) ensure(ctx context.Context, obj client.Object) error {
 	return nil
 }
 
-// insecureRegistries are the registries the CDIConfig's spec.insecureRegistries names (read
-// over plain HTTP, or TLS unverified): an administrator's setting, of a cluster-scoped object.
-// r is uncached: an image made right after the setting changed is made as it says now.
-func insecureRegistries(ctx context.Context, c client.Reader) []string {
-	config := &cdiv1.CDIConfig{}
-	if err := c.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config); err != nil {
-		return nil
+// settings reads the CDIConfig's spec (its insecure registries, read over plain HTTP or TLS
+// unverified, and its preallocation: an administrator's settings, of a cluster-scoped object)
+// for what is made once from them: from api while made is false, so that what is made right
+// after a setting changed is made as it says now, and from cached after. No CDIConfig (or no
+// CDI API) is an empty spec; another error is returned, so that nothing is made from a setting
+// that could not be read.
+func settings(ctx context.Context, cached, api client.Reader, made bool) (cdiv1.CDIConfigSpec, error) {
+	r := api
+	if made {
+		r = cached
 	}
-	return config.Spec.InsecureRegistries
+	config := &cdiv1.CDIConfig{}
+	if err := r.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config); err != nil {
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			return cdiv1.CDIConfigSpec{}, nil
+		}
+		return cdiv1.CDIConfigSpec{}, fmt.Errorf("reading the CDIConfig: %w", err)
+	}
+	return config.Spec, nil
 }

@@ -56,7 +56,7 @@ const (
 // CronReconciler serves DataImportCrons.
 type CronReconciler struct {
 	client.Client
-	// API reads the CDIConfig's insecure registries uncached, as the administrator just set them.
+	// API reads the CDIConfig's insecure registries uncached until a cron's image is made.
 	API client.Reader
 }
 
@@ -139,7 +139,20 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 		}
 		return st
 	}
-	img, err := r.cronImage(cron, insecureRegistries(ctx, r.API))
+	name, err := CronImageName(cron)
+	if err != nil {
+		return st, err
+	}
+	// The image is made once: the CDIConfig is read uncached until it is.
+	made := r.Get(ctx, client.ObjectKey{Namespace: cron.Namespace, Name: name}, &hypercloud.VirtualMachineImage{})
+	if client.IgnoreNotFound(made) != nil {
+		return st, made
+	}
+	config, err := settings(ctx, r.Client, r.API, made == nil)
+	if err != nil {
+		return st, err
+	}
+	img, err := r.cronImage(cron, config.InsecureRegistries)
 	if ref := (*refusal)(nil); errors.As(err, &ref) {
 		return failed(ref.reason, ref.message), nil
 	} else if err != nil {

@@ -103,7 +103,7 @@ type Options struct {
 type Reconciler struct {
 	client.Client
 	// API reads uncached what must be as the administrator just set it: the CDIConfig's
-	// insecure registries and preallocation, read once when a DataVolume's disk is made.
+	// insecure registries and preallocation, while a DataVolume's children are to be made.
 	API    client.Reader
 	Events events.EventRecorder
 	Options
@@ -535,8 +535,12 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 	if err != nil {
 		return spec, nil, err
 	}
+	config, err := r.settings(ctx, dv)
+	if err != nil {
+		return spec, nil, err
+	}
 	if golden == nil {
-		if imported, err = imageSource(src, dv.Namespace, insecureRegistries(ctx, r.API)); err != nil {
+		if imported, err = imageSource(src, dv.Namespace, config.InsecureRegistries); err != nil {
 			return spec, nil, err
 		}
 	}
@@ -620,16 +624,24 @@ func (r *Reconciler) diskSpec(ctx context.Context, dv *cdiv1.DataVolume) (spec d
 		return spec, nil, invalid(fmt.Sprintf("a DataVolume of source upload has a name of at most %d characters (its staging image is named %s<name>)",
 			cdiclaims.MaxUploadPVCName, cdiclaims.UploadPVCImagePrefix))
 	}
-	spec.Preallocation = dv.Spec.Preallocation
-	if spec.Preallocation == nil {
-		// CDI's default for a DataVolume that does not say: the CDIConfig's.
-		config := &cdiv1.CDIConfig{}
-		if err := r.API.Get(ctx, client.ObjectKey{Name: CDIConfigName}, config); client.IgnoreNotFound(err) != nil && !meta.IsNoMatchError(err) {
-			return spec, nil, err
-		}
-		spec.Preallocation = config.Spec.Preallocation
-	}
+	// CDI's default for a DataVolume that does not say: the CDIConfig's.
+	spec.Preallocation = cmp.Or(dv.Spec.Preallocation, config.Preallocation)
 	return spec, imported, nil
+}
+
+// settings is the CDIConfig's spec for dv's children: read from the apiserver until they are
+// made (its DiskVolume exists, or it succeeded), from the cache after, when nothing is made
+// from it again.
+func (r *Reconciler) settings(ctx context.Context, dv *cdiv1.DataVolume) (cdiv1.CDIConfigSpec, error) {
+	made := dv.Status.Phase == cdiv1.Succeeded
+	if !made {
+		err := r.Get(ctx, client.ObjectKeyFromObject(dv), &diskvolume.DiskVolume{})
+		if client.IgnoreNotFound(err) != nil {
+			return cdiv1.CDIConfigSpec{}, err
+		}
+		made = err == nil
+	}
+	return settings(ctx, r.Client, r.API, made)
 }
 
 func sourceNamespace(src cdiv1.DataSourceSource) string {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 )
@@ -51,16 +52,23 @@ func PrepareNamespace(ctx context.Context, cl client.Client, c Config, ns string
 	if np := c.NetworkPolicy; np != nil {
 		objs = append(objs, withWrittenSpec(c.networkPolicy(ns)), withWrittenSpec(c.egressPolicy(ns)))
 	}
+	again := false
 	for _, o := range objs {
 		err := cl.Create(ctx, o)
 		if p, ok := o.(*networkingv1.NetworkPolicy); ok && apierrors.IsAlreadyExists(err) {
-			err = refreshPolicy(ctx, cl, p)
+			// The pods run under the policy as it is while it cannot be brought up to date;
+			// the next pod made here tries again. A conflict is another controller's refresh.
+			if err := refreshPolicy(ctx, cl, p); err != nil && !apierrors.IsConflict(err) {
+				log.FromContext(ctx).Error(err, "the NetworkPolicy of diskpipe's pods is left as it is", "namespace", ns, "name", p.Name)
+				again = true
+			}
+			continue
 		}
 		if err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("preparing namespace %s for diskpipe's pods: %w", ns, err)
 		}
 	}
-	if c.prepared != nil {
+	if c.prepared != nil && !again {
 		c.prepared.Store(ns, true)
 	}
 	return nil

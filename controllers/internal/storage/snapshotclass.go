@@ -9,6 +9,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -31,7 +32,8 @@ type SnapshotClasses struct {
 
 // For returns the VolumeSnapshotClass for class's volumes: the one named for it (by Named,
 // else by the class's AnnotationSnapshotClass) when it is a class of class's driver, else
-// none; with none named, the driver's default class, else the first of its classes by name.
+// none; with none named (an empty name names none), the driver's default class (the first by
+// name of several), else the first of its classes by name.
 // With none, name is "" and why says why; nil class has none. A cluster without the snapshot
 // API has none.
 func (s SnapshotClasses) For(ctx context.Context, class *storagev1.StorageClass) (name, why string, err error) {
@@ -45,10 +47,10 @@ func (s SnapshotClasses) For(ctx context.Context, class *storagev1.StorageClass)
 			return "", "", err
 		}
 	}
-	if v, ok := class.Annotations[AnnotationSnapshotClass]; ok && named == nil {
+	if v := class.Annotations[AnnotationSnapshotClass]; v != "" && ptr.Deref(named, "") == "" {
 		named, where = &v, fmt.Sprintf("the StorageClass %s's annotation %s", class.Name, AnnotationSnapshotClass)
 	}
-	if named != nil {
+	if ptr.Deref(named, "") != "" {
 		vsc := &snapshotv1.VolumeSnapshotClass{}
 		switch err := s.Reader.Get(ctx, client.ObjectKey{Name: *named}, vsc); {
 		case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
@@ -67,18 +69,21 @@ func (s SnapshotClasses) For(ctx context.Context, class *storagev1.StorageClass)
 		}
 		return "", "", err
 	}
-	var names []string
+	var names, defaults []string
 	for _, vsc := range list.Items {
 		if vsc.Driver != driver {
 			continue
 		}
 		if vsc.Annotations[annotationDefaultSnapshotClass] == "true" {
-			return vsc.Name, "", nil
+			defaults = append(defaults, vsc.Name)
 		}
 		names = append(names, vsc.Name)
 	}
-	if len(names) == 0 {
-		return "", fmt.Sprintf("no VolumeSnapshotClass for the driver %q", driver), nil
+	switch {
+	case len(defaults) > 0:
+		return slices.Min(defaults), "", nil
+	case len(names) > 0:
+		return slices.Min(names), "", nil
 	}
-	return slices.Min(names), "", nil
+	return "", fmt.Sprintf("no VolumeSnapshotClass for the driver %q", driver), nil
 }

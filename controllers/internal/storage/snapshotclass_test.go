@@ -38,7 +38,8 @@ func TestSnapshotClasses(t *testing.T) {
 		}
 	}
 	objects := []client.Object{vsc("rbd-z", "rbd", false), vsc("rbd-b", "rbd", false), vsc("rbd-gold", "rbd", false),
-		vsc("lvm-default", "lvm", true), vsc("lvm-a", "lvm", false), vsc("nfs-snap", "nfs", false)}
+		vsc("lvm-default", "lvm", true), vsc("lvm-a", "lvm", false), vsc("nfs-snap", "nfs", false),
+		vsc("zfs-y", "zfs", true), vsc("zfs-x", "zfs", true), vsc("zfs-a", "zfs", false)}
 	for _, tc := range []struct {
 		name      string
 		class     *storagev1.StorageClass
@@ -57,6 +58,13 @@ func TestSnapshotClasses(t *testing.T) {
 		{"the hook names none: the annotation", class("rbd", "rbd-gold"), profile(nil), "rbd-gold", ""},
 		{"the hook names another driver's", class("lvm", ""), profile(ptr.To("rbd-z")), "",
 			`the profile names the VolumeSnapshotClass "rbd-z", of the driver "rbd", not "lvm"`},
+		{"two defaults: the first by name", class("zfs", ""), nil, "zfs-x", ""},
+		{"an empty name names none", class("lvm", ""), profile(ptr.To("")), "lvm-default", ""},
+		{"an empty annotation names none", func() *storagev1.StorageClass {
+			sc := class("rbd", "")
+			sc.Annotations = map[string]string{AnnotationSnapshotClass: ""}
+			return sc
+		}(), nil, "rbd-b", ""},
 		{"a driver without classes", class("hostpath", ""), nil, "", `no VolumeSnapshotClass for the driver "hostpath"`},
 		{"no class", nil, nil, "", "the storage class does not exist"},
 	} {
