@@ -120,7 +120,7 @@ func (r *ProfileReconciler) snapshotClass(ctx context.Context, class *storagev1.
 // ProfileStatus is the status of class's StorageProfile of spec, whose VolumeSnapshotClass is
 // snapshotClass ("" when it has none).
 func ProfileStatus(class *storagev1.StorageClass, spec cdiv1.StorageProfileSpec, strategies disk.StrategyDefaults, snapshotClass string) cdiv1.StorageProfileStatus {
-	preferred := strategies.Preferred(class)
+	preferred, _ := strategies.Preferred(class)
 	st := cdiv1.StorageProfileStatus{StorageClass: &class.Name, Provisioner: &class.Provisioner, ClaimPropertySets: defaultClaimProperties,
 		DataImportCronSourceFormat: spec.DataImportCronSourceFormat}
 	if snapshotClass != "" {

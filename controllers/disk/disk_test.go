@@ -421,6 +421,22 @@ func TestInstallationDefaults(t *testing.T) {
 		WithTransform(condition(disk.ConditionCloneStrategy), Equal("Preferred: Snapshot, as preferred")))
 }
 
+// TestMisnamedStrategy: a class's annotation that names no strategy is not read, and the disk's
+// condition says so (the strategy is chosen as if it were not there).
+func TestMisnamedStrategy(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t)
+	g.Expect(env.Client.Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "csi-rsync",
+		Annotations: map[string]string{disk.AnnotationCloneStrategy: "Rsync"}}, Provisioner: driver})).To(Succeed())
+	readyImage(t, ns, "alpine", "csi-rsync")
+	d := newDiskVolume(ns, "d", fromImage("", "alpine"), "csi-rsync", "")
+	g.Expect(env.Client.Create(ctx, d)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy), HaveSuffix(
+		`; the StorageClass csi-rsync's annotation diskpipe.io/clone-strategy, "Rsync", names none of [Automatic CSIClone Snapshot HostAssisted] and is not read`)))
+}
+
 // TestFallback falls back to a host-assisted copy when the storage cannot clone, says why,
 // and copies with an importer pod that mounts the golden PVC read-only.
 func TestFallback(t *testing.T) {

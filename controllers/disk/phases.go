@@ -68,6 +68,8 @@ type plan struct {
 	// remote says why the node the disk is wanted on cannot mount the image's volume, which
 	// a copy then reads through a clone-source pod on the image's node; "" when it can.
 	remote string
+	// nodeLocal: the image's volume is one node's.
+	nodeLocal bool
 	// deferred: the disk's PVC is filled once its VM's node is known (deferToConsumer), as
 	// deferredHow says.
 	deferred    bool
@@ -420,9 +422,9 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		return p, nil
 	}
 
-	preferred := r.Strategies.Preferred(class)
+	preferred, ignored := r.Strategies.Preferred(class)
 	if d.strategy != nil {
-		preferred = *d.strategy
+		preferred, ignored = *d.strategy, ""
 	}
 	goldenClass, err := storage.Class(ctx, r.Client, ptr.Deref(p.golden.PVC.Spec.StorageClassName, ""))
 	if err != nil {
@@ -432,15 +434,13 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		sourceClass: nameOf(goldenClass), targetClass: nameOf(class),
 		sourceMode: modeOf(p.golden.PVC.Spec.VolumeMode), targetMode: modeOf(d.pvc.VolumeMode),
 		sourceDriver: driverOf(goldenClass), targetDriver: driverOf(class)}
-	if facts.unreachable, facts.nodeLocal, err = r.unreachable(ctx, d, p.golden.PVC); err != nil {
+	pl, err := r.reach(ctx, p.golden.PVC, d.obj.GetAnnotations()[AnnotationSelectedNode])
+	if err != nil {
 		return nil, err
 	}
-	p.remote = facts.unreachable
-	if preferred == "" && p.golden.Obj.GetLabels()[image.LabelStaging] != "true" {
-		if facts.shared, err = r.shared(ctx, p.golden.PVC); err != nil {
-			return nil, err
-		}
-	}
+	facts.unreachable, facts.nodeLocal = pl.unreachable, pl.nodeLocal
+	facts.shared = pl.shared && preferred == "" && p.golden.Obj.GetLabels()[image.LabelStaging] != "true"
+	p.remote, p.nodeLocal = facts.unreachable, pl.nodeLocal
 	// A node the image does not reach gets a replica of it, which its disks are cloned from
 	// (replica.go): where a CSI clone of the image would be possible but for its node.
 	var replica *corev1.PersistentVolumeClaim
@@ -478,6 +478,9 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	strategy, reason, msg := choose(preferred, facts)
 	if replica != nil && strategy == common.CloneStrategyCSIClone {
 		msg = fmt.Sprintf("CSIClone of the image's replica %s on node %s, where the image's volume is not", replica.Name, d.obj.GetAnnotations()[AnnotationSelectedNode])
+	}
+	if ignored != "" {
+		msg += "; " + ignored
 	}
 	if d.status.CloneStrategy != "" {
 		strategy = d.status.CloneStrategy
@@ -538,12 +541,12 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, pvc *corev1.Per
 	if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: goldenName}, golden); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	why, local, err := r.reach(ctx, golden, node)
-	if err != nil || why == "" || (!local && st.CloneStrategy == common.CloneStrategySnapshot) {
+	pl, err := r.reach(ctx, golden, node)
+	if err != nil || pl.unreachable == "" || (!pl.nodeLocal && st.CloneStrategy == common.CloneStrategySnapshot) {
 		return err // a snapshot of a zone's volume is restored in any zone
 	}
 	msg := fmt.Sprintf("its VM's pod was scheduled to node %s, where a %s cannot be made: %s. Make the disk as a PVC whose dataSourceRef is the image (it waits for the VM's node and copies the image there), or run the VM where the image is",
-		node, st.CloneStrategy, why)
+		node, st.CloneStrategy, pl.unreachable)
 	d.tracked().SetFailed(ReasonSourceUnreachable, msg)
 	r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeWarning, ReasonSourceUnreachable, "Clone", "The disk cannot be made: %s", msg)
 	return nil
@@ -577,14 +580,8 @@ func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan, pv
 			return false, err
 		}
 	}
-	if !byPod && p.golden != nil {
-		pv, err := r.volumeOf(ctx, p.golden.PVC)
-		if pv == nil || err != nil {
-			return false, err
-		}
-		if local, err := r.nodeLocal(ctx, pv); !local || err != nil {
-			return false, err
-		}
+	if !byPod && p.golden != nil && !p.nodeLocal {
+		return false, nil
 	}
 	p.deferredHow = deferredHow(d, p, byPod)
 	return true, nil
@@ -714,15 +711,6 @@ func (r *Reconciler) volumeOf(ctx context.Context, pvc *corev1.PersistentVolumeC
 	return storage.VolumeOf(ctx, r.Client, pvc)
 }
 
-// nodeLocal says whether pv's volume is node-local (storage.NodeLocal).
-func (r *Reconciler) nodeLocal(ctx context.Context, pv *corev1.PersistentVolume) (bool, error) {
-	nodes := &corev1.NodeList{}
-	if err := r.List(ctx, nodes); err != nil {
-		return false, err
-	}
-	return storage.NodeLocal(pv, nodes.Items), nil
-}
-
 // snapshotFailed says why the image's golden VolumeSnapshot cannot be restored from: the error
 // the snapshotter reported on it; "" when it has none, or there is none yet. Automatic then
 // clones the image's volume instead of restoring it (an explicit Snapshot waits, as asked).
@@ -737,47 +725,37 @@ func (r *Reconciler) snapshotFailed(ctx context.Context, g *image.Golden) (strin
 	return fmt.Sprintf("the image's golden VolumeSnapshot %s failed: %s", snap.Name, ptr.Deref(snap.Status.Error.Message, "no message")), nil
 }
 
-// shared says whether the golden PVC's volume is bound and not node-local (automatic).
-func (r *Reconciler) shared(ctx context.Context, golden *corev1.PersistentVolumeClaim) (bool, error) {
-	pv, err := r.volumeOf(ctx, golden)
-	if pv == nil || err != nil {
-		return false, err
-	}
-	local, err := r.nodeLocal(ctx, pv)
-	return !local, err
+// placement is where an image's volume is, as a disk wanted on a node sees it.
+type placement struct {
+	// shared: the volume is bound and not node-local (automatic).
+	shared bool
+	// nodeLocal: the volume's affinity admits one node (TopoLVM, local-path), rather than a
+	// zone (EBS, Persistent Disk), whose snapshots are restored anywhere.
+	nodeLocal bool
+	// unreachable says why the node cannot use the volume, which a CSI clone or restore then
+	// cannot copy from; "" when it can, or either is not known.
+	unreachable string
 }
 
-// unreachable says why the node the disk is wanted on (where the scheduler put its first
-// consumer, AnnotationSelectedNode) cannot use the golden PVC's volume: a node-local volume
-// (TopoLVM, local-path) of another node, which a CSI clone or restore cannot copy from. ""
-// when it can, or the node is not known (a disk made before its consumer is scheduled).
-func (r *Reconciler) unreachable(ctx context.Context, d *vmDisk, golden *corev1.PersistentVolumeClaim) (string, bool, error) {
-	return r.reach(ctx, golden, d.obj.GetAnnotations()[AnnotationSelectedNode])
-}
-
-// reach says why node name cannot use the golden PVC's volume, "" when it can or either is
-// not known; and whether the volume is node-local (its affinity admits one node), rather
-// than of a zone (EBS, Persistent Disk), whose snapshots are restored anywhere.
-func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeClaim, name string) (string, bool, error) {
-	if name == "" {
-		return "", false, nil
-	}
+// reach is where the golden PVC's volume is, as node name (the node the scheduler put a
+// disk's first consumer on, AnnotationSelectedNode; "" when not known yet) sees it.
+func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeClaim, name string) (placement, error) {
 	pv, err := r.volumeOf(ctx, golden)
 	if pv == nil || err != nil {
-		return "", false, err
+		return placement{}, err
 	}
-	node := &corev1.Node{}
-	if err := r.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
-		return "", false, client.IgnoreNotFound(err)
+	nodes := &corev1.NodeList{}
+	if err := r.List(ctx, nodes); err != nil {
+		return placement{}, err
 	}
-	if storage.Reaches(pv, node) {
-		return "", false, nil
+	local := storage.NodeLocal(pv, nodes.Items)
+	pl := placement{shared: !local, nodeLocal: local}
+	for i := range nodes.Items {
+		if n := &nodes.Items[i]; n.Name == name && !storage.Reaches(pv, n) {
+			pl.unreachable = fmt.Sprintf("the image's volume is on %s, and the disk is wanted on node %s", storage.Placement(pv), name)
+		}
 	}
-	local, err := r.nodeLocal(ctx, pv)
-	if err != nil {
-		return "", false, err
-	}
-	return fmt.Sprintf("the image's volume is on %s, and the disk is wanted on node %s", storage.Placement(pv), name), local, nil
+	return pl, nil
 }
 
 func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *plan) (*corev1.PersistentVolumeClaim, error) {

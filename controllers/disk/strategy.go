@@ -29,29 +29,38 @@ type StrategyDefaults struct {
 // disk's own spec.cloneStrategy: the class's annotation AnnotationCloneStrategy, else the
 // installation's value for the class, else its default; "" where the one that says is
 // Automatic, or nothing says (diskpipe chooses: automatic, below). An annotation that names no
-// strategy is not read.
-func (d StrategyDefaults) Preferred(class *storagev1.StorageClass) common.CloneStrategy {
-	s := d.Default
+// strategy is not read, and ignored says so ("" otherwise).
+func (d StrategyDefaults) Preferred(class *storagev1.StorageClass) (s common.CloneStrategy, ignored string) {
+	s = d.Default
 	if class != nil {
 		if v, ok := d.StorageClasses[class.Name]; ok {
 			s = v
 		}
-		if v := common.CloneStrategy(class.Annotations[AnnotationCloneStrategy]); v == StrategyAutomatic || slices.Contains(strategies, v) {
-			s = v
+		if v, ok := class.Annotations[AnnotationCloneStrategy]; ok {
+			if slices.Contains(knownStrategies(), common.CloneStrategy(v)) {
+				s = common.CloneStrategy(v)
+			} else {
+				ignored = fmt.Sprintf("the StorageClass %s's annotation %s, %q, names none of %v and is not read", class.Name, AnnotationCloneStrategy, v, knownStrategies())
+			}
 		}
 	}
 	if s == StrategyAutomatic {
-		return ""
+		return "", ignored
 	}
-	return s
+	return s, ignored
 }
 
 // StrategyAutomatic is the installation default that leaves the strategy to diskpipe.
 const StrategyAutomatic common.CloneStrategy = "Automatic"
 
+// knownStrategies are the strategies an installation, or a class, may prefer.
+func knownStrategies() []common.CloneStrategy {
+	return append([]common.CloneStrategy{StrategyAutomatic}, strategies...)
+}
+
 // Validate refuses a strategy diskpipe does not know.
 func (d StrategyDefaults) Validate() error {
-	all := append([]common.CloneStrategy{StrategyAutomatic}, strategies...)
+	all := knownStrategies()
 	if d.Default != "" && !slices.Contains(all, d.Default) {
 		return fmt.Errorf("cloneStrategy.default %q is not one of %v", d.Default, all)
 	}

@@ -124,8 +124,12 @@ func TestPreferred(t *testing.T) {
 		{"nothing says", StrategyDefaults{}, class("lvm", ""), ""},
 		{"the default: Automatic", StrategyDefaults{Default: StrategyAutomatic}, class("lvm", ""), ""},
 	} {
-		if got := tc.defaults.Preferred(tc.class); got != tc.want {
+		got, ignored := tc.defaults.Preferred(tc.class)
+		if got != tc.want {
 			t.Errorf("%s: Preferred = %q, want %q", tc.name, got, tc.want)
+		}
+		if misnamed := tc.class != nil && tc.class.Annotations[AnnotationCloneStrategy] == "Rsync"; (ignored != "") != misnamed {
+			t.Errorf("%s: ignored = %q", tc.name, ignored)
 		}
 	}
 	if err := chart.Validate(); err != nil {
