@@ -197,6 +197,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			r.Events.Eventf(dv, nil, typ, reason, string(st.Phase), "%s", note)
 		}
 	}
+	if o.refused != nil && o.refused.reason == owned.ReasonNameTerminating {
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil // whoever's the object was, it goes
+	}
 	return ctrl.Result{}, nil
 }
 
@@ -300,10 +303,15 @@ func (r *Reconciler) done(ctx context.Context, dv *cdiv1.DataVolume, made *diskv
 }
 
 // ensureChild makes obj, controlled by dv, unless it exists; a refusal says why dv cannot go
-// on (its name is taken by another object, the API refused what dv asks).
+// on (its name is taken by another object, or one still being deleted; the API refused what
+// dv asks).
 func (r *Reconciler) ensureChild(ctx context.Context, dv *cdiv1.DataVolume, obj client.Object, kind string) (*refusal, error) {
 	created, err := owned.Ensure(ctx, r.Client, dv, obj)
-	if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
+	if t := (*owned.ErrTerminating)(nil); errors.As(err, &t) {
+		// A DataVolume made again (a VM's dataVolumeTemplates, a GitOps sync) before its earlier
+		// self's children are gone: it waits, Pending; their deletion brings it back.
+		return &refusal{reason: owned.ReasonNameTerminating, message: t.Error()}, nil
+	} else if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
 		return &refusal{reason: ReasonResourceExists, message: fmt.Sprintf("%s %s already exists and is not managed by DataVolume %s", kind, obj.GetName(), dv.Name)}, nil
 	} else if apierrors.IsInvalid(err) {
 		// The API refused what the DataVolume asks (a URL that is none, a bucket name that is

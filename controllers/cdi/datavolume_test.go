@@ -175,6 +175,24 @@ func TestDataVolumeRefusals(t *testing.T) {
 	g.Eventually(dvState(t, taken), 20*time.Second).Should(Equal("Pending N/A Bound=False:ErrResourceExists Ready=False: Running=False:ErrResourceExists"))
 	g.Expect(taken.Status.Conditions[0].Message).To(Equal("DiskVolume taken already exists and is not managed by DataVolume taken"))
 
+	// A DataVolume made again before its earlier self's DiskVolume is gone waits for the name.
+	old := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: "again", Namespace: ns, Finalizers: []string{"diskpipe.test/in-use"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: cdiv1.SchemeGroupVersion.String(), Kind: "DataVolume", Name: "again",
+			UID: "0e4a3c1e-7d62-4b44-9c4e-1d9a50b1e0aa", Controller: ptr.To(true)}}},
+		Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}}}
+	old.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
+	g.Expect(env.Client.Create(ctx, old)).To(Succeed())
+	g.Expect(env.Client.Delete(ctx, old)).To(Succeed())
+	again := dataVolume(ns, "again", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	g.Expect(env.Client.Create(ctx, again)).To(Succeed())
+	g.Eventually(dvState(t, again), 20*time.Second).Should(Equal("Pending N/A Bound=False:NameTerminating Ready=False: Running=False:NameTerminating"))
+	g.Expect(again.Status.Conditions[0].Message).To(HavePrefix("a DiskVolume named again, not made for this object"))
+	g.Expect(ctrltest.Update(ctx, env.Client, old, func() { old.Finalizers = nil })).To(Succeed())
+	g.Eventually(func() bool {
+		d := &diskvolume.DiskVolume{}
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "again"}, d) == nil && metav1.IsControlledBy(d, again)
+	}, 20*time.Second).Should(BeTrue(), "made once the name is free")
+
 	gcs := dataVolume(ns, "gcs", &cdiv1.DataVolumeSource{GCS: &cdiv1.DataVolumeSourceGCS{URL: "gs://bucket/fedora.qcow2"}}, "1Gi")
 	g.Expect(env.Client.Create(ctx, gcs)).To(Succeed())
 	g.Eventually(dvState(t, gcs), 20*time.Second).Should(Equal("Pending N/A Bound=False:SourceNotServed Ready=False: Running=False:SourceNotServed"))

@@ -437,6 +437,41 @@ func TestMisnamedStrategy(t *testing.T) {
 		`; the StorageClass csi-rsync's annotation diskpipe.io/clone-strategy, "Rsync", names none of [Automatic CSIClone Snapshot HostAssisted] and is not read`)))
 }
 
+// TestSnapshotNameTerminating: an image made again while its earlier self's golden snapshot is
+// still being deleted. A disk of the default strategy clones the image's volume instead, and
+// says why; one that asks for Snapshot waits for the name, says so, and is restored from the
+// image's own snapshot once it is free.
+func TestSnapshotNameTerminating(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t)
+	old := &snapshotv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Name: "vmim-again-golden", Namespace: ns, Finalizers: []string{"diskpipe.test/restoring"}},
+		Spec: snapshotv1.VolumeSnapshotSpec{Source: snapshotv1.VolumeSnapshotSource{PersistentVolumeClaimName: ptr.To("vmim-again")}, VolumeSnapshotClassName: ptr.To(snapClass)}}
+	g.Expect(env.Client.Create(ctx, old)).To(Succeed())
+	g.Expect(env.Client.Delete(ctx, old)).To(Succeed())
+	readyImage(t, ns, "again", classCSI)
+
+	auto := newDiskVolume(ns, "auto", fromImage("", "again"), classCSI, "")
+	g.Expect(env.Client.Create(ctx, auto)).To(Succeed())
+	g.Eventually(diskStatus(t, auto, &auto.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy), Equal(
+		"FellBack: CSIClone, because Snapshot is not possible: the VolumeSnapshot vmim-again-golden, the name of the image's golden snapshot, is not the image's")))
+	g.Expect(pvcOf(t, ns, "auto").Spec.DataSource.Kind).To(Equal("PersistentVolumeClaim"))
+
+	asked := newDiskVolume(ns, "asked", fromImage("", "again"), classCSI, "")
+	asked.Spec.CloneStrategy = ptr.To(common.CloneStrategySnapshot)
+	g.Expect(env.Client.Create(ctx, asked)).To(Succeed())
+	g.Eventually(diskStatus(t, asked, &asked.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), Equal(
+		"NameTerminating: a VolumeSnapshot named vmim-again-golden, not made for this object (most often an earlier object's of the same name), is still being deleted: this object's is made once it is gone")))
+	g.Expect(asked.Status.Phase).To(Equal(common.PhasePending))
+
+	g.Expect(ctrltest.Update(ctx, env.Client, old, func() { old.Finalizers = nil })).To(Succeed())
+	g.Expect(pvcOf(t, ns, "asked").Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotv1.GroupName), Kind: "VolumeSnapshot", Name: "vmim-again-golden"}))
+	snap := &snapshotv1.VolumeSnapshot{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-again-golden"}, snap)).To(Succeed())
+	g.Expect(snap.Labels[image.LabelImage]).NotTo(BeEmpty(), "the image's own snapshot")
+}
+
 // TestFallback falls back to a host-assisted copy when the storage cannot clone, says why,
 // and copies with an importer pod that mounts the golden PVC read-only.
 func TestFallback(t *testing.T) {

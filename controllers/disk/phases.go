@@ -124,6 +124,8 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		}
 		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
+	case errors.As(err, new(*owned.ErrTerminating)), errors.As(err, new(*owned.ErrNotOwned)):
+		return r.nameTaken(d, err) // the image's golden snapshot's name
 	case err != nil:
 		return ctrl.Result{}, err
 	case p == nil:
@@ -206,8 +208,12 @@ func (r *Reconciler) cloning(d *vmDisk) {
 
 // refused fails the disk when a child's name is taken by an object diskpipe did not make for
 // it (owned.ErrNotOwned), or a volume it would hand over is not its prime's
-// (storage.ErrNotBound); any other err is returned with res.
+// (storage.ErrNotBound), and has it wait while the object that holds the name is being
+// deleted (owned.ErrTerminating); any other err is returned with res.
 func (r *Reconciler) refused(d *vmDisk, res ctrl.Result, err error) (ctrl.Result, error) {
+	if res, waits := d.tracked().WaitForName(err); waits {
+		return res, nil
+	}
 	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
 		d.tracked().SetFailed(reasonNameTaken, nt.Error())
 		return ctrl.Result{}, nil
@@ -712,14 +718,20 @@ func (r *Reconciler) volumeOf(ctx context.Context, pvc *corev1.PersistentVolumeC
 }
 
 // snapshotFailed says why the image's golden VolumeSnapshot cannot be restored from: the error
-// the snapshotter reported on it; "" when it has none, or there is none yet. Automatic then
-// clones the image's volume instead of restoring it (an explicit Snapshot waits, as asked).
+// the snapshotter reported on it, or its name held by a snapshot not the image's (an earlier
+// image's of the same name, still being deleted); "" when it is fine, or there is none yet.
+// Automatic then clones the image's volume instead of restoring it (an explicit Snapshot waits,
+// as asked).
 func (r *Reconciler) snapshotFailed(ctx context.Context, g *image.Golden) (string, error) {
 	snap := &snapshotv1.VolumeSnapshot{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: g.PVC.Namespace, Name: image.SnapshotName(g)}, snap); err != nil {
 		return "", client.IgnoreNotFound(err)
 	}
-	if snap.Status == nil || snap.Status.Error == nil {
+	switch {
+	case !owned.Mine("VolumeSnapshot", snap, g.Obj):
+		// An earlier image's of this name, still being deleted; or another's.
+		return fmt.Sprintf("the VolumeSnapshot %s, the name of the image's golden snapshot, is not the image's", snap.Name), nil
+	case snap.Status == nil || snap.Status.Error == nil:
 		return "", nil
 	}
 	return fmt.Sprintf("the image's golden VolumeSnapshot %s failed: %s", snap.Name, ptr.Deref(snap.Status.Error.Message, "no message")), nil

@@ -75,8 +75,12 @@ func (r *Reconciler) reconcile(ctx context.Context, ex *hypercloud.VirtualMachin
 }
 
 // refused fails the export whose child's name is taken by an object diskpipe did not make for
-// it, or that the store refused for good; any other err is returned with res.
+// it, or that the store refused for good, and has it wait while the object that holds the name
+// is being deleted; any other err is returned with res.
 func refused(ex *hypercloud.VirtualMachineVolumeExport, res ctrl.Result, err error) (ctrl.Result, error) {
+	if res, waits := tracked(ex).WaitForName(err); waits {
+		return res, nil
+	}
 	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
 		tracked(ex).SetFailed(importpod.ReasonNameTaken, nt.Error())
 		return ctrl.Result{}, nil

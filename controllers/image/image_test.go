@@ -360,6 +360,36 @@ func TestSizeRequired(t *testing.T) {
 	}, 20*time.Second).Should(Succeed())
 }
 
+// TestNameTerminating: an image made again while its earlier self's golden PVC is still being
+// deleted (a pod still used it) waits for the name, says so, and imports once it is free; it
+// does not fail, and does not take the old claim.
+func TestNameTerminating(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "again")
+	g.Expect(err).NotTo(HaveOccurred())
+	old := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "vmim-fedora", Namespace: ns, Finalizers: []string{"diskpipe.test/in-use"}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+	g.Expect(env.Client.Create(ctx, old)).To(Succeed())
+	g.Expect(env.Client.Delete(ctx, old)).To(Succeed())
+
+	vmi := newImage(ns, "fedora", "10Gi", 3)
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(phaseReasonMessage, Equal(
+		"Pending NameTerminating: a PersistentVolumeClaim named vmim-fedora, not made for this object (most often an earlier object's of the same name), is still being deleted: this object's is made once it is gone")))
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-fedora-import-0"}, &corev1.Pod{})).NotTo(Succeed())
+
+	g.Expect(ctrltest.Update(ctx, env.Client, old, func() { old.Finalizers = nil })).To(Succeed())
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-fedora-import-0"}, &corev1.Pod{})
+	}, 20*time.Second).Should(Succeed())
+	pvc := &corev1.PersistentVolumeClaim{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-fedora"}, pvc)).To(Succeed())
+	g.Expect(metav1.IsControlledBy(pvc, vmi)).To(BeTrue())
+}
+
 // TestClaimedSizeBounded: a size a source claims near 2^63 (a crafted header) fails the
 // image with the reason, before any volume is sized from it (where it would overflow).
 func TestClaimedSizeBounded(t *testing.T) {

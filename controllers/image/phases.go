@@ -168,11 +168,15 @@ func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
 }
 
 // childError turns the errors a user can act on into status: a child's name taken by
-// another object fails the import; a missing dependency makes it wait.
+// another object fails the import; a missing dependency, or a name still held by an object
+// being deleted, makes it wait.
 func (r *Reconciler) childError(g *goldenImage, err error) (ctrl.Result, bool) {
 	var notOwned *owned.ErrNotOwned
 	var notReady *NotReadyError
 	var refused *transfer.Error
+	if res, waits := g.tracked().WaitForName(err); waits {
+		return res, true
+	}
 	switch {
 	case errors.As(err, &notOwned):
 		g.tracked().SetFailed("NameTaken", notOwned.Error())

@@ -168,7 +168,13 @@ func (r *Reconciler) reconcile(ctx context.Context, vm *vmv1.VirtualMachine) (ct
 	kv, err := r.ensureKubeVirtVM(ctx, vm, spec)
 	if err != nil {
 		var nt *owned.ErrNotOwned
+		var terminating *owned.ErrTerminating
 		switch {
+		case errors.As(err, &terminating):
+			// Made again before its earlier self's KubeVirt VM is gone (a VM's shutdown takes
+			// its grace period): it is made once that is.
+			setCondition(st, common.ConditionReady, metav1.ConditionFalse, owned.ReasonNameTerminating, terminating.Error())
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		case errors.As(err, &nt):
 			st.Phase = common.PhaseFailed
 			setCondition(st, common.ConditionReady, metav1.ConditionFalse, "NameTaken", nt.Error())
@@ -207,10 +213,16 @@ func (r *Reconciler) ensureDisks(ctx context.Context, vm *vmv1.VirtualMachine) (
 			Labels: t.Metadata.Labels, Annotations: t.Metadata.Annotations}, Spec: *t.Spec.DeepCopy()}
 		err := owned.Create(ctx, r.Client, vm, d)
 		var nt *owned.ErrNotOwned
-		if err != nil && !errors.As(err, &nt) {
+		if err != nil && !errors.As(err, &nt) && !errors.As(err, new(*owned.ErrTerminating)) {
 			return nil, nil, nil, err
 		}
 		vm.Status.DiskVolumes = append(vm.Status.DiskVolumes, d.Name)
+		if err != nil && nt == nil {
+			// An earlier VM's of the name, still being deleted: not used; the VM's is made once
+			// it is gone.
+			waiting = append(waiting, d.Name+" (an earlier DiskVolume of this name is being deleted)")
+			continue
+		}
 		switch d.Status.Phase {
 		case common.PhaseReady:
 			pvcs[t.Metadata.Name] = d.Status.PVCName

@@ -223,6 +223,48 @@ func TestDiskMadeOutside(t *testing.T) {
 	g.Expect(metav1.GetControllerOf(outside)).To(BeNil())
 }
 
+// TestMadeAgain: a VM deleted and made again before its earlier self's DiskVolume and KubeVirt
+// VM are gone (a guest's shutdown takes its grace period) waits for each name, says so, and
+// uses neither of the old ones: its own are made once they are gone.
+func TestMadeAgain(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	q := resource.MustParse("1Gi")
+	// The old disk waits for an image, so that it made no children the garbage collector
+	// (which envtest does not run) would delete.
+	oldDisk := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: "disk0-vm-blank", Namespace: ns, Finalizers: []string{"diskpipe.test/in-use"}},
+		Spec: diskvolume.DiskVolumeSpec{Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: "missing", Kind: diskvolume.ImageKindVirtualMachineImage}}}}
+	oldDisk.Spec.Resources.Requests.Storage = &q
+	oldVM := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+		"metadata": map[string]any{"name": "vm1", "namespace": ns, "finalizers": []any{"diskpipe.test/shutting-down"}},
+		"spec":     map[string]any{"runStrategy": "Halted", "template": map[string]any{"spec": map[string]any{"domain": map[string]any{"devices": map[string]any{}}}}}}}
+	for _, old := range []client.Object{oldDisk, oldVM} {
+		g.Expect(env.Client.Create(ctx, old)).To(Succeed())
+		g.Expect(env.Client.Delete(ctx, old)).To(Succeed())
+	}
+
+	vm := seedVM(t, ns)
+	g.Expect(env.Client.Create(ctx, vm)).To(Succeed())
+	g.Eventually(vmStatus(t, vm), 20*time.Second).Should(WithTransform(ready, Equal(
+		"Pending WaitingForDisks: waiting for DiskVolumes: disk0-vm-blank (an earlier DiskVolume of this name is being deleted)")))
+	g.Expect(ctrltest.Update(ctx, env.Client, oldDisk, func() { oldDisk.Finalizers = nil })).To(Succeed())
+	d := &diskvolume.DiskVolume{}
+	g.Eventually(func() bool {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "disk0-vm-blank"}, d) == nil && metav1.IsControlledBy(d, vm)
+	}, 20*time.Second).Should(BeTrue(), "the VM's own disk, made once the name is free")
+	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), "disk0-vm-blank-blank-0", "disk0-vm-blank", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
+
+	g.Eventually(vmStatus(t, vm), 20*time.Second).Should(WithTransform(ready, Equal(
+		"Pending NameTerminating: a VirtualMachine named vm1, not made for this object (most often an earlier object's of the same name), is still being deleted: this object's is made once it is gone")))
+	g.Expect(ctrltest.Update(ctx, env.Client, oldVM, func() { oldVM.SetFinalizers(nil) })).To(Succeed())
+	kv := kubeVirtVM(t, ns, "vm1")
+	g.Eventually(func() bool {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(kv), kv)
+		return metav1.IsControlledBy(kv, vm)
+	}, 20*time.Second).Should(BeTrue())
+}
+
 // TestKubeVirtInstalledLater: diskpipe installed before KubeVirt. Its manager starts without
 // KubeVirt's CRD, a VM made meanwhile says that it waits for KubeVirt, and its KubeVirt VM is
 // made once the CRD is there.

@@ -3,6 +3,7 @@ package importpod
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -48,6 +49,20 @@ type Status struct {
 // SetReady sets the Ready condition.
 func (s Status) SetReady(status metav1.ConditionStatus, reason, msg string) {
 	meta.SetStatusCondition(s.Conditions, metav1.Condition{Type: common.ConditionReady, Status: status, Reason: reason, Message: msg})
+}
+
+// WaitForName has the work wait, Pending, while a child's name is held by an object being
+// deleted (owned.ErrTerminating), and says so; false when err is no such error.
+func (s Status) WaitForName(err error) (ctrl.Result, bool) {
+	t := (*owned.ErrTerminating)(nil)
+	if !errors.As(err, &t) {
+		return ctrl.Result{}, false
+	}
+	if *s.Phase == "" {
+		*s.Phase = common.PhasePending
+	}
+	s.SetReady(metav1.ConditionFalse, owned.ReasonNameTerminating, t.Error())
+	return ctrl.Result{RequeueAfter: 5 * time.Second}, true
 }
 
 // SetFailed ends the work with reason.

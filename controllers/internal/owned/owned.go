@@ -19,9 +19,24 @@ func (e *ErrNotOwned) Error() string {
 	return fmt.Sprintf("a %s named %s already exists and was not made by diskpipe for this object; delete it and diskpipe makes it again", e.Kind, e.Name)
 }
 
+// ErrTerminating means an object of the child's name, not made for this owner, is being
+// deleted: most often the child of an earlier object of the owner's name, deleted and made
+// again before all of its children were gone (a PVC a pod still uses, a snapshot a restore
+// still reads). Not a failure: the child is made once the name is free (ReasonNameTerminating).
+type ErrTerminating struct{ Kind, Name string }
+
+func (e *ErrTerminating) Error() string {
+	return fmt.Sprintf("a %s named %s, not made for this object (most often an earlier object's of the same name), is still being deleted: this object's is made once it is gone", e.Kind, e.Name)
+}
+
+// ReasonNameTerminating is the reason of the condition of an object that waits for an
+// ErrTerminating's name.
+const ReasonNameTerminating = "NameTerminating"
+
 // Create creates obj controlled by owner unless it exists, and reads it into obj; an
-// existing object that owner does not control is an *ErrNotOwned. The cache is read first:
-// most calls find the child made by an earlier pass, without a request to the apiserver.
+// existing object that owner does not control is an *ErrNotOwned (an *ErrTerminating while it
+// is being deleted). The cache is read first: most calls find the child made by an earlier
+// pass, without a request to the apiserver.
 func Create(ctx context.Context, c client.Client, owner, obj client.Object) error {
 	_, err := Ensure(ctx, c, owner, obj)
 	return err
@@ -66,6 +81,9 @@ func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (boo
 		return false, err
 	}
 	if !Mine(gvk.Kind, obj, owner) {
+		if obj.GetDeletionTimestamp() != nil {
+			return false, &ErrTerminating{Kind: gvk.Kind, Name: obj.GetName()}
+		}
 		return false, &ErrNotOwned{Kind: gvk.Kind, Name: obj.GetName()}
 	}
 	return false, nil
