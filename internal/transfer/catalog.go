@@ -71,6 +71,7 @@ var Catalog = []ReasonDoc{
 	{Reason: "TooSmall", On: "disks", Meaning: "the requested size is smaller than the source", Advice: "ask for at least the source's size"},
 	{Reason: "SizeRequired", On: "images, blank disks", Meaning: "the size cannot be known without importing (compressed raw), or a blank disk has none", Advice: "set `resources.requests.storage`"},
 	{Reason: "NameTaken", On: "images, disks, exports", Meaning: "an object of a child's name (a PVC, a pod, a snapshot) exists that diskpipe did not make for this object", Advice: "rename the object, or delete that one and diskpipe makes its own"},
+	{Reason: "NameTerminating", On: "images, disks, exports, VirtualMachines, DataVolumes", Meaning: "an object of a child's name that diskpipe did not make for this object is being deleted: most often the child of an earlier object of the same name, deleted and made again before its PVC (still used by a pod), snapshot or KubeVirt VM was gone", Advice: "wait: the child is made once the name is free; `kubectl get` the named object shows what holds it (its finalizers)"},
 	{Reason: "VolumeNotBound", On: "disks", Meaning: "the volume a disk would be handed is not bound to diskpipe's claim that filled it (a claim named another volume)", Advice: "delete the disk and make it again; the message names the claim the volume is bound to"},
 	{Reason: "Retrying", On: "all", Meaning: "an attempt failed transiently; the next one comes after 2, 4, 8 … s (at most 5 min)", Advice: "nothing, or read the message"},
 }
