@@ -474,9 +474,12 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	owner := metav1.GetControllerOf(pvc)
 	switch {
 	case owner != nil && owner.Kind == "DiskVolume" && owner.Name == dv.Name:
-		return false, nil // diskpipe makes it for this DataVolume
+		return false, nil // diskpipe makes it for this DataVolume (its DiskVolume waits for an earlier one's)
 	case owner != nil && owner.UID == dv.UID:
 		return !cdiclaims.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
+	case !pvc.DeletionTimestamp.IsZero():
+		// Never taken: an earlier DataVolume's of the name, most often, whose pod still uses it.
+		return false, &refusal{reason: owned.ReasonNameTerminating, message: (&owned.ErrTerminating{Kind: "PersistentVolumeClaim", Name: pvc.Name}).Error()}
 	case dv.Annotations[AnnAllowClaimAdoption] != "true" && pvc.Annotations[AnnPopulatedFor] != dv.Name:
 		return false, &refusal{reason: ReasonResourceExists, message: fmt.Sprintf("PVC %s already exists and is not managed by DataVolume %s: to take it as the "+
 			"DataVolume's disk, annotate the DataVolume %s: \"true\" (or %s: \"true\")", pvc.Name, dv.Name, AnnAllowClaimAdoption, annPrePopulated)}

@@ -192,6 +192,18 @@ func TestDataVolumeRefusals(t *testing.T) {
 		d := &diskvolume.DiskVolume{}
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "again"}, d) == nil && metav1.IsControlledBy(d, again)
 	}, 20*time.Second).Should(BeTrue(), "made once the name is free")
+	// Nor is a claim being deleted adopted, though the DataVolume allows it.
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "adoptee", Namespace: ns, Finalizers: []string{"diskpipe.test/in-use"}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+	g.Expect(env.Client.Create(ctx, claim)).To(Succeed())
+	g.Expect(env.Client.Delete(ctx, claim)).To(Succeed())
+	adoptee := dataVolume(ns, "adoptee", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	adoptee.Annotations = map[string]string{cdi.AnnAllowClaimAdoption: "true"}
+	g.Expect(env.Client.Create(ctx, adoptee)).To(Succeed())
+	g.Eventually(dvState(t, adoptee), 20*time.Second).Should(Equal("Pending N/A Bound=False:NameTerminating Ready=False: Running=False:NameTerminating"))
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim)).To(Succeed())
+	g.Expect(metav1.GetControllerOf(claim)).To(BeNil(), "not taken")
 
 	gcs := dataVolume(ns, "gcs", &cdiv1.DataVolumeSource{GCS: &cdiv1.DataVolumeSourceGCS{URL: "gs://bucket/fedora.qcow2"}}, "1Gi")
 	g.Expect(env.Client.Create(ctx, gcs)).To(Succeed())

@@ -12,6 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -470,6 +471,33 @@ func TestSnapshotNameTerminating(t *testing.T) {
 	snap := &snapshotv1.VolumeSnapshot{}
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-again-golden"}, snap)).To(Succeed())
 	g.Expect(snap.Labels[image.LabelImage]).NotTo(BeEmpty(), "the image's own snapshot")
+}
+
+// TestClaimNameTerminating: a disk made again while its earlier self's PVC is still being
+// deleted (its VM's pod still uses it): bound, and marked as handed over by a prime. The disk
+// is not made of it: it waits, says so, and fills a claim of its own once the name is free.
+func TestClaimNameTerminating(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t)
+	readyImage(t, ns, "debian", classCSI)
+	old := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "again", Namespace: ns, Finalizers: []string{"diskpipe.test/in-use"},
+		Annotations: map[string]string{disk.AnnotationPrime: "prime-of-the-earlier-disk"}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: ptr.To(classOther),
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("4Gi")}}}}
+	g.Expect(env.Client.Create(ctx, old)).To(Succeed())
+	ctrltest.Bind(t, env, ns, "again")
+	g.Expect(env.Client.Delete(ctx, old)).To(Succeed())
+
+	d := newDiskVolume(ns, "again", fromImage("", "debian"), classOther, "4Gi")
+	g.Expect(env.Client.Create(ctx, d)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), Equal(
+		"NameTerminating: a PersistentVolumeClaim named again, not made for this object (most often an earlier object's of the same name), is still being deleted: this object's is made once it is gone")))
+	g.Expect(d.Status.Phase).To(Equal(common.PhasePending))
+
+	g.Expect(ctrltest.Update(ctx, env.Client, old, func() { old.Finalizers = nil })).To(Succeed())
+	g.Expect(pvcOf(t, ns, disk.PrimeName(d.UID)).Spec.DataSource).To(BeNil(), "a claim of its own, filled by a copy")
 }
 
 // TestFallback falls back to a host-assisted copy when the storage cannot clone, says why,

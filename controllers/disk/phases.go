@@ -125,7 +125,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		}
 		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
 	case errors.As(err, new(*owned.ErrTerminating)), errors.As(err, new(*owned.ErrNotOwned)):
-		return r.nameTaken(d, err) // the image's golden snapshot's name
+		return r.nameTaken(d, err) // the name of the image's golden snapshot, or of its replica
 	case err != nil:
 		return ctrl.Result{}, err
 	case p == nil:
@@ -260,9 +260,17 @@ func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpo
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
+	if final != nil && !metav1.IsControlledBy(final, d.obj) {
+		// Not this disk's, and never used: an earlier disk's of the name, still being deleted
+		// (a pod still uses it), or another's.
+		if final.DeletionTimestamp != nil {
+			return r.nameTaken(d, &owned.ErrTerminating{Kind: "PersistentVolumeClaim", Name: name})
+		}
+		return r.nameTaken(d, &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: name})
+	}
 	primeName := PrimeName(d.obj.GetUID())
 	switch {
-	case final != nil && final.Annotations[AnnotationPrime] == "" && metav1.IsControlledBy(final, d.obj):
+	case final != nil && final.Annotations[AnnotationPrime] == "":
 		// Made by a diskpipe from before primes, which fills the disk's own PVC: finish so.
 		primeName = name
 	case final != nil && final.Status.Phase == corev1.ClaimBound && final.Annotations[AnnotationPrime] != "":
@@ -576,13 +584,13 @@ func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan, pv
 	// an upgrade, or before its bind-immediately annotation was removed, is not deferred midway).
 	for _, name := range []string{pvcName, PrimeName(d.obj.GetUID())} {
 		pvc := &corev1.PersistentVolumeClaim{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err == nil {
+		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err == nil && metav1.IsControlledBy(pvc, d.obj) {
 			if name == pvcName && Deferred(pvc) {
 				p.deferredHow = deferredHow(d, p, byPod)
 				return true, nil
 			}
 			return false, nil
-		} else if !apierrors.IsNotFound(err) {
+		} else if err != nil && !apierrors.IsNotFound(err) {
 			return false, err
 		}
 	}

@@ -173,6 +173,7 @@ func (r *Reconciler) reconcile(ctx context.Context, vm *vmv1.VirtualMachine) (ct
 		case errors.As(err, &terminating):
 			// Made again before its earlier self's KubeVirt VM is gone (a VM's shutdown takes
 			// its grace period): it is made once that is.
+			st.Phase = common.PhasePending
 			setCondition(st, common.ConditionReady, metav1.ConditionFalse, owned.ReasonNameTerminating, terminating.Error())
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		case errors.As(err, &nt):

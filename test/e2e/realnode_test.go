@@ -167,7 +167,7 @@ var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Or
 		sameDisk(filepath.Join(cluster.VolumePath(ns, "restored"), "disk.img"))
 	})
 
-	It("removes a deleted disk's PVC with the garbage collector, and frees its volume only when pvc-protection lets it", func() {
+	It("removes a deleted disk's PVC with the garbage collector, frees its volume only when pvc-protection lets it, and has a disk made again meanwhile wait for it", func() {
 		kubectl(idlePod("reader", "cloned"), "apply", "-n", ns, "-f", "-")
 		Eventually(func() corev1.PodPhase {
 			pod := &corev1.Pod{}
@@ -187,10 +187,19 @@ var _ = Describe("on a real node: Kubernetes' controllers, CSI and webhooks", Or
 		Consistently(gone(ns, "cloned", &corev1.PersistentVolumeClaim{}), 5*time.Second, time.Second).Should(BeFalse(), "a PVC in use stays")
 		Expect(volume).To(BeADirectory())
 
+		// Made again meanwhile, the disk waits for its earlier self's PVC to go, and takes
+		// nothing of it: its own PVC is cloned anew once the name is free.
+		kubectl(diskFromImage("cloned", "base", "CSIClone"), "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "dvol", "cloned"), time.Minute, time.Second).Should(Equal("Pending NameTerminating"))
+
 		kubectl("", "delete", "pod", "reader", "-n", ns, "--wait=true", "--timeout=60s")
-		Eventually(gone(ns, "cloned", &corev1.PersistentVolumeClaim{}), time.Minute, time.Second).Should(BeTrue())
 		Eventually(gone("", pv.Name, &corev1.PersistentVolume{}), time.Minute, time.Second).Should(BeTrue(), "the provisioner deletes the released volume")
 		Eventually(volume, 30*time.Second).ShouldNot(BeADirectory(), "the driver's DeleteVolume ran")
+		Eventually(phase(ns, "dvol", "cloned"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		Expect(pvOf(ns, "cloned").Name).NotTo(Equal(pv.Name))
+		sameDisk(filepath.Join(cluster.VolumePath(ns, "cloned"), "disk.img"))
+		kubectl("", "delete", "dvol", "cloned", "-n", ns, "--wait=true", "--timeout=60s")
+		Eventually(gone(ns, "cloned", &corev1.PersistentVolumeClaim{}), time.Minute, time.Second).Should(BeTrue())
 	})
 
 	It("removes a deleted VM's KubeVirt VM and the disks it made, and keeps the disk it only uses", func() {
