@@ -496,8 +496,21 @@ func TestClaimNameTerminating(t *testing.T) {
 		"NameTerminating: a PersistentVolumeClaim named again, not made for this object (most often an earlier object's of the same name), is still being deleted: this object's is made once it is gone")))
 	g.Expect(d.Status.Phase).To(Equal(common.PhasePending))
 
+	// Its earlier self's importer pod still stops, too.
+	oldPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "again-clone-0", Namespace: ns, Finalizers: []string{"diskpipe.test/stopping"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "importer", Image: "diskpipe:test"}}}}
+	g.Expect(env.Client.Create(ctx, oldPod)).To(Succeed())
+	g.Expect(env.Client.Delete(ctx, oldPod)).To(Succeed())
+
 	g.Expect(ctrltest.Update(ctx, env.Client, old, func() { old.Finalizers = nil })).To(Succeed())
 	g.Expect(pvcOf(t, ns, disk.PrimeName(d.UID)).Spec.DataSource).To(BeNil(), "a claim of its own, filled by a copy")
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), HavePrefix(
+		"NameTerminating: a Pod named again-clone-0, not made for this object")))
+	g.Expect(ctrltest.Update(ctx, env.Client, oldPod, func() { oldPod.Finalizers = nil })).To(Succeed())
+	g.Eventually(func() bool {
+		pod := &corev1.Pod{}
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "again-clone-0"}, pod) == nil && metav1.IsControlledBy(pod, d)
+	}, 20*time.Second).Should(BeTrue(), "its own importer, once the name is free")
 }
 
 // TestFallback falls back to a host-assisted copy when the storage cannot clone, says why,

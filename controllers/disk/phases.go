@@ -319,7 +319,7 @@ func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpo
 	pod := importpod.Build(r.Pods.Config, spec)
 	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry, Source: source}
 	if err := r.Pods.Start(ctx, work, pod); err != nil {
-		return ctrl.Result{}, err
+		return r.refused(d, ctrl.Result{}, err) // its name held (an earlier disk's pod, still stopping)
 	}
 	return r.Pods.Observe(ctx, work, pod, func(res *transfer.Result) error {
 		st.VirtualSize = resource.NewQuantity(res.VirtualSize, resource.BinarySI)

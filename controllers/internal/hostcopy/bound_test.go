@@ -66,3 +66,53 @@ func TestServingBounded(t *testing.T) {
 		t.Errorf("a copy once one ended: %v", err)
 	}
 }
+
+// TestStoppingSourceNotUsed: a clone-source pod being deleted (evicted, or deleted when a copy
+// ended) is not given to a copy, though it still runs and has an address: the copy would be
+// cut short. The copy waits for it to go (one step, with a fake client).
+func TestStoppingSourceNotUsed(t *testing.T) {
+	if !owned.HasKey() {
+		owned.UseKey([]byte("hostcopy test"), time.Time{})
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&corev1.Pod{}).Build()
+	var cfg importpod.Config
+	cfg.Defaults()
+	src := Source{Namespace: "images", Name: "golden"}
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: "vms", UID: "u1"}}
+	prepare := func() bool {
+		t.Helper()
+		ready, err := Prepare(t.Context(), c, cfg, owner, src, &importpod.Spec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ready
+	}
+	if prepare() {
+		t.Fatal("ready before its pod runs")
+	}
+	pod := &corev1.Pod{}
+	if err := c.Get(t.Context(), types.NamespacedName{Namespace: "images", Name: sourceName(owner)}, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7"}
+	if err := c.Status().Update(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if !prepare() {
+		t.Fatal("not ready while its pod serves")
+	}
+	pod.Finalizers = []string{"diskpipe.test/stopping"}
+	if err := c.Update(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if prepare() {
+		t.Error("a stopping clone-source pod was given to the copy")
+	}
+}

@@ -105,6 +105,10 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		return false, client.IgnoreNotFound(err)
 	}
 	switch {
+	case pod.DeletionTimestamp != nil:
+		// Stopping (deleted when a copy ended, evicted, an earlier owner's of the name): a copy
+		// begun now would be cut short; the next pass makes it again once it is gone.
+		return false, nil
 	case !owned.Marked("Pod", pod, owner.GetUID()):
 		// Made by someone else under its name: its address is not one to send a token to.
 		return false, &owned.ErrNotOwned{Kind: "Pod", Name: src.Namespace + "/" + pod.Name}
