@@ -75,34 +75,8 @@ func TestGrowOnly(t *testing.T) {
 // with the token the copy is identical; without it the server refuses.
 func TestServe(t *testing.T) {
 	raw := makeRaw(t, t.TempDir())
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	token := "0123456789abcdef0123456789abcdef"
-	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	addr, err := freeport.Addr("127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan int)
-	go func() {
-		done <- Main(ctx, []string{"--serve", addr, "--path", raw, "--token-file", tokenFile, "--metrics-addr", "",
-			"--termination-message-path", filepath.Join(t.TempDir(), "term")}, os.Stderr)
-	}()
-	url := "http://" + addr + ServePath
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the clone source did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	base, token, stop := startServe(t, raw)
+	url := base + ServePath
 
 	target := filepath.Join(t.TempDir(), "disk.img")
 	code, res, log := runMain(t, "--url", url, "--header", "Authorization: Bearer "+token, "--format", "raw", "--target", target)
@@ -115,8 +89,44 @@ func TestServe(t *testing.T) {
 	if code != transfer.ExitFailed || res.Reason != transfer.ReasonSourceForbidden {
 		t.Errorf("wrong token: exit %d %+v", code, res)
 	}
-	cancel()
-	if code := <-done; code != transfer.ExitSucceeded {
-		t.Errorf("the server ended with %d after its context", code)
+	stop()
+}
+
+// startServe runs a clone source of path, as its pod does; it returns its base URL and token,
+// and a function that stops it and checks that it ended well.
+func startServe(t *testing.T, path string) (string, string, func()) {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	token := "0123456789abcdef0123456789abcdef"
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr, err := freeport.Addr("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan int)
+	go func() {
+		done <- Main(ctx, []string{"--serve", addr, "--path", path, "--token-file", tokenFile, "--metrics-addr", "",
+			"--termination-message-path", filepath.Join(t.TempDir(), "term")}, os.Stderr)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the clone source did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "http://" + addr, token, func() {
+		cancel()
+		if code := <-done; code != transfer.ExitSucceeded {
+			t.Errorf("the server ended with %d after its context", code)
+		}
 	}
 }

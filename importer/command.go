@@ -83,7 +83,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				}
 				a.URL = strings.TrimSpace(string(b))
 			}
-			s := &HTTPSource{URL: a.URL, CAFile: a.CAFile, Insecure: a.Insecure, Header: http.Header{}, Egress: &cmd.Egress}
+			s := &HTTPSource{URL: a.URL, ExtentsURL: a.ExtentsURL, CAFile: a.CAFile, Insecure: a.Insecure, Header: http.Header{}, Egress: &cmd.Egress}
 			if err := s.loadCredentials(a.AuthDir, a.Header, a.HeaderFile); err != nil {
 				return nil, err
 			}

@@ -29,6 +29,9 @@ type HTTPSource struct {
 	// SecretHeaders are the names of the headers in Header that came from a Secret: like
 	// basic auth, they are sent only to the URL's host, never to a host a redirect names.
 	SecretHeaders []string
+	// ExtentsURL, for a clone source (Serve), is where it lists its disk's data extents
+	// (ExtentsPath), sent the same headers: a raw copy reads those only.
+	ExtentsURL string
 	// Egress is where the source may connect (nil: anywhere).
 	Egress *transfer.Egress
 	// Transport overrides the transport (tests); nil builds one from the fields above, with

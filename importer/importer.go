@@ -207,10 +207,35 @@ func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Ta
 		src = io.MultiReader(bytes.NewReader(head[cp.Done:]), s)
 		s.pos = int64(len(head))
 	}
+	// A source that says where its data is (a disk.img; a clone source) has its holes skipped,
+	// not read: they read as zeros, which the target does not write anyway. A checksum asks
+	// for every byte.
+	var extents []Extent
+	if so, ok := f.obj.(sparseObject); ok && cs.Want == "" {
+		if extents, err = so.DataExtents(f.ctx); err != nil {
+			return err
+		}
+	}
 	buf := make([]byte, copyBufferSize)
 	start, from := time.Now(), cp.Done
 	for next := cp.Done + checkpointAfter(0, 0); cp.Done < size; {
-		n, err := io.ReadFull(src, buf[:min(int64(len(buf)), size-cp.Done)])
+		want := min(int64(len(buf)), size-cp.Done)
+		if extents != nil {
+			for len(extents) > 0 && extents[0].Off+extents[0].Len <= cp.Done {
+				extents = extents[1:]
+			}
+			data := size // the start of the next data, and how much of it to read
+			if len(extents) > 0 {
+				data, want = max(extents[0].Off, cp.Done), min(want, extents[0].Off+extents[0].Len-cp.Done)
+			}
+			if data > cp.Done { // a hole
+				o.Progress.Add(data - cp.Done)
+				cp.Done = data
+				src = s.at(data)
+				continue
+			}
+		}
+		n, err := io.ReadFull(src, buf[:want])
 		if n > 0 {
 			cs.Hash.Write(buf[:n])
 			if _, werr := t.WriteAt(buf[:n], cp.Done); werr != nil {

@@ -193,5 +193,14 @@ func (s *stream) close() {
 	}
 }
 
+// at moves the stream to pos (a new request from there, when it moved) and returns it.
+func (s *stream) at(pos int64) *stream {
+	if pos != s.pos {
+		s.close()
+		s.pos = pos
+	}
+	return s
+}
+
 // Close releases the current response.
 func (s *stream) Close() error { s.close(); return nil }

@@ -3,7 +3,9 @@ package importer
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -13,8 +15,13 @@ import (
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
-// ServePath is where a clone source serves its disk.
-const ServePath = "/disk"
+// ServePath is where a clone source serves its disk, and ExtentsPath where it lists the
+// disk's data extents (a JSON array of {"Off","Len"}; 404 when it cannot tell), which a raw
+// copy reads alone: the holes of a sparse disk.img are not sent between nodes.
+const (
+	ServePath   = "/disk"
+	ExtentsPath = "/extents"
+)
 
 // Serve serves the disk at path (disk.img or a block device) read-only over HTTP at
 // ServePath, with Range support, to the bearer of token, until ctx ends. It is the source
@@ -33,19 +40,42 @@ func Serve(ctx context.Context, addr, path, token string) error {
 	if err != nil {
 		return transfer.Permanent(transfer.ReasonSourceNotFound, "reading the source disk: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc(ServePath, func(w http.ResponseWriter, r *http.Request) {
+	// allowed says whether r may read: a GET or HEAD with the token.
+	allowed := func(w http.ResponseWriter, r *http.Request) bool {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			http.Error(w, "a valid bearer token is required", http.StatusUnauthorized)
-			return
+			return false
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			http.Error(w, "read-only", http.StatusMethodNotAllowed)
+			return false
+		}
+		return true
+	}
+	size, err := f.Seek(0, io.SeekEnd) // a block device's size too
+	if err != nil {
+		return transfer.Permanent(transfer.ReasonSourceNotFound, "reading the size of the source disk: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc(ServePath, func(w http.ResponseWriter, r *http.Request) {
+		if allowed(w, r) {
+			// ServeContent answers Range requests; each reads with its own offset (pread), so
+			// that requests at once do not move one another's.
+			http.ServeContent(w, r, "disk", fi.ModTime(), io.NewSectionReader(f, 0, size))
+		}
+	})
+	mux.HandleFunc(ExtentsPath, func(w http.ResponseWriter, r *http.Request) {
+		if !allowed(w, r) {
 			return
 		}
-		// ServeContent answers Range requests and sizes a block device by seeking to its end.
-		http.ServeContent(w, r, "disk", fi.ModTime(), f)
+		extents := fileExtents(f, size)
+		if extents == nil {
+			http.Error(w, "the disk's extents are not known: read all of it", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(extents)
 	})
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	ln, err := net.Listen("tcp", addr)

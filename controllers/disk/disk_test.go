@@ -598,7 +598,7 @@ func TestCrossNamespace(t *testing.T) {
 	ctrltest.Kubelet(t, env, images, serveName, corev1.PodRunning, nil, 0)
 	pod := ctrltest.Pod(t, env, ns, "centos-disk-clone-0")
 	args = strings.Join(pod.Spec.Containers[0].Args, " ")
-	g.Expect(args).To(ContainSubstring("--source http --format raw --url http://127.0.0.1:8091/disk --header-file /var/run/diskpipe/clone/header"))
+	g.Expect(args).To(ContainSubstring("--source http --format raw --url http://127.0.0.1:8091/disk --header-file /var/run/diskpipe/clone/header --extents-url http://127.0.0.1:8091/extents"))
 	myToken := &corev1.Secret{}
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "clone-token-" + string(d.UID)}, myToken)).To(Succeed())
 	g.Expect(string(myToken.Data["header"])).To(Equal("Authorization: Bearer " + string(srcToken.Data["token"])))

@@ -78,10 +78,11 @@ func ready(st *vmv1.VirtualMachineStatus) string {
 	return string(st.Phase)
 }
 
-// kubeVirtVM reads the KubeVirt VM the apiserver stored and decodes it with KubeVirt's own
-// types, strictly: a field KubeVirt does not know fails the test.
-func kubeVirtVM(t *testing.T, ns, name string) *kubevirtv1.VirtualMachine {
+// kubeVirtVM reads the KubeVirt VM the apiserver stored for the seed's VM (vm1) and decodes
+// it with KubeVirt's own types, strictly: a field KubeVirt does not know fails the test.
+func kubeVirtVM(t *testing.T, ns string) *kubevirtv1.VirtualMachine {
 	t.Helper()
+	const name = "vm1"
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("kubevirt.io/v1")
 	u.SetKind("VirtualMachine")
@@ -119,7 +120,7 @@ func TestSeedVirtualMachine(t *testing.T) {
 	g.Expect(vm.Status.DiskVolumes).To(Equal([]string{"disk0-vm-blank"}))
 
 	ctrltest.Fill(t, env, ns, disk.PrimeName(dv.UID), "disk0-vm-blank-blank-0", "disk0-vm-blank", transfer.Result{Format: "raw", VirtualSize: 4037017600})
-	kv := kubeVirtVM(t, ns, "vm1")
+	kv := kubeVirtVM(t, ns)
 	g.Expect(metav1.IsControlledBy(kv, vm)).To(BeTrue())
 	g.Expect(*kv.Spec.RunStrategy).To(Equal(kubevirtv1.RunStrategyAlways))
 	g.Expect(kv.Spec.Template.ObjectMeta.Annotations).To(HaveKeyWithValue(virtualmachine.AnnotationIPPool, `["p1"]`))
@@ -172,7 +173,7 @@ func TestSeedVirtualMachine(t *testing.T) {
 	halted := vmv1.RunStrategy("Halted")
 	vm.Spec.RunStrategy = &halted
 	g.Expect(env.Client.Patch(t.Context(), vm, client.MergeFrom(base))).To(Succeed())
-	g.Eventually(func() kubevirtv1.VirtualMachineRunStrategy { return *kubeVirtVM(t, ns, "vm1").Spec.RunStrategy }, 20*time.Second).
+	g.Eventually(func() kubevirtv1.VirtualMachineRunStrategy { return *kubeVirtVM(t, ns).Spec.RunStrategy }, 20*time.Second).
 		Should(Equal(kubevirtv1.RunStrategyHalted), "a change of the VM's own spec is written")
 }
 
@@ -217,7 +218,7 @@ func TestDiskMadeOutside(t *testing.T) {
 
 	vm := seedVM(t, ns)
 	g.Expect(env.Client.Create(t.Context(), vm)).To(Succeed())
-	kv := kubeVirtVM(t, ns, "vm1")
+	kv := kubeVirtVM(t, ns)
 	g.Expect(kv.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", "disk0-vm-blank")))
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(outside), outside)).To(Succeed())
 	g.Expect(metav1.GetControllerOf(outside)).To(BeNil())
@@ -258,7 +259,7 @@ func TestMadeAgain(t *testing.T) {
 	g.Eventually(vmStatus(t, vm), 20*time.Second).Should(WithTransform(ready, Equal(
 		"Pending NameTerminating: a VirtualMachine named vm1, not made for this object (most often an earlier object's of the same name), is still being deleted: this object's is made once it is gone")))
 	g.Expect(ctrltest.Update(ctx, env.Client, oldVM, func() { oldVM.SetFinalizers(nil) })).To(Succeed())
-	kv := kubeVirtVM(t, ns, "vm1")
+	kv := kubeVirtVM(t, ns)
 	g.Eventually(func() bool {
 		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(kv), kv)
 		return metav1.IsControlledBy(kv, vm)

@@ -15,6 +15,7 @@ type Import struct {
 	Header     []string `flag:"header" usage:"http: a header sent with every request, \"Name: value\" (repeatable)"`
 	HeaderFile []string `flag:"header-file" usage:"http: a file (a mounted Secret key) holding a header \"Name: value\", or a mounted Secret whose every key holds one (repeatable)"`
 	UserAgent  string   `flag:"user-agent" usage:"http: the User-Agent of every request (default: Go's)"`
+	ExtentsURL string   `flag:"extents-url" usage:"http: where a clone source (--serve) lists its disk's data extents; a raw copy reads those only"`
 	S3
 	RegistryAuthFile      string `flag:"registry-auth-file" usage:"registry: a .dockerconfigjson with the registry's credentials"`
 	RegistryPublicKeyFile string `flag:"registry-public-key-file" usage:"registry: a PEM public key the image must carry a cosign signature by"`

@@ -119,7 +119,8 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 		return false, nil
 	}
 	s.Import.Source, s.Import.Format = "http", "raw"
-	s.Import.URL = "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(importpod.ServePort)) + "/disk"
+	base := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(importpod.ServePort))
+	s.Import.URL, s.Import.ExtentsURL = base+"/disk", base+"/extents"
 	s.Import.HeaderFile = append(s.Import.HeaderFile, tokenDir+"/header")
 	s.Import.AllowDestination = append(s.Import.AllowDestination, pod.Status.PodIP)
 	s.Mounts = append(s.Mounts, importpod.Mount{Secret: tokenSecretName(owner), Path: tokenDir})
