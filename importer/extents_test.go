@@ -10,19 +10,26 @@ import (
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
+// holes makes a file of size bytes that is all hole, closed at the end of the test.
+func holes(t *testing.T, size int64) *os.File {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), "disk.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // sparseDisk writes a raw disk of 64 MiB whose data is 4 KiB at its start, 1 MiB at 8 MiB and
 // its last 1 MiB, the rest holes; it returns its path and how many bytes of data it holds.
 func sparseDisk(t *testing.T) (string, int64) {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "sparse.raw")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(64 << 20); err != nil {
-		t.Fatal(err)
-	}
+	f := holes(t, 64<<20)
+	p := f.Name()
 	data := int64(0)
 	for _, e := range []Extent{{0, 4 << 10}, {8 << 20, 1 << 20}, {63 << 20, 1 << 20}} {
 		b := make([]byte, e.Len)
@@ -108,15 +115,7 @@ func TestExtentsNotBelieved(t *testing.T) {
 // TestFileExtents: holes shorter than extentGap are read with the data around them; a file
 // with no data has no extents.
 func TestFileExtents(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "disk")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(16 << 20); err != nil {
-		t.Fatal(err)
-	}
+	f := holes(t, 16<<20)
 	if got := fileExtents(f, 16<<20); got == nil || len(got) != 0 {
 		t.Fatalf("an empty disk: %v", got)
 	}

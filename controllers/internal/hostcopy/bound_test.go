@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
@@ -21,14 +22,7 @@ import (
 // there), a copy whose pod exists goes on, and one ending lets the next start. Another PVC of
 // the namespace has its own bound (one step, with a fake client).
 func TestServingBounded(t *testing.T) {
-	if !owned.HasKey() {
-		owned.UseKey([]byte("hostcopy test"), time.Time{})
-	}
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	c := fakeClient(t)
 	var cfg importpod.Config
 	cfg.Defaults()
 	src := Source{Namespace: "images", Name: "golden"}
@@ -71,14 +65,7 @@ func TestServingBounded(t *testing.T) {
 // ended) is not given to a copy, though it still runs and has an address: the copy would be
 // cut short. The copy waits for it to go (one step, with a fake client).
 func TestStoppingSourceNotUsed(t *testing.T) {
-	if !owned.HasKey() {
-		owned.UseKey([]byte("hostcopy test"), time.Time{})
-	}
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&corev1.Pod{}).Build()
+	c := fakeClient(t)
 	var cfg importpod.Config
 	cfg.Defaults()
 	src := Source{Namespace: "images", Name: "golden"}
@@ -115,4 +102,18 @@ func TestStoppingSourceNotUsed(t *testing.T) {
 	if prepare() {
 		t.Error("a stopping clone-source pod was given to the copy")
 	}
+}
+
+// fakeClient is a fake client of core objects, for one step's tests, with the key by which
+// diskpipe marks its own.
+func fakeClient(t *testing.T) client.Client {
+	t.Helper()
+	if !owned.HasKey() {
+		owned.UseKey([]byte("hostcopy test"), time.Time{})
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&corev1.Pod{}).Build()
 }
