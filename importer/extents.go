@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,9 +36,21 @@ const (
 
 // fileExtents lists the data extents of the first size bytes of f (SEEK_DATA and SEEK_HOLE),
 // merged across holes shorter than extentGap: a block device, or a file system that does not
-// tell, is one extent, the whole disk. nil when it cannot tell at all.
+// tell, is one extent, the whole disk. nil when it cannot tell at all. f stays open while it
+// looks (a clone source closing meanwhile does not hand its descriptor to another file).
 func fileExtents(f *os.File, size int64) []Extent {
-	fd := int(f.Fd()) //nolint:gosec // a descriptor fits
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var out []Extent
+	if err := rc.Control(func(fd uintptr) { out = extentsOf(int(fd), size) }); err != nil { //nolint:gosec // a descriptor fits
+		return nil
+	}
+	return out
+}
+
+func extentsOf(fd int, size int64) []Extent {
 	out := []Extent{}
 	for off := int64(0); off < size; {
 		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
@@ -86,12 +99,14 @@ func (o *fileObject) DataExtents(context.Context) ([]Extent, error) {
 }
 
 // DataExtents reads the clone source's list of its disk's extents, when it is one (the source
-// has an ExtentsURL): nil when it has none, or the list cannot be read or is not one (the
-// copy then reads the whole disk, as from any server).
+// has an ExtentsURL): nil when it has none, or the list cannot be read within a minute or is
+// not one (the copy then reads the whole disk, as from any server).
 func (o *httpObject) DataExtents(ctx context.Context) ([]Extent, error) {
 	if o.src.ExtentsURL == "" {
 		return nil, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, o.src.ExtentsURL, nil)
 	if err != nil {
 		return nil, nil //nolint:nilerr // not a list: the whole disk is read
@@ -106,10 +121,35 @@ func (o *httpObject) DataExtents(ctx context.Context) ([]Extent, error) {
 		return nil, nil //nolint:nilerr // as above
 	}
 	defer resp.Body.Close()
-	var extents []Extent
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxExtents*64)).Decode(&extents) != nil ||
-		validExtents(extents, o.size) != nil {
+	if resp.StatusCode != http.StatusOK {
 		return nil, nil
 	}
+	extents, err := decodeExtents(io.LimitReader(resp.Body, maxExtents*64))
+	if err != nil || validExtents(extents, o.size) != nil {
+		return nil, nil //nolint:nilerr // as above
+	}
 	return extents, nil
+}
+
+// decodeExtents reads a JSON array of at most maxExtents extents.
+func decodeExtents(r io.Reader) ([]Extent, error) {
+	dec := json.NewDecoder(r)
+	if t, err := dec.Token(); err != nil || t != json.Delim('[') {
+		return nil, fmt.Errorf("not a list of extents")
+	}
+	out := []Extent{}
+	for dec.More() {
+		if len(out) == maxExtents {
+			return nil, fmt.Errorf("more than %d extents", maxExtents)
+		}
+		var e Extent
+		if err := dec.Decode(&e); err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	return out, nil
 }

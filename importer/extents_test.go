@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -61,6 +62,9 @@ func TestSparseCopies(t *testing.T) {
 			t.Fatalf("%s: exit %d %+v\n%s", what, code, res, log)
 		}
 		sameDisk(t, disk, target)
+		if skipped := res.BytesRead < 64<<20; skipped != (res.Digest == "") {
+			t.Errorf("%s: digest %q after reading %d bytes: a digest is of the whole disk, or none", what, res.Digest, res.BytesRead)
+		}
 		return res.BytesRead
 	}
 	if read := check("a local disk", "--source", "file", "--path", disk); read > atMost {
@@ -76,6 +80,19 @@ func TestSparseCopies(t *testing.T) {
 	if read := check("a clone source, no list", "--url", base+ServePath, "--header", auth); read != 64<<20 {
 		t.Errorf("without the extents: %d bytes read, not the whole disk", read)
 	}
+	// A list of runs that touch (another server's) is followed as it is.
+	list := `[{"Off":0,"Len":4096},{"Off":8388608,"Len":524288},{"Off":8912896,"Len":524288},{"Off":66060288,"Len":1048576}]`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == ExtentsPath {
+			_, _ = w.Write([]byte(list))
+			return
+		}
+		http.ServeFile(w, r, disk)
+	}))
+	defer srv.Close()
+	if read := check("runs that touch", "--url", srv.URL+"/disk", "--extents-url", srv.URL+ExtentsPath); read > atMost {
+		t.Errorf("runs that touch: %d bytes read, of %d of data", read, data)
+	}
 	// A checksum is of every byte: the disk is read whole.
 	if read := check("a checksum", "--source", "file", "--path", disk, "--checksum", sha256File(t, disk)); read != 64<<20 {
 		t.Errorf("with a checksum: %d bytes read, not the whole disk", read)
@@ -83,7 +100,8 @@ func TestSparseCopies(t *testing.T) {
 }
 
 // TestExtentsNotBelieved: a list of extents that is not one (out of order, past the disk, an
-// empty run, not JSON, an error) is not used: the disk is read whole, and copied right.
+// empty run, not JSON, longer than maxExtents) is not used: the disk is read whole, and copied
+// right.
 func TestExtentsNotBelieved(t *testing.T) {
 	disk, _ := sparseDisk(t)
 	for _, body := range []string{
@@ -91,6 +109,7 @@ func TestExtentsNotBelieved(t *testing.T) {
 		`[{"Off":66060288,"Len":4194304}]`,
 		`[{"Off":0,"Len":0}]`,
 		`not json`,
+		"[" + strings.Repeat(`{"Off":0,"Len":1},`, maxExtents) + `{"Off":0,"Len":1}]`,
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == ExtentsPath {
@@ -102,12 +121,13 @@ func TestExtentsNotBelieved(t *testing.T) {
 		target := filepath.Join(t.TempDir(), "disk.img")
 		code, res, log := runMain(t, "--url", srv.URL+"/disk", "--extents-url", srv.URL+ExtentsPath, "--format", "raw", "--target", target)
 		srv.Close()
+		what := body[:min(len(body), 60)]
 		if code != transfer.ExitSucceeded {
-			t.Fatalf("%s: exit %d %+v\n%s", body, code, res, log)
+			t.Fatalf("%s: exit %d %+v\n%s", what, code, res, log)
 		}
 		sameDisk(t, disk, target)
 		if res.BytesRead != 64<<20 {
-			t.Errorf("%s: %d bytes read, not the whole disk", body, res.BytesRead)
+			t.Errorf("%s: %d bytes read, not the whole disk", what, res.BytesRead)
 		}
 	}
 }

@@ -217,23 +217,27 @@ func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Ta
 		}
 	}
 	buf := make([]byte, copyBufferSize)
-	start, from := time.Now(), cp.Done
+	// whole: the digest is of every byte of the source (none skipped, none before a resume
+	// whose hash was not kept); read: the bytes read here, which pace the checkpoints.
+	whole, read, start := cp.Done == 0 || cs.Want != "", int64(0), time.Now()
 	for next := cp.Done + checkpointAfter(0, 0); cp.Done < size; {
 		want := min(int64(len(buf)), size-cp.Done)
 		if extents != nil {
 			for len(extents) > 0 && extents[0].Off+extents[0].Len <= cp.Done {
 				extents = extents[1:]
 			}
-			data := size // the start of the next data, and how much of it to read
+			data, end := size, size // the next data, and where it ends
 			if len(extents) > 0 {
-				data, want = max(extents[0].Off, cp.Done), min(want, extents[0].Off+extents[0].Len-cp.Done)
+				data, end = max(extents[0].Off, cp.Done), extents[0].Off+extents[0].Len
 			}
 			if data > cp.Done { // a hole
 				o.Progress.Add(data - cp.Done)
-				cp.Done = data
+				cp.Done, whole = data, false
 				src = s.at(data)
 				continue
 			}
+			want = min(want, end-cp.Done)
+			s.until(end) // one request for the run, read to its end: its connection is kept
 		}
 		n, err := io.ReadFull(src, buf[:want])
 		if n > 0 {
@@ -242,6 +246,7 @@ func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Ta
 				return werr
 			}
 			cp.Done += int64(n)
+			read += int64(n)
 			o.Progress.Add(int64(n))
 		}
 		if err != nil {
@@ -260,10 +265,12 @@ func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Ta
 			if err := t.saveCheckpoint(*cp); err != nil {
 				return err
 			}
-			next = cp.Done + checkpointAfter(cp.Done-from, time.Since(start))
+			next = cp.Done + checkpointAfter(read, time.Since(start))
 		}
 	}
-	res.Digest = cs.Digest()
+	if whole {
+		res.Digest = cs.Digest()
+	}
 	if err := cs.Verify(); err != nil {
 		return err
 	}

@@ -82,14 +82,17 @@ func Serve(ctx context.Context, addr, path, token string) error {
 	if err != nil {
 		return transfer.Permanent(transfer.ReasonInternal, "listening on %s: %w", addr, err)
 	}
+	shut := make(chan struct{})
 	go func() {
+		defer close(shut)
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return transfer.Transient(transfer.ReasonInternal, "serving the source disk: %w", err)
 	}
+	<-shut // the requests under way are answered (or given up) before the disk is closed
 	return nil
 }

@@ -108,7 +108,7 @@ type ImageStatus struct {
 	StoredSize *resource.Quantity `json:"storedSize,omitempty"`
 
 	// digest is the checksum of the source bytes, "<algorithm>:<hex>", verified when the spec
-	// gave one.
+	// gave one. A copy of another volume that skipped the holes of its sparse disk has none.
 	// +optional
 	// +kubebuilder:validation:MaxLength=135
 	Digest string `json:"digest,omitempty"`
