@@ -86,6 +86,17 @@ func (c *Cluster) nodeNamed(name string) *node {
 func (c *Cluster) RestartManager() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// A manager on a node whose agents are stopped (StopNode) cannot be killed: deleted, it
+	// would run on unseen beside its successor, counting what no scrape reads. Not now, then.
+	running, err := c.componentPods(ctx, "manager")
+	if err != nil {
+		return err
+	}
+	for _, p := range running {
+		if c.agentsStopped(p.Spec.NodeName) {
+			return fmt.Errorf("the manager pod %s is on %s, whose kubelet and containerd are stopped: not restarted now", p.Name, p.Spec.NodeName)
+		}
+	}
 	// Its counters die with it: keep what it served last (ManagerCounter).
 	scrape, cancelScrape := context.WithTimeout(ctx, 10*time.Second)
 	texts, err := c.ManagerMetrics(scrape)
@@ -329,6 +340,24 @@ func (c *Cluster) StopNode(name string) error {
 		<-p.done
 	}
 	return nil
+}
+
+// agentsStopped says whether node name's containerd is stopped (StopNode, LoseNode).
+func (c *Cluster) agentsStopped(name string) bool {
+	n := c.nodeNamed(name)
+	if n == nil {
+		return false
+	}
+	p := c.procNamed(n.proc("containerd"))
+	if p == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // StartNode starts node name's containerd and kubelet again after StopNode, and waits until
