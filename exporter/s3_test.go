@@ -15,6 +15,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/diskpipe/diskpipe/importer"
+	"github.com/diskpipe/diskpipe/internal/seal"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
 )
@@ -116,10 +117,26 @@ func TestExportToStore(t *testing.T) {
 func TestObjectActions(t *testing.T) {
 	s := objectstoretest.Start(t)
 	src := makeDisk(t, 8<<20, false)
+	key, err := seal.Key(bytes.Repeat([]byte{1}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// open reads a sealed URL as the manager does; the result itself holds none in the clear.
+	open := func(res *transfer.Result, log string) string {
+		t.Helper()
+		if strings.Contains(log, "X-Amz-Signature") {
+			t.Errorf("the log shows a signed URL:\n%s", log)
+		}
+		u, err := seal.Open(key, res.SealedDownloadURL)
+		if err != nil {
+			t.Fatalf("opening the sealed URL: %v", err)
+		}
+		return string(u)
+	}
 	before := time.Now()
 	code, res, log := runExporter(t, s, "--source", src, "--bucket", "offsite", "--object", "disk.qcow2", "--create-bucket",
-		"--download-url-expiry", "90m")
-	if code != 0 || !res.Succeeded || res.DownloadURL == "" || res.DownloadURLExpiresAt == nil {
+		"--download-url-expiry", "90m", "--seal-key", seal.Public(key))
+	if code != 0 || !res.Succeeded || res.SealedDownloadURL == "" || res.DownloadURLExpiresAt == nil {
 		t.Fatalf("exit %d %+v\n%s", code, res, log)
 	}
 	if d := res.DownloadURLExpiresAt.Sub(before); d < 90*time.Minute || d > 91*time.Minute {
@@ -133,20 +150,31 @@ func TestObjectActions(t *testing.T) {
 		}
 		return fileDigest(t, p), nil
 	}
-	if got, err := download(res.DownloadURL); err != nil || got != res.Digest {
+	first := open(res, log)
+	if got, err := download(first); err != nil || got != res.Digest {
 		t.Fatalf("the export's own URL: %v %s (the object is %s)", err, got, res.Digest)
 	}
 
-	code, signed, log := runExporter(t, s, "--action", "presign", "--bucket", "offsite", "--object", "disk.qcow2", "--download-url-expiry", "2h")
-	if code != 0 || signed.DownloadURL == "" || signed.DownloadURL == res.DownloadURL || signed.URL != "s3://offsite/disk.qcow2" {
+	code, signed, log := runExporter(t, s, "--action", "presign", "--bucket", "offsite", "--object", "disk.qcow2", "--download-url-expiry", "2h",
+		"--seal-key", seal.Public(key))
+	if code != 0 || signed.SealedDownloadURL == "" || signed.URL != "s3://offsite/disk.qcow2" {
 		t.Fatalf("presign: exit %d %+v\n%s", code, signed, log)
 	}
-	if got, err := download(signed.DownloadURL); err != nil || got != res.Digest {
+	second := open(signed, log)
+	if second == first {
+		t.Error("presign signed the URL of the export again")
+	}
+	if got, err := download(second); err != nil || got != res.Digest {
 		t.Fatalf("the presigned URL: %v %s", err, got)
 	}
 	if code, res, _ := runExporter(t, s, "--action", "presign", "--bucket", "offsite", "--object", "disk.qcow2"); code != transfer.ExitFailed ||
 		res.Reason != transfer.ReasonInvalidArgument {
 		t.Errorf("presign without an expiry: exit %d %+v", code, res)
+	}
+	// Never a URL in the clear: with no key to seal it to, no URL.
+	if code, res, _ := runExporter(t, s, "--action", "presign", "--bucket", "offsite", "--object", "disk.qcow2", "--download-url-expiry", "1h"); code != transfer.ExitFailed ||
+		res.Reason != transfer.ReasonInvalidArgument || !strings.Contains(res.Message, "--seal-key") {
+		t.Errorf("presign without a seal key: exit %d %+v", code, res)
 	}
 
 	for range 2 { // deleting an object already gone succeeds
@@ -155,7 +183,7 @@ func TestObjectActions(t *testing.T) {
 		}
 		noObject(t, s, "offsite", "disk.qcow2")
 	}
-	if _, err := download(signed.DownloadURL); err == nil {
+	if _, err := download(second); err == nil {
 		t.Error("the URL still downloads a deleted object")
 	}
 	var stderr bytes.Buffer

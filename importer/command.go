@@ -2,6 +2,7 @@ package importer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -56,8 +57,15 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			if err != nil {
 				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading the token: %w", err)
 			}
+			if a.TLSCertFile == "" || a.TLSKeyFile == "" {
+				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--tls-cert-file and --tls-key-file are required: a clone source serves only over TLS")
+			}
+			cert, err := tls.LoadX509KeyPair(a.TLSCertFile, a.TLSKeyFile)
+			if err != nil {
+				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading the serving certificate: %w", err)
+			}
 			cmd.Log.Info("Serving", "path", a.Path, "addr", a.Serve)
-			return &transfer.Result{Succeeded: true}, Serve(ctx, a.Serve, a.Path, strings.TrimSpace(string(token)))
+			return &transfer.Result{Succeeded: true}, Serve(ctx, a.Serve, a.Path, strings.TrimSpace(string(token)), cert)
 		})
 	}
 	if a.Install != "" {
@@ -83,7 +91,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				}
 				a.URL = strings.TrimSpace(string(b))
 			}
-			s := &HTTPSource{URL: a.URL, ExtentsURL: a.ExtentsURL, CAFile: a.CAFile, Insecure: a.Insecure, Header: http.Header{}, Egress: &cmd.Egress}
+			s := &HTTPSource{URL: a.URL, ExtentsURL: a.ExtentsURL, CAFile: a.CAFile, ServerName: a.ServerName, Insecure: a.Insecure, Header: http.Header{}, Egress: &cmd.Egress}
 			if err := s.loadCredentials(a.AuthDir, a.Header, a.HeaderFile); err != nil {
 				return nil, err
 			}

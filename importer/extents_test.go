@@ -71,13 +71,12 @@ func TestSparseCopies(t *testing.T) {
 		t.Errorf("a local disk: %d bytes read, of %d of data", read, data)
 	}
 
-	base, token, stop := startServe(t, disk)
+	base, trust, _, stop := startServe(t, disk)
 	defer stop()
-	auth := "Authorization: Bearer " + token
-	if read := check("a clone source", "--url", base+ServePath, "--extents-url", base+ExtentsPath, "--header", auth); read > atMost {
+	if read := check("a clone source", append([]string{"--url", base + ServePath, "--extents-url", base + ExtentsPath}, trust...)...); read > atMost {
 		t.Errorf("a clone source: %d bytes read, of %d of data", read, data)
 	}
-	if read := check("a clone source, no list", "--url", base+ServePath, "--header", auth); read != 64<<20 {
+	if read := check("a clone source, no list", append([]string{"--url", base + ServePath}, trust...)...); read != 64<<20 {
 		t.Errorf("without the extents: %d bytes read, not the whole disk", read)
 	}
 	// A list of runs that touch (another server's) is followed as it is.

@@ -20,6 +20,9 @@ type HTTPSource struct {
 	URL string
 	// CAFile is a PEM bundle that replaces the system roots.
 	CAFile string
+	// ServerName, when set, is the name the server's certificate is verified for, rather than
+	// the URL's host (a clone source, reached at its pod's address).
+	ServerName string
 	// Insecure skips verification of the server's certificate.
 	Insecure bool
 	// Username and Password are sent as basic authentication when Username is set.
@@ -59,6 +62,9 @@ func (s *HTTPSource) client() (*http.Client, error) {
 		return nil, err
 	}
 	tr.ResponseHeaderTimeout = time.Minute
+	if s.ServerName != "" {
+		tr.TLSClientConfig.ServerName = s.ServerName
+	}
 	return &http.Client{Transport: s.Egress.Apply(tr), CheckRedirect: redirects}, nil
 }
 

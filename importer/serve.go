@@ -3,6 +3,7 @@ package importer
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"io"
@@ -23,11 +24,13 @@ const (
 	ExtentsPath = "/extents"
 )
 
-// Serve serves the disk at path (disk.img or a block device) read-only over HTTP at
-// ServePath, with Range support, to the bearer of token, until ctx ends. It is the source
-// side of a host-assisted clone between namespaces: an importer in the target's namespace
-// reads it like any HTTP source.
-func Serve(ctx context.Context, addr, path, token string) error {
+// Serve serves the disk at path (disk.img or a block device) read-only over HTTPS at
+// ServePath, with Range support and the certificate cert, to the bearer of token, until ctx
+// ends. It is the source side of a host-assisted clone between namespaces: an importer in the
+// target's namespace reads it like any HTTPS source, verifying cert (the manager makes a key
+// and certificate for each copy and gives the importer the certificate alone), so that neither
+// the token nor the disk crosses the node network in the clear.
+func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate) error {
 	if len(token) < 32 {
 		return transfer.Permanent(transfer.ReasonInvalidArgument, "the clone token must be at least 32 characters")
 	}
@@ -77,11 +80,13 @@ func Serve(ctx context.Context, addr, path, token string) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(extents)
 	})
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	ln, err := net.Listen("tcp", addr)
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}}}
+	plain, err := net.Listen("tcp", addr)
 	if err != nil {
 		return transfer.Permanent(transfer.ReasonInternal, "listening on %s: %w", addr, err)
 	}
+	ln := tls.NewListener(plain, srv.TLSConfig)
 	shut := make(chan struct{})
 	go func() {
 		defer close(shut)

@@ -2,10 +2,12 @@ package plugin
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"slices"
 	"strings"
 
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -111,6 +113,26 @@ func (c *client) resolve(arg string) (ref, error) {
 	return ref{gvr: gvr, kind: gvk.Kind, name: name}, nil
 }
 
+// downloadURL reads the download URL of an export from the Secret s names: the caller needs
+// the right to read Secrets in the namespace, which the namespace's viewers do not have.
+func (c *client) downloadURL(ctx context.Context, r ref, s state) (string, error) {
+	if s.DownloadSecret == "" {
+		return "", fmt.Errorf("%s has no download Secret in its status yet", r)
+	}
+	secrets := schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
+	obj, err := c.dyn.Resource(secrets).Namespace(c.namespace).Get(ctx, s.DownloadSecret, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading the download URL of %s from the Secret %s (reading it needs the right to get Secrets in %s): %w",
+			r, s.DownloadSecret, c.namespace, err)
+	}
+	enc, _, _ := unstructured.NestedString(obj.Object, "data", hypercloud.DownloadSecretKeyURL)
+	u, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil || len(u) == 0 {
+		return "", fmt.Errorf("the Secret %s holds no download URL in %q", s.DownloadSecret, hypercloud.DownloadSecretKeyURL)
+	}
+	return string(u), nil
+}
+
 func (c *client) get(ctx context.Context, r ref) (*unstructured.Unstructured, error) {
 	return c.dyn.Resource(r.gvr).Namespace(c.namespace).Get(ctx, r.name, metav1.GetOptions{})
 }
@@ -130,9 +152,9 @@ type state struct {
 	Retries    int64  `json:"retries,omitempty"`
 	// Advice says what to do about a failure.
 	Advice string `json:"advice,omitempty"`
-	// For an export: where its object is and its digest.
-	DownloadURL string `json:"downloadURL,omitempty"`
-	Digest      string `json:"digest,omitempty"`
+	// For an export: the Secret that holds its download URL, and its object's digest.
+	DownloadSecret string `json:"downloadSecret,omitempty"`
+	Digest         string `json:"digest,omitempty"`
 }
 
 func stateOf(r ref, obj *unstructured.Unstructured) state {
@@ -142,7 +164,7 @@ func stateOf(r ref, obj *unstructured.Unstructured) state {
 	s.BytesDone, _, _ = unstructured.NestedInt64(obj.Object, "status", "transfer", "bytesDone")
 	s.BytesTotal, _, _ = unstructured.NestedInt64(obj.Object, "status", "transfer", "bytesTotal")
 	s.Retries, _, _ = unstructured.NestedInt64(obj.Object, "status", "retries")
-	s.DownloadURL, _, _ = unstructured.NestedString(obj.Object, "status", "downloadURL")
+	s.DownloadSecret, _, _ = unstructured.NestedString(obj.Object, "status", "downloadSecretName")
 	s.Digest, _, _ = unstructured.NestedString(obj.Object, "status", "digest")
 	conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
 	for _, c := range conds {

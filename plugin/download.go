@@ -18,7 +18,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/diskpipe/diskpipe/controllers/export"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 )
 
 // maxDrops is how many dropped connections a download survives in a row.
@@ -47,7 +47,10 @@ func (o *options) fetchExport(ctx context.Context, c *client, r ref, s state) er
 	if !ok {
 		return fmt.Errorf("%s has no sha256 digest in its status (%q) to verify a download against", r, s.Digest)
 	}
-	url := s.DownloadURL
+	url, err := c.downloadURL(ctx, r, s)
+	if err != nil {
+		return err
+	}
 	h := sha256.New()
 	renewed := false
 	for {
@@ -202,7 +205,7 @@ func fetchFrom(ctx context.Context, url string, f *os.File, have int64, h hash.H
 // renew asks the export controller for a fresh download URL (the annotation) and waits until
 // the status has one other than old.
 func renew(ctx context.Context, c *client, r ref, old string) (string, error) {
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, export.AnnotationRenewURL)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"true"}}}`, hypercloud.AnnotationRenewDownloadURL)
 	if _, err := c.dyn.Resource(r.gvr).Namespace(c.namespace).Patch(ctx, r.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		return "", fmt.Errorf("asking for a new download URL of %s: %w", r, err)
 	}
@@ -211,8 +214,14 @@ func renew(ctx context.Context, c *client, r ref, old string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		if s := stateOf(r, obj); s.DownloadURL != "" && s.DownloadURL != old {
-			return s.DownloadURL, nil
+		if s := stateOf(r, obj); s.DownloadSecret != "" {
+			u, err := c.downloadURL(ctx, r, s)
+			if err != nil {
+				return "", err
+			}
+			if u != old {
+				return u, nil
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -600,7 +600,7 @@ func TestCrossNamespace(t *testing.T) {
 	args = strings.Join(pod.Spec.Containers[0].Args, " ")
 	g.Expect(args).To(ContainSubstring("--source http --format raw --url http://127.0.0.1:8091/disk --header-file /var/run/diskpipe/clone/header --extents-url http://127.0.0.1:8091/extents"))
 	myToken := &corev1.Secret{}
-	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "clone-token-" + string(d.UID)}, myToken)).To(Succeed())
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "clone-trust-" + string(d.UID)}, myToken)).To(Succeed())
 	g.Expect(string(myToken.Data["header"])).To(Equal("Authorization: Bearer " + string(srcToken.Data["token"])))
 	g.Expect(metav1.IsControlledBy(myToken, d)).To(BeTrue())
 

@@ -1,6 +1,6 @@
 // Package export reconciles VirtualMachineVolumeExports: an exporter pod converts a PVC's disk
 // to qcow2 (or raw) and uploads it to the bundled object store or an external S3 store; the
-// status gets a presigned HTTP GET URL that downloads it. A PVC in use by a running pod is
+// export's download Secret gets a presigned HTTP GET URL that downloads it (download.go). A PVC in use by a running pod is
 // never read live: it is snapshotted, the snapshot restored to a temporary PVC, and that is
 // exported.
 package export
@@ -28,9 +28,6 @@ import (
 // Finalizer holds an export until its pods and temporary volumes are gone, and, with
 // retainPolicy Delete, its object.
 const Finalizer = "diskpipe.io/export"
-
-// AnnotationRenewURL on a Ready export asks for a fresh download URL.
-const AnnotationRenewURL = "diskpipe.io/renew-download-url"
 
 // LabelExport marks an export's children with its UID.
 const LabelExport = "diskpipe.io/export"
@@ -93,7 +90,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 			return ctrl.Result{}, err
 		}
 	}
-	if _, ok := ex.Annotations[AnnotationRenewURL]; ok && ex.Status.Phase == common.PhaseReady {
+	if ex.Status.Phase == common.PhaseReady && needsRenewal(ex) {
 		done, err := r.renew(ctx, ex)
 		r.Fresh.Saw(ex)
 		if !done && err == nil {

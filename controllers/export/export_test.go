@@ -2,6 +2,7 @@ package export_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -185,8 +187,8 @@ func TestExport(t *testing.T) {
 	g.Expect(ex.Status.ObjectURL).To(Equal("s3://" + bucketOf(ns) + "/vm-disk.qcow2"))
 	g.Expect(ex.Status.Digest).To(Equal("sha256:0123"))
 	g.Expect(time.Until(ex.Status.DownloadURLExpiresAt.Time)).To(BeNumerically("~", 4*time.Hour, time.Minute))
-	g.Expect(ex.Status.DownloadURL).To(HavePrefix("http://"+publicHost+"/"), "the download URL names the public endpoint")
-	code, got := get(t, ex.Status.DownloadURL)
+	g.Expect(downloadURL(t, ex)).To(HavePrefix("http://"+publicHost+"/"), "the download URL names the public endpoint")
+	code, got := get(t, downloadURL(t, ex))
 	g.Expect(code).To(Equal(http.StatusOK))
 	g.Expect(got).To(Equal(body))
 	g.Eventually(func() bool {
@@ -200,11 +202,19 @@ func TestExport(t *testing.T) {
 	renew(t, ex, body, nil)
 
 	// The URL is signed by the export's own read account, not the store's root keys.
-	g.Expect(ex.Status.DownloadURL).To(ContainSubstring("X-Amz-Credential=" + export.DownloadAccess(ex) + "%2F"))
-	g.Expect(ex.Status.DownloadURL).NotTo(ContainSubstring(store.AccessKey))
+	g.Expect(downloadURL(t, ex)).To(ContainSubstring("X-Amz-Credential=" + export.DownloadAccess(ex) + "%2F"))
+	g.Expect(downloadURL(t, ex)).NotTo(ContainSubstring(store.AccessKey))
+
+	// An export from a diskpipe that wrote the URL into its status (an expiry, no Secret) gets
+	// a Secret without being asked.
+	old := downloadURL(t, ex)
+	g.Expect(env.Client.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ex.Status.DownloadSecretName}})).To(Succeed())
+	g.Expect(env.Client.Status().Patch(ctx, ex, client.RawPatch(types.MergePatchType, []byte(`{"status":{"downloadSecretName":null}}`)))).To(Succeed())
+	g.Eventually(func() string { exportStatus(t, ex)(); return ex.Status.DownloadSecretName }, 10*time.Second).ShouldNot(BeEmpty())
+	g.Expect(downloadURL(t, ex)).NotTo(Equal(old))
 
 	// Retain: the object outlives the export, its download URLs do not.
-	url := ex.Status.DownloadURL
+	url := downloadURL(t, ex)
 	g.Expect(env.Client.Delete(ctx, ex)).To(Succeed())
 	g.Eventually(func() bool { return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(ex), ex)) }, 10*time.Second).Should(BeTrue())
 	out, err = store.AWS(ctx, store.SecretKey, "s3", "ls", "s3://"+bucketOf(ns)+"/vm-disk.qcow2")
@@ -367,12 +377,17 @@ func TestExternalStore(t *testing.T) {
 	g.Expect(res.Succeeded).To(BeTrue(), res.Message)
 	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Ready Exported"))
 	g.Expect(time.Until(ex.Status.DownloadURLExpiresAt.Time)).To(BeNumerically("~", 4*time.Hour, time.Minute))
-	code, got := get(t, ex.Status.DownloadURL)
+	g.Expect(args).To(ContainSubstring("--seal-key "), "the pod seals the URL it signs")
+	noBearerInView(t, ex, "offsite-export-0")
+	code, got := get(t, downloadURL(t, ex))
 	g.Expect(code).To(Equal(http.StatusOK))
 	g.Expect(got).To(Equal(disk))
 
 	// A new URL on request, signed by a pod of its own.
-	renew(t, ex, disk, func() { g.Expect(runPod(t, ns, "offsite-presign", nil).Succeeded).To(BeTrue()) })
+	renew(t, ex, disk, func() {
+		g.Expect(runPod(t, ns, "offsite-presign", nil).Succeeded).To(BeTrue())
+		noBearerInView(t, ex, "offsite-presign")
+	})
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "offsite-presign"}, &corev1.Pod{}))
 	}, 10*time.Second).Should(BeTrue(), "the signing pod is deleted")
@@ -399,22 +414,57 @@ func TestExternalStore(t *testing.T) {
 func renew(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport, want []byte, signer func()) {
 	t.Helper()
 	g := NewWithT(t)
-	first := ex.Status.DownloadURL
+	first := downloadURL(t, ex)
 	time.Sleep(1100 * time.Millisecond) // a presigned URL carries its signing second
 	patch := client.MergeFrom(ex.DeepCopy())
-	ex.Annotations = map[string]string{export.AnnotationRenewURL: "true"}
+	ex.Annotations = map[string]string{hypercloud.AnnotationRenewDownloadURL: "true"}
 	g.Expect(env.Client.Patch(t.Context(), ex, patch)).To(Succeed())
 	if signer != nil {
 		signer()
 	}
 	g.Eventually(func() bool {
 		exportStatus(t, ex)()
-		_, asked := ex.Annotations[export.AnnotationRenewURL]
-		return ex.Status.DownloadURL != first && !asked
+		_, asked := ex.Annotations[hypercloud.AnnotationRenewDownloadURL]
+		return downloadURL(t, ex) != first && !asked
 	}, 10*time.Second).Should(BeTrue(), "a new URL, and the request cleared")
-	code, got := get(t, ex.Status.DownloadURL)
+	code, got := get(t, downloadURL(t, ex))
 	g.Expect(code).To(Equal(http.StatusOK))
 	g.Expect(got).To(Equal(want))
+}
+
+// downloadURL reads ex's download URL from the Secret its status names, which ex controls.
+func downloadURL(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport) string {
+	t.Helper()
+	g := NewWithT(t)
+	g.Expect(ex.Status.DownloadSecretName).To(Equal(export.DownloadSecretName(ex)))
+	sec := &corev1.Secret{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ex.Namespace, Name: ex.Status.DownloadSecretName}, sec)).To(Succeed())
+	g.Expect(metav1.IsControlledBy(sec, ex)).To(BeTrue(), "the download Secret goes with the export")
+	at, err := time.Parse(time.RFC3339, string(sec.Data[hypercloud.DownloadSecretKeyExpiresAt]))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(at).To(BeTemporally("~", ex.Status.DownloadURLExpiresAt.Time, time.Second))
+	return string(sec.Data[hypercloud.DownloadSecretKeyURL])
+}
+
+// noBearerInView checks that what a viewer of ex's namespace reads, the export and its pod
+// with the pod's result, holds no signed URL.
+func noBearerInView(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport, pod string) {
+	t.Helper()
+	g := NewWithT(t)
+	for _, obj := range []client.Object{&hypercloud.VirtualMachineVolumeExport{}, &corev1.Pod{}} {
+		name := ex.Name
+		if _, ok := obj.(*corev1.Pod); ok {
+			name = pod
+		}
+		err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ex.Namespace, Name: name}, obj)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		g.Expect(err).NotTo(HaveOccurred())
+		b, err := json.Marshal(obj)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(string(b)).NotTo(ContainSubstring("X-Amz-Signature"), "%T %s shows a signed URL", obj, name)
+	}
 }
 
 // runPod plays the kubelet for an exporter pod with the real exporter: each Secret and

@@ -108,7 +108,11 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	exp := dest.exp
 	exp.Source, exp.Format, exp.Compression = spec.SourcePath(), string(format), string(compression)
 	if dest.client == nil { // the user's store: the pod signs the download URL with the user's keys
-		exp.DownloadURLExpiry = expiryOf(ex)
+		key, err := sealKey()
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		exp.DownloadURLExpiry, exp.SealKey = expiryOf(ex), key
 	}
 	spec.Export = &exp
 	pod := importpod.Build(r.Pods.Config, spec)
@@ -141,7 +145,9 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		st.StoredSize = resource.NewQuantity(res.BytesWritten, resource.BinarySI)
 		msg := fmt.Sprintf("exported %s as %s to %s in %.0f s", ex.Spec.PVCName, format, res.URL, res.DurationSeconds)
 		if dest.client == nil {
-			if !setDownloadURL(ex, res) {
+			if ok, err := r.fromPod(ctx, ex, res); err != nil {
+				msg += "; no download URL: " + err.Error()
+			} else if !ok {
 				msg += "; no download URL: the exporter could not sign one (its log says why)"
 			}
 		} else if err := r.presign(ctx, ex, dest); err != nil {
@@ -365,101 +371,6 @@ func orAuto(l common.BucketLookup) common.BucketLookup {
 	return l
 }
 
-// expiryOf is how long ex's download URLs work.
-func expiryOf(ex *hypercloud.VirtualMachineVolumeExport) time.Duration {
-	if e := ex.Spec.DownloadURLExpiry; e != nil && e.Duration > 0 {
-		return min(e.Duration, maxExpiry)
-	}
-	return defaultExpiry
-}
-
-// setDownloadURL takes the download URL a pod signed, and says whether there was one.
-func setDownloadURL(ex *hypercloud.VirtualMachineVolumeExport, res *transfer.Result) bool {
-	if res.DownloadURL == "" || res.DownloadURLExpiresAt == nil {
-		return false
-	}
-	at := metav1.NewTime(*res.DownloadURLExpiresAt)
-	ex.Status.DownloadURL, ex.Status.DownloadURLExpiresAt = res.DownloadURL, &at
-	return true
-}
-
-// presign sets the download URL of an export to the bundled store.
-func (r *Reconciler) presign(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, d *destination) error {
-	expiry := expiryOf(ex)
-	signer := d.client
-	if d.presigner != nil {
-		signer = d.presigner
-	}
-	if d.kind == "bundled" && r.StoreConfig != nil && r.StoreConfig.Scoped {
-		// Signed by an account of the export's own that may read its one object: deleting the
-		// export deletes the account, and every URL it signed stops working at once.
-		access, secret, err := d.client.Scope(ctx, downloadAccount(ex), d.bucket, d.object, []string{"s3:GetObject"})
-		if err != nil {
-			return err
-		}
-		if signer, err = signer.WithKeys(access, secret); err != nil {
-			return err
-		}
-	}
-	u, err := signer.PresignGet(ctx, d.bucket, d.object, expiry)
-	if err != nil {
-		return err
-	}
-	at := metav1.NewTime(time.Now().Add(expiry))
-	ex.Status.DownloadURL, ex.Status.DownloadURLExpiresAt = u.String(), &at
-	return nil
-}
-
-// downloadAccount names the bundled store's account whose keys sign an export's download URL.
-func downloadAccount(ex *hypercloud.VirtualMachineVolumeExport) string { return "dl-" + string(ex.UID) }
-
-// DownloadAccess is the access key of that account, for tests and the chaos suite's count of
-// accounts left over.
-func DownloadAccess(ex *hypercloud.VirtualMachineVolumeExport) string {
-	return objectstore.ScopedAccess(downloadAccount(ex))
-}
-
-// renew presigns a fresh download URL, writes it, and clears the annotation that asked; for
-// the user's store, a pod signs it (false while it runs).
-func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) (bool, error) {
-	d, err := r.destination(ctx, ex, false)
-	if err != nil {
-		return false, err
-	}
-	base := ex.DeepCopy()
-	if d.client != nil {
-		err = r.presign(ctx, ex, d)
-	} else {
-		res, aerr := r.storeAction(ctx, ex, d, "presign")
-		if errors.As(aerr, new(*owned.ErrNotOwned)) {
-			r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, importpod.ReasonNameTaken, "RenewURL", "No new download URL: %v", aerr)
-			return true, r.clearRenew(ctx, ex, base)
-		}
-		if res == nil || aerr != nil {
-			return false, aerr
-		}
-		if !res.Succeeded || !setDownloadURL(ex, res) {
-			// The old URL stays; the user reads why and may ask again.
-			r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, string(res.Reason), "RenewURL", "No new download URL: %s", res.Message)
-		}
-	}
-	if err != nil {
-		return false, err
-	}
-	return true, r.clearRenew(ctx, ex, base)
-}
-
-// clearRenew writes ex's status (read as base) and removes the annotation that asked for a
-// new URL.
-func (r *Reconciler) clearRenew(ctx context.Context, ex, base *hypercloud.VirtualMachineVolumeExport) error {
-	if err := r.Status().Patch(ctx, ex, client.MergeFrom(base)); err != nil {
-		return err
-	}
-	patch := client.MergeFrom(ex.DeepCopy())
-	delete(ex.Annotations, AnnotationRenewURL)
-	return r.Patch(ctx, ex, patch)
-}
-
 // cleanupTemp removes the snapshot and temporary PVC of an in-use export, and the store
 // credentials (on the bundled store, the export's account too).
 func (r *Reconciler) cleanupTemp(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
@@ -556,7 +467,11 @@ func (r *Reconciler) storeAction(ctx context.Context, ex *hypercloud.VirtualMach
 	exp := d.exp
 	exp.Action = action
 	if action == "presign" {
-		exp.DownloadURLExpiry = expiryOf(ex)
+		key, err := sealKey()
+		if err != nil {
+			return nil, err
+		}
+		exp.DownloadURLExpiry, exp.SealKey = expiryOf(ex), key
 	}
 	spec := importpod.Spec{Name: ex.Name + "-" + action, Namespace: ex.Namespace, Command: "/exporter",
 		Labels: map[string]string{LabelStoreAction: string(ex.UID), image.LabelRole: "exporter"}, Mounts: d.mounts, Export: &exp}

@@ -11,6 +11,7 @@ type Import struct {
 	URLFile    string   `flag:"url-file" usage:"http: a file (a mounted Secret key) holding the URL, for URLs that carry a credential (presigned)"`
 	AuthDir    string   `flag:"auth-dir" usage:"http, registry: a mounted Secret with username and password (or CDI's accessKeyId and secretKey) for basic auth; registry: or a .dockerconfigjson"`
 	CAFile     string   `flag:"ca-file" usage:"http, s3, registry: PEM CA bundle that verifies the server"`
+	ServerName string   `flag:"tls-server-name" usage:"http: verify the server's certificate for this name rather than the URL's host (a clone source, reached by its pod's address)"`
 	Insecure   bool     `flag:"insecure" usage:"http, s3, registry: skip verification of the server's certificate (registry: allow plain HTTP)"`
 	Header     []string `flag:"header" usage:"http: a header sent with every request, \"Name: value\" (repeatable)"`
 	HeaderFile []string `flag:"header-file" usage:"http: a file (a mounted Secret key) holding a header \"Name: value\", or a mounted Secret whose every key holds one (repeatable)"`
@@ -20,9 +21,12 @@ type Import struct {
 	RegistryAuthFile      string `flag:"registry-auth-file" usage:"registry: a .dockerconfigjson with the registry's credentials"`
 	RegistryPublicKeyFile string `flag:"registry-public-key-file" usage:"registry: a PEM public key the image must carry a cosign signature by"`
 	Architecture          string `flag:"architecture" usage:"registry: the architecture to pick from an index (default: this machine's)"`
-	// Serve imports nothing: it serves the disk at Path read-only over HTTP on this address,
-	// to the bearer of the token in TokenFile (a clone source).
-	Serve     string `flag:"serve" usage:"import nothing: serve the disk at --path read-only over HTTP on this address, to the bearer of --token-file"`
+	// Serve imports nothing: it serves the disk at Path read-only over HTTPS on this address,
+	// with the certificate in TLSCertFile, to the bearer of the token in TokenFile (a clone
+	// source).
+	Serve       string `flag:"serve" usage:"import nothing: serve the disk at --path read-only over HTTPS on this address, to the bearer of --token-file"`
+	TLSCertFile string `flag:"tls-cert-file" usage:"serve: the PEM certificate served (a mounted Secret key)"`
+	TLSKeyFile  string `flag:"tls-key-file" usage:"serve: the PEM key of --tls-cert-file (a mounted Secret key)"`
 	Path      string `flag:"path" usage:"file: the source disk (a file or block device); containerdisk: the directory that holds the image's one disk (/disk); serve: the disk served"`
 	TokenFile string `flag:"token-file" usage:"serve: the file (a mounted Secret key) holding the bearer token"`
 	BlankSize int64  `flag:"blank-size" usage:"blank: the disk's size in bytes"`
@@ -65,6 +69,7 @@ type Export struct {
 	ParallelUploads   int           `flag:"parallel-uploads" usage:"parts uploaded at once"`
 	Workers           int           `flag:"workers" usage:"goroutines reading and compressing clusters"`
 	DownloadURLExpiry time.Duration `flag:"download-url-expiry" usage:"after exporting (or with --action presign), sign a download URL valid this long"`
+	SealKey           string        `flag:"seal-key" usage:"the manager's public key (internal/seal): a signed download URL is left in the result sealed to it"`
 	Pod
 }
 

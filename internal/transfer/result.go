@@ -43,10 +43,11 @@ type Result struct {
 	Digest string `json:"digest,omitempty"`
 	// URL of the written object, for an export.
 	URL string `json:"url,omitempty"`
-	// DownloadURL is a presigned GET of the exported object and DownloadURLExpiresAt when it
-	// stops working, signed in the pod with the user's keys of an external store (the
-	// manager never reads them).
-	DownloadURL          string     `json:"downloadURL,omitempty"`
+	// SealedDownloadURL is a presigned GET of the exported object, signed in the pod with the
+	// user's keys of an external store (the manager never reads them) and sealed to the
+	// manager's key (internal/seal): whoever may read pods reads this message, and the URL is
+	// a bearer credential. DownloadURLExpiresAt is when it stops working.
+	SealedDownloadURL    string     `json:"sealedDownloadURL,omitempty"`
 	DownloadURLExpiresAt *time.Time `json:"downloadURLExpiresAt,omitempty"`
 	// DurationSeconds the copy took.
 	DurationSeconds float64 `json:"durationSeconds"`

@@ -18,7 +18,7 @@ func TestResultFits(t *testing.T) {
 		"utf-8":   strings.Repeat("é", 3000),
 		"short":   "404 Not Found",
 	} {
-		r := &Result{URL: "s3://b/" + strings.Repeat("k", 900), DownloadURL: "https://store/" + strings.Repeat("q", 1500)}
+		r := &Result{URL: "s3://b/" + strings.Repeat("k", 900), SealedDownloadURL: strings.Repeat("q", 2000)}
 		r.Fail(Permanent(ReasonSourceNotFound, "%s", msg))
 		path := filepath.Join(t.TempDir(), "termination-log")
 		if err := r.Finish(time.Now(), path); err != nil {
@@ -32,7 +32,7 @@ func TestResultFits(t *testing.T) {
 			t.Errorf("%s: %d bytes", name, len(b))
 		}
 		got, err := ReadResult(string(b))
-		if err != nil || got.Reason != ReasonSourceNotFound || got.Transient || got.DownloadURL != r.DownloadURL {
+		if err != nil || got.Reason != ReasonSourceNotFound || got.Transient || got.SealedDownloadURL != r.SealedDownloadURL {
 			t.Errorf("%s: read back %+v, %v", name, got, err)
 		}
 		if name == "short" && got.Message != "404 Not Found" {

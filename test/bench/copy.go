@@ -12,11 +12,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/diskpipe/diskpipe/test/pki"
 )
 
 // benchCopy measures a host-assisted copy between nodes as the pods run it: the clone-source
 // pod's importer serving a disk (importer --serve, to the bearer of a token) and the writer's
-// importer reading it over HTTP into a new disk, against curl of the same served disk and
+// importer reading it over HTTPS into a new disk, against curl of the same served disk and
 // qemu-img convert of the file. A fan-out runs many of these per node, so both sides' peak RSS
 // is the figure that counts (target <= 64 MiB each).
 func benchCopy(root, work string) error {
@@ -32,6 +34,18 @@ func benchCopy(root, work string) error {
 		return err
 	}
 	defer os.Remove(tokenFile)
+	// The clone source serves over TLS, as its pod does, with a certificate the reader trusts.
+	tlsDir := filepath.Join(work, "copy-tls")
+	defer os.RemoveAll(tlsDir)
+	ca, err := pki.New(tlsDir, "bench-copy CA")
+	if err != nil {
+		return err
+	}
+	crt, key, err := ca.Issue("serve", serverName, nil, serverName, "127.0.0.1") // curl checks the address
+	if err != nil {
+		return err
+	}
+	tlsFiles := serveTLS{crt: crt, key: key}
 	runs := benchRuns()
 	size := fileSize(raw)
 	fmt.Printf("bench-copy: %s, %.2f GiB virtual, %.2f GiB of data, served by importer --serve on loopback; median of %d cold runs\n",
@@ -43,13 +57,13 @@ func benchCopy(root, work string) error {
 	defer os.Remove(ref)
 	var curl, qemu, ours, served []measurement
 	for range runs {
-		srv, url, err := startServe(importer, raw, tokenFile)
+		srv, url, err := startServe(importer, raw, tokenFile, tlsFiles)
 		if err != nil {
 			return err
 		}
 		auth := "Authorization: Bearer " + token
 		dropCaches()
-		m, err := timed("curl -o /dev/null (the served disk)", size, "curl", "-sSf", "-H", auth, "-o", "/dev/null", url)
+		m, err := timed("curl -o /dev/null (the served disk)", size, "curl", "-sSf", "-H", auth, "--cacert", ca.CAFile, "-o", "/dev/null", url)
 		if err != nil {
 			_, _ = srv.stop()
 			return err
@@ -65,11 +79,12 @@ func benchCopy(root, work string) error {
 		_ = os.Remove(out)
 		// The server's own peak is read from this run alone: a server per round.
 		_, _ = srv.stop()
-		if srv, url, err = startServe(importer, raw, tokenFile); err != nil {
+		if srv, url, err = startServe(importer, raw, tokenFile, tlsFiles); err != nil {
 			return err
 		}
 		dropCaches()
-		m, err = timed("diskpipe importer (HTTP from --serve)", size, importer, "--source", "http", "--url", url, "--header", auth,
+		m, err = timed("diskpipe importer (HTTPS from --serve)", size, importer, "--source", "http", "--url", url, "--header", auth,
+			"--ca-file", ca.CAFile, "--tls-server-name", serverName,
 			"--format", "raw", "--target", out, "--capacity", strconv.FormatInt(size*2, 10), "--allow-destination", "127.0.0.1",
 			"--metrics-addr", "", "--termination-message-path", "")
 		sm, serr := srv.stop()
@@ -94,22 +109,29 @@ func benchCopy(root, work string) error {
 	return nil
 }
 
+// serverName is the name the bench's clone source is reached by, resolved to loopback.
+const serverName = "clone-source.bench.invalid"
+
+// serveTLS is the clone source's certificate and key.
+type serveTLS struct{ crt, key string }
+
 // serveProc is an importer --serve process.
 type serveProc struct {
 	cmd *exec.Cmd
 	hwm func() int64
 }
 
-// startServe starts importer --serve of disk on a free loopback port and waits until it
-// answers; it returns the disk's URL.
-func startServe(importer, disk, tokenFile string) (*serveProc, string, error) {
+// startServe starts importer --serve of disk on a free loopback port, over TLS, and waits
+// until it answers; it returns the disk's URL.
+func startServe(importer, disk, tokenFile string, tf serveTLS) (*serveProc, string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, "", err
 	}
 	addr := l.Addr().String()
 	l.Close()
-	cmd := exec.Command(importer, "--serve", addr, "--path", disk, "--token-file", tokenFile, "--metrics-addr", "", "--termination-message-path", "")
+	cmd := exec.Command(importer, "--serve", addr, "--path", disk, "--token-file", tokenFile, "--tls-cert-file", tf.crt, "--tls-key-file", tf.key,
+		"--metrics-addr", "", "--termination-message-path", "")
 	var log strings.Builder
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
@@ -118,7 +140,7 @@ func startServe(importer, disk, tokenFile string) (*serveProc, string, error) {
 	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
 		if conn, err := net.Dial("tcp", addr); err == nil {
 			conn.Close()
-			return &serveProc{cmd: cmd, hwm: watchHWM(cmd.Process.Pid)}, "http://" + addr + "/disk", nil
+			return &serveProc{cmd: cmd, hwm: watchHWM(cmd.Process.Pid)}, "https://" + addr + "/disk", nil
 		}
 	}
 	_ = cmd.Process.Kill()

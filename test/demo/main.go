@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"flag"
 	"fmt"
 	"net"
@@ -184,10 +185,21 @@ func run(ctx context.Context, c framework.Cluster, dir string) error {
 	if err := waitFor(ctx, c, "virtualmachinevolumeexport", []string{"export"}, false); err != nil {
 		return err
 	}
-	url, _, err := c.Kubectl(ctx, nil, "get", "virtualmachinevolumeexport", "export", "-n", ns, "-o", "jsonpath={.status.downloadURL}")
+	// The link is a bearer credential: it is in a Secret the export names, which the
+	// namespace's viewers cannot read.
+	secret, _, err := c.Kubectl(ctx, nil, "get", "virtualmachinevolumeexport", "export", "-n", ns, "-o", "jsonpath={.status.downloadSecretName}")
 	if err != nil {
 		return err
 	}
+	enc, _, err := c.Kubectl(ctx, nil, "get", "secret", secret, "-n", ns, "-o", "jsonpath={.data.url}")
+	if err != nil {
+		return err
+	}
+	raw, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil {
+		return fmt.Errorf("the download Secret %s: %w", secret, err)
+	}
+	url := string(raw)
 	got := filepath.Join(dir, "downloaded.qcow2")
 	if err := tool("curl", "-sSf", "-o", got, url); err != nil {
 		return err

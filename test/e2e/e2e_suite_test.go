@@ -6,6 +6,7 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -257,6 +258,18 @@ func kubectl(stdin string, args ...string) string {
 	out, errOut, err := cluster.Kubectl(context.Background(), []byte(stdin), args...)
 	Expect(err).NotTo(HaveOccurred(), "kubectl %s: %s", strings.Join(args, " "), errOut)
 	return out
+}
+
+// downloadURL reads an export's download URL from the Secret its status names, as its
+// namespace's editors may.
+func downloadURL(ns, export string) string {
+	GinkgoHelper()
+	secret := kubectl("", "get", "vmve", export, "-n", ns, "-o", "jsonpath={.status.downloadSecretName}")
+	Expect(secret).NotTo(BeEmpty(), "the export %s/%s names no download Secret", ns, export)
+	enc := kubectl("", "get", "secret", secret, "-n", ns, "-o", "jsonpath={.data.url}")
+	u, err := base64.StdEncoding.DecodeString(enc)
+	Expect(err).NotTo(HaveOccurred())
+	return string(u)
 }
 
 // observe is kubectl's output for a read that Eventually polls: an error (the object not made

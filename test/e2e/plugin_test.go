@@ -117,10 +117,9 @@ var _ = Describe("kubectl diskpipe", func() {
 		Expect(name).To(HavePrefix("vmim-kept-export-"))
 
 		// A URL the store no longer honours: the plugin asks for a new one and goes on.
-		url := kubectl("", "get", "vmve", name, "-n", ns, "-o", "jsonpath={.status.downloadURL}")
-		expired := strings.Replace(url, "X-Amz-Signature=", "X-Amz-Signature=0", 1)
-		kubectl("", "patch", "vmve", name, "-n", ns, "--subresource", "status", "--type", "merge", "-p",
-			fmt.Sprintf(`{"status":{"downloadURL":%q}}`, expired))
+		expired := strings.Replace(downloadURL(ns, name), "X-Amz-Signature=", "X-Amz-Signature=0", 1)
+		secret := kubectl("", "get", "vmve", name, "-n", ns, "-o", "jsonpath={.status.downloadSecretName}")
+		kubectl("", "patch", "secret", secret, "-n", ns, "--type", "merge", "-p", fmt.Sprintf(`{"stringData":{"url":%q}}`, expired))
 		again := filepath.Join(work, "plugin-again.raw")
 		_, errOut, code = plugin("download", name, "-o", again, "-n", ns)
 		Expect(code).To(Equal(0), errOut)

@@ -308,7 +308,7 @@ spec:
 			}
 		}
 
-		url := kubectl("", "get", "vmve", name, "-n", ns, "-o", "jsonpath={.status.downloadURL}")
+		url := downloadURL(ns, name)
 		Expect(url).To(HavePrefix(realcluster.StoreEndpoint+"/"), "the download URL names the store's NodePort")
 		got := filepath.Join(work, "big.qcow2")
 		run("curl", "-sSf", "-o", got, url)

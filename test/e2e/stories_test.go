@@ -208,7 +208,7 @@ spec:
     objectName: mydisk
 `, "apply", "-n", ns, "-f", "-")
 		Eventually(phase(ns, "vmve", "export"), 2*time.Minute, time.Second).Should(Equal("Ready Exported"))
-		url := kubectl("", "get", "vmve", "export", "-n", ns, "-o", "jsonpath={.status.downloadURL}")
+		url := downloadURL(ns, "export")
 		got := filepath.Join(work, "downloaded.qcow2")
 		run("curl", "-sSf", "-o", got, url)
 		run("qemu-img", "check", got)
@@ -253,7 +253,7 @@ spec:
 		// The exporter pod signed the URL, with the Secret's keys, for the spec's endpoint.
 		access, _, err := testenv.StoreKeys(ctx, cluster.APIClient(), ns)
 		Expect(err).NotTo(HaveOccurred())
-		url := kubectl("", "get", "vmve", "offsite", "-n", ns, "-o", "jsonpath={.status.downloadURL}")
+		url := downloadURL(ns, "offsite")
 		Expect(url).To(HavePrefix(cluster.StoreInCluster() + "/offsite/rootdisk.qcow2?"))
 		Expect(url).To(ContainSubstring("X-Amz-Credential=" + access + "%2F"))
 		if !real() { // the Service's name resolves only inside the cluster
@@ -422,7 +422,7 @@ spec:
 		Eventually(phase(ns, "vmve", "live"), 2*time.Minute, time.Second).Should(Equal("Ready Exported"))
 		Expect(kubectl("", "get", "vmve", "live", "-n", ns, "-o", "jsonpath={.status.snapshotName}")).To(Equal("live-export"))
 		got := filepath.Join(work, "live.qcow2")
-		run("curl", "-sSf", "-o", got, kubectl("", "get", "vmve", "live", "-n", ns, "-o", "jsonpath={.status.downloadURL}"))
+		run("curl", "-sSf", "-o", got, downloadURL(ns, "live"))
 		run("qemu-img", "compare", "-F", "qcow2", raw, got)
 		Eventually(func() string { return observe("get", "volumesnapshots,pvc", "-n", ns, "-o", "name") }, 30*time.Second).
 			Should(Equal("volumesnapshot.snapshot.storage.k8s.io/vmim-base-golden\npersistentvolumeclaim/attached\npersistentvolumeclaim/vmim-base\n"),

@@ -77,7 +77,7 @@ type VirtualMachineVolumeExportSpec struct {
 	// +kubebuilder:default=Retain
 	RetainPolicy RetainPolicy `json:"retainPolicy,omitempty"`
 
-	// downloadURLExpiry is how long the presigned download URL in status stays valid
+	// downloadURLExpiry is how long the presigned download URL (status.downloadSecretName) stays valid
 	// (default 4h, at most 7 days, S3's limit). Changing it renews the URL.
 	// +optional
 	DownloadURLExpiry *metav1.Duration `json:"downloadURLExpiry,omitempty"`
@@ -119,12 +119,16 @@ type VirtualMachineVolumeExportStatus struct {
 	// +kubebuilder:validation:MaxLength=2048
 	ObjectURL string `json:"objectURL,omitempty"`
 
-	// downloadURL is a presigned HTTP GET URL of the object.
+	// downloadSecretName names the Secret, in the export's namespace and owned by it, whose
+	// key "url" holds a presigned HTTP GET URL of the object (and "expiresAt" when it stops
+	// working). The URL is a bearer credential for the whole disk, so it is kept where only
+	// those who may read the namespace's Secrets read it, not in this status, which the
+	// namespace's viewers read.
 	// +optional
-	// +kubebuilder:validation:MaxLength=8192
-	DownloadURL string `json:"downloadURL,omitempty"`
+	// +kubebuilder:validation:MaxLength=253
+	DownloadSecretName string `json:"downloadSecretName,omitempty"`
 
-	// downloadURLExpiresAt is when downloadURL stops working.
+	// downloadURLExpiresAt is when the URL in the download Secret stops working.
 	// +optional
 	DownloadURLExpiresAt *metav1.Time `json:"downloadURLExpiresAt,omitempty"`
 
@@ -157,6 +161,17 @@ type VirtualMachineVolumeExportStatus struct {
 
 // VirtualMachineVolumeExport converts a PVC's disk to qcow2 (or raw) and uploads it to an
 // object store, from where it downloads with a plain HTTP GET.
+// AnnotationRenewDownloadURL on a Ready export asks for a fresh download URL.
+const AnnotationRenewDownloadURL = "diskpipe.io/renew-download-url"
+
+// Keys of an export's download Secret (status.downloadSecretName).
+const (
+	// DownloadSecretKeyURL holds the presigned HTTP GET URL of the exported object.
+	DownloadSecretKeyURL = "url"
+	// DownloadSecretKeyExpiresAt holds when it stops working, in RFC 3339.
+	DownloadSecretKeyExpiresAt = "expiresAt"
+)
+
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=vmve,categories=diskpipe

@@ -4,19 +4,31 @@
 // Within a namespace the importer mounts the source read-only. A pod cannot mount another
 // namespace's PVC, nor a node-local volume of another node, so across namespaces, and from a
 // node the writer's node cannot reach, a clone-source pod beside the source (in its namespace,
-// on its node) serves the disk over HTTP (importer --serve), to the bearer of a random token
-// that only the two pods receive, through Secrets; the importer reads it like any HTTP source,
-// with ranged, resumable requests, streaming from node to node with no scratch space.
+// on its node) serves the disk over HTTPS (importer --serve), to the bearer of a random token
+// that only the two pods receive, through Secrets; the importer reads it like any HTTPS
+// source, with ranged, resumable requests, streaming from node to node with no scratch space.
+// The copy path crosses the node network, where others may listen: the manager makes, with
+// each token, a key and a self-signed certificate that only the clone source holds, and gives
+// the importer the certificate as the one root it trusts, so the token and the disk are never
+// in the clear and no other pod can pose as the source.
 package hostcopy
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net"
+	"slices"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -87,8 +99,9 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 	name := sourceName(owner)
 	serve := importpod.Spec{Name: name, Namespace: src.Namespace, SourcePVC: src.Name, SourceBlock: src.Block, ServePort: importpod.ServePort,
 		Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: sourceLabel(src), "diskpipe.io/role": "clone-source"},
-		Mounts: []importpod.Mount{{Secret: name, Path: tokenDir}}}
-	serve.Import = contract.Import{Serve: ":" + strconv.Itoa(importpod.ServePort), Path: serve.SourcePath(), TokenFile: tokenDir + "/token"}
+		Mounts: []importpod.Mount{{Secret: serveSecretName(owner), Path: tokenDir}}}
+	serve.Import = contract.Import{Serve: ":" + strconv.Itoa(importpod.ServePort), Path: serve.SourcePath(), TokenFile: tokenDir + "/token",
+		TLSCertFile: tokenDir + "/tls.crt", TLSKeyFile: tokenDir + "/tls.key"}
 	pod := importpod.Build(cfg, serve)
 	// In another namespace it can have no owner: its mark names the object it serves. In the
 	// owner's own (a remote source), the owner controls it, so that it goes with the owner.
@@ -115,12 +128,17 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
 		// It should serve until deleted: start it again.
 		return false, client.IgnoreNotFound(c.Delete(ctx, pod))
+	case !servesTLS(pod):
+		// Made by a diskpipe whose clone sources served plain HTTP, with Secrets that hold no
+		// certificate: both are made again.
+		return false, dropPlain(ctx, c, owner, src.Namespace)
 	case pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "":
 		return false, nil
 	}
 	s.Import.Source, s.Import.Format = "http", "raw"
-	base := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(importpod.ServePort))
+	base := "https://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(importpod.ServePort))
 	s.Import.URL, s.Import.ExtentsURL = base+"/disk", base+"/extents"
+	s.Import.CAFile, s.Import.ServerName = tokenDir+"/ca.crt", ServerName
 	s.Import.HeaderFile = append(s.Import.HeaderFile, tokenDir+"/header")
 	s.Import.AllowDestination = append(s.Import.AllowDestination, pod.Status.PodIP)
 	s.Mounts = append(s.Mounts, importpod.Mount{Secret: tokenSecretName(owner), Path: tokenDir})
@@ -173,9 +191,14 @@ func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcN
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	token := hex.EncodeToString(b)
+	crt, key, err := servingPair()
+	if err != nil {
+		return err
+	}
 	theirs := func() *corev1.Secret {
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace,
-			Labels: map[string]string{LabelFor: string(owner.GetUID())}}, StringData: map[string]string{"token": token}}
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: serveSecretName(owner), Namespace: srcNamespace,
+			Labels: map[string]string{LabelFor: string(owner.GetUID())}},
+			StringData: map[string]string{"token": token, "tls.crt": string(crt), "tls.key": string(key)}}
 		if srcNamespace == owner.GetNamespace() {
 			_ = controllerutil.SetControllerReference(owner, s, c.Scheme())
 		}
@@ -183,7 +206,7 @@ func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcN
 	}
 	mine := func() (*corev1.Secret, error) {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tokenSecretName(owner), Namespace: owner.GetNamespace()},
-			StringData: map[string]string{"token": token, "header": "Authorization: Bearer " + token}}
+			StringData: map[string]string{"token": token, "header": "Authorization: Bearer " + token, "ca.crt": string(crt)}}
 		return s, controllerutil.SetControllerReference(owner, s, c.Scheme())
 	}
 	made := func(s *corev1.Secret) (bool, error) {
@@ -238,7 +261,9 @@ func Cleanup(ctx context.Context, c client.Client, owner client.Object, srcNames
 // its copy began), which would leave it, owned by nothing, in the source's namespace.
 func CleanupReading(ctx context.Context, c client.Client, r client.Reader, owner client.Object, srcNamespace string) error {
 	meta := metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace}
-	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}} {
+	serve := metav1.ObjectMeta{Name: serveSecretName(owner), Namespace: srcNamespace}
+	// The Secret of the pod's name is an older diskpipe's (a plain-HTTP clone source's).
+	for _, obj := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: serve}, &corev1.Secret{ObjectMeta: meta}} {
 		if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
@@ -253,5 +278,69 @@ func CleanupReading(ctx context.Context, c client.Client, r client.Reader, owner
 	return client.IgnoreNotFound(c.Delete(ctx, pvc, client.Preconditions{UID: &pvc.UID}))
 }
 
+// dropPlain deletes a clone source that an older diskpipe made to serve plain HTTP, and its
+// token Secrets (of other names, holding no certificate): the next pass serves over TLS.
+func dropPlain(ctx context.Context, c client.Client, owner client.Object, srcNamespace string) error {
+	for _, obj := range []client.Object{
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: srcNamespace}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "clone-token-" + string(owner.GetUID()), Namespace: owner.GetNamespace()}},
+	} {
+		if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// ServerName is the name a clone source's certificate is made for and verified against: each
+// copy's certificate is its own root, so the name need not be unique.
+const ServerName = "clone-source.diskpipe.invalid"
+
+// servesTLS says whether pod serves over TLS (made by this diskpipe).
+func servesTLS(pod *corev1.Pod) bool {
+	for _, c := range pod.Spec.Containers {
+		if slices.Contains(c.Args, "--tls-cert-file") {
+			return true
+		}
+	}
+	return false
+}
+
+// servingPair is a P-256 key and a self-signed certificate of ServerName for it, as PEM: a
+// clone source's, for one copy.
+func servingPair() (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: ServerName}, DNSNames: []string{ServerName},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(certLifetime), BasicConstraintsValid: true, IsCA: true,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("making the clone source's certificate: %w", err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+// certLifetime bounds a clone source's certificate: longer than any copy runs (a copy that
+// outlives it fails its next request and is made again with a new pair).
+const certLifetime = 90 * 24 * time.Hour
+
+// sourceName names a clone source's pod; serveSecretName its Secret (token, key and
+// certificate) in the source's namespace; tokenSecretName the importer's (the header it sends
+// and the certificate it trusts) in the owner's.
 func sourceName(owner client.Object) string      { return "clone-source-" + string(owner.GetUID()) }
-func tokenSecretName(owner client.Object) string { return "clone-token-" + string(owner.GetUID()) }
+func serveSecretName(owner client.Object) string { return "clone-serve-" + string(owner.GetUID()) }
+func tokenSecretName(owner client.Object) string { return "clone-trust-" + string(owner.GetUID()) }

@@ -1,6 +1,8 @@
 package hostcopy
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,7 +23,7 @@ func TestTokenPair(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme).Build()
 	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: "vms", UID: "u1"}}
 	mine := client.ObjectKey{Namespace: "vms", Name: tokenSecretName(owner)}
-	theirs := client.ObjectKey{Namespace: "images", Name: sourceName(owner)}
+	theirs := client.ObjectKey{Namespace: "images", Name: serveSecretName(owner)}
 	tokens := func() (string, string) {
 		t.Helper()
 		m, th := &corev1.Secret{}, &corev1.Secret{}
@@ -33,6 +35,22 @@ func TestTokenPair(t *testing.T) {
 		}
 		if m.StringData["header"] != "Authorization: Bearer "+m.StringData["token"] {
 			t.Errorf("header %q for token %q", m.StringData["header"], m.StringData["token"])
+		}
+		// The importer trusts the one certificate the server holds the key of, for ServerName.
+		pair, err := tls.X509KeyPair([]byte(th.StringData["tls.crt"]), []byte(th.StringData["tls.key"]))
+		if err != nil {
+			t.Fatalf("the server's pair: %v", err)
+		}
+		if m.StringData["ca.crt"] != th.StringData["tls.crt"] {
+			t.Error("the importer trusts another certificate than the server's")
+		}
+		if _, ok := m.StringData["tls.key"]; ok {
+			t.Error("the importer got the server's key")
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM([]byte(m.StringData["ca.crt"]))
+		if _, err := pair.Leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: ServerName}); err != nil {
+			t.Errorf("the server's certificate does not verify as %s: %v", ServerName, err)
 		}
 		return m.StringData["token"], th.StringData["token"]
 	}

@@ -2,9 +2,11 @@ package owned
 
 import (
 	"context"
+	"crypto/ecdh"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"maps"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/diskpipe/diskpipe/internal/seal"
 	"github.com/diskpipe/diskpipe/internal/secretkey"
 )
 
@@ -73,6 +76,16 @@ func (k *markKey) mark(kind string, obj client.Object, owner types.UID) string {
 	h := hmac.New(sha256.New, k.key)
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s", kind, obj.GetNamespace(), obj.GetName(), owner)
 	return base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// SealKey is the private key pods seal their secrets to (internal/seal), derived from the
+// marking key, so that every replica holds the same one.
+func SealKey() (*ecdh.PrivateKey, error) {
+	k := currentKey.Load()
+	if k == nil {
+		return nil, errors.New("no key: the manager has not loaded its key")
+	}
+	return seal.Key(k.key)
 }
 
 // HasKey reports whether a key was set (UseKey, LoadKey).
