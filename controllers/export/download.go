@@ -174,8 +174,10 @@ func (r *Reconciler) clearRenew(ctx context.Context, ex, base *hypercloud.Virtua
 	if err := r.Status().Patch(ctx, ex, client.MergeFrom(base)); err != nil {
 		return err
 	}
-	if err := r.Status().Patch(ctx, ex.DeepCopy(), legacyURL); err != nil {
-		return err
+	if base.Status.DownloadSecretName == "" { // the first Secret: an older diskpipe's URL may be in the status
+		if err := r.Status().Patch(ctx, ex, legacyURL); err != nil {
+			return err
+		}
 	}
 	if _, ok := ex.Annotations[hypercloud.AnnotationRenewDownloadURL]; !ok {
 		return nil

@@ -208,6 +208,7 @@ func TestExport(t *testing.T) {
 	// An export from a diskpipe that wrote the URL into its status (an expiry, no Secret) gets
 	// a Secret without being asked.
 	old := downloadURL(t, ex)
+	time.Sleep(1100 * time.Millisecond) // a presigned URL carries its signing second
 	g.Expect(env.Client.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ex.Status.DownloadSecretName}})).To(Succeed())
 	g.Expect(env.Client.Status().Patch(ctx, ex, client.RawPatch(types.MergePatchType, []byte(`{"status":{"downloadSecretName":null}}`)))).To(Succeed())
 	g.Eventually(func() string { exportStatus(t, ex)(); return ex.Status.DownloadSecretName }, 10*time.Second).ShouldNot(BeEmpty())
@@ -414,7 +415,7 @@ func TestExternalStore(t *testing.T) {
 func renew(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport, want []byte, signer func()) {
 	t.Helper()
 	g := NewWithT(t)
-	first := downloadURL(t, ex)
+	first, firstAt := downloadURL(t, ex), ex.Status.DownloadURLExpiresAt.Time
 	time.Sleep(1100 * time.Millisecond) // a presigned URL carries its signing second
 	patch := client.MergeFrom(ex.DeepCopy())
 	ex.Annotations = map[string]string{hypercloud.AnnotationRenewDownloadURL: "true"}
@@ -425,8 +426,10 @@ func renew(t *testing.T, ex *hypercloud.VirtualMachineVolumeExport, want []byte,
 	g.Eventually(func() bool {
 		exportStatus(t, ex)()
 		_, asked := ex.Annotations[hypercloud.AnnotationRenewDownloadURL]
-		return downloadURL(t, ex) != first && !asked
+		// The status names the new expiry once the Secret holds the new URL.
+		return ex.Status.DownloadURLExpiresAt.After(firstAt) && !asked
 	}, 10*time.Second).Should(BeTrue(), "a new URL, and the request cleared")
+	g.Expect(downloadURL(t, ex)).NotTo(Equal(first))
 	code, got := get(t, downloadURL(t, ex))
 	g.Expect(code).To(Equal(http.StatusOK))
 	g.Expect(got).To(Equal(want))
