@@ -117,8 +117,11 @@ func Configuration(namespace, service string, caBundle []byte, kinds ...SourceKi
 		}
 		sources = append(sources, r)
 	}
+	// Not diskpipe's own namespace (the store's pod mounts its PVC and must start while the
+	// manager is down) nor kube-system (the cluster's own pods must start whatever diskpipe's
+	// state).
 	goldenPods.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace}}}}
+		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace, metav1.NamespaceSystem}}}}
 	return &admissionregistrationv1.ValidatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
 		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},

@@ -586,10 +586,12 @@ func TestCrossNamespace(t *testing.T) {
 	serveName := "clone-source-" + string(d.UID)
 	serve := ctrltest.Pod(t, env, images, serveName)
 	args := strings.Join(serve.Spec.Containers[0].Args, " ")
-	g.Expect(args).To(ContainSubstring("--serve :8091 --path /source/disk.img --token-file /var/run/diskpipe/clone/token"))
+	g.Expect(args).To(ContainSubstring("--serve :8091 --path /source/disk.img --token-file /var/run/diskpipe/clone/token " +
+		"--tls-cert-file /var/run/diskpipe/clone/tls.crt --tls-key-file /var/run/diskpipe/clone/tls.key"))
 	srcToken := &corev1.Secret{}
-	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, srcToken)).To(Succeed())
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: "clone-serve-" + string(d.UID)}, srcToken)).To(Succeed())
 	g.Expect(srcToken.Data["token"]).To(HaveLen(64))
+	g.Expect(srcToken.Data).To(HaveKey("tls.key"), "the clone source holds its key")
 
 	// The importer starts once the source serves.
 	g.Consistently(func() error {
@@ -598,17 +600,20 @@ func TestCrossNamespace(t *testing.T) {
 	ctrltest.Kubelet(t, env, images, serveName, corev1.PodRunning, nil, 0)
 	pod := ctrltest.Pod(t, env, ns, "centos-disk-clone-0")
 	args = strings.Join(pod.Spec.Containers[0].Args, " ")
-	g.Expect(args).To(ContainSubstring("--source http --format raw --url http://127.0.0.1:8091/disk --header-file /var/run/diskpipe/clone/header --extents-url http://127.0.0.1:8091/extents"))
+	g.Expect(args).To(ContainSubstring("--source http --format raw --url https://127.0.0.1:8091/disk --ca-file /var/run/diskpipe/clone/ca.crt " +
+		"--tls-server-name clone-source.diskpipe.invalid --header-file /var/run/diskpipe/clone/header --extents-url https://127.0.0.1:8091/extents"))
 	myToken := &corev1.Secret{}
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "clone-trust-" + string(d.UID)}, myToken)).To(Succeed())
 	g.Expect(string(myToken.Data["header"])).To(Equal("Authorization: Bearer " + string(srcToken.Data["token"])))
 	g.Expect(metav1.IsControlledBy(myToken, d)).To(BeTrue())
+	g.Expect(myToken.Data["ca.crt"]).To(Equal(srcToken.Data["tls.crt"]), "the importer trusts the clone source's certificate alone")
+	g.Expect(myToken.Data).NotTo(HaveKey("tls.key"))
 
 	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), "centos-disk-clone-0", "centos-disk", transfer.Result{Format: "raw", VirtualSize: 2018508800})
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, &corev1.Pod{})) &&
-			apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, &corev1.Secret{}))
+			apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: "clone-serve-" + string(d.UID)}, &corev1.Secret{}))
 	}, 20*time.Second).Should(BeTrue(), "the clone source is removed")
 
 	// Deleting a disk mid-copy removes its clone source too.

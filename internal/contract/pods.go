@@ -25,19 +25,19 @@ type Import struct {
 	// with the certificate in TLSCertFile, to the bearer of the token in TokenFile (a clone
 	// source).
 	Serve       string `flag:"serve" usage:"import nothing: serve the disk at --path read-only over HTTPS on this address, to the bearer of --token-file"`
+	Path        string `flag:"path" usage:"file: the source disk (a file or block device); containerdisk: the directory that holds the image's one disk (/disk); serve: the disk served"`
+	TokenFile   string `flag:"token-file" usage:"serve: the file (a mounted Secret key) holding the bearer token"`
 	TLSCertFile string `flag:"tls-cert-file" usage:"serve: the PEM certificate served (a mounted Secret key)"`
 	TLSKeyFile  string `flag:"tls-key-file" usage:"serve: the PEM key of --tls-cert-file (a mounted Secret key)"`
-	Path      string `flag:"path" usage:"file: the source disk (a file or block device); containerdisk: the directory that holds the image's one disk (/disk); serve: the disk served"`
-	TokenFile string `flag:"token-file" usage:"serve: the file (a mounted Secret key) holding the bearer token"`
-	BlankSize int64  `flag:"blank-size" usage:"blank: the disk's size in bytes"`
-	Grow      bool   `flag:"grow" usage:"make disk.img as large as the volume allows when the image is smaller (blank: size 0 is the whole volume)"`
-	GrowOnly  bool   `flag:"grow-only" usage:"import nothing: grow the existing disk at --target to the volume (a disk cloned by the storage system)"`
-	Probe     bool   `flag:"probe" usage:"only tell the source's format and virtual size (in the result); write nothing"`
-	Check     bool   `flag:"check" usage:"only tell the source's revision (in the result): an ETag, Last-Modified or registry digest; read no image"`
-	Checksum  string `flag:"checksum" usage:"expected digest of the source, <sha256|sha512|sha1|md5>:<hex>"`
-	OVADisk   string `flag:"ova-disk" usage:"an OVA appliance's disk to import, by OVF disk id or file name (default: the first)"`
-	Parallel  int    `flag:"parallel" usage:"ranged requests in flight at once"`
-	Retries   int    `flag:"retries" usage:"attempts of each request before a transient failure ends the import"`
+	BlankSize   int64  `flag:"blank-size" usage:"blank: the disk's size in bytes"`
+	Grow        bool   `flag:"grow" usage:"make disk.img as large as the volume allows when the image is smaller (blank: size 0 is the whole volume)"`
+	GrowOnly    bool   `flag:"grow-only" usage:"import nothing: grow the existing disk at --target to the volume (a disk cloned by the storage system)"`
+	Probe       bool   `flag:"probe" usage:"only tell the source's format and virtual size (in the result); write nothing"`
+	Check       bool   `flag:"check" usage:"only tell the source's revision (in the result): an ETag, Last-Modified or registry digest; read no image"`
+	Checksum    string `flag:"checksum" usage:"expected digest of the source, <sha256|sha512|sha1|md5>:<hex>"`
+	OVADisk     string `flag:"ova-disk" usage:"an OVA appliance's disk to import, by OVF disk id or file name (default: the first)"`
+	Parallel    int    `flag:"parallel" usage:"ranged requests in flight at once"`
+	Retries     int    `flag:"retries" usage:"attempts of each request before a transient failure ends the import"`
 	// StallTimeout is how long a response may send nothing before it is retried.
 	StallTimeout time.Duration `flag:"stall-timeout" usage:"how long a response may send nothing before it is retried"`
 	CPUProfile   string        `flag:"cpu-profile" usage:"write a CPU profile to this file (for performance work)"`

@@ -224,6 +224,21 @@ func TestWebhookConfiguration(t *testing.T) {
 	if objs["MutatingWebhookConfiguration"] != nil {
 		t.Errorf("the chart has a MutatingWebhookConfiguration: upload tokens are an aggregated API, not a webhook")
 	}
+	// The pods hook may fail open on its own, the others staying closed.
+	var apart admissionregistrationv1.ValidatingWebhookConfiguration
+	o := find(render(t, "diskpipe-system", "--show-only", "templates/webhook.yaml", "--set", "webhook.podsFailurePolicy=Ignore"), "ValidatingWebhookConfiguration")
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &apart); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range apart.Webhooks {
+		want := admissionregistrationv1.Fail
+		if h.Name == "golden-pvcs.diskpipe.io" {
+			want = admissionregistrationv1.Ignore
+		}
+		if *h.FailurePolicy != want {
+			t.Errorf("with podsFailurePolicy=Ignore, %s fails %s", h.Name, *h.FailurePolicy)
+		}
+	}
 	gotAPI, wantAPI := objs["APIService"], uploadproxy.APIService(uploadapi.GroupVersion, "diskpipe-system", testenv.ChartRelease+"-manager", 443, nil).Object
 	if gotAPI == nil {
 		t.Fatalf("the chart has no APIService for upload tokens")

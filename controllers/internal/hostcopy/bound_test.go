@@ -117,3 +117,58 @@ func fakeClient(t *testing.T) client.Client {
 	}
 	return fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&corev1.Pod{}).Build()
 }
+
+// TestPlainSourceReplaced: a clone source that an older diskpipe made to serve plain HTTP is
+// not given to a copy (its token would cross the node network in the clear): it and its
+// Secrets are deleted, and the copy waits for one that serves over TLS (one step, with a fake
+// client).
+func TestPlainSourceReplaced(t *testing.T) {
+	c := fakeClient(t)
+	var cfg importpod.Config
+	cfg.Defaults()
+	src := Source{Namespace: "images", Name: "golden"}
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: "vms", UID: "u1"}}
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: "images"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "importer",
+			Args: []string{"--serve", ":8091", "--path", "/source/disk.img", "--token-file", "/var/run/diskpipe/clone/token"}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7"}}
+	owned.Stamp("Pod", old, owner.GetUID())
+	oldSecrets := []*corev1.Secret{
+		{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: "images"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "clone-token-u1", Namespace: "vms"}},
+	}
+	for _, obj := range []client.Object{old, oldSecrets[0], oldSecrets[1]} {
+		if err := c.Create(t.Context(), obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &importpod.Spec{}
+	if ready, err := Prepare(t.Context(), c, cfg, owner, src, s); err != nil || ready || s.Import.URL != "" {
+		t.Fatalf("a plain clone source: ready %v, URL %q, %v", ready, s.Import.URL, err)
+	}
+	for _, obj := range []client.Object{&corev1.Pod{}, &corev1.Secret{}} {
+		if err := c.Get(t.Context(), types.NamespacedName{Namespace: "images", Name: sourceName(owner)}, obj); err == nil {
+			t.Errorf("the old %T is left", obj)
+		}
+	}
+	if err := c.Get(t.Context(), types.NamespacedName{Namespace: "vms", Name: "clone-token-u1"}, &corev1.Secret{}); err == nil {
+		t.Error("the old importer's token is left")
+	}
+	// The next pass makes a source that serves over TLS, and the copy reads it so.
+	if _, err := Prepare(t.Context(), c, cfg, owner, src, &importpod.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{}
+	if err := c.Get(t.Context(), types.NamespacedName{Namespace: "images", Name: sourceName(owner)}, pod); err != nil || !servesTLS(pod) {
+		t.Fatalf("the new clone source: %v, args %v", err, pod.Spec.Containers)
+	}
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.8"}
+	if err := c.Status().Update(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	s = &importpod.Spec{}
+	if ready, err := Prepare(t.Context(), c, cfg, owner, src, s); err != nil || !ready ||
+		s.Import.URL != "https://10.0.0.8:8091/disk" || s.Import.ServerName != ServerName || s.Import.CAFile == "" {
+		t.Fatalf("ready %v, %+v, %v", ready, s.Import, err)
+	}
+}
