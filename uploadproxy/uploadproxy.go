@@ -88,6 +88,9 @@ type Server struct {
 	reserved map[string]int64
 	// defaults fills PartSize and Log once, before the first request (requests run at once).
 	defaults sync.Once
+	// reviews answers who bears a Kubernetes token (reviews.go), made at its first use.
+	reviews     *reviews
+	reviewsOnce sync.Once
 }
 
 // A Door serves one path of the proxy beside the PUT; its error is answered as the PUT's are

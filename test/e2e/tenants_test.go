@@ -90,6 +90,45 @@ spec:
 	})
 })
 
+var _ = Describe("a viewer of a namespace", func() {
+	It("reads its exports, their pods and events, and no link that downloads a disk", localProves, func() {
+		ns := namespace()
+		importHTTP(ns, "golden", "disk.qcow2")
+		kubectl(`apiVersion: hypercloud.tmaxanc.com/v1alpha1
+kind: VirtualMachineVolumeExport
+metadata: {name: backup}
+spec:
+  pvcName: vmim-golden
+  objectStore: {bucketName: viewer-test, objectName: disk.qcow2}
+`, "apply", "-n", ns, "-f", "-")
+		Eventually(phase(ns, "vmve", "backup"), 2*time.Minute, time.Second).Should(Equal("Ready Exported"))
+
+		// view, as Kubernetes and diskpipe aggregate it (bound directly: envtest-like clusters
+		// aggregate no roles).
+		eve := "eve-" + ns
+		for _, role := range []string{"view", "system:aggregate-to-view", "diskpipe-viewer"} {
+			kubectl("", "create", "rolebinding", strings.ReplaceAll(role, ":", "-")+"-"+eve, "-n", ns, "--clusterrole", role, "--user", eve)
+		}
+		var seen string
+		Eventually(func() error { // RBAC learns a new binding a moment after it is made
+			out, err := asUser(eve, "", "get", "vmve,pods,events", "-n", ns, "-o", "json")
+			seen = out
+			return err
+		}, 30*time.Second, time.Second).Should(Succeed())
+		Expect(seen).To(ContainSubstring(`"name": "backup"`), "the viewer reads the export")
+		Expect(seen).NotTo(ContainSubstring("X-Amz-Signature"), "the viewer reads a signed URL")
+		secret := kubectl("", "get", "vmve", "backup", "-n", ns, "-o", "jsonpath={.status.downloadSecretName}")
+		out, err := asUser(eve, "", "get", "secret", secret, "-n", ns, "-o", "jsonpath={.data.url}")
+		Expect(err).To(HaveOccurred(), "the viewer read the download Secret: %s", out)
+		Expect(out).To(ContainSubstring("Forbidden"))
+
+		// Whoever may read the namespace's Secrets downloads the disk with it.
+		got := filepath.Join(work, "viewer-"+ns+".qcow2")
+		run("curl", "-sSf", "-o", got, downloadURL(ns, "backup"))
+		run("qemu-img", "compare", images["qcow2"], got)
+	})
+})
+
 // asUser runs kubectl as user (impersonated, so the apiserver's RBAC decides) and returns its
 // output and error.
 func asUser(user, stdin string, args ...string) (string, error) {
