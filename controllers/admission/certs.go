@@ -3,18 +3,11 @@ package admission
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
-	"net"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/internal/certs"
 )
 
 // Lifetimes of the certificates CertKeeper issues. A certificate is renewed once less than a
@@ -232,28 +227,28 @@ func renew(sec *corev1.Secret, hosts []string, now time.Time) ([]byte, bool, err
 	if sec.Data == nil {
 		sec.Data = map[string][]byte{}
 	}
-	ca, caKey, caErr := parsePair(sec.Data[keyCACert], sec.Data[keyCAKey])
+	ca, caKey, caErr := certs.ParsePair(sec.Data[keyCACert], sec.Data[keyCAKey])
 	bundle := sec.Data[keyCACert]
 	changed := false
 	if caErr != nil || fresh(ca, now) != nil {
-		newCA, newKey, err := issue(nil, nil, nil, now, CALifetime)
+		newCA, newKey, err := certs.Issue(nil, nil, "diskpipe webhook CA", nil, now, CALifetime)
 		if err != nil {
 			return nil, false, err
 		}
-		bundle = pemCert(newCA)
+		bundle = certs.PEMCert(newCA)
 		if caErr == nil && now.Before(ca.NotAfter) { // the old CA still signs the served certificate
-			bundle = append(bundle, pemCert(ca)...)
+			bundle = append(bundle, certs.PEMCert(ca)...)
 		}
 		ca, caKey, changed = newCA, newKey, true
-		sec.Data[keyCACert], sec.Data[keyCAKey] = bundle, pemKey(newKey)
+		sec.Data[keyCACert], sec.Data[keyCAKey] = bundle, certs.PEMKey(newKey)
 	}
-	leaf, _, err := parsePair(sec.Data[keyCert], sec.Data[keyKey])
+	leaf, _, err := certs.ParsePair(sec.Data[keyCert], sec.Data[keyKey])
 	if changed || err != nil || fresh(leaf, now) != nil || leaf.CheckSignatureFrom(ca) != nil || !covers(leaf, hosts) {
-		cert, key, err := issue(ca, caKey, hosts, now, LeafLifetime)
+		cert, key, err := certs.Issue(ca, caKey, "", hosts, now, LeafLifetime)
 		if err != nil {
 			return nil, false, err
 		}
-		sec.Data[keyCert], sec.Data[keyKey], changed = pemCert(cert), pemKey(key), true
+		sec.Data[keyCert], sec.Data[keyKey], changed = certs.PEMCert(cert), certs.PEMKey(key), true
 	}
 	return bundle, changed, nil
 }
@@ -274,68 +269,4 @@ func covers(c *x509.Certificate, hosts []string) bool {
 		}
 	}
 	return true
-}
-
-// issue makes a CA (parent nil) or a serving certificate signed by parent.
-func issue(parent *x509.Certificate, parentKey *ecdsa.PrivateKey, hosts []string, now time.Time, lifetime time.Duration) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{SerialNumber: serial, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(lifetime)}
-	signer, signerKey := tmpl, key
-	if parent == nil {
-		tmpl.Subject = pkix.Name{CommonName: "diskpipe webhook CA"}
-		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
-		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
-	} else {
-		tmpl.Subject = pkix.Name{CommonName: hosts[0]}
-		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		for _, h := range hosts {
-			if ip := net.ParseIP(h); ip != nil {
-				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-			} else {
-				tmpl.DNSNames = append(tmpl.DNSNames, h)
-			}
-		}
-		signer, signerKey = parent, parentKey
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("issuing a certificate: %w", err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	return cert, key, err
-}
-
-// parsePair reads the first certificate of certPEM and its EC key.
-func parsePair(certPEM, keyPEM []byte) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	cb, _ := pem.Decode(certPEM)
-	kb, _ := pem.Decode(keyPEM)
-	if cb == nil || kb == nil {
-		return nil, nil, errors.New("no certificate or key")
-	}
-	cert, err := x509.ParseCertificate(cb.Bytes)
-	if err != nil {
-		return nil, nil, err
-	}
-	key, err := x509.ParseECPrivateKey(kb.Bytes)
-	if err != nil {
-		return nil, nil, err
-	}
-	return cert, key, nil
-}
-
-func pemCert(c *x509.Certificate) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
-}
-
-func pemKey(k *ecdsa.PrivateKey) []byte {
-	der, _ := x509.MarshalECPrivateKey(k) // cannot fail for a P-256 key
-	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
 }

@@ -8,23 +8,18 @@
 // that only the two pods receive, through Secrets; the importer reads it like any HTTPS
 // source, with ranged, resumable requests, streaming from node to node with no scratch space.
 // The copy path crosses the node network, where others may listen: the manager makes, with
-// each token, a key and a self-signed certificate that only the clone source holds, and gives
-// the importer the certificate as the one root it trusts, so the token and the disk are never
+// each token, a key and a certificate that only the clone source holds, issued by a CA made
+// for that copy alone (whose key is then thrown away), and gives the importer that CA as the
+// one root it trusts, so the token and the disk are never
 // in the clear and no other pod can pose as the source.
 package hostcopy
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"slices"
 	"strconv"
@@ -38,6 +33,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/internal/certs"
 	"github.com/diskpipe/diskpipe/internal/contract"
 )
 
@@ -191,7 +187,7 @@ func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcN
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	token := hex.EncodeToString(b)
-	crt, key, err := servingPair()
+	ca, crt, key, err := servingPair()
 	if err != nil {
 		return err
 	}
@@ -206,7 +202,7 @@ func ensureToken(ctx context.Context, c client.Client, owner client.Object, srcN
 	}
 	mine := func() (*corev1.Secret, error) {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: tokenSecretName(owner), Namespace: owner.GetNamespace()},
-			StringData: map[string]string{"token": token, "header": "Authorization: Bearer " + token, "ca.crt": string(crt)}}
+			StringData: map[string]string{"token": token, "header": "Authorization: Bearer " + token, "ca.crt": string(ca)}}
 		return s, controllerutil.SetControllerReference(owner, s, c.Scheme())
 	}
 	made := func(s *corev1.Secret) (bool, error) {
@@ -307,31 +303,20 @@ func servesTLS(pod *corev1.Pod) bool {
 	return false
 }
 
-// servingPair is a P-256 key and a self-signed certificate of ServerName for it, as PEM: a
-// clone source's, for one copy.
-func servingPair() (certPEM, keyPEM []byte, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	if err != nil {
-		return nil, nil, err
-	}
+// servingPair is a clone source's certificate and key, for one copy, and the CA that issued
+// it, as PEM. The CA's key is thrown away once it signed: no other certificate verifies as
+// the source.
+func servingPair() (caPEM, certPEM, keyPEM []byte, err error) {
 	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: ServerName}, DNSNames: []string{ServerName},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(certLifetime), BasicConstraintsValid: true, IsCA: true,
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	ca, caKey, err := certs.Issue(nil, nil, "diskpipe clone source CA", nil, now, certLifetime)
 	if err != nil {
-		return nil, nil, fmt.Errorf("making the clone source's certificate: %w", err)
+		return nil, nil, nil, err
 	}
-	kder, err := x509.MarshalECPrivateKey(key)
+	cert, key, err := certs.Issue(ca, caKey, "", []string{ServerName}, now, certLifetime)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+	return certs.PEMCert(ca), certs.PEMCert(cert), certs.PEMKey(key), nil
 }
 
 // certLifetime bounds a clone source's certificate: longer than any copy runs (a copy that
