@@ -43,7 +43,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	case "export":
 	case "presign", "delete":
 		return cmd.Run(ctx, "Export", func(ctx context.Context) (*transfer.Result, error) {
-			return objectAction(ctx, a.Action, store, a.CredentialsDir, a.Bucket, a.Object, a.DownloadURLExpiry, a.SealKey)
+			return objectAction(ctx, a.Action, store, a.CredentialsDir, a.Bucket, a.Object, a.DownloadURLExpiry, a.SealKey, a.SealContext)
 		})
 	default:
 		fmt.Fprintf(stderr, "--action %q: export, presign or delete\n", a.Action)
@@ -66,7 +66,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			Compression: Compression(a.Compression), Sink: sink, Workers: a.Workers, Progress: cmd.Progress, Log: cmd.Log})
 		res.URL = where
 		if err == nil && a.DownloadURLExpiry > 0 && a.Output == "" {
-			signed, perr := objectAction(ctx, "presign", store, a.CredentialsDir, a.Bucket, a.Object, a.DownloadURLExpiry, a.SealKey)
+			signed, perr := objectAction(ctx, "presign", store, a.CredentialsDir, a.Bucket, a.Object, a.DownloadURLExpiry, a.SealKey, a.SealContext)
 			if perr != nil { // the export stands; the manager says there is no URL and why
 				cmd.Log.Warn("Could not sign a download URL", "error", perr)
 				return res, nil
@@ -79,7 +79,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 
 // objectAction presigns a download URL of bucket/object, sealed to sealKey (the result is
 // read by whoever may read pods), or deletes it (an object already gone is deleted).
-func objectAction(ctx context.Context, action string, cfg objectstore.ClientConfig, credsDir, bucket, object string, expiry time.Duration, sealKey string) (*transfer.Result, error) {
+func objectAction(ctx context.Context, action string, cfg objectstore.ClientConfig, credsDir, bucket, object string, expiry time.Duration, sealKey, sealContext string) (*transfer.Result, error) {
 	if credsDir != "" {
 		if err := cfg.LoadCredentials(credsDir); err != nil {
 			return nil, err
@@ -99,15 +99,15 @@ func objectAction(ctx context.Context, action string, cfg objectstore.ClientConf
 	if expiry <= 0 {
 		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--download-url-expiry is required to presign")
 	}
-	if sealKey == "" {
-		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--seal-key is required to presign: a download URL is never left in the result in the clear")
+	if sealKey == "" || sealContext == "" {
+		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--seal-key and --seal-context are required to presign: a download URL is never left in the result in the clear")
 	}
 	at := time.Now().Add(expiry)
 	u, err := c.PresignGet(ctx, bucket, object, expiry)
 	if err != nil {
 		return nil, err
 	}
-	sealed, err := seal.Seal(sealKey, []byte(u.String()))
+	sealed, err := seal.Seal(sealKey, []byte(u.String()), contract.DownloadSealContext(sealContext, at))
 	if err != nil {
 		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--seal-key: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/diskpipe/diskpipe/importer"
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/seal"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
@@ -127,7 +128,7 @@ func TestObjectActions(t *testing.T) {
 		if strings.Contains(log, "X-Amz-Signature") {
 			t.Errorf("the log shows a signed URL:\n%s", log)
 		}
-		u, err := seal.Open(key, res.SealedDownloadURL)
+		u, err := seal.Open(key, res.SealedDownloadURL, contract.DownloadSealContext("vms/backup", *res.DownloadURLExpiresAt))
 		if err != nil {
 			t.Fatalf("opening the sealed URL: %v", err)
 		}
@@ -135,7 +136,7 @@ func TestObjectActions(t *testing.T) {
 	}
 	before := time.Now()
 	code, res, log := runExporter(t, s, "--source", src, "--bucket", "offsite", "--object", "disk.qcow2", "--create-bucket",
-		"--download-url-expiry", "90m", "--seal-key", seal.Public(key))
+		"--download-url-expiry", "90m", "--seal-key", seal.Public(key), "--seal-context", "vms/backup")
 	if code != 0 || !res.Succeeded || res.SealedDownloadURL == "" || res.DownloadURLExpiresAt == nil {
 		t.Fatalf("exit %d %+v\n%s", code, res, log)
 	}
@@ -156,13 +157,21 @@ func TestObjectActions(t *testing.T) {
 	}
 
 	code, signed, log := runExporter(t, s, "--action", "presign", "--bucket", "offsite", "--object", "disk.qcow2", "--download-url-expiry", "2h",
-		"--seal-key", seal.Public(key))
+		"--seal-key", seal.Public(key), "--seal-context", "vms/backup")
 	if code != 0 || signed.SealedDownloadURL == "" || signed.URL != "s3://offsite/disk.qcow2" {
 		t.Fatalf("presign: exit %d %+v\n%s", code, signed, log)
 	}
 	second := open(signed, log)
 	if second == first {
 		t.Error("presign signed the URL of the export again")
+	}
+	// Bound to the export it was signed for, and to its expiry: another export's context, or
+	// another expiry, does not open it.
+	if _, err := seal.Open(key, signed.SealedDownloadURL, contract.DownloadSealContext("mallory/loot", *signed.DownloadURLExpiresAt)); err == nil {
+		t.Error("the sealed URL opened for another export")
+	}
+	if _, err := seal.Open(key, signed.SealedDownloadURL, contract.DownloadSealContext("vms/backup", signed.DownloadURLExpiresAt.Add(time.Hour))); err == nil {
+		t.Error("the sealed URL opened with another expiry")
 	}
 	if got, err := download(second); err != nil || got != res.Digest {
 		t.Fatalf("the presigned URL: %v %s", err, got)

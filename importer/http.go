@@ -2,6 +2,7 @@ package importer
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -63,7 +64,16 @@ func (s *HTTPSource) client() (*http.Client, error) {
 	}
 	tr.ResponseHeaderTimeout = time.Minute
 	if s.ServerName != "" {
-		tr.TLSClientConfig.ServerName = s.ServerName
+		// A clone source: its copy's CA is the one root, not the proxy's CA beside it.
+		pool := x509.NewCertPool()
+		if s.CAFile != "" {
+			pem, err := transfer.ReadCABundle(s.CAFile)
+			if err != nil {
+				return nil, err
+			}
+			pool.AppendCertsFromPEM(pem)
+		}
+		tr.TLSClientConfig.ServerName, tr.TLSClientConfig.RootCAs = s.ServerName, pool
 	}
 	return &http.Client{Transport: s.Egress.Apply(tr), CheckRedirect: redirects}, nil
 }

@@ -90,6 +90,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 			return ctrl.Result{}, err
 		}
 	}
+	if ex.Status.Phase == common.PhaseReady && legacy(ex) {
+		err := r.migrate(ctx, ex)
+		r.Fresh.Saw(ex)
+		return ctrl.Result{}, err // the annotation wakes the renewal
+	}
 	if ex.Status.Phase == common.PhaseReady && needsRenewal(ex) {
 		done, err := r.renew(ctx, ex)
 		r.Fresh.Saw(ex)

@@ -16,6 +16,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/seal"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -59,6 +60,12 @@ func sealKey() (string, error) {
 	return seal.Public(k), nil
 }
 
+// sealContext names ex for the URL its pods seal (contract.DownloadSealContext): a URL sealed
+// for another export, copied into a pod result of this one's, does not open.
+func sealContext(ex *hypercloud.VirtualMachineVolumeExport) string {
+	return ex.Namespace + "/" + ex.Name + "/" + string(ex.UID)
+}
+
 // fromPod writes the download URL a pod signed and sealed, and says whether there was one.
 func (r *Reconciler) fromPod(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, res *transfer.Result) (bool, error) {
 	if res.SealedDownloadURL == "" || res.DownloadURLExpiresAt == nil {
@@ -68,10 +75,10 @@ func (r *Reconciler) fromPod(ctx context.Context, ex *hypercloud.VirtualMachineV
 	if err != nil {
 		return false, err
 	}
-	u, err := seal.Open(k, res.SealedDownloadURL)
+	u, err := seal.Open(k, res.SealedDownloadURL, contract.DownloadSealContext(sealContext(ex), *res.DownloadURLExpiresAt))
 	if err != nil {
-		// Sealed to another key (the manager's key was made again while the pod ran): ask
-		// again.
+		// Sealed to another key (the manager's key was made again while the pod ran), or
+		// for another export (copied into this one's pod): not taken.
 		return false, fmt.Errorf("the pod's download URL: %w", err)
 	}
 	return true, r.writeDownload(ctx, ex, string(u), *res.DownloadURLExpiresAt)
@@ -125,11 +132,32 @@ func DownloadAccess(ex *hypercloud.VirtualMachineVolumeExport) string {
 	return objectstore.ScopedAccess(downloadAccount(ex))
 }
 
-// needsRenewal: a Ready export whose URL someone asked to renew, or one made by a diskpipe that
-// wrote the URL into the status (it has an expiry and no Secret).
+// needsRenewal: a Ready export whose URL someone asked to renew.
 func needsRenewal(ex *hypercloud.VirtualMachineVolumeExport) bool {
 	_, asked := ex.Annotations[hypercloud.AnnotationRenewDownloadURL]
-	return asked || ex.Status.DownloadSecretName == "" && ex.Status.DownloadURLExpiresAt != nil
+	return asked
+}
+
+// legacy: an export that a diskpipe before download Secrets made, with the URL in its status
+// (an expiry and no Secret).
+func legacy(ex *hypercloud.VirtualMachineVolumeExport) bool {
+	return ex.Status.DownloadSecretName == "" && ex.Status.DownloadURLExpiresAt != nil
+}
+
+// legacyURL removes the download URL that a diskpipe before download Secrets wrote into the
+// status, and its expiry (the typed object no longer has the field, so only a patch that names
+// it does).
+var legacyURL = client.RawPatch(types.MergePatchType, []byte(`{"status":{"downloadURL":null,"downloadURLExpiresAt":null}}`))
+
+// migrate takes a legacy export's URL out of its status, and asks for a new one in a Secret
+// as a user would (the annotation): whether or not that renewal succeeds, it is asked once.
+func (r *Reconciler) migrate(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
+	if err := r.Status().Patch(ctx, ex, legacyURL); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(ex.DeepCopy())
+	metav1.SetMetaDataAnnotation(&ex.ObjectMeta, hypercloud.AnnotationRenewDownloadURL, "true")
+	return r.Patch(ctx, ex, patch)
 }
 
 // renew presigns a fresh download URL, writes it, and clears the annotation that asked; for
@@ -164,23 +192,11 @@ func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVol
 	return true, r.clearRenew(ctx, ex, base)
 }
 
-// legacyURL removes the download URL that a diskpipe before download Secrets wrote into the
-// status (the typed object no longer has the field, so only a patch that names it does).
-var legacyURL = client.RawPatch(types.MergePatchType, []byte(`{"status":{"downloadURL":null}}`))
-
 // clearRenew writes ex's status (read as base) and removes the annotation that asked for a
 // new URL.
 func (r *Reconciler) clearRenew(ctx context.Context, ex, base *hypercloud.VirtualMachineVolumeExport) error {
 	if err := r.Status().Patch(ctx, ex, client.MergeFrom(base)); err != nil {
 		return err
-	}
-	if base.Status.DownloadSecretName == "" { // the first Secret: an older diskpipe's URL may be in the status
-		if err := r.Status().Patch(ctx, ex, legacyURL); err != nil {
-			return err
-		}
-	}
-	if _, ok := ex.Annotations[hypercloud.AnnotationRenewDownloadURL]; !ok {
-		return nil
 	}
 	patch := client.MergeFrom(ex.DeepCopy())
 	delete(ex.Annotations, hypercloud.AnnotationRenewDownloadURL)

@@ -393,6 +393,22 @@ func TestExternalStore(t *testing.T) {
 		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "offsite-presign"}, &corev1.Pod{}))
 	}, 10*time.Second).Should(BeTrue(), "the signing pod is deleted")
 
+	// A sealed URL copied into another export's pod result (a viewer reads pods' results, and
+	// a namespace's owner can make a pod under the name diskpipe uses): not opened there.
+	other := setup(t)
+	newPVC(t, other, "data", "csi")
+	loot := offsite("loot", "s3-creds")
+	loot.Namespace = other
+	g.Expect(env.Client.Create(ctx, loot)).To(Succeed())
+	ctrltest.Pod(t, env, other, "loot-export-0")
+	ctrltest.Complete(t, env, other, "loot-export-0", transfer.Result{Format: "raw", URL: res.URL, DurationSeconds: 1,
+		SealedDownloadURL: res.SealedDownloadURL, DownloadURLExpiresAt: res.DownloadURLExpiresAt})
+	g.Eventually(exportStatus(t, loot), 20*time.Second).Should(ContainSubstring(
+		"no download URL: the pod's download URL: seal: not sealed to this key for this context"))
+	g.Expect(loot.Status.DownloadSecretName).To(BeEmpty())
+	g.Expect(apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: other, Name: export.DownloadSecretName(loot)}, &corev1.Secret{}))).
+		To(BeTrue(), "a Secret was written of another export's URL")
+
 	// Keys that do not exist: the pod says so, and it is tried again.
 	nokeys := offsite("nokeys", "absent")
 	g.Expect(env.Client.Create(ctx, nokeys)).To(Succeed())

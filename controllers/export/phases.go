@@ -112,7 +112,7 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		exp.DownloadURLExpiry, exp.SealKey = expiryOf(ex), key
+		exp.DownloadURLExpiry, exp.SealKey, exp.SealContext = expiryOf(ex), key, sealContext(ex)
 	}
 	spec.Export = &exp
 	pod := importpod.Build(r.Pods.Config, spec)
@@ -471,7 +471,7 @@ func (r *Reconciler) storeAction(ctx context.Context, ex *hypercloud.VirtualMach
 		if err != nil {
 			return nil, err
 		}
-		exp.DownloadURLExpiry, exp.SealKey = expiryOf(ex), key
+		exp.DownloadURLExpiry, exp.SealKey, exp.SealContext = expiryOf(ex), key, sealContext(ex)
 	}
 	spec := importpod.Spec{Name: ex.Name + "-" + action, Namespace: ex.Namespace, Command: "/exporter",
 		Labels: map[string]string{LabelStoreAction: string(ex.UID), image.LabelRole: "exporter"}, Mounts: d.mounts, Export: &exp}

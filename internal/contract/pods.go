@@ -70,7 +70,16 @@ type Export struct {
 	Workers           int           `flag:"workers" usage:"goroutines reading and compressing clusters"`
 	DownloadURLExpiry time.Duration `flag:"download-url-expiry" usage:"after exporting (or with --action presign), sign a download URL valid this long"`
 	SealKey           string        `flag:"seal-key" usage:"the manager's public key (internal/seal): a signed download URL is left in the result sealed to it"`
+	SealContext       string        `flag:"seal-context" usage:"what the sealed download URL is bound to (the export, as the manager names it)"`
 	Pod
+}
+
+// DownloadSealContext is what an exporter binds the download URL it seals to: the export the
+// manager named in --seal-context, and when the URL stops working. The manager opens it only
+// with its own export's context, so a sealed URL copied into another export's pod result is
+// refused.
+func DownloadSealContext(export string, expiresAt time.Time) []byte {
+	return []byte("diskpipe download URL\x00" + export + "\x00" + expiresAt.UTC().Format(time.RFC3339Nano))
 }
 
 // DefaultImport is what the importer does with no flag given.

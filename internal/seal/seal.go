@@ -43,8 +43,10 @@ func Public(k *ecdh.PrivateKey) string {
 }
 
 // Seal seals plaintext to the public key pub (as Public wrote it), for the holder of its
-// private key alone.
-func Seal(pub string, plaintext []byte) (string, error) {
+// private key alone, bound to context: Open opens it only with the same context, so a sealed
+// secret copied from one pod's result into another's (a tenant reads pods and may make some)
+// is refused where the context differs (the object it was made for).
+func Seal(pub string, plaintext, context []byte) (string, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(pub)
 	if err != nil {
 		return "", fmt.Errorf("seal: the public key is not base64: %w", err)
@@ -67,12 +69,12 @@ func Seal(pub string, plaintext []byte) (string, error) {
 	}
 	nonce := make([]byte, aead.NonceSize())
 	_, _ = rand.Read(nonce)
-	out := append(append(eph.PublicKey().Bytes(), nonce...), aead.Seal(nil, nonce, plaintext, nil)...)
+	out := append(append(eph.PublicKey().Bytes(), nonce...), aead.Seal(nil, nonce, plaintext, context)...)
 	return base64.RawURLEncoding.EncodeToString(out), nil
 }
 
-// Open opens what Seal sealed to k's public key.
-func Open(k *ecdh.PrivateKey, sealed string) ([]byte, error) {
+// Open opens what Seal sealed to k's public key with context.
+func Open(k *ecdh.PrivateKey, sealed string, context []byte) ([]byte, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(sealed)
 	if err != nil {
 		return nil, fmt.Errorf("seal: not base64: %w", err)
@@ -94,9 +96,9 @@ func Open(k *ecdh.PrivateKey, sealed string) ([]byte, error) {
 		return nil, err
 	}
 	nonce, box := raw[pubLen:pubLen+aead.NonceSize()], raw[pubLen+aead.NonceSize():]
-	plain, err := aead.Open(nil, nonce, box, nil)
+	plain, err := aead.Open(nil, nonce, box, context)
 	if err != nil {
-		return nil, errors.New("seal: not sealed to this key, or altered")
+		return nil, errors.New("seal: not sealed to this key for this context, or altered")
 	}
 	return plain, nil
 }

@@ -159,8 +159,6 @@ type VirtualMachineVolumeExportStatus struct {
 	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
 }
 
-// VirtualMachineVolumeExport converts a PVC's disk to qcow2 (or raw) and uploads it to an
-// object store, from where it downloads with a plain HTTP GET.
 // AnnotationRenewDownloadURL on a Ready export asks for a fresh download URL.
 const AnnotationRenewDownloadURL = "diskpipe.io/renew-download-url"
 
@@ -172,6 +170,8 @@ const (
 	DownloadSecretKeyExpiresAt = "expiresAt"
 )
 
+// VirtualMachineVolumeExport converts a PVC's disk to qcow2 (or raw) and uploads it to an
+// object store, from where it downloads with a plain HTTP GET.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=vmve,categories=diskpipe
