@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,6 +42,20 @@ func DownloadSecretName(ex *hypercloud.VirtualMachineVolumeExport) string {
 		name = name[:253-len("-download-")-8]
 	}
 	return name + "-download-" + hex.EncodeToString(sum[:])[:8]
+}
+
+// LabelDownload marks an export's download Secret with its UID. (LabelExport marks the
+// children that go when the export ends; this one stays while the export does.)
+const LabelDownload = "diskpipe.io/export-download"
+
+// dropDownload deletes ex's download Secret, as ex goes (the garbage collector would too,
+// later): its URL stops working with ex's account anyway.
+func (r *Reconciler) dropDownload(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: DownloadSecretName(ex), Namespace: ex.Namespace}}
+	if err := r.Delete(ctx, sec); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting the download Secret: %w", err)
+	}
+	return nil
 }
 
 // expiryOf is how long ex's download URLs work.
@@ -87,7 +102,7 @@ func (r *Reconciler) fromPod(ctx context.Context, ex *hypercloud.VirtualMachineV
 // writeDownload writes url into ex's download Secret and names it in ex's status.
 func (r *Reconciler) writeDownload(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, url string, at time.Time) error {
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: DownloadSecretName(ex), Namespace: ex.Namespace,
-		Labels: map[string]string{LabelExport: string(ex.UID)}}, Type: corev1.SecretTypeOpaque,
+		Labels: map[string]string{LabelDownload: string(ex.UID)}}, Type: corev1.SecretTypeOpaque,
 		StringData: map[string]string{hypercloud.DownloadSecretKeyURL: url, hypercloud.DownloadSecretKeyExpiresAt: at.UTC().Format(time.RFC3339)}}
 	if err := owned.Put(ctx, r.Client, ex, sec); err != nil {
 		return fmt.Errorf("writing the download Secret: %w", err)

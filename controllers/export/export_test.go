@@ -222,6 +222,8 @@ func TestExport(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred(), out)
 	code, got = get(t, url)
 	g.Expect(code).To(Equal(http.StatusForbidden), "a deleted export's download URL still works: %s", got)
+	g.Expect(apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: export.DownloadSecretName(ex)}, &corev1.Secret{}))).
+		To(BeTrue(), "the download Secret outlives its export")
 }
 
 // TestAnotherNamespacesBucket: an export into a bucket of another namespace fails for good,

@@ -412,6 +412,9 @@ func (r *Reconciler) delete(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	if err := r.unscope(ctx, ex, downloadAccount(ex)); err != nil { // its URLs stop working
 		return err
 	}
+	if err := r.dropDownload(ctx, ex); err != nil {
+		return err
+	}
 	if ex.Spec.RetainPolicy != hypercloud.RetainPolicyDelete || ex.Status.ObjectURL == "" {
 		return nil
 	}
