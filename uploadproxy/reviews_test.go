@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -59,5 +60,15 @@ func TestReviewsBounded(t *testing.T) {
 	}
 	if u, err := v.user(t.Context(), "good"); err != nil || u.Username != "alice" {
 		t.Errorf("a kept answer during the flood: %v %v", u, err)
+	}
+	// Through the proxy, the refusal says when to come back.
+	s := &Server{Kube: c}
+	s.reviewsOnce.Do(func() { s.reviews = v })
+	req := httptest.NewRequest(http.MethodPut, "/v1/namespaces/vms/virtualmachineimages/disk", nil)
+	req.Header.Set("Authorization", "Bearer one-more")
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("a request over the rate: %d, Retry-After %q: %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
 	}
 }

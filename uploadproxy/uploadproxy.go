@@ -177,6 +177,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if code == http.StatusInternalServerError {
 			s.Log.Error("Upload failed", "path", r.URL.Path, "err", err)
 		}
+		if code == http.StatusTooManyRequests {
+			w.Header().Set("Retry-After", strconv.Itoa(RetryAfter))
+		}
 		http.Error(w, err.Error(), code)
 	}
 }
