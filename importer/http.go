@@ -2,7 +2,6 @@ package importer
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -59,22 +58,13 @@ func (s *HTTPSource) client() (*http.Client, error) {
 		return &http.Client{Transport: s.Transport, CheckRedirect: redirects}, nil
 	}
 	tr, err := transfer.HTTPTransport(s.CAFile, s.Insecure)
+	if s.ServerName != "" { // a clone source
+		tr, err = transfer.PinnedTransport(s.CAFile, s.ServerName)
+	}
 	if err != nil {
 		return nil, err
 	}
 	tr.ResponseHeaderTimeout = time.Minute
-	if s.ServerName != "" {
-		// A clone source: its copy's CA is the one root, not the proxy's CA beside it.
-		pool := x509.NewCertPool()
-		if s.CAFile != "" {
-			pem, err := transfer.ReadCABundle(s.CAFile)
-			if err != nil {
-				return nil, err
-			}
-			pool.AppendCertsFromPEM(pem)
-		}
-		tr.TLSClientConfig.ServerName, tr.TLSClientConfig.RootCAs = s.ServerName, pool
-	}
 	return &http.Client{Transport: s.Egress.Apply(tr), CheckRedirect: redirects}, nil
 }
 

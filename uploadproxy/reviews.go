@@ -73,14 +73,17 @@ func (v *reviews) user(ctx context.Context, bearer string) (authenticationv1.Use
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if len(v.byHash) >= v.max {
-		for k, old := range v.byHash { // drop what expired; if nothing has, any one
-			if now.After(old.until) || len(v.byHash) >= v.max {
+	if len(v.byHash) >= v.max { // full: drop what expired, then any, down to half
+		for k, old := range v.byHash {
+			if now.After(old.until) {
 				delete(v.byHash, k)
 			}
+		}
+		for k := range v.byHash {
 			if len(v.byHash) < v.max/2 {
 				break
 			}
+			delete(v.byHash, k)
 		}
 	}
 	v.byHash[key] = r

@@ -100,10 +100,29 @@ func (c *Command) Run(ctx context.Context, what string, work func(ctx context.Co
 // with the PEM bundle caFile instead of the system roots when it is set (a file, or a mounted
 // ConfigMap's directory: ReadCABundle), and with the proxy's CA (ProxyCA) beside either.
 func HTTPTransport(caFile string, insecure bool) (*http.Transport, error) {
+	return httpTransport(caFile, insecure, ProxyCA())
+}
+
+// PinnedTransport is an HTTP transport that trusts only the PEM bundle caFile, for serverName
+// whatever the URL's host: a clone source's, whose copy's CA is the one root (not the proxy's
+// CA, nor the system's).
+func PinnedTransport(caFile, serverName string) (*http.Transport, error) {
+	if caFile == "" {
+		return nil, Permanent(ReasonInvalidArgument, "a CA bundle is required to verify %s", serverName)
+	}
+	tr, err := httpTransport(caFile, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	tr.TLSClientConfig.ServerName = serverName
+	return tr, nil
+}
+
+// httpTransport is HTTPTransport with proxyCA (nil: none) beside the roots.
+func httpTransport(caFile string, insecure bool, proxyCA []byte) (*http.Transport, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: insecure} //nolint:gosec // the user's choice
 	tr.MaxIdleConnsPerHost = 32
-	proxyCA := ProxyCA()
 	if caFile == "" && proxyCA == nil {
 		return tr, nil
 	}

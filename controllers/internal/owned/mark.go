@@ -50,6 +50,9 @@ const AnnotationMade = "diskpipe.io/made"
 type markKey struct {
 	key   []byte
 	since time.Time
+	// seal is derived from key once (seal.Key), or why it could not be.
+	seal    *ecdh.PrivateKey
+	sealErr error
 }
 
 var currentKey atomic.Pointer[markKey]
@@ -57,7 +60,9 @@ var currentKey atomic.Pointer[markKey]
 // UseKey sets the key children are marked with; children older than since are taken as made
 // by an earlier diskpipe.
 func UseKey(key []byte, since time.Time) {
-	currentKey.Store(&markKey{key: append([]byte(nil), key...), since: since})
+	k := &markKey{key: append([]byte(nil), key...), since: since}
+	k.seal, k.sealErr = seal.Key(k.key)
+	currentKey.Store(k)
 }
 
 // LoadKey reads the marking key from the Secret name, making it (32 random bytes) if there
@@ -85,7 +90,7 @@ func SealKey() (*ecdh.PrivateKey, error) {
 	if k == nil {
 		return nil, errors.New("no key: the manager has not loaded its key")
 	}
-	return seal.Key(k.key)
+	return k.seal, k.sealErr
 }
 
 // HasKey reports whether a key was set (UseKey, LoadKey).
