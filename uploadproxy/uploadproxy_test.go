@@ -271,20 +271,18 @@ func TestWritersBounded(t *testing.T) {
 					resp.Body.Close()
 				}
 			}()
-			_, _ = w.Write(f.image[:1<<20])
+			// A whole part: once it is stored, the upload is in its writing loop, holding its slot.
+			_, _ = w.Write(f.image[:partSize])
+			// One at a time: a second slow upload sent before the first holds its slot could
+			// be the one refused.
+			g.Eventually(func() string {
+				head, _ := f.do(t, http.MethodHead, name, f.uploader, nil, "")
+				return head.Header.Get(uploadproxy.HeaderOffset)
+			}, 20*time.Second, 50*time.Millisecond).Should(Equal(strconv.Itoa(partSize)), "%s holds its slot", name)
 		}
-		// Until the slow uploads hold their slots (on a busy machine they may not yet), an
-		// upload is taken: each try is a new image, so that one taken does not answer the next.
-		var last reply
-		tries := 0
-		g.Eventually(func() string {
-			var msg string
-			tries++
-			name := fmt.Sprintf("next%d", tries)
-			f.newImage(t, name, "")
-			last, msg = f.do(t, http.MethodPut, name, f.uploader, f.image, "")
-			return msg
-		}, 20*time.Second, 100*time.Millisecond).Should(Equal(strings.ReplaceAll(c.want, "%s", f.ns)), "total %d, per namespace %d", c.total, c.perNamespace)
+		f.newImage(t, "next", "")
+		last, msg := f.do(t, http.MethodPut, "next", f.uploader, f.image, "")
+		g.Expect(msg).To(Equal(strings.ReplaceAll(c.want, "%s", f.ns)), "total %d, per namespace %d", c.total, c.perNamespace)
 		g.Expect(last.StatusCode).To(Equal(http.StatusServiceUnavailable))
 		g.Expect(last.Header.Get("Retry-After")).To(Equal("10"))
 		for _, w := range slow {
