@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/versity/versitygw/backend/meta"
 	"github.com/versity/versitygw/backend/posix"
 	"github.com/versity/versitygw/embedgw"
+	"github.com/versity/versitygw/s3api"
 )
 
 // HealthPath answers unauthenticated health checks with 200.
@@ -31,8 +33,8 @@ type ServerConfig struct {
 	CertFile, KeyFile string
 	// VirtualDomain enables virtual-host-style requests under this domain.
 	VirtualDomain string
-	// MaxConnections bounds concurrent connections (default 256).
-	MaxConnections int
+	// Front bounds what each client holds of the store (front.go).
+	Front FrontConfig
 	// IAMDir keeps the accounts of scoped credentials (scoped.go); default Dir/.diskpipe-iam,
 	// which is no valid bucket name, so no request reaches it as one.
 	IAMDir string
@@ -54,9 +56,7 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 	if err := os.MkdirAll(cfg.Dir, 0o750); err != nil {
 		return fmt.Errorf("objectstore: creating the data directory: %w", err)
 	}
-	if cfg.MaxConnections == 0 {
-		cfg.MaxConnections = 256
-	}
+	cfg.Front.defaults()
 	if cfg.IAMDir == "" {
 		cfg.IAMDir = filepath.Join(cfg.Dir, ".diskpipe-iam")
 	}
@@ -71,17 +71,39 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 	if cfg.QuotaPerAccount > 0 {
 		served = &quota{Backend: served, dir: cfg.Dir, root: cfg.AccessKey, limit: cfg.QuotaPerAccount}
 	}
+	// versitygw listens on a socket only this process reaches; the store's port is the front.
+	sockets, err := os.MkdirTemp("", "diskpipe-store-")
+	if err != nil {
+		return fmt.Errorf("objectstore: %w", err)
+	}
+	defer os.RemoveAll(sockets)
+	socket := filepath.Join(sockets, "s3.sock")
+	l, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("objectstore: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 2)
+	go func() { done <- serveFront(ctx, l, socket, cfg.Front, cfg.CertFile, cfg.KeyFile) }()
+	go func() { done <- serveGateway(ctx, served, socket, cfg) }()
+	err = <-done
+	cancel()
+	return errors.Join(err, <-done)
+}
+
+// serveGateway runs versitygw on socket until ctx ends.
+func serveGateway(ctx context.Context, served backend.Backend, socket string, cfg ServerConfig) error {
 	return embedgw.RunVersityGW(ctx, served, &embedgw.Config{
 		RootUserAccess:    cfg.AccessKey,
 		RootUserSecret:    cfg.SecretKey,
 		Region:            cfg.Region,
-		Ports:             []string{cfg.Listen},
-		MaxConnections:    cfg.MaxConnections,
-		MaxRequests:       cfg.MaxConnections,
+		Ports:             []string{socket},
+		MaxConnections:    cfg.Front.MaxConnections,
+		MaxRequests:       cfg.Front.MaxConnections,
 		MultipartMaxParts: 10000,
-		CertFile:          cfg.CertFile,
-		KeyFile:           cfg.KeyFile,
 		VirtualDomain:     cfg.VirtualDomain,
+		S3Options:         []s3api.Option{s3api.WithMiddleware("/", peer)},
 		HealthPath:        HealthPath,
 		IAMDir:            cfg.IAMDir,
 		IAMCacheDisable:   true, // a removed account stops working at once

@@ -1,0 +1,262 @@
+package objectstore
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v3"
+
+	"github.com/diskpipe/diskpipe/internal/pace"
+)
+
+// # The store's front
+//
+// versitygw serves the S3 API on a socket in a directory only the store's process reads; the
+// store's port is this front, which passes each request on to it and bounds what any one
+// client may hold of the store, which every tenant shares:
+//
+//   - connections: MaxConnections in all, MaxConnectionsPerSource from one address (a pod's);
+//     a connection over either is answered 503 SlowDown (S3 clients retry it), naming the
+//     bound, and closed; when the store is full, a connection of the address that holds the
+//     most, on which no request is being served, is closed first, so a client holding idle
+//     connections makes room for others;
+//   - time: a request's headers must come within HeaderTimeout, an idle connection is closed
+//     after IdleTimeout, and a request body must come at MinBytesPerSecond at least, measured
+//     over BodyWindow of waiting, or the request is ended with 408 RequestTimeout.
+//
+// Bucket policies see the client's address as aws:SourceIp (the front tells the gateway);
+// aws:SecureTransport is false, as the front, not the gateway, serves TLS.
+//
+// An address is what connects: behind an ingress controller or a NodePort's SNAT, many clients
+// share one, so raise MaxConnectionsPerSource there.
+
+// headerPeer tells the gateway who connected, for aws:SourceIp in bucket policies (peer): the
+// front sets it on every request, over what a client sent.
+const headerPeer = "X-Diskpipe-Peer"
+
+// peer is the gateway's middleware that takes the client's address from headerPeer: what
+// comes on the socket comes from the front.
+func peer(c fiber.Ctx) error {
+	if addr, err := net.ResolveTCPAddr("tcp", c.Get(headerPeer)); err == nil {
+		c.RequestCtx().SetRemoteAddr(addr)
+	}
+	c.Request().Header.Del(headerPeer)
+	return c.Next()
+}
+
+// Defaults of the front's bounds.
+const (
+	DefaultMaxConnections          = 256
+	DefaultMaxConnectionsPerSource = 64
+	DefaultHeaderTimeout           = 10 * time.Second
+	DefaultIdleTimeout             = 60 * time.Second
+	DefaultMinBytesPerSecond       = 16 << 10
+	DefaultBodyWindow              = 30 * time.Second
+)
+
+// FrontConfig bounds what the store's clients hold; zero values take the defaults.
+type FrontConfig struct {
+	MaxConnections, MaxConnectionsPerSource int
+	HeaderTimeout, IdleTimeout, BodyWindow  time.Duration
+	MinBytesPerSecond                       int64
+}
+
+func (c *FrontConfig) defaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDuration := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.MaxConnections, DefaultMaxConnections)
+	def(&c.MaxConnectionsPerSource, DefaultMaxConnectionsPerSource)
+	defDuration(&c.HeaderTimeout, DefaultHeaderTimeout)
+	defDuration(&c.IdleTimeout, DefaultIdleTimeout)
+	defDuration(&c.BodyWindow, DefaultBodyWindow)
+	if c.MinBytesPerSecond <= 0 {
+		c.MinBytesPerSecond = DefaultMinBytesPerSecond
+	}
+}
+
+// front is the store's listener and the proxy to versitygw's socket.
+type front struct {
+	cfg FrontConfig
+
+	mu    sync.Mutex
+	conns map[net.Conn]*frontConn
+	from  map[string]int
+}
+
+// frontConn is what the front knows of a connection: where from, whether a request is being
+// served on it, and, when it came over a bound, why it is refused.
+type frontConn struct {
+	source  string
+	active  bool
+	refused string
+}
+
+type (
+	refusedKey struct{}
+	paceKey    struct{}
+)
+
+// serveFront serves the store's port on l, passing requests to versitygw's socket, until ctx
+// ends; with cert and key it serves TLS.
+func serveFront(ctx context.Context, l net.Listener, socket string, cfg FrontConfig, certFile, keyFile string) error {
+	cfg.defaults()
+	f := &front{cfg: cfg, conns: map[net.Conn]*frontConn{}, from: map[string]int{}}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL.Scheme, r.Out.URL.Host = "http", "versitygw"
+			r.Out.Host = r.In.Host // the signature covers it
+			r.Out.Header.Set(headerPeer, r.In.RemoteAddr)
+		},
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+			},
+			MaxIdleConns: cfg.MaxConnections, MaxIdleConnsPerHost: cfg.MaxConnections,
+			IdleConnTimeout: cfg.IdleTimeout, DisableCompression: true,
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if body, _ := r.Context().Value(paceKey{}).(*pace.Reader); body != nil && body.Err() != nil {
+				s3Error(w, http.StatusRequestTimeout, "RequestTimeout", body.Err().Error())
+				return
+			}
+			if r.Context().Err() != nil {
+				return // the client went away
+			}
+			s3Error(w, http.StatusBadGateway, "InternalError", "the store's front could not reach the store: "+err.Error())
+		},
+	}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// The kubelet's probes are answered at any load: a store restarted for being
+			// full would fail every client.
+			if why, _ := r.Context().Value(refusedKey{}).(string); why != "" && r.URL.Path != HealthPath {
+				w.Header().Set("Retry-After", "5")
+				w.Header().Set("Connection", "close")
+				s3Error(w, http.StatusServiceUnavailable, "SlowDown", why)
+				return
+			}
+			if r.Body != nil && r.Body != http.NoBody {
+				rc := http.NewResponseController(w)
+				body := &pace.Reader{R: r.Body, Min: cfg.MinBytesPerSecond, Window: cfg.BodyWindow, Deadline: rc.SetReadDeadline}
+				r = r.WithContext(context.WithValue(r.Context(), paceKey{}, body))
+				r.Body = body
+			}
+			proxy.ServeHTTP(w, r)
+		}),
+		ReadHeaderTimeout: cfg.HeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		ConnState:         f.state,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, refusedKey{}, f.admit(c)) // before StateNew
+		},
+	}
+	go func() {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shut)
+	}()
+	var err error
+	if certFile != "" && keyFile != "" {
+		err = srv.ServeTLS(l, certFile, keyFile)
+	} else {
+		err = srv.Serve(l)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// state counts the connections by source, and which are idle.
+func (f *front) state(c net.Conn, s http.ConnState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch s {
+	case http.StateIdle, http.StateActive:
+		if fc := f.conns[c]; fc != nil {
+			fc.active = s == http.StateActive
+		}
+	case http.StateClosed, http.StateHijacked:
+		if fc := f.conns[c]; fc != nil {
+			delete(f.conns, c)
+			if f.from[fc.source]--; f.from[fc.source] <= 0 {
+				delete(f.from, fc.source)
+			}
+		}
+	}
+}
+
+// admit counts a new connection, or says why it is refused when it is over a bound (its one
+// request is answered 503, with its deadline short). At the store's bound, an idle connection
+// of the source that holds the most is closed to make room.
+func (f *front) admit(c net.Conn) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	source := c.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(source); err == nil {
+		source = host
+	}
+	fc := &frontConn{source: source}
+	switch {
+	case f.from[source] >= f.cfg.MaxConnectionsPerSource:
+		fc.refused = fmt.Sprintf("%s holds %d connections to the object store, as many as it takes from one address (objectStore.bundled.maxConnectionsPerSource): close one, or try again",
+			source, f.from[source])
+	case len(f.conns) >= f.cfg.MaxConnections && !f.evictIdle():
+		fc.refused = fmt.Sprintf("the object store holds %d connections, as many as it takes (objectStore.bundled.maxConnections), each serving a request: try again", len(f.conns))
+	}
+	if fc.refused != "" {
+		_ = c.SetDeadline(time.Now().Add(f.cfg.HeaderTimeout))
+	}
+	f.conns[c] = fc
+	f.from[source]++
+	return fc.refused
+}
+
+// evictIdle closes a connection of the source that holds the most connections on which no
+// request is being served (idle, or not sent one yet), and says whether it found one.
+func (f *front) evictIdle() bool {
+	var victim net.Conn
+	most := 0
+	for c, fc := range f.conns {
+		if !fc.active && f.from[fc.source] > most {
+			victim, most = c, f.from[fc.source]
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	f.conns[victim].active = true // closed: not chosen again before its StateClosed
+	_ = victim.Close()
+	return true
+}
+
+// s3Error answers as S3 does, with an Error document.
+func s3Error(w http.ResponseWriter, status int, code, message string) {
+	body, _ := xml.Marshal(struct {
+		XMLName xml.Name `xml:"Error"`
+		Code    string
+		Message string
+	}{Code: code, Message: message})
+	w.Header().Set("Content-Type", "application/xml")
+	w.Header().Set("Content-Length", strconv.Itoa(len(xml.Header)+len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(xml.Header))
+	_, _ = w.Write(body)
+}
