@@ -1,15 +1,18 @@
 package objectstore
 
 import (
+	"bufio"
 	"context"
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gofiber/fiber/v3"
@@ -123,13 +126,7 @@ func serveFront(ctx context.Context, l net.Listener, socket string, cfg FrontCon
 			r.Out.Host = r.In.Host // the signature covers it
 			r.Out.Header.Set(headerPeer, r.In.RemoteAddr)
 		},
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, "unix", socket)
-			},
-			MaxIdleConns: cfg.MaxConnections, MaxIdleConnsPerHost: cfg.MaxConnections,
-			IdleConnTimeout: cfg.IdleTimeout, DisableCompression: true,
-		},
+		Transport: socketTransport(socket),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if body, _ := r.Context().Value(paceKey{}).(*pace.Reader); body != nil && body.Err() != nil {
 				s3Error(w, http.StatusRequestTimeout, "RequestTimeout", body.Err().Error())
@@ -259,4 +256,58 @@ func s3Error(w http.ResponseWriter, status int, code, message string) {
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(xml.Header))
 	_, _ = w.Write(body)
+}
+
+// socketTransport sends each request on a connection of its own to the gateway's socket, and
+// reads the answer while the body is still being sent: the gateway may refuse a write
+// (QuotaExceeded) before it has read its body, and closes the connection, and that answer,
+// not the broken pipe, is the client's.
+type socketTransport string
+
+func (t socketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	conn, err := (&net.Dialer{}).DialContext(req.Context(), "unix", string(t))
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(req.Context(), func() { _ = conn.Close() })
+	req.Header.Del("Expect") // the front answered it; the body comes as the client sends it
+	req.Close = true
+	written := make(chan error, 1)
+	go func() {
+		err := req.Write(conn)
+		if err != nil && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+			_ = conn.Close() // the body failed (too slow, cut): the gateway waits for the rest
+		}
+		written <- err
+	}()
+	r := bufio.NewReader(conn)
+	for {
+		resp, err := http.ReadResponse(r, req)
+		if err != nil {
+			_ = conn.Close()
+			stop()
+			if werr := <-written; werr != nil {
+				return nil, werr
+			}
+			return nil, err
+		}
+		if resp.StatusCode == http.StatusContinue {
+			continue
+		}
+		resp.Body = &socketBody{ReadCloser: resp.Body, conn: conn, stop: stop}
+		return resp, nil
+	}
+}
+
+// socketBody is an answer's body; closing it closes its connection.
+type socketBody struct {
+	io.ReadCloser
+	conn net.Conn
+	stop func() bool
+}
+
+func (b *socketBody) Close() error {
+	b.stop()
+	_ = b.ReadCloser.Close()
+	return b.conn.Close()
 }

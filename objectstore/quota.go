@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/versity/versitygw/backend"
@@ -18,33 +19,114 @@ import (
 
 // # Quota
 //
-// With a quota, the bytes stored in the buckets an account owns (a namespace's, made with its
-// keys) may not grow past it: a PUT or an uploaded part that would cross it is refused with
-// 403 QuotaExceeded, naming the quota and what is used; so is a copy (CopyObject, UploadPartCopy)
-// of an object or a range that would. Buckets of the root account (the
-// upload proxy's) have none. What a bucket holds is summed from its directory (objects and
-// unfinished parts) when a write arrives; writes that race may overshoot by what is in flight.
+// Every account but root (the upload proxy's) is a namespace's, and the store is shared by
+// them all, so each is bounded:
+//   - bytes, with a quota: the bytes stored in the buckets an account owns may not grow past
+//     it; a PUT or an uploaded part that would cross it is refused with 403 QuotaExceeded,
+//     naming the quota and what is used; so is a copy (CopyObject, UploadPartCopy) of an object
+//     or a range that would. What a bucket holds is summed from its directory (objects and
+//     unfinished parts) when a write arrives, and the writes of the account still in flight
+//     are counted too (reserved here until they end), so that parallel writes cannot pass the
+//     quota together: a write being stored may be counted twice for a moment, which refuses
+//     early rather than late;
+//   - buckets: MaxBuckets an account may own (TooManyBuckets), so that no account's buckets
+//     make the store's lists long for everyone;
+//   - objects: MaxObjects files (objects, parts, unfinished uploads) in its buckets
+//     (QuotaExceeded), so that zero-byte objects cannot take the volume's inodes.
+//
+// Who owns each bucket is read once from the buckets' ACLs and kept as buckets are made,
+// deleted and given away, so a write reads only its own account's buckets.
 
-// quota wraps the store's backend with a byte quota per bucket owner.
+// quota wraps the store's backend with the bounds per bucket owner.
 type quota struct {
 	backend.Backend
-	dir   string
-	root  string
-	limit int64
+	dir  string
+	root string
+	// limit is the bytes an account's buckets may hold (0: no quota); buckets and objects
+	// what it may own and store.
+	limit, objects int64
+	buckets        int
+
+	mu       sync.Mutex
+	owners   map[string]string // bucket: owner's access key; nil until read
+	inflight map[string]int64  // owner: bytes being written
 }
 
+// Defaults of the bounds per account.
+const (
+	DefaultMaxBuckets = 100
+	DefaultMaxObjects = 100000
+)
+
 func (q *quota) PutObject(ctx context.Context, in s3response.PutObjectInput) (s3response.PutObjectOutput, error) {
-	if err := q.check(ctx, deref(in.Bucket), deref(in.ContentLength)); err != nil {
+	done, err := q.reserve(ctx, deref(in.Bucket), deref(in.ContentLength), 1)
+	if err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
+	defer done()
 	return q.Backend.PutObject(ctx, in)
 }
 
 func (q *quota) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.UploadPartOutput, error) {
-	if err := q.check(ctx, deref(in.Bucket), deref(in.ContentLength)); err != nil {
+	done, err := q.reserve(ctx, deref(in.Bucket), deref(in.ContentLength), 1)
+	if err != nil {
 		return nil, err
 	}
+	defer done()
 	return q.Backend.UploadPart(ctx, in)
+}
+
+func (q *quota) CreateMultipartUpload(ctx context.Context, in s3response.CreateMultipartUploadInput) (s3response.InitiateMultipartUploadResult, error) {
+	done, err := q.reserve(ctx, deref(in.Bucket), 0, 1)
+	if err != nil {
+		return s3response.InitiateMultipartUploadResult{}, err
+	}
+	defer done()
+	return q.Backend.CreateMultipartUpload(ctx, in)
+}
+
+func (q *quota) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, defaultACL []byte) error {
+	var acl struct{ Owner string }
+	_ = json.Unmarshal(defaultACL, &acl)
+	bucket := deref(in.Bucket)
+	if err := q.loadOwners(ctx); err != nil {
+		return err
+	}
+	q.mu.Lock()
+	owned := 0
+	for _, o := range q.owners {
+		if o == acl.Owner {
+			owned++
+		}
+	}
+	q.mu.Unlock()
+	if acl.Owner != q.root && owned >= q.buckets {
+		if _, exists := q.ownerOf(bucket); !exists { // the backend answers BucketAlreadyOwnedByYou
+			return s3err.APIError{Code: "TooManyBuckets", HTTPStatusCode: http.StatusBadRequest,
+				Description: fmt.Sprintf("account %s owns %d buckets, as many as the bundled object store lets an account own: delete one first", acl.Owner, owned)}
+		}
+	}
+	if err := q.Backend.CreateBucket(ctx, in, defaultACL); err != nil {
+		return err
+	}
+	q.setOwner(bucket, acl.Owner)
+	return nil
+}
+
+func (q *quota) DeleteBucket(ctx context.Context, bucket string) error {
+	if err := q.Backend.DeleteBucket(ctx, bucket); err != nil {
+		return err
+	}
+	q.setOwner(bucket, "")
+	return nil
+}
+
+func (q *quota) ChangeBucketOwner(ctx context.Context, bucket, owner string) error {
+	if err := q.Backend.ChangeBucketOwner(ctx, bucket, owner); err != nil {
+		return err
+	}
+	q.setOwner(bucket, owner)
+	return nil
 }
 
 func (q *quota) CopyObject(ctx context.Context, in s3response.CopyObjectInput) (s3response.CopyObjectOutput, error) {
@@ -89,40 +171,128 @@ func (q *quota) sourceSize(ctx context.Context, source, rng string) (int64, erro
 	return length, err
 }
 
-// check refuses adding size bytes to bucket when its owner's buckets would hold more than
-// the quota.
+// check refuses adding size bytes (a copy's) to bucket when its owner's buckets would hold
+// more than the quota.
 func (q *quota) check(ctx context.Context, bucket string, size int64) error {
-	owner, err := q.owner(ctx, bucket)
-	if err != nil || owner == "" || owner == q.root {
-		return nil // the backend answers for a bucket that does not exist
+	done, err := q.reserve(ctx, bucket, size, 1)
+	if err == nil {
+		done()
 	}
-	entries, err := os.ReadDir(q.dir)
-	if err != nil {
-		return err
+	return err
+}
+
+// reserve counts size bytes and files more being written to bucket for its owner until done,
+// or refuses them when its owner's buckets, with what is in flight, would hold more than the
+// quota or the objects it may store.
+func (q *quota) reserve(ctx context.Context, bucket string, size, files int64) (done func(), err error) {
+	if err := q.loadOwners(ctx); err != nil {
+		return nil, err
 	}
-	used := int64(0)
-	for _, e := range entries {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
-			continue
+	owner, _ := q.ownerOf(bucket)
+	if owner == "" || owner == q.root {
+		return func() {}, nil // the backend answers for a bucket that does not exist
+	}
+	used, stored := q.usage(owner)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	inflight := q.inflight[owner]
+	switch {
+	case q.limit > 0 && used+inflight+size > q.limit:
+		return nil, s3err.APIError{Code: "QuotaExceeded", HTTPStatusCode: http.StatusForbidden,
+			Description: fmt.Sprintf("the quota of account %s in the bundled object store is %d bytes (objectStore.bundled.quotaPerNamespace): its buckets hold %d, %d more are being written, and %d more were sent",
+				owner, q.limit, used, inflight, size)}
+	case stored+files > q.objects:
+		return nil, s3err.APIError{Code: "QuotaExceeded", HTTPStatusCode: http.StatusForbidden,
+			Description: fmt.Sprintf("account %s stores %d files (objects and parts) in the bundled object store, as many as it lets an account store: delete some first",
+				owner, stored)}
+	}
+	if q.inflight == nil {
+		q.inflight = map[string]int64{}
+	}
+	q.inflight[owner] += size
+	return func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.inflight[owner] -= size; q.inflight[owner] <= 0 {
+			delete(q.inflight, owner)
 		}
-		if o, err := q.owner(ctx, e.Name()); err != nil || o != owner {
-			continue
+	}, nil
+}
+
+// usage is the bytes and files of owner's buckets.
+func (q *quota) usage(owner string) (bytes, files int64) {
+	q.mu.Lock()
+	var buckets []string
+	for b, o := range q.owners {
+		if o == owner {
+			buckets = append(buckets, b)
 		}
-		_ = filepath.WalkDir(filepath.Join(q.dir, e.Name()), func(_ string, d fs.DirEntry, err error) error {
+	}
+	q.mu.Unlock()
+	for _, b := range buckets {
+		_ = filepath.WalkDir(filepath.Join(q.dir, b), func(_ string, d fs.DirEntry, err error) error {
 			if err == nil && d.Type().IsRegular() {
 				if info, err := d.Info(); err == nil {
-					used += info.Size()
+					bytes += info.Size()
+					files++
 				}
 			}
 			return nil
 		})
 	}
-	if used+size > q.limit {
-		return s3err.APIError{Code: "QuotaExceeded", HTTPStatusCode: http.StatusForbidden,
-			Description: fmt.Sprintf("the quota of account %s in the bundled object store is %d bytes (objectStore.bundled.quotaPerNamespace): its buckets hold %d, and %d more were sent",
-				owner, q.limit, used, size)}
+	return bytes, files
+}
+
+// loadOwners reads the owner of every bucket, once.
+func (q *quota) loadOwners(ctx context.Context) error {
+	q.mu.Lock()
+	loaded := q.owners != nil
+	q.mu.Unlock()
+	if loaded {
+		return nil
+	}
+	entries, err := os.ReadDir(q.dir)
+	if err != nil {
+		return err
+	}
+	owners := map[string]string{}
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if o, err := q.owner(ctx, e.Name()); err == nil {
+			owners[e.Name()] = o
+		}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.owners == nil {
+		q.owners = owners
 	}
 	return nil
+}
+
+func (q *quota) ownerOf(bucket string) (string, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	o, ok := q.owners[bucket]
+	return o, ok
+}
+
+// setOwner keeps who owns bucket ("": none, it is deleted).
+func (q *quota) setOwner(bucket, owner string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.owners == nil {
+		return // read when first needed
+	}
+	if owner == "" {
+		delete(q.owners, bucket)
+	} else {
+		// Cloned: the gateway's strings share its request buffers, which the next request
+		// writes over.
+		q.owners[strings.Clone(bucket)] = strings.Clone(owner)
+	}
 }
 
 // owner is the access key of bucket's owner.

@@ -41,6 +41,10 @@ type ServerConfig struct {
 	// QuotaPerAccount, when above 0, bounds the bytes the buckets of each account other than
 	// root may hold (quota.go): a namespace's, since each namespace has its account.
 	QuotaPerAccount int64
+	// MaxBuckets and MaxObjects bound the buckets each such account may own and the files
+	// (objects, parts) its buckets may hold (defaults DefaultMaxBuckets, DefaultMaxObjects).
+	MaxBuckets int
+	MaxObjects int64
 }
 
 // Serve runs the store until ctx ends, then shuts it down gracefully.
@@ -68,9 +72,13 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 		return fmt.Errorf("objectstore: opening %s: %w", cfg.Dir, err)
 	}
 	var served backend.Backend = &reserved{Backend: be, root: cfg.AccessKey}
-	if cfg.QuotaPerAccount > 0 {
-		served = &quota{Backend: served, dir: cfg.Dir, root: cfg.AccessKey, limit: cfg.QuotaPerAccount}
+	if cfg.MaxBuckets <= 0 {
+		cfg.MaxBuckets = DefaultMaxBuckets
 	}
+	if cfg.MaxObjects <= 0 {
+		cfg.MaxObjects = DefaultMaxObjects
+	}
+	served = &quota{Backend: served, dir: cfg.Dir, root: cfg.AccessKey, limit: cfg.QuotaPerAccount, buckets: cfg.MaxBuckets, objects: cfg.MaxObjects}
 	// versitygw listens on a socket only this process reaches; the store's port is the front.
 	sockets, err := os.MkdirTemp("", "diskpipe-store-")
 	if err != nil {

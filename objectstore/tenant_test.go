@@ -1,6 +1,7 @@
 package objectstore_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/minio/minio-go/v7"
 
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
@@ -276,4 +278,89 @@ func tenantKeys(t *testing.T, s *objectstoretest.Server, ns string) (access, sec
 		t.Fatal(err)
 	}
 	return tenant.Keys()
+}
+
+// TestQuotaInFlight: writes of one namespace in flight together count against its quota:
+// two of 600 KiB sent at once do not both pass 1 MiB.
+func TestQuotaInFlight(t *testing.T) {
+	s := objectstoretest.StartWith(t, "--quota-per-namespace", "1Mi")
+	ctx := t.Context()
+	tenant, err := s.Client().Tenant(ctx, "quota-f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tenant.MakeBucket(ctx, "quota-f", minio.MakeBucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string, body io.Reader) (int, string) {
+		u, err := tenant.PresignedPutObject(ctx, "quota-f", key, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPut, u.String(), body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = 600 << 10
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	r, w := io.Pipe()
+	first := make(chan int, 1)
+	go func() { code, _ := put("first", r); first <- code }()
+	if _, err := w.Write(make([]byte, 100<<10)); err != nil { // the first is being written
+		t.Fatal(err)
+	}
+	code, msg := put("second", bytes.NewReader(make([]byte, 600<<10)))
+	if code != http.StatusForbidden || !strings.Contains(msg, "QuotaExceeded") || !strings.Contains(msg, "614400 more are being written") {
+		t.Errorf("a second write beside the first: %d %s", code, msg)
+	}
+	if _, err := w.Write(make([]byte, 500<<10)); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	if code := <-first; code != http.StatusOK {
+		t.Errorf("the first write: %d", code)
+	}
+}
+
+// TestBucketsAndObjectsBounded: a namespace owns as many buckets, and stores as many files,
+// as the store lets one; more are refused, saying so. Root's are not bounded.
+func TestBucketsAndObjectsBounded(t *testing.T) {
+	s := objectstoretest.StartWith(t, "--max-buckets-per-namespace=2", "--max-objects-per-namespace=3")
+	ctx := t.Context()
+	access, secret := tenantKeys(t, s, "bounded")
+	as := func(args ...string) (string, error) { return s.AWSAs(ctx, access, secret, args...) }
+	for _, b := range []string{"bounded-1", "bounded-2"} {
+		if out, err := as("s3", "mb", "s3://"+b); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	if out, err := as("s3", "mb", "s3://bounded-3"); err == nil || !strings.Contains(out, "TooManyBuckets") || !strings.Contains(out, "owns 2 buckets") {
+		t.Errorf("a third bucket: %v\n%s", err, out)
+	}
+	tenant, err := s.Client().Tenant(ctx, "bounded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		_, err := tenant.PutObject(ctx, fmt.Sprintf("bounded-%d", i%2+1), fmt.Sprintf("o%d", i), bytes.NewReader(nil), 0, minio.PutObjectOptions{})
+		switch {
+		case i < 3 && err != nil:
+			t.Fatalf("object %d: %v", i, err)
+		case i == 3 && (minio.ToErrorResponse(err).Code != "QuotaExceeded" || !strings.Contains(err.Error(), "stores 3 files")):
+			t.Errorf("a fourth object: %v", err)
+		}
+	}
+	root := s.Client()
+	for _, b := range []string{"root-1", "root-2", "root-3"} {
+		if err := root.MakeBucket(ctx, b, minio.MakeBucketOptions{}); err != nil {
+			t.Errorf("root's bucket %s: %v", b, err)
+		}
+	}
 }

@@ -31,6 +31,8 @@ func main() {
 	flag.Int64Var(&cfg.Front.MinBytesPerSecond, "min-bytes-per-second", objectstore.DefaultMinBytesPerSecond, "the least rate of a request body, over each --body-window of waiting for it")
 	flag.DurationVar(&cfg.Front.BodyWindow, "body-window", objectstore.DefaultBodyWindow, "how long a request body's rate is measured over, and the longest it may stop")
 	flag.DurationVar(&cfg.Front.IdleTimeout, "idle-timeout", objectstore.DefaultIdleTimeout, "how long an idle connection is kept")
+	flag.IntVar(&cfg.MaxBuckets, "max-buckets-per-namespace", objectstore.DefaultMaxBuckets, "buckets each namespace may own")
+	flag.Int64Var(&cfg.MaxObjects, "max-objects-per-namespace", objectstore.DefaultMaxObjects, "files (objects, parts) each namespace's buckets may hold")
 	quota := flag.String("quota-per-namespace", "", "bytes each namespace's buckets may hold, e.g. 100Gi (empty: no quota)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
