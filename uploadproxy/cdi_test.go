@@ -173,6 +173,17 @@ func TestCDIFormUpload(t *testing.T) {
 	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), "application/octet-stream", f.image), slow).
 		Should(Receive(HavePrefix(`400 a form upload is multipart/form-data with the image in the field "file"`)))
 
+	// Fields before the file are held in memory as the form is read: not more than 1 MiB.
+	var big bytes.Buffer
+	mw := multipart.NewWriter(&big)
+	g.Expect(mw.WriteField("note", strings.Repeat("x", 2<<20))).To(Succeed())
+	fw, err := mw.CreateFormFile("file", "disk.qcow2")
+	g.Expect(err).NotTo(HaveOccurred())
+	_, _ = fw.Write(f.image[:1<<20])
+	g.Expect(mw.Close()).To(Succeed())
+	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), mw.FormDataContentType(), big.Bytes()), slow).
+		Should(Receive(Equal(`413 the form sends more than 1048576 bytes before its field "file": send the image first`)))
+
 	ct, body = form(t, f.image, false)
 	g.Eventually(f.cdiPost(t, cdiupload.PathCDIUploadFormAsync, f.token(t, key, "pvc-form", soon), ct, body), slow).
 		Should(Receive(HavePrefix(fmt.Sprintf("200 uploaded %d bytes, %s", len(f.image), f.digest))))

@@ -39,11 +39,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/diskpipe/diskpipe/internal/pace"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
@@ -71,6 +73,11 @@ type Server struct {
 	// under its memory limit, and one namespace cannot take every slot. A request over either
 	// is answered 503 with Retry-After.
 	MaxWriters, MaxWritersPerNamespace int
+	// MinBytesPerSecond is the least rate of an upload's body, over each BodyWindow of
+	// waiting for it (defaults 64 KiB/s, 30 s; see internal/pace): a request slower holds a
+	// writer's slot and a part's memory from others, so it is ended (408), and may resume.
+	MinBytesPerSecond int64
+	BodyWindow        time.Duration
 	// MaxBytesPerNamespace bounds what a namespace's uploads keep in the store (0: only its
 	// ResourceQuotas' requests.storage bound them; see limit.go).
 	MaxBytesPerNamespace int64
@@ -168,6 +175,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if s.MaxWritersPerNamespace == 0 {
 			s.MaxWritersPerNamespace = 4
 		}
+		if s.MinBytesPerSecond == 0 {
+			s.MinBytesPerSecond = DefaultMinBytesPerSecond
+		}
+		if s.BodyWindow == 0 {
+			s.BodyWindow = 30 * time.Second
+		}
 		if s.Log == nil {
 			s.Log = slog.New(slog.DiscardHandler)
 		}
@@ -212,6 +225,8 @@ type upload struct {
 	sum *transfer.Checksum
 	// alive says whether the image is still there, not being deleted.
 	alive func(context.Context) error
+	// taken says a later request took the upload over from this one.
+	taken *atomic.Bool
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
@@ -286,12 +301,13 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 		}
 		return err
 	}
+	var taken atomic.Bool
 	if r.Method != http.MethodHead {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
 		rc := http.NewResponseController(w)
-		release, err := s.claim(ctx, key, func() { cancel(); _ = rc.SetReadDeadline(time.Now()) })
+		release, err := s.claim(ctx, key, func() { taken.Store(true); cancel(); _ = rc.SetReadDeadline(time.Now()) })
 		if err != nil {
 			return err
 		}
@@ -303,12 +319,21 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 			return err
 		}
 		defer done()
+		// From here on (a door's form is read from here on too) the body must keep coming.
+		// A request stopped by a later one (claim) stays stopped.
+		deadline := func(t time.Time) error {
+			if taken.Load() {
+				t = time.Now()
+			}
+			return rc.SetReadDeadline(t)
+		}
+		r.Body = &pace.Reader{R: r.Body, Min: s.MinBytesPerSecond, Window: s.BodyWindow, Deadline: deadline}
 	}
 	u, err := s.find(ctx, key, img.Checksum, r.Method != http.MethodHead)
 	if err != nil {
 		return err
 	}
-	u.alive = alive
+	u.alive, u.taken = alive, &taken
 	if r.Method == http.MethodHead {
 		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 		w.Header().Set(HeaderComplete, strconv.FormatBool(u.complete))
@@ -324,6 +349,9 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 	s.Log.Info("Upload", "key", key, "user", who.user, "offset", u.Offset)
 	return s.put(ctx, w, in, u)
 }
+
+// DefaultMinBytesPerSecond is the least rate of an upload's body, by default.
+const DefaultMinBytesPerSecond = 64 << 10
 
 // RetryAfter is what a request over the writers' bound is told to wait, in seconds.
 const RetryAfter = 10
@@ -532,10 +560,12 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 			return err
 		}
 	}
-	// Skip what is stored already; a client that sends nothing frees the upload in time.
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(2 * time.Minute))
+	// Skip what is stored already; a client that sends nothing, or too slowly, frees the
+	// upload in time (upload's pace.Reader).
 	if _, err := io.CopyN(io.Discard, in, u.Offset-start); err != nil {
+		if ended := bodyFailed(u.taken.Load(), err, u.Offset); ended != nil {
+			return ended
+		}
 		return Fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.Offset, err)
 	}
 	buf := make([]byte, s.PartSize)
@@ -544,8 +574,6 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		if ctx.Err() != nil {
 			return Fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
 		}
-		// A client that went away without closing the connection frees the upload in time.
-		_ = rc.SetReadDeadline(time.Now().Add(2 * time.Minute))
 		want := s.PartSize
 		if total > 0 {
 			want = min(s.PartSize, total-u.Offset)
@@ -558,6 +586,10 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 				return Fail(http.StatusBadRequest, "the upload is empty")
 			}
 			last, err = true, nil
+		}
+		if ended := bodyFailed(u.taken.Load(), err, u.Offset); ended != nil {
+			w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
+			return ended
 		}
 		if err != nil {
 			// A cut connection: the stored parts are the offset to resume from.
@@ -602,6 +634,22 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		u.Total = u.Offset
 	}
 	return s.complete(ctx, w, u)
+}
+
+// bodyFailed is the answer to a body that failed other than by ending: stopped by a later
+// request of the upload (409), too slow (408), or a door's form that is not one (its error);
+// nil for others.
+func bodyFailed(taken bool, err error, stored int64) error {
+	if taken {
+		return Fail(http.StatusConflict, "a later request took this upload over at byte %d", stored)
+	}
+	if slow, ok := errors.AsType[*pace.SlowError](err); ok {
+		return Fail(http.StatusRequestTimeout, "%v: %d bytes are stored; resume from there", slow, stored)
+	}
+	if _, ok := errors.AsType[*httpError](err); ok {
+		return err
+	}
+	return nil
 }
 
 // complete joins the parts, verifies the checksum from the hash of what came, and marks the

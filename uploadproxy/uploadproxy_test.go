@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -294,6 +296,93 @@ func TestWritersBounded(t *testing.T) {
 			return resp.StatusCode
 		}, 20*time.Second, 200*time.Millisecond).Should(Equal(http.StatusCreated), "taken once the slow uploads ended")
 	}
+}
+
+// TestSlowBodyEnded: a body slower than the least rate, or one that stops, holds its writer's
+// slot until it is ended with 408, saying what is stored; then the slot is another's.
+func TestSlowBodyEnded(t *testing.T) {
+	logged := &lockedBuffer{}
+	f := setup(t, func(s *uploadproxy.Server) {
+		s.MaxWriters, s.MinBytesPerSecond, s.BodyWindow = 1, 1<<20, time.Second
+		s.Log = slog.New(slog.NewTextHandler(logged, nil))
+	})
+	g := NewWithT(t)
+	f.newImage(t, "slow", "")
+	f.newImage(t, "next", "")
+	for _, c := range []struct {
+		path, contentType string
+		want              string
+	}{
+		{f.path("slow"), "", "408 the body came at "},
+		{f.path("slow"), "", "408 the body stopped after byte 1024"},
+	} {
+		r, w := io.Pipe()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPut, c.path, r)
+		g.Expect(err).NotTo(HaveOccurred())
+		req.Header.Set("Authorization", "Bearer "+f.uploader)
+		req.ContentLength = int64(len(f.image))
+		answer := make(chan string, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answer <- err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			answer <- fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+		}()
+		stop := make(chan struct{})
+		go func() { // a trickle, or nothing after the first KiB
+			for i := 0; ; i++ {
+				if _, err := w.Write(f.image[i<<10 : (i+1)<<10]); err != nil || strings.Contains(c.want, "stopped") {
+					<-stop
+					return
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}()
+		// Its slot taken, the proxy logs the upload.
+		g.Eventually(logged.String, 5*time.Second, 20*time.Millisecond).Should(ContainSubstring("msg=Upload key=" + f.ns + "/virtualmachineimages/slow-"))
+		logged.Reset()
+		_, msg := f.do(t, http.MethodPut, "next", f.uploader, f.image, "")
+		g.Expect(msg).To(HavePrefix("the proxy is writing 1 uploads"), "the slow upload holds the slot")
+		var got string
+		g.Eventually(answer, 10*time.Second).Should(Receive(&got))
+		g.Expect(got).To(And(HavePrefix(c.want), HaveSuffix("0 bytes are stored; resume from there")))
+		close(stop)
+		_ = w.Close()
+	}
+	resp, msg := f.do(t, http.MethodPut, "next", f.uploader, f.image, "")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+}
+
+// lockedBuffer is a log written from the proxy's requests and read by the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *lockedBuffer) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.Reset()
 }
 
 func TestWrongChecksum(t *testing.T) {

@@ -33,6 +33,7 @@ func main() {
 		keyFile   = flag.String("tls-key-file", "", "TLS key")
 		partBytes = flag.Int64("part-size", 16<<20, "bytes per stored part: the granularity of resuming")
 		tokenKey  = flag.String("token-secret", "", "NAMESPACE/NAME of the Secret with the key upload tokens are signed with (empty: only Kubernetes tokens are accepted)")
+		minRate   = flag.Int64("min-bytes-per-second", uploadproxy.DefaultMinBytesPerSecond, "the least rate of an upload's body, over each 30 s of waiting for it (slower: ended with 408, to resume)")
 		nsBytes   = flag.String("max-bytes-per-namespace", "0", "bytes a namespace's uploads may keep in the store, as a quantity (\"50Gi\"; 0: only the namespace's ResourceQuotas bound them)")
 	)
 	var (
@@ -47,7 +48,7 @@ func main() {
 		log.Error("Bad --max-bytes-per-namespace", "err", err)
 		os.Exit(2)
 	}
-	srv := &uploadproxy.Server{PartSize: *partBytes, MaxBytesPerNamespace: limit.Value(), Log: log}
+	srv := &uploadproxy.Server{PartSize: *partBytes, MaxBytesPerNamespace: limit.Value(), MinBytesPerSecond: *minRate, Log: log}
 	srv.Doors = cdiupload.Doors(srv)
 	if err := run(srv, *listen, *certFile, *keyFile, store, credsDir, *tokenKey); err != nil {
 		log.Error("Upload proxy stopped", "err", err)

@@ -89,9 +89,7 @@ func serve(s *uploadproxy.Server, how cdiPath, w http.ResponseWriter, r *http.Re
 	}
 	var in io.Reader // the body, as a PUT's
 	if how.form {
-		if in, err = formFile(r); err != nil {
-			return err
-		}
+		in = &formBody{r: r}
 	}
 	// The upload goes into the store as a PUT's would; its answer is held: CDI answers 200.
 	held := &heldResponse{ResponseWriter: w, header: http.Header{}}
@@ -112,23 +110,70 @@ func serve(s *uploadproxy.Server, how cdiPath, w http.ResponseWriter, r *http.Re
 	return nil
 }
 
-// formFile is the form field "file" of a multipart upload, of a size the form does not say.
+// formPreamble bounds what a form may send before its field "file": the proxy holds it in
+// memory as it parses it.
+const formPreamble = 1 << 20
+
+// formBody is the form field "file" of r, a multipart upload, of a size the form does not say.
+// The form is read at the first Read, when the proxy took a writer's slot for the request and
+// bounds its body's pace (uploadproxy.Server.Upload): not before.
+type formBody struct {
+	r    *http.Request
+	file io.Reader
+	err  error
+}
+
+func (f *formBody) Read(p []byte) (int, error) {
+	if f.file == nil && f.err == nil {
+		f.file, f.err = formFile(f.r)
+	}
+	if f.err != nil {
+		return 0, f.err
+	}
+	return f.file.Read(p)
+}
+
+// formFile is the form field "file" of r.
 func formFile(r *http.Request) (io.Reader, error) {
+	head := &preamble{ReadCloser: r.Body, left: formPreamble}
+	r.Body = head
 	mr, err := r.MultipartReader()
 	if err != nil {
 		return nil, uploadproxy.Fail(http.StatusBadRequest, "a form upload is multipart/form-data with the image in the field \"file\": %v", err)
 	}
 	for {
 		p, err := mr.NextPart()
-		if err == io.EOF {
+		switch {
+		case err == io.EOF:
 			return nil, uploadproxy.Fail(http.StatusBadRequest, "the form has no field \"file\"")
-		} else if err != nil {
+		case err != nil && head.left == 0:
+			return nil, uploadproxy.Fail(http.StatusRequestEntityTooLarge, "the form sends more than %d bytes before its field \"file\": send the image first", formPreamble)
+		case err != nil:
 			return nil, uploadproxy.Fail(http.StatusBadRequest, "reading the form: %v", err)
 		}
 		if p.FormName() == "file" {
+			head.left = -1
 			return p, nil
 		}
 	}
+}
+
+// preamble reads a body, at most left bytes while left is not -1.
+type preamble struct {
+	io.ReadCloser
+	left int
+}
+
+func (p *preamble) Read(b []byte) (int, error) {
+	if p.left < 0 {
+		return p.ReadCloser.Read(b)
+	}
+	if p.left == 0 {
+		return 0, io.ErrUnexpectedEOF
+	}
+	n, err := p.ReadCloser.Read(b[:min(len(b), p.left)])
+	p.left -= n
+	return n, err
 }
 
 // waitMade waits until the staging image ns/name has made its claim's disk (the claim's
