@@ -305,8 +305,9 @@ func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpo
 		return r.handOver(ctx, d, prime, final)
 	}
 
+	spec.PVC = primeName
 	if copyFrom != nil {
-		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, d.obj, *copyFrom, &spec); err != nil || !ready {
+		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Fresh.API, r.Pods.Config, d.obj, *copyFrom, &spec); err != nil || !ready {
 			msg, wait := "waiting for the pod that serves the image from namespace "+copyFrom.Namespace, 2*time.Second
 			if busy := (*hostcopy.BusyError)(nil); errors.As(err, &busy) {
 				msg, wait, err = busy.Error(), 10*time.Second, nil
@@ -315,7 +316,6 @@ func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpo
 			return ctrl.Result{RequeueAfter: wait}, err
 		}
 	}
-	spec.PVC = primeName
 	pod := importpod.Build(r.Pods.Config, spec)
 	work := importpod.Work{Obj: d.obj, Status: tr, Running: common.PhaseCloning, Action: "Clone", Retry: d.retry, Source: source}
 	if err := r.Pods.Start(ctx, work, pod); err != nil {

@@ -114,7 +114,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		Block: block, StorageClass: class, Preallocate: ptr.Deref(g.volume.Preallocation, false)}
 	if copyFrom != nil {
 		src := hostcopy.Source{Namespace: copyFrom.Namespace, Name: copyFrom.Name, Block: IsBlock(copyFrom)}
-		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Pods.Config, g.obj, src, &spec); err != nil || !ready {
+		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Fresh.API, r.Pods.Config, g.obj, src, &spec); err != nil || !ready {
 			st.Phase = common.PhasePending
 			msg, wait := "waiting for the pod that serves "+copyFrom.Namespace+"/"+copyFrom.Name, 2*time.Second
 			if busy := (*hostcopy.BusyError)(nil); errors.As(err, &busy) {

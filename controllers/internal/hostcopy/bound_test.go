@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,28 +19,40 @@ import (
 )
 
 // TestServingBounded: copies of one PVC across namespaces start at most MaxServing clone-source
-// pods in its namespace; the next copy waits with a BusyError that says so (and starts nothing
-// there), a copy whose pod exists goes on, and one ending lets the next start. Another PVC of
-// the namespace has its own bound (one step, with a fake client).
+// pods in its namespace, MaxServingPerNamespace for the copies of one namespace; the next copy
+// waits with a BusyError that says so (and starts nothing there), a copy whose pod exists goes
+// on, and one ending lets the next start. Another PVC of the namespace has its own bound (one
+// step, with a fake client).
 func TestServingBounded(t *testing.T) {
 	c := fakeClient(t)
 	var cfg importpod.Config
 	cfg.Defaults()
 	src := Source{Namespace: "images", Name: "golden"}
-	owner := func(i int) *corev1.ConfigMap {
-		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("disk-%d", i), Namespace: "vms", UID: types.UID(fmt.Sprintf("u%d", i))}}
+	owner := func(i int) *corev1.ConfigMap { // two copies from each namespace
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("disk-%d", i), Namespace: fmt.Sprintf("vms-%d", i/2), UID: types.UID(fmt.Sprintf("u%d", i))}}
 	}
-	prepare := func(i int, s Source) error {
-		_, err := Prepare(t.Context(), c, cfg, owner(i), s, &importpod.Spec{})
+	prepare := func(o *corev1.ConfigMap, s Source) error {
+		_, err := Prepare(t.Context(), c, c, cfg, o, s, &importpod.Spec{})
 		return err
 	}
-	for i := range MaxServing {
-		if err := prepare(i, src); err != nil {
+	if err := prepare(owner(0), src); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepare(owner(1), src); err != nil {
+		t.Fatal(err)
+	}
+	var busy *BusyError
+	third := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "disk-third", Namespace: "vms-0", UID: "u-third"}}
+	if err := prepare(third, src); !errors.As(err, &busy) || err.Error() !=
+		"2 copies of images/golden are being served to namespace vms-0, as many as one namespace may have at once; this one starts when one of them ends" {
+		t.Fatalf("a third copy of one namespace: %v", err)
+	}
+	for i := 2; i < MaxServing; i++ {
+		if err := prepare(owner(i), src); err != nil {
 			t.Fatalf("copy %d: %v", i, err)
 		}
 	}
-	var busy *BusyError
-	if err := prepare(MaxServing, src); !errors.As(err, &busy) || err.Error() !=
+	if err := prepare(owner(MaxServing), src); !errors.As(err, &busy) || err.Error() !=
 		"4 copies of images/golden are being served from its namespace, as many as may be at once; this one starts when one of them ends" {
 		t.Fatalf("copy over the bound: %v", err)
 	}
@@ -47,17 +60,69 @@ func TestServingBounded(t *testing.T) {
 	if err := c.List(t.Context(), pods); err != nil || len(pods.Items) != MaxServing {
 		t.Fatalf("%d clone-source pods, %v", len(pods.Items), err)
 	}
-	if err := prepare(0, src); err != nil {
+	if err := prepare(owner(0), src); err != nil {
 		t.Errorf("a copy whose pod serves already: %v", err)
 	}
-	if err := prepare(MaxServing, Source{Namespace: "images", Name: "other"}); err != nil {
+	if err := prepare(owner(MaxServing), Source{Namespace: "images", Name: "other"}); err != nil {
 		t.Errorf("a copy of another PVC: %v", err)
 	}
-	if err := Cleanup(t.Context(), c, owner(1), "images"); err != nil {
+	if err := Cleanup(t.Context(), c, owner(2), "images"); err != nil {
 		t.Fatal(err)
 	}
-	if err := prepare(MaxServing+1, src); err != nil {
+	if err := prepare(owner(MaxServing), src); err != nil {
 		t.Errorf("a copy once one ended: %v", err)
+	}
+}
+
+// TestNoSourceForACopyThatCannotRun: a clone source is started only for a copy whose volume
+// can take it: bound, or of a class that binds it with its writer. A volume of a class that
+// does not exist, or not bound in a class that binds at once, waits with a BusyError that
+// says why, and holds no slot of the source (one step, with a fake client).
+func TestNoSourceForACopyThatCannotRun(t *testing.T) {
+	c := fakeClient(t)
+	var cfg importpod.Config
+	cfg.Defaults()
+	src := Source{Namespace: "images", Name: "golden"}
+	late, now := storagev1.VolumeBindingWaitForFirstConsumer, storagev1.VolumeBindingImmediate
+	for _, obj := range []client.Object{
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "late"}, Provisioner: "x", VolumeBindingMode: &late},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "now"}, Provisioner: "x", VolumeBindingMode: &now},
+	} {
+		if err := c.Create(t.Context(), obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, tc := range []struct {
+		class string
+		bound bool
+		want  string
+	}{
+		{"no-such-class", false, "the copy's volume disk-0 is of storage class no-such-class, which does not exist: its clone source starts when the volume can be made"},
+		{"now", false, "the copy's volume disk-1 (storage class now) is not bound yet: its clone source starts when it is"},
+		{"now", true, ""},
+		{"late", false, ""},
+	} {
+		name := fmt.Sprintf("disk-%d", i)
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "vms"},
+			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: &tc.class}}
+		if err := c.Create(t.Context(), pvc); err != nil {
+			t.Fatal(err)
+		}
+		if tc.bound {
+			pvc.Status.Phase = corev1.ClaimBound
+			if err := c.Status().Update(t.Context(), pvc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "vms", UID: types.UID(name)}}
+		_, err := Prepare(t.Context(), c, c, cfg, owner, src, &importpod.Spec{PVC: name})
+		started := c.Get(t.Context(), types.NamespacedName{Namespace: "images", Name: sourceName(owner)}, &corev1.Pod{}) == nil
+		switch {
+		case tc.want == "" && (err != nil || !started):
+			t.Errorf("%s: %v, started %v", name, err, started)
+		case tc.want != "" && (err == nil || err.Error() != tc.want || started):
+			t.Errorf("%s: %v, started %v; want %q", name, err, started, tc.want)
+		}
 	}
 }
 
@@ -72,7 +137,7 @@ func TestStoppingSourceNotUsed(t *testing.T) {
 	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: "vms", UID: "u1"}}
 	prepare := func() bool {
 		t.Helper()
-		ready, err := Prepare(t.Context(), c, cfg, owner, src, &importpod.Spec{})
+		ready, err := Prepare(t.Context(), c, c, cfg, owner, src, &importpod.Spec{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +180,10 @@ func fakeClient(t *testing.T) client.Client {
 	if err := corev1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	return fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&corev1.Pod{}).Build()
+	if err := storagev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&corev1.Pod{}, &corev1.PersistentVolumeClaim{}).Build()
 }
 
 // TestPlainSourceReplaced: a clone source that an older diskpipe made to serve plain HTTP is
@@ -143,7 +211,7 @@ func TestPlainSourceReplaced(t *testing.T) {
 		}
 	}
 	s := &importpod.Spec{}
-	if ready, err := Prepare(t.Context(), c, cfg, owner, src, s); err != nil || ready || s.Import.URL != "" {
+	if ready, err := Prepare(t.Context(), c, c, cfg, owner, src, s); err != nil || ready || s.Import.URL != "" {
 		t.Fatalf("a plain clone source: ready %v, URL %q, %v", ready, s.Import.URL, err)
 	}
 	for _, obj := range []client.Object{&corev1.Pod{}, &corev1.Secret{}} {
@@ -155,7 +223,7 @@ func TestPlainSourceReplaced(t *testing.T) {
 		t.Error("the old importer's token is left")
 	}
 	// The next pass makes a source that serves over TLS, and the copy reads it so.
-	if _, err := Prepare(t.Context(), c, cfg, owner, src, &importpod.Spec{}); err != nil {
+	if _, err := Prepare(t.Context(), c, c, cfg, owner, src, &importpod.Spec{}); err != nil {
 		t.Fatal(err)
 	}
 	pod := &corev1.Pod{}
@@ -167,7 +235,7 @@ func TestPlainSourceReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = &importpod.Spec{}
-	if ready, err := Prepare(t.Context(), c, cfg, owner, src, s); err != nil || !ready ||
+	if ready, err := Prepare(t.Context(), c, c, cfg, owner, src, s); err != nil || !ready ||
 		s.Import.URL != "https://10.0.0.8:8091/disk" || s.Import.ServerName != ServerName || s.Import.CAFile == "" {
 		t.Fatalf("ready %v, %+v, %v", ready, s.Import, err)
 	}

@@ -23,11 +23,14 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -56,18 +59,21 @@ const LabelSourceOf = "diskpipe.io/clone-source-of"
 // MaxServing bounds the clone-source pods that serve one PVC at once: copies across namespaces
 // start them in the source's namespace, which is not the copier's, so without a bound whoever
 // may copy a public image fills its namespace with pods. A copy over the bound waits.
-const MaxServing = 4
+// MaxServingPerNamespace of them may serve the copies of one namespace, so that one copier
+// cannot hold every slot and the owner's own copies (replicas) wait behind it.
+const (
+	MaxServing             = 4
+	MaxServingPerNamespace = 2
+)
 
-// BusyError says a copy waits for one of the MaxServing clone sources of its PVC to end.
-type BusyError struct {
-	Source  Source
-	Serving int
-}
+// LabelCopier marks a clone source's pod with the namespace of the copy it serves.
+const LabelCopier = "diskpipe.io/clone-for-namespace"
 
-func (e *BusyError) Error() string {
-	return fmt.Sprintf("%d copies of %s/%s are being served from its namespace, as many as may be at once; this one starts when one of them ends",
-		e.Serving, e.Source.Namespace, e.Source.Name)
-}
+// BusyError says a copy waits: for one of the clone sources of its PVC to end, or for its own
+// volume, which must be able to take the copy before a clone source is started for it.
+type BusyError struct{ Message string }
+
+func (e *BusyError) Error() string { return e.Message }
 
 // sourceLabel is LabelSourceOf's value for src.
 func sourceLabel(src Source) string {
@@ -77,16 +83,25 @@ func sourceLabel(src Source) string {
 
 const tokenDir = "/var/run/diskpipe/clone"
 
-// Prepare completes s, the spec of owner's importer pod, to copy src. It returns false while
-// the clone-source pod of a copy across namespaces is not yet serving, and a *BusyError while
-// MaxServing others serve src.
-func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner client.Object, src Source, s *importpod.Spec) (bool, error) {
+// Prepare completes s, the spec of owner's importer pod, to copy src into the PVC s.PVC. It
+// returns false while the clone-source pod of a copy across namespaces is not yet serving, and
+// a *BusyError while s.PVC cannot take the copy yet, or while others hold the clone sources
+// src may have (MaxServing, MaxServingPerNamespace). What serves is counted with live, the
+// apiserver's word, not a cache a burst of copies would all pass.
+func Prepare(ctx context.Context, c client.Client, live client.Reader, cfg importpod.Config, owner client.Object, src Source, s *importpod.Spec) (bool, error) {
 	if src.Namespace == owner.GetNamespace() && !src.Remote {
 		s.SourcePVC, s.SourceBlock = src.Name, src.Block
 		s.Import.Source, s.Import.Path = "file", s.SourcePath()
 		return true, nil
 	}
-	if err := bounded(ctx, c, owner, src); err != nil {
+	if err := canTake(ctx, c, owner.GetNamespace(), s.PVC); err != nil {
+		return false, err
+	}
+	// One pass at a time for src in this manager, so that two copies do not both take its
+	// last slot between a count and a create.
+	unlock := lockSource(src)
+	defer unlock()
+	if err := bounded(ctx, live, owner, src); err != nil {
 		return false, err
 	}
 	if err := ensureToken(ctx, c, owner, src.Namespace); err != nil {
@@ -94,7 +109,7 @@ func Prepare(ctx context.Context, c client.Client, cfg importpod.Config, owner c
 	}
 	name := sourceName(owner)
 	serve := importpod.Spec{Name: name, Namespace: src.Namespace, SourcePVC: src.Name, SourceBlock: src.Block, ServePort: importpod.ServePort,
-		Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: sourceLabel(src), "diskpipe.io/role": "clone-source"},
+		Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: sourceLabel(src), LabelCopier: owner.GetNamespace(), "diskpipe.io/role": "clone-source"},
 		Mounts: []importpod.Mount{{Secret: serveSecretName(owner), Path: tokenDir}}}
 	serve.Import = contract.Import{Serve: ":" + strconv.Itoa(importpod.ServePort), Path: serve.SourcePath(), TokenFile: tokenDir + "/token",
 		TLSCertFile: tokenDir + "/tls.crt", TLSKeyFile: tokenDir + "/tls.key"}
@@ -158,24 +173,74 @@ func Serving(ctx context.Context, c client.Client, owner client.Object, namespac
 
 // bounded returns a *BusyError when owner has no clone-source pod for src yet and MaxServing
 // others serve it.
-func bounded(ctx context.Context, c client.Client, owner client.Object, src Source) error {
+func bounded(ctx context.Context, live client.Reader, owner client.Object, src Source) error {
 	pods := &corev1.PodList{}
-	if err := c.List(ctx, pods, client.InNamespace(src.Namespace), client.MatchingLabels{LabelSourceOf: sourceLabel(src)}); err != nil {
+	if err := live.List(ctx, pods, client.InNamespace(src.Namespace), client.MatchingLabels{LabelSourceOf: sourceLabel(src)}); err != nil {
 		return err
 	}
-	serving := 0
+	serving, theirs := 0, 0
 	for _, p := range pods.Items {
 		if p.Name == sourceName(owner) {
 			return nil // its own: it goes on
 		}
 		if p.DeletionTimestamp.IsZero() {
 			serving++
+			if p.Labels[LabelCopier] == owner.GetNamespace() {
+				theirs++
+			}
 		}
 	}
-	if serving >= MaxServing {
-		return &BusyError{Source: src, Serving: serving}
+	switch {
+	case theirs >= MaxServingPerNamespace:
+		return &BusyError{fmt.Sprintf("%d copies of %s/%s are being served to namespace %s, as many as one namespace may have at once; this one starts when one of them ends",
+			theirs, src.Namespace, src.Name, owner.GetNamespace())}
+	case serving >= MaxServing:
+		return &BusyError{fmt.Sprintf("%d copies of %s/%s are being served from its namespace, as many as may be at once; this one starts when one of them ends",
+			serving, src.Namespace, src.Name)}
 	}
 	return nil
+}
+
+// sourceLocks serialises the passes that count and start the clone sources of one PVC.
+var sourceLocks sync.Map // Source key: *sync.Mutex
+
+func lockSource(src Source) (unlock func()) {
+	m, _ := sourceLocks.LoadOrStore(src.Namespace+"/"+src.Name, &sync.Mutex{})
+	mu := m.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
+}
+
+// canTake says, with a *BusyError, when the claim ns/name of a copy cannot take it yet: a
+// clone source started before would hold a slot of its source for a copy that cannot run
+// (a claim of a storage class that does not exist never binds). A claim that is bound can,
+// and so can one whose class binds it when its writer is scheduled (WaitForFirstConsumer).
+func canTake(ctx context.Context, c client.Reader, ns, name string) error {
+	if name == "" {
+		return nil
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pvc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if pvc.Status.Phase == corev1.ClaimBound {
+		return nil
+	}
+	class := ptr.Deref(pvc.Spec.StorageClassName, "")
+	if class == "" {
+		return &BusyError{fmt.Sprintf("the copy's volume %s is not bound yet, and names no storage class: its clone source starts when it is bound", name)}
+	}
+	sc := &storagev1.StorageClass{}
+	err := c.Get(ctx, client.ObjectKey{Name: class}, sc)
+	switch {
+	case apierrors.IsNotFound(err):
+		return &BusyError{fmt.Sprintf("the copy's volume %s is of storage class %s, which does not exist: its clone source starts when the volume can be made", name, class)}
+	case err != nil:
+		return err
+	case ptr.Deref(sc.VolumeBindingMode, storagev1.VolumeBindingImmediate) == storagev1.VolumeBindingWaitForFirstConsumer:
+		return nil
+	}
+	return &BusyError{fmt.Sprintf("the copy's volume %s (storage class %s) is not bound yet: its clone source starts when it is", name, class)}
 }
 
 // ensureToken makes the token Secrets: one owned by owner in its namespace holding the
