@@ -70,7 +70,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 	pvcName := childName(g.prefix, g.obj.GetName())
 	var copyFrom *corev1.PersistentVolumeClaim
 	if ref := g.source.copyOf; ref != nil {
-		pvc, err := copySourcePVC(ctx, r.Client, g.obj, ref)
+		pvc, err := copySourcePVC(ctx, r.Client, r.Fresh.API, g.obj, ref)
 		if nr := (*NotReadyError)(nil); errors.As(err, &nr) {
 			st.Phase = common.PhasePending
 			tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)

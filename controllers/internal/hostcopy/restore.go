@@ -32,7 +32,8 @@ func (e *SnapshotWait) Error() string { return e.Message }
 // gone, a class of the snapshot's driver (the default one first), the mode its content records
 // and its restore size.
 // A *SnapshotWait says why it cannot be made yet.
-func Restore(ctx context.Context, c client.Client, owner client.Object, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
+// The restores of a snapshot are counted with live, one pass at a time, as clone sources are.
+func Restore(ctx context.Context, c client.Client, live client.Reader, owner client.Object, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: sourceName(owner)}, pvc)
 	switch {
@@ -48,12 +49,25 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 		return nil, err
 	}
 	// Each copy restores a volume of its own in the snapshot's namespace, which is not the
-	// copier's: at most MaxServing at once, as clone-source pods.
+	// copier's: at most MaxServing at once, MaxServingPerNamespace for one namespace's copies,
+	// as clone-source pods.
+	unlock := lockSource(Source{Namespace: namespace, Name: "snapshot/" + name})
+	defer unlock()
 	restores := &corev1.PersistentVolumeClaimList{}
-	if err := c.List(ctx, restores, client.InNamespace(namespace), client.MatchingLabels{LabelSourceOf: restoreLabel(name)}); err != nil {
+	if err := live.List(ctx, restores, client.InNamespace(namespace), client.MatchingLabels{LabelSourceOf: restoreLabel(name)}); err != nil {
 		return nil, err
 	}
-	if n := len(restores.Items); n >= MaxServing {
+	theirs := 0
+	for _, r := range restores.Items {
+		if r.Labels[LabelCopier] == owner.GetNamespace() {
+			theirs++
+		}
+	}
+	switch n := len(restores.Items); {
+	case theirs >= MaxServingPerNamespace:
+		return nil, &SnapshotWait{"WaitingForCloneSource", fmt.Sprintf(
+			"%d copies of the VolumeSnapshot %s/%s are restored for namespace %s, as many as one namespace may have at once; this one starts when one of them ends", theirs, namespace, name, owner.GetNamespace())}
+	case n >= MaxServing:
 		return nil, &SnapshotWait{"WaitingForCloneSource", fmt.Sprintf(
 			"%d copies of the VolumeSnapshot %s/%s are restored in its namespace, as many as may be at once; this one starts when one of them ends", n, namespace, name)}
 	}
@@ -104,7 +118,7 @@ func Restore(ctx context.Context, c client.Client, owner client.Object, namespac
 	}
 	pvc = &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: namespace, Annotations: ann,
-			Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: restoreLabel(name)}},
+			Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: restoreLabel(name), LabelCopier: owner.GetNamespace()}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			StorageClassName: &class,

@@ -39,12 +39,12 @@ func TestRestore(t *testing.T) {
 	ctx := t.Context()
 	c := fake.NewClientBuilder().WithScheme(scheme).Build()
 	owner := func(i int) *corev1.ConfigMap {
-		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("image-%d", i), Namespace: "team", UID: types.UID(fmt.Sprintf("u%d", i))}}
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("image-%d", i), Namespace: fmt.Sprintf("team-%d", i/2), UID: types.UID(fmt.Sprintf("u%d", i))}}
 	}
 	waits := func(i int, reason, message string) {
 		t.Helper()
 		var w *SnapshotWait
-		if _, err := Restore(ctx, c, owner(i), "golden", "fedora"); !errors.As(err, &w) || w.Reason != reason || w.Message != message {
+		if _, err := Restore(ctx, c, c, owner(i), "golden", "fedora"); !errors.As(err, &w) || w.Reason != reason || w.Message != message {
 			t.Fatalf("want %s %q, got %v", reason, message, err)
 		}
 	}
@@ -78,7 +78,7 @@ func TestRestore(t *testing.T) {
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"},
 			Spec:   corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd-block"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock)},
 			Status: corev1.PersistentVolumeClaimStatus{Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("4Gi")}}})
-	pvc, err := Restore(ctx, c, owner(0), "golden", "fedora")
+	pvc, err := Restore(ctx, c, c, owner(0), "golden", "fedora")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestRestore(t *testing.T) {
 	if want := "golden/clone-source-u0 class=rbd-block mode=Block size=4Gi from=VolumeSnapshot/fedora marked=true"; got != want {
 		t.Errorf("restored claim:\n got %s\nwant %s", got, want)
 	}
-	if again, err := Restore(ctx, c, owner(0), "golden", "fedora"); err != nil || again.UID != pvc.UID {
+	if again, err := Restore(ctx, c, c, owner(0), "golden", "fedora"); err != nil || again.UID != pvc.UID {
 		t.Errorf("a second pass finds the same claim: %v", err)
 	}
 
@@ -96,14 +96,21 @@ func TestRestore(t *testing.T) {
 	if err := c.Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"}}); err != nil {
 		t.Fatal(err)
 	}
-	pvc, err = Restore(ctx, c, owner(1), "golden", "fedora")
+	pvc, err = Restore(ctx, c, c, owner(1), "golden", "fedora")
 	if err != nil || *pvc.Spec.StorageClassName != "rbd" || *pvc.Spec.VolumeMode != corev1.PersistentVolumeFilesystem || pvc.Spec.Resources.Requests.Storage().String() != "3Gi" {
 		t.Fatalf("without its source claim: %v %v", pvc, err)
 	}
 
+	// At most MaxServingPerNamespace restores of one snapshot at once for one namespace.
+	third := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "image-third", Namespace: "team-0", UID: "u-third"}}
+	var w *SnapshotWait
+	if _, err := Restore(ctx, c, c, third, "golden", "fedora"); !errors.As(err, &w) || w.Message !=
+		"2 copies of the VolumeSnapshot golden/fedora are restored for namespace team-0, as many as one namespace may have at once; this one starts when one of them ends" {
+		t.Fatalf("a third restore for one namespace: %v", err)
+	}
 	// At most MaxServing restores of one snapshot at once.
 	for i := 2; i < MaxServing; i++ {
-		if _, err := Restore(ctx, c, owner(i), "golden", "fedora"); err != nil {
+		if _, err := Restore(ctx, c, c, owner(i), "golden", "fedora"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,7 +118,7 @@ func TestRestore(t *testing.T) {
 	if err := Cleanup(ctx, c, owner(1), "golden"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Restore(ctx, c, owner(MaxServing), "golden", "fedora"); err != nil {
+	if _, err := Restore(ctx, c, c, owner(MaxServing), "golden", "fedora"); err != nil {
 		t.Errorf("a copy once one ended: %v", err)
 	}
 
@@ -139,7 +146,7 @@ func TestRestore(t *testing.T) {
 		}(),
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden", UID: "fedora-disk"},
 			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd"), VolumeName: "on-b"}})
-	pvc, err = Restore(ctx, c, owner(2), "golden", "fedora")
+	pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora")
 	if err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "node-b" {
 		t.Errorf("a node-local snapshot's restore is pinned to its volume's node node-b: %v %v", pvc.GetAnnotations(), err)
 	}
@@ -160,7 +167,7 @@ func TestRestore(t *testing.T) {
 	if err := c.Update(ctx, fedora); err != nil {
 		t.Fatal(err)
 	}
-	if pvc, err = Restore(ctx, c, owner(2), "golden", "fedora"); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
+	if pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora"); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
 		t.Errorf("a volume the claim names but is not bound to does not place the restore: %v %v", pvc.GetAnnotations(), err)
 	}
 	if err := Cleanup(ctx, c, owner(2), "golden"); err != nil {
@@ -170,14 +177,14 @@ func TestRestore(t *testing.T) {
 	if err := c.Update(ctx, fedora); err != nil {
 		t.Fatal(err)
 	}
-	if pvc, err = Restore(ctx, c, owner(2), "golden", "fedora"); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
+	if pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora"); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
 		t.Errorf("a zone's snapshot is restored where its reader runs: %v %v", pvc.GetAnnotations(), err)
 	}
 
 	// A claim of the name made by someone else is not diskpipe's.
 	create(&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "clone-source-u9", Namespace: "golden"}})
 	var notOwned *owned.ErrNotOwned
-	if _, err := Restore(ctx, c, owner(9), "golden", "fedora"); !errors.As(err, &notOwned) {
+	if _, err := Restore(ctx, c, c, owner(9), "golden", "fedora"); !errors.As(err, &notOwned) {
 		t.Errorf("a claim under the name not made by diskpipe: %v", err)
 	}
 	if err := Cleanup(ctx, c, owner(9), "golden"); err != nil {
