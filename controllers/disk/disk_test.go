@@ -583,7 +583,14 @@ func TestCrossNamespace(t *testing.T) {
 		ContainSubstring("FellBack: HostAssisted, because CSIClone is not possible: the image is in namespace "+images)))
 	g.Expect(d.Finalizers).To(ContainElement(disk.Finalizer))
 
+	// Its clone source starts once the disk's volume is bound (its class binds at once).
 	serveName := "clone-source-" + string(d.UID)
+	g.Consistently(func() error {
+		return env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, &corev1.Pod{})
+	}, time.Second).ShouldNot(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
+		Equal("WaitingForCloneSource: the copy's volume "+disk.PrimeName(d.UID)+" (storage class "+classCSI+") is not bound yet: its clone source starts when it is")))
+	ctrltest.Bind(t, env, ns, disk.PrimeName(d.UID))
 	serve := ctrltest.Pod(t, env, images, serveName)
 	args := strings.Join(serve.Spec.Containers[0].Args, " ")
 	g.Expect(args).To(ContainSubstring("--serve :8091 --path /source/disk.img --token-file /var/run/diskpipe/clone/token " +

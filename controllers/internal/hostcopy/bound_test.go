@@ -53,7 +53,7 @@ func TestServingBounded(t *testing.T) {
 		}
 	}
 	if err := prepare(owner(MaxServing), src); !errors.As(err, &busy) || err.Error() !=
-		"4 copies of images/golden are being served from its namespace, as many as may be at once; this one starts when one of them ends" {
+		"4 copies of images/golden are being served from its namespace to others, as many as may be at once; this one starts when one of them ends" {
 		t.Fatalf("copy over the bound: %v", err)
 	}
 	pods := &corev1.PodList{}
@@ -65,6 +65,10 @@ func TestServingBounded(t *testing.T) {
 	}
 	if err := prepare(owner(MaxServing), Source{Namespace: "images", Name: "other"}); err != nil {
 		t.Errorf("a copy of another PVC: %v", err)
+	}
+	own := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "replica", Namespace: "images", UID: "u-own"}}
+	if err := prepare(own, Source{Namespace: "images", Name: "golden", Remote: true}); err != nil {
+		t.Errorf("the namespace's own copy (a replica) while others hold every slot: %v", err)
 	}
 	if err := Cleanup(t.Context(), c, owner(2), "images"); err != nil {
 		t.Fatal(err)

@@ -56,11 +56,12 @@ const LabelFor = "diskpipe.io/clone-for"
 // longer than a label's value), so that the pods serving one PVC can be counted.
 const LabelSourceOf = "diskpipe.io/clone-source-of"
 
-// MaxServing bounds the clone-source pods that serve one PVC at once: copies across namespaces
-// start them in the source's namespace, which is not the copier's, so without a bound whoever
-// may copy a public image fills its namespace with pods. A copy over the bound waits.
-// MaxServingPerNamespace of them may serve the copies of one namespace, so that one copier
-// cannot hold every slot and the owner's own copies (replicas) wait behind it.
+// MaxServing bounds the clone-source pods that serve one PVC to other namespaces at once: copies
+// across namespaces start them in the source's namespace, which is not the copier's, so without
+// a bound whoever may copy a public image fills its namespace with pods. A copy over the bound
+// waits. MaxServingPerNamespace of them may serve the copies of one namespace, so that one
+// copier cannot hold every slot. The namespace's own copies (its replicas, a copy from another
+// node) are not bounded by others': they are its own pods.
 const (
 	MaxServing             = 4
 	MaxServingPerNamespace = 2
@@ -178,12 +179,15 @@ func bounded(ctx context.Context, live client.Reader, owner client.Object, src S
 	if err := live.List(ctx, pods, client.InNamespace(src.Namespace), client.MatchingLabels{LabelSourceOf: sourceLabel(src)}); err != nil {
 		return err
 	}
+	if owner.GetNamespace() == src.Namespace {
+		return nil // the namespace's own copies (its replicas): its pods, in its namespace
+	}
 	serving, theirs := 0, 0
 	for _, p := range pods.Items {
 		if p.Name == sourceName(owner) {
 			return nil // its own: it goes on
 		}
-		if p.DeletionTimestamp.IsZero() {
+		if p.DeletionTimestamp.IsZero() && p.Labels[LabelCopier] != src.Namespace {
 			serving++
 			if p.Labels[LabelCopier] == owner.GetNamespace() {
 				theirs++
@@ -195,7 +199,7 @@ func bounded(ctx context.Context, live client.Reader, owner client.Object, src S
 		return &BusyError{fmt.Sprintf("%d copies of %s/%s are being served to namespace %s, as many as one namespace may have at once; this one starts when one of them ends",
 			theirs, src.Namespace, src.Name, owner.GetNamespace())}
 	case serving >= MaxServing:
-		return &BusyError{fmt.Sprintf("%d copies of %s/%s are being served from its namespace, as many as may be at once; this one starts when one of them ends",
+		return &BusyError{fmt.Sprintf("%d copies of %s/%s are being served from its namespace to others, as many as may be at once; this one starts when one of them ends",
 			serving, src.Namespace, src.Name)}
 	}
 	return nil
