@@ -22,8 +22,8 @@ import (
 
 // # The store's front
 //
-// versitygw serves the S3 API on a socket in a directory only the store's process reads; the
-// store's port is this front, which passes each request on to it and bounds what any one
+// versitygw serves the S3 API on a loopback port only the store's pod reaches; the store's
+// port is this front, which passes each request on to it and bounds what any one
 // client may hold of the store, which every tenant shares:
 //
 //   - connections: MaxConnections in all, MaxConnectionsPerSource from one address (a pod's);
@@ -46,7 +46,7 @@ import (
 const headerPeer = "X-Diskpipe-Peer"
 
 // peer is the gateway's middleware that takes the client's address from headerPeer: what
-// comes on the socket comes from the front.
+// comes to the gateway comes from the front (or from the store's own pod).
 func peer(c fiber.Ctx) error {
 	if addr, err := net.ResolveTCPAddr("tcp", c.Get(headerPeer)); err == nil {
 		c.RequestCtx().SetRemoteAddr(addr)
@@ -93,7 +93,7 @@ func (c *FrontConfig) defaults() {
 	}
 }
 
-// front is the store's listener and the proxy to versitygw's socket.
+// front is the store's listener and the proxy to versitygw.
 type front struct {
 	cfg FrontConfig
 
@@ -115,9 +115,9 @@ type (
 	paceKey    struct{}
 )
 
-// serveFront serves the store's port on l, passing requests to versitygw's socket, until ctx
-// ends; with cert and key it serves TLS.
-func serveFront(ctx context.Context, l net.Listener, socket string, cfg FrontConfig, certFile, keyFile string) error {
+// serveFront serves the store's port on l, passing requests to versitygw at gateway, until
+// ctx ends; with cert and key it serves TLS.
+func serveFront(ctx context.Context, l net.Listener, gateway string, cfg FrontConfig, certFile, keyFile string) error {
 	cfg.defaults()
 	f := &front{cfg: cfg, conns: map[net.Conn]*frontConn{}, from: map[string]int{}}
 	proxy := &httputil.ReverseProxy{
@@ -126,7 +126,8 @@ func serveFront(ctx context.Context, l net.Listener, socket string, cfg FrontCon
 			r.Out.Host = r.In.Host // the signature covers it
 			r.Out.Header.Set(headerPeer, r.In.RemoteAddr)
 		},
-		Transport: socketTransport(socket),
+		Transport:  gatewayTransport(gateway),
+		BufferPool: copyBuffers{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if body, _ := r.Context().Value(paceKey{}).(*pace.Reader); body != nil && body.Err() != nil {
 				s3Error(w, http.StatusRequestTimeout, "RequestTimeout", body.Err().Error())
@@ -258,14 +259,14 @@ func s3Error(w http.ResponseWriter, status int, code, message string) {
 	_, _ = w.Write(body)
 }
 
-// socketTransport sends each request on a connection of its own to the gateway's socket, and
+// gatewayTransport sends each request on a connection of its own to the gateway, and
 // reads the answer while the body is still being sent: the gateway may refuse a write
 // (QuotaExceeded) before it has read its body, and closes the connection, and that answer,
 // not the broken pipe, is the client's.
-type socketTransport string
+type gatewayTransport string
 
-func (t socketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	conn, err := (&net.Dialer{}).DialContext(req.Context(), "unix", string(t))
+func (t gatewayTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	conn, err := (&net.Dialer{}).DialContext(req.Context(), "tcp", string(t))
 	if err != nil {
 		return nil, err
 	}
@@ -280,7 +281,7 @@ func (t socketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		written <- err
 	}()
-	r := bufio.NewReader(conn)
+	r := bufio.NewReaderSize(conn, 64<<10)
 	for {
 		resp, err := http.ReadResponse(r, req)
 		if err != nil {
@@ -294,20 +295,28 @@ func (t socketTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if resp.StatusCode == http.StatusContinue {
 			continue
 		}
-		resp.Body = &socketBody{ReadCloser: resp.Body, conn: conn, stop: stop}
+		resp.Body = &gatewayBody{ReadCloser: resp.Body, conn: conn, stop: stop}
 		return resp, nil
 	}
 }
 
-// socketBody is an answer's body; closing it closes its connection.
-type socketBody struct {
+// gatewayBody is an answer's body; closing it closes its connection.
+type gatewayBody struct {
 	io.ReadCloser
 	conn net.Conn
 	stop func() bool
 }
 
-func (b *socketBody) Close() error {
+func (b *gatewayBody) Close() error {
 	b.stop()
 	_ = b.ReadCloser.Close()
 	return b.conn.Close()
 }
+
+// copyBuffers are the proxy's buffers: large, so that a download costs few system calls.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { return make([]byte, 1<<20) }}
+
+func (copyBuffers) Get() []byte  { return copyBufferPool.Get().([]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(b) } //nolint:staticcheck // a slice, reused whole

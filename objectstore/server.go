@@ -79,13 +79,14 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 		cfg.MaxObjects = DefaultMaxObjects
 	}
 	served = &quota{Backend: served, dir: cfg.Dir, root: cfg.AccessKey, limit: cfg.QuotaPerAccount, buckets: cfg.MaxBuckets, objects: cfg.MaxObjects}
-	// versitygw listens on a socket only this process reaches; the store's port is the front.
-	sockets, err := os.MkdirTemp("", "diskpipe-store-")
+	// versitygw listens on a loopback port, which only the store's pod reaches (and over which
+	// it sends files with sendfile); the store's port is the front.
+	free, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("objectstore: %w", err)
 	}
-	defer os.RemoveAll(sockets)
-	socket := filepath.Join(sockets, "s3.sock")
+	gateway := free.Addr().String()
+	_ = free.Close()
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("objectstore: %w", err)
@@ -93,20 +94,20 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 2)
-	go func() { done <- serveFront(ctx, l, socket, cfg.Front, cfg.CertFile, cfg.KeyFile) }()
-	go func() { done <- serveGateway(ctx, served, socket, cfg) }()
+	go func() { done <- serveFront(ctx, l, gateway, cfg.Front, cfg.CertFile, cfg.KeyFile) }()
+	go func() { done <- serveGateway(ctx, served, gateway, cfg) }()
 	err = <-done
 	cancel()
 	return errors.Join(err, <-done)
 }
 
-// serveGateway runs versitygw on socket until ctx ends.
-func serveGateway(ctx context.Context, served backend.Backend, socket string, cfg ServerConfig) error {
+// serveGateway runs versitygw on addr until ctx ends.
+func serveGateway(ctx context.Context, served backend.Backend, addr string, cfg ServerConfig) error {
 	return embedgw.RunVersityGW(ctx, served, &embedgw.Config{
 		RootUserAccess:    cfg.AccessKey,
 		RootUserSecret:    cfg.SecretKey,
 		Region:            cfg.Region,
-		Ports:             []string{socket},
+		Ports:             []string{addr},
 		MaxConnections:    cfg.Front.MaxConnections,
 		MaxRequests:       cfg.Front.MaxConnections,
 		MultipartMaxParts: 10000,
