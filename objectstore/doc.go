@@ -9,6 +9,11 @@
 // out of the manager's binary, and its POSIX backend changes the process's working directory
 // to the data directory, which nothing else in a process should have to live with.
 //
+// Every namespace shares it, so what one client may hold of it is bounded: by the front
+// (front.go), diskpipe's own HTTP server on the store's port, before versitygw on a loopback
+// port (connections, timeouts, body rates), and in the backend (quota.go: bytes, buckets and
+// files per account; reserved.go: names only diskpipe may take).
+//
 // The client (client.go) is minio-go. External stores — AWS S3, Ceph RGW, SeaweedFS, a
 // user's MinIO — go through the same code, with path-style or virtual-host-style requests,
 // a region, a custom CA and credentials from a Secret: that is how users outgrow the bundled

@@ -3,6 +3,7 @@ package objectstore_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -66,8 +67,12 @@ func TestFrontPerSource(t *testing.T) {
 		t.Errorf("another address, unsigned, is the gateway's to refuse: %d %s", code, body)
 	}
 	resp, err := from("127.0.0.2").Get(s.Endpoint + "/healthz")
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Errorf("the probe from the full address: %v %v", resp, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the probe from the full address: %s", resp.Status)
 	}
 }
 
@@ -84,7 +89,7 @@ func TestFrontFull(t *testing.T) {
 	closed := 0
 	for _, c := range held {
 		_ = c.SetReadDeadline(time.Now().Add(time.Second))
-		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+		if _, err := c.Read(make([]byte, 1)); errors.Is(err, io.EOF) {
 			closed++
 		}
 	}
@@ -102,10 +107,14 @@ func TestFrontIdle(t *testing.T) {
 	}
 	r := bufio.NewReader(c)
 	resp, err := http.ReadResponse(r, nil)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("%v %v", resp, err)
+	if err != nil {
+		t.Fatal(err)
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatal(resp.Status)
+	}
 	start := time.Now()
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := r.ReadByte(); err != io.EOF {

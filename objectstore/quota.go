@@ -59,7 +59,7 @@ const (
 )
 
 func (q *quota) PutObject(ctx context.Context, in s3response.PutObjectInput) (s3response.PutObjectOutput, error) {
-	done, err := q.reserve(ctx, deref(in.Bucket), deref(in.ContentLength), 1)
+	done, err := q.reserve(ctx, deref(in.Bucket), deref(in.ContentLength))
 	if err != nil {
 		return s3response.PutObjectOutput{}, err
 	}
@@ -68,7 +68,7 @@ func (q *quota) PutObject(ctx context.Context, in s3response.PutObjectInput) (s3
 }
 
 func (q *quota) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.UploadPartOutput, error) {
-	done, err := q.reserve(ctx, deref(in.Bucket), deref(in.ContentLength), 1)
+	done, err := q.reserve(ctx, deref(in.Bucket), deref(in.ContentLength))
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +77,7 @@ func (q *quota) UploadPart(ctx context.Context, in *s3.UploadPartInput) (*s3.Upl
 }
 
 func (q *quota) CreateMultipartUpload(ctx context.Context, in s3response.CreateMultipartUploadInput) (s3response.InitiateMultipartUploadResult, error) {
-	done, err := q.reserve(ctx, deref(in.Bucket), 0, 1)
+	done, err := q.reserve(ctx, deref(in.Bucket), 0)
 	if err != nil {
 		return s3response.InitiateMultipartUploadResult{}, err
 	}
@@ -174,17 +174,17 @@ func (q *quota) sourceSize(ctx context.Context, source, rng string) (int64, erro
 // check refuses adding size bytes (a copy's) to bucket when its owner's buckets would hold
 // more than the quota.
 func (q *quota) check(ctx context.Context, bucket string, size int64) error {
-	done, err := q.reserve(ctx, bucket, size, 1)
+	done, err := q.reserve(ctx, bucket, size)
 	if err == nil {
 		done()
 	}
 	return err
 }
 
-// reserve counts size bytes and files more being written to bucket for its owner until done,
-// or refuses them when its owner's buckets, with what is in flight, would hold more than the
-// quota or the objects it may store.
-func (q *quota) reserve(ctx context.Context, bucket string, size, files int64) (done func(), err error) {
+// reserve counts size bytes more being written to bucket, in one more file, for its owner until
+// done, or refuses them when its owner's buckets, with what is in flight, would hold more than
+// the quota or the files it may store.
+func (q *quota) reserve(ctx context.Context, bucket string, size int64) (done func(), err error) {
 	if err := q.loadOwners(ctx); err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func (q *quota) reserve(ctx context.Context, bucket string, size, files int64) (
 		return nil, s3err.APIError{Code: "QuotaExceeded", HTTPStatusCode: http.StatusForbidden,
 			Description: fmt.Sprintf("the quota of account %s in the bundled object store is %d bytes (objectStore.bundled.quotaPerNamespace): its buckets hold %d, %d more are being written, and %d more were sent",
 				owner, q.limit, used, inflight, size)}
-	case stored+files > q.objects:
+	case stored+1 > q.objects:
 		return nil, s3err.APIError{Code: "QuotaExceeded", HTTPStatusCode: http.StatusForbidden,
 			Description: fmt.Sprintf("account %s stores %d files (objects and parts) in the bundled object store, as many as it lets an account store: delete some first",
 				owner, stored)}
