@@ -3,6 +3,7 @@ package objectstore
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -32,8 +33,11 @@ import (
 //     most, on which no request is being served, is closed first, so a client holding idle
 //     connections makes room for others;
 //   - time: a request's headers must come within HeaderTimeout, an idle connection is closed
-//     after IdleTimeout, and a request body must come at MinBytesPerSecond at least, measured
-//     over BodyWindow of waiting, or the request is ended with 408 RequestTimeout.
+//     after IdleTimeout, a request body must come at MinBytesPerSecond at least, measured
+//     over BodyWindow of waiting, or the request is ended with 408 RequestTimeout, and each
+//     write of an answer must be taken within BodyWindow (a client that does not read its
+//     download is cut);
+//   - one request at a time on a connection: HTTP/1.1 only, also over TLS.
 //
 // Bucket policies see the client's address as aws:SourceIp (the front tells the gateway);
 // aws:SecureTransport is false, as the front, not the gateway, serves TLS.
@@ -149,19 +153,28 @@ func serveFront(ctx context.Context, l net.Listener, gateway string, cfg FrontCo
 				s3Error(w, http.StatusServiceUnavailable, "SlowDown", why)
 				return
 			}
+			if why, _ := r.Context().Value(refusedKey{}).(string); why != "" {
+				w.Header().Set("Connection", "close") // a probe's answer, on a refused connection: its last
+			}
 			if r.Body != nil && r.Body != http.NoBody {
 				rc := http.NewResponseController(w)
 				body := &pace.Reader{R: r.Body, Min: cfg.MinBytesPerSecond, Window: cfg.BodyWindow, Deadline: rc.SetReadDeadline}
 				r = r.WithContext(context.WithValue(r.Context(), paceKey{}, body))
 				r.Body = body
 			}
-			proxy.ServeHTTP(w, r)
+			proxy.ServeHTTP(&paceWriter{ResponseWriter: w, rc: http.NewResponseController(w), window: cfg.BodyWindow}, r)
 		}),
+		// HTTP/1.1 only: one connection, one request at a time, as the bounds count them.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 		ReadHeaderTimeout: cfg.HeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		ConnState:         f.state,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, refusedKey{}, f.admit(c)) // before StateNew
+			why, evicted := f.admit(c) // before StateNew
+			if evicted != nil {
+				_ = evicted.Close()
+			}
+			return context.WithValue(ctx, refusedKey{}, why)
 		},
 	}
 	go func() {
@@ -204,7 +217,7 @@ func (f *front) state(c net.Conn, s http.ConnState) {
 // admit counts a new connection, or says why it is refused when it is over a bound (its one
 // request is answered 503, with its deadline short). At the store's bound, an idle connection
 // of the source that holds the most is closed to make room.
-func (f *front) admit(c net.Conn) string {
+func (f *front) admit(c net.Conn) (refused string, evict net.Conn) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	source := c.RemoteAddr().String()
@@ -216,7 +229,10 @@ func (f *front) admit(c net.Conn) string {
 	case f.from[source] >= f.cfg.MaxConnectionsPerSource:
 		fc.refused = fmt.Sprintf("%s holds %d connections to the object store, as many as it takes from one address (objectStore.bundled.maxConnectionsPerSource): close one, or try again",
 			source, f.from[source])
-	case len(f.conns) >= f.cfg.MaxConnections && !f.evictIdle():
+	case len(f.conns) >= f.cfg.MaxConnections:
+		if evict = f.idleOfHeaviest(); evict != nil {
+			break
+		}
 		fc.refused = fmt.Sprintf("the object store holds %d connections, as many as it takes (objectStore.bundled.maxConnections), each serving a request: try again", len(f.conns))
 	}
 	if fc.refused != "" {
@@ -224,12 +240,13 @@ func (f *front) admit(c net.Conn) string {
 	}
 	f.conns[c] = fc
 	f.from[source]++
-	return fc.refused
+	return fc.refused, evict
 }
 
-// evictIdle closes a connection of the source that holds the most connections on which no
-// request is being served (idle, or not sent one yet), and says whether it found one.
-func (f *front) evictIdle() bool {
+// idleOfHeaviest is a connection to close, of the source that holds the most connections, on
+// which no request is being served (idle, or not sent one yet); nil when there is none. It is
+// closed out of the lock (a TLS close may wait on its client).
+func (f *front) idleOfHeaviest() net.Conn {
 	var victim net.Conn
 	most := 0
 	for c, fc := range f.conns {
@@ -237,13 +254,25 @@ func (f *front) evictIdle() bool {
 			victim, most = c, f.from[fc.source]
 		}
 	}
-	if victim == nil {
-		return false
+	if victim != nil {
+		f.conns[victim].active = true // closed: not chosen again before its StateClosed
 	}
-	f.conns[victim].active = true // closed: not chosen again before its StateClosed
-	_ = victim.Close()
-	return true
+	return victim
 }
+
+// paceWriter ends an answer its client does not read: each write must be taken within window.
+type paceWriter struct {
+	http.ResponseWriter
+	rc     *http.ResponseController
+	window time.Duration
+}
+
+func (p *paceWriter) Write(b []byte) (int, error) {
+	_ = p.rc.SetWriteDeadline(time.Now().Add(p.window))
+	return p.ResponseWriter.Write(b)
+}
+
+func (p *paceWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }
 
 // s3Error answers as S3 does, with an Error document.
 func s3Error(w http.ResponseWriter, status int, code, message string) {

@@ -131,23 +131,27 @@ func (q *quota) ChangeBucketOwner(ctx context.Context, bucket, owner string) err
 
 func (q *quota) CopyObject(ctx context.Context, in s3response.CopyObjectInput) (s3response.CopyObjectOutput, error) {
 	size, err := q.sourceSize(ctx, deref(in.CopySource), "")
-	if err == nil {
-		err = q.check(ctx, deref(in.Bucket), size)
-	}
 	if err != nil {
 		return s3response.CopyObjectOutput{}, err
 	}
+	done, err := q.reserve(ctx, deref(in.Bucket), size)
+	if err != nil {
+		return s3response.CopyObjectOutput{}, err
+	}
+	defer done()
 	return q.Backend.CopyObject(ctx, in)
 }
 
 func (q *quota) UploadPartCopy(ctx context.Context, in *s3.UploadPartCopyInput) (s3response.CopyPartResult, error) {
 	size, err := q.sourceSize(ctx, deref(in.CopySource), deref(in.CopySourceRange))
-	if err == nil {
-		err = q.check(ctx, deref(in.Bucket), size)
-	}
 	if err != nil {
 		return s3response.CopyPartResult{}, err
 	}
+	done, err := q.reserve(ctx, deref(in.Bucket), size)
+	if err != nil {
+		return s3response.CopyPartResult{}, err
+	}
+	defer done()
 	return q.Backend.UploadPartCopy(ctx, in)
 }
 
@@ -169,16 +173,6 @@ func (q *quota) sourceSize(ctx context.Context, source, rng string) (int64, erro
 	}
 	_, length, err := backend.ParseCopySourceRange(size, rng)
 	return length, err
-}
-
-// check refuses adding size bytes (a copy's) to bucket when its owner's buckets would hold
-// more than the quota.
-func (q *quota) check(ctx context.Context, bucket string, size int64) error {
-	done, err := q.reserve(ctx, bucket, size)
-	if err == nil {
-		done()
-	}
-	return err
 }
 
 // reserve counts size bytes more being written to bucket, in one more file, for its owner until

@@ -108,8 +108,10 @@ func serveGateway(ctx context.Context, served backend.Backend, addr string, cfg 
 		RootUserSecret:    cfg.SecretKey,
 		Region:            cfg.Region,
 		Ports:             []string{addr},
-		MaxConnections:    cfg.Front.MaxConnections,
-		MaxRequests:       cfg.Front.MaxConnections,
+		// Room beyond the front's bound: the probes, and work that outlives its client's
+		// connection (a copy, a multipart upload's completion).
+		MaxConnections: 2 * cfg.Front.MaxConnections,
+		MaxRequests:    2 * cfg.Front.MaxConnections,
 		MultipartMaxParts: 10000,
 		VirtualDomain:     cfg.VirtualDomain,
 		S3Options:         []s3api.Option{s3api.WithMiddleware("/", peer)},

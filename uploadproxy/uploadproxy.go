@@ -633,6 +633,9 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	if total < 0 {
 		u.Total = u.Offset
 	}
+	// The body has come: completing (and a door's wait for the disk) is not bound by its pace,
+	// and a read deadline left would end the server's wait for the client's close.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	return s.complete(ctx, w, u)
 }
 

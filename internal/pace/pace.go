@@ -59,6 +59,9 @@ func (p *Reader) Read(b []byte) (int, error) {
 	}
 	start := time.Now()
 	n, err := p.R.Read(b)
+	if errors.Is(err, io.EOF) {
+		p.Done() // the server may read on (for the client's close): not under this deadline
+	}
 	p.waited += time.Since(start)
 	p.got += int64(n)
 	p.total += int64(n)
@@ -67,13 +70,22 @@ func (p *Reader) Read(b []byte) (int, error) {
 		return n, p.slow
 	}
 	if p.waited >= p.Window {
-		if rate := p.got * int64(time.Second) / int64(p.waited); rate < p.Min {
+		if rate := int64(float64(p.got) / p.waited.Seconds()); rate < p.Min {
 			p.slow = &SlowError{Rate: rate, Min: p.Min, Window: p.Window, Read: p.total}
 			return n, p.slow
 		}
 		p.waited, p.got = 0, 0
 	}
 	return n, err
+}
+
+// Done clears the deadline of the connection, once the body has come: what the server does
+// next (write what came, answer) is not bound by the client's pace, and a deadline left would
+// end the server's own wait for the client's close, cancelling the request.
+func (p *Reader) Done() {
+	if p.Deadline != nil {
+		_ = p.Deadline(time.Time{})
+	}
 }
 
 // Close closes R when it is a Closer.

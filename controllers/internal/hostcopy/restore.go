@@ -57,13 +57,19 @@ func Restore(ctx context.Context, c client.Client, live client.Reader, owner cli
 	if err := live.List(ctx, restores, client.InNamespace(namespace), client.MatchingLabels{LabelSourceOf: restoreLabel(name)}); err != nil {
 		return nil, err
 	}
-	theirs := 0
+	theirs, n := 0, 0
 	for _, r := range restores.Items {
+		if !r.DeletionTimestamp.IsZero() || r.Labels[LabelCopier] == namespace {
+			continue // going, or the namespace's own
+		}
+		n++
 		if r.Labels[LabelCopier] == owner.GetNamespace() {
 			theirs++
 		}
 	}
-	switch n := len(restores.Items); {
+	switch {
+	case owner.GetNamespace() == namespace:
+		// The namespace's own copies are not bounded by others'.
 	case theirs >= MaxServingPerNamespace:
 		return nil, &SnapshotWait{"WaitingForCloneSource", fmt.Sprintf(
 			"%d copies of the VolumeSnapshot %s/%s are restored for namespace %s, as many as one namespace may have at once; this one starts when one of them ends", theirs, namespace, name, owner.GetNamespace())}
