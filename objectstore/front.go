@@ -165,7 +165,7 @@ func serveFront(ctx context.Context, l net.Listener, gateway string, cfg FrontCo
 			proxy.ServeHTTP(&paceWriter{ResponseWriter: w, rc: http.NewResponseController(w), window: cfg.BodyWindow}, r)
 		}),
 		// HTTP/1.1 only: one connection, one request at a time, as the bounds count them.
-		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
 		ReadHeaderTimeout: cfg.HeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		ConnState:         f.state,

@@ -104,14 +104,14 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 // serveGateway runs versitygw on addr until ctx ends.
 func serveGateway(ctx context.Context, served backend.Backend, addr string, cfg ServerConfig) error {
 	return embedgw.RunVersityGW(ctx, served, &embedgw.Config{
-		RootUserAccess:    cfg.AccessKey,
-		RootUserSecret:    cfg.SecretKey,
-		Region:            cfg.Region,
-		Ports:             []string{addr},
+		RootUserAccess: cfg.AccessKey,
+		RootUserSecret: cfg.SecretKey,
+		Region:         cfg.Region,
+		Ports:          []string{addr},
 		// Room beyond the front's bound: the probes, and work that outlives its client's
 		// connection (a copy, a multipart upload's completion).
-		MaxConnections: 2 * cfg.Front.MaxConnections,
-		MaxRequests:    2 * cfg.Front.MaxConnections,
+		MaxConnections:    2 * cfg.Front.MaxConnections,
+		MaxRequests:       2 * cfg.Front.MaxConnections,
 		MultipartMaxParts: 10000,
 		VirtualDomain:     cfg.VirtualDomain,
 		S3Options:         []s3api.Option{s3api.WithMiddleware("/", peer)},
