@@ -628,6 +628,7 @@ func TestCrossNamespace(t *testing.T) {
 	g.Expect(env.Client.Create(t.Context(), mid)).To(Succeed())
 	g.Eventually(diskStatus(t, mid, &mid.Status), 20*time.Second).Should(WithTransform(func(st *common.DiskStatus) string { return string(st.CloneStrategy) }, Equal("HostAssisted")))
 	midSource := "clone-source-" + string(mid.UID)
+	ctrltest.Bind(t, env, ns, disk.PrimeName(mid.UID))
 	ctrltest.Pod(t, env, images, midSource)
 	g.Expect(env.Client.Delete(t.Context(), mid)).To(Succeed())
 	g.Eventually(func() bool {

@@ -95,7 +95,7 @@ func Prepare(ctx context.Context, c client.Client, live client.Reader, cfg impor
 		s.Import.Source, s.Import.Path = "file", s.SourcePath()
 		return true, nil
 	}
-	if err := canTake(ctx, c, owner.GetNamespace(), s.PVC); err != nil {
+	if err := canTake(ctx, live, owner.GetNamespace(), s.PVC); err != nil {
 		return false, err
 	}
 	// One pass at a time for src in this manager, so that two copies do not both take its
@@ -215,7 +215,8 @@ func lockSource(src Source) (unlock func()) {
 	return mu.Unlock
 }
 
-// canTake says, with a *BusyError, when the claim ns/name of a copy cannot take it yet: a
+// canTake says, with a *BusyError, when the claim ns/name of a copy cannot take it yet (read
+// from c, the apiserver: the claim was made a moment ago, the cache may not have it): a
 // clone source started before would hold a slot of its source for a copy that cannot run
 // (a claim of a storage class that does not exist never binds). A claim that is bound can,
 // and so can one whose class binds it when its writer is scheduled (WaitForFirstConsumer).
@@ -224,8 +225,10 @@ func canTake(ctx context.Context, c client.Reader, ns, name string) error {
 		return nil
 	}
 	pvc := &corev1.PersistentVolumeClaim{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pvc); err != nil {
-		return client.IgnoreNotFound(err)
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pvc); apierrors.IsNotFound(err) {
+		return &BusyError{fmt.Sprintf("the copy's volume %s is not made yet: its clone source starts when it can take the copy", name)}
+	} else if err != nil {
+		return err
 	}
 	if pvc.Status.Phase == corev1.ClaimBound {
 		return nil
