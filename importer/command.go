@@ -65,7 +65,8 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "reading the serving certificate: %w", err)
 			}
 			cmd.Log.Info("Serving", "path", a.Path, "addr", a.Serve)
-			return &transfer.Result{Succeeded: true}, Serve(ctx, a.Serve, a.Path, strings.TrimSpace(string(token)), cert)
+			return &transfer.Result{Succeeded: true}, Serve(ctx, a.Serve, a.Path, strings.TrimSpace(string(token)), cert,
+				ServeLimits{Idle: a.IdleTimeout, Stall: a.StallTimeout, MinRate: a.ServeMinRate})
 		})
 	}
 	if a.Install != "" {

@@ -11,8 +11,10 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/diskpipe/diskpipe/internal/pace"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -24,13 +26,41 @@ const (
 	ExtentsPath = "/extents"
 )
 
+// ServeLimits bound what a clone source gives a copy that does not read: a clone source is
+// one of the few its disk may have at once (the manager's bound), so one left unread would
+// keep other copies waiting.
+type ServeLimits struct {
+	// Idle ends the clone source (ReasonIdle) once no request with the token has been in
+	// flight for this long; 0 never does. Requests without the token do not count, so that
+	// nobody else keeps it alive.
+	Idle time.Duration
+	// Stall ends an answer one of whose writes its reader has not taken for this long.
+	Stall time.Duration
+	// MinRate bounds the clone source's life (ReasonIdle): an hour, and the time the whole
+	// disk takes at MinRate bytes a second; 0 does not. Whoever holds the token cannot keep
+	// it by reading a little now and then.
+	MinRate int64
+}
+
+// lifetime is how long a clone source of a disk of size bytes serves at most; 0 for ever.
+func (l ServeLimits) lifetime(size int64) time.Duration {
+	if l.MinRate <= 0 {
+		return 0
+	}
+	return serveGrace + time.Duration(float64(size)/float64(l.MinRate)*float64(time.Second))
+}
+
+// serveGrace is the hour a clone source's life has beyond its disk's time at MinRate.
+var serveGrace = time.Hour
+
 // Serve serves the disk at path (disk.img or a block device) read-only over HTTPS at
 // ServePath, with Range support and the certificate cert, to the bearer of token, until ctx
-// ends. It is the source side of a host-assisted clone between namespaces: an importer in the
-// target's namespace reads it like any HTTPS source, verifying cert (the manager makes a key
-// and certificate for each copy and gives the importer the certificate alone), so that neither
-// the token nor the disk crosses the node network in the clear.
-func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate) error {
+// ends or, within limits, nobody reads. It is the source side of a host-assisted clone between
+// namespaces: an importer in the target's namespace reads it like any HTTPS source, verifying
+// cert (the manager makes a key and certificate for each copy and gives the importer the
+// certificate alone), so that neither the token nor the disk crosses the node network in the
+// clear.
+func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate, limits ServeLimits) error {
 	if len(token) < 32 {
 		return transfer.Permanent(transfer.ReasonInvalidArgument, "the clone token must be at least 32 characters")
 	}
@@ -43,6 +73,9 @@ func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate) 
 	if err != nil {
 		return transfer.Permanent(transfer.ReasonSourceNotFound, "reading the source disk: %w", err)
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	use := &usage{last: time.Now()}
 	// allowed says whether r may read: a GET or HEAD with the token.
 	allowed := func(w http.ResponseWriter, r *http.Request) bool {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -60,25 +93,29 @@ func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate) 
 	if err != nil {
 		return transfer.Permanent(transfer.ReasonSourceNotFound, "reading the size of the source disk: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc(ServePath, func(w http.ResponseWriter, r *http.Request) {
-		if allowed(w, r) {
-			// ServeContent answers Range requests; each reads with its own offset (pread), so
-			// that requests at once do not move one another's.
-			http.ServeContent(w, r, "disk", fi.ModTime(), io.NewSectionReader(f, 0, size))
-		}
-	})
-	mux.HandleFunc(ExtentsPath, func(w http.ResponseWriter, r *http.Request) {
+	// reading serves r, a request with the token, counted as the copy's: the clone source is
+	// not idle while it is in flight.
+	reading := func(w http.ResponseWriter, r *http.Request, serve func(http.ResponseWriter)) {
 		if !allowed(w, r) {
 			return
 		}
-		extents := fileExtents(f, size)
-		if extents == nil {
-			http.Error(w, "the disk's extents are not known: read all of it", http.StatusNotFound)
-			return
+		done := use.begin()
+		defer done()
+		if limits.Stall > 0 {
+			w = pace.NewWriter(w, limits.Stall)
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(extents)
+		serve(w)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc(ServePath, func(w http.ResponseWriter, r *http.Request) {
+		reading(w, r, func(w http.ResponseWriter) {
+			// ServeContent answers Range requests; each reads with its own offset (pread), so
+			// that requests at once do not move one another's.
+			http.ServeContent(w, r, "disk", fi.ModTime(), io.NewSectionReader(f, 0, size))
+		})
+	})
+	mux.HandleFunc(ExtentsPath, func(w http.ResponseWriter, r *http.Request) {
+		reading(w, r, func(w http.ResponseWriter) { serveExtents(w, f, size) })
 	})
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert}}}
@@ -87,6 +124,34 @@ func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate) 
 		return transfer.Permanent(transfer.ReasonInternal, "listening on %s: %w", addr, err)
 	}
 	ln := tls.NewListener(plain, srv.TLSConfig)
+	// ended says why the clone source ended of itself: not read for Idle, or served its
+	// lifetime.
+	ended := make(chan error, 1)
+	if life := limits.lifetime(size); limits.Idle > 0 || life > 0 {
+		go func() {
+			began := time.Now()
+			tick := time.NewTicker(max(min(limits.Idle/4, time.Second), time.Millisecond))
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+					switch {
+					case limits.Idle > 0 && use.idleFor() >= limits.Idle:
+						ended <- transfer.Transient(transfer.ReasonIdle, "no copy read the disk for %s: the clone source ends, giving its slot up to other copies", limits.Idle)
+					case life > 0 && time.Since(began) >= life:
+						ended <- transfer.Transient(transfer.ReasonIdle, "the clone source served for %s, an hour more than a copy of the whole disk (%d bytes) takes at %d bytes a second: it ends, giving its slot up to other copies",
+							life.Round(time.Second), size, limits.MinRate)
+					default:
+						continue
+					}
+					cancel()
+					return
+				}
+			}
+		}()
+	}
 	shut := make(chan struct{})
 	go func() {
 		defer close(shut)
@@ -99,5 +164,51 @@ func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate) 
 		return transfer.Transient(transfer.ReasonInternal, "serving the source disk: %w", err)
 	}
 	<-shut // the requests under way are answered (or given up) before the disk is closed
-	return nil
+	select {
+	case err := <-ended:
+		return err
+	default:
+		return nil
+	}
+}
+
+// serveExtents answers ExtentsPath: the data extents of the disk f of size bytes.
+func serveExtents(w http.ResponseWriter, f *os.File, size int64) {
+	extents := fileExtents(f, size)
+	if extents == nil {
+		http.Error(w, "the disk's extents are not known: read all of it", http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(extents)
+}
+
+// usage tells how long a clone source has had no request of its copy in flight.
+type usage struct {
+	mu     sync.Mutex
+	active int
+	last   time.Time
+}
+
+// begin counts a request in flight until its done is called.
+func (u *usage) begin() (done func()) {
+	u.mu.Lock()
+	u.active++
+	u.mu.Unlock()
+	return func() {
+		u.mu.Lock()
+		u.active--
+		u.last = time.Now()
+		u.mu.Unlock()
+	}
+}
+
+// idleFor is how long no request has been in flight (0 while one is).
+func (u *usage) idleFor() time.Duration {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.active > 0 {
+		return 0
+	}
+	return time.Since(u.last)
 }

@@ -162,7 +162,7 @@ func serveFront(ctx context.Context, l net.Listener, gateway string, cfg FrontCo
 				r = r.WithContext(context.WithValue(r.Context(), paceKey{}, body))
 				r.Body = body
 			}
-			proxy.ServeHTTP(&paceWriter{ResponseWriter: w, rc: http.NewResponseController(w), window: cfg.BodyWindow}, r)
+			proxy.ServeHTTP(pace.NewWriter(w, cfg.BodyWindow), r)
 		}),
 		// HTTP/1.1 only: one connection, one request at a time, as the bounds count them.
 		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
@@ -259,20 +259,6 @@ func (f *front) idleOfHeaviest() net.Conn {
 	}
 	return victim
 }
-
-// paceWriter ends an answer its client does not read: each write must be taken within window.
-type paceWriter struct {
-	http.ResponseWriter
-	rc     *http.ResponseController
-	window time.Duration
-}
-
-func (p *paceWriter) Write(b []byte) (int, error) {
-	_ = p.rc.SetWriteDeadline(time.Now().Add(p.window))
-	return p.ResponseWriter.Write(b)
-}
-
-func (p *paceWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }
 
 // s3Error answers as S3 does, with an Error document.
 func s3Error(w http.ResponseWriter, status int, code, message string) {

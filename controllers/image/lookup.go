@@ -109,11 +109,11 @@ func IsBlock(pvc *corev1.PersistentVolumeClaim) bool {
 }
 
 // copySourcePVC finds the PVC a copy reads: for a snapshot, the claim restored from it for
-// owner's copy, made the first time.
-func copySourcePVC(ctx context.Context, c client.Client, live client.Reader, owner client.Object, ref *copyRef) (*corev1.PersistentVolumeClaim, error) {
+// owner's copy (into a volume of storage class into), made the first time.
+func copySourcePVC(ctx context.Context, c client.Client, live client.Reader, owner client.Object, ref *copyRef, into string) (*corev1.PersistentVolumeClaim, error) {
 	switch ref.what {
 	case copyOfSnapshot:
-		pvc, err := hostcopy.Restore(ctx, c, live, owner, ref.namespace, ref.name)
+		pvc, err := hostcopy.Restore(ctx, c, live, owner, ref.namespace, ref.name, into)
 		if w := (*hostcopy.SnapshotWait)(nil); errors.As(err, &w) {
 			return nil, &NotReadyError{w.Reason, w.Message}
 		}

@@ -68,9 +68,13 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		}
 	}
 	pvcName := childName(g.prefix, g.obj.GetName())
+	class, err := storage.ClassName(ctx, r.Client, g.volume.StorageClassName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	var copyFrom *corev1.PersistentVolumeClaim
 	if ref := g.source.copyOf; ref != nil {
-		pvc, err := copySourcePVC(ctx, r.Client, r.Fresh.API, g.obj, ref)
+		pvc, err := copySourcePVC(ctx, r.Client, r.Fresh.API, g.obj, ref, class)
 		if nr := (*NotReadyError)(nil); errors.As(err, &nr) {
 			st.Phase = common.PhasePending
 			tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
@@ -81,10 +85,6 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		copyFrom = pvc
 	}
 	block := g.volume.VolumeMode != nil && *g.volume.VolumeMode == corev1.PersistentVolumeBlock
-	class, err := storage.ClassName(ctx, r.Client, g.volume.StorageClassName)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
 	capacity := int64(0)
 	switch {
 	case g.volume.Resources.Requests.Storage != nil:

@@ -1,5 +1,6 @@
-// Package pace holds a request body to a minimum rate, so that a client cannot keep a
-// server's slot (a connection, a writer) by sending a byte now and then, or nothing at all.
+// Package pace holds a request body to a minimum rate, and an answer to a reader that takes
+// it, so that a client cannot keep a server's slot (a connection, a writer, a clone source) by
+// sending a byte now and then, or by reading nothing.
 //
 // Only the time spent waiting for the client counts: while the server writes what came (to
 // the store, to a disk), the client is not asked for more, and is not blamed for it. Each
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"time"
 )
@@ -95,3 +97,24 @@ func (p *Reader) Close() error {
 	}
 	return nil
 }
+
+// Writer ends an answer whose client does not read it: each write must be taken within
+// Window (a write deadline, set before each).
+type Writer struct {
+	http.ResponseWriter
+	rc     *http.ResponseController
+	window time.Duration
+}
+
+// NewWriter is w with each write bounded by window.
+func NewWriter(w http.ResponseWriter, window time.Duration) *Writer {
+	return &Writer{ResponseWriter: w, rc: http.NewResponseController(w), window: window}
+}
+
+func (p *Writer) Write(b []byte) (int, error) {
+	_ = p.rc.SetWriteDeadline(time.Now().Add(p.window))
+	return p.ResponseWriter.Write(b)
+}
+
+// Unwrap is the ResponseWriter written to (for http.ResponseController).
+func (p *Writer) Unwrap() http.ResponseWriter { return p.ResponseWriter }

@@ -42,7 +42,10 @@ const (
 	ReasonTargetForbidden      Reason = "TargetForbidden"
 	ReasonTargetUnavailable    Reason = "TargetUnavailable"
 	ReasonCancelled            Reason = "Cancelled"
-	ReasonInternal             Reason = "Internal"
+	// ReasonIdle: a clone source that nobody read for its idle timeout ended, giving its
+	// slot up to other copies of its disk.
+	ReasonIdle     Reason = "Idle"
+	ReasonInternal Reason = "Internal"
 )
 
 // Error is a failure with its reason and whether trying again may help.

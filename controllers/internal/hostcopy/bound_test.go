@@ -3,11 +3,13 @@ package hostcopy
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
 // TestServingBounded: copies of one PVC across namespaces start at most MaxServing clone-source
@@ -173,6 +176,9 @@ func TestStoppingSourceNotUsed(t *testing.T) {
 	}
 }
 
+// diskpipes are the labels of pods diskpipe made, which only the manager may give.
+var diskpipes = map[string]string{importpod.LabelManagedBy: importpod.ManagedBy}
+
 // fakeClient is a fake client of core objects, for one step's tests, with the key by which
 // diskpipe marks its own.
 func fakeClient(t *testing.T) client.Client {
@@ -200,7 +206,7 @@ func TestPlainSourceReplaced(t *testing.T) {
 	cfg.Defaults()
 	src := Source{Namespace: "images", Name: "golden"}
 	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "disk", Namespace: "vms", UID: "u1"}}
-	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: "images"},
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sourceName(owner), Namespace: "images", Labels: diskpipes},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "importer",
 			Args: []string{"--serve", ":8091", "--path", "/source/disk.img", "--token-file", "/var/run/diskpipe/clone/token"}}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7"}}
@@ -242,5 +248,139 @@ func TestPlainSourceReplaced(t *testing.T) {
 	if ready, err := Prepare(t.Context(), c, c, cfg, owner, src, s); err != nil || !ready ||
 		s.Import.URL != "https://10.0.0.8:8091/disk" || s.Import.ServerName != ServerName || s.Import.CAFile == "" {
 		t.Fatalf("ready %v, %+v, %v", ready, s.Import, err)
+	}
+}
+
+// TestIdleSourceGivesItsSlotUp: a clone source is made with an idle timeout; one that ended
+// idle (its copy did not read it) holds no slot while it waits as long again, so another
+// namespace's copy starts, and its own copy waits, saying why; after that it is started
+// again, subject to the bound like any copy (one step, with a fake client).
+func TestIdleSourceGivesItsSlotUp(t *testing.T) {
+	c := fakeClient(t)
+	var cfg importpod.Config
+	cfg.Defaults()
+	src := Source{Namespace: "images", Name: "golden"}
+	owner := func(i int) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("disk-%d", i), Namespace: fmt.Sprintf("vms-%d", i/2), UID: types.UID(fmt.Sprintf("u%d", i))}}
+	}
+	prepare := func(i int) error {
+		_, err := Prepare(t.Context(), c, c, cfg, owner(i), src, &importpod.Spec{})
+		return err
+	}
+	for i := range MaxServing {
+		if err := prepare(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod := &corev1.Pod{}
+	key := types.NamespacedName{Namespace: "images", Name: sourceName(owner(0))}
+	if err := c.Get(t.Context(), key, pod); err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	if !strings.Contains(args, "--idle-timeout "+IdleTimeout.String()) || !strings.Contains(args, "--stall-timeout "+StallTimeout.String()) {
+		t.Fatalf("a clone source without its limits: %s", args)
+	}
+	idled := func(at time.Time) {
+		t.Helper()
+		res := &transfer.Result{}
+		res.Fail(transfer.Transient(transfer.ReasonIdle, "no copy read the disk for 10m0s"))
+		msg, err := res.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Status = corev1.PodStatus{Phase: corev1.PodFailed, ContainerStatuses: []corev1.ContainerStatus{{Name: "importer",
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: string(msg), FinishedAt: metav1.NewTime(at)}}}}}
+		if err := c.Status().Update(t.Context(), pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idled(time.Now())
+	// Its importer, made but not started (not scheduled, say), would read the old address:
+	// it is deleted, to be made again with the next source.
+	importer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "disk-0-clone-0", Namespace: "vms-0", Labels: diskpipes}, Status: corev1.PodStatus{Phase: corev1.PodPending}}
+	owned.Stamp("Pod", importer, owner(0).GetUID())
+	if err := c.Create(t.Context(), importer); err != nil {
+		t.Fatal(err)
+	}
+	var busy *BusyError
+	if _, err := Prepare(t.Context(), c, c, cfg, owner(0), src, &importpod.Spec{Name: importer.Name}); !errors.As(err, &busy) ||
+		!strings.Contains(err.Error(), "was not read for 10m0s") || !strings.Contains(err.Error(), "gave its slot up") {
+		t.Fatalf("the copy whose source idled: %v", err)
+	}
+	if err := c.Get(t.Context(), client.ObjectKeyFromObject(importer), &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		t.Errorf("an importer not started, left with the address of a source that ended: %v", err)
+	}
+	// An importer that ended (it read the disk, then wrote on past the idle timeout) has its
+	// result read, whatever its source became.
+	importer = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "disk-0-clone-1", Namespace: "vms-0", Labels: diskpipes}}
+	owned.Stamp("Pod", importer, owner(0).GetUID())
+	if err := c.Create(t.Context(), importer); err != nil {
+		t.Fatal(err)
+	}
+	importer.Status.Phase = corev1.PodSucceeded
+	if err := c.Status().Update(t.Context(), importer); err != nil {
+		t.Fatal(err)
+	}
+	if ready, err := Prepare(t.Context(), c, c, cfg, owner(0), src, &importpod.Spec{Name: importer.Name}); err != nil || !ready {
+		t.Fatalf("an importer that ended, while its source cools down: ready %v, %v", ready, err)
+	}
+	if err := c.Get(t.Context(), key, pod); err != nil {
+		t.Fatalf("the idle source, kept while it waits: %v", err)
+	}
+	if err := prepare(MaxServing); err != nil {
+		t.Fatalf("another namespace's copy, while a source is idle: %v", err)
+	}
+	idled(time.Now().Add(-IdleTimeout - time.Second))
+	// Waited long enough, it starts again as any copy does: once a slot is free.
+	if err := prepare(0); !errors.As(err, &busy) || !strings.Contains(err.Error(), "4 copies of images/golden are being served") {
+		t.Fatalf("starting again while every slot is taken: %v", err)
+	}
+	if err := Cleanup(t.Context(), c, owner(MaxServing), "images"); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepare(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(t.Context(), key, &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("an idle source that waited long enough is not deleted to start again: %v", err)
+	}
+	if err := prepare(0); err != nil {
+		t.Fatalf("started again in a free slot: %v", err)
+	}
+	// A source of its own that ended otherwise holds no slot, and is no pass past the bound.
+	if err := c.Get(t.Context(), key, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status = corev1.PodStatus{Phase: corev1.PodFailed}
+	if err := c.Status().Update(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepare(MaxServing); err != nil {
+		t.Fatalf("a copy beside a source that ended: %v", err)
+	}
+	if err := prepare(0); !errors.As(err, &busy) || !strings.Contains(err.Error(), "4 copies of images/golden are being served") {
+		t.Fatalf("a copy whose own source ended, while every slot is taken: %v", err)
+	}
+}
+
+// TestSourceLocksPruned: a source's lock excludes a second pass while held, and is dropped
+// once nobody holds or waits for it, so that the map does not grow with every PVC copied.
+func TestSourceLocksPruned(t *testing.T) {
+	src := Source{Namespace: "images", Name: "golden"}
+	unlock := lockSource(src)
+	got := make(chan struct{})
+	go func() { defer close(got); lockSource(src)() }()
+	select {
+	case <-got:
+		t.Fatal("a second pass took a held lock")
+	case <-time.After(50 * time.Millisecond):
+	}
+	unlock()
+	<-got
+	sourceLocksMu.Lock()
+	defer sourceLocksMu.Unlock()
+	if len(sourceLocks) != 0 {
+		t.Errorf("%d locks left after every pass ended", len(sourceLocks))
 	}
 }

@@ -38,6 +38,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/internal/certs"
 	"github.com/diskpipe/diskpipe/internal/contract"
+	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
 // Source is the PVC whose disk is copied.
@@ -95,6 +96,17 @@ func Prepare(ctx context.Context, c client.Client, live client.Reader, cfg impor
 		s.Import.Source, s.Import.Path = "file", s.SourcePath()
 		return true, nil
 	}
+	// An importer that ended (it read the whole disk, then wrote on) has its result read
+	// whatever became of its clone source meanwhile (ended idle while it finished writing).
+	importer := &corev1.Pod{}
+	if s.Name != "" {
+		switch err := c.Get(ctx, client.ObjectKey{Namespace: owner.GetNamespace(), Name: s.Name}, importer); {
+		case err == nil && ended(importer) && importpod.Made(importer, owner.GetUID()):
+			return true, nil
+		case err != nil && !apierrors.IsNotFound(err):
+			return false, err
+		}
+	}
 	if err := canTake(ctx, live, owner.GetNamespace(), s.PVC); err != nil {
 		return false, err
 	}
@@ -113,7 +125,7 @@ func Prepare(ctx context.Context, c client.Client, live client.Reader, cfg impor
 		Labels: map[string]string{LabelFor: string(owner.GetUID()), LabelSourceOf: sourceLabel(src), LabelCopier: owner.GetNamespace(), "diskpipe.io/role": "clone-source"},
 		Mounts: []importpod.Mount{{Secret: serveSecretName(owner), Path: tokenDir}}}
 	serve.Import = contract.Import{Serve: ":" + strconv.Itoa(importpod.ServePort), Path: serve.SourcePath(), TokenFile: tokenDir + "/token",
-		TLSCertFile: tokenDir + "/tls.crt", TLSKeyFile: tokenDir + "/tls.key"}
+		TLSCertFile: tokenDir + "/tls.crt", TLSKeyFile: tokenDir + "/tls.key", IdleTimeout: IdleTimeout, StallTimeout: StallTimeout, ServeMinRate: ServeMinRate}
 	pod := importpod.Build(cfg, serve)
 	// In another namespace it can have no owner: its mark names the object it serves. In the
 	// owner's own (a remote source), the owner controls it, so that it goes with the owner.
@@ -134,10 +146,21 @@ func Prepare(ctx context.Context, c client.Client, live client.Reader, cfg impor
 		// Stopping (deleted when a copy ended, evicted, an earlier owner's of the name): a copy
 		// begun now would be cut short; the next pass makes it again once it is gone.
 		return false, nil
-	case !owned.Marked("Pod", pod, owner.GetUID()):
+	case !importpod.Made(pod, owner.GetUID()):
 		// Made by someone else under its name: its address is not one to send a token to.
 		return false, &owned.ErrNotOwned{Kind: "Pod", Name: src.Namespace + "/" + pod.Name}
-	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+	case ended(pod):
+		if wait := coolingDown(pod, time.Now()); wait > 0 {
+			// An importer that has not started yet would read the address of the source that
+			// ended: it is made again with the next one (its attempt not counted).
+			if importer.Name != "" && importer.Status.Phase == corev1.PodPending && importer.DeletionTimestamp.IsZero() && importpod.Made(importer, owner.GetUID()) {
+				if err := c.Delete(ctx, importer, client.Preconditions{UID: &importer.UID}); client.IgnoreNotFound(err) != nil {
+					return false, err
+				}
+			}
+			return false, &BusyError{fmt.Sprintf("the clone source of this copy in %s was not read for %s (the copy's importer did not run, or stopped reading) and gave its slot up to other copies; it starts again in %s",
+				src.Namespace, IdleTimeout, wait.Round(time.Second))}
+		}
 		// It should serve until deleted: start it again.
 		return false, client.IgnoreNotFound(c.Delete(ctx, pod))
 	case !servesTLS(pod):
@@ -161,7 +184,7 @@ func Prepare(ctx context.Context, c client.Client, live client.Reader, cfg impor
 // a copy that began goes on from the volume it began from.
 func Serving(ctx context.Context, c client.Client, owner client.Object, namespace string) (string, error) {
 	pod := &corev1.Pod{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: sourceName(owner)}, pod); err != nil || !owned.Marked("Pod", pod, owner.GetUID()) {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: sourceName(owner)}, pod); err != nil || !importpod.Made(pod, owner.GetUID()) {
 		return "", client.IgnoreNotFound(err)
 	}
 	for _, v := range pod.Spec.Volumes {
@@ -184,10 +207,10 @@ func bounded(ctx context.Context, live client.Reader, owner client.Object, src S
 	}
 	serving, theirs := 0, 0
 	for _, p := range pods.Items {
-		if p.Name == sourceName(owner) {
-			return nil // its own: it goes on
+		if p.Name == sourceName(owner) && p.DeletionTimestamp.IsZero() && !ended(&p) {
+			return nil // its own, serving: it goes on
 		}
-		if p.DeletionTimestamp.IsZero() && p.Labels[LabelCopier] != src.Namespace {
+		if p.DeletionTimestamp.IsZero() && !ended(&p) && p.Labels[LabelCopier] != src.Namespace {
 			serving++
 			if p.Labels[LabelCopier] == owner.GetNamespace() {
 				theirs++
@@ -205,14 +228,71 @@ func bounded(ctx context.Context, live client.Reader, owner client.Object, src S
 	return nil
 }
 
-// sourceLocks serialises the passes that count and start the clone sources of one PVC.
-var sourceLocks sync.Map // Source key: *sync.Mutex
+// IdleTimeout ends a clone source its copy does not read (its importer cannot be made, is not
+// scheduled, or stopped), and StallTimeout an answer its importer stopped taking: a clone
+// source holds one of the MaxServing slots of its PVC. One that ended idle waits as long again
+// before it is started again, leaving its slot to the copies waiting for one.
+// A copy that reads, but no faster on average than ServeMinRate, ends as an idle one does
+// once it has had an hour more than the whole disk takes at that rate: its reader (who may
+// read the token in the copier's namespace) cannot keep the slot forever by reading a little
+// now and then.
+var (
+	IdleTimeout  = 10 * time.Minute
+	StallTimeout = time.Minute
+	ServeMinRate = int64(1 << 20)
+)
+
+// ended says whether a pod (a clone source, an importer) has stopped.
+func ended(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+// coolingDown is how much longer a clone source that ended idle waits before it is started
+// again; 0 for one that ended otherwise, or long enough ago.
+func coolingDown(pod *corev1.Pod, now time.Time) time.Duration {
+	if importpod.Result(pod).Reason != transfer.ReasonIdle {
+		return 0
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			// FinishedAt is the node's clock: a node ahead of the manager's waits no longer.
+			return min(IdleTimeout, max(0, t.FinishedAt.Add(IdleTimeout).Sub(now)))
+		}
+	}
+	return 0
+}
+
+// sourceLocks serialises the passes that count and start the clone sources of one PVC; a
+// lock is kept only while a pass holds or waits for it.
+var (
+	sourceLocksMu sync.Mutex
+	sourceLocks   = map[string]*sourceLock{}
+)
+
+type sourceLock struct {
+	sync.Mutex
+	users int // passes holding or waiting for it
+}
 
 func lockSource(src Source) (unlock func()) {
-	m, _ := sourceLocks.LoadOrStore(src.Namespace+"/"+src.Name, &sync.Mutex{})
-	mu := m.(*sync.Mutex)
-	mu.Lock()
-	return mu.Unlock
+	key := src.Namespace + "/" + src.Name
+	sourceLocksMu.Lock()
+	l := sourceLocks[key]
+	if l == nil {
+		l = &sourceLock{}
+		sourceLocks[key] = l
+	}
+	l.users++
+	sourceLocksMu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		sourceLocksMu.Lock()
+		if l.users--; l.users == 0 {
+			delete(sourceLocks, key)
+		}
+		sourceLocksMu.Unlock()
+	}
 }
 
 // canTake says, with a *BusyError, when the claim ns/name of a copy cannot take it yet (read
@@ -237,17 +317,31 @@ func canTake(ctx context.Context, c client.Reader, ns, name string) error {
 	if class == "" {
 		return &BusyError{fmt.Sprintf("the copy's volume %s is not bound yet, and names no storage class: its clone source starts when it is bound", name)}
 	}
-	sc := &storagev1.StorageClass{}
-	err := c.Get(ctx, client.ObjectKey{Name: class}, sc)
+	sc, missing, err := classOf(ctx, c, class)
 	switch {
-	case apierrors.IsNotFound(err):
-		return &BusyError{fmt.Sprintf("the copy's volume %s is of storage class %s, which does not exist: its clone source starts when the volume can be made", name, class)}
 	case err != nil:
 		return err
+	case missing != "":
+		return &BusyError{fmt.Sprintf("the copy's volume %s %s: its clone source starts when the volume can be made", name, missing)}
 	case ptr.Deref(sc.VolumeBindingMode, storagev1.VolumeBindingImmediate) == storagev1.VolumeBindingWaitForFirstConsumer:
 		return nil
 	}
 	return &BusyError{fmt.Sprintf("the copy's volume %s (storage class %s) is not bound yet: its clone source starts when it is", name, class)}
+}
+
+// classOf reads the storage class a copy's volume is (to be) made in; when it does not exist,
+// missing says so as a phrase of a message. A class not named ("") is taken as one that
+// exists.
+func classOf(ctx context.Context, c client.Reader, class string) (sc *storagev1.StorageClass, missing string, err error) {
+	sc = &storagev1.StorageClass{}
+	if class == "" {
+		return sc, "", nil
+	}
+	err = c.Get(ctx, client.ObjectKey{Name: class}, sc)
+	if apierrors.IsNotFound(err) {
+		return nil, "is of storage class " + class + ", which does not exist", nil
+	}
+	return sc, "", err
 }
 
 // ensureToken makes the token Secrets: one owned by owner in its namespace holding the

@@ -32,8 +32,10 @@ func (e *SnapshotWait) Error() string { return e.Message }
 // gone, a class of the snapshot's driver (the default one first), the mode its content records
 // and its restore size.
 // A *SnapshotWait says why it cannot be made yet.
-// The restores of a snapshot are counted with live, one pass at a time, as clone sources are.
-func Restore(ctx context.Context, c client.Client, live client.Reader, owner client.Object, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
+// The restores of a snapshot are counted with live, one pass at a time, as clone sources are,
+// and made only for a copy whose volume can be made: into, its storage class ("" for the
+// cluster's default or none), must exist, or the restore would hold a slot for nothing.
+func Restore(ctx context.Context, c client.Client, live client.Reader, owner client.Object, namespace, name, into string) (*corev1.PersistentVolumeClaim, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: sourceName(owner)}, pvc)
 	switch {
@@ -47,6 +49,11 @@ func Restore(ctx context.Context, c client.Client, live client.Reader, owner cli
 		return pvc, nil
 	case !apierrors.IsNotFound(err):
 		return nil, err
+	}
+	if _, missing, err := classOf(ctx, live, into); err != nil {
+		return nil, err
+	} else if missing != "" {
+		return nil, &SnapshotWait{"WaitingForCloneSource", "the copy's volume " + missing + ": the snapshot is restored for it when the volume can be made"}
 	}
 	// Each copy restores a volume of its own in the snapshot's namespace, which is not the
 	// copier's: at most MaxServing at once, MaxServingPerNamespace for one namespace's copies,

@@ -24,7 +24,8 @@ import (
 // TestRestore: a copy of a VolumeSnapshot reads a claim restored from it in its namespace, with
 // the class and mode of the snapshot's source claim, else its driver's default class and the
 // mode its content records, on its source volume's node when that is node-local; it waits, saying why, for a snapshot missing, not ready, or with no
-// class to restore it, and while MaxServing copies of it are restored; a claim of the name that
+// class to restore it, while MaxServing copies of it are restored, and while the copy's own
+// class does not exist; a claim of the name that
 // diskpipe did not make is neither used nor deleted (one step, with a fake client).
 func TestRestore(t *testing.T) {
 	if !owned.HasKey() {
@@ -44,7 +45,7 @@ func TestRestore(t *testing.T) {
 	waits := func(i int, reason, message string) {
 		t.Helper()
 		var w *SnapshotWait
-		if _, err := Restore(ctx, c, c, owner(i), "golden", "fedora"); !errors.As(err, &w) || w.Reason != reason || w.Message != message {
+		if _, err := Restore(ctx, c, c, owner(i), "golden", "fedora", ""); !errors.As(err, &w) || w.Reason != reason || w.Message != message {
 			t.Fatalf("want %s %q, got %v", reason, message, err)
 		}
 	}
@@ -78,7 +79,15 @@ func TestRestore(t *testing.T) {
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"},
 			Spec:   corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd-block"), VolumeMode: ptr.To(corev1.PersistentVolumeBlock)},
 			Status: corev1.PersistentVolumeClaimStatus{Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("4Gi")}}})
-	pvc, err := Restore(ctx, c, c, owner(0), "golden", "fedora")
+	// A copy into a class that does not exist waits, and restores nothing for it.
+	if _, err := Restore(ctx, c, c, owner(0), "golden", "fedora", "no-such-class"); !errors.As(err, new(*SnapshotWait)) || err.Error() !=
+		"the copy's volume is of storage class no-such-class, which does not exist: the snapshot is restored for it when the volume can be made" {
+		t.Fatalf("a copy into a class that does not exist: %v", err)
+	}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "golden", Name: "clone-source-u0"}, &corev1.PersistentVolumeClaim{}); err == nil {
+		t.Fatal("a volume was restored for a copy that cannot be made")
+	}
+	pvc, err := Restore(ctx, c, c, owner(0), "golden", "fedora", "local")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +97,7 @@ func TestRestore(t *testing.T) {
 	if want := "golden/clone-source-u0 class=rbd-block mode=Block size=4Gi from=VolumeSnapshot/fedora marked=true"; got != want {
 		t.Errorf("restored claim:\n got %s\nwant %s", got, want)
 	}
-	if again, err := Restore(ctx, c, c, owner(0), "golden", "fedora"); err != nil || again.UID != pvc.UID {
+	if again, err := Restore(ctx, c, c, owner(0), "golden", "fedora", ""); err != nil || again.UID != pvc.UID {
 		t.Errorf("a second pass finds the same claim: %v", err)
 	}
 
@@ -96,7 +105,7 @@ func TestRestore(t *testing.T) {
 	if err := c.Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden"}}); err != nil {
 		t.Fatal(err)
 	}
-	pvc, err = Restore(ctx, c, c, owner(1), "golden", "fedora")
+	pvc, err = Restore(ctx, c, c, owner(1), "golden", "fedora", "")
 	if err != nil || *pvc.Spec.StorageClassName != "rbd" || *pvc.Spec.VolumeMode != corev1.PersistentVolumeFilesystem || pvc.Spec.Resources.Requests.Storage().String() != "3Gi" {
 		t.Fatalf("without its source claim: %v %v", pvc, err)
 	}
@@ -104,13 +113,13 @@ func TestRestore(t *testing.T) {
 	// At most MaxServingPerNamespace restores of one snapshot at once for one namespace.
 	third := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "image-third", Namespace: "team-0", UID: "u-third"}}
 	var w *SnapshotWait
-	if _, err := Restore(ctx, c, c, third, "golden", "fedora"); !errors.As(err, &w) || w.Message !=
+	if _, err := Restore(ctx, c, c, third, "golden", "fedora", ""); !errors.As(err, &w) || w.Message !=
 		"2 copies of the VolumeSnapshot golden/fedora are restored for namespace team-0, as many as one namespace may have at once; this one starts when one of them ends" {
 		t.Fatalf("a third restore for one namespace: %v", err)
 	}
 	// At most MaxServing restores of one snapshot at once.
 	for i := 2; i < MaxServing; i++ {
-		if _, err := Restore(ctx, c, c, owner(i), "golden", "fedora"); err != nil {
+		if _, err := Restore(ctx, c, c, owner(i), "golden", "fedora", ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -118,7 +127,7 @@ func TestRestore(t *testing.T) {
 	if err := Cleanup(ctx, c, owner(1), "golden"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Restore(ctx, c, c, owner(MaxServing), "golden", "fedora"); err != nil {
+	if _, err := Restore(ctx, c, c, owner(MaxServing), "golden", "fedora", ""); err != nil {
 		t.Errorf("a copy once one ended: %v", err)
 	}
 
@@ -146,7 +155,7 @@ func TestRestore(t *testing.T) {
 		}(),
 		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "fedora-disk", Namespace: "golden", UID: "fedora-disk"},
 			Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("rbd"), VolumeName: "on-b"}})
-	pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora")
+	pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora", "")
 	if err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "node-b" {
 		t.Errorf("a node-local snapshot's restore is pinned to its volume's node node-b: %v %v", pvc.GetAnnotations(), err)
 	}
@@ -167,7 +176,7 @@ func TestRestore(t *testing.T) {
 	if err := c.Update(ctx, fedora); err != nil {
 		t.Fatal(err)
 	}
-	if pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora"); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
+	if pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora", ""); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
 		t.Errorf("a volume the claim names but is not bound to does not place the restore: %v %v", pvc.GetAnnotations(), err)
 	}
 	if err := Cleanup(ctx, c, owner(2), "golden"); err != nil {
@@ -177,14 +186,14 @@ func TestRestore(t *testing.T) {
 	if err := c.Update(ctx, fedora); err != nil {
 		t.Fatal(err)
 	}
-	if pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora"); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
+	if pvc, err = Restore(ctx, c, c, owner(2), "golden", "fedora", ""); err != nil || pvc.Annotations["volume.kubernetes.io/selected-node"] != "" {
 		t.Errorf("a zone's snapshot is restored where its reader runs: %v %v", pvc.GetAnnotations(), err)
 	}
 
 	// A claim of the name made by someone else is not diskpipe's.
 	create(&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "clone-source-u9", Namespace: "golden"}})
 	var notOwned *owned.ErrNotOwned
-	if _, err := Restore(ctx, c, c, owner(9), "golden", "fedora"); !errors.As(err, &notOwned) {
+	if _, err := Restore(ctx, c, c, owner(9), "golden", "fedora", ""); !errors.As(err, &notOwned) {
 		t.Errorf("a claim under the name not made by diskpipe: %v", err)
 	}
 	if err := Cleanup(ctx, c, owner(9), "golden"); err != nil {
