@@ -2,6 +2,9 @@
 //
 //   - golden PVCs are read-only: only diskpipe itself (the manager's identity) may create pods
 //     that mount a PVC labelled diskpipe.io/golden;
+//   - diskpipe's pods are the manager's alone: only it may make or label a pod with
+//     app.kubernetes.io/managed-by: diskpipe, which the NetworkPolicies admit, and nobody may
+//     change what such a pod runs or exec into it (ownpods.go);
 //   - a disk or image made from another namespace's image, disk or PVC needs the creating
 //     user's right to read that source (a SubjectAccessReview as that user), unless the
 //     image is labelled virtualmachine.kubesphere.io/image-public: "yes".
@@ -27,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 )
 
 // Paths of the webhooks.
@@ -34,6 +38,7 @@ const (
 	PathPods    = "/validate-pods"
 	PathSources = "/validate-sources"
 	PathVMs     = "/validate-virtualmachines"
+	PathOwnPods = "/validate-diskpipe-pods"
 )
 
 // ConfigurationName is the name of the ValidatingWebhookConfiguration.
@@ -49,7 +54,9 @@ func Register(ctx context.Context, mgr ctrl.Manager, allowHostDisk bool, kinds .
 	}
 	dec := admission.NewDecoder(mgr.GetScheme())
 	srv := mgr.GetWebhookServer()
-	srv.Register(PathPods, &webhook.Admission{Handler: &goldenGuard{reader: mgr.GetClient(), api: mgr.GetAPIReader(), decoder: dec, self: self}})
+	pods := podHook{reader: mgr.GetClient(), api: mgr.GetAPIReader(), decoder: dec, self: self}
+	srv.Register(PathPods, &webhook.Admission{Handler: &goldenGuard{pods}})
+	srv.Register(PathOwnPods, &webhook.Admission{Handler: &podGuard{pods}})
 	sources := &sourceGuard{client: mgr.GetClient(), decoder: dec, self: self, kinds: map[string]SourceKind{}}
 	for _, k := range append(slices.Clone(engineKinds), kinds...) {
 		sources.kinds[k.Kind] = k
@@ -79,9 +86,9 @@ const crossNamespaceSource = `(has(object.spec.source) && ['image', 'clone', 'di
 
 // Configuration is the ValidatingWebhookConfiguration that sends requests to the manager's
 // Service (namespace/name) with caBundle; the sources webhook gets the engine's kinds and
-// kinds. Pods are sent only when they mount a PVC and are not
-// in diskpipe's own namespace; only creations are checked (a pod's volumes and a source cannot
-// change).
+// kinds. Pods are sent to the golden hook only when they mount a PVC, and only creations (a
+// pod's volumes cannot change); to the own-pods hook when they carry diskpipe's label, and
+// every exec and attach; neither hook sees diskpipe's own namespace or kube-system.
 func Configuration(namespace, service string, caBundle []byte, kinds ...SourceKind) *admissionregistrationv1.ValidatingWebhookConfiguration {
 	hook := func(name, path string, rules []admissionregistrationv1.RuleWithOperations, match []admissionregistrationv1.MatchCondition) admissionregistrationv1.ValidatingWebhook {
 		return admissionregistrationv1.ValidatingWebhook{
@@ -120,13 +127,36 @@ func Configuration(namespace, service string, caBundle []byte, kinds ...SourceKi
 	// Not diskpipe's own namespace (the store's pod mounts its PVC and must start while the
 	// manager is down) nor kube-system (the cluster's own pods must start whatever diskpipe's
 	// state).
-	goldenPods.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+	notOurs := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{namespace, metav1.NamespaceSystem}}}}
+	goldenPods.NamespaceSelector = notOurs
+	// diskpipe's pods: made, relabelled or changed by anyone but the manager. Always failing
+	// closed: the hook is called only for pods that carry diskpipe's label, which nobody else
+	// has a use for.
+	podRules := rule("", "v1", "pods")
+	podRules.Operations = append(podRules.Operations, admissionregistrationv1.Update)
+	ephemeral := rule("", "v1", "pods/ephemeralcontainers")
+	ephemeral.Operations = []admissionregistrationv1.OperationType{admissionregistrationv1.Update}
+	labelled := func(o string) string {
+		return fmt.Sprintf("(%s != null && has(%s.metadata.labels) && '%s' in %s.metadata.labels && %s.metadata.labels['%s'] == '%s')",
+			o, o, importpod.LabelManagedBy, o, o, importpod.LabelManagedBy, importpod.ManagedBy)
+	}
+	ownPods := hook("diskpipe-pods.diskpipe.io", PathOwnPods, []admissionregistrationv1.RuleWithOperations{podRules, ephemeral},
+		[]admissionregistrationv1.MatchCondition{{Name: "carries-diskpipes-label", Expression: labelled("object") + " || " + labelled("oldObject")}})
+	ownPods.NamespaceSelector = notOurs
+	// exec and attach: their review names the pod, not its labels, so every one is sent; this
+	// hook fails as the pods hook does.
+	connect := rule("", "v1", "pods/exec", "pods/attach")
+	connect.Operations = []admissionregistrationv1.OperationType{admissionregistrationv1.Connect}
+	ownPodsExec := hook("diskpipe-pods-exec.diskpipe.io", PathOwnPods, []admissionregistrationv1.RuleWithOperations{connect}, nil)
+	ownPodsExec.NamespaceSelector = notOurs
 	return &admissionregistrationv1.ValidatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
 		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{
 			goldenPods,
+			ownPods,
+			ownPodsExec,
 			hook("sources.diskpipe.io", PathSources, sources, []admissionregistrationv1.MatchCondition{{Name: "source-in-another-namespace", Expression: crossNamespaceSource}}),
 			vms,
 		},

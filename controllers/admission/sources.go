@@ -8,6 +8,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -156,11 +157,37 @@ func (h *sourceGuard) check(ctx context.Context, req admission.Request, src *Sou
 		if err != nil && !apierrors.IsNotFound(err) {
 			return admission.Errored(http.StatusInternalServerError, err)
 		}
-		if err == nil && src.Image.GetLabels()[virtualmachine.LabelImagePublic] == "yes" {
-			return admission.Allowed("a public image")
+		if err == nil {
+			switch public, err := h.public(ctx, src.Image); {
+			case err != nil:
+				return admission.Errored(http.StatusInternalServerError, err)
+			case public:
+				return admission.Allowed("a public image")
+			}
 		}
 	}
 	return h.consent(ctx, req, src)
+}
+
+// public says whether img is public: labelled so by its owner and, for a revision of a
+// scheduled image (controlled by another image), its parent labelled so too. A revision takes
+// its parent's labels when it is made; a parent made private later keeps its revisions so.
+func (h *sourceGuard) public(ctx context.Context, img client.Object) (bool, error) {
+	if img.GetLabels()[virtualmachine.LabelImagePublic] != "yes" {
+		return false, nil
+	}
+	ref := metav1.GetControllerOf(img)
+	if ref == nil || !image.Kind(ref.Kind) {
+		return true, nil
+	}
+	parent, _ := image.NewObject(diskvolume.ImageKind(ref.Kind))
+	switch err := h.client.Get(ctx, client.ObjectKey{Namespace: img.GetNamespace(), Name: ref.Name}, parent); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return parent.GetUID() == ref.UID && parent.GetLabels()[virtualmachine.LabelImagePublic] == "yes", nil
 }
 
 // imageSource is the golden image a disk is made from, as a source to check.

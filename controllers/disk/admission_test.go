@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/utils/ptr"
 
@@ -16,12 +17,14 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
@@ -65,6 +68,17 @@ func TestGoldenPVCsAreReadOnly(t *testing.T) {
 	// A pod made before the image, naming the claim its image would make, is refused too.
 	g.Expect(admin.Create(t.Context(), podMounting(ns, "early", "vmim-later"))).To(MatchError(ContainSubstring(
 		"the PVC vmim-later does not exist yet, and a claim of that name would hold a golden image of diskpipe, which is read-only")))
+
+	// A disk's prime, which diskpipe fills before the disk's own PVC gets its volume, is out
+	// of reach while it is written; so is a claim of a prime's name not made yet.
+	blank := newDiskVolume(ns, "blank", diskvolume.DiskVolumeSource{Blank: &common.BlankSource{}}, classCSI, "1Gi")
+	g.Expect(env.Client.Create(t.Context(), blank)).To(Succeed())
+	prime := pvcOf(t, ns, disk.PrimeName(blank.UID))
+	g.Expect(admin.Create(t.Context(), podMounting(ns, "writer", prime.Name))).To(MatchError(ContainSubstring(
+		"the PVC " + prime.Name + " is the DiskVolume blank while diskpipe writes it, which nobody else may mount: mount the disk's own PVC, blank, once it is made")))
+	g.Expect(admin.Create(t.Context(), podMounting(ns, "early-prime", "prime-"+uuid.NewString()))).To(MatchError(ContainSubstring(
+		"does not exist yet, and a claim of that name would be a disk diskpipe is still writing, which nobody else may mount")))
+	g.Expect(admin.Create(t.Context(), podMounting(ns, "numbers", "prime-numbers"))).To(Succeed())
 }
 
 // TestCrossNamespaceNeedsConsent: a DiskVolume from another namespace's image is admitted only
@@ -106,6 +120,29 @@ func TestCrossNamespaceNeedsConsent(t *testing.T) {
 	g.Eventually(func() error {
 		return bob.Create(ctx, newDiskVolume(team, "public", fromImage(images, "private"), classCSI, ""))
 	}, 10*time.Second).Should(Succeed())
+
+	// A revision of a scheduled image took its parent's labels when it was made; its parent
+	// made private since keeps it so.
+	parent := newImage(images, "scheduled", classCSI)
+	parent.Labels = map[string]string{virtualmachine.LabelImagePublic: "yes"}
+	g.Expect(env.Client.Create(ctx, parent)).To(Succeed())
+	rev := readyImage(t, images, "scheduled-r1", classCSI)
+	patch = client.MergeFrom(rev.DeepCopy())
+	rev.Labels = map[string]string{virtualmachine.LabelImagePublic: "yes"}
+	rev.OwnerReferences = []metav1.OwnerReference{{APIVersion: hypercloud.GroupVersion.String(), Kind: "VirtualMachineImage",
+		Name: parent.Name, UID: parent.UID, Controller: ptr.To(true)}}
+	g.Expect(env.Client.Patch(ctx, rev, patch)).To(Succeed())
+	g.Eventually(func() error {
+		return bob.Create(ctx, newDiskVolume(team, "revision", fromImage(images, "scheduled-r1"), classCSI, ""))
+	}, 10*time.Second).Should(Succeed())
+	patch = client.MergeFrom(parent.DeepCopy())
+	parent.Labels = nil
+	g.Expect(env.Client.Patch(ctx, parent, patch)).To(Succeed())
+	attempt := 0
+	g.Eventually(func() error {
+		attempt++
+		return bob.Create(ctx, newDiskVolume(team, fmt.Sprintf("revision-%d", attempt), fromImage(images, "scheduled-r1"), classCSI, ""))
+	}, 10*time.Second).Should(MatchError(ContainSubstring("bob may not copy the VirtualMachineImage " + images + "/scheduled-r1 into namespace " + team)))
 
 	// Not public, and bob may read it (and every PVC there) with the built-in view role: a
 	// viewer is not an owner.
@@ -165,6 +202,11 @@ func TestLeastPrivilege(t *testing.T) {
 	g.Expect(env.Client.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: pod.Spec.ServiceAccountName, Namespace: restricted.Name}})).To(Succeed())
 	copied := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: restricted.Name}, Spec: *pod.Spec.DeepCopy()}
 	copied.Spec.NodeName = ""
+	for _, v := range copied.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil { // a prime's name: the golden hook keeps such names to diskpipe
+			v.PersistentVolumeClaim.ClaimName = "copied-" + v.Name
+		}
+	}
 	g.Expect(env.Client.Create(t.Context(), copied, client.DryRunAll)).To(Succeed(), "the importer pod is not admitted as restricted")
 	for _, attrs := range []authorizationv1.ResourceAttributes{
 		{Namespace: ns, Verb: "get", Resource: "secrets"},
@@ -319,4 +361,71 @@ func TestPolicyRefresh(t *testing.T) {
 	g.Expect(importpod.PrepareNamespace(ctx, asManager, settings("10.100.0.7"), old)).To(Succeed())
 	g.Expect(egress(old).Spec.Egress).To(BeEmpty())
 	g.Expect(egress(old).Annotations).NotTo(HaveKey(importpod.AnnotationWrittenSpec))
+}
+
+// TestDiskpipePodsAreTheManagers: the label NetworkPolicies admit diskpipe's pods by is the
+// manager's to give. Nobody else, an administrator included, may make a pod that carries it,
+// give it to a pod, or change what a pod of diskpipe's runs (its component, its images, an
+// ephemeral container, exec, attach); a pod made again under the name of one of diskpipe's,
+// with its mark copied but not its label, is not taken for diskpipe's.
+func TestDiskpipePodsAreTheManagers(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	images, ns := namespace(t), namespace(t)
+	readyImage(t, images, "centos", classCSI)
+	d := newDiskVolume(ns, "copy", fromImage(images, "centos"), classCSI, "")
+	g.Expect(env.Client.Create(ctx, d)).To(Succeed())
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(func(st *common.DiskStatus) string { return string(st.CloneStrategy) }, Equal("HostAssisted")))
+	ctrltest.Bind(t, env, ns, disk.PrimeName(d.UID))
+	source := ctrltest.Pod(t, env, images, "clone-source-"+string(d.UID))
+
+	cfg, err := env.UserConfig("alice", "system:masters")
+	g.Expect(err).NotTo(HaveOccurred())
+	admin, err := client.New(cfg, client.Options{Scheme: env.Client.Scheme()})
+	g.Expect(err).NotTo(HaveOccurred())
+	forged := podMounting(images, "forged", "no-such-pvc")
+	forged.Labels = map[string]string{importpod.LabelManagedBy: importpod.ManagedBy, importpod.LabelComponent: "importer"}
+	g.Expect(admin.Create(ctx, forged)).To(MatchError(ContainSubstring(
+		"the label app.kubernetes.io/managed-by: diskpipe is for pods diskpipe makes (NetworkPolicies admit them to the object store and to clone sources), " +
+			"and only diskpipe's manager may create a pod that carries it: remove the label")))
+	plain := podMounting(images, "plain", "no-such-pvc")
+	g.Expect(admin.Create(ctx, plain)).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, admin, plain, func() { plain.Labels = map[string]string{importpod.LabelManagedBy: importpod.ManagedBy} })).To(MatchError(ContainSubstring(
+		"the label app.kubernetes.io/managed-by: diskpipe is for pods diskpipe makes, and only diskpipe's manager may give it to a pod")))
+
+	// diskpipe's own clone source: what it is and runs is the manager's.
+	g.Expect(ctrltest.Update(ctx, admin, source, func() { source.Labels[importpod.LabelComponent] = "importer" })).To(MatchError(ContainSubstring(
+		"the pod " + source.Name + " is diskpipe's clone-source, and only diskpipe's manager may change its label app.kubernetes.io/component")))
+	g.Expect(ctrltest.Update(ctx, admin, source, func() { source.Spec.Containers[0].Image = "busybox" })).To(MatchError(ContainSubstring(
+		"the pod " + source.Name + " is diskpipe's clone-source, which runs diskpipe's code only: its images may not be changed")))
+	g.Expect(admin.Get(ctx, client.ObjectKeyFromObject(source), source)).To(Succeed())
+	source.Spec.EphemeralContainers = append(source.Spec.EphemeralContainers, corev1.EphemeralContainer{
+		EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "busybox", TerminationMessagePolicy: corev1.TerminationMessageReadFile, ImagePullPolicy: corev1.PullIfNotPresent}})
+	g.Expect(admin.SubResource("ephemeralcontainers").Update(ctx, source)).To(MatchError(ContainSubstring(
+		"the pod " + source.Name + " is diskpipe's clone-source, which runs diskpipe's code only: no ephemeral container may be added to it")))
+	cs, err := kubernetes.NewForConfig(cfg)
+	g.Expect(err).NotTo(HaveOccurred())
+	execInto := func(pod string) error {
+		return cs.CoreV1().RESTClient().Post().Namespace(images).Resource("pods").Name(pod).SubResource("exec").
+			Param("command", "sh").Param("stdout", "true").Do(ctx).Error()
+	}
+	g.Expect(execInto(source.Name)).To(MatchError(ContainSubstring(
+		"the pod " + source.Name + " is diskpipe's clone-source, which runs diskpipe's code only: nobody may exec it; read its logs (kubectl logs) instead")))
+	// The refusal is this hook's: a pod of anyone else's goes on to the kubelet (none here).
+	g.Expect(execInto(plain.Name)).To(MatchError(Not(ContainSubstring("diskpipe"))))
+
+	// Made again with the mark of diskpipe's pod but without its label (which nobody else may
+	// give it): not the clone source the copy's token goes to.
+	g.Expect(admin.Get(ctx, client.ObjectKeyFromObject(source), source)).To(Succeed())
+	again := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: source.Name, Namespace: images, Annotations: source.Annotations},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "serve", Image: "busybox"}}}}
+	g.Expect(admin.Delete(ctx, source, client.GracePeriodSeconds(0))).To(Succeed())
+	g.Eventually(func() error { return admin.Create(ctx, again) }, 10*time.Second).Should(Succeed())
+	ctrltest.Kubelet(t, env, images, again.Name, corev1.PodRunning, nil, 0)
+	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady),
+		ContainSubstring("was not made by diskpipe for this object")))
+	g.Consistently(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "copy-clone-0"}, &corev1.Pod{})
+	}, 2*time.Second).ShouldNot(Succeed(), "no importer is sent to it")
 }

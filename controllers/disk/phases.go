@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -242,6 +244,15 @@ const (
 
 // PrimeName names the PVC an importer pod fills for the disk of that UID.
 func PrimeName(uid types.UID) string { return "prime-" + string(uid) }
+
+// PrimeOf is the UID of the disk whose prime name is (PrimeName), false when name is none.
+func PrimeOf(name string) (types.UID, bool) {
+	uid, ok := strings.CutPrefix(name, "prime-")
+	if _, err := uuid.Parse(uid); !ok || err != nil || len(uid) != 36 {
+		return "", false
+	}
+	return types.UID(uid), true
+}
 
 // fill makes a disk that an importer pod writes (a host-assisted copy, a blank disk, a clone
 // grown to its volume). No one may use a half-written disk, and a VM (KubeVirt's included)

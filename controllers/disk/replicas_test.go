@@ -66,9 +66,20 @@ func TestReplicaPolicy(t *testing.T) {
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: replicas()["policy-warm"]}, warm)).To(Succeed())
 	g.Expect(metav1.IsControlledBy(warm, vmi)).To(BeTrue())
 
+	// A replica is read-only as its image is, known by its name: its labels, annotations and
+	// marks, which the namespace may strip, do not matter; nor does a pod naming a replica
+	// that is still to be made get in first. A name of the form with another hash is no
+	// replica.
+	admin, err := env.User("alice", "system:masters")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(admin.Create(ctx, podMounting(ns, "rewrite", warm.Name))).To(MatchError(ContainSubstring(
+		"the PVC " + warm.Name + " is a replica of a golden image of diskpipe on a node, which later disks on that node are cloned from, and is read-only")))
+	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-warmed")}
+	g.Expect(admin.Create(ctx, podMounting(ns, "early", image.ReplicaName(golden, "policy-cold")))).To(MatchError(ContainSubstring("is a replica")))
+	g.Expect(admin.Create(ctx, podMounting(ns, "lookalike", "replica-warmed-0123456789ab"))).To(Succeed())
+
 	// A replica a disk on the cold node made, last used two hours ago, is evicted; the warm
 	// node's, as old, stays.
-	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-warmed")}
 	cold := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "policy-cold")
 	cold.Annotations[image.AnnotationReplicaUsed] = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339)
 	g.Expect(controllerutil.SetControllerReference(vmi, cold, env.Client.Scheme())).To(Succeed())

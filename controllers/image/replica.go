@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
@@ -53,12 +56,62 @@ const AnnotationReplicaUsed = "diskpipe.io/replica-last-used"
 // the image's UID and the node, so that neither two images nor two nodes share one; at most 63
 // characters, as the name of a PVC its pods mount must be.
 func ReplicaName(golden *Golden, node string) string {
-	sum := sha256.Sum256([]byte(string(golden.Obj.GetUID()) + "/" + node))
-	name := golden.Obj.GetName()
+	return replicaName(golden.Obj, node)
+}
+
+func replicaName(img client.Object, node string) string {
+	sum := sha256.Sum256([]byte(string(img.GetUID()) + "/" + node))
+	return fmt.Sprintf("replica-%s-%s", replicaBase(img.GetName()), hex.EncodeToString(sum[:])[:12])
+}
+
+// replicaBase is the part of an image's name its replicas' names hold.
+func replicaBase(name string) string {
 	if len(name) > 40 {
 		name = strings.TrimRight(name[:40], ".-")
 	}
-	return fmt.Sprintf("replica-%s-%s", name, hex.EncodeToString(sum[:])[:12])
+	return name
+}
+
+// IsReplicaName says whether name, in namespace ns, is (or would be) the name of a replica of
+// one of its images on one of the cluster's nodes. It is told by the name alone, a hash of the
+// image's UID and the node, which the namespace's users can neither change on a replica nor
+// make for another image, rather than by labels, annotations or marks, which they can remove
+// (and put back) to make a replica look like a disk of theirs for a moment.
+func IsReplicaName(ctx context.Context, c client.Reader, ns, name string) (bool, error) {
+	rest, ok := strings.CutPrefix(name, "replica-")
+	if !ok || len(rest) < 14 || rest[len(rest)-13] != '-' {
+		return false, nil
+	}
+	base := rest[:len(rest)-13]
+	var images []client.Object
+	vmis, its := &hypercloud.VirtualMachineImageList{}, &virtualmachine.ImageTemplateList{}
+	for _, list := range []client.ObjectList{vmis, its} {
+		if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+	}
+	for i := range vmis.Items {
+		images = append(images, &vmis.Items[i])
+	}
+	for i := range its.Items {
+		images = append(images, &its.Items[i])
+	}
+	images = slices.DeleteFunc(images, func(o client.Object) bool { return replicaBase(o.GetName()) != base })
+	if len(images) == 0 {
+		return false, nil
+	}
+	nodes := &corev1.NodeList{}
+	if err := c.List(ctx, nodes); err != nil {
+		return false, err
+	}
+	for _, img := range images {
+		for _, n := range nodes.Items {
+			if replicaName(img, n.Name) == name {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // Replica is golden's replica on node, as it is made: of the image's size, class, mode and

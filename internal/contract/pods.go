@@ -29,17 +29,23 @@ type Import struct {
 	TokenFile   string `flag:"token-file" usage:"serve: the file (a mounted Secret key) holding the bearer token"`
 	TLSCertFile string `flag:"tls-cert-file" usage:"serve: the PEM certificate served (a mounted Secret key)"`
 	TLSKeyFile  string `flag:"tls-key-file" usage:"serve: the PEM key of --tls-cert-file (a mounted Secret key)"`
-	BlankSize   int64  `flag:"blank-size" usage:"blank: the disk's size in bytes"`
-	Grow        bool   `flag:"grow" usage:"make disk.img as large as the volume allows when the image is smaller (blank: size 0 is the whole volume)"`
-	GrowOnly    bool   `flag:"grow-only" usage:"import nothing: grow the existing disk at --target to the volume (a disk cloned by the storage system)"`
-	Probe       bool   `flag:"probe" usage:"only tell the source's format and virtual size (in the result); write nothing"`
-	Check       bool   `flag:"check" usage:"only tell the source's revision (in the result): an ETag, Last-Modified or registry digest; read no image"`
-	Checksum    string `flag:"checksum" usage:"expected digest of the source, <sha256|sha512|sha1|md5>:<hex>"`
-	OVADisk     string `flag:"ova-disk" usage:"an OVA appliance's disk to import, by OVF disk id or file name (default: the first)"`
-	Parallel    int    `flag:"parallel" usage:"ranged requests in flight at once"`
-	Retries     int    `flag:"retries" usage:"attempts of each request before a transient failure ends the import"`
-	// StallTimeout is how long a response may send nothing before it is retried.
-	StallTimeout time.Duration `flag:"stall-timeout" usage:"how long a response may send nothing before it is retried"`
+	// IdleTimeout ends a clone source that its copy does not read, so that it gives its slot
+	// up (reason Idle).
+	IdleTimeout time.Duration `flag:"idle-timeout" usage:"serve: end (reason Idle) once no request with the token has been made or answered for this long (0: never)"`
+	// ServeMinRate bounds a clone source's life: an hour, and the whole disk at this rate.
+	ServeMinRate int64  `flag:"serve-min-rate" usage:"serve: end (reason Idle) after an hour and the time the whole disk takes at this many bytes a second (0: never)"`
+	BlankSize    int64  `flag:"blank-size" usage:"blank: the disk's size in bytes"`
+	Grow         bool   `flag:"grow" usage:"make disk.img as large as the volume allows when the image is smaller (blank: size 0 is the whole volume)"`
+	GrowOnly     bool   `flag:"grow-only" usage:"import nothing: grow the existing disk at --target to the volume (a disk cloned by the storage system)"`
+	Probe        bool   `flag:"probe" usage:"only tell the source's format and virtual size (in the result); write nothing"`
+	Check        bool   `flag:"check" usage:"only tell the source's revision (in the result): an ETag, Last-Modified or registry digest; read no image"`
+	Checksum     string `flag:"checksum" usage:"expected digest of the source, <sha256|sha512|sha1|md5>:<hex>"`
+	OVADisk      string `flag:"ova-disk" usage:"an OVA appliance's disk to import, by OVF disk id or file name (default: the first)"`
+	Parallel     int    `flag:"parallel" usage:"ranged requests in flight at once"`
+	Retries      int    `flag:"retries" usage:"attempts of each request before a transient failure ends the import"`
+	// StallTimeout is how long a response may send nothing before it is retried; when serving,
+	// how long one write of an answer may wait for its reader.
+	StallTimeout time.Duration `flag:"stall-timeout" usage:"how long a response may send nothing before it is retried (serve: how long a write may wait for its reader before the answer ends)"`
 	CPUProfile   string        `flag:"cpu-profile" usage:"write a CPU profile to this file (for performance work)"`
 	// Install imports nothing: it copies the importer to this path, for a pod that runs it
 	// inside another image (a container disk the node pulls).

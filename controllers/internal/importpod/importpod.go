@@ -15,8 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -207,6 +209,18 @@ const (
 	LabelComponent       = "app.kubernetes.io/component"
 	ComponentCloneSource = "clone-source"
 )
+
+// Made says whether pod is one diskpipe made for the object of UID owner: marked for it
+// (owned.Marked), and carrying LabelManagedBy, which only the manager may give a pod (the
+// admission webhook's own-pods hook). A mark names no pod's UID: a pod its namespace's owner
+// makes again under the name, with the mark copied from the one diskpipe made, cannot carry
+// the label.
+func Made(pod *corev1.Pod, owner types.UID) bool {
+	return Labelled(pod) && owned.Marked("Pod", pod, owner)
+}
+
+// Labelled says whether pod carries LabelManagedBy, as every pod diskpipe makes does.
+func Labelled(pod *corev1.Pod) bool { return pod.Labels[LabelManagedBy] == ManagedBy }
 
 // ServePort is where a clone source (importer --serve) serves its disk.
 const ServePort = 8091

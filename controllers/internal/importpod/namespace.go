@@ -230,6 +230,9 @@ func create(ctx context.Context, cl client.Client, c Config, owner client.Object
 	if owner != nil {
 		WithTransferOptions(pod, owner)
 		created, err = owned.Ensure(ctx, cl, owner, pod)
+		if err == nil && !created && !Made(pod, owner.GetUID()) {
+			err = &owned.ErrNotOwned{Kind: "Pod", Name: pod.Name}
+		}
 	} else if err = cl.Create(ctx, pod); err == nil {
 		created = true
 	} else if apierrors.IsAlreadyExists(err) {

@@ -129,7 +129,7 @@ func (w Work) op() metrics.Op {
 // fails the pod stays, and done is called again on the next pass.
 func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done func(*transfer.Result) error) (ctrl.Result, error) {
 	st := w.Status
-	if !owned.Mine("Pod", pod, w.Obj) {
+	if !metav1.IsControlledBy(pod, w.Obj) || !Made(pod, w.Obj.GetUID()) {
 		// Its status and result are whatever its maker wrote: none of them is believed.
 		st.SetFailed(ReasonNameTaken, (&owned.ErrNotOwned{Kind: "Pod", Name: pod.Name}).Error())
 		return ctrl.Result{}, nil
