@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests, benchmarks and demo use, when any is missing;
 # `hack/setup.sh cluster` adds what the real single-node cluster (test/cluster) runs: containerd,
-# runc, iptables, conntrack, iproute2, ca-certificates (shipped in diskpipe's image), and
-# xfsprogs, whose reflink filesystem holds its CSI driver's volumes.
+# runc, iptables, conntrack, iproute2, ca-certificates (shipped in diskpipe's image),
+# xfsprogs, whose reflink filesystem holds its CSI driver's volumes, and ipset, which
+# kube-router's NetworkPolicy controller programs.
 # Go tools and the Kubernetes binaries are built from Go modules by the Makefile.
 set -euo pipefail
 
@@ -16,7 +17,7 @@ packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-regis
   qemu-system-x86 syslinux syslinux-common mtools dosfstools tmux
   gcc libc6-dev libdeflate-dev file nginx-light libcap2-bin)
 if [ "${1:-}" = cluster ]; then
-  packages+=(containerd runc iptables conntrack iproute2 socat ethtool xfsprogs)
+  packages+=(containerd runc iptables conntrack iproute2 socat ethtool xfsprogs ipset)
 fi
 # `hack/setup.sh kubevirt`: what building KubeVirt's handler and launcher links (libvirt) and
 # what makes their images' Debian root filesystems.

@@ -9,7 +9,7 @@
 E2E_TIMEOUT ?= $(if $(filter 1,$(KUBEVIRT)),50m,25m)
 
 .PHONY: cluster-tools
-cluster-tools: tools cluster-bins ## Build what the real single-node cluster adds: kubelet, controller-manager, scheduler, kube-proxy, CoreDNS, CNI plugins, CSI sidecars.
+cluster-tools: tools cluster-bins ## Build what the real single-node cluster adds: kubelet, controller-manager, scheduler, kube-proxy, CoreDNS, CNI plugins, CSI sidecars, kube-router.
 
 .PHONY: pause-image
 pause-image: $(BIN)/image ## Build the real cluster's pause image (test/cluster/pause) as bin/pause-image.tar.
@@ -63,7 +63,8 @@ CNI_DIR_portmap := meta
 CNI_DIR_host-local := ipam
 NODE_KUBE_BINS := $(addprefix $(BIN)/,kubelet kube-controller-manager kube-scheduler kube-proxy coredns csi-provisioner csi-snapshotter snapshot-controller)
 CNI_BINS       := $(addprefix $(BIN)/cni/,$(CNI_PLUGINS))
-CLUSTER_BINS   = $(NODE_KUBE_BINS) $(CNI_BINS)
+KUBE_ROUTER    := $(BIN)/kube-router
+CLUSTER_BINS   = $(NODE_KUBE_BINS) $(CNI_BINS) $(KUBE_ROUTER)
 
 .PHONY: cluster-bins
 cluster-bins: $(CLUSTER_BINS)
@@ -76,6 +77,11 @@ $(NODE_KUBE_BINS) &: test/tools/go.mod test/tools/go.sum test/tools/cmd/coredns/
 		$(addprefix k8s.io/kubernetes/cmd/,kubelet kube-controller-manager kube-scheduler kube-proxy) ./cmd/coredns \
 		github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner \
 		$(addprefix github.com/kubernetes-csi/external-snapshotter/v8/cmd/,csi-snapshotter snapshot-controller)'
+
+# kube-router's NetworkPolicy controller, which the real cluster runs on its nodes while a spec
+# asks for NetworkPolicies to be enforced (test/cluster, EnforceNetworkPolicies).
+$(KUBE_ROUTER): test/tools/kuberouter/go.mod test/tools/kuberouter/go.sum
+	$(CACHED) 'cd test/tools/kuberouter && CGO_ENABLED=0 go build -trimpath -o $(BIN)/ github.com/cloudnativelabs/kube-router/v2/cmd/kube-router'
 
 $(CNI_BINS) &:
 	$(call CACHED_ALL,$(CNI_BINS)) 'GOBIN=$(BIN)/cni go install \
