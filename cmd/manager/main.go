@@ -45,6 +45,7 @@ func main() {
 	flag.StringVar(&ownerKeySecret, "owner-key-secret", "", "NAMESPACE/NAME of the Secret holding the key the manager marks the children it makes with, made if missing (default: POD_NAMESPACE/diskpipe-owner-key)")
 	flag.StringVar(&tokenSecret, "upload-token-secret", "", "NAMESPACE/NAME of the Secret holding the key upload tokens are signed with, made if missing (empty: no upload tokens)")
 	flag.StringVar(&webhook.UploadProxyURL, "upload-proxy-url", "", "the upload proxy's URL outside the cluster, told to token requesters (empty: none)")
+	flag.StringVar(&webhook.ProxyCertSecret, "upload-proxy-cert-secret", "", "Secret in which the manager keeps the upload proxy's serving certificate, issued by the webhooks' CA for --upload-proxy-service (needs --webhook-cert-secret; empty: none)")
 	flag.StringVar(&proxyService, "upload-proxy-service", "", "the upload proxy's Service, told to token requesters, as SCHEME:NAMESPACE/NAME:PORT (http:diskpipe-system/diskpipe-uploadproxy:upload)")
 	store.BindFlags(flag.CommandLine, &storeCredsDir)
 	flag.StringVar(&opts.ObjectStorePublicEndpoint, "objectstore-public-endpoint", "", "the store's URL outside the cluster, for exports' download URLs (empty: --objectstore-endpoint)")
@@ -87,6 +88,14 @@ func main() {
 		opts.Webhook = &webhook
 		if tokenSecret != "" && err == nil {
 			err = parseTokenFlags(&webhook, tokenSecret, proxyService)
+		}
+		if webhook.ProxyCertSecret != "" && err == nil {
+			if p := webhook.UploadProxyService; webhook.CertSecret != "" && p != nil && p.Scheme == "https" {
+				host := p.Name + "." + p.Namespace + ".svc"
+				webhook.ProxyHosts = []string{host, host + ".cluster.local"}
+			} else {
+				err = errors.New("--upload-proxy-cert-secret needs --webhook-cert-secret, --upload-token-secret and an https --upload-proxy-service")
+			}
 		}
 	}
 	if store.Endpoint != "" && err == nil {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
@@ -95,9 +97,21 @@ func run(srvUploads *uploadproxy.Server, listen, certFile, keyFile string, cfg o
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	log.Info("Serving uploads", "addr", listen)
+	log.Info("Serving uploads", "addr", listen, "tls", certFile != "")
 	if certFile != "" {
-		err = srv.ListenAndServeTLS(certFile, keyFile)
+		// The kubelet rewrites the mounted files when the certificate is renewed; the
+		// watcher serves the new one from then on, with no restart.
+		watcher, werr := certwatcher.New(certFile, keyFile)
+		if werr != nil {
+			return fmt.Errorf("the serving certificate: %w", werr)
+		}
+		go func() {
+			if werr := watcher.Start(ctx); werr != nil {
+				log.Error("Watching the serving certificate stopped", "err", werr)
+			}
+		}()
+		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: watcher.GetCertificate}
+		err = srv.ListenAndServeTLS("", "")
 	} else {
 		err = srv.ListenAndServe()
 	}

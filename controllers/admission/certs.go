@@ -3,6 +3,7 @@ package admission
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -62,10 +63,20 @@ type CertKeeper struct {
 	APIServices []string
 	// Hosts are the certificate's DNS names and IP addresses.
 	Hosts []string
+	// Leaves are certificates the same CA issues for other servers (the upload proxy), each
+	// kept in a Secret of Namespace of its own with ca.crt, tls.crt and tls.key: never the
+	// CA's key, so what mounts it can serve as that server and nothing more.
+	Leaves []Leaf
 	// Every is how often Start syncs (default 10 minutes).
 	Every time.Duration
 
 	current atomic.Pointer[tls.Certificate]
+}
+
+// Leaf is a serving certificate CertKeeper keeps for a server other than the manager.
+type Leaf struct {
+	SecretName string
+	Hosts      []string
 }
 
 // GetCertificate is the webhook server's tls.Config.GetCertificate: the certificate of the
@@ -146,7 +157,52 @@ func (k *CertKeeper) sync(ctx context.Context) error {
 		return fmt.Errorf("the webhook certificate Secret: %w", err)
 	}
 	k.current.Store(&pair)
+	ca, caKey, err := certs.ParsePair(sec.Data[keyCACert], sec.Data[keyCAKey])
+	if err != nil {
+		return fmt.Errorf("the webhook certificate Secret's CA: %w", err)
+	}
+	for _, l := range k.Leaves {
+		if err := k.syncLeaf(ctx, l, ca, caKey, bundle); err != nil {
+			return err
+		}
+	}
 	return k.patchBundle(ctx, bundle)
+}
+
+// syncLeaf makes l's Secret hold a current certificate of ca and bundle as its ca.crt.
+func (k *CertKeeper) syncLeaf(ctx context.Context, l Leaf, ca *x509.Certificate, caKey *ecdsa.PrivateKey, bundle []byte) error {
+	sec := &corev1.Secret{}
+	err := k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: l.SecretName}, sec)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("reading the certificate Secret %s: %w", l.SecretName, err)
+	}
+	exists := err == nil
+	if sec.Data == nil {
+		sec.Data = map[string][]byte{}
+	}
+	changed, err := renewLeaf(sec, ca, caKey, l.Hosts, time.Now())
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(sec.Data[keyCACert], bundle) {
+		sec.Data[keyCACert], changed = bundle, true
+	}
+	if !changed {
+		return nil
+	}
+	sec.Name, sec.Namespace, sec.Type = l.SecretName, k.Namespace, corev1.SecretTypeTLS
+	if exists {
+		err = k.Client.Update(ctx, sec)
+	} else {
+		err = k.Client.Create(ctx, sec)
+	}
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+		return errLostRace
+	}
+	if err != nil {
+		return fmt.Errorf("writing the certificate Secret %s: %w", l.SecretName, err)
+	}
+	return nil
 }
 
 func (k *CertKeeper) patchBundle(ctx context.Context, bundle []byte) error {
@@ -242,15 +298,23 @@ func renew(sec *corev1.Secret, hosts []string, now time.Time) ([]byte, bool, err
 		ca, caKey, changed = newCA, newKey, true
 		sec.Data[keyCACert], sec.Data[keyCAKey] = bundle, certs.PEMKey(newKey)
 	}
+	leafChanged, err := renewLeaf(sec, ca, caKey, hosts, now)
+	return bundle, changed || leafChanged, err
+}
+
+// renewLeaf issues sec's tls.crt and tls.key anew from ca unless they are a fresh
+// certificate of ca for hosts. It reports whether it did.
+func renewLeaf(sec *corev1.Secret, ca *x509.Certificate, caKey *ecdsa.PrivateKey, hosts []string, now time.Time) (bool, error) {
 	leaf, _, err := certs.ParsePair(sec.Data[keyCert], sec.Data[keyKey])
-	if changed || err != nil || fresh(leaf, now) != nil || leaf.CheckSignatureFrom(ca) != nil || !covers(leaf, hosts) {
-		cert, key, err := certs.Issue(ca, caKey, "", hosts, now, LeafLifetime)
-		if err != nil {
-			return nil, false, err
-		}
-		sec.Data[keyCert], sec.Data[keyKey], changed = certs.PEMCert(cert), certs.PEMKey(key), true
+	if err == nil && fresh(leaf, now) == nil && leaf.CheckSignatureFrom(ca) == nil && covers(leaf, hosts) {
+		return false, nil
 	}
-	return bundle, changed, nil
+	cert, key, err := certs.Issue(ca, caKey, "", hosts, now, LeafLifetime)
+	if err != nil {
+		return false, err
+	}
+	sec.Data[keyCert], sec.Data[keyKey] = certs.PEMCert(cert), certs.PEMKey(key)
+	return true, nil
 }
 
 // fresh is nil while more than a third of c's lifetime is left.

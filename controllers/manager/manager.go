@@ -102,6 +102,10 @@ type WebhookOptions struct {
 	// something else (cert-manager, a test) writes CertDir and caBundle.
 	CertSecret, Namespace string
 	Hosts                 []string
+	// ProxyCertSecret, with CertSecret, makes the manager keep the upload proxy's serving
+	// certificate too, for ProxyHosts, signed by the same CA (admission.Leaf).
+	ProxyCertSecret string
+	ProxyHosts      []string
 	// CertSync is how often every replica re-reads the certificate Secret, renews what is
 	// due and re-patches caBundle (default 10 minutes).
 	CertSync time.Duration
@@ -170,6 +174,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			}
 			keeper = &admission.CertKeeper{Client: direct, Reader: direct, Namespace: w.Namespace,
 				SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, Every: w.CertSync}
+			if w.ProxyCertSecret != "" {
+				keeper.Leaves = []admission.Leaf{{SecretName: w.ProxyCertSecret, Hosts: w.ProxyHosts}}
+			}
 			if w.UploadTokenSecret.Name != "" {
 				keeper.APIServices = []string{uploadproxy.TokenAPIService}
 				if opts.CDICompatibility {

@@ -31,6 +31,9 @@ import (
 const (
 	sharedNamespace = "diskpipe-system"
 	sharedSecret    = "diskpipe-webhook-cert"
+	// The upload proxy's certificate, issued by the same CA.
+	sharedProxySecret = "diskpipe-uploadproxy-tls"
+	sharedProxyHost   = "diskpipe-uploadproxy.diskpipe-system.svc"
 )
 
 // shared is one manager for the tests that need it running: with its metrics served and
@@ -68,7 +71,8 @@ func startShared(t *testing.T) *shared {
 		g.Expect(env.Client.Create(ctx, h.cfg)).To(Succeed())
 		h.metricsAddr = freeAddr(t)
 		h.webhook = &manager.WebhookOptions{Host: "127.0.0.1", Port: h.port, Configuration: h.cfg.Name,
-			CertSecret: sharedSecret, Namespace: sharedNamespace, Hosts: []string{"127.0.0.1"}, CertSync: time.Second}
+			CertSecret: sharedSecret, Namespace: sharedNamespace, Hosts: []string{"127.0.0.1"}, CertSync: time.Second,
+			ProxyCertSecret: sharedProxySecret, ProxyHosts: []string{sharedProxyHost}}
 		h.mgr, err = ctrltest.StartManager(env, manager.Options{Webhook: h.webhook, MetricsAddr: h.metricsAddr})
 		g.Expect(err).NotTo(HaveOccurred())
 	})
@@ -146,7 +150,8 @@ func TestWebhookCertificate(t *testing.T) {
 	// Eight months on (the certificate is made as if issued then), another replica's sync
 	// renews it; this manager's own sync, every second here, picks it up and serves it.
 	keeper := admission.CertKeeper{Client: env.Client, Reader: env.Client, Namespace: secretNS, SecretName: secretName,
-		Configuration: cfg.Name, Hosts: opts.Hosts}
+		Configuration: cfg.Name, Hosts: opts.Hosts, Leaves: []admission.Leaf{{SecretName: sharedProxySecret, Hosts: opts.ProxyHosts}}}
+	proxyCertVerifies(t, "first certificate")
 	age(t, secret, "tls.crt", "ca.crt", "ca.key", admission.LeafLifetime*2/3+24*time.Hour)
 	g.Expect(env.Client.Update(ctx, secret)).To(Succeed())
 	g.Expect(keeper.Sync(ctx)).To(Succeed())
@@ -155,6 +160,7 @@ func TestWebhookCertificate(t *testing.T) {
 	g.Expect(renewed.NotBefore).To(BeTemporally("~", time.Now(), 2*time.Hour))
 	g.Eventually(func() any { return served().SerialNumber }, 30*time.Second, 200*time.Millisecond).Should(Equal(renewed.SerialNumber))
 	webhookWorks("renewed certificate")
+	proxyCertVerifies(t, "renewed certificate")
 
 	// Seven years on the CA is due: caBundle holds the new CA and the old one, which still
 	// signs certificates in flight.
@@ -171,6 +177,35 @@ func TestWebhookCertificate(t *testing.T) {
 	g.Expect(cas).To(Equal(2))
 	g.Eventually(func() any { return served().SerialNumber }, 30*time.Second, 200*time.Millisecond).Should(Equal(stored().SerialNumber))
 	webhookWorks("renewed CA")
+	newCA, _ := pem.Decode(bundle())
+	proxy := proxyCertVerifies(t, "renewed CA")
+	g.Expect(proxy.CheckSignatureFrom(must(x509.ParseCertificate(newCA.Bytes)))).To(Succeed(), "the proxy's certificate is issued anew by the new CA")
+}
+
+// proxyCertVerifies checks the upload proxy's Secret as a client and the proxy see it: a
+// kubernetes.io/tls Secret without the CA's key whose certificate, for the proxy's Service,
+// verifies against its ca.crt, which is the webhooks' caBundle. It returns the certificate.
+func proxyCertVerifies(t *testing.T, attempt string) *x509.Certificate {
+	t.Helper()
+	g := NewWithT(t)
+	sec, webhook := &corev1.Secret{}, &corev1.Secret{}
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: sharedNamespace, Name: sharedProxySecret}, sec)).To(Succeed(), attempt)
+	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: sharedNamespace, Name: sharedSecret}, webhook)).To(Succeed(), attempt)
+	g.Expect(sec.Type).To(Equal(corev1.SecretTypeTLS), attempt)
+	g.Expect(sec.Data).To(HaveLen(3), attempt)
+	g.Expect(sec.Data).To(HaveKey("tls.key"), attempt)
+	g.Expect(sec.Data).NotTo(HaveKey("ca.key"), attempt)
+	g.Expect(sec.Data["ca.crt"]).To(Equal(webhook.Data["ca.crt"]), attempt)
+	pair, err := tls.X509KeyPair(sec.Data["tls.crt"], sec.Data["tls.key"])
+	g.Expect(err).NotTo(HaveOccurred(), attempt)
+	cert := must(x509.ParseCertificate(pair.Certificate[0]))
+	roots := x509.NewCertPool()
+	g.Expect(roots.AppendCertsFromPEM(sec.Data["ca.crt"])).To(BeTrue(), attempt)
+	_, err = cert.Verify(x509.VerifyOptions{DNSName: sharedProxyHost, Roots: roots})
+	g.Expect(err).NotTo(HaveOccurred(), attempt)
+	_, err = cert.Verify(x509.VerifyOptions{DNSName: "diskpipe-manager.diskpipe-system.svc", Roots: roots})
+	g.Expect(err).To(HaveOccurred(), "%s: the proxy's certificate names the proxy only", attempt)
+	return cert
 }
 
 // age reissues the certificate under key of secret as if it had been issued ago, signed by
@@ -204,4 +239,12 @@ func age(t *testing.T, secret *corev1.Secret, key, caCertKey, caKeyKey string, a
 		t.Fatal(err)
 	}
 	secret.Data[key] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// must is v, failing the test's caller by panic on err (for values a test cannot go on without).
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -182,6 +182,7 @@ func TestSchemaRejects(t *testing.T) {
 		{[]string{"objectStore.bundled.storage.size=lots"}, []string{"objectStore.bundled.storage.size"}},
 		{[]string{"importer.serviceAccountName=Importer_SA"}, []string{"importer.serviceAccountName"}},
 		{[]string{"uploadProxy.ingress.enabled=true"}, []string{"uploadProxy.ingress.host is required"}},
+		{[]string{"webhook.enabled=false"}, []string{"uploadProxy.tls.issued needs webhook.enabled", "uploadProxy.tls.secretName"}},
 	} {
 		t.Run(strings.Join(c.set, ","), func(t *testing.T) {
 			var args []string

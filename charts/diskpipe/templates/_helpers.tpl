@@ -161,6 +161,27 @@ priorityClassName: {{ . }}
 {{- end -}}
 {{- end }}
 
+{{/*
+The Secret (tls.crt, tls.key) the upload proxy serves HTTPS with: the user's, or the one
+diskpipe issues (the manager, or cert-manager); empty serves plain HTTP.
+*/}}
+{{- define "diskpipe.uploadProxy.tlsSecret" -}}
+{{- $tls := .Values.uploadProxy.tls -}}
+{{- if $tls.secretName -}}
+{{ $tls.secretName }}
+{{- else if $tls.issued -}}
+{{- if not .Values.webhook.enabled -}}
+{{- fail "uploadProxy.tls.issued needs webhook.enabled: the manager (or cert-manager) issues the proxy's certificate beside the webhooks'; set uploadProxy.tls.secretName, or uploadProxy.tls.issued=false for plain HTTP" -}}
+{{- end -}}
+{{ include "diskpipe.fullname" . }}-uploadproxy-tls
+{{- end -}}
+{{- end }}
+
+{{/* The upload proxy's scheme: https or http. */}}
+{{- define "diskpipe.uploadProxy.scheme" -}}
+{{ ternary "https" "http" (not (empty (include "diskpipe.uploadProxy.tlsSecret" .))) }}
+{{- end }}
+
 {{/* Upload tokens are issued when the webhooks and the upload proxy both run. */}}
 {{- define "diskpipe.uploadTokens" -}}
 {{- if and .Values.webhook.enabled .Values.uploadProxy.enabled -}}true{{- end -}}
