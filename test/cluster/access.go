@@ -2,8 +2,11 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -282,15 +285,37 @@ func (c *Cluster) scale(obj client.Object, component string, n int32) error {
 }
 
 // UploadURL is the upload proxy's Service, which kube-proxy makes reachable from the node.
+// The proxy serves HTTPS with the certificate the manager issued (the chart's default).
 func (c *Cluster) UploadURL() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	svc := &corev1.Service{}
 	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: Release + "-uploadproxy"}, svc); err != nil || len(svc.Spec.Ports) == 0 {
-		return "http://upload-proxy-service-not-found"
+		return "https://upload-proxy-service-not-found"
 	}
-	return fmt.Sprintf("http://%s:%d", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+	return fmt.Sprintf("https://%s:%d", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
 }
+
+// UploadClient reaches the upload proxy as a user who has its CA would: it trusts only the
+// ca.crt of the Secret the manager keeps the proxy's certificate in, and checks the
+// certificate names the proxy's Service (UploadURL is its address).
+func (c *Cluster) UploadClient() *http.Client {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := x509.NewCertPool()
+	sec := &corev1.Secret{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: UploadProxyCertSecret}, sec); err == nil {
+		pool.AppendCertsFromPEM(sec.Data["ca.crt"])
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12,
+		ServerName: Release + "-uploadproxy." + ReleaseNamespace + ".svc"}
+	return &http.Client{Transport: t}
+}
+
+// UploadProxyCertSecret is the Secret of ReleaseNamespace the manager issues the upload
+// proxy's certificate into.
+const UploadProxyCertSecret = Release + "-uploadproxy-tls"
 
 // Dir is the directory the cluster keeps its files in (logs/ holds every component's log).
 func (c *Cluster) Dir() string { return filepath.Clean(c.opts.Dir) }

@@ -18,6 +18,8 @@
 //     their nameserver;
 //   - a registry (Debian's docker-registry on 127.0.0.1) holding diskpipe's image and the pause
 //     image: containerd pulls them from it, as a cluster pulls from a registry;
+//   - NetworkPolicies, enforced only while a spec asks (EnforceNetworkPolicies, netpol.go):
+//     kube-router's policy controller (its firewall alone, iptables and ipset) on each node;
 //   - CSI: the real external-provisioner, csi-snapshotter and snapshot-controller driving the
 //     harness's own driver (csi.go), registered with the kubelet through its plugin
 //     registration socket. The driver is a fixture (volumes are directories, block volumes

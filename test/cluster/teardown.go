@@ -96,7 +96,8 @@ func teardown(dir string, log io.Writer) {
 	}
 	_ = exec.Command("ip", "route", "del", ServiceCIDR, "dev", Bridge).Run()
 	_ = exec.Command("ip", "link", "del", Bridge).Run()
-	dropChains(log, "KUBE-", "CNI-")
+	dropChains(log, "", "KUBE-", "CNI-")
+	dropSets(log, "", "KUBE-") // kube-router's, once no rule names them
 	removeCgroups("kubepods")
 	for i := 2; i <= MaxNodes; i++ {
 		removeCgroups(newNode(i).name)
@@ -129,11 +130,20 @@ func mountsUnder(dir string) []string {
 	return ms
 }
 
-// dropChains removes the iptables chains (and every rule that jumps to them) whose names
-// start with one of prefixes: those kube-proxy, the kubelet and the CNI plugins made.
-func dropChains(log io.Writer, prefixes ...string) {
+// inNetns is the command name and args run in network namespace netns ("": this one).
+func inNetns(netns, name string, args ...string) *exec.Cmd {
+	if netns == "" {
+		return exec.Command(name, args...) //nolint:gosec // the cluster's own tools
+	}
+	return exec.Command("ip", append([]string{"netns", "exec", netns, name}, args...)...) //nolint:gosec // the cluster's own tools
+}
+
+// dropChains removes the iptables chains (and every rule that jumps to them) of network
+// namespace netns ("": the machine's) whose names start with one of prefixes: those
+// kube-proxy, the kubelet, the CNI plugins and kube-router made.
+func dropChains(log io.Writer, netns string, prefixes ...string) {
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		saved, err := exec.Command(tool + "-save").Output()
+		saved, err := inNetns(netns, tool+"-save").Output()
 		if err != nil {
 			continue
 		}
@@ -162,7 +172,7 @@ func dropChains(log io.Writer, prefixes ...string) {
 		if !changed {
 			continue
 		}
-		cmd := exec.Command(tool + "-restore")
+		cmd := inNetns(netns, tool+"-restore")
 		cmd.Stdin = &kept
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(log, "cluster: %s-restore: %v: %s\n", tool, err, out)
@@ -184,6 +194,22 @@ func removeCgroups(name string) {
 		})
 		for i := len(dirs) - 1; i >= 0; i-- {
 			_ = os.Remove(dirs[i])
+		}
+	}
+}
+
+// dropSets destroys the ipsets of network namespace netns whose names start with prefix
+// (kube-router's).
+func dropSets(log io.Writer, netns, prefix string) {
+	out, err := inNetns(netns, "ipset", "list", "-n").Output()
+	if err != nil {
+		return
+	}
+	for _, name := range strings.Fields(string(out)) {
+		if strings.HasPrefix(name, prefix) {
+			if err := inNetns(netns, "ipset", "destroy", name).Run(); err == nil {
+				fmt.Fprintf(log, "destroyed the ipset %s\n", name)
+			}
 		}
 	}
 }

@@ -320,7 +320,7 @@ spec:
 		upload := func(args ...string) (string, error) {
 			start := time.Now()
 			out, err := exec.Command(testenv.Path("bin", "kubevirt", "virtctl"), append([]string{"--kubeconfig", cluster.KubeconfigFile(), "image-upload"},
-				append(args, "-n", ns, "--image-path="+images["qcow2"], "--uploadproxy-url=http://"+ip, "--insecure")...)...).CombinedOutput()
+				append(args, "-n", ns, "--image-path="+images["qcow2"], "--uploadproxy-url=https://"+ip, "--insecure")...)...).CombinedOutput()
 			GinkgoWriter.Printf("virtctl image-upload %s (%.1f s):\n%s\n", strings.Join(args, " "), time.Since(start).Seconds(), out)
 			return string(out), err
 		}

@@ -42,6 +42,19 @@ func importHTTP(ns, name, file string) {
 	Eventually(phase(ns, "vmimage", name), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
 }
 
+// importFromStore uploads the test disk (qcow2) with awscli, as a user of namespace ns, to a
+// new bucket of the bundled store as object, and imports it into the image name.
+func importFromStore(ns, bucket, object, name string) {
+	GinkgoHelper()
+	ctx := context.Background()
+	out, err := awsIn(ctx, ns, "s3", "mb", "s3://"+bucket)
+	Expect(err).NotTo(HaveOccurred(), out)
+	out, err = awsIn(ctx, ns, "s3", "cp", images["qcow2"], "s3://"+bucket+"/"+object)
+	Expect(err).NotTo(HaveOccurred(), out)
+	kubectl(vmi(name, fmt.Sprintf("    objectStore:\n      bucketName: %s\n      objectName: %s", bucket, object)), "apply", "-n", ns, "-f", "-")
+	Eventually(phase(ns, "vmimage", name), 3*time.Minute, time.Second).Should(Equal("Ready Imported"))
+}
+
 // golden is the disk of an image's golden PVC.
 // awsIn runs awscli against the bundled store as a user of namespace ns, with the keys the
 // namespace's ObjectStoreKeysRequest gives.
@@ -83,13 +96,7 @@ var _ = Describe("the seed's stories", Ordered, afterKubeVirtRollout, func() {
 	BeforeAll(func() { ns = namespace() })
 
 	It("imports an image uploaded to the bundled store with awscli, and lists it with kubectl", realProves, func() {
-		ctx := context.Background()
-		out, err := awsIn(ctx, ns, "s3", "mb", "s3://vmimage")
-		Expect(err).NotTo(HaveOccurred(), out)
-		out, err = awsIn(ctx, ns, "s3", "cp", images["qcow2"], "s3://vmimage/bionic.qcow2")
-		Expect(err).NotTo(HaveOccurred(), out)
-		kubectl(vmi("ubuntu18.04", "    objectStore:\n      bucketName: vmimage\n      objectName: bionic.qcow2"), "apply", "-n", ns, "-f", "-")
-		Eventually(phase(ns, "vmimage", "ubuntu18.04"), 2*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		importFromStore(ns, "vmimage", "bionic.qcow2", "ubuntu18.04")
 		table := kubectl("", "get", "virtualmachineimage", "-n", ns)
 		Expect(table).To(MatchRegexp(`ubuntu18\.04\s+Ready\s+100%\s+64Mi`))
 		sameDisk(golden(ns, "ubuntu18.04"))
@@ -303,11 +310,28 @@ subjects:
 		Expect(cluster.APIClient().SubResource("token").Create(ctx, sa, tr)).To(Succeed())
 		body, err := os.ReadFile(images["qcow2"])
 		Expect(err).NotTo(HaveOccurred())
+		if real() {
+			// The chart's default: HTTPS with the certificate the manager issued, which the
+			// client verifies (UploadClient trusts only the proxy Secret's ca.crt). A token
+			// sent in plain HTTP is not taken. (No body: the server closes the connection
+			// after its answer, which a client still writing a body sees as a reset.)
+			Expect(cluster.UploadURL()).To(HavePrefix("https://"))
+			plain, err := http.NewRequestWithContext(ctx, http.MethodPut,
+				"http://"+strings.TrimPrefix(cluster.UploadURL(), "https://")+"/v1/namespaces/"+ns+"/virtualmachineimages/uploaded", nil)
+			Expect(err).NotTo(HaveOccurred())
+			plain.Header.Set("Authorization", "Bearer "+tr.Status.Token)
+			resp, err := http.DefaultClient.Do(plain)
+			Expect(err).NotTo(HaveOccurred())
+			answer, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			Expect(resp.StatusCode).To(Equal(http.StatusBadRequest))
+			Expect(string(answer)).To(ContainSubstring("HTTP request to an HTTPS server"))
+		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPut,
 			cluster.UploadURL()+"/v1/namespaces/"+ns+"/virtualmachineimages/uploaded", bytes.NewReader(body))
 		Expect(err).NotTo(HaveOccurred())
 		req.Header.Set("Authorization", "Bearer "+tr.Status.Token)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := cluster.UploadClient().Do(req)
 		Expect(err).NotTo(HaveOccurred())
 		answer, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()

@@ -145,21 +145,11 @@ var _ = Describe("a hostile tenant", func() {
 		pv := kubectl("", "get", "pvc", "vmim-golden", "-n", victim, "-o", "jsonpath={.spec.volumeName}")
 		claim := kubectl("", "get", "pv", pv, "-o", "jsonpath={.spec.claimRef.namespace}/{.spec.claimRef.name}/{.spec.claimRef.uid}")
 
-		// mallory may do in her namespace what edit allows (envtest-like clusters aggregate
-		// no roles: Kubernetes' and diskpipe's parts of edit are bound too), nothing elsewhere.
-		mallory := "mallory-" + own
-		for _, role := range []string{"edit", "system:aggregate-to-edit", "system:aggregate-to-view", "diskpipe-user"} {
-			kubectl("", "create", "rolebinding", strings.ReplaceAll(role, ":", "-")+"-"+mallory, "-n", own, "--clusterrole", role, "--user", mallory)
-		}
+		// mallory may do in her namespace what edit allows, nothing elsewhere.
+		mallory := tenant("mallory", own)
 		as := func(stdin string, args ...string) {
 			GinkgoHelper()
-			Eventually(func() error { // RBAC learns a new binding a moment after it is made
-				out, err := asUser(mallory, stdin, args...)
-				if err != nil {
-					return fmt.Errorf("%w: %s", err, out)
-				}
-				return nil
-			}, 30*time.Second, time.Second).Should(Succeed())
+			asTenant(mallory, stdin, args...)
 		}
 
 		// 1. Her disk waits for an image she has not made yet; meanwhile she makes its prime

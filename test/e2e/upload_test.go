@@ -154,6 +154,7 @@ func newFlakyProxy(cuts []int64, rate int64) *flakyProxy {
 	Expect(err).NotTo(HaveOccurred())
 	p := &flakyProxy{cuts: cuts, rate: rate}
 	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = cluster.UploadClient().Transport
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPut {
 			rp.ServeHTTP(w, r)

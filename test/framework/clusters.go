@@ -2,6 +2,8 @@ package framework
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"path/filepath"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,6 +33,9 @@ func (l local) EnsureNamespace(ctx context.Context, name string) error {
 func (l local) Nodes() []string     { return []string{localNode} }
 func (l local) HostAddress() string { return "127.0.0.1" }
 func (l local) UploadURL() string   { return l.Cluster.UploadURL }
+
+// UploadClient is a plain client: the local cluster's proxy serves HTTP.
+func (l local) UploadClient() *http.Client { return http.DefaultClient }
 func (l local) StoreAccess(context.Context) (string, string, string, error) {
 	return l.Store.Endpoint, l.Store.AccessKey, l.Store.SecretKey, nil
 }
@@ -54,6 +59,14 @@ func (l local) IdleImage() string   { return "quay.io/kubevirt/virt-launcher" }
 func (l local) KubeVirt() bool      { return false }
 func (l local) WaitKubeVirt() error { return nil }
 func (l local) LogDirs() []string   { return []string{l.dir} }
+
+// ErrNoPodNetwork says the local cluster's pods are processes of this machine, on no network
+// a NetworkPolicy could govern.
+var ErrNoPodNetwork = errors.New("the local cluster's pods share this machine's network: no NetworkPolicy can be enforced there")
+
+func (l local) EnforceNetworkPolicies(context.Context) (func() error, error) {
+	return nil, ErrNoPodNetwork
+}
 
 // real adapts the real cluster; kept holds its pods' logs when the run keeps them.
 type real struct {

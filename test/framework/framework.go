@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"path/filepath"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,8 +44,10 @@ type Cluster interface {
 	RestartManager() error
 	// ManagerCounter sums a counter of the manager's metrics over every run of it.
 	ManagerCounter(name string) (float64, error)
-	// UploadURL is the upload proxy's address outside the cluster.
+	// UploadURL is the upload proxy's address outside the cluster; UploadClient reaches it,
+	// verifying the certificate it serves where it serves HTTPS.
 	UploadURL() string
+	UploadClient() *http.Client
 	// StoreAccess is the bundled store's address outside the cluster and its root keys, as
 	// a user following the README finds them; StoreInCluster its address as pods reach it.
 	StoreAccess(ctx context.Context) (endpoint, accessKey, secretKey string, err error)
@@ -65,6 +68,10 @@ type Cluster interface {
 	// Available (with KubeVirtLater, its rollout goes on after Start returns).
 	KubeVirt() bool
 	WaitKubeVirt() error
+	// EnforceNetworkPolicies makes the pods' traffic obey the cluster's NetworkPolicies until
+	// stop (the real cluster runs kube-router's policy controller on its nodes); the local
+	// cluster, whose pods are processes of this machine, cannot, and says so.
+	EnforceNetworkPolicies(ctx context.Context) (stop func() error, err error)
 	// LogDirs hold every log of the cluster's processes and pods.
 	LogDirs() []string
 	Stop()
