@@ -20,6 +20,9 @@ import (
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
+// HealthPath answers unauthenticated health checks with 200 on the bundled store.
+const HealthPath = "/healthz"
+
 // ClientConfig says how to reach an S3-compatible store.
 type ClientConfig struct {
 	// Endpoint is the store's URL, http:// or https://.

@@ -2,15 +2,8 @@ package objectstore
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"net/http"
 	"strings"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/versity/versitygw/backend"
-	"github.com/versity/versitygw/s3err"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -26,23 +19,6 @@ import (
 
 // ReservedPrefix begins the names of the buckets only diskpipe makes.
 const ReservedPrefix = "diskpipe-"
-
-// reserved refuses reserved bucket names to every account but root.
-type reserved struct {
-	backend.Backend
-	root string
-}
-
-func (r *reserved) CreateBucket(ctx context.Context, in *s3.CreateBucketInput, defaultACL []byte) error {
-	if bucket := deref(in.Bucket); strings.HasPrefix(bucket, ReservedPrefix) {
-		var acl struct{ Owner string }
-		if err := json.Unmarshal(defaultACL, &acl); err != nil || acl.Owner != r.root {
-			return s3err.APIError{Code: "AccessDenied", HTTPStatusCode: http.StatusForbidden,
-				Description: fmt.Sprintf("bucket names beginning with %q are reserved for diskpipe: choose another name for %s", ReservedPrefix, bucket)}
-		}
-	}
-	return r.Backend.CreateBucket(ctx, in, defaultACL)
-}
 
 // BucketOwner is the access key of the account that owns bucket ("" when there is no such
 // bucket), asked of the store's admin API with the root keys (a tenant's client asks through

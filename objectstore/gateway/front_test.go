@@ -1,4 +1,4 @@
-package objectstore_test
+package gateway_test
 
 import (
 	"bufio"

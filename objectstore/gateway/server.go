@@ -1,4 +1,4 @@
-package objectstore
+package gateway
 
 import (
 	"context"
@@ -9,15 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/versity/versitygw/backend"
 	"github.com/versity/versitygw/backend/meta"
 	"github.com/versity/versitygw/backend/posix"
 	"github.com/versity/versitygw/embedgw"
 	"github.com/versity/versitygw/s3api"
 )
-
-// HealthPath answers unauthenticated health checks with 200.
-const HealthPath = "/healthz"
 
 // ServerConfig configures the bundled store.
 type ServerConfig struct {
@@ -115,7 +113,7 @@ func serveGateway(ctx context.Context, served backend.Backend, addr string, cfg 
 		MultipartMaxParts: 10000,
 		VirtualDomain:     cfg.VirtualDomain,
 		S3Options:         []s3api.Option{s3api.WithMiddleware("/", peer)},
-		HealthPath:        HealthPath,
+		HealthPath:        objectstore.HealthPath,
 		IAMDir:            cfg.IAMDir,
 		IAMCacheDisable:   true, // a removed account stops working at once
 		KeepAlive:         true,

@@ -1,4 +1,4 @@
-package objectstore
+package gateway
 
 import (
 	"bufio"
@@ -19,6 +19,7 @@ import (
 	"github.com/gofiber/fiber/v3"
 
 	"github.com/diskpipe/diskpipe/internal/pace"
+	"github.com/diskpipe/diskpipe/objectstore"
 )
 
 // # The store's front
@@ -147,7 +148,7 @@ func serveFront(ctx context.Context, l net.Listener, gateway string, cfg FrontCo
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			// The kubelet's probes are answered at any load: a store restarted for being
 			// full would fail every client.
-			if why, _ := r.Context().Value(refusedKey{}).(string); why != "" && r.URL.Path != HealthPath {
+			if why, _ := r.Context().Value(refusedKey{}).(string); why != "" && r.URL.Path != objectstore.HealthPath {
 				w.Header().Set("Retry-After", "5")
 				w.Header().Set("Connection", "close")
 				s3Error(w, http.StatusServiceUnavailable, "SlowDown", why)
