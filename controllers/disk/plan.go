@@ -128,8 +128,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	// A node the image does not reach gets a replica of it, which its disks are cloned from
 	// (replica.go): where a CSI clone of the image would be possible but for its node.
 	var replica *corev1.PersistentVolumeClaim
-	if facts.unreachable != "" && facts.nodeLocal && !isReplica(d, p.golden) && preferred != common.CloneStrategyHostAssisted && facts.sourceNamespace == facts.targetNamespace &&
-		facts.sourceClass == facts.targetClass && facts.sourceMode == facts.targetMode && facts.targetDriver != "" {
+	if facts.cloneButForNode() && !isReplica(d, p.golden) && preferred != common.CloneStrategyHostAssisted {
 		node := d.obj.GetAnnotations()[AnnotationSelectedNode]
 		replica, err = r.replicaOn(ctx, p.golden, d.image.Kind, node)
 		var failed *errReplicaFailed
@@ -171,7 +170,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	} else {
 		r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeNormal, reason, "ChooseStrategy", "Cloning with %s", msg)
 		if replica != nil && strategy == common.CloneStrategyCSIClone {
-			if err := r.usedReplica(ctx, replica); err != nil {
+			if err := image.NoteReplicaUsed(ctx, r.Client, replica); err != nil {
 				return nil, err
 			}
 		}

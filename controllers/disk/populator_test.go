@@ -22,6 +22,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -205,7 +206,7 @@ func TestDeferredToConsumer(t *testing.T) {
 	// There it is made from the image's replica on that node, copied once.
 	g.Eventually(diskStatus(t, inner, &inner.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), HavePrefix("WaitingForReplica: ")))
 	replicas := &diskvolume.DiskVolumeList{}
-	g.Expect(env.Client.List(t.Context(), replicas, client.InNamespace(ns), client.MatchingLabels{disk.LabelReplicaOf: string(golden.UID)})).To(Succeed())
+	g.Expect(env.Client.List(t.Context(), replicas, client.InNamespace(ns), client.MatchingLabels{image.LabelReplicaOf: string(golden.UID)})).To(Succeed())
 	g.Expect(replicas.Items).To(HaveLen(1))
 	g.Expect(replicas.Items[0].Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "deferred-b"))
 

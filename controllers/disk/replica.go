@@ -4,14 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
@@ -21,29 +16,18 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
-// # Replicas of a node-local image
-//
-// On node-local storage a golden image's volume lives on one node, and a CSI clone of it is
-// made only there. The first disk wanted on another node N (its node known: a claim filled
-// once its VM was scheduled) makes a replica of the image on N: a DiskVolume of the image in
-// its namespace, controlled by the image, copied (a clone-source pod on the image's node
-// streams it to the importer on N) into the image's class on N. That disk, and every later
-// one on N, is a CSI clone of the replica: each node receives the image's bytes once, and
-// never from the origin again. A replica is made once per node (its name is the image's and
-// the node's), and goes with the image.
+// Replicas of a node-local image (what they are, and why: controllers/image/replica.go, their
+// one home): the disk side makes a replica for the first disk wanted on a node (replicaOn) and
+// chooses the volume a replica is copied from (copySource).
 
-// Labels of a replica (image.LabelReplicaOf, image.LabelReplicaNode), and the reason of a
-// disk that waits for the image's replica on its node.
-const (
-	LabelReplicaOf          = image.LabelReplicaOf
-	LabelReplicaNode        = image.LabelReplicaNode
-	reasonWaitingForReplica = "WaitingForReplica"
-)
+// reasonWaitingForReplica is the reason of a disk that waits for the image's replica on its
+// node.
+const reasonWaitingForReplica = "WaitingForReplica"
 
 // isReplica says whether d is a replica of golden's image (which is copied, never made of
-// one): a DiskVolume the image controls and diskpipe made for it. A label is anyone's to write.
+// one).
 func isReplica(d *vmDisk, golden *image.Golden) bool {
-	return golden != nil && d.obj.GetLabels()[LabelReplicaOf] == string(golden.Obj.GetUID()) && owned.Mine("DiskVolume", d.obj, golden.Obj)
+	return golden != nil && image.IsReplica(d.obj, golden.Obj)
 }
 
 // errReplicaFailed says the replica on a node failed: its disks are copied from the image's
@@ -71,11 +55,7 @@ func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind d
 	if replica.Status.Phase != common.PhaseReady || replica.Status.Capacity == nil {
 		return nil, nil
 	}
-	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: replica.Namespace, Name: replica.Name}, pvc); err != nil {
-		return nil, client.IgnoreNotFound(err)
-	}
-	return pvc, nil
+	return image.ReplicaPVC(ctx, r.Client, replica)
 }
 
 // copySource is the volume replica d is copied from: the nearest that holds the image. That is
@@ -100,16 +80,13 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 	}
 	zone, inZone := zoneOf[d.obj.GetAnnotations()[AnnotationSelectedNode]]
 	inZone = inZone && zone != ""
-	list := &diskvolume.DiskVolumeList{}
-	if err := r.List(ctx, list, client.InNamespace(golden.PVC.Namespace), client.MatchingLabels{LabelReplicaOf: string(golden.Obj.GetUID())}); err != nil {
+	list, err := image.Replicas(ctx, r.Client, golden.Obj)
+	if err != nil {
 		return nil, "", err
 	}
-	slices.SortFunc(list.Items, func(a, b diskvolume.DiskVolume) int { return strings.Compare(a.Name, b.Name) })
 	var ready []*diskvolume.DiskVolume
-	for i := range list.Items {
-		rep := &list.Items[i]
-		node := rep.Annotations[AnnotationSelectedNode]
-		if _, there := zoneOf[node]; there && rep.Name != d.obj.GetName() && owned.Mine("DiskVolume", rep, golden.Obj) &&
+	for _, rep := range list {
+		if _, there := zoneOf[image.ReplicaNode(rep)]; there && rep.Name != d.obj.GetName() &&
 			rep.Status.Phase == common.PhaseReady && rep.DeletionTimestamp.IsZero() {
 			ready = append(ready, rep)
 		}
@@ -126,11 +103,9 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 	case pinned == golden.PVC.Name && !lost:
 		return golden.PVC, "", nil // chosen before: its condition says why
 	case slices.ContainsFunc(ready, func(rep *diskvolume.DiskVolume) bool { return rep.Name == pinned }):
-		pvc := &corev1.PersistentVolumeClaim{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: golden.PVC.Namespace, Name: pinned}, pvc); err == nil {
-			return pvc, "", nil
-		} else if !apierrors.IsNotFound(err) {
-			return nil, "", err
+		i := slices.IndexFunc(ready, func(rep *diskvolume.DiskVolume) bool { return rep.Name == pinned })
+		if pvc, err := image.ReplicaPVC(ctx, r.Client, ready[i]); err != nil || pvc != nil {
+			return pvc, "", err
 		}
 		fallthrough
 	default:
@@ -144,7 +119,7 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 	}
 	var order []candidate
 	for _, rep := range ready {
-		if inZone && zoneOf[rep.Annotations[AnnotationSelectedNode]] == zone {
+		if inZone && zoneOf[image.ReplicaNode(rep)] == zone {
 			order = append(order, candidate{rep, "in zone " + zone})
 		}
 	}
@@ -159,12 +134,10 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 		if c.rep == nil {
 			break
 		}
-		pvc := &corev1.PersistentVolumeClaim{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: c.rep.Namespace, Name: c.rep.Name}, pvc); err == nil && pvc.DeletionTimestamp.IsZero() &&
-			pvc.Status.Phase == corev1.ClaimBound && owned.Mine("PersistentVolumeClaim", pvc, c.rep) {
-			return pvc, fmt.Sprintf("from the replica %s on node %s, %s", c.rep.Name, c.rep.Annotations[AnnotationSelectedNode], c.why), nil
-		} else if client.IgnoreNotFound(err) != nil {
+		if pvc, err := image.ReplicaPVC(ctx, r.Client, c.rep); err != nil {
 			return nil, "", err
+		} else if pvc != nil {
+			return pvc, fmt.Sprintf("from the replica %s on node %s, %s", c.rep.Name, image.ReplicaNode(c.rep), c.why), nil
 		}
 	}
 	if lost {
@@ -173,16 +146,4 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 			"the image's volume is on %s, which is gone from the cluster, and no replica of it is Ready to copy from", storage.Placement(pv))}
 	}
 	return golden.PVC, "from the image's volume", nil
-}
-
-// usedReplica notes on the replica whose PVC pvc is that a disk is made from it now: the
-// image's replica policy evicts replicas no disk was made from for a time (image.keepReplicas).
-func (r *Reconciler) usedReplica(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
-	d := &diskvolume.DiskVolume{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: pvc.Name}, d); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	patch := client.MergeFrom(d.DeepCopy())
-	metav1.SetMetaDataAnnotation(&d.ObjectMeta, image.AnnotationReplicaUsed, time.Now().UTC().Format(time.RFC3339))
-	return client.IgnoreNotFound(r.Patch(ctx, d, patch))
 }

@@ -48,7 +48,7 @@ func TestReplicaPolicy(t *testing.T) {
 	ctrltest.BindWith(t, env, ns, "vmim-warmed", ctrltest.OnNode("policy-home"))
 	replicas := func() map[string]string {
 		list := &diskvolume.DiskVolumeList{}
-		g.Expect(env.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{disk.LabelReplicaOf: string(vmi.UID)})).To(Succeed())
+		g.Expect(env.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{image.LabelReplicaOf: string(vmi.UID)})).To(Succeed())
 		out := map[string]string{}
 		for _, d := range list.Items {
 			if d.DeletionTimestamp.IsZero() {
@@ -82,8 +82,7 @@ func TestReplicaPolicy(t *testing.T) {
 	// node's, as old, stays.
 	cold := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "policy-cold")
 	cold.Annotations[image.AnnotationReplicaUsed] = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339)
-	g.Expect(controllerutil.SetControllerReference(vmi, cold, env.Client.Scheme())).To(Succeed())
-	g.Expect(env.Client.Create(ctx, cold)).To(Succeed())
+	g.Expect(owned.Create(ctx, env.Client, vmi, cold)).To(Succeed())
 	g.Expect(ctrltest.Update(ctx, env.Client, warm, func() {
 		metav1.SetMetaDataAnnotation(&warm.ObjectMeta, image.AnnotationReplicaUsed, time.Now().Add(-2*time.Hour).UTC().Format(time.RFC3339))
 	})).To(Succeed())
@@ -273,4 +272,11 @@ func TestReplicaCopiedFromNearest(t *testing.T) {
 	g.Expect(env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "near-home"}})).To(Succeed())
 	g.Eventually(copiedFrom(replicaOn("near-d")), 20*time.Second).Should(And(HavePrefix(a.Name+" Nearest: copied from the replica "+a.Name+" on node near-a, as the image's volume is on "),
 		ContainSubstring("near-home"), HaveSuffix("which is gone from the cluster")))
+	// Nor is the forged one listed as the image's replica, or counted as one.
+	listed := func() []common.ImageReplica {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi)).To(Succeed())
+		return vmi.Status.Replicas
+	}
+	g.Eventually(listed, 20*time.Second).Should(ContainElement(HaveField("Name", a.Name)))
+	g.Expect(listed()).NotTo(ContainElement(HaveField("Name", forged.Name)))
 }

@@ -167,11 +167,24 @@ func (f cloneFacts) cannot(s common.CloneStrategy) string {
 	if s == common.CloneStrategyHostAssisted {
 		return ""
 	}
-	switch {
-	case f.unreachable != "" && (s == common.CloneStrategyCSIClone || f.nodeLocal):
+	if f.unreachable != "" && (s == common.CloneStrategyCSIClone || f.nodeLocal) {
 		// A CSI clone of a volume is made only where the volume is; a restore of a node-local
 		// volume's snapshot only on its node.
 		return f.unreachable
+	}
+	return f.cannotOnImageNode(s)
+}
+
+// cloneButForNode says whether a CSI clone could make the disk were the image's node-local
+// volume on the disk's node: what a replica there makes possible.
+func (f cloneFacts) cloneButForNode() bool {
+	return f.unreachable != "" && f.nodeLocal && f.cannotOnImageNode(common.CloneStrategyCSIClone) == ""
+}
+
+// cannotOnImageNode says why strategy s (not HostAssisted) cannot make the disk even where the
+// image's volume is reached; "" when it can there.
+func (f cloneFacts) cannotOnImageNode(s common.CloneStrategy) string {
+	switch {
 	case f.sourceNamespace != f.targetNamespace:
 		return fmt.Sprintf("the image is in namespace %s and the disk in %s", f.sourceNamespace, f.targetNamespace)
 	case f.sourceMode != f.targetMode:

@@ -95,6 +95,38 @@ func TestChoose(t *testing.T) {
 	}
 }
 
+// TestCloneButForNode: a replica is asked for exactly when a CSI clone fails only for the
+// image's node: the same rule cannot applies, reachability aside.
+func TestCloneButForNode(t *testing.T) {
+	fs, blk := corev1.PersistentVolumeFilesystem, corev1.PersistentVolumeBlock
+	away := cloneFacts{sourceNamespace: "a", targetNamespace: "a", sourceClass: "local", targetClass: "local",
+		sourceMode: fs, targetMode: fs, sourceDriver: "lvm", targetDriver: "lvm", nodeLocal: true,
+		unreachable: "the image's volume is on node n1, and the disk's pod on n2"}
+	with := func(f func(*cloneFacts)) cloneFacts { c := away; f(&c); return c }
+	for _, tc := range []struct {
+		name  string
+		facts cloneFacts
+		want  bool
+	}{
+		{"only the node", away, true},
+		{"reached", with(func(c *cloneFacts) { c.unreachable = "" }), false},
+		{"network storage", with(func(c *cloneFacts) { c.nodeLocal = false }), false},
+		{"other namespace", with(func(c *cloneFacts) { c.targetNamespace = "b" }), false},
+		{"other class", with(func(c *cloneFacts) { c.targetClass = "local-fast" }), false},
+		{"other mode", with(func(c *cloneFacts) { c.targetMode = blk }), false},
+		{"no driver", with(func(c *cloneFacts) { c.targetDriver = "" }), false},
+	} {
+		if got := tc.facts.cloneButForNode(); got != tc.want {
+			t.Errorf("%s: cloneButForNode = %v, want %v", tc.name, got, tc.want)
+		}
+		reached := tc.facts
+		reached.unreachable = ""
+		if tc.want && reached.cannot(common.CloneStrategyCSIClone) != "" {
+			t.Errorf("%s: a replica is asked for where a CSI clone would fail on the node too: %s", tc.name, reached.cannot(common.CloneStrategyCSIClone))
+		}
+	}
+}
+
 // TestPreferred: the class's annotation, else the installation's value for the class, else its
 // default; Automatic at any of them leaves the choice to diskpipe (""), and an annotation that
 // names no strategy is not read.

@@ -8,14 +8,11 @@ package image
 import (
 	"context"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -32,7 +29,6 @@ import (
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
-	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 
@@ -47,12 +43,6 @@ const (
 	// LabelCloneOf marks a disk's PVC with the UID of the image it is being made from, until
 	// it is made: the image is not deleted while a clone reads it.
 	LabelCloneOf = "diskpipe.io/clone-of"
-	// LabelReplicaOf marks a replica of a node-local image on another node (a DiskVolume the
-	// image controls, controllers/disk/replica.go) with the image's UID; LabelReplicaNode with
-	// a hash of its node's name (a node's name may be longer than a label's value), which its
-	// annotation storage.AnnotationSelectedNode names.
-	LabelReplicaOf   = "diskpipe.io/replica-of"
-	LabelReplicaNode = "diskpipe.io/replica-node"
 	// LabelStaging ("true") marks an image that stages one disk's bytes and goes once the disk
 	// is made (a DataVolume's import or upload): its disk is cloned from its volume, never from
 	// a golden snapshot, which would be taken and restored for that one disk.
@@ -180,45 +170,4 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		}
 	}
 	return res, err
-}
-
-// LostReplicaGrace is how long a replica's node is gone before the image deletes the replica:
-// a node deleted and registered again (by an admin, a remediation, a cloud controller that
-// briefly lost the instance) keeps its replica and the data on it.
-var LostReplicaGrace = 10 * time.Minute
-
-// replicas lists the image's replicas on other nodes, by node.
-func (r *Reconciler) replicas(ctx context.Context, obj client.Object) ([]common.ImageReplica, time.Duration, error) {
-	list := &diskvolume.DiskVolumeList{}
-	if err := r.List(ctx, list, client.InNamespace(obj.GetNamespace()), client.MatchingLabels{LabelReplicaOf: string(obj.GetUID())}); err != nil {
-		return nil, 0, err
-	}
-	var next time.Duration
-	var out []common.ImageReplica
-	for _, d := range list.Items {
-		// Only its own: a label is anyone's to write.
-		node := d.Annotations[storage.AnnotationSelectedNode]
-		if !metav1.IsControlledBy(&d, obj) || len(node) > 253 || len(d.Name) > 63 {
-			continue
-		}
-		// A replica on a node gone from the cluster (its disk failed NodeLost) for
-		// LostReplicaGrace goes: were the node to come back later, its next disk makes a new one.
-		if c := LostToNode(&d.Status); c != nil && d.DeletionTimestamp.IsZero() {
-			if left := time.Until(c.LastTransitionTime.Add(LostReplicaGrace)); left > 0 {
-				if next == 0 || left < next {
-					next = left
-				}
-			} else {
-				if err := r.Delete(ctx, &d, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
-					return nil, 0, err
-				}
-				r.Pods.Events.Eventf(obj, &d, corev1.EventTypeWarning, "ReplicaLost", "Delete", "Deleted the replica %s, whose node is gone for %s: %s",
-					d.Name, LostReplicaGrace, c.Message)
-				continue
-			}
-		}
-		out = append(out, common.ImageReplica{Node: node, Name: d.Name, Phase: d.Status.Phase})
-	}
-	slices.SortFunc(out, func(a, b common.ImageReplica) int { return strings.Compare(a.Node, b.Node) })
-	return out[:min(len(out), 256)], next, nil
 }

@@ -28,11 +28,85 @@ import (
 // # Replicas of a node-local image
 //
 // On node-local storage a golden image's volume lives on one node, and a CSI clone of it is
-// made only there. Another node gets a replica: a DiskVolume of the image in its namespace,
-// controlled by the image, copied once from the image's node into the image's class there
-// (controllers/disk/replica.go makes one for the first disk wanted on a node; the image's
-// spec.replicas pre-warms nodes and evicts replicas no disk uses, below). Its disks there are
-// CSI clones of it.
+// made only there. The first disk wanted on another node N (its node known: a claim filled
+// once its VM was scheduled; controllers/disk, copySource and replicaOn) makes a replica of the
+// image on N: a DiskVolume of the image in its namespace, controlled by the image, copied once
+// (a clone-source pod on the image's node streams it to the importer on N) into the image's
+// class on N. That disk, and every later one on N, is a CSI clone of the replica: each node
+// receives the image's bytes once, and never from the origin again. A replica is made once per
+// node (ReplicaName: the image's and the node's), and goes with the image. The image's
+// spec.replicas pre-warms nodes and evicts replicas no disk was made from (keepReplicas); a
+// replica whose node is gone goes after LostReplicaGrace (replicas).
+//
+// This file is the one home of replicas: what one is (IsReplica: the label, the image's
+// control and diskpipe's mark; a label or an owner reference is anyone's to write), the list
+// of an image's replicas (Replicas), a replica's node and volume (ReplicaNode, ReplicaPVC), and
+// the note of its last use (NoteReplicaUsed). Every caller reads them through these.
+
+// Labels of a replica: LabelReplicaOf with its image's UID; LabelReplicaNode with a hash of
+// its node's name (a node's name may be longer than a label's value), which its annotation
+// storage.AnnotationSelectedNode names.
+const (
+	LabelReplicaOf   = "diskpipe.io/replica-of"
+	LabelReplicaNode = "diskpipe.io/replica-node"
+)
+
+// IsReplica says whether rep is one of img's replicas: labelled with its UID, controlled by it
+// and marked as diskpipe made it for it (owned.Mine).
+func IsReplica(rep, img client.Object) bool {
+	return rep.GetLabels()[LabelReplicaOf] == string(img.GetUID()) && owned.Mine("DiskVolume", rep, img)
+}
+
+// Replicas lists img's replicas (IsReplica), by name, in every phase and being deleted or not.
+func Replicas(ctx context.Context, c client.Reader, img client.Object) ([]*diskvolume.DiskVolume, error) {
+	list := &diskvolume.DiskVolumeList{}
+	if err := c.List(ctx, list, client.InNamespace(img.GetNamespace()), client.MatchingLabels{LabelReplicaOf: string(img.GetUID())}); err != nil {
+		return nil, err
+	}
+	var out []*diskvolume.DiskVolume
+	for i := range list.Items {
+		if IsReplica(&list.Items[i], img) {
+			out = append(out, &list.Items[i])
+		}
+	}
+	slices.SortFunc(out, func(a, b *diskvolume.DiskVolume) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// ReplicaNode is the node a replica is on.
+func ReplicaNode(rep *diskvolume.DiskVolume) string {
+	return rep.Annotations[storage.AnnotationSelectedNode]
+}
+
+// ReplicaPVC is rep's volume's claim once it can be read from: diskpipe's for rep, Bound and not
+// being deleted; nil while it is not.
+func ReplicaPVC(ctx context.Context, c client.Reader, rep *diskvolume.DiskVolume) (*corev1.PersistentVolumeClaim, error) {
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: rep.Namespace, Name: rep.Name}, pvc); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if !pvc.DeletionTimestamp.IsZero() || pvc.Status.Phase != corev1.ClaimBound || !owned.Mine("PersistentVolumeClaim", pvc, rep) {
+		return nil, nil
+	}
+	return pvc, nil
+}
+
+// AnnotationReplicaUsed is when a disk was last made from a replica (RFC 3339), written by the
+// disk controller (NoteReplicaUsed); a replica no disk was made from yet counts from its
+// creation.
+const AnnotationReplicaUsed = "diskpipe.io/replica-last-used"
+
+// NoteReplicaUsed notes on the replica whose claim pvc is that a disk is made from it now: the
+// image's replica policy evicts replicas no disk was made from for a time (keepReplicas).
+func NoteReplicaUsed(ctx context.Context, c client.Client, pvc *corev1.PersistentVolumeClaim) error {
+	d := &diskvolume.DiskVolume{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: pvc.Name}, d); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	patch := client.MergeFrom(d.DeepCopy())
+	metav1.SetMetaDataAnnotation(&d.ObjectMeta, AnnotationReplicaUsed, time.Now().UTC().Format(time.RFC3339))
+	return client.IgnoreNotFound(c.Patch(ctx, d, patch))
+}
 
 // ReasonNodeLost is the reason of a disk (a replica among them) whose volume is on a node gone
 // from the cluster; the disk controller sets it, and the image deletes such a replica.
@@ -47,10 +121,6 @@ func LostToNode(st *common.DiskStatus) *metav1.Condition {
 	}
 	return c
 }
-
-// AnnotationReplicaUsed is when a disk was last made from a replica (RFC 3339), written by the
-// disk controller; a replica no disk was made from yet counts from its creation.
-const AnnotationReplicaUsed = "diskpipe.io/replica-last-used"
 
 // ReplicaName is the name of golden's replica on node: the image's name (cut), and a hash of
 // the image's UID and the node, so that neither two images nor two nodes share one; at most 63
@@ -182,14 +252,13 @@ func (r *Reconciler) keepReplicas(ctx context.Context, g *goldenImage) (time.Dur
 	if policy.EvictAfter == nil {
 		return 0, nil
 	}
-	list := &diskvolume.DiskVolumeList{}
-	if err := r.List(ctx, list, client.InNamespace(g.obj.GetNamespace()), client.MatchingLabels{LabelReplicaOf: string(g.obj.GetUID())}); err != nil {
+	list, err := Replicas(ctx, r.Client, g.obj)
+	if err != nil {
 		return 0, err
 	}
 	var next time.Duration
-	for i := range list.Items {
-		d := &list.Items[i]
-		if !metav1.IsControlledBy(d, g.obj) || warmed[d.Annotations[storage.AnnotationSelectedNode]] || !d.DeletionTimestamp.IsZero() {
+	for _, d := range list {
+		if warmed[ReplicaNode(d)] || !d.DeletionTimestamp.IsZero() {
 			continue
 		}
 		used := d.CreationTimestamp.Time
@@ -209,9 +278,49 @@ func (r *Reconciler) keepReplicas(ctx context.Context, g *goldenImage) (time.Dur
 			return 0, err
 		}
 		r.Pods.Events.Eventf(g.obj, d, corev1.EventTypeNormal, "ReplicaEvicted", "Evict", "Deleted the replica %s on node %s: no disk was made from it for %s",
-			d.Name, d.Annotations[storage.AnnotationSelectedNode], policy.EvictAfter.Duration)
+			d.Name, ReplicaNode(d), policy.EvictAfter.Duration)
 	}
 	return next, nil
+}
+
+// LostReplicaGrace is how long a replica's node is gone before the image deletes the replica:
+// a node deleted and registered again (by an admin, a remediation, a cloud controller that
+// briefly lost the instance) keeps its replica and the data on it.
+var LostReplicaGrace = 10 * time.Minute
+
+// replicas lists the image's replicas on other nodes, by node.
+func (r *Reconciler) replicas(ctx context.Context, obj client.Object) ([]common.ImageReplica, time.Duration, error) {
+	list, err := Replicas(ctx, r.Client, obj)
+	if err != nil {
+		return nil, 0, err
+	}
+	var next time.Duration
+	var out []common.ImageReplica
+	for _, d := range list {
+		node := ReplicaNode(d)
+		if len(node) > 253 || len(d.Name) > 63 {
+			continue
+		}
+		// A replica on a node gone from the cluster (its disk failed NodeLost) for
+		// LostReplicaGrace goes: were the node to come back later, its next disk makes a new one.
+		if c := LostToNode(&d.Status); c != nil && d.DeletionTimestamp.IsZero() {
+			if left := time.Until(c.LastTransitionTime.Add(LostReplicaGrace)); left > 0 {
+				if next == 0 || left < next {
+					next = left
+				}
+			} else {
+				if err := r.Delete(ctx, d, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+					return nil, 0, err
+				}
+				r.Pods.Events.Eventf(obj, d, corev1.EventTypeWarning, "ReplicaLost", "Delete", "Deleted the replica %s, whose node is gone for %s: %s",
+					d.Name, LostReplicaGrace, c.Message)
+				continue
+			}
+		}
+		out = append(out, common.ImageReplica{Node: node, Name: d.Name, Phase: d.Status.Phase})
+	}
+	slices.SortFunc(out, func(a, b common.ImageReplica) int { return strings.Compare(a.Node, b.Node) })
+	return out[:min(len(out), 256)], next, nil
 }
 
 // staleRevision says whether g is a revision of a scheduled image that is not its current one.
