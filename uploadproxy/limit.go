@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/diskpipe/diskpipe/internal/uploads"
+	"github.com/diskpipe/diskpipe/objectstore/uploads"
 )
 
 // # What a namespace's uploads may hold

@@ -20,9 +20,9 @@ import (
 
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
-	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/objectstore/uploads"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 

@@ -47,9 +47,9 @@ import (
 
 	"github.com/diskpipe/diskpipe/internal/pace"
 	"github.com/diskpipe/diskpipe/internal/transfer"
-	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/objectstore/uploads"
 )
 
 // Headers of the resumable protocol.

@@ -30,8 +30,8 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
-	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/objectstore/objectstoretest"
+	"github.com/diskpipe/diskpipe/objectstore/uploads"
 	"github.com/diskpipe/diskpipe/test/testenv"
 	"github.com/diskpipe/diskpipe/uploadproxy"
 )

@@ -23,7 +23,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/internal/cdiclaims"
 	"github.com/diskpipe/diskpipe/internal/transfer"
-	"github.com/diskpipe/diskpipe/internal/uploads"
+	"github.com/diskpipe/diskpipe/objectstore/uploads"
 )
 
 // TestUploadPVC: a PVC made for an upload (as virtctl image-upload pvc makes it, with the

@@ -17,8 +17,8 @@ import (
 	"github.com/google/uuid"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/diskpipe/diskpipe/internal/tenancy"
 	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/objectstore/tenancy"
 	"github.com/diskpipe/diskpipe/test/freeport"
 	"github.com/diskpipe/diskpipe/test/repo"
 )

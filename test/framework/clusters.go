@@ -8,8 +8,8 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/diskpipe/diskpipe/internal/tenancy"
 	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/objectstore/tenancy"
 	realcluster "github.com/diskpipe/diskpipe/test/cluster"
 	"github.com/diskpipe/diskpipe/test/localcluster"
 	"github.com/diskpipe/diskpipe/test/testenv"

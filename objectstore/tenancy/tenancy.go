@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/diskpipe/diskpipe/internal/uploads"
 	"github.com/diskpipe/diskpipe/objectstore"
+	"github.com/diskpipe/diskpipe/objectstore/uploads"
 )
 
 // UIDs answers namespaces' UIDs from r, which should read the apiserver rather than a cache:
