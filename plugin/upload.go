@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	upload "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploadproto"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
-	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // uploadOptions are upload's flags.
@@ -48,7 +48,7 @@ func (o *options) upload(ctx context.Context, c *client, name string) error {
 	if err != nil {
 		return err
 	}
-	if uploadproxy.Resources[r.kind] != r.gvr.Resource {
+	if uploadproto.Resources[r.kind] != r.gvr.Resource {
 		return usageError("--kind %s: uploads go to a virtualmachineimage (vmimage) or an imagetemplate (imt)", u.kind)
 	}
 	f, err := os.Open(u.file)
@@ -221,11 +221,11 @@ func (u *uploader) head(ctx context.Context, e endpoint) (int64, bool, error) {
 	if resp.StatusCode != http.StatusOK {
 		return 0, false, &errStatus{resp.StatusCode, http.StatusText(resp.StatusCode) + " to HEAD " + e.url}
 	}
-	off, err := strconv.ParseInt(resp.Header.Get(uploadproxy.HeaderOffset), 10, 64)
+	off, err := strconv.ParseInt(resp.Header.Get(uploadproto.HeaderOffset), 10, 64)
 	if err != nil {
-		return 0, false, fmt.Errorf("the upload proxy sent no %s header (is %s the proxy?)", uploadproxy.HeaderOffset, e.url)
+		return 0, false, fmt.Errorf("the upload proxy sent no %s header (is %s the proxy?)", uploadproto.HeaderOffset, e.url)
 	}
-	return off, resp.Header.Get(uploadproxy.HeaderComplete) == "true", nil
+	return off, resp.Header.Get(uploadproto.HeaderComplete) == "true", nil
 }
 
 // put sends the file from off to its end.

@@ -16,11 +16,12 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/internal/uploadproto"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 )
 
-// Resources are the images' resources by kind.
-var Resources = map[string]string{"VirtualMachineImage": "virtualmachineimages", "ImageTemplate": "imagetemplates"}
+// Resources are the images' resources by kind (uploadproto's).
+var Resources = uploadproto.Resources
 
 // Image is what an upload needs of its image.
 type Image struct {

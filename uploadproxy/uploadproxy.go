@@ -47,15 +47,16 @@ import (
 
 	"github.com/diskpipe/diskpipe/internal/pace"
 	"github.com/diskpipe/diskpipe/internal/transfer"
+	"github.com/diskpipe/diskpipe/internal/uploadproto"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/objectstore/uploads"
 )
 
-// Headers of the resumable protocol.
+// Headers of the resumable protocol (uploadproto, which clients import).
 const (
-	HeaderOffset   = "Upload-Offset"
-	HeaderComplete = "Upload-Complete"
+	HeaderOffset   = uploadproto.HeaderOffset
+	HeaderComplete = uploadproto.HeaderComplete
 )
 
 // Server is the upload proxy.
