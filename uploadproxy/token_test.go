@@ -19,11 +19,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/objectstore/uploads"
 	"github.com/diskpipe/diskpipe/uploadproxy"
+	"github.com/diskpipe/diskpipe/uploadproxy/cdiupload"
 )
 
 // withTokens is a proxy that takes upload tokens signed with the key in a Secret of f.ns.

@@ -54,7 +54,7 @@ type TokenAPI struct {
 	Store         *objectstore.Client
 	StoreEndpoint string
 	// Groups are further API groups of requests served beside upload.diskpipe.io: CDI's
-	// upload.cdi.kubevirt.io (controllers/cdi/upload), with CDI's API served.
+	// upload.cdi.kubevirt.io (uploadproxy/cdiupload), with CDI's API served.
 	Groups []RequestGroup
 }
 

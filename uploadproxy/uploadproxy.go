@@ -6,7 +6,7 @@
 //	HEAD /v1/namespaces/{namespace}/{virtualmachineimages|imagetemplates}/{name}
 //	GET  /healthz
 //	...                     further doors (Server.Doors): CDI's upload paths, for virtctl
-//	                        image-upload and browsers (controllers/cdi/upload)
+//	                        image-upload and browsers (uploadproxy/cdiupload)
 //
 // Callers prove their right to upload to the image (auth.go) with an upload token, which the
 // manager's webhook issues for an UploadTokenRequest to users of any credential, or with a
@@ -83,7 +83,7 @@ type Server struct {
 	// ResourceQuotas' requests.storage bound them; see limit.go).
 	MaxBytesPerNamespace int64
 	// Doors are further ways in, by path, served beside the PUT: CDI's upload paths
-	// (controllers/cdi/upload). They store through Upload, as the PUT does.
+	// (uploadproxy/cdiupload). They store through Upload, as the PUT does.
 	Doors map[string]Door
 	Log   *slog.Logger
 

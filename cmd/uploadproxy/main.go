@@ -21,11 +21,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
-	"github.com/diskpipe/diskpipe/controllers/manager"
+	"github.com/diskpipe/diskpipe/internal/scheme"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/uploadproxy"
+	"github.com/diskpipe/diskpipe/uploadproxy/cdiupload"
 )
 
 func main() {
@@ -72,7 +72,7 @@ func run(srvUploads *uploadproxy.Server, listen, certFile, keyFile string, cfg o
 	if err != nil {
 		return err
 	}
-	kube, err := client.New(restCfg, client.Options{Scheme: manager.NewScheme()})
+	kube, err := client.New(restCfg, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		return err
 	}

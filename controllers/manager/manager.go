@@ -30,7 +30,6 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/cdi"
 	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
-	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/export"
 	"github.com/diskpipe/diskpipe/controllers/image"
@@ -43,6 +42,7 @@ import (
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/objectstore/tenancy"
 	"github.com/diskpipe/diskpipe/uploadproxy"
+	"github.com/diskpipe/diskpipe/uploadproxy/cdiupload"
 )
 
 // Options configure the manager.

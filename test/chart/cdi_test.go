@@ -20,9 +20,9 @@ import (
 
 	"github.com/diskpipe/diskpipe/controllers/cdi"
 	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
-	cdiupload "github.com/diskpipe/diskpipe/controllers/cdi/upload"
 	"github.com/diskpipe/diskpipe/test/testenv"
 	"github.com/diskpipe/diskpipe/uploadproxy"
+	"github.com/diskpipe/diskpipe/uploadproxy/cdiupload"
 )
 
 // cdiKinds are the kinds of CDI's API the chart installs with cdi.compatibility.enabled.

@@ -1,4 +1,4 @@
-// Package upload serves CDI's upload API, for the unmodified `virtctl image-upload dv` and `pvc`: with CDI's API
+// Package cdiupload serves CDI's upload API, for the unmodified `virtctl image-upload dv` and `pvc`: with CDI's API
 // served by diskpipe (cdi.compatibility.enabled), a DataVolume of source upload, or a PVC made
 // for an upload, has a claim of its name made for the upload, staged by a VirtualMachineImage
 // of source upload, cdiclaims.UploadPVCImage(the claim's name), which the claim controls
@@ -18,7 +18,7 @@
 //     once the image is stored, and virtctl then waits on the claim's annotation. HEAD
 //     /v1beta1/upload-async (virtctl's question whether to take that path) answers 200 to a
 //     valid token.
-package upload
+package cdiupload
 
 import (
 	"context"
