@@ -28,7 +28,6 @@ import (
 
 	upload "github.com/diskpipe/diskpipe/apis/upload/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
-	"github.com/diskpipe/diskpipe/controllers/cdi"
 	cdipolicy "github.com/diskpipe/diskpipe/controllers/cdi/policy"
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/export"
@@ -42,7 +41,6 @@ import (
 	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/diskpipe/diskpipe/objectstore/tenancy"
 	"github.com/diskpipe/diskpipe/uploadproxy"
-	"github.com/diskpipe/diskpipe/uploadproxy/cdiupload"
 )
 
 // Options configure the manager.
@@ -144,52 +142,14 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 	if opts.Concurrency == 0 {
 		opts.Concurrency = 8
 	}
+	if err := loadOwnerKey(cfg, opts); err != nil {
+		return nil, err
+	}
+	hooks, keeper, err := webhookServer(cfg, opts.Webhook)
+	if err != nil {
+		return nil, err
+	}
 	renew := 10 * time.Second
-	if opts.OwnerKeySecret.Name != "" {
-		direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
-		if err != nil {
-			return nil, err
-		}
-		if err := owned.LoadKey(context.Background(), direct, opts.OwnerKeySecret); err != nil {
-			return nil, err
-		}
-	} else if !owned.HasKey() {
-		return nil, errors.New("no --owner-key-secret: the manager needs the key it marks its children with")
-	}
-	var (
-		hooks  webhook.Server
-		keeper *admission.CertKeeper
-	)
-	if w := opts.Webhook; w != nil {
-		// A client certificate is asked for, never required: the apiserver presents its
-		// front-proxy certificate when it forwards to the upload token API (checked there), and
-		// none when it calls a webhook.
-		hookOpts := webhook.Options{Host: w.Host, Port: w.Port, CertDir: w.CertDir,
-			TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.ClientAuth = tls.RequestClientCert }}}
-		if w.CertSecret != "" {
-			// The manager's own certificate, served from memory; its first Sync is below.
-			direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
-			if err != nil {
-				return nil, err
-			}
-			keeper = &admission.CertKeeper{Client: direct, Reader: direct, Namespace: w.Namespace,
-				SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, Every: w.CertSync}
-			if w.ProxyCertSecret != "" {
-				keeper.Leaves = []admission.Leaf{{SecretName: w.ProxyCertSecret, Hosts: w.ProxyHosts}}
-			}
-			if w.UploadTokenSecret.Name != "" {
-				keeper.APIServices = []string{uploadproxy.TokenAPIService}
-				if opts.CDICompatibility {
-					keeper.APIServices = append(keeper.APIServices, uploadproxy.APIServiceName(cdiupload.GroupVersion))
-				}
-			}
-			if opts.CDICompatibility {
-				keeper.Mutating = []string{cdi.ProfileHookName}
-			}
-			hookOpts.TLSOpts = append(hookOpts.TLSOpts, func(c *tls.Config) { c.GetCertificate = keeper.GetCertificate })
-		}
-		hooks = webhook.NewServer(hookOpts)
-	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		WebhookServer:                 hooks,
 		Scheme:                        NewScheme(),
@@ -215,107 +175,182 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 			opts.Importer.AllowedDestinations = append(slices.Clip(opts.Importer.AllowedDestinations), u.Hostname())
 		}
 	}
-	if opts.CDICompatibility {
-		// A CDI user's CDIConfig spec.filesystemOverhead sizes every volume, before the chart's values.
-		opts.Importer.FilesystemOverhead = opts.Importer.FilesystemOverhead.Under(cdi.SpecOverhead(mgr.GetClient()))
-		// and its spec.importProxy carries every import, before the chart's importer.proxy.
-		opts.Importer.ProxyFirst = cdi.SpecProxy(mgr.GetClient(), mgr.GetAPIReader(), opts.Namespace)
+	// CDI's API, when served, goes in first: it changes the importer's options the engine's
+	// controllers are made with.
+	ext, err := wireCDI(mgr, &opts, keeper)
+	if err != nil {
+		return nil, err
 	}
-	imageOpts := image.Options{Pods: opts.Importer}
-	if opts.ObjectStore != nil {
-		if imageOpts.ObjectStore, err = objectstore.NewClient(*opts.ObjectStore); err != nil {
-			return nil, fmt.Errorf("the object store: %w", err)
-		}
-		imageOpts.ObjectStoreCA = opts.ObjectStore.CAFile
+	st, err := newStores(mgr, opts)
+	if err != nil {
+		return nil, err
 	}
-	var sweeper *tenancy.Sweeper
-	if opts.ObjectStore != nil && opts.ObjectStore.Scoped {
-		// The store knows a namespace by its UID, asked of the apiserver each time.
-		imageOpts.ObjectStore.ResolveNamespaces(tenancy.UIDs(mgr.GetAPIReader()))
-		sweeper = &tenancy.Sweeper{Store: imageOpts.ObjectStore, Reader: mgr.GetAPIReader()}
-		if err := mgr.Add(sweeper); err != nil {
+	if err := setupControllers(mgr, opts, st, ext); err != nil {
+		return nil, err
+	}
+	if opts.Webhook != nil {
+		if err := serveWebhooks(cfg, mgr, opts, keeper, st, ext); err != nil {
 			return nil, err
 		}
 	}
-	if err := image.SetupVirtualMachineImage(mgr, imageOpts); err != nil {
-		return nil, fmt.Errorf("setting up the VirtualMachineImage controller: %w", err)
+	if err := addChecks(mgr); err != nil {
+		return nil, err
 	}
-	if err := image.SetupImageTemplate(mgr, imageOpts); err != nil {
-		return nil, fmt.Errorf("setting up the ImageTemplate controller: %w", err)
+	return mgr, nil
+}
+
+// loadOwnerKey loads the key the manager marks its children with (owned.LoadKey).
+func loadOwnerKey(cfg *rest.Config, opts Options) error {
+	if opts.OwnerKeySecret.Name == "" {
+		if !owned.HasKey() {
+			return errors.New("no --owner-key-secret: the manager needs the key it marks its children with")
+		}
+		return nil
 	}
-	diskOpts := disk.Options{Pods: opts.Importer, Strategies: opts.CloneStrategies}
-	if opts.CDICompatibility {
-		// A CDI user's StorageProfile spec.snapshotClass names the class of every snapshot
-		// diskpipe takes of that storage class's volumes, as CDI's snapshot clones take it.
-		diskOpts.SnapshotClassNamed = cdi.ProfileSnapshotClass(mgr.GetClient())
+	direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
+	if err != nil {
+		return err
 	}
-	if err := disk.Setup(mgr, diskOpts); err != nil {
-		return nil, fmt.Errorf("setting up the disk controllers: %w", err)
+	return owned.LoadKey(context.Background(), direct, opts.OwnerKeySecret)
+}
+
+// webhookServer is the server of the webhooks and the upload token API, and the keeper of its
+// certificate when the manager issues it; nil, nil with no webhooks.
+func webhookServer(cfg *rest.Config, w *WebhookOptions) (webhook.Server, *admission.CertKeeper, error) {
+	if w == nil {
+		return nil, nil, nil
 	}
-	exportOpts := export.Options{Pods: opts.Importer, Store: imageOpts.ObjectStore, StoreConfig: opts.ObjectStore,
-		SnapshotClassNamed: diskOpts.SnapshotClassNamed}
-	if opts.ObjectStore != nil && opts.ObjectStorePublicEndpoint != "" {
+	// A client certificate is asked for, never required: the apiserver presents its
+	// front-proxy certificate when it forwards to the upload token API (checked there), and
+	// none when it calls a webhook.
+	hookOpts := webhook.Options{Host: w.Host, Port: w.Port, CertDir: w.CertDir,
+		TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.ClientAuth = tls.RequestClientCert }}}
+	var keeper *admission.CertKeeper
+	if w.CertSecret != "" {
+		// The manager's own certificate, served from memory; its first Sync is in serveWebhooks.
+		direct, err := client.New(cfg, client.Options{Scheme: NewScheme()})
+		if err != nil {
+			return nil, nil, err
+		}
+		keeper = &admission.CertKeeper{Client: direct, Reader: direct, Namespace: w.Namespace,
+			SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, Every: w.CertSync}
+		if w.ProxyCertSecret != "" {
+			keeper.Leaves = []admission.Leaf{{SecretName: w.ProxyCertSecret, Hosts: w.ProxyHosts}}
+		}
+		if w.UploadTokenSecret.Name != "" {
+			keeper.APIServices = []string{uploadproxy.TokenAPIService}
+		}
+		hookOpts.TLSOpts = append(hookOpts.TLSOpts, func(c *tls.Config) { c.GetCertificate = keeper.GetCertificate })
+	}
+	return webhook.NewServer(hookOpts), keeper, nil
+}
+
+// stores are the object store clients the controllers and the token API share.
+type stores struct {
+	// store is the bundled (or configured) store, nil without one; downloads its client at
+	// the public endpoint, for the links users download from.
+	store, downloads *objectstore.Client
+	sweeper          *tenancy.Sweeper // nil unless the store is scoped per namespace
+}
+
+func newStores(mgr ctrl.Manager, opts Options) (stores, error) {
+	var st stores
+	if opts.ObjectStore == nil {
+		return st, nil
+	}
+	var err error
+	if st.store, err = objectstore.NewClient(*opts.ObjectStore); err != nil {
+		return st, fmt.Errorf("the object store: %w", err)
+	}
+	if opts.ObjectStorePublicEndpoint != "" {
 		public := *opts.ObjectStore
 		public.Endpoint = opts.ObjectStorePublicEndpoint
-		if exportOpts.Downloads, err = objectstore.NewClient(public); err != nil {
-			return nil, fmt.Errorf("the object store's public endpoint: %w", err)
+		if st.downloads, err = objectstore.NewClient(public); err != nil {
+			return st, fmt.Errorf("the object store's public endpoint: %w", err)
 		}
 	}
+	if opts.ObjectStore.Scoped {
+		// The store knows a namespace by its UID, asked of the apiserver each time.
+		st.store.ResolveNamespaces(tenancy.UIDs(mgr.GetAPIReader()))
+		st.sweeper = &tenancy.Sweeper{Store: st.store, Reader: mgr.GetAPIReader()}
+		if err := mgr.Add(st.sweeper); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// setupControllers sets diskpipe's own controllers up.
+func setupControllers(mgr ctrl.Manager, opts Options, st stores, ext extensions) error {
+	imageOpts := image.Options{Pods: opts.Importer, ObjectStore: st.store}
+	if opts.ObjectStore != nil {
+		imageOpts.ObjectStoreCA = opts.ObjectStore.CAFile
+	}
+	if err := image.SetupVirtualMachineImage(mgr, imageOpts); err != nil {
+		return fmt.Errorf("setting up the VirtualMachineImage controller: %w", err)
+	}
+	if err := image.SetupImageTemplate(mgr, imageOpts); err != nil {
+		return fmt.Errorf("setting up the ImageTemplate controller: %w", err)
+	}
+	diskOpts := disk.Options{Pods: opts.Importer, Strategies: opts.CloneStrategies, SnapshotClassNamed: ext.snapshotClassNamed}
+	if err := disk.Setup(mgr, diskOpts); err != nil {
+		return fmt.Errorf("setting up the disk controllers: %w", err)
+	}
+	exportOpts := export.Options{Pods: opts.Importer, Store: st.store, StoreConfig: opts.ObjectStore,
+		SnapshotClassNamed: ext.snapshotClassNamed, Downloads: st.downloads}
 	if err := export.Setup(mgr, exportOpts); err != nil {
-		return nil, fmt.Errorf("setting up the export controller: %w", err)
+		return fmt.Errorf("setting up the export controller: %w", err)
 	}
 	if err := populator.Setup(mgr); err != nil {
-		return nil, fmt.Errorf("setting up the populator: %w", err)
+		return fmt.Errorf("setting up the populator: %w", err)
 	}
 	if err := virtualmachine.Setup(mgr, opts.AllowHostDisk); err != nil {
-		return nil, fmt.Errorf("setting up the VirtualMachine controller: %w", err)
+		return fmt.Errorf("setting up the VirtualMachine controller: %w", err)
 	}
-	if opts.CDICompatibility {
-		o := cdi.Options{FilesystemOverhead: opts.Importer.FilesystemOverhead, Strategies: opts.CloneStrategies}
-		if opts.Webhook != nil {
-			o.UploadProxyURL = opts.Webhook.UploadProxyURL
+	return nil
+}
+
+// serveWebhooks syncs the webhooks' certificate (the server starts serving before the caches:
+// it must be there) and registers the webhooks and the upload token API.
+func serveWebhooks(cfg *rest.Config, mgr ctrl.Manager, opts Options, keeper *admission.CertKeeper, st stores, ext extensions) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if keeper != nil {
+		if err := keeper.Sync(ctx); err != nil {
+			return fmt.Errorf("the webhooks' certificate: %w", err)
 		}
-		if err := cdi.Setup(mgr, o); err != nil {
-			return nil, fmt.Errorf("setting up the DataVolume controller: %w", err)
-		}
-	}
-	if opts.Webhook != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if keeper != nil {
-			// The webhook server starts serving before the caches: the certificate must be there.
-			if err := keeper.Sync(ctx); err != nil {
-				return nil, fmt.Errorf("the webhooks' certificate: %w", err)
-			}
-			if err := mgr.Add(keeper); err != nil {
-				return nil, err
-			}
-		}
-		if err := admission.Register(ctx, mgr, opts.AllowHostDisk, cdipolicy.SourceKinds()...); err != nil {
-			return nil, fmt.Errorf("setting up the admission webhooks: %w", err)
-		}
-		if opts.CDICompatibility {
-			cdi.RegisterProfileHook(mgr)
-		}
-		if w := opts.Webhook; w.UploadTokenSecret.Name != "" {
-			api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService}
-			if opts.CDICompatibility {
-				api.Groups = append(api.Groups, cdiupload.Tokens(api))
-			}
-			if opts.ObjectStore != nil && opts.ObjectStore.Scoped {
-				api.Store, api.StoreEndpoint = imageOpts.ObjectStore, cmp.Or(opts.ObjectStorePublicEndpoint, opts.ObjectStore.Endpoint)
-				sweeper.Keys = api.RenewStoreKeys
-			}
-			if err := serveTokenAPI(ctx, cfg, mgr, w, api); err != nil {
-				return nil, fmt.Errorf("setting up the upload token API: %w", err)
-			}
+		if err := mgr.Add(keeper); err != nil {
+			return err
 		}
 	}
+	if err := admission.Register(ctx, mgr, opts.AllowHostDisk, cdipolicy.SourceKinds()...); err != nil {
+		return fmt.Errorf("setting up the admission webhooks: %w", err)
+	}
+	w := opts.Webhook
+	if w.UploadTokenSecret.Name == "" {
+		return nil
+	}
+	api := &uploadproxy.TokenAPI{URL: w.UploadProxyURL, Service: w.UploadProxyService}
+	for _, group := range ext.tokenGroups {
+		api.Groups = append(api.Groups, group(api))
+	}
+	if opts.ObjectStore != nil && opts.ObjectStore.Scoped {
+		api.Store, api.StoreEndpoint = st.store, cmp.Or(opts.ObjectStorePublicEndpoint, opts.ObjectStore.Endpoint)
+		st.sweeper.Keys = api.RenewStoreKeys
+	}
+	if err := serveTokenAPI(ctx, cfg, mgr, w, api); err != nil {
+		return fmt.Errorf("setting up the upload token API: %w", err)
+	}
+	return nil
+}
+
+// addChecks installs the health and readiness checks, and the state metrics.
+func addChecks(mgr ctrl.Manager) error {
 	if err := metrics.Install(mgr.GetClient(), mgr.Elected()); err != nil {
-		return nil, fmt.Errorf("registering the state metrics: %w", err)
+		return fmt.Errorf("registering the state metrics: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		return nil, fmt.Errorf("adding health check: %w", err)
+		return fmt.Errorf("adding health check: %w", err)
 	}
 	// Ready once the caches have synced, so a fresh replica is not sent traffic (webhooks)
 	// before it can answer from them.
@@ -325,9 +360,9 @@ func New(cfg *rest.Config, opts Options) (ctrl.Manager, error) {
 		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("adding readiness check: %w", err)
+		return fmt.Errorf("adding readiness check: %w", err)
 	}
-	return mgr, nil
+	return nil
 }
 
 // metricsOptions serves metrics at opts.MetricsAddr, behind the apiserver's authentication and
