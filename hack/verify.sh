@@ -47,6 +47,21 @@ if [ -n "$drift" ]; then
   exit 1
 fi
 
+# The layers hold for whole binaries too (the linter's depguard sees direct imports only):
+# versitygw only in the store's command, the controllers only in the manager's.
+for cmd in cmd/*/; do
+  cmd=${cmd%/}
+  deps=$(go list -deps "./$cmd")
+  if [ "$cmd" != cmd/objectstore ] && grep -q '^github.com/versity/versitygw' <<<"$deps"; then
+    echo "verify: $cmd links versitygw: only cmd/objectstore may (objectstore/gateway)" >&2
+    exit 1
+  fi
+  if [ "$cmd" != cmd/manager ] && grep -q '^github.com/diskpipe/diskpipe/controllers' <<<"$deps"; then
+    echo "verify: $cmd links a controller: only cmd/manager may" >&2
+    exit 1
+  fi
+done
+
 before=$(snapshot)
 make -s generate manifests
 go mod tidy
