@@ -31,6 +31,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -189,7 +191,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	dv.Status = st
-	if err := owned.WriteStatus(ctx, r.Client, base, dv, base.Status, dv.Status); err != nil {
+	if err := status.Write(ctx, r.Client, base, dv, base.Status, dv.Status); err != nil {
 		return ctrl.Result{}, err
 	}
 	if st.Phase != base.Status.Phase {

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -201,7 +203,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if err == nil {
 			d.status.ObservedGeneration = obj.GetGeneration()
 		}
-		if werr := owned.WriteStatus(ctx, r.Client, base, obj, r.adapt(base).status, d.status); werr != nil {
+		if werr := status.Write(ctx, r.Client, base, obj, r.adapt(base).status, d.status); werr != nil {
 			err = werr
 		}
 		r.Fresh.Saw(obj)

@@ -1,13 +1,13 @@
 package disk
 
 import (
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/image"
-	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 )
 
 // vmDisk is what the reconciler needs of a VirtualMachinePvc or a DiskVolume.
@@ -23,9 +23,9 @@ type vmDisk struct {
 	retry    common.RetryLimit
 }
 
-func (d *vmDisk) tracked() importpod.Status {
+func (d *vmDisk) tracked() status.Work {
 	st := d.status
-	return importpod.Status{Phase: &st.Phase, Conditions: &st.Conditions, Retries: &st.Retries, Transfer: &st.Transfer, Progress: &st.Progress}
+	return status.Work{Phase: &st.Phase, Conditions: &st.Conditions, Retries: &st.Retries, Transfer: &st.Transfer, Progress: &st.Progress}
 }
 
 // imageNamespace is the namespace of the disk's image source.

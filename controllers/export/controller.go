@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -108,7 +110,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if err == nil {
 			ex.Status.ObservedGeneration = ex.Generation
 		}
-		if werr := owned.WriteStatus(ctx, r.Client, base, ex, base.Status, ex.Status); werr != nil {
+		if werr := status.Write(ctx, r.Client, base, ex, base.Status, ex.Status); werr != nil {
 			err = werr
 		}
 		r.Fresh.Saw(ex)
@@ -116,9 +118,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	return r.reconcile(ctx, ex)
 }
 
-func tracked(ex *hypercloud.VirtualMachineVolumeExport) importpod.Status {
+func tracked(ex *hypercloud.VirtualMachineVolumeExport) status.Work {
 	st := &ex.Status
-	return importpod.Status{Phase: &st.Phase, Conditions: &st.Conditions, Retries: &st.Retries, Transfer: &st.Transfer, Progress: &st.Progress}
+	return status.Work{Phase: &st.Phase, Conditions: &st.Conditions, Retries: &st.Retries, Transfer: &st.Transfer, Progress: &st.Progress}
 }
 
 func retryOf(r *common.RetryLimit) common.RetryLimit {

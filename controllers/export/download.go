@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/seal"
@@ -188,7 +189,7 @@ func (r *Reconciler) renew(ctx context.Context, ex *hypercloud.VirtualMachineVol
 	} else {
 		res, aerr := r.storeAction(ctx, ex, d, "presign")
 		if errors.As(aerr, new(*owned.ErrNotOwned)) {
-			r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, importpod.ReasonNameTaken, "RenewURL", "No new download URL: %v", aerr)
+			r.Pods.Events.Eventf(ex, nil, corev1.EventTypeWarning, status.ReasonNameTaken, "RenewURL", "No new download URL: %v", aerr)
 			return true, r.clearRenew(ctx, ex, base)
 		}
 		if res == nil || aerr != nil {

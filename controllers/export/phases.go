@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	"github.com/minio/minio-go/v7"
 	corev1 "k8s.io/api/core/v1"
@@ -82,7 +84,7 @@ func refused(ex *hypercloud.VirtualMachineVolumeExport, res ctrl.Result, err err
 		return res, nil
 	}
 	if nt := (*owned.ErrNotOwned)(nil); errors.As(err, &nt) {
-		tracked(ex).SetFailed(importpod.ReasonNameTaken, nt.Error())
+		tracked(ex).SetFailed(status.ReasonNameTaken, nt.Error())
 		return ctrl.Result{}, nil
 	}
 	if te := (*transfer.Error)(nil); errors.As(err, &te) && !te.Transient {

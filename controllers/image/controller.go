@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -138,7 +140,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if err == nil {
 			g.status.ObservedGeneration = obj.GetGeneration()
 		}
-		if werr := owned.WriteStatus(ctx, r.Client, base, obj, r.adapt(base).status, g.status); werr != nil {
+		if werr := status.Write(ctx, r.Client, base, obj, r.adapt(base).status, g.status); werr != nil {
 			err = werr
 		}
 		r.Fresh.Saw(obj)

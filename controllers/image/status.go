@@ -3,11 +3,12 @@ package image
 import (
 	"fmt"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -26,6 +27,6 @@ func setImported(st *common.ImageStatus, res *transfer.Result, pvc string) {
 	st.VirtualSize = resource.NewQuantity(res.VirtualSize, resource.BinarySI)
 	st.StoredSize = resource.NewQuantity(res.BytesRead, resource.BinarySI)
 	st.CompletionTime = &now
-	importpod.Status{Conditions: &st.Conditions}.SetReady(metav1.ConditionTrue, reasonImported,
+	status.Work{Conditions: &st.Conditions}.SetReady(metav1.ConditionTrue, reasonImported,
 		fmt.Sprintf("imported into PVC %s in %.0f s", pvc, res.DurationSeconds))
 }

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -124,7 +126,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		if err == nil {
 			vm.Status.ObservedGeneration = vm.Generation
 		}
-		if werr := owned.WriteStatus(ctx, r.Client, base, vm, base.Status, vm.Status); werr != nil {
+		if werr := status.Write(ctx, r.Client, base, vm, base.Status, vm.Status); werr != nil {
 			err = werr
 		}
 	}()

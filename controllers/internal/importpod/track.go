@@ -3,7 +3,6 @@ package importpod
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,8 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
+
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -27,64 +27,6 @@ import (
 
 // ProgressInterval is how often a running pod's progress is read.
 const ProgressInterval = 5 * time.Second
-
-// Condition reasons the tracker sets.
-const (
-	ReasonPending  = "Pending"
-	ReasonRunning  = "Running"
-	ReasonRetrying = "Retrying"
-	// ReasonNameTaken: a pod of the work's name exists that diskpipe did not make for it.
-	ReasonNameTaken = "NameTaken"
-)
-
-// Status is the part of an image's or a disk's status that an importer pod moves forward.
-type Status struct {
-	Phase      *common.Phase
-	Conditions *[]metav1.Condition
-	Retries    *int32
-	Transfer   **common.Transfer
-	Progress   *string
-}
-
-// SetReady sets the Ready condition.
-func (s Status) SetReady(status metav1.ConditionStatus, reason, msg string) {
-	meta.SetStatusCondition(s.Conditions, metav1.Condition{Type: common.ConditionReady, Status: status, Reason: reason, Message: msg})
-}
-
-// WaitForName has the work wait, Pending, while a child's name is held by an object being
-// deleted (owned.ErrTerminating), and says so; false when err is no such error.
-func (s Status) WaitForName(err error) (ctrl.Result, bool) {
-	t := (*owned.ErrTerminating)(nil)
-	if !errors.As(err, &t) {
-		return ctrl.Result{}, false
-	}
-	if *s.Phase == "" {
-		*s.Phase = common.PhasePending
-	}
-	s.SetReady(metav1.ConditionFalse, owned.ReasonNameTerminating, t.Error())
-	return ctrl.Result{RequeueAfter: 5 * time.Second}, true
-}
-
-// SetFailed ends the work with reason.
-func (s Status) SetFailed(reason, msg string) {
-	*s.Phase = common.PhaseFailed
-	s.SetReady(metav1.ConditionFalse, reason, msg)
-}
-
-// RetryWait is how long to wait before the next attempt, derived from when the last one
-// failed: the backoff survives a restart of the manager.
-func (s Status) RetryWait(now time.Time) time.Duration {
-	c := meta.FindStatusCondition(*s.Conditions, common.ConditionReady)
-	if c == nil || c.Reason != ReasonRetrying {
-		return 0
-	}
-	return c.LastTransitionTime.Add(Backoff(*s.Retries)).Sub(now)
-}
-
-// Backoff is the wait before retry n: 2, 4, 8, ... seconds, at most 5 minutes.
-func Backoff(n int32) time.Duration {
-	return min(time.Second<<min(n, 9), 5*time.Minute)
-}
 
 // Tracker turns importer pods' state into status.
 type Tracker struct {
@@ -108,7 +50,7 @@ func (t *Tracker) Start(ctx context.Context, w Work, pod *corev1.Pod) error {
 // Work describes what a pod does for an object, for status and Events.
 type Work struct {
 	Obj    client.Object
-	Status Status
+	Status status.Work
 	// Running is the phase while the pod runs (Importing, Cloning).
 	Running common.Phase
 	// Action names the work in Events ("Import", "Clone").
@@ -131,13 +73,13 @@ func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done fun
 	st := w.Status
 	if !metav1.IsControlledBy(pod, w.Obj) || !Made(pod, w.Obj.GetUID()) {
 		// Its status and result are whatever its maker wrote: none of them is believed.
-		st.SetFailed(ReasonNameTaken, (&owned.ErrNotOwned{Kind: "Pod", Name: pod.Name}).Error())
+		st.SetFailed(status.ReasonNameTaken, (&owned.ErrNotOwned{Kind: "Pod", Name: pod.Name}).Error())
 		return ctrl.Result{}, nil
 	}
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 		*st.Phase = w.Running
-		st.SetReady(metav1.ConditionFalse, ReasonRunning, "the pod "+pod.Name+" is running")
+		st.SetReady(metav1.ConditionFalse, status.ReasonRunning, "the pod "+pod.Name+" is running")
 		if tr, err := t.readProgress(ctx, pod); err == nil {
 			*st.Transfer, *st.Progress = tr, percent(tr)
 		}
@@ -159,7 +101,7 @@ func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done fun
 		if *st.Phase == "" {
 			*st.Phase = common.PhasePending
 		}
-		st.SetReady(metav1.ConditionFalse, ReasonPending, "waiting for the pod "+pod.Name+" to start"+whyWaiting(pod))
+		st.SetReady(metav1.ConditionFalse, status.ReasonPending, "waiting for the pod "+pod.Name+" to start"+whyWaiting(pod))
 		return ctrl.Result{}, nil
 	}
 }
@@ -186,10 +128,10 @@ func (t *Tracker) failed(ctx context.Context, w Work, pod *corev1.Pod, res *tran
 	if res.Transient && *st.Retries < int32(w.Retry) {
 		*st.Retries++
 		w.op().Retried(string(res.Reason))
-		st.SetReady(metav1.ConditionFalse, ReasonRetrying,
+		st.SetReady(metav1.ConditionFalse, status.ReasonRetrying,
 			fmt.Sprintf("attempt %d failed (%s: %s); retrying", *st.Retries, res.Reason, res.Message))
-		t.Events.Eventf(w.Obj, nil, corev1.EventTypeWarning, ReasonRetrying, w.Action, "Attempt %d failed: %s", *st.Retries, res.Message)
-		return ctrl.Result{RequeueAfter: Backoff(*st.Retries)}, client.IgnoreNotFound(t.Delete(ctx, pod))
+		t.Events.Eventf(w.Obj, nil, corev1.EventTypeWarning, status.ReasonRetrying, w.Action, "Attempt %d failed: %s", *st.Retries, res.Message)
+		return ctrl.Result{RequeueAfter: status.Backoff(*st.Retries)}, client.IgnoreNotFound(t.Delete(ctx, pod))
 	}
 	st.SetFailed(string(res.Reason), res.Message)
 	w.op().Failed(string(res.Reason))

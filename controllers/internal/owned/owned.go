@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -87,17 +86,4 @@ func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (boo
 		return false, &ErrNotOwned{Kind: gvk.Kind, Name: obj.GetName()}
 	}
 	return false, nil
-}
-
-// WriteStatus writes obj's status, read as base, when it changed (before and after are the
-// two statuses): with an optimistic lock, so a status computed from a stale view is a
-// conflict, retried, never a lost update. A deleted object needs none.
-func WriteStatus(ctx context.Context, c client.Client, base, obj client.Object, before, after any) error {
-	if equality.Semantic.DeepEqual(before, after) {
-		return nil
-	}
-	if err := c.Status().Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("patching status: %w", err)
-	}
-	return nil
 }
