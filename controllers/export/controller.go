@@ -11,8 +11,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/diskpipe/diskpipe/controllers/internal/status"
-
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -24,6 +22,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
 	"github.com/diskpipe/diskpipe/objectstore"
 )
 

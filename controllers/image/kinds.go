@@ -1,13 +1,13 @@
 package image
 
 import (
-	"github.com/diskpipe/diskpipe/controllers/internal/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
 )
 
 // goldenImage is what the reconciler needs of a VirtualMachineImage or an ImageTemplate: the

@@ -3,12 +3,11 @@ package image
 import (
 	"fmt"
 
-	"github.com/diskpipe/diskpipe/controllers/internal/status"
-
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 

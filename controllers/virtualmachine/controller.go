@@ -15,8 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/diskpipe/diskpipe/controllers/internal/status"
-
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -33,6 +31,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	vmv1 "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
 )
 
 // AnnotationIPPool is the IPAM annotation the VM's pod gets for spec.ippool: Calico's, which

@@ -9,12 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/diskpipe/diskpipe/objectstore"
 	"github.com/versity/versitygw/backend"
 	"github.com/versity/versitygw/backend/meta"
 	"github.com/versity/versitygw/backend/posix"
 	"github.com/versity/versitygw/embedgw"
 	"github.com/versity/versitygw/s3api"
+
+	"github.com/diskpipe/diskpipe/objectstore"
 )
 
 // ServerConfig configures the bundled store.

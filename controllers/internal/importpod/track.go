@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/diskpipe/diskpipe/controllers/internal/status"
-
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -22,6 +20,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/internal/metrics"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/status"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
