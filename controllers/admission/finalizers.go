@@ -13,7 +13,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/export"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 )
 
 // FinalizerPolicyName names the MutatingAdmissionPolicy that gives new images and exports
@@ -24,10 +24,10 @@ const FinalizerPolicyName = "diskpipe-finalizers"
 // group and resource.
 var finalizers = map[string]map[string]string{
 	hypercloud.GroupVersion.Group: {
-		"virtualmachineimages":        image.Finalizer,
+		"virtualmachineimages":        goldenimage.Finalizer,
 		"virtualmachinevolumeexports": export.Finalizer,
 	},
-	virtualmachine.GroupVersion.Group: {"imagetemplates": image.Finalizer},
+	virtualmachine.GroupVersion.Group: {"imagetemplates": goldenimage.Finalizer},
 }
 
 // FinalizerPolicy is a MutatingAdmissionPolicy (admissionregistration.k8s.io/v1, Kubernetes

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/diskpipe/diskpipe/controllers/disk"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 )
 
@@ -58,7 +58,7 @@ func (h *goldenGuard) Handle(ctx context.Context, req admission.Request) admissi
 			continue
 		}
 		key := client.ObjectKey{Namespace: req.Namespace, Name: v.PersistentVolumeClaim.ClaimName}
-		switch replica, err := image.IsReplicaName(ctx, h.reader, key.Namespace, key.Name); {
+		switch replica, err := goldenimage.IsReplicaName(ctx, h.reader, key.Namespace, key.Name); {
 		case err != nil:
 			return admission.Errored(http.StatusInternalServerError, err)
 		case replica:
@@ -67,13 +67,13 @@ func (h *goldenGuard) Handle(ctx context.Context, req admission.Request) admissi
 		}
 		prime, isPrime := disk.PrimeOf(key.Name)
 		pvc := &corev1.PersistentVolumeClaim{}
-		err := h.get(ctx, key, pvc, image.GoldenName(key.Name) || isPrime)
+		err := h.get(ctx, key, pvc, goldenimage.IsPVCName(key.Name) || isPrime)
 		if apierrors.IsNotFound(err) {
 			if isPrime {
 				return denied("the PVC %s does not exist yet, and a claim of that name would be a disk diskpipe is still writing, which nobody else may mount: "+
 					"mount the disk's own PVC once it is made, or name the claim otherwise", key.Name)
 			}
-			if name := v.PersistentVolumeClaim.ClaimName; image.GoldenName(name) {
+			if name := v.PersistentVolumeClaim.ClaimName; goldenimage.IsPVCName(name) {
 				return denied("the PVC %s does not exist yet, and a claim of that name would hold a golden image of diskpipe, which is read-only: "+
 					"create the PVC first, or name it otherwise", name)
 			}
@@ -99,9 +99,9 @@ func (h *goldenGuard) Handle(ctx context.Context, req admission.Request) admissi
 func golden(pvc *corev1.PersistentVolumeClaim) bool {
 	ref := metav1.GetControllerOf(pvc)
 	switch {
-	case pvc.Labels[image.LabelGolden] == "true", ref != nil && image.Kind(ref.Kind):
+	case pvc.Labels[goldenimage.LabelGolden] == "true", ref != nil && goldenimage.IsKind(ref.Kind):
 		return true
-	case !image.GoldenName(pvc.Name):
+	case !goldenimage.IsPVCName(pvc.Name):
 		return false
 	}
 	return ref == nil || (ref.Kind != "DiskVolume" && ref.Kind != "VirtualMachinePvc") || !owned.Marked("PersistentVolumeClaim", pvc, ref.UID)

@@ -16,7 +16,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/internal/authz"
 )
 
@@ -177,10 +177,10 @@ func (h *sourceGuard) public(ctx context.Context, img client.Object) (bool, erro
 		return false, nil
 	}
 	ref := metav1.GetControllerOf(img)
-	if ref == nil || !image.Kind(ref.Kind) {
+	if ref == nil || !goldenimage.IsKind(ref.Kind) {
 		return true, nil
 	}
-	parent, _ := image.NewObject(diskvolume.ImageKind(ref.Kind))
+	parent, _ := goldenimage.NewObject(diskvolume.ImageKind(ref.Kind))
 	switch err := h.client.Get(ctx, client.ObjectKey{Namespace: img.GetNamespace(), Name: ref.Name}, parent); {
 	case apierrors.IsNotFound(err):
 		return false, nil
@@ -192,7 +192,7 @@ func (h *sourceGuard) public(ctx context.Context, img client.Object) (bool, erro
 
 // imageSource is the golden image a disk is made from, as a source to check.
 func imageSource(img *diskvolume.ImageSource) *Source {
-	obj, _ := image.NewObject(img.Kind)
+	obj, _ := goldenimage.NewObject(img.Kind)
 	s := &Source{Kind: string(diskvolume.ImageKindVirtualMachineImage), Namespace: img.Namespace, Name: string(img.Name), Image: obj}
 	if img.Kind == diskvolume.ImageKindImageTemplate {
 		s.Kind = string(img.Kind)

@@ -23,7 +23,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
@@ -182,8 +182,8 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 	upToDate := cdiv1.DataImportCronCondition{Type: cdiv1.DataImportCronUpToDate,
 		ConditionState: cdiv1.ConditionState{Status: corev1.ConditionFalse, Reason: ReasonNoImport, Message: "no revision is imported yet"}}
 
-	golden, err := image.Lookup(ctx, r.Client, image.KindVirtualMachineImage, cron.Namespace, img.Name)
-	if nr := (*image.NotReadyError)(nil); errors.As(err, &nr) {
+	golden, err := goldenimage.Lookup(ctx, r.Client, goldenimage.KindVirtualMachineImage, cron.Namespace, img.Name)
+	if nr := (*goldenimage.NotReadyError)(nil); errors.As(err, &nr) {
 		upToDate.Message = nr.Message
 		st.Conditions = []cdiv1.DataImportCronCondition{progressing, upToDate}
 		return st, nil
@@ -208,7 +208,7 @@ func (r *CronReconciler) status(ctx context.Context, cron *cdiv1.DataImportCron)
 	if format == cdiv1.DataImportCronSourceFormatSnapshot {
 		// The revision's golden snapshot is the source, once it is ready to use; until then the
 		// DataSource names what it named.
-		snap, err := image.EnsureSnapshot(ctx, r.Client, golden, snapshotClass)
+		snap, err := goldenimage.EnsureSnapshot(ctx, r.Client, golden, snapshotClass)
 		if err != nil {
 			return st, err
 		}

@@ -51,7 +51,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
@@ -239,7 +239,7 @@ func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observe
 			return r.done(ctx, dv, disk, true)
 		}
 		img = &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: SourceImage(dv.Name), Namespace: dv.Namespace,
-			Labels: map[string]string{LabelDataVolume: string(dv.UID), image.LabelStaging: "true"}, Annotations: transferAnnotations(dv)},
+			Labels: map[string]string{LabelDataVolume: string(dv.UID), goldenimage.LabelStaging: "true"}, Annotations: transferAnnotations(dv)},
 			Spec: hypercloud.VirtualMachineImageSpec{Source: *imported, VolumeOptions: common.VolumeOptions{
 				StorageClassName: spec.StorageClassName, VolumeMode: spec.VolumeMode}}}
 		if ref, err := r.ensureChild(ctx, dv, img, "VirtualMachineImage"); ref != nil || err != nil {
@@ -253,7 +253,7 @@ func (r *Reconciler) observe(ctx context.Context, dv *cdiv1.DataVolume) (observe
 		// A source whose size only an import tells (a compressed raw image: KubeVirt's export
 		// links are gzip) is staged at the disk's size, as CDI imports it into the DataVolume's
 		// claim of that size.
-		if c := meta.FindStatusCondition(img.Status.Conditions, common.ConditionReady); c != nil && c.Reason == image.ReasonSizeRequired &&
+		if c := meta.FindStatusCondition(img.Status.Conditions, common.ConditionReady); c != nil && c.Reason == goldenimage.ReasonSizeRequired &&
 			img.Spec.Resources.Requests.Storage == nil && spec.Resources.Requests.Storage != nil {
 			patch := client.MergeFrom(img.DeepCopy())
 			img.Spec.Resources.Requests.Storage = ptr.To(spec.Resources.Requests.Storage.DeepCopy())
@@ -681,7 +681,7 @@ func (r *Reconciler) goldenImage(ctx context.Context, src *cdiv1.DataVolumeSourc
 		return nil, client.IgnoreNotFound(err)
 	}
 	owner := metav1.GetControllerOf(obj)
-	if obj.GetLabels()[image.LabelGolden] != "true" || owner == nil ||
+	if obj.GetLabels()[goldenimage.LabelGolden] != "true" || owner == nil ||
 		(owner.Kind != string(diskvolume.ImageKindVirtualMachineImage) && owner.Kind != string(diskvolume.ImageKindImageTemplate)) {
 		return nil, nil
 	}

@@ -11,7 +11,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 )
 
 // # A DataVolume's status
@@ -191,7 +191,7 @@ func statusOfImport(dv *cdiv1.DataVolume, img *hypercloud.VirtualMachineImage) c
 		st.Conditions = conditions(ReasonPending, "PVC "+dv.Name+" Pending", corev1.ConditionTrue, "", "")
 	default:
 		st.Phase = cdiv1.ImportScheduled
-		if why == image.ReasonWaitingForUpload {
+		if why == goldenimage.ReasonWaitingForUpload {
 			// virtctl image-upload sends the image once it reads this phase.
 			st.Phase = cdiv1.UploadReady
 		}

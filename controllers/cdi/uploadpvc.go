@@ -19,7 +19,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/internal/cdiclaims"
@@ -68,7 +68,7 @@ func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cdiclaims.UploadPVCImage(pvc.Name), Namespace: pvc.Namespace,
-		Labels: map[string]string{image.LabelStaging: "true"}}}
+		Labels: map[string]string{goldenimage.LabelStaging: "true"}}}
 	if pvc.Status.Phase == corev1.ClaimBound {
 		// The populator has written the upload into the claim: the staging image has done its work.
 		err := r.Get(ctx, client.ObjectKeyFromObject(img), img)
@@ -103,7 +103,7 @@ func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		r.Events.Eventf(pvc, img, corev1.EventTypeWarning, ReasonUploadFailed, "Upload", "The upload's import failed: %s", msg)
 		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodFailed, false)
-	case ready != nil && ready.Reason == image.ReasonWaitingForUpload:
+	case ready != nil && ready.Reason == goldenimage.ReasonWaitingForUpload:
 		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodRunning, true)
 	case img.Status.Phase == common.PhaseImporting || img.Status.Phase == common.PhaseReady:
 		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodRunning, false)

@@ -25,7 +25,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
@@ -62,7 +62,7 @@ func TestGoldenPVCsAreReadOnly(t *testing.T) {
 
 	// Its owner may remove its label: diskpipe's mark still says what it is.
 	golden := pvcOf(t, ns, "vmim-golden")
-	g.Expect(ctrltest.Update(t.Context(), env.Client, golden, func() { delete(golden.Labels, image.LabelGolden) })).To(Succeed())
+	g.Expect(ctrltest.Update(t.Context(), env.Client, golden, func() { delete(golden.Labels, goldenimage.LabelGolden) })).To(Succeed())
 	g.Expect(admin.Create(t.Context(), podMounting(ns, "thief2", "vmim-golden"))).To(MatchError(ContainSubstring(
 		"the PVC vmim-golden holds a golden image of diskpipe and is read-only")))
 	// A pod made before the image, naming the claim its image would make, is refused too.

@@ -15,6 +15,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
@@ -29,7 +30,7 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, pvc *corev1.Per
 	if d.image == nil || st.Capacity != nil || (st.CloneStrategy != common.CloneStrategyCSIClone && st.CloneStrategy != common.CloneStrategySnapshot) {
 		return nil
 	}
-	node := pvc.Annotations[AnnotationSelectedNode]
+	node := pvc.Annotations[storage.AnnotationSelectedNode]
 	if pvc.Status.Phase == corev1.ClaimBound || node == "" {
 		return nil
 	}
@@ -72,7 +73,7 @@ func (r *Reconciler) checkPlaced(ctx context.Context, d *vmDisk, pvc *corev1.Per
 // bound at once, and a replica are made at once.
 func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan, pvcName string, byPod bool) (bool, error) {
 	ann := d.obj.GetAnnotations()
-	if !storage.WaitsForConsumer(p.class) || ann[AnnotationSelectedNode] != "" || ann[AnnotationBindImmediately] == "true" || isReplica(d, p.golden) ||
+	if !storage.WaitsForConsumer(p.class) || ann[storage.AnnotationSelectedNode] != "" || ann[AnnotationBindImmediately] == "true" || isReplica(d, p.golden) ||
 		(p.golden == nil && !d.blank) {
 		return false, nil
 	}
@@ -128,11 +129,11 @@ func (r *Reconciler) fillFailed(ctx context.Context, d *vmDisk, pvc *corev1.Pers
 	if c := meta.FindStatusCondition(inner.Status.Conditions, common.ConditionReady); c != nil {
 		reason, msg = c.Reason, c.Message
 	}
-	if reason == ReasonNodeLost {
+	if reason == goldenimage.ReasonNodeLost {
 		reason = "FillFailed" // this disk's claim is not bound: it has no node to lose or get back
 	}
 	msg = fmt.Sprintf("filling PVC %s on node %s, where its VM's pod was scheduled, failed (DiskVolume %s): %s",
-		pvc.Name, pvc.Annotations[AnnotationSelectedNode], inner.Name, msg)
+		pvc.Name, pvc.Annotations[storage.AnnotationSelectedNode], inner.Name, msg)
 	d.tracked().SetFailed(reason, msg)
 	r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeWarning, reason, "Fill", "The disk cannot be made: %s", msg)
 	return nil
@@ -144,7 +145,7 @@ func (r *Reconciler) fillFailed(ctx context.Context, d *vmDisk, pvc *corev1.Pers
 // node, so that its PVC is provisioned there now.
 func (r *Reconciler) bindNow(ctx context.Context, d *vmDisk, p *plan) error {
 	ann := d.obj.GetAnnotations()
-	if ann[AnnotationBindImmediately] != "true" || ann[AnnotationSelectedNode] != "" || p.golden == nil || !storage.WaitsForConsumer(p.class) {
+	if ann[AnnotationBindImmediately] != "true" || ann[storage.AnnotationSelectedNode] != "" || p.golden == nil || !storage.WaitsForConsumer(p.class) {
 		return nil
 	}
 	pv, err := r.volumeOf(ctx, p.golden.PVC)
@@ -157,7 +158,7 @@ func (r *Reconciler) bindNow(ctx context.Context, d *vmDisk, p *plan) error {
 	}
 	patch := client.MergeFrom(d.obj.DeepCopyObject().(client.Object))
 	ann = maps.Clone(ann)
-	ann[AnnotationSelectedNode] = node
+	ann[storage.AnnotationSelectedNode] = node
 	d.obj.SetAnnotations(ann)
 	return r.Patch(ctx, d.obj, patch)
 }

@@ -29,7 +29,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
@@ -120,10 +120,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		err := ctrl.NewControllerManagedBy(mgr).Named(k.name).For(k.kind).
 			Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).
 			Watches(&hypercloud.VirtualMachineImage{}, toDisks(func(o client.Object) string {
-				return imageKey(image.KindVirtualMachineImage, o.GetNamespace(), o.GetName())
+				return imageKey(goldenimage.KindVirtualMachineImage, o.GetNamespace(), o.GetName())
 			})).
 			Watches(&virtualmachine.ImageTemplate{}, toDisks(func(o client.Object) string {
-				return imageKey(image.KindImageTemplate, o.GetNamespace(), o.GetName())
+				return imageKey(goldenimage.KindImageTemplate, o.GetNamespace(), o.GetName())
 			})).
 			Watches(&snapshotv1.VolumeSnapshot{}, toDisks(func(o client.Object) string { return snapshotKey(o.GetNamespace(), o.GetName()) })).
 			// A deferred disk hears of the populator's disk that fills its claim (fillFailed):

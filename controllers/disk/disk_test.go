@@ -22,7 +22,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/disk"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
@@ -214,7 +214,7 @@ func TestCSIClone(t *testing.T) {
 	pvc := pvcOf(t, ns, prime)
 	g.Expect(pvc.Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "vmim-ubuntu"}))
 	g.Expect(pvc.Spec.Resources.Requests.Storage().String()).To(Equal("10Gi"))
-	g.Expect(pvc.Labels).To(HaveKeyWithValue(image.LabelCloneOf, string(vmi.UID)), "marked while cloning")
+	g.Expect(pvc.Labels).To(HaveKeyWithValue(goldenimage.LabelCloneOf, string(vmi.UID)), "marked while cloning")
 	g.Expect(metav1.IsControlledBy(pvc, vmpvc)).To(BeTrue())
 	g.Eventually(diskStatus(t, vmpvc, &vmpvc.Status), 20*time.Second).Should(WithTransform(condition(disk.ConditionCloneStrategy),
 		Equal(`FellBack: CSIClone, because Snapshot is not possible: no VolumeSnapshotClass for the driver "other.diskpipe.test"`)))
@@ -253,7 +253,7 @@ func TestCSIClone(t *testing.T) {
 	g.Expect(vmpvc.Status.PVCName).To(Equal("vm-disk"))
 	g.Expect(vmpvc.Status.VirtualSize.Value()).To(Equal(int64(10090985472)))
 	g.Expect(vmpvc.Status.Capacity.String()).To(Equal("10Gi"))
-	g.Eventually(func() map[string]string { return pvcOf(t, ns, "vm-disk").Labels }, 20*time.Second).ShouldNot(HaveKey(image.LabelCloneOf))
+	g.Eventually(func() map[string]string { return pvcOf(t, ns, "vm-disk").Labels }, 20*time.Second).ShouldNot(HaveKey(goldenimage.LabelCloneOf))
 
 	// The same size as the image: nothing to grow; Ready once bound.
 	same := newDiskVolume(ns, "same-size", fromImage("", "ubuntu"), classOther, "")
@@ -359,7 +359,7 @@ func TestAutomatic(t *testing.T) {
 	// Labelled as the CDI side makes it: from the start (a label added later may reach the
 	// disk controller's cache after the disk does).
 	staged := newImage(ns, "staged", classCSI)
-	staged.Labels = map[string]string{image.LabelStaging: "true"}
+	staged.Labels = map[string]string{goldenimage.LabelStaging: "true"}
 	readyImageOf(t, staged, nil)
 	st := newDiskVolume(ns, "st", fromImage("", "staged"), classCSI, "")
 	g.Expect(env.Client.Create(t.Context(), st)).To(Succeed())
@@ -470,7 +470,7 @@ func TestSnapshotNameTerminating(t *testing.T) {
 	g.Expect(pvcOf(t, ns, "asked").Spec.DataSource).To(Equal(&corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapshotv1.GroupName), Kind: "VolumeSnapshot", Name: "vmim-again-golden"}))
 	snap := &snapshotv1.VolumeSnapshot{}
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-again-golden"}, snap)).To(Succeed())
-	g.Expect(snap.Labels[image.LabelImage]).NotTo(BeEmpty(), "the image's own snapshot")
+	g.Expect(snap.Labels[goldenimage.LabelImage]).NotTo(BeEmpty(), "the image's own snapshot")
 }
 
 // TestClaimNameTerminating: a disk made again while its earlier self's PVC is still being
@@ -566,7 +566,7 @@ func TestFallback(t *testing.T) {
 		&transfer.Result{Reason: transfer.ReasonTooLarge, Message: "the image's virtual size 2.0 GiB is larger than the block device (1.0 GiB)"}, 1)
 	g.Eventually(diskStatus(t, blk, &blk.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseFailed)))
 	g.Expect(condition(common.ConditionReady)(&blk.Status)).To(HavePrefix("TooLarge: "))
-	g.Eventually(func() map[string]string { return pvcOf(t, ns, disk.PrimeName(blk.UID)).Labels }, 20*time.Second).ShouldNot(HaveKey(image.LabelCloneOf))
+	g.Eventually(func() map[string]string { return pvcOf(t, ns, disk.PrimeName(blk.UID)).Labels }, 20*time.Second).ShouldNot(HaveKey(goldenimage.LabelCloneOf))
 }
 
 // TestCrossNamespace copies an image of another namespace: a clone-source pod there serves

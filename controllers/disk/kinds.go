@@ -6,7 +6,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
 )
 
@@ -39,7 +39,7 @@ func (d *vmDisk) imageNamespace() string {
 func fromVirtualMachinePvc(o client.Object) *vmDisk {
 	v := o.(*hypercloud.VirtualMachinePvc)
 	return &vmDisk{obj: v, status: &v.Status, pvc: v.Spec.PVC, strategy: v.Spec.CloneStrategy, retry: retryOf(v.Spec.Retry),
-		image: &diskvolume.ImageSource{Name: common.LocalName(v.Spec.VirtualMachineImageName), Kind: image.KindVirtualMachineImage}}
+		image: &diskvolume.ImageSource{Name: common.LocalName(v.Spec.VirtualMachineImageName), Kind: goldenimage.KindVirtualMachineImage}}
 }
 
 func fromDiskVolume(o client.Object) *vmDisk {
@@ -66,7 +66,7 @@ func retryOf(r *common.RetryLimit) common.RetryLimit {
 // imageKey indexes disks by the image they are made from: "kind/namespace/name".
 func imageKey(kind diskvolume.ImageKind, ns, name string) string {
 	if kind == "" {
-		kind = image.KindImageTemplate // DiskVolume's default
+		kind = goldenimage.KindImageTemplate // DiskVolume's default
 	}
 	return string(kind) + "/" + ns + "/" + name
 }

@@ -9,8 +9,6 @@ import (
 
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
-	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // Condition types and reasons of disks, besides Ready and the importer's reasons.
@@ -55,9 +53,6 @@ func PrimeOf(name string) (types.UID, bool) {
 	return types.UID(uid), true
 }
 
-// ReasonNodeLost is the reason of a disk whose volume is on a node gone from the cluster.
-const ReasonNodeLost = image.ReasonNodeLost
-
 // PopulateName is the name of the DiskVolume the populator makes to fill the claim of UID uid.
 func PopulateName(uid types.UID) string { return "populate-" + string(uid) }
 
@@ -77,7 +72,3 @@ func Deferred(pvc *corev1.PersistentVolumeClaim) bool {
 // volume now, not where its VM's pod is scheduled later (CDI's
 // cdi.kubevirt.io/storage.bind.immediate.requested of a DataVolume).
 const AnnotationBindImmediately = "diskpipe.io/bind-immediately"
-
-// AnnotationSelectedNode is where the scheduler writes the node of a claim's first consumer;
-// on a DiskVolume, the node its PVC is provisioned on.
-const AnnotationSelectedNode = storage.AnnotationSelectedNode

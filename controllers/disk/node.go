@@ -8,12 +8,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
 // nodeLost says whether d failed because its volume's node is gone (checkNode).
-func nodeLost(d *vmDisk) bool { return image.LostToNode(d.status) != nil }
+func nodeLost(d *vmDisk) bool { return goldenimage.LostToNode(d.status) != nil }
 
 // checkNode fails a Ready disk whose volume is on a node gone from the cluster (storage.Lost:
 // a node lost for good is deleted), rather than leave its VM waiting for a node that will not
@@ -33,8 +33,8 @@ func (r *Reconciler) checkNode(ctx context.Context, d *vmDisk, pvc *corev1.Persi
 	case lost && d.status.Phase == common.PhaseReady:
 		msg := fmt.Sprintf("its volume %s is on %s, and no node of the cluster is: that node is gone, and the disk's data with it unless the node comes back",
 			pv.Name, storage.Placement(pv))
-		d.tracked().SetFailed(ReasonNodeLost, msg)
-		r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeWarning, ReasonNodeLost, "Check", "The disk is lost: %s", msg)
+		d.tracked().SetFailed(goldenimage.ReasonNodeLost, msg)
+		r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeWarning, goldenimage.ReasonNodeLost, "Check", "The disk is lost: %s", msg)
 	case !lost && d.status.Phase == common.PhaseFailed:
 		d.status.Phase = common.PhaseReady
 		d.tracked().SetReady(metav1.ConditionTrue, reasonMade, fmt.Sprintf("its volume %s is on %s, which is in the cluster again", pv.Name, storage.Placement(pv)))

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -26,7 +26,7 @@ import (
 type plan struct {
 	strategy common.CloneStrategy
 	// golden is the image's, for clones; nil for a snapshot or blank disk.
-	golden *image.Golden
+	golden *goldenimage.Golden
 	// dataSource of the PVC, for CSI clones and restores.
 	dataSource *corev1.TypedLocalObjectReference
 	// sourceSize is the size of what the disk is made from (0 for a blank disk).
@@ -67,19 +67,19 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	p := &plan{class: class}
 	switch {
 	case d.image != nil:
-		g, err := image.Lookup(ctx, r.Client, d.image.Kind, d.imageNamespace(), string(d.image.Name))
+		g, err := goldenimage.Lookup(ctx, r.Client, d.image.Kind, d.imageNamespace(), string(d.image.Name))
 		if err != nil {
 			return nil, err
 		}
 		if g.Deleting() && d.status.PVCName == "" {
-			return nil, &image.NotReadyError{Reason: "SourceDeleting", Message: fmt.Sprintf("the image %s/%s is being deleted", g.PVC.Namespace, g.Obj.GetName())}
+			return nil, &goldenimage.NotReadyError{Reason: "SourceDeleting", Message: fmt.Sprintf("the image %s/%s is being deleted", g.PVC.Namespace, g.Obj.GetName())}
 		}
 		p.golden, p.sourceSize = g, storage.ClaimSize(g.PVC)
 	case d.snapshot != "":
 		snap := &snapshotv1.VolumeSnapshot{}
 		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: d.snapshot}, snap); err != nil {
 			if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
-				return nil, &image.NotReadyError{Reason: reasonSnapshotNotFound, Message: "the VolumeSnapshot " + d.snapshot + " does not exist"}
+				return nil, &goldenimage.NotReadyError{Reason: reasonSnapshotNotFound, Message: "the VolumeSnapshot " + d.snapshot + " does not exist"}
 			}
 			return nil, err
 		}
@@ -118,18 +118,18 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		sourceClass: nameOf(goldenClass), targetClass: nameOf(class),
 		sourceMode: modeOf(p.golden.PVC.Spec.VolumeMode), targetMode: modeOf(d.pvc.VolumeMode),
 		sourceDriver: driverOf(goldenClass), targetDriver: driverOf(class)}
-	pl, err := r.reach(ctx, p.golden.PVC, d.obj.GetAnnotations()[AnnotationSelectedNode])
+	pl, err := r.reach(ctx, p.golden.PVC, d.obj.GetAnnotations()[storage.AnnotationSelectedNode])
 	if err != nil {
 		return nil, err
 	}
 	facts.unreachable, facts.nodeLocal = pl.unreachable, pl.nodeLocal
-	facts.shared = pl.shared && preferred == "" && p.golden.Obj.GetLabels()[image.LabelStaging] != "true"
+	facts.shared = pl.shared && preferred == "" && p.golden.Obj.GetLabels()[goldenimage.LabelStaging] != "true"
 	p.remote, p.nodeLocal = facts.unreachable, pl.nodeLocal
 	// A node the image does not reach gets a replica of it, which its disks are cloned from
 	// (replica.go): where a CSI clone of the image would be possible but for its node.
 	var replica *corev1.PersistentVolumeClaim
 	if facts.cloneButForNode() && !isReplica(d, p.golden) && preferred != common.CloneStrategyHostAssisted {
-		node := d.obj.GetAnnotations()[AnnotationSelectedNode]
+		node := d.obj.GetAnnotations()[storage.AnnotationSelectedNode]
 		replica, err = r.replicaOn(ctx, p.golden, d.image.Kind, node)
 		var failed *errReplicaFailed
 		switch {
@@ -140,8 +140,8 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 		case err != nil:
 			return nil, err
 		case replica == nil:
-			return nil, &image.NotReadyError{Reason: reasonWaitingForReplica, Message: fmt.Sprintf(
-				"%s: the image is copied to that node once, as its replica %s, and the disk is then cloned from it there", facts.unreachable, image.ReplicaName(p.golden, node))}
+			return nil, &goldenimage.NotReadyError{Reason: reasonWaitingForReplica, Message: fmt.Sprintf(
+				"%s: the image is copied to that node once, as its replica %s, and the disk is then cloned from it there", facts.unreachable, goldenimage.ReplicaName(p.golden, node))}
 		default:
 			facts.unreachable, p.remote, preferred = "", "", common.CloneStrategyCSIClone
 		}
@@ -160,7 +160,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	// Once chosen, a strategy stays: a PVC made one way is not made again another.
 	strategy, reason, msg := choose(preferred, facts)
 	if replica != nil && strategy == common.CloneStrategyCSIClone {
-		msg = fmt.Sprintf("CSIClone of the image's replica %s on node %s, where the image's volume is not", replica.Name, d.obj.GetAnnotations()[AnnotationSelectedNode])
+		msg = fmt.Sprintf("CSIClone of the image's replica %s on node %s, where the image's volume is not", replica.Name, d.obj.GetAnnotations()[storage.AnnotationSelectedNode])
 	}
 	if ignored != "" {
 		msg += "; " + ignored
@@ -170,7 +170,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	} else {
 		r.Pods.Events.Eventf(d.obj, nil, corev1.EventTypeNormal, reason, "ChooseStrategy", "Cloning with %s", msg)
 		if replica != nil && strategy == common.CloneStrategyCSIClone {
-			if err := image.NoteReplicaUsed(ctx, r.Client, replica); err != nil {
+			if err := goldenimage.NoteReplicaUsed(ctx, r.Client, replica); err != nil {
 				return nil, err
 			}
 		}
@@ -183,7 +183,7 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	case strategy == common.CloneStrategyCSIClone:
 		p.dataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: p.golden.PVC.Name}
 	case strategy == common.CloneStrategySnapshot:
-		snap, err := image.EnsureSnapshot(ctx, r.Client, p.golden, facts.snapshotClass)
+		snap, err := goldenimage.EnsureSnapshot(ctx, r.Client, p.golden, facts.snapshotClass)
 		if err != nil {
 			return nil, err
 		}
@@ -197,9 +197,9 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 // image's of the same name, still being deleted); "" when it is fine, or there is none yet.
 // Automatic then clones the image's volume instead of restoring it (an explicit Snapshot waits,
 // as asked).
-func (r *Reconciler) snapshotFailed(ctx context.Context, g *image.Golden) (string, error) {
+func (r *Reconciler) snapshotFailed(ctx context.Context, g *goldenimage.Golden) (string, error) {
 	snap := &snapshotv1.VolumeSnapshot{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: g.PVC.Namespace, Name: image.SnapshotName(g)}, snap); err != nil {
+	if err := r.Get(ctx, client.ObjectKey{Namespace: g.PVC.Namespace, Name: goldenimage.SnapshotName(g)}, snap); err != nil {
 		return "", client.IgnoreNotFound(err)
 	}
 	switch {
@@ -225,7 +225,7 @@ type placement struct {
 }
 
 // reach is where the golden PVC's volume is, as node name (the node the scheduler put a
-// disk's first consumer on, AnnotationSelectedNode; "" when not known yet) sees it.
+// disk's first consumer on, storage.AnnotationSelectedNode; "" when not known yet) sees it.
 func (r *Reconciler) reach(ctx context.Context, golden *corev1.PersistentVolumeClaim, name string) (placement, error) {
 	pv, err := r.volumeOf(ctx, golden)
 	if pv == nil || err != nil {

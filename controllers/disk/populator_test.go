@@ -22,8 +22,9 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/controllers/populator"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -154,11 +155,11 @@ func TestPopulatorWaitsForFirstConsumer(t *testing.T) {
 
 	// The scheduler placed the claim's first pod.
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKeyFromObject(claim), claim)).To(Succeed())
-	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, disk.AnnotationSelectedNode, "node-a")
+	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, storage.AnnotationSelectedNode, "node-a")
 	g.Expect(env.Client.Update(t.Context(), claim)).To(Succeed())
 	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, d) }, 20*time.Second).Should(Succeed())
 	prime := pvcOf(t, ns, disk.PrimeName(d.UID)) // grown to the claim's size by a pod, so filled in a prime
-	g.Expect(prime.Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "node-a"), "provisioned where the claim's pod runs")
+	g.Expect(prime.Annotations).To(HaveKeyWithValue(storage.AnnotationSelectedNode, "node-a"), "provisioned where the claim's pod runs")
 }
 
 // TestDeferredToConsumer: a disk of a node-local image, on a class that binds at the first
@@ -194,10 +195,10 @@ func TestDeferredToConsumer(t *testing.T) {
 
 	// The scheduler put the VM on the node the image is not on: the claim is filled there, as
 	// the disk says.
-	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, disk.AnnotationSelectedNode, "deferred-b")
+	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, storage.AnnotationSelectedNode, "deferred-b")
 	g.Expect(env.Client.Update(t.Context(), claim)).To(Succeed())
 	g.Eventually(func() error { return env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, inner) }, 20*time.Second).Should(Succeed())
-	g.Expect(inner.Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "deferred-b"))
+	g.Expect(inner.Annotations).To(HaveKeyWithValue(storage.AnnotationSelectedNode, "deferred-b"))
 	g.Expect(inner.Annotations).To(HaveKeyWithValue("transfer.diskpipe.io/priority-class", "imports-low"), "its pods as the disk's would be")
 	g.Expect(inner.Spec.Source).To(Equal(d.Spec.Source))
 	g.Expect(*inner.Spec.StorageClassName).To(Equal(classWFFC))
@@ -206,9 +207,9 @@ func TestDeferredToConsumer(t *testing.T) {
 	// There it is made from the image's replica on that node, copied once.
 	g.Eventually(diskStatus(t, inner, &inner.Status), 20*time.Second).Should(WithTransform(condition(common.ConditionReady), HavePrefix("WaitingForReplica: ")))
 	replicas := &diskvolume.DiskVolumeList{}
-	g.Expect(env.Client.List(t.Context(), replicas, client.InNamespace(ns), client.MatchingLabels{image.LabelReplicaOf: string(golden.UID)})).To(Succeed())
+	g.Expect(env.Client.List(t.Context(), replicas, client.InNamespace(ns), client.MatchingLabels{goldenimage.LabelReplicaOf: string(golden.UID)})).To(Succeed())
 	g.Expect(replicas.Items).To(HaveLen(1))
-	g.Expect(replicas.Items[0].Annotations).To(HaveKeyWithValue(disk.AnnotationSelectedNode, "deferred-b"))
+	g.Expect(replicas.Items[0].Annotations).To(HaveKeyWithValue(storage.AnnotationSelectedNode, "deferred-b"))
 
 	// Should the fill there fail for good, the disk that said Ready fails, saying why: the VM's
 	// claim would otherwise wait for ever.
@@ -239,14 +240,14 @@ func TestDeferredToConsumer(t *testing.T) {
 
 	// A claim that names the disk but was not made by it is not filled from it.
 	forged := imageClaim(ns, "", classWFFC, goldenSize)
-	forged.Name, forged.Annotations = "forged", map[string]string{disk.AnnotationSelectedNode: "deferred-b"}
+	forged.Name, forged.Annotations = "forged", map[string]string{storage.AnnotationSelectedNode: "deferred-b"}
 	forged.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To(diskvolume.GroupVersion.Group), Kind: "DiskVolume", Name: "roaming"}
 	g.Expect(env.Client.Create(t.Context(), forged)).To(Succeed())
 	g.Eventually(func() []string { return eventReasons(t, ns, forged.UID) }, 20*time.Second).Should(ContainElement("PopulateUnsupported"))
 	g.Expect(env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "populate-" + string(forged.UID)}, &diskvolume.DiskVolume{})).NotTo(Succeed())
 	// Nor one that names the disk as its controller: an owner reference is anyone's to write.
 	owner := imageClaim(ns, "", classWFFC, goldenSize)
-	owner.Name, owner.Annotations = "forged-owner", map[string]string{disk.AnnotationSelectedNode: "deferred-b"}
+	owner.Name, owner.Annotations = "forged-owner", map[string]string{storage.AnnotationSelectedNode: "deferred-b"}
 	owner.Spec.DataSourceRef = forged.Spec.DataSourceRef
 	owner.OwnerReferences = []metav1.OwnerReference{{APIVersion: diskvolume.GroupVersion.String(), Kind: "DiskVolume", Name: "roaming", UID: d.UID, Controller: ptr.To(true)}}
 	g.Expect(env.Client.Create(t.Context(), owner)).To(Succeed())

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
@@ -53,7 +53,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	p, err := r.plan(ctx, d)
-	var nr *image.NotReadyError
+	var nr *goldenimage.NotReadyError
 	switch {
 	case errors.As(err, &nr):
 		st.Phase = common.PhasePending
@@ -74,7 +74,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 	block := modeOf(d.pvc.VolumeMode) == corev1.PersistentVolumeBlock
 	preallocate := ptr.Deref(d.pvc.Preallocation, false)
 	spec := importpod.Spec{Namespace: d.obj.GetNamespace(), Block: block, Capacity: p.size.Value(),
-		Preallocate: preallocate, Labels: map[string]string{LabelDisk: string(d.obj.GetUID()), image.LabelRole: "importer"}}
+		Preallocate: preallocate, Labels: map[string]string{LabelDisk: string(d.obj.GetUID()), goldenimage.LabelRole: "importer"}}
 	if p.class != nil {
 		spec.StorageClass = p.class.Name
 	}
@@ -101,7 +101,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 		from := p.golden.PVC
 		if isReplica(d, p.golden) {
 			var how string
-			var nr *image.NotReadyError
+			var nr *goldenimage.NotReadyError
 			if from, how, err = r.copySource(ctx, d, p.golden); errors.As(err, &nr) {
 				st.Phase = common.PhasePending
 				tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
@@ -113,7 +113,7 @@ func (r *Reconciler) reconcile(ctx context.Context, d *vmDisk) (ctrl.Result, err
 				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionCopySource, Status: metav1.ConditionTrue, Reason: "Nearest", Message: "copied " + how})
 			}
 		}
-		copyFrom = &hostcopy.Source{Namespace: from.Namespace, Name: from.Name, Block: image.IsBlock(from), Remote: p.remote != "" || from != p.golden.PVC}
+		copyFrom = &hostcopy.Source{Namespace: from.Namespace, Name: from.Name, Block: goldenimage.IsBlock(from), Remote: p.remote != "" || from != p.golden.PVC}
 	case grows:
 		// The storage copied the disk; a larger volume needs disk.img grown to fill it, and a
 		// preallocated disk its holes allocated.
@@ -180,7 +180,7 @@ func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *p
 	}
 	labels := map[string]string{LabelDisk: string(d.obj.GetUID())}
 	if p.golden != nil {
-		labels[image.LabelCloneOf] = string(p.golden.Obj.GetUID())
+		labels[goldenimage.LabelCloneOf] = string(p.golden.Obj.GetUID())
 	}
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.obj.GetNamespace(), Labels: labels},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -204,8 +204,8 @@ func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *p
 	}
 	// A disk made for a claim of a class that binds on first consumer is provisioned on the
 	// node the scheduler chose for that claim (the populator writes it on the DiskVolume).
-	if node := d.obj.GetAnnotations()[AnnotationSelectedNode]; node != "" {
-		pvc.Annotations = map[string]string{AnnotationSelectedNode: node}
+	if node := d.obj.GetAnnotations()[storage.AnnotationSelectedNode]; node != "" {
+		pvc.Annotations = map[string]string{storage.AnnotationSelectedNode: node}
 	}
 	if err := owned.Create(ctx, r.Client, d.obj, pvc); err != nil {
 		return nil, err
@@ -267,11 +267,11 @@ func (r *Reconciler) unmark(ctx context.Context, ns, name string) error {
 	if err := r.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pvc); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if _, ok := pvc.Labels[image.LabelCloneOf]; !ok {
+	if _, ok := pvc.Labels[goldenimage.LabelCloneOf]; !ok {
 		return nil
 	}
 	patch := client.MergeFrom(pvc.DeepCopy())
-	delete(pvc.Labels, image.LabelCloneOf)
+	delete(pvc.Labels, goldenimage.LabelCloneOf)
 	return client.IgnoreNotFound(r.Patch(ctx, pvc, patch))
 }
 

@@ -10,13 +10,13 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 )
 
-// Replicas of a node-local image (what they are, and why: controllers/image/replica.go, their
+// Replicas of a node-local image (what they are, and why: controllers/goldenimage/replica.go, their
 // one home): the disk side makes a replica for the first disk wanted on a node (replicaOn) and
 // chooses the volume a replica is copied from (copySource).
 
@@ -26,8 +26,8 @@ const reasonWaitingForReplica = "WaitingForReplica"
 
 // isReplica says whether d is a replica of golden's image (which is copied, never made of
 // one).
-func isReplica(d *vmDisk, golden *image.Golden) bool {
-	return golden != nil && image.IsReplica(d.obj, golden.Obj)
+func isReplica(d *vmDisk, golden *goldenimage.Golden) bool {
+	return golden != nil && goldenimage.IsReplica(d.obj, golden.Obj)
 }
 
 // errReplicaFailed says the replica on a node failed: its disks are copied from the image's
@@ -40,8 +40,8 @@ func (e *errReplicaFailed) Error() string {
 
 // replicaOn makes golden's replica on node unless it exists, and returns its PVC once it is
 // made (bound on node); nil while it is being made; an *errReplicaFailed when it failed.
-func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind diskvolume.ImageKind, node string) (*corev1.PersistentVolumeClaim, error) {
-	replica := image.Replica(golden, kind, node)
+func (r *Reconciler) replicaOn(ctx context.Context, golden *goldenimage.Golden, kind diskvolume.ImageKind, node string) (*corev1.PersistentVolumeClaim, error) {
+	replica := goldenimage.Replica(golden, kind, node)
 	if _, err := owned.Ensure(ctx, r.Client, golden.Obj, replica); err != nil {
 		return nil, err
 	}
@@ -55,7 +55,7 @@ func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind d
 	if replica.Status.Phase != common.PhaseReady || replica.Status.Capacity == nil {
 		return nil, nil
 	}
-	return image.ReplicaPVC(ctx, r.Client, replica)
+	return goldenimage.ReplicaPVC(ctx, r.Client, replica)
 }
 
 // copySource is the volume replica d is copied from: the nearest that holds the image. That is
@@ -64,8 +64,8 @@ func (r *Reconciler) replicaOn(ctx context.Context, golden *image.Golden, kind d
 // replica: a zone's nodes are served from within it, the image's node is not the only one
 // serving every copy, and new replicas are made while the image's node is gone. It says which
 // and why; "" for a copy that began, which goes on from its volume (hostcopy.Serving). With the
-// image's node gone and no replica Ready, there is none: an *image.NotReadyError says so.
-func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Golden) (*corev1.PersistentVolumeClaim, string, error) {
+// image's node gone and no replica Ready, there is none: an *goldenimage.NotReadyError says so.
+func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *goldenimage.Golden) (*corev1.PersistentVolumeClaim, string, error) {
 	pinned, err := hostcopy.Serving(ctx, r.Client, d.obj, golden.PVC.Namespace)
 	if err != nil {
 		return nil, "", err
@@ -78,15 +78,15 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 	for _, n := range nodes.Items {
 		zoneOf[n.Name] = n.Labels[corev1.LabelTopologyZone]
 	}
-	zone, inZone := zoneOf[d.obj.GetAnnotations()[AnnotationSelectedNode]]
+	zone, inZone := zoneOf[d.obj.GetAnnotations()[storage.AnnotationSelectedNode]]
 	inZone = inZone && zone != ""
-	list, err := image.Replicas(ctx, r.Client, golden.Obj)
+	list, err := goldenimage.Replicas(ctx, r.Client, golden.Obj)
 	if err != nil {
 		return nil, "", err
 	}
 	var ready []*diskvolume.DiskVolume
 	for _, rep := range list {
-		if _, there := zoneOf[image.ReplicaNode(rep)]; there && rep.Name != d.obj.GetName() &&
+		if _, there := zoneOf[goldenimage.ReplicaNode(rep)]; there && rep.Name != d.obj.GetName() &&
 			rep.Status.Phase == common.PhaseReady && rep.DeletionTimestamp.IsZero() {
 			ready = append(ready, rep)
 		}
@@ -104,7 +104,7 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 		return golden.PVC, "", nil // chosen before: its condition says why
 	case slices.ContainsFunc(ready, func(rep *diskvolume.DiskVolume) bool { return rep.Name == pinned }):
 		i := slices.IndexFunc(ready, func(rep *diskvolume.DiskVolume) bool { return rep.Name == pinned })
-		if pvc, err := image.ReplicaPVC(ctx, r.Client, ready[i]); err != nil || pvc != nil {
+		if pvc, err := goldenimage.ReplicaPVC(ctx, r.Client, ready[i]); err != nil || pvc != nil {
 			return pvc, "", err
 		}
 		fallthrough
@@ -119,7 +119,7 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 	}
 	var order []candidate
 	for _, rep := range ready {
-		if inZone && zoneOf[image.ReplicaNode(rep)] == zone {
+		if inZone && zoneOf[goldenimage.ReplicaNode(rep)] == zone {
 			order = append(order, candidate{rep, "in zone " + zone})
 		}
 	}
@@ -134,15 +134,15 @@ func (r *Reconciler) copySource(ctx context.Context, d *vmDisk, golden *image.Go
 		if c.rep == nil {
 			break
 		}
-		if pvc, err := image.ReplicaPVC(ctx, r.Client, c.rep); err != nil {
+		if pvc, err := goldenimage.ReplicaPVC(ctx, r.Client, c.rep); err != nil {
 			return nil, "", err
 		} else if pvc != nil {
-			return pvc, fmt.Sprintf("from the replica %s on node %s, %s", c.rep.Name, image.ReplicaNode(c.rep), c.why), nil
+			return pvc, fmt.Sprintf("from the replica %s on node %s, %s", c.rep.Name, goldenimage.ReplicaNode(c.rep), c.why), nil
 		}
 	}
 	if lost {
 		// A clone source there would wait for ever, and hold one of the image's serving slots.
-		return nil, "", &image.NotReadyError{Reason: ReasonNodeLost, Message: fmt.Sprintf(
+		return nil, "", &goldenimage.NotReadyError{Reason: goldenimage.ReasonNodeLost, Message: fmt.Sprintf(
 			"the image's volume is on %s, which is gone from the cluster, and no replica of it is Ready to copy from", storage.Placement(pv))}
 	}
 	return golden.PVC, "from the image's volume", nil

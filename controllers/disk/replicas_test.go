@@ -19,9 +19,11 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
+	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -48,11 +50,11 @@ func TestReplicaPolicy(t *testing.T) {
 	ctrltest.BindWith(t, env, ns, "vmim-warmed", ctrltest.OnNode("policy-home"))
 	replicas := func() map[string]string {
 		list := &diskvolume.DiskVolumeList{}
-		g.Expect(env.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{image.LabelReplicaOf: string(vmi.UID)})).To(Succeed())
+		g.Expect(env.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{goldenimage.LabelReplicaOf: string(vmi.UID)})).To(Succeed())
 		out := map[string]string{}
 		for _, d := range list.Items {
 			if d.DeletionTimestamp.IsZero() {
-				out[d.Annotations[disk.AnnotationSelectedNode]] = d.Name
+				out[d.Annotations[storage.AnnotationSelectedNode]] = d.Name
 			}
 		}
 		return out
@@ -74,17 +76,17 @@ func TestReplicaPolicy(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(admin.Create(ctx, podMounting(ns, "rewrite", warm.Name))).To(MatchError(ContainSubstring(
 		"the PVC " + warm.Name + " is a replica of a golden image of diskpipe on a node, which later disks on that node are cloned from, and is read-only")))
-	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-warmed")}
-	g.Expect(admin.Create(ctx, podMounting(ns, "early", image.ReplicaName(golden, "policy-cold")))).To(MatchError(ContainSubstring("is a replica")))
+	golden := &goldenimage.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-warmed")}
+	g.Expect(admin.Create(ctx, podMounting(ns, "early", goldenimage.ReplicaName(golden, "policy-cold")))).To(MatchError(ContainSubstring("is a replica")))
 	g.Expect(admin.Create(ctx, podMounting(ns, "lookalike", "replica-warmed-0123456789ab"))).To(Succeed())
 
 	// A replica a disk on the cold node made, last used two hours ago, is evicted; the warm
 	// node's, as old, stays.
-	cold := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "policy-cold")
-	cold.Annotations[image.AnnotationReplicaUsed] = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339)
+	cold := goldenimage.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "policy-cold")
+	cold.Annotations[goldenimage.AnnotationReplicaUsed] = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339)
 	g.Expect(owned.Create(ctx, env.Client, vmi, cold)).To(Succeed())
 	g.Expect(ctrltest.Update(ctx, env.Client, warm, func() {
-		metav1.SetMetaDataAnnotation(&warm.ObjectMeta, image.AnnotationReplicaUsed, time.Now().Add(-2*time.Hour).UTC().Format(time.RFC3339))
+		metav1.SetMetaDataAnnotation(&warm.ObjectMeta, goldenimage.AnnotationReplicaUsed, time.Now().Add(-2*time.Hour).UTC().Format(time.RFC3339))
 	})).To(Succeed())
 	g.Eventually(func() bool {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(cold), cold)
@@ -122,8 +124,8 @@ func TestNodeLost(t *testing.T) {
 
 	// A replica that failed so is deleted by its image.
 	vmi := readyImage(t, ns, "lost", classCSI)
-	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-lost")}
-	replica := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "lost-gone")
+	golden := &goldenimage.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-lost")}
+	replica := goldenimage.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "lost-gone")
 	_, err := owned.Ensure(ctx, env.Client, vmi, replica)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Eventually(func() []common.ImageReplica {
@@ -137,7 +139,7 @@ func TestNodeLost(t *testing.T) {
 			}
 			replica.Status.Phase = common.PhaseFailed
 			replica.Status.Conditions = []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(since),
-				Reason: disk.ReasonNodeLost, Message: "its volume is on node lost-gone, and no node of the cluster is"}}
+				Reason: goldenimage.ReasonNodeLost, Message: "its volume is on node lost-gone, and no node of the cluster is"}}
 			return env.Client.Status().Update(ctx, replica)
 		})).To(Succeed())
 	}
@@ -197,9 +199,9 @@ func TestReplicaCopiedFromNearest(t *testing.T) {
 		g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, node))).To(Succeed())
 	}
 	vmi := readyImageWith(t, ns, "near", classWFFC, ctrltest.OnNode("near-home"))
-	golden := &image.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-near")}
+	golden := &goldenimage.Golden{Obj: vmi, PVC: pvcOf(t, ns, "vmim-near")}
 	replicaOn := func(node string) *diskvolume.DiskVolume {
-		rep := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, node)
+		rep := goldenimage.Replica(golden, diskvolume.ImageKindVirtualMachineImage, node)
 		_, err := owned.Ensure(ctx, env.Client, vmi, rep)
 		g.Expect(err).NotTo(HaveOccurred())
 		return rep
@@ -246,7 +248,7 @@ func TestReplicaCopiedFromNearest(t *testing.T) {
 	// A DiskVolume dressed as a replica in near-a's zone (the image as its controller, the
 	// replica's labels, Ready, a bound claim, a name that sorts first) that diskpipe did not
 	// make is not copied from.
-	forged := image.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "near-a")
+	forged := goldenimage.Replica(golden, diskvolume.ImageKindVirtualMachineImage, "near-a")
 	forged.Name = "replica-aaaa"
 	g.Expect(controllerutil.SetControllerReference(vmi, forged, env.Client.Scheme())).To(Succeed())
 	g.Expect(env.Client.Create(ctx, forged)).To(Succeed())

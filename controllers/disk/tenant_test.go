@@ -14,7 +14,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 )
 
@@ -118,9 +118,9 @@ func TestTenantCannotHoldAnImage(t *testing.T) {
 	d := newDiskVolume(ns, "mine", fromImage("", "mine"), classCSI, "")
 	g.Expect(attacker.Create(t.Context(), d)).To(Succeed())
 	made := pvcOf(t, ns, "mine")
-	g.Expect(ctrltest.Update(t.Context(), attacker, made, func() { made.Labels[image.LabelCloneOf] = string(victim.UID) })).To(Succeed())
+	g.Expect(ctrltest.Update(t.Context(), attacker, made, func() { made.Labels[goldenimage.LabelCloneOf] = string(victim.UID) })).To(Succeed())
 	plain := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: ns,
-		Labels: map[string]string{image.LabelCloneOf: string(victim.UID)}},
+		Labels: map[string]string{goldenimage.LabelCloneOf: string(victim.UID)}},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity("1Gi")}}}}
 	g.Expect(attacker.Create(t.Context(), plain)).To(Succeed())

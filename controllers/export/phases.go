@@ -20,7 +20,7 @@ import (
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
@@ -66,7 +66,7 @@ func (r *Reconciler) reconcile(ctx context.Context, ex *hypercloud.VirtualMachin
 			return refused(ex, res, err)
 		}
 	}
-	var nr *image.NotReadyError
+	var nr *goldenimage.NotReadyError
 	if errors.As(err, &nr) {
 		st.Phase = common.PhasePending
 		tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
@@ -104,8 +104,8 @@ func (r *Reconciler) export(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		compression = hypercloud.ExportCompressionNone
 	}
 	spec := importpod.Spec{Name: fmt.Sprintf("%s-export-%d", ex.Name, st.Retries), Namespace: ex.Namespace, Command: "/exporter",
-		Labels:    map[string]string{LabelExport: string(ex.UID), image.LabelRole: "exporter"},
-		SourcePVC: src.Name, SourceBlock: image.IsBlock(src), Mounts: dest.mounts}
+		Labels:    map[string]string{LabelExport: string(ex.UID), goldenimage.LabelRole: "exporter"},
+		SourcePVC: src.Name, SourceBlock: goldenimage.IsBlock(src), Mounts: dest.mounts}
 	exp := dest.exp
 	exp.Source, exp.Format, exp.Compression = spec.SourcePath(), string(format), string(compression)
 	if dest.client == nil { // the user's store: the pod signs the download URL with the user's keys
@@ -170,7 +170,7 @@ func (r *Reconciler) source(ctx context.Context, ex *hypercloud.VirtualMachineVo
 	pvc := &corev1.PersistentVolumeClaim{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: ex.Namespace, Name: ex.Spec.PVCName}, pvc); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, &image.NotReadyError{Reason: "SourceNotFound", Message: "the PVC " + ex.Spec.PVCName + " does not exist"}
+			return nil, &goldenimage.NotReadyError{Reason: "SourceNotFound", Message: "the PVC " + ex.Spec.PVCName + " does not exist"}
 		}
 		return nil, err
 	}
@@ -188,7 +188,7 @@ func (r *Reconciler) source(ctx context.Context, ex *hypercloud.VirtualMachineVo
 			return nil, err
 		}
 		if snapClass == "" {
-			return nil, &image.NotReadyError{Reason: reasonInUseWithoutSnapshot, Message: fmt.Sprintf(
+			return nil, &goldenimage.NotReadyError{Reason: reasonInUseWithoutSnapshot, Message: fmt.Sprintf(
 				"the PVC %s is in use by the pod %s and it cannot be snapshotted (%s), so it cannot be exported "+
 					"without reading a disk that is being written: stop the VM, or install a VolumeSnapshotClass for its driver", pvc.Name, user, why)}
 		}
@@ -286,16 +286,16 @@ func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMach
 		return d, nil
 	}
 	if r.Store == nil || r.StoreConfig == nil {
-		return nil, &image.NotReadyError{Reason: "ObjectStoreNotConfigured", Message: "this installation has no bundled object store: use spec.s3"}
+		return nil, &goldenimage.NotReadyError{Reason: "ObjectStoreNotConfigured", Message: "this installation has no bundled object store: use spec.s3"}
 	}
 	target := ex.Spec.ObjectStore
 	if target == nil {
-		return nil, &image.NotReadyError{Reason: "InvalidSpec", Message: "spec.objectStore or spec.s3 is required"}
+		return nil, &goldenimage.NotReadyError{Reason: "InvalidSpec", Message: "spec.objectStore or spec.s3 is required"}
 	}
 	// Everything in the store is done as the export's namespace: its own buckets only.
 	store, err := r.Store.Namespace(ctx, ex.Namespace, transfer.ReasonTargetForbidden)
 	if err != nil {
-		return nil, image.StoreUnavailable(ex.Namespace, err)
+		return nil, goldenimage.StoreUnavailable(ex.Namespace, err)
 	}
 	d := &destination{kind: "bundled", client: store, presigner: r.Downloads, bucket: string(target.BucketName), object: string(target.ObjectName)}
 	if !forPod {
@@ -478,7 +478,7 @@ func (r *Reconciler) storeAction(ctx context.Context, ex *hypercloud.VirtualMach
 		exp.DownloadURLExpiry, exp.SealKey, exp.SealContext = expiryOf(ex), key, sealContext(ex)
 	}
 	spec := importpod.Spec{Name: ex.Name + "-" + action, Namespace: ex.Namespace, Command: "/exporter",
-		Labels: map[string]string{LabelStoreAction: string(ex.UID), image.LabelRole: "exporter"}, Mounts: d.mounts, Export: &exp}
+		Labels: map[string]string{LabelStoreAction: string(ex.UID), goldenimage.LabelRole: "exporter"}, Mounts: d.mounts, Export: &exp}
 	pod := importpod.Build(r.Pods.Config, spec)
 	if err := importpod.Ensure(ctx, r.Client, r.Pods.Config, ex, pod); err != nil {
 		return nil, err

@@ -11,17 +11,18 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 )
 
 // clones lists the PVCs being cloned from g's image, which its deletion waits for. The label
-// LabelCloneOf finds them in every namespace, but anyone may put a label on a PVC of theirs:
+// goldenimage.LabelCloneOf finds them in every namespace, but anyone may put a label on a PVC of theirs:
 // a PVC counts only when diskpipe made it for a disk (its mark) whose source is this image and
 // which is still being made (its status, which only the manager writes, is neither Ready nor
 // Failed), so no tenant holds back the deletion of another namespace's image.
 func (r *Reconciler) clones(ctx context.Context, g *goldenImage) ([]corev1.PersistentVolumeClaim, error) {
 	list := &corev1.PersistentVolumeClaimList{}
-	if err := r.List(ctx, list, client.MatchingLabels{LabelCloneOf: string(g.obj.GetUID())}); err != nil {
+	if err := r.List(ctx, list, client.MatchingLabels{goldenimage.LabelCloneOf: string(g.obj.GetUID())}); err != nil {
 		return nil, err
 	}
 	var out []corev1.PersistentVolumeClaim
@@ -53,7 +54,7 @@ func (r *Reconciler) diskInProgress(ctx context.Context, ns string, ref *metav1.
 		if err := r.Get(ctx, key, v); err != nil || v.UID != ref.UID || done(&v.Status) {
 			return "", "", "", client.IgnoreNotFound(err)
 		}
-		return KindVirtualMachineImage, ns, v.Spec.VirtualMachineImageName, nil
+		return goldenimage.KindVirtualMachineImage, ns, v.Spec.VirtualMachineImageName, nil
 	case "DiskVolume":
 		d := &diskvolume.DiskVolume{}
 		if err := r.Get(ctx, key, d); err != nil || d.UID != ref.UID || d.Spec.Source.Image == nil || done(&d.Status) {
@@ -65,7 +66,7 @@ func (r *Reconciler) diskInProgress(ctx context.Context, ns string, ref *metav1.
 		img := d.Spec.Source.Image
 		kind, imageNS = img.Kind, img.Namespace
 		if kind == "" {
-			kind = KindImageTemplate // DiskVolume's default
+			kind = goldenimage.KindImageTemplate // DiskVolume's default
 		}
 		if imageNS == "" {
 			imageNS = ns

@@ -2,7 +2,7 @@
 // core: a golden PVC owned by the image, an importer pod that fills it, and a status computed
 // from what the pod reports. When the spec gives no size, a probe pod reads the source's
 // virtual size first. Disks are made from golden images by the disk package, which finds
-// them with Lookup and asks for the golden snapshot with EnsureSnapshot.
+// them with goldenimage.Lookup and asks for the golden snapshot with goldenimage.EnsureSnapshot.
 package image
 
 import (
@@ -27,27 +27,11 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
 	"github.com/diskpipe/diskpipe/objectstore"
-)
-
-// Finalizer holds an image until its importer pods, golden PVC and golden snapshot are gone.
-const Finalizer = "diskpipe.io/golden-image"
-
-// Labels of the children, and of the disks being cloned from an image.
-const (
-	LabelImage  = "diskpipe.io/golden-image"
-	LabelRole   = "diskpipe.io/role"
-	LabelGolden = "diskpipe.io/golden"
-	// LabelCloneOf marks a disk's PVC with the UID of the image it is being made from, until
-	// it is made: the image is not deleted while a clone reads it.
-	LabelCloneOf = "diskpipe.io/clone-of"
-	// LabelStaging ("true") marks an image that stages one disk's bytes and goes once the disk
-	// is made (a DataVolume's import or upload): its disk is cloned from its volume, never from
-	// a golden snapshot, which would be taken and restored for that one disk.
-	LabelStaging = "diskpipe.io/staging"
 )
 
 // Options configure the image controllers.
@@ -147,7 +131,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	if !obj.GetDeletionTimestamp().IsZero() {
 		return r.delete(ctx, g)
 	}
-	if controllerutil.AddFinalizer(obj, Finalizer) {
+	if controllerutil.AddFinalizer(obj, goldenimage.Finalizer) {
 		if err := r.Update(ctx, obj); err != nil {
 			return ctrl.Result{}, err
 		}

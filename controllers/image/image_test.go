@@ -26,7 +26,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
@@ -269,7 +269,7 @@ func TestProbeAndTemplate(t *testing.T) {
 	g.Expect(env.Client.Delete(ctx, imt)).To(Succeed())
 	g.Eventually(func() int {
 		pods := &corev1.PodList{}
-		_ = env.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{image.LabelRole: "importer"})
+		_ = env.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{goldenimage.LabelRole: "importer"})
 		n := 0
 		for _, p := range pods.Items {
 			if p.DeletionTimestamp == nil {

@@ -7,6 +7,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
 )
 
@@ -38,16 +39,16 @@ func (g *goldenImage) tracked() status.Work {
 
 // kind is the image's kind.
 func (g *goldenImage) kind() diskvolume.ImageKind {
-	if g.prefix == prefixVirtualMachineImage {
-		return KindVirtualMachineImage
+	if g.prefix == goldenimage.PrefixVirtualMachineImage {
+		return goldenimage.KindVirtualMachineImage
 	}
-	return KindImageTemplate
+	return goldenimage.KindImageTemplate
 }
 
 func fromVirtualMachineImage(o client.Object) *goldenImage {
 	v := o.(*hypercloud.VirtualMachineImage)
 	g := &goldenImage{obj: v, status: &v.Status, checksum: v.Spec.Source.Checksum, ovaDisk: v.Spec.Source.OVADisk, volume: v.Spec.VolumeOptions,
-		retry: retryOf(v.Spec.Retry), schedule: v.Spec.Schedule, replicas: v.Spec.Replicas, prefix: prefixVirtualMachineImage}
+		retry: retryOf(v.Spec.Retry), schedule: v.Spec.Schedule, replicas: v.Spec.Replicas, prefix: goldenimage.PrefixVirtualMachineImage}
 	g.revisionImage = func(digest string) client.Object {
 		c := &hypercloud.VirtualMachineImage{Spec: *v.Spec.DeepCopy()}
 		c.Spec.Schedule = nil
@@ -73,7 +74,7 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 func fromImageTemplate(o client.Object) *goldenImage {
 	t := o.(*virtualmachine.ImageTemplate)
 	g := &goldenImage{obj: t, status: &t.Status, checksum: t.Spec.Source.Checksum, ovaDisk: t.Spec.Source.OVADisk, volume: t.Spec.VolumeOptions,
-		retry: retryOf(t.Spec.Retry), schedule: t.Spec.Schedule, replicas: t.Spec.Replicas, prefix: prefixImageTemplate}
+		retry: retryOf(t.Spec.Retry), schedule: t.Spec.Schedule, replicas: t.Spec.Replicas, prefix: goldenimage.PrefixImageTemplate}
 	g.revisionImage = func(digest string) client.Object {
 		c := &virtualmachine.ImageTemplate{Spec: *t.Spec.DeepCopy()}
 		c.Spec.Schedule = nil
@@ -122,9 +123,3 @@ func retryOf(r *common.RetryLimit) common.RetryLimit {
 	}
 	return *r
 }
-
-// Kind of a golden image, as DiskVolume's source.image.kind spells it.
-const (
-	KindVirtualMachineImage = diskvolume.ImageKindVirtualMachineImage
-	KindImageTemplate       = diskvolume.ImageKindImageTemplate
-)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
@@ -75,7 +75,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 	var copyFrom *corev1.PersistentVolumeClaim
 	if ref := g.source.copyOf; ref != nil {
 		pvc, err := copySourcePVC(ctx, r.Client, r.Fresh.API, g.obj, ref, class)
-		if nr := (*NotReadyError)(nil); errors.As(err, &nr) {
+		if nr := (*goldenimage.NotReadyError)(nil); errors.As(err, &nr) {
 			st.Phase = common.PhasePending
 			tr.SetReady(metav1.ConditionFalse, nr.Reason, nr.Message)
 			return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
@@ -93,7 +93,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		q := storage.ClaimSize(copyFrom)
 		capacity = q.Value()
 	default:
-		if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil && c.Reason == ReasonSizeRequired {
+		if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil && c.Reason == goldenimage.ReasonSizeRequired {
 			return ctrl.Result{}, nil // until the spec gives a size
 		}
 		if st.VirtualSize == nil {
@@ -113,7 +113,7 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 	spec := importpod.Spec{Name: fmt.Sprintf("%s-import-%d", pvcName, st.Retries), PVC: pvcName, Capacity: capacity,
 		Block: block, StorageClass: class, Preallocate: ptr.Deref(g.volume.Preallocation, false)}
 	if copyFrom != nil {
-		src := hostcopy.Source{Namespace: copyFrom.Namespace, Name: copyFrom.Name, Block: IsBlock(copyFrom)}
+		src := hostcopy.Source{Namespace: copyFrom.Namespace, Name: copyFrom.Name, Block: goldenimage.IsBlock(copyFrom)}
 		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Fresh.API, r.Pods.Config, g.obj, src, &spec); err != nil || !ready {
 			st.Phase = common.PhasePending
 			msg, wait := "waiting for the pod that serves "+copyFrom.Namespace+"/"+copyFrom.Name, 2*time.Second
@@ -148,12 +148,12 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 // marked it whole; until then the image waits.
 func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
 	if r.ObjectStore == nil {
-		return &NotReadyError{"ObjectStoreNotConfigured", "uploads need the bundled object store, which this installation has not"}
+		return &goldenimage.NotReadyError{Reason: "ObjectStoreNotConfigured", Message: "uploads need the bundled object store, which this installation has not"}
 	}
 	key := uploads.ObjectKey(g.obj.GetNamespace(), g.source.upload, g.obj.GetName(), string(g.obj.GetUID()))
 	if _, err := r.ObjectStore.StatObject(ctx, uploads.Bucket, uploads.MarkerKey(key), minio.StatObjectOptions{}); err != nil {
 		if minio.ToErrorResponse(err).StatusCode == http.StatusNotFound {
-			return &NotReadyError{ReasonWaitingForUpload, fmt.Sprintf("upload the image: PUT it to the upload proxy at /v1/namespaces/%s/%s/%s",
+			return &goldenimage.NotReadyError{Reason: goldenimage.ReasonWaitingForUpload, Message: fmt.Sprintf("upload the image: PUT it to the upload proxy at /v1/namespaces/%s/%s/%s",
 				g.obj.GetNamespace(), g.source.upload, g.obj.GetName())}
 		}
 		return objectstore.Classify(err, "looking for the upload")
@@ -172,7 +172,7 @@ func (r *Reconciler) uploaded(ctx context.Context, g *goldenImage) error {
 // being deleted, makes it wait.
 func (r *Reconciler) childError(g *goldenImage, err error) (ctrl.Result, bool) {
 	var notOwned *owned.ErrNotOwned
-	var notReady *NotReadyError
+	var notReady *goldenimage.NotReadyError
 	var refused *transfer.Error
 	if res, waits := g.tracked().WaitForName(err); waits {
 		return res, true
@@ -210,7 +210,7 @@ func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) 
 	st := g.status
 	return r.Pods.Observe(ctx, w, pod, func(res *transfer.Result) error {
 		if res.VirtualSize < 0 {
-			g.tracked().SetReady(metav1.ConditionFalse, ReasonSizeRequired,
+			g.tracked().SetReady(metav1.ConditionFalse, goldenimage.ReasonSizeRequired,
 				"the source's size cannot be known without importing it (a compressed raw image): set spec.resources.requests.storage")
 			st.Phase = common.PhasePending
 			return nil
@@ -226,7 +226,7 @@ func (r *Reconciler) probe(ctx context.Context, g *goldenImage, pvcName string) 
 
 func (r *Reconciler) ensurePVC(ctx context.Context, g *goldenImage, name string, capacity int64) error {
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.obj.GetNamespace(),
-		Labels: map[string]string{LabelImage: string(g.obj.GetUID()), LabelGolden: "true"}},
+		Labels: map[string]string{goldenimage.LabelImage: string(g.obj.GetUID()), goldenimage.LabelGolden: "true"}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(capacity, resource.BinarySI)}},
@@ -239,7 +239,7 @@ func (r *Reconciler) ensurePVC(ctx context.Context, g *goldenImage, name string,
 // added to s's; an objectStore source gets a fresh presigned URL, in a Secret, for each attempt.
 func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.Spec, w importpod.Work) (*corev1.Pod, error) {
 	s.Namespace = g.obj.GetNamespace()
-	s.Labels = map[string]string{LabelImage: string(g.obj.GetUID()), LabelRole: "importer"}
+	s.Labels = map[string]string{goldenimage.LabelImage: string(g.obj.GetUID()), goldenimage.LabelRole: "importer"}
 	contract.Overlay(&s.Import, g.source.imp)
 	s.Mounts = append(append([]importpod.Mount{}, g.source.mounts...), s.Mounts...)
 	s.Scratch = s.Scratch || g.source.scratch
@@ -268,7 +268,7 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 		to, err := importpod.ExportServer(ctx, r.Fresh.API, s.Import.URL)
 		var wait *importpod.ExportWait
 		if errors.As(err, &wait) {
-			return nil, &NotReadyError{"SourceNotReady", wait.Message}
+			return nil, &goldenimage.NotReadyError{Reason: "SourceNotReady", Message: wait.Message}
 		} else if err != nil {
 			return nil, err
 		}
@@ -289,7 +289,7 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 // learnt here, before a pod starts.
 func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.ObjectStoreSource, name string) error {
 	if r.ObjectStore == nil {
-		return &NotReadyError{"ObjectStoreNotConfigured", "this installation has no bundled object store; use an s3 source"}
+		return &goldenimage.NotReadyError{Reason: "ObjectStoreNotConfigured", Message: "this installation has no bundled object store; use an s3 source"}
 	}
 	// As the image's namespace: its own buckets, or those another namespace shared with it. An
 	// upload is read from the upload proxy's own bucket, which no namespace can name.
@@ -297,7 +297,7 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 	if g.source.upload == "" {
 		var err error
 		if store, err = r.ObjectStore.Namespace(ctx, g.obj.GetNamespace(), transfer.ReasonSourceForbidden); err != nil {
-			return StoreUnavailable(g.obj.GetNamespace(), err)
+			return goldenimage.StoreUnavailable(g.obj.GetNamespace(), err)
 		}
 	}
 	// A store that is away is the importer's to wait for, with its retries.
@@ -309,7 +309,7 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 		return err
 	}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.obj.GetNamespace(),
-		Labels: map[string]string{LabelImage: string(g.obj.GetUID())}}, StringData: map[string]string{"url": u.String()}}
+		Labels: map[string]string{goldenimage.LabelImage: string(g.obj.GetUID())}}, StringData: map[string]string{"url": u.String()}}
 	if r.ObjectStoreCA != "" {
 		ca, err := os.ReadFile(r.ObjectStoreCA)
 		if err != nil {
@@ -333,7 +333,7 @@ func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, e
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, err
 		}
 	}
-	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil {
+	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, ns, client.MatchingLabels{goldenimage.LabelImage: uid}); err != nil {
 		return ctrl.Result{}, err
 	}
 	clones, err := r.clones(ctx, g)
@@ -347,10 +347,10 @@ func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, e
 				n, clones[0].Namespace, clones[0].Name))
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 	}
-	if err := r.DeleteAllOf(ctx, &snapshotv1.VolumeSnapshot{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil && !meta.IsNoMatchError(err) {
+	if err := r.DeleteAllOf(ctx, &snapshotv1.VolumeSnapshot{}, ns, client.MatchingLabels{goldenimage.LabelImage: uid}); err != nil && !meta.IsNoMatchError(err) {
 		return ctrl.Result{}, err
 	}
-	if err := r.DeleteAllOf(ctx, &corev1.Secret{}, ns, client.MatchingLabels{LabelImage: uid}); err != nil {
+	if err := r.DeleteAllOf(ctx, &corev1.Secret{}, ns, client.MatchingLabels{goldenimage.LabelImage: uid}); err != nil {
 		return ctrl.Result{}, err
 	}
 	if g.source.upload != "" && r.ObjectStore != nil {
@@ -369,26 +369,10 @@ func (r *Reconciler) delete(ctx context.Context, g *goldenImage) (ctrl.Result, e
 			return ctrl.Result{}, err
 		}
 	}
-	if controllerutil.RemoveFinalizer(g.obj, Finalizer) {
+	if controllerutil.RemoveFinalizer(g.obj, goldenimage.Finalizer) {
 		return ctrl.Result{}, r.Update(ctx, g.obj)
 	}
 	return ctrl.Result{}, nil
-}
-
-// The prefixes of the names of an image's children (childName), by kind.
-const (
-	prefixVirtualMachineImage = "vmim"
-	prefixImageTemplate       = "imt"
-)
-
-// GoldenName says whether a PVC of that name would be an image's golden PVC.
-func GoldenName(name string) bool {
-	return strings.HasPrefix(name, prefixVirtualMachineImage+"-") || strings.HasPrefix(name, prefixImageTemplate+"-")
-}
-
-// Kind says whether kind is one of the image kinds, whose children are golden PVCs.
-func Kind(kind string) bool {
-	return kind == string(KindVirtualMachineImage) || kind == string(KindImageTemplate)
 }
 
 // childName names an image's children: prefix and name, shortened with a hash when that

@@ -32,7 +32,7 @@ import (
 // --check) reads the source's revision on the schedule; each new revision gets an image of its
 // own, of the same kind and spec without the schedule, named after the scheduled image and the
 // revision. The scheduled image's status names the newest Ready one (status.schedule.current,
-// which Lookup follows), so new disks are made from it while disks already made keep theirs;
+// which goldenimage.Lookup follows), so new disks are made from it while disks already made keep theirs;
 // the images of older revisions beyond spec.schedule.keep are deleted, each waiting for the
 // clones that still read it.
 

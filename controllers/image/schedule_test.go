@@ -18,6 +18,7 @@ import (
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -108,7 +109,7 @@ func (s *scheduled) importRevision(rev string, failure transfer.Reason) *hypercl
 
 // current is the image a disk made now would be cloned from.
 func (s *scheduled) current() string {
-	golden, err := image.Lookup(s.t.Context(), env.Client, image.KindVirtualMachineImage, s.vmi.Namespace, s.vmi.Name)
+	golden, err := goldenimage.Lookup(s.t.Context(), env.Client, goldenimage.KindVirtualMachineImage, s.vmi.Namespace, s.vmi.Name)
 	if err != nil {
 		return err.Error()
 	}
@@ -186,11 +187,11 @@ func TestScheduledImage(t *testing.T) {
 	// for the clone; the failed c, older than the current d, goes at once. The disk's PVCs hold
 	// a: diskpipe's, for a disk made from a.
 	disk := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: "disk-of-a", Namespace: ns}, Spec: diskvolume.DiskVolumeSpec{
-		Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(a.Name), Kind: image.KindVirtualMachineImage}}}}
+		Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(a.Name), Kind: goldenimage.KindVirtualMachineImage}}}}
 	g.Expect(env.Client.Create(ctx, disk)).To(Succeed())
 	g.Eventually(func() []corev1.PersistentVolumeClaim {
 		clones := &corev1.PersistentVolumeClaimList{}
-		_ = env.Client.List(ctx, clones, client.InNamespace(ns), client.MatchingLabels{image.LabelCloneOf: string(a.UID)})
+		_ = env.Client.List(ctx, clones, client.InNamespace(ns), client.MatchingLabels{goldenimage.LabelCloneOf: string(a.UID)})
 		return clones.Items
 	}, 20*time.Second).ShouldNot(BeEmpty())
 	s.check(5, transfer.Result{Succeeded: true, Revision: digestOf('d')}, corev1.PodSucceeded)

@@ -14,8 +14,6 @@ import (
 // Condition reasons besides the importer's own (transfer.Reason) and the pod tracker's.
 const (
 	reasonImported         = "Imported"
-	ReasonSizeRequired     = "SizeRequired"
-	ReasonWaitingForUpload = "WaitingForUpload"
 	reasonWaitingForClones = "WaitingForClones"
 )
 

@@ -14,7 +14,7 @@ import (
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/admission"
 	"github.com/diskpipe/diskpipe/controllers/export"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 )
 
 // TestFinalizerPolicy: with the chart's MutatingAdmissionPolicy, the apiserver itself gives a
@@ -42,12 +42,12 @@ func TestFinalizerPolicy(t *testing.T) {
 		obj  client.Object
 		want []string
 	}{
-		{"image", vmi("plain"), []string{image.Finalizer}},
-		{"image with another finalizer", vmi("kept", "example.com/keep"), []string{"example.com/keep", image.Finalizer}},
-		{"image with the finalizer already", vmi("once", image.Finalizer), []string{image.Finalizer}},
+		{"image", vmi("plain"), []string{goldenimage.Finalizer}},
+		{"image with another finalizer", vmi("kept", "example.com/keep"), []string{"example.com/keep", goldenimage.Finalizer}},
+		{"image with the finalizer already", vmi("once", goldenimage.Finalizer), []string{goldenimage.Finalizer}},
 		{"image template", &virtualmachine.ImageTemplate{ObjectMeta: metav1.ObjectMeta{Name: "centos", Namespace: ns},
 			Spec: virtualmachine.ImageTemplateSpec{Source: virtualmachine.ImageTemplateSource{
-				HTTP: &common.HTTPSource{URL: "https://images.example.com/centos.qcow2"}}}}, []string{image.Finalizer}},
+				HTTP: &common.HTTPSource{URL: "https://images.example.com/centos.qcow2"}}}}, []string{goldenimage.Finalizer}},
 		{"export", &hypercloud.VirtualMachineVolumeExport{ObjectMeta: metav1.ObjectMeta{Name: "offsite", Namespace: ns},
 			Spec: hypercloud.VirtualMachineVolumeExportSpec{PVCName: "disk",
 				ObjectStore: &common.ObjectStoreSource{BucketName: "vmexport", ObjectName: "disk.qcow2"}}}, []string{export.Finalizer}},

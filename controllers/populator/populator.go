@@ -43,7 +43,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/disk"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
@@ -108,7 +108,7 @@ func DiskName(pvc *corev1.PersistentVolumeClaim) string { return disk.PopulateNa
 // filled: its StorageClass (named) binds on first consumer, and the scheduler has not chosen
 // the claim's node yet.
 func WaitingForConsumer(ctx context.Context, c client.Reader, pvc *corev1.PersistentVolumeClaim) (class string, waiting bool, err error) {
-	if pvc.Annotations[disk.AnnotationSelectedNode] != "" {
+	if pvc.Annotations[storage.AnnotationSelectedNode] != "" {
 		return "", false, nil
 	}
 	sc, err := storage.Class(ctx, c, ptr.Deref(pvc.Spec.StorageClassName, ""))
@@ -151,12 +151,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			"waiting for a pod that uses the claim: StorageClass %s provisions on the node of the first consumer", class))
 		return ctrl.Result{}, nil // the scheduler's annotation brings the claim back
 	}
-	node := pvc.Annotations[disk.AnnotationSelectedNode]
+	node := pvc.Annotations[storage.AnnotationSelectedNode]
 
 	d := &diskvolume.DiskVolume{ObjectMeta: metav1.ObjectMeta{Name: DiskName(pvc), Namespace: pvc.Namespace,
 		Labels: map[string]string{LabelFor: string(pvc.UID)}}}
 	if node != "" {
-		d.Annotations = map[string]string{disk.AnnotationSelectedNode: node}
+		d.Annotations = map[string]string{storage.AnnotationSelectedNode: node}
 	}
 	if isDisk(ref) {
 		spec, transfer, why, err := r.deferredSpec(ctx, pvc, ref)
@@ -261,8 +261,8 @@ func (r *Reconciler) revisionOf(ctx context.Context, img *diskvolume.ImageSource
 	if imgNS == "" {
 		imgNS = ns
 	}
-	parent, _ := image.NewObject(img.Kind)
-	child, _ := image.NewObject(img.Kind)
+	parent, _ := goldenimage.NewObject(img.Kind)
+	child, _ := goldenimage.NewObject(img.Kind)
 	for _, o := range []struct {
 		obj  client.Object
 		name string

@@ -35,7 +35,7 @@ import (
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
-	"github.com/diskpipe/diskpipe/controllers/image"
+	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	realcluster "github.com/diskpipe/diskpipe/test/cluster"
 	"github.com/diskpipe/diskpipe/test/framework"
 	"github.com/diskpipe/diskpipe/test/testenv"
@@ -574,7 +574,7 @@ func loseNode(ctx context.Context, cl framework.Cluster, locals []*hypercloud.Vi
 			if d.Status.Phase == common.PhaseReady {
 				ready++
 			}
-			if image.LostToNode(&d.Status) != nil {
+			if goldenimage.LostToNode(&d.Status) != nil {
 				reported++
 			}
 		}

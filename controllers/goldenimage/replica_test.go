@@ -1,4 +1,4 @@
-package image
+package goldenimage
 
 import (
 	"strings"
