@@ -139,17 +139,8 @@ func (k *CertKeeper) sync(ctx context.Context) error {
 		return err
 	}
 	if changed {
-		sec.Name, sec.Namespace, sec.Type = k.SecretName, k.Namespace, corev1.SecretTypeTLS
-		if exists {
-			err = k.Client.Update(ctx, sec)
-		} else {
-			err = k.Client.Create(ctx, sec)
-		}
-		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
-			return errLostRace
-		}
-		if err != nil {
-			return fmt.Errorf("writing the webhook certificate Secret: %w", err)
+		if err := k.writeSecret(ctx, sec, k.SecretName, exists); err != nil {
+			return err
 		}
 	}
 	pair, err := tls.X509KeyPair(sec.Data[keyCert], sec.Data[keyKey])
@@ -190,7 +181,14 @@ func (k *CertKeeper) syncLeaf(ctx context.Context, l Leaf, ca *x509.Certificate,
 	if !changed {
 		return nil
 	}
-	sec.Name, sec.Namespace, sec.Type = l.SecretName, k.Namespace, corev1.SecretTypeTLS
+	return k.writeSecret(ctx, sec, l.SecretName, exists)
+}
+
+// writeSecret writes sec as the kubernetes.io/tls Secret name of the keeper's namespace,
+// creating it unless it exists; another replica that wrote it first is errLostRace.
+func (k *CertKeeper) writeSecret(ctx context.Context, sec *corev1.Secret, name string, exists bool) error {
+	sec.Name, sec.Namespace, sec.Type = name, k.Namespace, corev1.SecretTypeTLS
+	var err error
 	if exists {
 		err = k.Client.Update(ctx, sec)
 	} else {
@@ -200,7 +198,7 @@ func (k *CertKeeper) syncLeaf(ctx context.Context, l Leaf, ca *x509.Certificate,
 		return errLostRace
 	}
 	if err != nil {
-		return fmt.Errorf("writing the certificate Secret %s: %w", l.SecretName, err)
+		return fmt.Errorf("writing the certificate Secret %s: %w", name, err)
 	}
 	return nil
 }
