@@ -1,0 +1,485 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/diskpipe/diskpipe/internal/authn"
+)
+
+// Prefix is where the gateway serves its API.
+const Prefix = "/kapis/virtualization.kubesphere.io/v1beta1"
+
+// HostCluster is the name of the cluster the gateway runs in, for ?cluster=.
+const HostCluster = "host"
+
+// maxBody bounds a create's body.
+const maxBody = 1 << 20
+
+// maxNamespaces bounds the namespaces a cluster-wide view reads one by one, for a caller who
+// may not list the resource in all namespaces at once.
+const maxNamespaces = 512
+
+// Server is the gateway.
+type Server struct {
+	// Own reviews tokens and lists namespaces' names, with the gateway's rights; AsCaller
+	// does everything else, as each request's caller.
+	Own, AsCaller client.Client
+	Reviews       *authn.Reviewer
+	// Audit gets an audit line for each change; Metrics counts every request.
+	Audit   *slog.Logger
+	Metrics *Metrics
+}
+
+// New is a gateway talking to the apiserver of cfg (its own service account's), with metrics
+// registered in m.
+func New(cfg *rest.Config, audit *slog.Logger, m *Metrics) (*Server, error) {
+	opts := client.Options{Scheme: clientgoscheme.Scheme, Mapper: mapper()}
+	own, err := client.New(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	as, err := callerClient(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{Own: own, AsCaller: as, Reviews: authn.New(own, "the gateway"), Audit: audit, Metrics: m}, nil
+}
+
+// Handler serves the gateway's API, and /healthz.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	mux.Handle("GET "+Prefix+"/projects/{namespace}/{resource}", s.route("list", s.list))
+	mux.Handle("POST "+Prefix+"/projects/{namespace}/{resource}", s.route("create", s.create))
+	mux.Handle("GET "+Prefix+"/projects/{namespace}/{resource}/{name}", s.route("get", s.get))
+	mux.Handle("DELETE "+Prefix+"/projects/{namespace}/{resource}/{name}", s.route("delete", s.remove))
+	mux.Handle("GET "+Prefix+"/{resource}", s.route("list", s.list))
+	mux.Handle(Prefix+"/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeFailure(w, fail(http.StatusNotFound, "NotFound", "%s %s is not a route of the gateway", r.Method, r.URL.Path), traceID(r), "")
+	}))
+	return mux
+}
+
+// call is one request, authenticated.
+type call struct {
+	r         *http.Request
+	user      authenticationv1.UserInfo
+	resource  string
+	kinds     []kind
+	namespace string // "" for the cluster-wide view
+	trace     string
+	audit     string // the change's audit id; "" for reads
+}
+
+// handler answers a call with its status and envelope.
+type handler func(ctx context.Context, c *call) (int, envelope, error)
+
+// route authenticates the request, checks the path's names, runs h as the caller, and
+// answers, counts and audits it.
+func (s *Server) route(op string, h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		c := &call{r: r, resource: r.PathValue("resource"), namespace: r.PathValue("namespace"), trace: traceID(r)}
+		if op == "create" || op == "delete" {
+			c.audit = newID()
+		}
+		status, e, err := s.serve(r.Context(), c, h)
+		var f *failure
+		if err != nil {
+			f = refusal(err, c.user.Username, op, kindOr(c), c.namespace) // an operation is named for its verb
+			status = f.status
+		}
+		if s.Metrics != nil {
+			s.Metrics.observe(op, c.resource, status, time.Since(start))
+		}
+		if c.audit != "" && c.user.Username != "" && s.Audit != nil {
+			outcome := "Success"
+			if f != nil {
+				outcome = "Failure: " + f.message
+			}
+			s.Audit.Info("audit", "user", c.user.Username, "namespace", c.namespace, "operation", op, "resource", c.resource,
+				"name", r.PathValue("name"), "status", status, "outcome", outcome, "traceID", c.trace, "auditID", c.audit)
+		}
+		if f != nil {
+			writeFailure(w, f, c.trace, c.audit)
+			return
+		}
+		e.TraceID, e.AuditID = c.trace, c.audit
+		write(w, status, e)
+	})
+}
+
+// serve authenticates c and runs h.
+func (s *Server) serve(ctx context.Context, c *call, h handler) (int, envelope, error) {
+	bearer, ok := strings.CutPrefix(c.r.Header.Get("Authorization"), "Bearer ")
+	if !ok || bearer == "" {
+		return 0, envelope{}, fail(http.StatusUnauthorized, "Unauthorized", "an Authorization: Bearer <token> header with a Kubernetes (or KubeSphere) token is required")
+	}
+	user, err := s.Reviews.User(ctx, bearer)
+	if e := (*authn.Error)(nil); errors.As(err, &e) {
+		return 0, envelope{}, fail(e.Status, http.StatusText(e.Status), "%s", e.Message)
+	} else if err != nil {
+		return 0, envelope{}, fail(http.StatusBadGateway, "ServiceUnavailable", "%v", err)
+	}
+	c.user = user
+	if cl := c.r.URL.Query().Get("cluster"); cl != "" && cl != HostCluster {
+		return 0, envelope{}, fail(http.StatusNotFound, "NotFound", "the cluster %q is not registered with this gateway, which serves the cluster %q", cl, HostCluster)
+	}
+	if c.kinds = resources[c.resource]; c.kinds == nil {
+		return 0, envelope{}, fail(http.StatusNotFound, "NotFound", "the gateway serves no resource %q: it serves %s", c.resource, strings.Join(resourceNames(), ", "))
+	}
+	if c.namespace != "" {
+		if errs := validation.IsDNS1123Label(c.namespace); len(errs) > 0 {
+			return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "%q is not a namespace's name: %s", c.namespace, strings.Join(errs, "; "))
+		}
+	}
+	if name := c.r.PathValue("name"); name != "" {
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "%q is not an object's name: %s", name, strings.Join(errs, "; "))
+		}
+	}
+	if k := c.r.URL.Query().Get("kind"); k != "" {
+		one, ok := kindNamed(c.kinds, k)
+		if !ok {
+			return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "the %s are of the kinds %s, not %q", c.resource, strings.Join(kindNames(c.kinds), ", "), k)
+		}
+		c.kinds = []kind{one}
+	}
+	return h(withCaller(ctx, user), c)
+}
+
+// item is one object of an answer: the cluster it is in, its kind, the object as the
+// apiserver gave it, and what the caller may do with it.
+type item struct {
+	Cluster string            `json:"cluster"`
+	Kind    string            `json:"kind"`
+	Object  map[string]any    `json:"object"`
+	Actions map[string]action `json:"actions"`
+}
+
+// list lists c's resource, of every kind of it the caller may list, filtered, sorted and
+// paged; a kind they may not list is left out and said in the message (all of them: 403).
+func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
+	q := c.r.URL.Query()
+	var sel labels.Selector
+	if ls := q.Get("labelSelector"); ls != "" {
+		var err error
+		if sel, err = labels.Parse(ls); err != nil {
+			return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "labelSelector: %v", err)
+		}
+	}
+	page, limit, err := paging(q.Get("page"), q.Get("limit"))
+	if err != nil {
+		return 0, envelope{}, err
+	}
+	h := newHints(s.AsCaller, c.user.Username)
+	var items []item
+	var left []string
+	var firstRefusal error
+	for _, k := range c.kinds {
+		objs, err := s.listKind(ctx, c, k, sel)
+		if apierrors.IsForbidden(err) {
+			left = append(left, denyReason(c.user.Username, "list", k, c.namespace))
+			if firstRefusal == nil {
+				firstRefusal = refusal(err, c.user.Username, "list", k, c.namespace)
+			}
+			continue
+		} else if err != nil {
+			return 0, envelope{}, refusal(err, c.user.Username, "list", k, c.namespace)
+		}
+		for _, o := range objs {
+			if name := q.Get("name"); name != "" && !strings.Contains(o.GetName(), name) {
+				continue
+			}
+			items = append(items, item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, o.GetNamespace())})
+		}
+	}
+	if len(left) == len(c.kinds) {
+		return 0, envelope{}, firstRefusal
+	}
+	if err := sortItems(items, q.Get("sortBy"), q.Get("ascending")); err != nil {
+		return 0, envelope{}, err
+	}
+	total := len(items)
+	if limit > 0 {
+		from := min((page-1)*limit, total)
+		items = items[from:min(from+limit, total)]
+	}
+	e := envelope{Data: nonNil(items), Total: &total}
+	if len(left) > 0 {
+		e.Message = "not shown: " + strings.Join(left, "; ")
+	}
+	if c.namespace != "" {
+		e.Actions = map[string]action{}
+		for _, k := range c.kinds {
+			e.Actions["create "+k.gvk.Kind] = h.may(ctx, "create", k, c.namespace)
+		}
+	}
+	return http.StatusOK, e, nil
+}
+
+// listKind lists k as the caller, in c's namespace or in all: at once where the caller may,
+// else namespace by namespace (their names read with the gateway's rights), keeping those the
+// caller may list. Forbidden when they may list it in none.
+func (s *Server) listKind(ctx context.Context, c *call, k kind, sel labels.Selector) ([]unstructured.Unstructured, error) {
+	opts := []client.ListOption{}
+	if sel != nil {
+		opts = append(opts, client.MatchingLabelsSelector{Selector: sel})
+	}
+	one := func(ns string) ([]unstructured.Unstructured, error) {
+		l := &unstructured.UnstructuredList{}
+		l.SetGroupVersionKind(k.gvk.GroupVersion().WithKind(k.gvk.Kind + "List"))
+		if err := s.AsCaller.List(ctx, l, append(opts, client.InNamespace(ns))...); err != nil {
+			return nil, err
+		}
+		return l.Items, nil
+	}
+	all, err := one(c.namespace)
+	if c.namespace != "" || !apierrors.IsForbidden(err) {
+		return all, err
+	}
+	nss := &corev1.NamespaceList{}
+	if err := s.Own.List(ctx, nss); err != nil {
+		return nil, fail(http.StatusBadGateway, "ServiceUnavailable", "the gateway could not list the namespaces to look in: %v", err)
+	}
+	if len(nss.Items) > maxNamespaces {
+		return nil, fail(http.StatusForbidden, "Forbidden", "%s may not list %s in all namespaces, and the cluster has %d namespaces, more than the %d the gateway looks in one by one: ask in a namespace (projects/{namespace}/%s)",
+			c.user.Username, k.qualified(), len(nss.Items), maxNamespaces, c.resource)
+	}
+	var out []unstructured.Unstructured
+	some := false
+	for _, ns := range nss.Items {
+		got, err := one(ns.Name)
+		if apierrors.IsForbidden(err) {
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		some = true
+		out = append(out, got...)
+	}
+	if !some {
+		return nil, err // the first refusal, for all namespaces
+	}
+	return out, nil
+}
+
+// get reads one object as the caller: of ?kind=, else of whichever of the resource's kinds
+// holds the name (two that both do: 409, say which).
+func (s *Server) get(ctx context.Context, c *call) (int, envelope, error) {
+	o, k, err := s.find(ctx, c)
+	if err != nil {
+		return 0, envelope{}, err
+	}
+	h := newHints(s.AsCaller, c.user.Username)
+	return http.StatusOK, envelope{Data: item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace)}}, nil
+}
+
+// find reads the object of c's name.
+func (s *Server) find(ctx context.Context, c *call) (*unstructured.Unstructured, kind, error) {
+	name := c.r.PathValue("name")
+	var found []*unstructured.Unstructured
+	var kinds []kind
+	var refused error
+	for _, k := range c.kinds {
+		o := &unstructured.Unstructured{}
+		o.SetGroupVersionKind(k.gvk)
+		switch err := s.AsCaller.Get(ctx, client.ObjectKey{Namespace: c.namespace, Name: name}, o); {
+		case err == nil:
+			found, kinds = append(found, o), append(kinds, k)
+		case apierrors.IsNotFound(err):
+		case apierrors.IsForbidden(err):
+			if refused == nil {
+				refused = refusal(err, c.user.Username, "get", k, c.namespace)
+			}
+		default:
+			return nil, kind{}, refusal(err, c.user.Username, "get", k, c.namespace)
+		}
+	}
+	switch {
+	case len(found) == 1:
+		return found[0], kinds[0], nil
+	case len(found) > 1:
+		return nil, kind{}, fail(http.StatusConflict, "Conflict", "%s/%s is both a %s and a %s: say which with ?kind=", c.namespace, name, kinds[0].gvk.Kind, kinds[1].gvk.Kind)
+	case refused != nil:
+		return nil, kind{}, refused
+	}
+	return nil, kind{}, fail(http.StatusNotFound, "NotFound", "there is no %s named %s in namespace %s", strings.Join(kindNames(c.kinds), " or "), name, c.namespace)
+}
+
+// create makes the object of the body, as the caller, in the path's namespace.
+func (s *Server) create(ctx context.Context, c *call) (int, envelope, error) {
+	body, err := io.ReadAll(io.LimitReader(c.r.Body, maxBody+1))
+	if err != nil {
+		return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "reading the body: %v", err)
+	}
+	if len(body) > maxBody {
+		return 0, envelope{}, fail(http.StatusRequestEntityTooLarge, "RequestEntityTooLarge", "the body is over %d bytes", maxBody)
+	}
+	o := &unstructured.Unstructured{}
+	if err := json.Unmarshal(body, &o.Object); err != nil || o.Object == nil {
+		return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "the body is not a JSON object: %v", err)
+	}
+	k, ok := kindNamed(c.kinds, o.GetKind())
+	if !ok || o.GetAPIVersion() != k.gvk.GroupVersion().String() {
+		return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "the %s are %s; the body is apiVersion %q, kind %q",
+			c.resource, strings.Join(kindAPIs(c.kinds), " or "), o.GetAPIVersion(), o.GetKind())
+	}
+	if ns := o.GetNamespace(); ns != "" && ns != c.namespace {
+		return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "the body's metadata.namespace is %q, the path's %q", ns, c.namespace)
+	}
+	o.SetNamespace(c.namespace)
+	c.kinds = []kind{k}
+	if err := s.AsCaller.Create(ctx, o); err != nil {
+		return 0, envelope{}, refusal(err, c.user.Username, "create", k, c.namespace)
+	}
+	h := newHints(s.AsCaller, c.user.Username)
+	return http.StatusCreated, envelope{Data: item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace)}}, nil
+}
+
+// remove deletes the object of c's name, as the caller. With the resource's kinds to choose
+// from, a name both hold is refused (409, say which); otherwise each kind is asked to delete
+// it, so that the apiserver's answer, which refuses a caller without the right before it
+// looks for the object, is the caller's answer.
+func (s *Server) remove(ctx context.Context, c *call) (int, envelope, error) {
+	if len(c.kinds) > 1 {
+		if _, _, err := s.find(ctx, c); err != nil {
+			if f := (*failure)(nil); !errors.As(err, &f) || f.status != http.StatusNotFound {
+				return 0, envelope{}, err
+			}
+		}
+	}
+	name := c.r.PathValue("name")
+	var refused error
+	for _, k := range c.kinds {
+		o := &unstructured.Unstructured{}
+		o.SetGroupVersionKind(k.gvk)
+		o.SetNamespace(c.namespace)
+		o.SetName(name)
+		switch err := s.AsCaller.Delete(ctx, o); {
+		case err == nil:
+			c.kinds = []kind{k}
+			return http.StatusOK, envelope{Data: item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object},
+				Message: "deleting " + k.gvk.Kind + " " + c.namespace + "/" + name}, nil
+		case apierrors.IsNotFound(err):
+		case apierrors.IsForbidden(err):
+			if refused == nil {
+				refused = refusal(err, c.user.Username, "delete", k, c.namespace)
+			}
+		default:
+			return 0, envelope{}, refusal(err, c.user.Username, "delete", k, c.namespace)
+		}
+	}
+	if refused != nil {
+		return 0, envelope{}, refused
+	}
+	return 0, envelope{}, fail(http.StatusNotFound, "NotFound", "there is no %s named %s in namespace %s", strings.Join(kindNames(c.kinds), " or "), name, c.namespace)
+}
+
+// paging reads ?page= (from 1) and ?limit= (0: all).
+func paging(page, limit string) (int, int, error) {
+	p, l := 1, 0
+	var err error
+	if page != "" {
+		if p, err = strconv.Atoi(page); err != nil || p < 1 {
+			return 0, 0, fail(http.StatusBadRequest, "BadRequest", "page is a whole number from 1, not %q", page)
+		}
+	}
+	if limit != "" {
+		if l, err = strconv.Atoi(limit); err != nil || l < 1 || l > 1000 {
+			return 0, 0, fail(http.StatusBadRequest, "BadRequest", "limit is a whole number from 1 to 1000, not %q", limit)
+		}
+	}
+	return p, l, nil
+}
+
+// sortItems sorts items by ?sortBy=: createTime (the default), newest first unless
+// ?ascending=true; or name, a to z unless ?ascending=false; then by namespace and name.
+func sortItems(items []item, by, ascending string) error {
+	key := func(i item) string { return metaString(i.Object, "creationTimestamp") }
+	up := ascending == "true"
+	switch by {
+	case "", "createTime":
+	case "name":
+		key = func(i item) string { return metaString(i.Object, "name") }
+		up = ascending != "false"
+	default:
+		return fail(http.StatusBadRequest, "BadRequest", "sortBy is createTime or name, not %q", by)
+	}
+	slices.SortStableFunc(items, func(a, b item) int {
+		c := strings.Compare(key(a), key(b))
+		if !up {
+			c = -c
+		}
+		if c == 0 {
+			c = strings.Compare(metaString(a.Object, "namespace")+"/"+metaString(a.Object, "name"), metaString(b.Object, "namespace")+"/"+metaString(b.Object, "name"))
+		}
+		return c
+	})
+	return nil
+}
+
+func metaString(o map[string]any, field string) string {
+	s, _, _ := unstructured.NestedString(o, "metadata", field)
+	return s
+}
+
+func nonNil(items []item) []item {
+	if items == nil {
+		return []item{}
+	}
+	return items
+}
+
+func resourceNames() []string {
+	var out []string
+	for r := range resources {
+		out = append(out, r)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func kindNames(ks []kind) []string {
+	var out []string
+	for _, k := range ks {
+		out = append(out, k.gvk.Kind)
+	}
+	return out
+}
+
+func kindAPIs(ks []kind) []string {
+	var out []string
+	for _, k := range ks {
+		out = append(out, fmt.Sprintf("%s %s", k.gvk.GroupVersion(), k.gvk.Kind))
+	}
+	return out
+}
+
+// kindOr is c's one kind, for a refusal's message; the first of its resource's otherwise.
+func kindOr(c *call) kind {
+	if len(c.kinds) > 0 {
+		return c.kinds[0]
+	}
+	return kind{}
+}
