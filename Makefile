@@ -97,7 +97,7 @@ build: setup ## Build diskpipe's binaries into bin/.
 VERSION       ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/diskpipe/Chart.yaml)
 IMAGE         ?= ghcr.io/diskpipe/diskpipe:$(VERSION)
 IMAGE_ARCHIVE ?= $(BIN)/diskpipe-image.tar
-IMAGE_BINS    := manager importer exporter uploadproxy objectstore
+IMAGE_BINS    := manager importer exporter uploadproxy objectstore gateway
 IMAGE_GOARCH  ?= $(shell go env GOARCH)
 
 # The importer links libdeflate (Debian's libdeflate-dev) through cgo to inflate compressed qcow2

@@ -46,6 +46,9 @@ func main() {
 	flag.StringVar(&tokenSecret, "upload-token-secret", "", "NAMESPACE/NAME of the Secret holding the key upload tokens are signed with, made if missing (empty: no upload tokens)")
 	flag.StringVar(&webhook.UploadProxyURL, "upload-proxy-url", "", "the upload proxy's URL outside the cluster, told to token requesters (empty: none)")
 	flag.StringVar(&webhook.ProxyCertSecret, "upload-proxy-cert-secret", "", "Secret in which the manager keeps the upload proxy's serving certificate, issued by the webhooks' CA for --upload-proxy-service (needs --webhook-cert-secret; empty: none)")
+	var gatewayCertSecret, gatewayService string
+	flag.StringVar(&gatewayCertSecret, "gateway-cert-secret", "", "Secret in which the manager keeps the console gateway's serving certificate, issued by the webhooks' CA for --gateway-service (needs --webhook-cert-secret; empty: none)")
+	flag.StringVar(&gatewayService, "gateway-service", "", "DNS name of the console gateway's Service (<name>.<namespace>.svc), for its certificate")
 	flag.StringVar(&proxyService, "upload-proxy-service", "", "the upload proxy's Service, told to token requesters, as SCHEME:NAMESPACE/NAME:PORT (http:diskpipe-system/diskpipe-uploadproxy:upload)")
 	store.BindFlags(flag.CommandLine, &storeCredsDir)
 	flag.StringVar(&opts.ObjectStorePublicEndpoint, "objectstore-public-endpoint", "", "the store's URL outside the cluster, for exports' download URLs (empty: --objectstore-endpoint)")
@@ -96,6 +99,13 @@ func main() {
 			} else {
 				err = errors.New("--upload-proxy-cert-secret needs --webhook-cert-secret, --upload-token-secret and an https --upload-proxy-service")
 			}
+		}
+	}
+	if gatewayCertSecret != "" && err == nil {
+		if webhook.CertSecret == "" || !strings.HasSuffix(gatewayService, ".svc") {
+			err = errors.New("--gateway-cert-secret needs --webhook-cert-secret and --gateway-service <name>.<namespace>.svc")
+		} else {
+			webhook.Leaves = append(webhook.Leaves, admission.Leaf{SecretName: gatewayCertSecret, Hosts: []string{gatewayService, gatewayService + ".cluster.local"}})
 		}
 	}
 	if store.Endpoint != "" && err == nil {

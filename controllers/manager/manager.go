@@ -104,6 +104,9 @@ type WebhookOptions struct {
 	// certificate too, for ProxyHosts, signed by the same CA (admission.Leaf).
 	ProxyCertSecret string
 	ProxyHosts      []string
+	// Leaves are further serving certificates the manager keeps, signed by the same CA: the
+	// console gateway's.
+	Leaves []admission.Leaf
 	// CertSync is how often every replica re-reads the certificate Secret, renews what is
 	// due and re-patches caBundle (default 10 minutes).
 	CertSync time.Duration
@@ -237,6 +240,7 @@ func webhookServer(cfg *rest.Config, w *WebhookOptions) (webhook.Server, *admiss
 		if w.ProxyCertSecret != "" {
 			keeper.Leaves = []admission.Leaf{{SecretName: w.ProxyCertSecret, Hosts: w.ProxyHosts}}
 		}
+		keeper.Leaves = append(keeper.Leaves, w.Leaves...)
 		if w.UploadTokenSecret.Name != "" {
 			keeper.APIServices = []string{uploadproxy.TokenAPIService}
 		}

@@ -183,6 +183,8 @@ func TestSchemaRejects(t *testing.T) {
 		{[]string{"importer.serviceAccountName=Importer_SA"}, []string{"importer.serviceAccountName"}},
 		{[]string{"uploadProxy.ingress.enabled=true"}, []string{"uploadProxy.ingress.host is required"}},
 		{[]string{"webhook.enabled=false"}, []string{"uploadProxy.tls.issued needs webhook.enabled", "uploadProxy.tls.secretName"}},
+		{[]string{"webhook.enabled=false", "uploadProxy.tls.issued=false", "gateway.enabled=true"}, []string{"gateway.tls.issued needs webhook.enabled", "gateway.tls.secretName"}},
+		{[]string{"gateway.replica=2"}, []string{"gateway", "replica"}},
 	} {
 		t.Run(strings.Join(c.set, ","), func(t *testing.T) {
 			var args []string

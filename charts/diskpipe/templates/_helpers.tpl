@@ -177,6 +177,22 @@ diskpipe issues (the manager, or cert-manager); empty serves plain HTTP.
 {{- end -}}
 {{- end }}
 
+{{/*
+The Secret (tls.crt, tls.key) the console's gateway serves HTTPS with: the user's, or the one
+diskpipe issues (the manager, or cert-manager); empty serves plain HTTP.
+*/}}
+{{- define "diskpipe.gateway.tlsSecret" -}}
+{{- $tls := .Values.gateway.tls -}}
+{{- if $tls.secretName -}}
+{{ $tls.secretName }}
+{{- else if $tls.issued -}}
+{{- if not .Values.webhook.enabled -}}
+{{- fail "gateway.tls.issued needs webhook.enabled: the manager (or cert-manager) issues the gateway's certificate beside the webhooks'; set gateway.tls.secretName, or gateway.tls.issued=false for plain HTTP" -}}
+{{- end -}}
+{{ include "diskpipe.fullname" . }}-gateway-tls
+{{- end -}}
+{{- end }}
+
 {{/* The upload proxy's scheme: https or http. */}}
 {{- define "diskpipe.uploadProxy.scheme" -}}
 {{ ternary "https" "http" (not (empty (include "diskpipe.uploadProxy.tlsSecret" .))) }}

@@ -1,0 +1,76 @@
+package chart
+
+import (
+	"slices"
+	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// TestGateway: the console's gateway is off unless asked for; on, it serves HTTPS with the
+// certificate the manager issues for its Service (or the user's), and its own rights are only
+// to impersonate, review tokens and list namespaces: everything else it does as its caller.
+func TestGateway(t *testing.T) {
+	for _, o := range render(t, "diskpipe-system") {
+		if o.GetName() == "diskpipe-gateway" {
+			t.Errorf("the default values render the gateway's %s", o.GetKind())
+		}
+	}
+	for _, c := range []struct {
+		name          string
+		set           []string
+		secret        string
+		managerIssues bool
+	}{
+		{name: "issued", set: []string{"gateway.enabled=true"}, secret: "diskpipe-gateway-tls", managerIssues: true},
+		{name: "own certificate", set: []string{"gateway.enabled=true", "gateway.tls.secretName=console"}, secret: "console"},
+		{name: "plain", set: []string{"gateway.enabled=true", "gateway.tls.issued=false"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var args []string
+			for _, s := range c.set {
+				args = append(args, "--set", s)
+			}
+			objs := render(t, "diskpipe-system", args...)
+			flags := deployment(t, objs, "diskpipe-manager").Spec.Template.Spec.Containers[0].Args
+			issues := slices.Contains(flags, "--gateway-cert-secret=diskpipe-gateway-tls") && slices.Contains(flags, "--gateway-service=diskpipe-gateway.diskpipe-system.svc")
+			if issues != c.managerIssues {
+				t.Errorf("the manager issues the gateway's certificate: %v, want %v (%v)", issues, c.managerIssues, flags)
+			}
+			gw := deployment(t, objs, "diskpipe-gateway")
+			spec := gw.Spec.Template.Spec
+			if spec.ServiceAccountName != "diskpipe-gateway" || spec.Containers[0].Command[0] != "/gateway" {
+				t.Errorf("the gateway runs %v as %s", spec.Containers[0].Command, spec.ServiceAccountName)
+			}
+			tls := slices.Contains(spec.Containers[0].Args, "--tls-cert-file=/var/run/diskpipe/tls/tls.crt")
+			if tls != (c.secret != "") {
+				t.Errorf("the gateway serves TLS: %v, want %v", tls, c.secret != "")
+			}
+			if c.secret != "" && (len(spec.Volumes) != 1 || spec.Volumes[0].Secret.SecretName != c.secret || len(spec.Volumes[0].Secret.Items) != 2) {
+				t.Errorf("the gateway mounts %+v, want the certificate and key of %s", spec.Volumes, c.secret)
+			}
+			var role *rbacv1.ClusterRole
+			for _, o := range objs {
+				if o.GetKind() == "ClusterRole" && o.GetName() == "diskpipe-gateway" {
+					role = &rbacv1.ClusterRole{}
+					if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, role); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if role == nil {
+				t.Fatal("no ClusterRole diskpipe-gateway")
+			}
+			for _, r := range role.Rules {
+				for _, v := range r.Verbs {
+					ok := v == "impersonate" || (v == "create" && slices.Equal(r.Resources, []string{"tokenreviews"})) ||
+						(v == "list" && slices.Equal(r.Resources, []string{"namespaces"}))
+					if !ok {
+						t.Errorf("the gateway's own rights include %s on %v: it reads and writes only as its callers", v, r.Resources)
+					}
+				}
+			}
+		})
+	}
+}
