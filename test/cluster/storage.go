@@ -223,6 +223,8 @@ func (c *Cluster) install(ctx context.Context) error {
 		// The node's own address serves the tests' images and registry: a trusted mirror inside
 		// the cluster's networks, which importers otherwise may not reach.
 		"--set", "importer.clusterCIDRs={" + ClusterCIDR + "," + ServiceCIDR + "}", "--set", "importer.allowedDestinations={" + NodeIP + "}",
+		// The console's gateway, off by default, runs here for the specs of the console.
+		"--set", "gateway.enabled=true",
 		"--wait", "--timeout", "5m"}, c.opts.HelmArgs...)
 	if c.opts.KubeVirt || c.opts.Nodes > 1 {
 		// KubeVirt runs here: diskpipe serves it CDI's API, as in a cluster where it replaces
