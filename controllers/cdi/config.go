@@ -122,7 +122,8 @@ func (c *Config) fromCDI(ctx context.Context, obj *cdiv1.CDIConfig) error {
 }
 
 // status is the CDIConfig's status: the filesystem overheads diskpipe uses (the spec's where it
-// sets them, see SpecOverhead, else the chart's), the import proxy of the spec (SpecProxy), and
+// sets them, see SpecOverhead, else the chart's), the import proxy of the spec (SpecProxy), the
+// spec's preallocation (false where it says none), and
 // the upload proxy's URL as the
 // administrator's spec.uploadProxyURLOverride says, or else as the chart's values do (CDI's
 // order). The spec's other settings are refused at admission (policy.CDIPolicy).
@@ -132,7 +133,9 @@ func (c *Config) status(spec *cdiv1.CDIConfigSpec) cdiv1.CDIConfigStatus {
 	for _, class := range c.FilesystemOverhead.Classes() {
 		fs.StorageClass[class] = percent(c.FilesystemOverhead.For(class))
 	}
-	st := cdiv1.CDIConfigStatus{FilesystemOverhead: fs, ImportProxy: spec.ImportProxy}
+	// spec.preallocation is every DataVolume's default that does not say (DataVolumeReconciler's
+	// claim spec); the status says it, as CDI's does.
+	st := cdiv1.CDIConfigStatus{FilesystemOverhead: fs, ImportProxy: spec.ImportProxy, Preallocation: ptr.Deref(spec.Preallocation, false)}
 	switch {
 	case spec.UploadProxyURLOverride != nil && *spec.UploadProxyURLOverride != "":
 		st.UploadProxyURL = spec.UploadProxyURLOverride

@@ -1053,6 +1053,11 @@ func TestGlobalPreallocation(t *testing.T) {
 	ctx := t.Context()
 	ns := namespace(t, "prealloc")
 	withConfig(t, func(spec *cdiv1.CDIConfigSpec) { spec.Preallocation = ptr.To(true) })
+	// The CDIConfig's status says it, as CDI's does (tools read the status, not the spec).
+	g.Eventually(func() bool {
+		c := &cdiv1.CDIConfig{}
+		return env.Client.Get(ctx, client.ObjectKey{Name: cdi.CDIConfigName}, c) == nil && c.Status.Preallocation
+	}, 20*time.Second).Should(BeTrue(), "status.preallocation")
 	unsaid := dataVolume(ns, "unsaid", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
 	said := dataVolume(ns, "said", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
 	said.Spec.Preallocation = ptr.To(false)
