@@ -162,35 +162,70 @@ priorityClassName: {{ . }}
 {{- end }}
 
 {{/*
-The Secret (tls.crt, tls.key) the upload proxy serves HTTPS with: the user's, or the one
-diskpipe issues (the manager, or cert-manager); empty serves plain HTTP.
+The Secret (tls.crt, tls.key) a component serves HTTPS with, from its values' tls: the user's
+secretName, or the one diskpipe issues (the manager, or cert-manager) into
+<fullname>-<component>-tls; empty serves plain HTTP. Called as (list . "uploadProxy"
+"uploadproxy"): the root, the component's values key, its name.
 */}}
-{{- define "diskpipe.uploadProxy.tlsSecret" -}}
-{{- $tls := .Values.uploadProxy.tls -}}
+{{- define "diskpipe.tlsSecret" -}}
+{{- $root := index . 0 -}}
+{{- $key := index . 1 -}}
+{{- $tls := (index $root.Values $key).tls -}}
 {{- if $tls.secretName -}}
 {{ $tls.secretName }}
 {{- else if $tls.issued -}}
-{{- if not .Values.webhook.enabled -}}
-{{- fail "uploadProxy.tls.issued needs webhook.enabled: the manager (or cert-manager) issues the proxy's certificate beside the webhooks'; set uploadProxy.tls.secretName, or uploadProxy.tls.issued=false for plain HTTP" -}}
+{{- if not $root.Values.webhook.enabled -}}
+{{- fail (printf "%s.tls.issued needs webhook.enabled: the manager (or cert-manager) issues its certificate beside the webhooks'; set %s.tls.secretName, or %s.tls.issued=false for plain HTTP" $key $key $key) -}}
 {{- end -}}
-{{ include "diskpipe.fullname" . }}-uploadproxy-tls
+{{ include "diskpipe.fullname" $root }}-{{ index . 2 }}-tls
 {{- end -}}
 {{- end }}
 
-{{/*
-The Secret (tls.crt, tls.key) the console's gateway serves HTTPS with: the user's, or the one
-diskpipe issues (the manager, or cert-manager); empty serves plain HTTP.
-*/}}
+{{- define "diskpipe.uploadProxy.tlsSecret" -}}
+{{ include "diskpipe.tlsSecret" (list . "uploadProxy" "uploadproxy") }}
+{{- end }}
+
 {{- define "diskpipe.gateway.tlsSecret" -}}
-{{- $tls := .Values.gateway.tls -}}
-{{- if $tls.secretName -}}
-{{ $tls.secretName }}
-{{- else if $tls.issued -}}
-{{- if not .Values.webhook.enabled -}}
-{{- fail "gateway.tls.issued needs webhook.enabled: the manager (or cert-manager) issues the gateway's certificate beside the webhooks'; set gateway.tls.secretName, or gateway.tls.issued=false for plain HTTP" -}}
-{{- end -}}
-{{ include "diskpipe.fullname" . }}-gateway-tls
-{{- end -}}
+{{ include "diskpipe.tlsSecret" (list . "gateway" "gateway") }}
+{{- end }}
+
+{{/* The volume of a component's serving certificate: its tls.crt and tls.key only (an issued
+Secret's ca.crt is for clients). Called with the Secret's name. */}}
+{{- define "diskpipe.tlsVolume" -}}
+- name: tls
+  secret:
+    secretName: {{ . }}
+    # the certificate and its key only (an issued Secret's ca.crt is for clients)
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+{{- end }}
+
+{{/* A cert-manager Certificate for a component's Service, into <fullname>-<name>-tls.
+Called as (list . "uploadproxy"). */}}
+{{- define "diskpipe.servingCertificate" -}}
+{{- $root := index . 0 -}}
+{{- $fullname := include "diskpipe.fullname" $root -}}
+{{- $name := index . 1 -}}
+apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata:
+  name: {{ $fullname }}-{{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "diskpipe.labels" $root | nindent 4 }}
+spec:
+  secretName: {{ $fullname }}-{{ $name }}-tls
+  dnsNames:
+    - {{ $fullname }}-{{ $name }}.{{ $root.Release.Namespace }}.svc
+    - {{ $fullname }}-{{ $name }}.{{ $root.Release.Namespace }}.svc.cluster.local
+  issuerRef:
+    {{- if $root.Values.webhook.certManager.issuerRef }}
+    {{- toYaml $root.Values.webhook.certManager.issuerRef | nindent 4 }}
+    {{- else }}
+    kind: Issuer
+    name: {{ $fullname }}-selfsigned
+    {{- end }}
 {{- end }}
 
 {{/* The upload proxy's scheme: https or http. */}}
