@@ -45,7 +45,8 @@ func main() {
 	flag.StringVar(&ownerKeySecret, "owner-key-secret", "", "NAMESPACE/NAME of the Secret holding the key the manager marks the children it makes with, made if missing (default: POD_NAMESPACE/diskpipe-owner-key)")
 	flag.StringVar(&tokenSecret, "upload-token-secret", "", "NAMESPACE/NAME of the Secret holding the key upload tokens are signed with, made if missing (empty: no upload tokens)")
 	flag.StringVar(&webhook.UploadProxyURL, "upload-proxy-url", "", "the upload proxy's URL outside the cluster, told to token requesters (empty: none)")
-	flag.StringVar(&webhook.ProxyCertSecret, "upload-proxy-cert-secret", "", "Secret in which the manager keeps the upload proxy's serving certificate, issued by the webhooks' CA for --upload-proxy-service (needs --webhook-cert-secret; empty: none)")
+	var proxyCertSecret string
+	flag.StringVar(&proxyCertSecret, "upload-proxy-cert-secret", "", "Secret in which the manager keeps the upload proxy's serving certificate, issued by the webhooks' CA for --upload-proxy-service (needs --webhook-cert-secret; empty: none)")
 	var gatewayCertSecret, gatewayService string
 	flag.StringVar(&gatewayCertSecret, "gateway-cert-secret", "", "Secret in which the manager keeps the console gateway's serving certificate, issued by the webhooks' CA for --gateway-service (needs --webhook-cert-secret; empty: none)")
 	flag.StringVar(&gatewayService, "gateway-service", "", "DNS name of the console gateway's Service (<name>.<namespace>.svc), for its certificate")
@@ -92,10 +93,9 @@ func main() {
 		if tokenSecret != "" && err == nil {
 			err = parseTokenFlags(&webhook, tokenSecret, proxyService)
 		}
-		if webhook.ProxyCertSecret != "" && err == nil {
+		if proxyCertSecret != "" && err == nil {
 			if p := webhook.UploadProxyService; webhook.CertSecret != "" && p != nil && p.Scheme == "https" {
-				host := p.Name + "." + p.Namespace + ".svc"
-				webhook.ProxyHosts = []string{host, host + ".cluster.local"}
+				webhook.Leaves = append(webhook.Leaves, serviceLeaf(proxyCertSecret, p.Name+"."+p.Namespace+".svc"))
 			} else {
 				err = errors.New("--upload-proxy-cert-secret needs --webhook-cert-secret, --upload-token-secret and an https --upload-proxy-service")
 			}
@@ -105,7 +105,7 @@ func main() {
 		if webhook.CertSecret == "" || !strings.HasSuffix(gatewayService, ".svc") {
 			err = errors.New("--gateway-cert-secret needs --webhook-cert-secret and --gateway-service <name>.<namespace>.svc")
 		} else {
-			webhook.Leaves = append(webhook.Leaves, admission.Leaf{SecretName: gatewayCertSecret, Hosts: []string{gatewayService, gatewayService + ".cluster.local"}})
+			webhook.Leaves = append(webhook.Leaves, serviceLeaf(gatewayCertSecret, gatewayService))
 		}
 	}
 	if store.Endpoint != "" && err == nil {
@@ -145,4 +145,10 @@ func parseTokenFlags(w *manager.WebhookOptions, secret, service string) error {
 	}
 	w.UploadProxyService = &upload.ProxyService{Namespace: svcNS, Name: svcName, Port: port, Scheme: scheme}
 	return nil
+}
+
+// serviceLeaf is a serving certificate the manager keeps in secret for the Service of DNS name
+// host (<name>.<namespace>.svc), by that name and its cluster.local one.
+func serviceLeaf(secret, host string) admission.Leaf {
+	return admission.Leaf{SecretName: secret, Hosts: []string{host, host + ".cluster.local"}}
 }

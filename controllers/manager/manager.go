@@ -100,12 +100,8 @@ type WebhookOptions struct {
 	// something else (cert-manager, a test) writes CertDir and caBundle.
 	CertSecret, Namespace string
 	Hosts                 []string
-	// ProxyCertSecret, with CertSecret, makes the manager keep the upload proxy's serving
-	// certificate too, for ProxyHosts, signed by the same CA (admission.Leaf).
-	ProxyCertSecret string
-	ProxyHosts      []string
-	// Leaves are further serving certificates the manager keeps, signed by the same CA: the
-	// console gateway's.
+	// Leaves, with CertSecret, are the serving certificates the manager keeps besides the
+	// webhooks', signed by the same CA: the upload proxy's, the console gateway's.
 	Leaves []admission.Leaf
 	// CertSync is how often every replica re-reads the certificate Secret, renews what is
 	// due and re-patches caBundle (default 10 minutes).
@@ -237,10 +233,7 @@ func webhookServer(cfg *rest.Config, w *WebhookOptions) (webhook.Server, *admiss
 		}
 		keeper = &admission.CertKeeper{Client: direct, Reader: direct, Namespace: w.Namespace,
 			SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, Every: w.CertSync}
-		if w.ProxyCertSecret != "" {
-			keeper.Leaves = []admission.Leaf{{SecretName: w.ProxyCertSecret, Hosts: w.ProxyHosts}}
-		}
-		keeper.Leaves = append(keeper.Leaves, w.Leaves...)
+		keeper.Leaves = w.Leaves
 		if w.UploadTokenSecret.Name != "" {
 			keeper.APIServices = []string{uploadproxy.TokenAPIService}
 		}

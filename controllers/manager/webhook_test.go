@@ -72,7 +72,7 @@ func startShared(t *testing.T) *shared {
 		h.metricsAddr = freeAddr(t)
 		h.webhook = &manager.WebhookOptions{Host: "127.0.0.1", Port: h.port, Configuration: h.cfg.Name,
 			CertSecret: sharedSecret, Namespace: sharedNamespace, Hosts: []string{"127.0.0.1"}, CertSync: time.Second,
-			ProxyCertSecret: sharedProxySecret, ProxyHosts: []string{sharedProxyHost}}
+			Leaves: []admission.Leaf{{SecretName: sharedProxySecret, Hosts: []string{sharedProxyHost}}}}
 		h.mgr, err = ctrltest.StartManager(env, manager.Options{Webhook: h.webhook, MetricsAddr: h.metricsAddr})
 		g.Expect(err).NotTo(HaveOccurred())
 	})
@@ -150,7 +150,7 @@ func TestWebhookCertificate(t *testing.T) {
 	// Eight months on (the certificate is made as if issued then), another replica's sync
 	// renews it; this manager's own sync, every second here, picks it up and serves it.
 	keeper := admission.CertKeeper{Client: env.Client, Reader: env.Client, Namespace: secretNS, SecretName: secretName,
-		Configuration: cfg.Name, Hosts: opts.Hosts, Leaves: []admission.Leaf{{SecretName: sharedProxySecret, Hosts: opts.ProxyHosts}}}
+		Configuration: cfg.Name, Hosts: opts.Hosts, Leaves: opts.Leaves}
 	proxyCertVerifies(t, "first certificate")
 	age(t, secret, "tls.crt", "ca.crt", "ca.key", admission.LeafLifetime*2/3+24*time.Hour)
 	g.Expect(env.Client.Update(ctx, secret)).To(Succeed())
