@@ -296,20 +296,24 @@ func (c *Cluster) UploadURL() string {
 	return fmt.Sprintf("https://%s:%d", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
 }
 
-// UploadClient reaches the upload proxy as a user who has its CA would: it trusts only the
-// ca.crt of the Secret the manager keeps the proxy's certificate in, and checks the
-// certificate names the proxy's Service (UploadURL is its address).
+// UploadClient reaches the upload proxy as a user who has its CA would (ServiceClient).
 func (c *Cluster) UploadClient() *http.Client {
+	return c.ServiceClient(UploadProxyCertSecret, Release+"-uploadproxy")
+}
+
+// ServiceClient reaches a Service of the release serving HTTPS with a certificate the manager
+// issued, as a user who has its CA would: it trusts only the ca.crt of the Secret secret, and
+// checks the certificate names the Service (<service>.<ReleaseNamespace>.svc).
+func (c *Cluster) ServiceClient(secret, service string) *http.Client {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool := x509.NewCertPool()
 	sec := &corev1.Secret{}
-	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: UploadProxyCertSecret}, sec); err == nil {
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: ReleaseNamespace, Name: secret}, sec); err == nil {
 		pool.AppendCertsFromPEM(sec.Data["ca.crt"])
 	}
 	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12,
-		ServerName: Release + "-uploadproxy." + ReleaseNamespace + ".svc"}
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, ServerName: service + "." + ReleaseNamespace + ".svc"}
 	return &http.Client{Transport: t}
 }
 

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -52,17 +50,11 @@ subjects:
 		}
 		editor, viewer, outsider := token("editor", "edit", ns), token("viewer", "view", ns), token("outsider", "edit", other)
 
-		// The gateway's Service, and the CA its certificate is verified with.
+		// The gateway's Service, reached as a user who has the CA of its issued certificate.
 		svc := &corev1.Service{}
 		Expect(cluster.APIClient().Get(ctx, client.ObjectKey{Namespace: realcluster.ReleaseNamespace, Name: realcluster.Release + "-gateway"}, svc)).To(Succeed())
-		sec := &corev1.Secret{}
-		Eventually(func() error {
-			return cluster.APIClient().Get(ctx, client.ObjectKey{Namespace: realcluster.ReleaseNamespace, Name: realcluster.Release + "-gateway-tls"}, sec)
-		}, time.Minute, time.Second).Should(Succeed())
-		pool := x509.NewCertPool()
-		Expect(pool.AppendCertsFromPEM(sec.Data["ca.crt"])).To(BeTrue())
-		hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12,
-			ServerName: realcluster.Release + "-gateway." + realcluster.ReleaseNamespace + ".svc"}}}
+		hc := node().ServiceClient(realcluster.Release+"-gateway-tls", realcluster.Release+"-gateway")
+		hc.Timeout = 30 * time.Second
 		base := fmt.Sprintf("https://%s:%d%s", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port, gateway.Prefix)
 		call := func(bearer, method, path string) (int, http.Header, map[string]any) {
 			GinkgoHelper()
