@@ -21,8 +21,8 @@ import (
 // it proof: only the manager may create a pod that carries diskpipe's label or give it to a
 // pod, and nobody else may change what a pod of diskpipe's is (its labels, its images, an
 // ephemeral container) or run a command in it (exec, attach), which would make a tenant's code
-// run as one of diskpipe's pods. A pod that leaves diskpipe (its label removed) leaves its
-// rights with it.
+// run as one of diskpipe's pods. Nor may anyone take its label off, which would leave the pod
+// with diskpipe's mounts and open to all of that.
 type podGuard struct{ podHook }
 
 func (h *podGuard) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -52,8 +52,10 @@ func (h *podGuard) Handle(ctx context.Context, req admission.Request) admission.
 	case !importpod.Labelled(old):
 		return admission.Allowed("")
 	case !importpod.Labelled(pod):
-		// Leaving diskpipe's selectors takes nothing from anyone.
-		return admission.Allowed("")
+		// Not a way out: a pod relabelled keeps diskpipe's mounts (a golden or prime claim),
+		// which the tenant's changes to it would then reach.
+		return denied("the pod %s is diskpipe's %s, and only diskpipe's manager may take its label %s off: delete the pod instead",
+			pod.Name, component(old), importpod.LabelManagedBy)
 	case old.Labels[importpod.LabelComponent] != pod.Labels[importpod.LabelComponent]:
 		return denied("the pod %s is diskpipe's %s, and only diskpipe's manager may change its label %s", pod.Name, component(old), importpod.LabelComponent)
 	case req.SubResource == "ephemeralcontainers" && len(pod.Spec.EphemeralContainers) > len(old.Spec.EphemeralContainers):

@@ -399,6 +399,13 @@ func TestDiskpipePodsAreTheManagers(t *testing.T) {
 		"the pod " + source.Name + " is diskpipe's clone-source, and only diskpipe's manager may change its label app.kubernetes.io/component")))
 	g.Expect(ctrltest.Update(ctx, admin, source, func() { source.Spec.Containers[0].Image = "busybox" })).To(MatchError(ContainSubstring(
 		"the pod " + source.Name + " is diskpipe's clone-source, which runs diskpipe's code only: its images may not be changed")))
+	// Nor is taking the label off a way out of this hook, alone or with the images changed.
+	g.Expect(ctrltest.Update(ctx, admin, source, func() { delete(source.Labels, importpod.LabelManagedBy) })).To(MatchError(ContainSubstring(
+		"the pod " + source.Name + " is diskpipe's clone-source, and only diskpipe's manager may take its label app.kubernetes.io/managed-by off: delete the pod instead")))
+	g.Expect(ctrltest.Update(ctx, admin, source, func() {
+		delete(source.Labels, importpod.LabelManagedBy)
+		source.Spec.Containers[0].Image = "busybox"
+	})).To(MatchError(ContainSubstring("may take its label app.kubernetes.io/managed-by off")))
 	g.Expect(admin.Get(ctx, client.ObjectKeyFromObject(source), source)).To(Succeed())
 	source.Spec.EphemeralContainers = append(source.Spec.EphemeralContainers, corev1.EphemeralContainer{
 		EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "busybox", TerminationMessagePolicy: corev1.TerminationMessageReadFile, ImagePullPolicy: corev1.PullIfNotPresent}})
