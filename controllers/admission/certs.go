@@ -152,12 +152,16 @@ func (k *CertKeeper) sync(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the webhook certificate Secret's CA: %w", err)
 	}
-	for _, l := range k.Leaves {
-		if err := k.syncLeaf(ctx, l, ca, caKey, bundle); err != nil {
-			return err
-		}
+	// The webhooks' bundle first: a leaf that cannot be written (its Secret held or refused)
+	// must not keep the webhooks from trusting a renewed CA, which would fail them all.
+	if err := k.patchBundle(ctx, bundle); err != nil {
+		return err
 	}
-	return k.patchBundle(ctx, bundle)
+	var errs []error
+	for _, l := range k.Leaves {
+		errs = append(errs, k.syncLeaf(ctx, l, ca, caKey, bundle))
+	}
+	return errors.Join(errs...)
 }
 
 // syncLeaf makes l's Secret hold a current certificate of ca and bundle as its ca.crt.

@@ -248,3 +248,33 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestLeafFailureKeepsBundle: a leaf certificate that cannot be written (its Secret immutable
+// here; held or refused in a cluster) is an error of the sync, but the webhooks' CA bundle is
+// patched all the same: one component's Secret must not leave every webhook distrusting a
+// renewed CA.
+func TestLeafFailureKeepsBundle(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "leaf")
+	g.Expect(err).NotTo(HaveOccurred())
+	cfg := admission.Configuration(ns, "diskpipe-manager", nil)
+	cfg.Name = "diskpipe-leaf-" + ns
+	for i := range cfg.Webhooks {
+		cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/none")}
+		cfg.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"no-such": "namespace"}}
+	}
+	g.Expect(env.Client.Create(ctx, cfg)).To(Succeed())
+	held := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "held", Namespace: ns}, Immutable: ptr.To(true), Data: map[string][]byte{"other": []byte("x")}}
+	g.Expect(env.Client.Create(ctx, held)).To(Succeed())
+	keeper := admission.CertKeeper{Client: env.Client, Reader: env.Client, Namespace: ns, SecretName: "webhook-cert",
+		Configuration: cfg.Name, Hosts: []string{"127.0.0.1"}, Leaves: []admission.Leaf{{SecretName: "held", Hosts: []string{"held.svc"}}}}
+	g.Expect(keeper.Sync(ctx)).To(MatchError(ContainSubstring("held")))
+	sec := &corev1.Secret{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "webhook-cert"}, sec)).To(Succeed())
+	got := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(cfg), got)).To(Succeed())
+	for _, w := range got.Webhooks {
+		g.Expect(w.ClientConfig.CABundle).To(Equal(sec.Data["ca.crt"]), w.Name)
+	}
+}
