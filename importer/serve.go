@@ -130,7 +130,11 @@ func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate, 
 	if life := limits.lifetime(size); limits.Idle > 0 || life > 0 {
 		go func() {
 			began := time.Now()
-			tick := time.NewTicker(max(min(limits.Idle/4, time.Second), time.Millisecond))
+			every := time.Second // the lifetime alone
+			if limits.Idle > 0 {
+				every = max(min(limits.Idle/4, time.Second), time.Millisecond)
+			}
+			tick := time.NewTicker(every)
 			defer tick.Stop()
 			for {
 				select {
