@@ -89,6 +89,8 @@ type call struct {
 	namespace string // "" for the cluster-wide view
 	trace     string
 	audit     string // the change's audit id; "" for reads
+	// namespaces are the cluster's, read once for a cluster-wide view that needs them.
+	namespaces *corev1.NamespaceList
 }
 
 // handler answers a call with its status and envelope.
@@ -211,7 +213,7 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 			if name := q.Get("name"); name != "" && !strings.Contains(o.GetName(), name) {
 				continue
 			}
-			items = append(items, item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, o.GetNamespace())})
+			items = append(items, item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object})
 		}
 	}
 	if len(left) == len(c.kinds) {
@@ -224,6 +226,10 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 	if limit > 0 {
 		from := min((page-1)*limit, total)
 		items = items[from:min(from+limit, total)]
+	}
+	for i := range items { // the page's only: each namespace and kind asked once
+		k, _ := kindNamed(c.kinds, items[i].Kind)
+		items[i].Actions = h.of(ctx, k, metaString(items[i].Object, "namespace"))
 	}
 	e := envelope{Data: nonNil(items), Total: &total}
 	if len(left) > 0 {
@@ -258,13 +264,17 @@ func (s *Server) listKind(ctx context.Context, c *call, k kind, sel labels.Selec
 	if c.namespace != "" || !apierrors.IsForbidden(err) {
 		return all, err
 	}
-	nss := &corev1.NamespaceList{}
-	if err := s.Own.List(ctx, nss); err != nil {
-		return nil, fail(http.StatusBadGateway, "ServiceUnavailable", "the gateway could not list the namespaces to look in: %v", err)
+	if c.namespaces == nil { // once a request, for all of its kinds
+		nss := &corev1.NamespaceList{}
+		if err := s.Own.List(ctx, nss); err != nil {
+			return nil, fail(http.StatusBadGateway, "ServiceUnavailable", "the gateway could not list the namespaces to look in: %v", err)
+		}
+		c.namespaces = nss
 	}
+	nss := c.namespaces
 	if len(nss.Items) > maxNamespaces {
-		return nil, fail(http.StatusForbidden, "Forbidden", "%s may not list %s in all namespaces, and the cluster has %d namespaces, more than the %d the gateway looks in one by one: ask in a namespace (projects/{namespace}/%s)",
-			c.user.Username, k.qualified(), len(nss.Items), maxNamespaces, c.resource)
+		return nil, fail(http.StatusForbidden, "Forbidden", "%s may not list %s in all namespaces, and the cluster has more namespaces than the %d the gateway looks in one by one: ask in a namespace (projects/{namespace}/%s)",
+			c.user.Username, k.qualified(), maxNamespaces, c.resource)
 	}
 	var out []unstructured.Unstructured
 	some := false
@@ -363,10 +373,13 @@ func (s *Server) create(ctx context.Context, c *call) (int, envelope, error) {
 // looks for the object, is the caller's answer.
 func (s *Server) remove(ctx context.Context, c *call) (int, envelope, error) {
 	if len(c.kinds) > 1 {
-		if _, _, err := s.find(ctx, c); err != nil {
-			if f := (*failure)(nil); !errors.As(err, &f) || f.status != http.StatusNotFound {
-				return 0, envelope{}, err
-			}
+		// Which kind holds the name, where the caller may read it; the delete itself is the
+		// apiserver's to allow or refuse.
+		_, k, err := s.find(ctx, c)
+		if f := (*failure)(nil); errors.As(err, &f) && f.status == http.StatusConflict {
+			return 0, envelope{}, err
+		} else if err == nil {
+			c.kinds = []kind{k}
 		}
 	}
 	name := c.r.PathValue("name")
