@@ -19,11 +19,14 @@
 // marshal), so the acknowledged offset, which HEAD reports in the Upload-Offset header,
 // survives a dropped connection and a restart of the proxy. A client continues with a PUT of
 // the rest and `Content-Range: bytes <offset>-<last>/<total>` (resending from an earlier
-// offset is fine: the bytes already stored are skipped). Every byte is hashed once, as it
+// offset is fine: the bytes already stored are skipped). A request may also send only a
+// piece, stopping at a multiple of the part size (Upload-Part-Size, which every answer
+// says): a browser sends its file so, piece by piece. Every byte is hashed once, as it
 // arrives: when the last byte is stored the upload is completed and the image's checksum, if
-// it has one, is verified from the saved hash, never by reading the object back; then a
-// marker object tells the image controller the upload is whole. A mismatch deletes the
-// object: nothing is imported.
+// it has one, and the client's own digest of the file (Upload-Digest), if it sent one, are
+// verified from the saved hash, never by reading the object back; then a marker object tells
+// the image controller the upload is whole. A mismatch deletes the object: nothing is
+// imported.
 package uploadproxy
 
 import (
@@ -57,6 +60,8 @@ import (
 const (
 	HeaderOffset   = uploadproto.HeaderOffset
 	HeaderComplete = uploadproto.HeaderComplete
+	HeaderPartSize = uploadproto.HeaderPartSize
+	HeaderDigest   = uploadproto.HeaderDigest
 )
 
 // Server is the upload proxy.
@@ -228,6 +233,22 @@ type upload struct {
 	alive func(context.Context) error
 	// taken says a later request took the upload over from this one.
 	taken *atomic.Bool
+	// claimed is the client's digest of the whole upload (Upload-Digest), or "".
+	claimed string
+}
+
+// claimDigest takes the client's digest of the whole upload, which must be of the algorithm
+// the upload is hashed with: the image's checksum's, or sha256.
+func (u *upload) claimDigest(d string) error {
+	c, err := transfer.ParseChecksum(d)
+	if err != nil {
+		return Fail(http.StatusBadRequest, "%s %q: %v", HeaderDigest, d, err)
+	}
+	if alg, _, _ := strings.Cut(u.sum.Digest(), ":"); !strings.HasPrefix(strings.ToLower(d), alg+":") {
+		return Fail(http.StatusBadRequest, "%s %q: this upload is hashed with %s (the image's checksum says so, or it has none), so the digest must be %s:<hex>", HeaderDigest, d, alg, alg)
+	}
+	u.claimed = c.Want
+	return nil
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
@@ -258,6 +279,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) error {
 type body struct {
 	r            io.Reader
 	start, total int64
+	// stop is where a piece of the upload ends (a byte offset, a multiple of the part size);
+	// 0: at the upload's end.
+	stop int64
 	// ended says the reader came to its end (io.EOF), not to a cut (a multipart part whose
 	// connection ends before the boundary says io.ErrUnexpectedEOF).
 	ended bool
@@ -335,17 +359,26 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 		return err
 	}
 	u.alive, u.taken = alive, &taken
+	w.Header().Set(HeaderPartSize, strconv.FormatInt(s.PartSize, 10))
 	if r.Method == http.MethodHead {
 		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 		w.Header().Set(HeaderComplete, strconv.FormatBool(u.complete))
 		return nil
 	}
 	if in == nil {
-		start, total, err := contentRange(r)
+		start, end, total, err := contentRange(r, s.PartSize)
 		if err != nil {
 			return err
 		}
 		in = &body{r: r.Body, start: start, total: total}
+		if end+1 < total {
+			in.stop = end + 1
+		}
+	}
+	if d := r.Header.Get(HeaderDigest); d != "" && !u.complete {
+		if err := u.claimDigest(d); err != nil {
+			return err
+		}
 	}
 	s.Log.Info("Upload", "key", key, "user", who.user, "offset", u.Offset)
 	return s.put(ctx, w, in, u)
@@ -530,6 +563,11 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	if total > 0 && u.Offset > total {
 		return Fail(http.StatusConflict, "%d bytes of the upload are stored, more than this request's %d: upload the same file, or delete and make the image again", u.Offset, total)
 	}
+	// A piece's end: where this request's bytes stop, short of the upload's end.
+	end := total
+	if in.stop > 0 {
+		end = in.stop
+	}
 	ns := namespaceOf(u.key)
 	if total > 0 {
 		release, err := s.reserve(ctx, ns, u.key, total)
@@ -563,6 +601,11 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	}
 	// Skip what is stored already; a client that sends nothing, or too slowly, frees the
 	// upload in time (upload's pace.Reader).
+	if in.stop > 0 && u.Offset >= in.stop { // a piece stored already: say where to go on
+		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	if _, err := io.CopyN(io.Discard, in, u.Offset-start); err != nil {
 		if ended := bodyFailed(u.taken.Load(), err, u.Offset); ended != nil {
 			return ended
@@ -571,13 +614,13 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	}
 	buf := make([]byte, s.PartSize)
 	reserved := false
-	for total < 0 || u.Offset < total {
+	for total < 0 || u.Offset < end {
 		if ctx.Err() != nil {
 			return Fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
 		}
 		want := s.PartSize
 		if total > 0 {
-			want = min(s.PartSize, total-u.Offset)
+			want = min(s.PartSize, end-u.Offset)
 		}
 		n, err := io.ReadFull(in, buf[:want])
 		last := false
@@ -599,7 +642,7 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 			if total < 0 {
 				return Fail(http.StatusBadRequest, "the body ended at byte %d before the form's end; send it again (%d bytes are stored)", u.Offset+int64(n), u.Offset)
 			}
-			return Fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", u.Offset+int64(n), total, u.Offset)
+			return Fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", u.Offset+int64(n), end, u.Offset)
 		}
 		if n == 0 {
 			break
@@ -633,6 +676,12 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 	}
 	if total < 0 {
 		u.Total = u.Offset
+	}
+	if u.Offset < u.Total { // a piece: the next goes on from here
+		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
+		w.Header().Set(HeaderComplete, "false")
+		w.WriteHeader(http.StatusNoContent)
+		return nil
 	}
 	// The body has come: completing (and a door's wait for the disk) is not bound by its pace,
 	// and a read deadline left would end the server's wait for the client's close.
@@ -675,6 +724,11 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, u *upload)
 		return Fail(http.StatusUnprocessableEntity, "%v; the upload was discarded: upload the right image", err)
 	}
 	digest := u.sum.Digest()
+	if _, got, _ := strings.Cut(digest, ":"); u.claimed != "" && got != u.claimed {
+		s.discard(ctx, u.key)
+		return Fail(http.StatusUnprocessableEntity, "the proxy's digest of the %d bytes it stored is %s, the client's of its file %s: the file was changed or damaged on the way; the upload was discarded: upload it again",
+			u.Offset, digest, u.claimed)
+	}
 	if err := u.alive(ctx); err != nil {
 		s.discard(ctx, u.key)
 		return err
@@ -702,25 +756,25 @@ func (s *Server) discard(ctx context.Context, key string) {
 	}
 }
 
-// contentRange is where the body starts and the upload's total size: from Content-Range, or
-// the whole upload in one body of Content-Length bytes.
-func contentRange(r *http.Request) (start, total int64, err error) {
+// contentRange is where the body starts and ends (its last byte) and the upload's total
+// size: from Content-Range, or the whole upload in one body of Content-Length bytes. A body
+// that stops before the upload's end stops at a multiple of partSize.
+func contentRange(r *http.Request, partSize int64) (start, end, total int64, err error) {
 	cr := r.Header.Get("Content-Range")
 	if cr == "" {
 		if r.ContentLength < 0 {
-			return 0, 0, Fail(http.StatusLengthRequired, "Content-Length (or Content-Range) is required")
+			return 0, 0, 0, Fail(http.StatusLengthRequired, "Content-Length (or Content-Range) is required")
 		}
-		return 0, r.ContentLength, nil
+		return 0, r.ContentLength - 1, r.ContentLength, nil
 	}
-	var end int64
 	if _, err := fmt.Sscanf(cr, "bytes %d-%d/%d", &start, &end, &total); err != nil || start < 0 || end < start || end >= total {
-		return 0, 0, Fail(http.StatusBadRequest, "Content-Range %q must be bytes <first>-<last>/<total>", cr)
+		return 0, 0, 0, Fail(http.StatusBadRequest, "Content-Range %q must be bytes <first>-<last>/<total>", cr)
 	}
 	if r.ContentLength >= 0 && r.ContentLength != end-start+1 {
-		return 0, 0, Fail(http.StatusBadRequest, "Content-Range %q does not match Content-Length %d", cr, r.ContentLength)
+		return 0, 0, 0, Fail(http.StatusBadRequest, "Content-Range %q does not match Content-Length %d", cr, r.ContentLength)
 	}
-	if end != total-1 {
-		return 0, 0, Fail(http.StatusBadRequest, "a body must run to the end of the upload (byte %d)", total-1)
+	if end != total-1 && (end+1)%partSize != 0 {
+		return 0, 0, 0, Fail(http.StatusBadRequest, "a body must run to the end of the upload (byte %d) or stop at a multiple of the part size, %d bytes (%s)", total-1, partSize, HeaderPartSize)
 	}
-	return start, total, nil
+	return start, end, total, nil
 }

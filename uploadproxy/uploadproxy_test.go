@@ -123,10 +123,13 @@ type reply struct {
 	Header     http.Header
 }
 
-func (f *fixture) do(t *testing.T, method, name, token string, body []byte, contentRange string) (reply, string) {
+func (f *fixture) do(t *testing.T, method, name, token string, body []byte, contentRange string, header ...string) (reply, string) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, f.path(name), bytes.NewReader(body))
 	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -208,6 +211,54 @@ func TestResume(t *testing.T) {
 	g.Expect(resp.Header.Get(uploadproxy.HeaderComplete)).To(Equal("true"))
 	resp, msg = f.do(t, http.MethodPut, "big", f.uploader, f.image, "")
 	g.Expect(resp.StatusCode).To(Equal(http.StatusConflict), msg)
+}
+
+// TestPieces sends an upload piece by piece, as the console's browser does: a piece that stops
+// off a part's boundary is refused, a piece sent twice is skipped, and the last piece's
+// Upload-Digest is checked against the proxy's own digest: a wrong one, or one of another
+// algorithm, stores nothing.
+func TestPieces(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	total := len(f.image)
+	piece := func(name string, from, to int, header ...string) (reply, string) {
+		return f.do(t, http.MethodPut, name, f.uploader, f.image[from:to], fmt.Sprintf("bytes %d-%d/%d", from, to-1, total), header...)
+	}
+	f.newImage(t, "pieces", "")
+	resp, _ := f.do(t, http.MethodHead, "pieces", f.uploader, nil, "")
+	g.Expect(resp.Header.Get(uploadproxy.HeaderPartSize)).To(Equal(strconv.Itoa(partSize)))
+
+	resp, msg := piece("pieces", 0, partSize+1)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), msg)
+	g.Expect(msg).To(ContainSubstring(fmt.Sprintf("or stop at a multiple of the part size, %d bytes", partSize)))
+
+	for _, to := range []int{2 * partSize, 2 * partSize, 4 * partSize} { // the second is sent again
+		from := to - 2*partSize
+		resp, msg = piece("pieces", from, to)
+		g.Expect(resp.StatusCode).To(Equal(http.StatusNoContent), msg)
+		g.Expect(resp.Header.Get(uploadproxy.HeaderOffset)).To(Equal(strconv.Itoa(to)))
+	}
+	resp, msg = piece("pieces", 4*partSize, total, uploadproxy.HeaderDigest, "sha512:"+strings.Repeat("0", 128))
+	g.Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), msg)
+	g.Expect(msg).To(ContainSubstring("this upload is hashed with sha256"))
+	resp, msg = piece("pieces", 4*partSize, total, uploadproxy.HeaderDigest, f.digest)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+	g.Expect(msg).To(Equal(fmt.Sprintf("uploaded %d bytes, %s", total, f.digest)))
+
+	// The same file, one byte of it changed on the way: the client's digest is of its file.
+	f.newImage(t, "changed", "")
+	resp, msg = piece("changed", 0, 4*partSize)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusNoContent), msg)
+	damaged := bytes.Clone(f.image[4*partSize:])
+	damaged[0] ^= 1
+	resp, msg = f.do(t, http.MethodPut, "changed", f.uploader, damaged, fmt.Sprintf("bytes %d-%d/%d", 4*partSize, total-1, total), uploadproxy.HeaderDigest, f.digest)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusUnprocessableEntity), msg)
+	g.Expect(msg).To(ContainSubstring("the client's of its file " + strings.TrimPrefix(f.digest, "sha256:")))
+	key := objectKey(t, f, "changed")
+	for _, k := range []string{key, uploads.MarkerKey(key)} {
+		_, err := f.store.Client().StatObject(t.Context(), uploads.Bucket, k, minio.StatObjectOptions{})
+		g.Expect(minio.ToErrorResponse(err).StatusCode).To(Equal(http.StatusNotFound), k)
+	}
 }
 
 // TestWrongChecksum rejects an upload whose bytes do not match the image's checksum and
