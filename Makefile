@@ -87,8 +87,19 @@ chart: $(HELM) ## helm lint and helm template the chart with its default values 
 		$(HELM) template diskpipe charts/diskpipe --namespace diskpipe-system -f $$f > /dev/null || exit 1; \
 	done
 
+# The console's pages: npm ci installs exactly package-lock.json's packages (Preact, hash-wasm,
+# esbuild) and esbuild bundles them into gateway/web/dist, which the gateway's binary embeds.
+WEB_SRC := $(wildcard gateway/web/src/*) gateway/web/build.mjs gateway/web/package.json gateway/web/package-lock.json
+WEB     := gateway/web/dist/index.html
+
+.PHONY: web
+web: $(WEB) ## Build the console's pages into gateway/web/dist (npm ci and esbuild, at package-lock.json's versions).
+
+$(WEB): $(WEB_SRC)
+	cd gateway/web && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
+
 .PHONY: build
-build: setup ## Build diskpipe's binaries into bin/.
+build: setup web ## Build diskpipe's binaries into bin/.
 	go build -o $(BIN)/ ./cmd/...
 
 ##@ Image
@@ -105,7 +116,7 @@ IMAGE_GOARCH  ?= $(shell go env GOARCH)
 # image holds nothing but the binaries; they are built as the tests' are (GOFLAGS above), so a
 # fresh machine compiles the dependencies once.
 .PHONY: image
-image: setup $(BIN)/image ## Build diskpipe's image (no Docker, no base image; reproducible) as an OCI archive: bin/diskpipe-image.tar.
+image: setup web $(BIN)/image ## Build diskpipe's image (no Docker, no base image; reproducible) as an OCI archive: bin/diskpipe-image.tar.
 	CGO_ENABLED=1 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -tags netgo,osusergo \
 		-ldflags "-s -w -linkmode external -extldflags -static" -o $(BIN)/linux_$(IMAGE_GOARCH)/ $(addprefix ./cmd/,$(IMAGE_BINS))
 	@for b in $(IMAGE_BINS); do \

@@ -53,7 +53,7 @@ func (t impersonating) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // callerClient is a client that acts, for each request, as the caller in its context: the
 // gateway's rights (cfg's) are spent on nothing but carrying the request.
-func callerClient(cfg *rest.Config, opts client.Options) (client.Client, error) {
+func callerClient(cfg *rest.Config, opts client.Options) (client.WithWatch, error) {
 	cfg = rest.CopyConfig(cfg)
 	if cfg.Impersonate.UserName != "" {
 		return nil, errors.New("gateway: its own configuration impersonates already")
@@ -64,5 +64,5 @@ func callerClient(cfg *rest.Config, opts client.Options) (client.Client, error) 
 		return nil, err
 	}
 	opts.HTTPClient = hc
-	return client.New(cfg, opts)
+	return client.NewWithWatch(cfg, opts)
 }

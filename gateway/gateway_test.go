@@ -35,6 +35,8 @@ func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
 // viewer of the first, an editor of the second, and one with no rights at all.
 type fixture struct {
 	url      string
+	root     string // the gateway's root, where its pages are
+	server   *gateway.Server
 	ns, ns2  string
 	tokens   map[string]string // caller: bearer token
 	direct   map[string]client.Client
@@ -46,7 +48,7 @@ type fixture struct {
 // callers are the fixture's callers.
 var callers = []string{"editor", "viewer", "other", "nobody"}
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T, configure ...func(*gateway.Server)) *fixture {
 	t.Helper()
 	ctx := t.Context()
 	ns, err := env.CreateNamespace(ctx, "gw-")
@@ -99,8 +101,13 @@ func newFixture(t *testing.T) *fixture {
 	f.registry = prometheus.NewRegistry()
 	s, err := gateway.New(cfg, slog.New(slog.NewJSONHandler(lockedWriter{f.audit, f.auditMu}, nil)), gateway.NewMetrics(f.registry))
 	must(t, err)
+	for _, c := range configure {
+		c(s)
+	}
+	f.server = s
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
+	f.root = srv.URL
 	f.url = srv.URL + gateway.Prefix
 	// One disk and one image in the first namespace, one disk in the second.
 	for _, o := range []string{disk(ns, "disk-a"), disk(ns, "disk-b"), image(ns, "img"), disk(ns2, "theirs")} {
@@ -371,7 +378,7 @@ func TestListsAndRefusals(t *testing.T) {
 	}{
 		{"", "GET", "/projects/" + ns + "/disks", "", 401, "an Authorization: Bearer <token> header"},
 		{"editor", "GET", "/projects/" + ns + "/disks?cluster=member01", "", 404, `the cluster "member01" is not registered`},
-		{"editor", "GET", "/projects/" + ns + "/networks", "", 404, `the gateway serves no resource "networks": it serves disks, images`},
+		{"editor", "GET", "/projects/" + ns + "/networks", "", 404, `the gateway serves no resource "networks": it serves disks, images, uploads`},
 		{"editor", "GET", "/projects/Bad_NS/disks", "", 400, `"Bad_NS" is not a namespace's name`},
 		{"editor", "GET", "/projects/" + ns + "/disks?kind=Pod", "", 400, `the disks are of the kinds DiskVolume, VirtualMachinePvc, not "Pod"`},
 		{"editor", "GET", "/projects/" + ns + "/disks?limit=0", "", 400, "limit is a whole number from 1 to 1000"},

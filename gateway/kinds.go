@@ -35,11 +35,19 @@ var resources = map[string][]kind{
 	},
 }
 
+// uploadsOf is the resource of uploads: images, those whose source is an upload.
+const uploadsOf = "images"
+
+func init() { resources["uploads"] = resources[uploadsOf] }
+
 // mapper maps the kinds the gateway reads: its resources' and the few of Kubernetes it asks
 // for. It is static, so that no discovery request is ever made (with whose rights?).
 func mapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper(nil)
-	for _, ks := range resources {
+	for r, ks := range resources {
+		if r == "uploads" {
+			continue
+		}
 		for _, k := range ks {
 			m.AddSpecific(k.gvk, k.gvr(), k.gvk.GroupVersion().WithResource(k.resource[:len(k.resource)-1]), meta.RESTScopeNamespace)
 			m.AddSpecific(k.gvk.GroupVersion().WithKind(k.gvk.Kind+"List"), k.gvr(), k.gvr(), meta.RESTScopeNamespace)

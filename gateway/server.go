@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -43,8 +42,16 @@ const maxNamespaces = 512
 type Server struct {
 	// Own reviews tokens and lists namespaces' names, with the gateway's rights; AsCaller
 	// does everything else, as each request's caller.
-	Own, AsCaller client.Client
-	Reviews       *authn.Reviewer
+	Own      client.Client
+	AsCaller client.WithWatch
+	Reviews  *authn.Reviewer
+	// Uploads is the upload proxy the console's uploads go to; nil: none are served.
+	Uploads *UploadProxy
+	// Pages serves the console's pages at /; nil: none.
+	Pages http.Handler
+	// Origins are the origins of other sites' pages allowed to call the gateway (CORS);
+	// none: only pages of the gateway's own origin may, as browsers enforce.
+	Origins []string
 	// Audit gets an audit line for each change; Metrics counts every request.
 	Audit   *slog.Logger
 	Metrics *Metrics
@@ -74,15 +81,26 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET "+Prefix+"/projects/{namespace}/{resource}/{name}", s.route("get", s.get))
 	mux.Handle("DELETE "+Prefix+"/projects/{namespace}/{resource}/{name}", s.route("delete", s.remove))
 	mux.Handle("GET "+Prefix+"/{resource}", s.route("list", s.list))
+	mux.Handle("GET "+Prefix+"/whoami", s.route("get", s.whoami))
+	mux.Handle("POST "+Prefix+"/projects/{namespace}/uploads", s.route("create", s.startUpload))
+	mux.Handle("GET "+Prefix+"/projects/{namespace}/uploads/{name}", s.route("get", s.uploadState))
+	mux.Handle("PUT "+Prefix+"/projects/{namespace}/uploads/{name}", s.route("upload", s.uploadPiece))
+	mux.Handle("DELETE "+Prefix+"/projects/{namespace}/uploads/{name}", s.route("delete", s.remove))
+	if s.Pages != nil { // the page, and the files it names (web's build puts them in assets/)
+		mux.Handle("GET /{$}", s.Pages)
+		mux.Handle("GET /assets/", s.Pages)
+	}
 	mux.Handle(Prefix+"/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeFailure(w, fail(http.StatusNotFound, "NotFound", "%s %s is not a route of the gateway", r.Method, r.URL.Path), traceID(r), "")
 	}))
-	return mux
+	return s.cors(mux)
 }
 
 // call is one request, authenticated.
 type call struct {
 	r         *http.Request
+	w         http.ResponseWriter
+	bearer    string // the caller's token, which only the upload proxy is given
 	user      authenticationv1.UserInfo
 	resource  string
 	kinds     []kind
@@ -101,7 +119,10 @@ type handler func(ctx context.Context, c *call) (int, envelope, error)
 func (s *Server) route(op string, h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		c := &call{r: r, resource: r.PathValue("resource"), namespace: r.PathValue("namespace"), trace: traceID(r)}
+		c := &call{r: r, w: w, resource: r.PathValue("resource"), namespace: r.PathValue("namespace"), trace: traceID(r)}
+		if c.resource == "" { // a route of its own: projects/{namespace}/uploads/...
+			c.resource = resourceOfPath(r.URL.Path)
+		}
 		if op == "create" || op == "delete" {
 			c.audit = newID()
 		}
@@ -126,17 +147,46 @@ func (s *Server) route(op string, h handler) http.Handler {
 			writeFailure(w, f, c.trace, c.audit)
 			return
 		}
+		if status == answered {
+			return
+		}
 		e.TraceID, e.AuditID = c.trace, c.audit
 		write(w, status, e)
 	})
 }
 
+// answered is the status a handler returns when it wrote its answer itself (a stream).
+const answered = -1
+
+// HeaderToken carries the caller's token where Authorization cannot: through the apiserver's
+// service proxy, which takes Authorization for itself. A page sends it on every request; a
+// header, not a cookie, so that no other site's page can make a browser send it (CSRF).
+const HeaderToken = "X-Diskpipe-Token"
+
+// bearerOf is r's token: its Authorization: Bearer, else its X-Diskpipe-Token.
+func bearerOf(r *http.Request) string {
+	if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && b != "" {
+		return b
+	}
+	return strings.TrimSpace(r.Header.Get(HeaderToken))
+}
+
+// resourceOfPath is the resource of a path under Prefix/projects/{namespace}/.
+func resourceOfPath(p string) string {
+	parts := strings.Split(strings.TrimPrefix(p, Prefix+"/"), "/")
+	if len(parts) >= 3 && parts[0] == "projects" {
+		return parts[2]
+	}
+	return ""
+}
+
 // serve authenticates c and runs h.
 func (s *Server) serve(ctx context.Context, c *call, h handler) (int, envelope, error) {
-	bearer, ok := strings.CutPrefix(c.r.Header.Get("Authorization"), "Bearer ")
-	if !ok || bearer == "" {
-		return 0, envelope{}, fail(http.StatusUnauthorized, "Unauthorized", "an Authorization: Bearer <token> header with a Kubernetes (or KubeSphere) token is required")
+	bearer := bearerOf(c.r)
+	if bearer == "" {
+		return 0, envelope{}, fail(http.StatusUnauthorized, "Unauthorized", "an Authorization: Bearer <token> header (or, through a proxy that takes Authorization, %s: <token>) with a Kubernetes (or KubeSphere) token is required", HeaderToken)
 	}
+	c.bearer = bearer
 	user, err := s.Reviews.User(ctx, bearer)
 	if e := (*authn.Error)(nil); errors.As(err, &e) {
 		return 0, envelope{}, fail(e.Status, http.StatusText(e.Status), "%s", e.Message)
@@ -146,6 +196,9 @@ func (s *Server) serve(ctx context.Context, c *call, h handler) (int, envelope, 
 	c.user = user
 	if cl := c.r.URL.Query().Get("cluster"); cl != "" && cl != HostCluster {
 		return 0, envelope{}, fail(http.StatusNotFound, "NotFound", "the cluster %q is not registered with this gateway, which serves the cluster %q", cl, HostCluster)
+	}
+	if c.resource == "" { // a route of no resource: whoami
+		return h(withCaller(ctx, user), c)
 	}
 	if c.kinds = resources[c.resource]; c.kinds == nil {
 		return 0, envelope{}, fail(http.StatusNotFound, "NotFound", "the gateway serves no resource %q: it serves %s", c.resource, strings.Join(resourceNames(), ", "))
@@ -170,6 +223,11 @@ func (s *Server) serve(ctx context.Context, c *call, h handler) (int, envelope, 
 	return h(withCaller(ctx, user), c)
 }
 
+// whoami answers who the caller is, as the apiserver's TokenReview says.
+func (s *Server) whoami(_ context.Context, c *call) (int, envelope, error) {
+	return http.StatusOK, envelope{Data: map[string]any{"username": c.user.Username, "groups": c.user.Groups}}, nil
+}
+
 // item is one object of an answer: the cluster it is in, its kind, the object as the
 // apiserver gave it, and what the caller may do with it.
 type item struct {
@@ -183,6 +241,9 @@ type item struct {
 // paged; a kind they may not list is left out and said in the message (all of them: 403).
 func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 	q := c.r.URL.Query()
+	if q.Get("watch") == "true" {
+		return s.watch(ctx, c)
+	}
 	var sel labels.Selector
 	if ls := q.Get("labelSelector"); ls != "" {
 		var err error
@@ -211,6 +272,9 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 		}
 		for _, o := range objs {
 			if name := q.Get("name"); name != "" && !strings.Contains(o.GetName(), name) {
+				continue
+			}
+			if _, upload, _ := unstructured.NestedMap(o.Object, "spec", "source", "upload"); c.resource == "uploads" && !upload {
 				continue
 			}
 			items = append(items, item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object})
@@ -339,26 +403,15 @@ func (s *Server) find(ctx context.Context, c *call) (*unstructured.Unstructured,
 
 // create makes the object of the body, as the caller, in the path's namespace.
 func (s *Server) create(ctx context.Context, c *call) (int, envelope, error) {
-	body, err := io.ReadAll(io.LimitReader(c.r.Body, maxBody+1))
+	o, k, err := s.decode(c)
 	if err != nil {
-		return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "reading the body: %v", err)
+		return 0, envelope{}, err
 	}
-	if len(body) > maxBody {
-		return 0, envelope{}, fail(http.StatusRequestEntityTooLarge, "RequestEntityTooLarge", "the body is over %d bytes", maxBody)
-	}
-	o := &unstructured.Unstructured{}
-	if err := json.Unmarshal(body, &o.Object); err != nil || o.Object == nil {
-		return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "the body is not a JSON object: %v", err)
-	}
-	k, ok := kindNamed(c.kinds, o.GetKind())
-	if !ok || o.GetAPIVersion() != k.gvk.GroupVersion().String() {
-		return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "the %s are %s; the body is apiVersion %q, kind %q",
-			c.resource, strings.Join(kindAPIs(c.kinds), " or "), o.GetAPIVersion(), o.GetKind())
-	}
-	if ns := o.GetNamespace(); ns != "" && ns != c.namespace {
-		return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "the body's metadata.namespace is %q, the path's %q", ns, c.namespace)
-	}
-	o.SetNamespace(c.namespace)
+	return s.createAs(ctx, c, o, k)
+}
+
+// createAs makes o, of kind k, as the caller.
+func (s *Server) createAs(ctx context.Context, c *call, o *unstructured.Unstructured, k kind) (int, envelope, error) {
 	c.kinds = []kind{k}
 	if err := s.AsCaller.Create(ctx, o); err != nil {
 		return 0, envelope{}, refusal(err, c.user.Username, "create", k, c.namespace)

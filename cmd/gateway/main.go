@@ -6,12 +6,15 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,22 +24,37 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 
 	"github.com/diskpipe/diskpipe/gateway"
+	"github.com/diskpipe/diskpipe/gateway/web"
 )
 
+// options are the gateway's flags.
+type options struct {
+	addr, metricsAddr, certFile, keyFile string
+	uploadURL, uploadCA                  string
+	origins                              string
+	pages                                bool
+}
+
 func main() {
-	addr := flag.String("addr", ":8443", "where the gateway serves its API")
-	metricsAddr := flag.String("metrics-addr", ":8081", `where Prometheus metrics are served ("0": not at all)`)
-	certFile := flag.String("tls-cert-file", "", "the PEM certificate served (reloaded when it changes); none: plain HTTP, for a TLS-terminating proxy in front")
-	keyFile := flag.String("tls-key-file", "", "the PEM key of --tls-cert-file")
+	var o options
+	flag.StringVar(&o.addr, "addr", ":8443", "where the gateway serves its API and pages")
+	flag.StringVar(&o.metricsAddr, "metrics-addr", ":8081", `where Prometheus metrics are served ("0": not at all)`)
+	flag.StringVar(&o.certFile, "tls-cert-file", "", "the PEM certificate served (reloaded when it changes); none: plain HTTP, for a TLS-terminating proxy in front")
+	flag.StringVar(&o.keyFile, "tls-key-file", "", "the PEM key of --tls-cert-file")
+	flag.StringVar(&o.uploadURL, "upload-proxy-url", "", "the upload proxy's URL, where the console's uploads go (none: uploads are not served)")
+	flag.StringVar(&o.uploadCA, "upload-proxy-ca-file", "", "the PEM CA the upload proxy's certificate is verified with (none: the system's)")
+	flag.StringVar(&o.origins, "cors-origins", "", "comma-separated origins (https://console.example.com) whose pages may call the gateway; none: only the gateway's own pages")
+	flag.BoolVar(&o.pages, "pages", true, "serve the console's pages at /")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(*addr, *metricsAddr, *certFile, *keyFile, log); err != nil {
+	if err := run(o, log); err != nil {
 		log.Error("gateway", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, metricsAddr, certFile, keyFile string, log *slog.Logger) error {
+func run(o options, log *slog.Logger) error {
+	addr, metricsAddr, certFile, keyFile := o.addr, o.metricsAddr, o.certFile, o.keyFile
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	cfg, err := ctrl.GetConfig()
@@ -47,6 +65,22 @@ func run(addr, metricsAddr, certFile, keyFile string, log *slog.Logger) error {
 	s, err := gateway.New(cfg, log.With("component", "audit"), gateway.NewMetrics(reg))
 	if err != nil {
 		return err
+	}
+	if o.uploadURL != "" {
+		if s.Uploads, err = uploadProxy(o.uploadURL, o.uploadCA); err != nil {
+			return err
+		}
+	}
+	if o.pages {
+		s.Pages = web.Handler()
+		if !web.Built() {
+			log.Warn("this gateway was built without the console's pages (make web): / answers how to build them")
+		}
+	}
+	for _, origin := range strings.Split(o.origins, ",") {
+		if origin = strings.TrimSpace(origin); origin != "" {
+			s.Origins = append(s.Origins, origin)
+		}
 	}
 	srv := &http.Server{Addr: addr, Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
 		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute}
@@ -81,4 +115,21 @@ func run(addr, metricsAddr, certFile, keyFile string, log *slog.Logger) error {
 		return nil
 	}
 	return err
+}
+
+// uploadProxy is the upload proxy at url, its certificate verified with the CA in caFile.
+func uploadProxy(url, caFile string) (*gateway.UploadProxy, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s holds no PEM certificate", caFile)
+		}
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	}
+	return &gateway.UploadProxy{URL: url, Client: &http.Client{Transport: tr}}, nil
 }
