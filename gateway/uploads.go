@@ -74,7 +74,9 @@ func (s *Server) uploadPiece(ctx context.Context, c *call) (int, envelope, error
 		return 0, envelope{}, err
 	}
 	// A piece may take longer than the server's read timeout, meant for the API's requests.
-	_ = http.NewResponseController(c.w).SetReadDeadline(time.Now().Add(pieceTimeout))
+	rc := http.NewResponseController(c.w)
+	_ = rc.SetReadDeadline(time.Now().Add(pieceTimeout))
+	_ = rc.SetWriteDeadline(time.Now().Add(pieceTimeout + time.Minute))
 	req, err := s.proxyRequest(ctx, c, k, http.MethodPut, c.r.Body)
 	if err != nil {
 		return 0, envelope{}, err

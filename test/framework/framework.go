@@ -72,6 +72,9 @@ type Cluster interface {
 	// stop (the real cluster runs kube-router's policy controller on its nodes); the local
 	// cluster, whose pods are processes of this machine, cannot, and says so.
 	EnforceNetworkPolicies(ctx context.Context) (stop func() error, err error)
+	// ConsoleURL is where a browser on this machine opens the console's pages; stop ends
+	// what reaching it needed.
+	ConsoleURL(ctx context.Context) (url string, stop func(), err error)
 	// LogDirs hold every log of the cluster's processes and pods.
 	LogDirs() []string
 	Stop()

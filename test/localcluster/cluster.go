@@ -52,9 +52,11 @@ type Options struct {
 // Cluster is a running local cluster.
 type Cluster struct {
 	*testenv.Env
-	// Store is the bundled object store; UploadURL the upload proxy's address.
-	Store     *objectstoretest.Server
-	UploadURL string
+	// Store is the bundled object store; UploadURL the upload proxy's address, GatewayURL
+	// the console's gateway's (its pages at /), both plain HTTP on loopback.
+	Store      *objectstoretest.Server
+	UploadURL  string
+	GatewayURL string
 	// Classes are the StorageClasses of the CSI stand-in; the first is the default.
 	Classes []string
 
@@ -171,6 +173,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err := waitListening(upload); err != nil {
 		return nil, fmt.Errorf("the upload proxy: %w", err)
 	}
+	if err := c.startGateway(ctx); err != nil {
+		return nil, err
+	}
 
 	cs := &csi{c: env.Client, dir: o.Dir}
 	c.agent = &agent{c: env.Client, csi: cs, bin: o.Bin, dir: o.Dir, log: o.Log, running: map[types.UID]*process{}, subnet: newSubnet()}
@@ -212,6 +217,39 @@ func (c *Cluster) run(name string, args ...string) error {
 	}
 	c.procs = append(c.procs, cmd)
 	go func() { _ = cmd.Wait(); logf.Close() }()
+	return nil
+}
+
+// startGateway runs the console's gateway as the chart's gateway service account, with only
+// the rights the chart gives it (rendered with gateway.enabled), sending uploads to the proxy.
+func (c *Cluster) startGateway(ctx context.Context) error {
+	objs, _, err := testenv.RenderChart(ctx, testenv.ChartRelease, ManagerNamespace, "--show-only", "templates/gateway.yaml",
+		"--set", "gateway.enabled=true", "--set", "gateway.tls.issued=false")
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		if k := o.GetKind(); k == "ClusterRole" || k == "ClusterRoleBinding" {
+			if err := c.Client.Create(ctx, o); err != nil {
+				return fmt.Errorf("the gateway's %s: %w", k, err)
+			}
+		}
+	}
+	user := "system:serviceaccount:" + ManagerNamespace + ":" + testenv.ChartRelease + "-gateway"
+	if c.identities["gateway"], err = c.UserKubeconfig(c.opts.Dir, user, "system:serviceaccounts", "system:serviceaccounts:"+ManagerNamespace, "system:authenticated"); err != nil {
+		return err
+	}
+	addr, err := freeport.Addr("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	c.GatewayURL = "http://" + addr
+	if err := c.run("gateway", "--addr", addr, "--metrics-addr", "0", "--upload-proxy-url", c.UploadURL); err != nil {
+		return err
+	}
+	if err := waitListening(addr); err != nil {
+		return fmt.Errorf("the gateway: %w", err)
+	}
 	return nil
 }
 

@@ -89,13 +89,12 @@ function Act({ hint, onClick, children, id }) {
 }
 
 function Login({ onIn }) {
-  const s = api.session();
   const [token, setToken] = useState('');
-  const [ns, setNs] = useState(s.ns);
+  const [ns, setNs] = useState(sessionStorage.getItem('diskpipe.namespace') || '');
   const [error, setError] = useState(null);
   const submit = async (e) => {
     e.preventDefault();
-    api.saveSession(token.trim(), ns.trim());
+    api.saveSession(token.trim(), ns.trim() || 'default');
     try {
       const who = await api.whoami();
       onIn(who.data);
@@ -111,7 +110,7 @@ function Login({ onIn }) {
         <label for="token">{t.tokenLabel}</label>
         <textarea id="token" rows="4" value={token} onInput={(e) => setToken(e.target.value)} required autocomplete="off" spellcheck={false} />
         <label for="namespace">{t.namespaceLabel}</label>
-        <input id="namespace" value={ns} onInput={(e) => setNs(e.target.value)} required />
+        <input id="namespace" value={ns} placeholder="default" onInput={(e) => setNs(e.target.value)} />
         <p class="help">{t.tokenHelp}</p>
         <button type="submit" id="sign-in">{t.signIn}</button>
         <Alert error={error} />
@@ -159,12 +158,13 @@ function Images({ ns, uploads }) {
         <thead><tr><th>{t.cols.name}</th><th>{t.cols.kind}</th><th>{t.cols.phase}</th><th>{t.cols.progress}</th><th>{t.cols.size}</th><th>{t.cols.source}</th><th>{t.cols.os}</th><th>{t.cols.age}</th><th>{t.cols.actions}</th></tr></thead>
         <tbody>
           {items === null && <tr><td colspan="9">{t.loading}</td></tr>}
-          {items?.length === 0 && <tr><td colspan="9">{t.none}</td></tr>}
+          {items?.length === 0 && !error && <tr><td colspan="9">{t.none}</td></tr>}
           {items?.map((it) => {
             const o = it.object;
+            const why = o.status?.conditions?.find((c) => c.type === 'Ready')?.message;
             return (
               <tr key={it.kind + o.metadata.name} data-name={o.metadata.name} data-phase={phaseOf(o)}>
-                <td>{o.metadata.name}</td><td>{it.kind}</td><td class="phase">{phaseOf(o)}</td><td><Progress o={o} /></td>
+                <td>{o.metadata.name}</td><td>{it.kind}</td><td class="phase">{phaseOf(o)}{why && phaseOf(o) !== 'Ready' && <span class="why">{why}</span>}</td><td><Progress o={o} /></td>
                 <td>{bytes(parseQuantity(o.status?.virtualSize))}</td><td>{o.status?.sourceType || Object.keys(o.spec?.source || {}).find((k) => k !== 'checksum')}</td>
                 <td>{osLabels(o)}</td><td>{age(o.metadata.creationTimestamp)}</td>
                 <td><Act id={`delete-${o.metadata.name}`} hint={it.actions?.delete} onClick={() => del(it)}>{t.delete}</Act></td>
@@ -173,6 +173,7 @@ function Images({ ns, uploads }) {
           })}
         </tbody>
       </table>
+      <Running ns={ns} uploads={uploads} />
       <ImportForm ns={ns} hint={actions['create VirtualMachineImage']} />
       <UploadForm ns={ns} hint={actions['create VirtualMachineImage']} uploads={uploads} />
     </section>
@@ -219,7 +220,7 @@ function ImportForm({ ns, hint }) {
   return (
     <form onSubmit={submit} id="import-form">
       <Fieldset legend={t.importTitle} hint={hint}>
-        <label>{t.nameLabel}<input name="name" value={f.name} onInput={(e) => setF({ ...f, name: e.target.value })} required pattern="[a-z0-9]([-a-z0-9.]*[a-z0-9])?" /></label>
+        <label>{t.nameLabel}<input name="name" value={f.name} onInput={(e) => setF({ ...f, name: e.target.value })} required pattern="[a-z0-9]([a-z0-9.\-]*[a-z0-9])?" /></label>
         <label>{t.urlLabel}<input name="url" type="url" value={f.url} onInput={(e) => setF({ ...f, url: e.target.value })} required /></label>
         <label>{t.storageClassLabel}<input name="storageClass" value={f.sc} onInput={(e) => setF({ ...f, sc: e.target.value })} /></label>
         <button type="submit">{t.importButton}</button>
@@ -245,7 +246,7 @@ function UploadForm({ ns, hint, uploads }) {
   return (
     <form onSubmit={submit} id="upload-form">
       <Fieldset legend={t.uploadTitle} hint={hint}>
-        <label>{t.nameLabel}<input name="name" value={f.name} onInput={(e) => setF({ ...f, name: e.target.value })} required pattern="[a-z0-9]([-a-z0-9.]*[a-z0-9])?" /></label>
+        <label>{t.nameLabel}<input name="name" value={f.name} onInput={(e) => setF({ ...f, name: e.target.value })} required pattern="[a-z0-9]([a-z0-9.\-]*[a-z0-9])?" /></label>
         <label>{t.fileLabel}<input name="file" type="file" onChange={(e) => setF({ ...f, file: e.target.files[0] })} required /></label>
         <label>{t.storageClassLabel}<input name="storageClass" value={f.sc} onInput={(e) => setF({ ...f, sc: e.target.value })} /></label>
         <button type="submit">{t.uploadButton}</button>
@@ -262,7 +263,7 @@ function Disks({ ns }) {
   const [result, setResult] = useState({});
   const submit = async (e) => {
     e.preventDefault();
-    const source = f.image ? { image: { name: f.image } } : { blank: {} };
+    const source = f.image ? { image: { name: f.image, kind: 'VirtualMachineImage' } } : { blank: {} };
     const body = {
       apiVersion: 'diskvolume.kubesphere.io/v1alpha1', kind: 'DiskVolume', metadata: { name: f.name },
       spec: { source, accessModes: ['ReadWriteOnce'], resources: { requests: { storage: f.size } } },
@@ -294,13 +295,13 @@ function Disks({ ns }) {
         <thead><tr><th>{t.cols.name}</th><th>{t.cols.kind}</th><th>{t.cols.phase}</th><th>{t.cols.progress}</th><th>{t.cols.image}</th><th>{t.cols.strategy}</th><th>{t.cols.capacity}</th><th>{t.cols.age}</th><th>{t.cols.actions}</th></tr></thead>
         <tbody>
           {items === null && <tr><td colspan="9">{t.loading}</td></tr>}
-          {items?.length === 0 && <tr><td colspan="9">{t.none}</td></tr>}
+          {items?.length === 0 && !error && <tr><td colspan="9">{t.none}</td></tr>}
           {items?.map((it) => {
             const o = it.object;
             const why = o.status?.conditions?.find((c) => c.type === 'Ready')?.message;
             return (
               <tr key={it.kind + o.metadata.name} data-name={o.metadata.name} data-phase={phaseOf(o)}>
-                <td>{o.metadata.name}</td><td>{it.kind}</td><td class="phase" title={why}>{phaseOf(o)}</td><td><Progress o={o} /></td>
+                <td>{o.metadata.name}</td><td>{it.kind}</td><td class="phase">{phaseOf(o)}{why && phaseOf(o) !== 'Ready' && <span class="why">{why}</span>}</td><td><Progress o={o} /></td>
                 <td>{source(o)}</td><td title={why}>{o.status?.cloneStrategy}</td><td>{o.status?.capacity}</td><td>{age(o.metadata.creationTimestamp)}</td>
                 <td><Act id={`delete-${o.metadata.name}`} hint={it.actions?.delete} onClick={() => del(it)}>{t.delete}</Act></td>
               </tr>
@@ -354,6 +355,27 @@ function useUploads() {
   return { state, start, cancel, running };
 }
 
+// Running shows this tab's uploads: progress, rate, where each stands, and cancel.
+function Running({ ns, uploads }) {
+  if (Object.keys(uploads.state).length === 0) return null;
+  return (
+    <ul id="uploads-running">
+      {Object.entries(uploads.state).map(([key, u]) => (
+        <li key={key} data-name={u.name} data-phase={u.phase}>
+          <strong>{u.name}</strong> ({u.file}){' '}
+          <progress max={u.total} value={u.sent} aria-label={u.name} />{' '}
+          <span class="figures">{t.upload.of(bytes(u.sent), bytes(u.total))}{u.rate ? ` · ${t.upload.rate(bytes(u.rate))}` : ''}</span>{' '}
+          <span class="uphase">{u.phase === 'retrying' ? t.upload.retrying(u.message) : u.phase === 'hashing' ? t.upload.hashingSent : u.phase === 'done' ? t.upload.done(u.digest) : u.phase}</span>
+          {!['done', 'cancelled', 'failed'].includes(u.phase) && (
+            <button type="button" onClick={() => uploads.cancel(key, ns, u.name, 'VirtualMachineImage')}>{t.upload.cancel}</button>
+          )}
+          <Alert error={u.error} />
+        </li>
+      ))}
+    </ul>
+  );
+}
+
 function Uploads({ ns, uploads }) {
   const server = useList(ns, 'uploads');
   const mine = records(ns);
@@ -361,20 +383,7 @@ function Uploads({ ns, uploads }) {
   return (
     <section aria-labelledby="uploads-h">
       <h2 id="uploads-h">{t.nav.uploads}</h2>
-      <ul id="uploads-running">
-        {Object.entries(uploads.state).map(([key, u]) => (
-          <li key={key} data-name={u.name} data-phase={u.phase}>
-            <strong>{u.name}</strong> ({u.file}){' '}
-            <progress max={u.total} value={u.sent} aria-label={u.name} />{' '}
-            <span class="figures">{t.upload.of(bytes(u.sent), bytes(u.total))}{u.rate ? ` · ${t.upload.rate(bytes(u.rate))}` : ''}</span>{' '}
-            <span class="uphase">{u.phase === 'retrying' ? t.upload.retrying(u.message) : u.phase === 'hashing' ? t.upload.hashingSent : u.phase === 'done' ? t.upload.done(u.digest) : u.phase}</span>
-            {!['done', 'cancelled', 'failed'].includes(u.phase) && (
-              <button type="button" onClick={() => uploads.cancel(key, ns, u.name, 'VirtualMachineImage')}>{t.upload.cancel}</button>
-            )}
-            <Alert error={u.error} />
-          </li>
-        ))}
-      </ul>
+      <Running ns={ns} uploads={uploads} />
       <h3>{t.upload.resumeTitle}</h3>
       <p class="help">{t.upload.resumeHelp}</p>
       <ul id="uploads-unfinished">
@@ -391,6 +400,10 @@ function Uploads({ ns, uploads }) {
 function Resume({ ns, it, rec, uploads }) {
   const name = it.object.metadata.name;
   const [error, setError] = useState('');
+  const [stored, setStored] = useState(null);
+  useEffect(() => {
+    api.call('GET', `projects/${ns}/uploads/${name}`, { query: { kind: it.kind } }).then((e) => setStored(e.data.offset), () => {});
+  }, [ns, name]);
   const pick = (e) => {
     const file = e.target.files[0];
     if (!file) return;
@@ -404,7 +417,7 @@ function Resume({ ns, it, rec, uploads }) {
   return (
     <li data-name={name}>
       <label>
-        <strong>{name}</strong>: {rec ? t.upload.resumePick(rec.file.name) : t.upload.noRecord}
+        <strong>{name}</strong>{stored !== null && ` (${t.upload.stored(bytes(stored), rec ? bytes(rec.file.size) : '?')})`}: {rec ? t.upload.resumePick(rec.file.name) : t.upload.noRecord}
         <input type="file" name={`resume-${name}`} onChange={pick} />
       </label>
       {error && <p class="error" role="alert">{error}</p>}

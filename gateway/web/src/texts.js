@@ -46,6 +46,7 @@ export const t = {
     otherFile: (f, g) => `That is ${g}, not ${f}, the file this upload began with.`,
     noRecord: 'This browser has no record of this upload: choose its file to go on from the bytes the server has.',
     of: (a, b) => `${a} of ${b}`,
+    stored: (a, b) => `${a} of ${b} stored`,
     rate: (r) => `${r}/s`,
     digest: 'digest',
   },

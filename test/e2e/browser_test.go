@@ -1,0 +1,351 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/diskpipe/diskpipe/test/testenv"
+)
+
+// browser is a headless Chromium (Debian's, hack/setup.sh) driven as a person would drive it:
+// what its console says is kept, every dialog is accepted (the page asks before a reload
+// leaves an upload), and each PUT's Content-Range is noted.
+type browser struct {
+	ctx     context.Context
+	mu      sync.Mutex
+	console []chromedp.ConsoleMessage
+	ranges  []string
+	shots   string
+}
+
+// newBrowser starts a browser with a profile of its own: a second one is another person.
+func newBrowser(shots string) *browser {
+	GinkgoHelper()
+	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
+		Fail("/usr/bin/chromium is missing: hack/setup.sh installs Debian's chromium (make setup)")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath("/usr/bin/chromium"), chromedp.NoSandbox,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.WindowSize(1440, 900),
+		chromedp.UserDataDir(GinkgoT().TempDir()))
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(alloc)
+	DeferCleanup(func() { cancel(); cancelAlloc() })
+	b := &browser{ctx: ctx, shots: shots}
+	// A failed spec keeps what its page showed.
+	DeferCleanup(func() {
+		if r := CurrentSpecReport(); r.Failed() {
+			if png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot()); err == nil {
+				p := filepath.Join(shots, "failed-"+strings.ReplaceAll(r.LeafNodeText, " ", "-")[:min(40, len(r.LeafNodeText))]+".png")
+				_ = os.WriteFile(p, png, 0o644)
+				GinkgoWriter.Printf("screenshot of the failure %s\n", p)
+			}
+		}
+	})
+	console := chromedp.Console(ctx)
+	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	requests := chromedp.Events(ctx, network.RequestWillBeSent)
+	_, err := chromedp.Call(ctx, network.Enable, network.EnableParams{})
+	Expect(err).NotTo(HaveOccurred())
+	go func() {
+		for m, err := range console {
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.console = append(b.console, m)
+			b.mu.Unlock()
+		}
+	}()
+	go func() {
+		for _, err := range dialogs {
+			if err != nil {
+				return
+			}
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	go func() {
+		for ev, err := range requests {
+			if err != nil {
+				return
+			}
+			if cr, ok := ev.Request.Headers["Content-Range"].(string); ok && ev.Request.Method == "PUT" {
+				b.mu.Lock()
+				b.ranges = append(b.ranges, cr)
+				b.mu.Unlock()
+			}
+		}
+	}()
+	return b
+}
+
+// run runs the steps, for three minutes at most.
+func (b *browser) run(steps ...chromedp.Action[chromedp.Void]) {
+	GinkgoHelper()
+	ctx, cancel := context.WithTimeout(b.ctx, 3*time.Minute)
+	defer cancel()
+	Expect(chromedp.Do(ctx, steps...)).To(Succeed())
+}
+
+func css(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+
+// shot keeps a screenshot of what the page shows as name.png among the test's artifacts.
+func (b *browser) shot(name string) {
+	GinkgoHelper()
+	b.run(chromedp.Sleep(300 * time.Millisecond))
+	png, err := chromedp.Run(b.ctx, chromedp.CaptureScreenshot())
+	Expect(err).NotTo(HaveOccurred())
+	p := filepath.Join(b.shots, name+".png")
+	Expect(os.WriteFile(p, png, 0o644)).To(Succeed())
+	GinkgoWriter.Printf("screenshot %s\n", p)
+}
+
+// signIn opens the console and signs in with token, in namespace ns.
+func (b *browser) signIn(url, token, ns string) {
+	GinkgoHelper()
+	b.run(chromedp.Navigate(url), chromedp.WaitVisible(css("#token")),
+		chromedp.SendKeys(css("#token"), token),
+		chromedp.SendKeys(css("#namespace"), ns), chromedp.Click(css("#sign-in")),
+		chromedp.WaitVisible(css("header .who")))
+}
+
+// text is what the element of sel shows.
+func (b *browser) text(sel string) string {
+	GinkgoHelper()
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	s, err := chromedp.Run(ctx, chromedp.Text(css(sel), chromedp.NodeVisible))
+	Expect(err).NotTo(HaveOccurred())
+	return s
+}
+
+// eval is the value of a JavaScript expression on the page.
+func eval[T any](b *browser, expr string) T {
+	GinkgoHelper()
+	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](expr))
+	Expect(err).NotTo(HaveOccurred())
+	return v
+}
+
+// consoleErrors are the page's errors: exceptions, console.error calls, and the browser's
+// error entries but for the answers allowed (a refusal the page was meant to get).
+func (b *browser) consoleErrors(allowed ...string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+next:
+	for _, m := range b.console {
+		if m.Type != chromedp.ConsoleError && !m.IsException() {
+			continue
+		}
+		for _, a := range allowed {
+			if strings.Contains(m.Text, a) {
+				continue next
+			}
+		}
+		out = append(out, m.String())
+	}
+	return out
+}
+
+func (b *browser) putRanges() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.ranges...)
+}
+
+// consoleRBAC lets ns's uploader make and delete disks and images too, and makes a user of
+// another namespace who may do everything there.
+func consoleRBAC(ns, other string) {
+	GinkgoHelper()
+	kubectl(`apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: console}
+rules:
+- apiGroups: [hypercloud.tmaxanc.com, diskvolume.kubesphere.io, virtualmachine.kubesphere.io]
+  resources: [virtualmachineimages, imagetemplates, diskvolumes, virtualmachinepvcs]
+  verbs: [get, list, watch, create, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: disk-viewer}
+rules:
+- apiGroups: [diskvolume.kubesphere.io, hypercloud.tmaxanc.com, virtualmachine.kubesphere.io]
+  resources: [diskvolumes, virtualmachinepvcs, imagetemplates]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: console}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: console}
+subjects: [{kind: ServiceAccount, name: uploader}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: disk-viewer}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: disk-viewer}
+subjects: [{kind: ServiceAccount, name: viewer}]
+`, "apply", "-n", ns, "-f", "-")
+	kubectl(`apiVersion: v1
+kind: ServiceAccount
+metadata: {name: owner}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: owner}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}
+subjects: [{kind: ServiceAccount, name: owner}]
+`, "apply", "-n", other, "-f", "-")
+}
+
+// uploadFile is a raw disk of size bytes: the bootable test disk, then random bytes, so that
+// nothing of it is a hole the import could skip.
+func uploadFile(size int64) string {
+	GinkgoHelper()
+	p := filepath.Join(work, fmt.Sprintf("browser-%d.raw", size))
+	run("cp", "--sparse=never", raw, p)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	Expect(err).NotTo(HaveOccurred())
+	defer f.Close()
+	_, err = io.CopyN(f, rand.Reader, size-fileSize(p))
+	Expect(err).NotTo(HaveOccurred())
+	return p
+}
+
+var _ = Describe("the console in a browser", Ordered, func() {
+	var (
+		ns, other, url, file, shots string
+		tokens                      map[string]string
+	)
+	BeforeAll(func() {
+		ns, other = namespace(), namespace()
+		uploaders(ns)
+		consoleRBAC(ns, other)
+		tokens = map[string]string{"uploader": saToken(ns, "uploader"), "viewer": saToken(ns, "viewer"), "owner": saToken(other, "owner")}
+		var stop func()
+		var err error
+		url, stop, err = cluster.ConsoleURL(context.Background())
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(stop)
+		shots = testenv.Path("bin", "artifacts", "console")
+		Expect(os.MkdirAll(shots, 0o755)).To(Succeed())
+		file = uploadFile(1 << 30)
+	})
+
+	It("uploads 1 GiB from the page, resumes it after a reload half-way, and the image is the file", func() {
+		b := newBrowser(shots)
+		b.signIn(url, tokens["uploader"], ns)
+		Expect(b.text("header .who")).To(ContainSubstring("system:serviceaccount:" + ns + ":uploader"))
+		b.shot("1-images-empty")
+
+		b.run(chromedp.SendKeys(css(`#upload-form input[name=name]`), "from-browser"),
+			chromedp.SetUploadFiles(css(`#upload-form input[name=file]`), []string{file}),
+			chromedp.Click(css(`#upload-form button[type=submit]`)))
+		// Half-way, as the proxy counts it: the page is reloaded.
+		var stored int64
+		Eventually(func() int64 {
+			stored = uploadOffset(ns, "from-browser", tokens["uploader"])
+			return stored
+		}, 3*time.Minute, 100*time.Millisecond).Should(BeNumerically(">=", int64(300<<20)), "the upload gets under way")
+		Expect(stored).To(BeNumerically("<", int64(1<<30)), "the upload is not done before the reload")
+		b.shot("2-uploading")
+		b.run(chromedp.Reload())
+		b.run(chromedp.WaitVisible(css("header .who"))) // the tab's session survives its reload
+		before := len(b.putRanges())
+		b.run(chromedp.Navigate(url+"#/uploads"), chromedp.WaitVisible(css(`#uploads-unfinished li[data-name="from-browser"]`)))
+		Expect(b.text(`#uploads-unfinished li[data-name="from-browser"]`)).To(ContainSubstring("Choose " + filepath.Base(file) + " again to resume"))
+		b.shot("3-resume-after-reload")
+		afterReload := uploadOffset(ns, "from-browser", tokens["uploader"])
+		b.run(chromedp.SetUploadFiles(css(`input[name="resume-from-browser"]`), []string{file}))
+		b.run(chromedp.WaitVisible(css(`#uploads-running li[data-name="from-browser"][data-phase="done"]`)))
+		done := b.text(`#uploads-running li[data-name="from-browser"]`)
+		b.shot("4-upload-done")
+
+		// It went on from where the server was, not from the start.
+		resumed := b.putRanges()[before:]
+		Expect(resumed).NotTo(BeEmpty())
+		first, _ := strconv.ParseInt(strings.TrimPrefix(strings.SplitN(resumed[0], "-", 2)[0], "bytes "), 10, 64)
+		Expect(first).To(Equal(afterReload), "the first piece after the reload starts at the proxy's offset (%v)", resumed)
+		Expect(first).To(BeNumerically(">=", stored))
+
+		// The browser's digest is the file's and the image's.
+		want := "sha256:" + sha256Of(file)
+		Expect(done).To(ContainSubstring(want))
+		Eventually(phase(ns, "vmimage", "from-browser"), 5*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmimage", "from-browser", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal(want))
+		run("cmp", "-n", strconv.FormatInt(fileSize(file), 10), file, golden(ns, "from-browser"))
+		b.run(chromedp.Navigate(url+"#/images"), chromedp.WaitVisible(css(`#images tr[data-name="from-browser"][data-phase="Ready"]`)))
+		b.shot("5-image-ready")
+		Expect(b.consoleErrors()).To(BeEmpty())
+	})
+
+	It("makes a disk of the image from the page, and the disk is the image", func() {
+		b := newBrowser(shots)
+		b.signIn(url+"#/disks", tokens["uploader"], ns)
+		b.run(chromedp.Navigate(url+"#/disks"), chromedp.WaitReady(css(`#disk-form option[value="from-browser"]`)),
+			chromedp.SendKeys(css(`#disk-form input[name=name]`), "browser-disk"),
+			// A person picks the image in the list: the keyboard on the focused select.
+			chromedp.Focus(css(`#disk-form select[name=image]`)), chromedp.SendKeys(css(`#disk-form select[name=image]`), "from-browser"),
+			chromedp.SendKeys(css(`#disk-form input[name=size]`), "2Gi"),
+			chromedp.Click(css(`#disk-form button[type=submit]`)))
+		b.run(chromedp.WaitVisible(css(`#disks tr[data-name="browser-disk"][data-phase="Ready"]`)))
+		b.shot("6-disk-ready")
+		pvc := kubectl("", "get", "diskvolume", "browser-disk", "-n", ns, "-o", "jsonpath={.status.pvcName}")
+		run("qemu-img", "compare", "-f", "raw", "-F", "raw", file, filepath.Join(cluster.VolumePath(ns, pvc), "disk.img"))
+		Expect(b.consoleErrors()).To(BeEmpty())
+	})
+
+	It("shows a viewer the actions they may not take, disabled, with the reason", func() {
+		b := newBrowser(shots)
+		b.signIn(url, tokens["viewer"], ns)
+		b.run(chromedp.WaitVisible(css(`#images tr[data-name="from-browser"]`)))
+		Expect(eval[bool](b, `document.querySelector('#delete-from-browser').disabled`)).To(BeTrue())
+		why := "system:serviceaccount:" + ns + ":viewer may not delete virtualmachineimages.hypercloud.tmaxanc.com in namespace " + ns
+		Expect(b.text(`#delete-from-browser-why`)).To(ContainSubstring(why))
+		Expect(b.text(`#upload-form .why`)).To(ContainSubstring("may not create virtualmachineimages.hypercloud.tmaxanc.com in namespace " + ns))
+		b.shot("7-viewer")
+		Expect(b.consoleErrors()).To(BeEmpty())
+	})
+
+	It("shows another namespace's user nothing of it", func() {
+		b := newBrowser(shots)
+		b.signIn(url, tokens["owner"], ns)
+		b.run(chromedp.WaitVisible(css(`section .error`)))
+		Expect(b.text(`section .error`)).To(ContainSubstring("Forbidden"))
+		Expect(eval[int](b, `document.querySelectorAll('#images tr[data-name]').length`)).To(BeZero())
+		b.shot("8-other-namespace")
+		Expect(b.consoleErrors("the server responded with a status of 403")).To(BeEmpty())
+	})
+})
+
+// uploadOffset is the bytes the upload proxy holds of image ns/name's upload, asked as the
+// uploader would (HEAD).
+func uploadOffset(ns, name, token string) int64 {
+	GinkgoHelper()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodHead, cluster.UploadURL()+"/v1/namespaces/"+ns+"/virtualmachineimages/"+name, nil)
+	Expect(err).NotTo(HaveOccurred())
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := cluster.UploadClient().Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	n, _ := strconv.ParseInt(resp.Header.Get("Upload-Offset"), 10, 64)
+	return n
+}
