@@ -125,6 +125,17 @@ func (b *browser) signIn(url, token, ns string) {
 		chromedp.WaitVisible(css("header .who")))
 }
 
+// network takes the page's network away (DevTools' offline emulation) or gives it back.
+func (b *browser) network(online bool) {
+	GinkgoHelper()
+	var rules []*network.Conditions
+	if !online {
+		rules = []*network.Conditions{{Offline: true}}
+	}
+	_, err := chromedp.Call(b.ctx, network.EmulateNetworkConditionsByRule, network.EmulateNetworkConditionsByRuleParams{MatchedNetworkConditions: rules})
+	Expect(err).NotTo(HaveOccurred())
+}
+
 // text is what the element of sel shows.
 func (b *browser) text(sel string) string {
 	GinkgoHelper()
@@ -273,9 +284,16 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		b.shot("3-resume-after-reload")
 		afterReload := uploadOffset(ns, "from-browser", tokens["uploader"])
 		b.run(chromedp.SetUploadFiles(css(`input[name="resume-from-browser"]`), []string{file}))
+		// Then the network goes for a while: the page waits, asks again and goes on.
+		Eventually(func() int64 { return uploadOffset(ns, "from-browser", tokens["uploader"]) }, 3*time.Minute, 100*time.Millisecond).
+			Should(BeNumerically(">=", afterReload+(128<<20)), "the resumed upload goes on")
+		b.network(false)
+		b.run(chromedp.WaitVisible(css(`#uploads-running li[data-name="from-browser"][data-phase="retrying"]`)))
+		b.shot("4-network-cut")
+		b.network(true)
 		b.run(chromedp.WaitVisible(css(`#uploads-running li[data-name="from-browser"][data-phase="done"]`)))
 		done := b.text(`#uploads-running li[data-name="from-browser"]`)
-		b.shot("4-upload-done")
+		b.shot("5-upload-done")
 
 		// It went on from where the server was, not from the start.
 		resumed := b.putRanges()[before:]
@@ -291,8 +309,8 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		Expect(kubectl("", "get", "vmimage", "from-browser", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal(want))
 		run("cmp", "-n", strconv.FormatInt(fileSize(file), 10), file, golden(ns, "from-browser"))
 		b.run(chromedp.Navigate(url+"#/images"), chromedp.WaitVisible(css(`#images tr[data-name="from-browser"][data-phase="Ready"]`)))
-		b.shot("5-image-ready")
-		Expect(b.consoleErrors()).To(BeEmpty())
+		b.shot("6-image-ready")
+		Expect(b.consoleErrors("net::ERR_INTERNET_DISCONNECTED")).To(BeEmpty(), "only the requests sent while the network was away failed")
 	})
 
 	It("makes a disk of the image from the page, and the disk is the image", func() {
@@ -305,7 +323,7 @@ var _ = Describe("the console in a browser", Ordered, func() {
 			chromedp.SendKeys(css(`#disk-form input[name=size]`), "2Gi"),
 			chromedp.Click(css(`#disk-form button[type=submit]`)))
 		b.run(chromedp.WaitVisible(css(`#disks tr[data-name="browser-disk"][data-phase="Ready"]`)))
-		b.shot("6-disk-ready")
+		b.shot("7-disk-ready")
 		pvc := kubectl("", "get", "diskvolume", "browser-disk", "-n", ns, "-o", "jsonpath={.status.pvcName}")
 		run("qemu-img", "compare", "-f", "raw", "-F", "raw", file, filepath.Join(cluster.VolumePath(ns, pvc), "disk.img"))
 		Expect(b.consoleErrors()).To(BeEmpty())
@@ -319,7 +337,7 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		why := "system:serviceaccount:" + ns + ":viewer may not delete virtualmachineimages.hypercloud.tmaxanc.com in namespace " + ns
 		Expect(b.text(`#delete-from-browser-why`)).To(ContainSubstring(why))
 		Expect(b.text(`#upload-form .why`)).To(ContainSubstring("may not create virtualmachineimages.hypercloud.tmaxanc.com in namespace " + ns))
-		b.shot("7-viewer")
+		b.shot("8-viewer")
 		Expect(b.consoleErrors()).To(BeEmpty())
 	})
 
@@ -329,7 +347,7 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		b.run(chromedp.WaitVisible(css(`section .error`)))
 		Expect(b.text(`section .error`)).To(ContainSubstring("Forbidden"))
 		Expect(eval[int](b, `document.querySelectorAll('#images tr[data-name]').length`)).To(BeZero())
-		b.shot("8-other-namespace")
+		b.shot("9-other-namespace")
 		Expect(b.consoleErrors("the server responded with a status of 403")).To(BeEmpty())
 	})
 })
