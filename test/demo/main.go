@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -53,12 +54,14 @@ func main() {
 	if err := run(ctx, c, dir); err != nil {
 		fmt.Fprintf(os.Stderr, "\ndemo: %v\nlogs: %s\n", err, logs(c))
 		if !*keep {
+			consoleStop()
 			c.Stop()
 			os.Exit(1)
 		}
 	}
 	summary(time.Since(start))
 	if !*keep {
+		consoleStop()
 		c.Stop()
 		_ = os.RemoveAll(dir)
 		return
@@ -66,9 +69,13 @@ func main() {
 	if *keep {
 		fmt.Printf("\nThe cluster keeps running. In another shell:\n  export KUBECONFIG=%s\n  %s/kubectl get diskpipe -A\nCtrl-C stops it.\n",
 			c.KubeconfigFile(), filepath.Join(root, "bin"))
+		if tok, err := os.ReadFile(filepath.Join(dir, "console-token")); err == nil {
+			fmt.Printf("The console's pages (headless machines: ssh -L the port): %s\n  token (namespace %s): %s\n", lastConsoleURL, ns, strings.TrimSpace(string(tok)))
+		}
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 		<-sig
+		consoleStop()
 		c.Stop()
 	}
 }
@@ -215,6 +222,59 @@ func run(ctx context.Context, c framework.Cluster, dir string) error {
 		return err
 	}
 	done("booted the downloaded export under QEMU", t, fmt.Sprintf("the guest sees a %s disk, booted in %.1f s", gib(g.Size), g.Took.Seconds()))
+	return console(ctx, c, dir)
+}
+
+// consoleStop ends what reaching the console needed (kubectl proxy on the real cluster), when
+// the demo ends.
+var (
+	consoleStop    = func() {}
+	lastConsoleURL string
+)
+
+// console makes a user who administers the demo's namespace, and checks that the console
+// answers them: its page, and who they are. It prints where to open it and their token.
+func console(ctx context.Context, c framework.Cluster, dir string) error {
+	t := time.Now()
+	if err := apply(ctx, c, `apiVersion: v1
+kind: ServiceAccount
+metadata: {name: console-user}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: console-user}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}
+subjects: [{kind: ServiceAccount, name: console-user}]
+`); err != nil {
+		return err
+	}
+	token, errOut, err := c.Kubectl(ctx, nil, "create", "token", "console-user", "-n", ns, "--duration=8h")
+	if err != nil {
+		return fmt.Errorf("a token for the console's user: %w: %s", err, errOut)
+	}
+	token = strings.TrimSpace(token)
+	tokenFile := filepath.Join(dir, "console-token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		return err
+	}
+	url, stop, err := c.ConsoleURL(ctx)
+	if err != nil {
+		return err
+	}
+	consoleStop, lastConsoleURL = stop, url
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"kapis/virtualization.kubesphere.io/v1beta1/whoami", nil)
+	req.Header.Set("X-Diskpipe-Token", token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("the console's gateway: %w", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "console-user") {
+		return fmt.Errorf("the console's gateway answered %d: %s", resp.StatusCode, body)
+	}
+	done("the console answers a user of namespace "+ns+" (whoami through its gateway)", t,
+		fmt.Sprintf("open %s and sign in with the token in %s (namespace %s)", url, tokenFile, ns))
 	return nil
 }
 
