@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/diskpipe/diskpipe/test/testenv"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -47,8 +49,21 @@ func TestGateway(t *testing.T) {
 			if tls != (c.secret != "") {
 				t.Errorf("the gateway serves TLS: %v, want %v", tls, c.secret != "")
 			}
-			if c.secret != "" && (len(spec.Volumes) != 1 || spec.Volumes[0].Secret.SecretName != c.secret || len(spec.Volumes[0].Secret.Items) != 2) {
+			vols := map[string]corev1.Volume{}
+			for _, v := range spec.Volumes {
+				vols[v.Name] = v
+			}
+			if v, ok := vols["tls"]; c.secret != "" && (!ok || v.Secret.SecretName != c.secret || len(v.Secret.Items) != 2) {
 				t.Errorf("the gateway mounts %+v, want the certificate and key of %s", spec.Volumes, c.secret)
+			}
+			// Uploads go to the proxy's Service, verified with its issued CA: that Secret's
+			// ca.crt alone, never the proxy's key.
+			if !slices.Contains(spec.Containers[0].Args, "--upload-proxy-url=https://diskpipe-uploadproxy.diskpipe-system.svc:443") ||
+				!slices.Contains(spec.Containers[0].Args, "--upload-proxy-ca-file=/var/run/diskpipe/uploadproxy-ca/ca.crt") {
+				t.Errorf("the gateway's upload proxy: %v", spec.Containers[0].Args)
+			}
+			if v, ok := vols["uploadproxy-ca"]; !ok || v.Secret.SecretName != "diskpipe-uploadproxy-tls" || len(v.Secret.Items) != 1 || v.Secret.Items[0].Key != "ca.crt" {
+				t.Errorf("the upload proxy's CA volume: %+v", v)
 			}
 			var role *rbacv1.ClusterRole
 			for _, o := range objs {
@@ -72,5 +87,26 @@ func TestGateway(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGatewayOptions: the console's origins and pages reach the gateway's flags; an upload
+// proxy serving the user's own certificate is verified with the system's roots, no CA mounted.
+func TestGatewayOptions(t *testing.T) {
+	objs := render(t, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.corsOrigins={https://console.example.com,https://ks.example.com}",
+		"--set", "gateway.pages=false", "--set", "uploadProxy.tls.secretName=mine")
+	spec := deployment(t, objs, "diskpipe-gateway").Spec.Template.Spec
+	for _, want := range []string{"--cors-origins=https://console.example.com,https://ks.example.com", "--pages=false", "--upload-proxy-url=https://diskpipe-uploadproxy.diskpipe-system.svc:443"} {
+		if !slices.Contains(spec.Containers[0].Args, want) {
+			t.Errorf("no %s in %v", want, spec.Containers[0].Args)
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.Name == "uploadproxy-ca" {
+			t.Errorf("the proxy's own certificate's Secret is mounted: %+v", v)
+		}
+	}
+	if _, _, err := testenv.RenderChart(t.Context(), testenv.ChartRelease, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.corsOrigins={console.example.com}"); err == nil {
+		t.Error("an origin without its scheme is accepted")
 	}
 }
