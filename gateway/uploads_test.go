@@ -190,15 +190,16 @@ func TestWatch(t *testing.T) {
 	req, err := http.NewRequestWithContext(t.Context(), "GET", f.url+"/projects/"+ns+"/images?watch=true", nil)
 	must(t, err)
 	req.Header.Set(gateway.HeaderToken, f.tokens["viewer"])
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(req) //nolint:bodyclose // closed below, once the stream is read
 	must(t, err)
-	defer resp.Body.Close()
+	body := resp.Body
+	defer body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("the viewer's watch: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	events := make(chan string, 16)
 	go func() {
-		sc := bufio.NewScanner(resp.Body)
+		sc := bufio.NewScanner(body)
 		for sc.Scan() {
 			if line := sc.Text(); strings.HasPrefix(line, "data: ") || strings.HasPrefix(line, "event: ") {
 				events <- line
@@ -232,7 +233,7 @@ func TestWatch(t *testing.T) {
 // answer, so its browser keeps the gateway's answers from it.
 func TestCORS(t *testing.T) {
 	f := newFixture(t, func(s *gateway.Server) { s.Origins = []string{"https://console.example.com"} })
-	preflight := func(origin string) *http.Response {
+	preflight := func(origin string) (int, http.Header) {
 		req, _ := http.NewRequestWithContext(t.Context(), "OPTIONS", f.url+"/projects/"+f.ns+"/uploads/x", nil)
 		req.Header.Set("Origin", origin)
 		req.Header.Set("Access-Control-Request-Method", "PUT")
@@ -240,16 +241,16 @@ func TestCORS(t *testing.T) {
 		resp, err := http.DefaultClient.Do(req)
 		must(t, err)
 		resp.Body.Close()
-		return resp
+		return resp.StatusCode, resp.Header
 	}
-	ok := preflight("https://console.example.com")
-	if ok.StatusCode != 204 || ok.Header.Get("Access-Control-Allow-Origin") != "https://console.example.com" ||
-		!strings.Contains(ok.Header.Get("Access-Control-Allow-Headers"), gateway.HeaderToken) {
-		t.Errorf("the configured origin's preflight: %d %v", ok.StatusCode, ok.Header)
+	code, h := preflight("https://console.example.com")
+	if code != 204 || h.Get("Access-Control-Allow-Origin") != "https://console.example.com" ||
+		!strings.Contains(h.Get("Access-Control-Allow-Headers"), gateway.HeaderToken) {
+		t.Errorf("the configured origin's preflight: %d %v", code, h)
 	}
-	bad := preflight("https://evil.example.net")
-	if bad.StatusCode != 403 || bad.Header.Get("Access-Control-Allow-Origin") != "" {
-		t.Errorf("another origin's preflight: %d %v", bad.StatusCode, bad.Header)
+	code, h = preflight("https://evil.example.net")
+	if code != 403 || h.Get("Access-Control-Allow-Origin") != "" {
+		t.Errorf("another origin's preflight: %d %v", code, h)
 	}
 	a := f.doWith(t, "editor", "GET", "/projects/"+f.ns+"/images", nil, "Origin", "https://evil.example.net")
 	if a.header.Get("Access-Control-Allow-Origin") != "" {
@@ -352,8 +353,11 @@ func TestPages(t *testing.T) {
 		!strings.Contains(string(body), `<div id="app">`) {
 		t.Errorf("the page: %d %q %s", resp.StatusCode, csp, body)
 	}
-	if resp, err := http.Get(f.root + "/assets/none.js"); err != nil || resp.StatusCode != 404 {
-		t.Errorf("a missing asset: %v %v", resp.StatusCode, err)
+	missing, err := http.Get(f.root + "/assets/none.js")
+	must(t, err)
+	missing.Body.Close()
+	if missing.StatusCode != 404 {
+		t.Errorf("a missing asset: %d", missing.StatusCode)
 	}
 }
 

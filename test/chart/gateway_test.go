@@ -4,10 +4,11 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/diskpipe/diskpipe/test/testenv"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
 // TestGateway: the console's gateway is off unless asked for; on, it serves HTTPS with the

@@ -15,7 +15,7 @@ import (
 // ConsoleURL is where a browser on this machine opens the console (its pages; the API under
 // kapis/ beside them), and stop ends what reaching it needed.
 func (l local) ConsoleURL(context.Context) (string, func(), error) {
-	return l.Cluster.GatewayURL + "/", func() {}, nil
+	return l.GatewayURL + "/", func() {}, nil
 }
 
 // ConsoleURL on the real cluster is the gateway's Service through the apiserver's service
