@@ -378,7 +378,7 @@ func TestListsAndRefusals(t *testing.T) {
 	}{
 		{"", "GET", "/projects/" + ns + "/disks", "", 401, "an Authorization: Bearer <token> header"},
 		{"editor", "GET", "/projects/" + ns + "/disks?cluster=member01", "", 404, `the cluster "member01" is not registered`},
-		{"editor", "GET", "/projects/" + ns + "/networks", "", 404, `the gateway serves no resource "networks": it serves disks, images, uploads`},
+		{"editor", "GET", "/projects/" + ns + "/networks", "", 404, `the gateway serves no resource "networks": it serves disks, exports, images, snapshots, templates, uploads`},
 		{"editor", "GET", "/projects/Bad_NS/disks", "", 400, `"Bad_NS" is not a namespace's name`},
 		{"editor", "GET", "/projects/" + ns + "/disks?kind=Pod", "", 400, `the disks are of the kinds DiskVolume, VirtualMachinePvc, not "Pod"`},
 		{"editor", "GET", "/projects/" + ns + "/disks?limit=0", "", 400, "limit is a whole number from 1 to 1000"},

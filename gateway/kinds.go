@@ -33,6 +33,18 @@ var resources = map[string][]kind{
 		{diskvolume.GroupVersion.WithKind("DiskVolume"), "diskvolumes"},
 		{hypercloud.GroupVersion.WithKind("VirtualMachinePvc"), "virtualmachinepvcs"},
 	},
+	// snapshots of disks: taken by creating one of a disk's PVC, restored by making a disk
+	// whose source is the snapshot (a DiskVolume's source.snap).
+	"snapshots": {
+		{schema.GroupVersionKind{Group: "snapshot.storage.k8s.io", Version: "v1", Kind: "VolumeSnapshot"}, "volumesnapshots"},
+	},
+	// templates are KubeSphere's image templates, what its template-based creation starts from.
+	"templates": {
+		{virtualmachine.GroupVersion.WithKind("ImageTemplate"), "imagetemplates"},
+	},
+	"exports": {
+		{hypercloud.GroupVersion.WithKind("VirtualMachineVolumeExport"), "virtualmachinevolumeexports"},
+	},
 }
 
 // uploadsOf is the resource of uploads: images, those whose source is an upload.
@@ -58,6 +70,7 @@ func mapper() meta.RESTMapper {
 	core := schema.GroupVersion{Version: "v1"}
 	m.AddSpecific(core.WithKind("Namespace"), core.WithResource("namespaces"), core.WithResource("namespace"), meta.RESTScopeRoot)
 	m.AddSpecific(core.WithKind("NamespaceList"), core.WithResource("namespaces"), core.WithResource("namespaces"), meta.RESTScopeRoot)
+	m.AddSpecific(core.WithKind("Secret"), core.WithResource("secrets"), core.WithResource("secret"), meta.RESTScopeNamespace)
 	authn := schema.GroupVersion{Group: "authentication.k8s.io", Version: "v1"}
 	m.AddSpecific(authn.WithKind("TokenReview"), authn.WithResource("tokenreviews"), authn.WithResource("tokenreview"), meta.RESTScopeRoot)
 	return m

@@ -82,6 +82,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("DELETE "+Prefix+"/projects/{namespace}/{resource}/{name}", s.route("delete", s.remove))
 	mux.Handle("GET "+Prefix+"/{resource}", s.route("list", s.list))
 	mux.Handle("GET "+Prefix+"/whoami", s.route("get", s.whoami))
+	mux.Handle("GET "+Prefix+"/projects/{namespace}/exports/{name}/download", s.route("get", s.exportDownload))
 	mux.Handle("POST "+Prefix+"/projects/{namespace}/uploads", s.route("create", s.startUpload))
 	mux.Handle("GET "+Prefix+"/projects/{namespace}/uploads/{name}", s.route("get", s.uploadState))
 	mux.Handle("PUT "+Prefix+"/projects/{namespace}/uploads/{name}", s.route("upload", s.uploadPiece))

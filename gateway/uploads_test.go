@@ -370,3 +370,49 @@ func withPages(t *testing.T) func(*gateway.Server) {
 	}
 	return func(s *gateway.Server) { s.Pages = web.Handler() }
 }
+
+// TestExportDownload: an export's download link is read as the caller, from the Secret its
+// status names: a caller who may read the namespace's Secrets gets it; one who may read the
+// export but not Secrets is told which right they lack; another namespace's user gets nothing.
+func TestExportDownload(t *testing.T) {
+	f := newFixture(t)
+	ns := f.ns
+	ctx := t.Context()
+	must(t, env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "exports", Namespace: ns}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"hypercloud.tmaxanc.com"}, Resources: []string{"virtualmachinevolumeexports"}, Verbs: []string{"get", "list"}}}}))
+	must(t, env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "secrets", Namespace: ns}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}}}))
+	for caller, roles := range map[string][]string{"editor": {"exports", "secrets"}, "viewer": {"exports"}} {
+		for _, role := range roles {
+			must(t, env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: caller + "-" + role, Namespace: ns},
+				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
+				Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: caller, Namespace: ns}}}))
+		}
+	}
+	u := &unstructured.Unstructured{}
+	must(t, json.Unmarshal([]byte(`{"apiVersion":"hypercloud.tmaxanc.com/v1alpha1","kind":"VirtualMachineVolumeExport","metadata":{"name":"ex","namespace":"`+ns+`"},
+		"spec":{"pvcName":"disk","objectStore":{"bucketName":"exports","objectName":"disk.qcow2"}}}`), &u.Object))
+	must(t, env.Client.Create(ctx, u))
+	if a := f.doWith(t, "editor", "GET", "/projects/"+ns+"/exports/ex/download", nil); a.status != 409 || !strings.Contains(a.Message, "has no download link yet") {
+		t.Errorf("an export not Ready: %d %s", a.status, a.Message)
+	}
+	must(t, env.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ex-download", Namespace: ns},
+		Data: map[string][]byte{"url": []byte("https://store.example.com/exports/disk.qcow2?X-Amz-Signature=abc")}}))
+	must(t, unstructured.SetNestedField(u.Object, "ex-download", "status", "downloadSecretName"))
+	must(t, env.Client.Status().Update(ctx, u))
+	deadline := time.Now().Add(10 * time.Second) // the bindings reach the authorizer a moment later
+	var a answer
+	for a = f.doWith(t, "editor", "GET", "/projects/"+ns+"/exports/ex/download", nil); a.status != 200 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		a = f.doWith(t, "editor", "GET", "/projects/"+ns+"/exports/ex/download", nil)
+	}
+	if a.status != 200 || !strings.Contains(string(a.Data), "X-Amz-Signature=abc") {
+		t.Errorf("the editor's link: %d %s %s", a.status, a.Message, a.Data)
+	}
+	if a := f.doWith(t, "viewer", "GET", "/projects/"+ns+"/exports/ex/download", nil); a.status != 403 ||
+		a.header.Get(gateway.HeaderDenyReason) != "system:serviceaccount:"+ns+":viewer may not get secrets in namespace "+ns || strings.Contains(string(a.Data), "Signature") {
+		t.Errorf("the viewer's link: %d %q %s", a.status, a.header.Get(gateway.HeaderDenyReason), a.Message)
+	}
+	if a := f.doWith(t, "other", "GET", "/projects/"+ns+"/exports/ex/download", nil); a.status != 403 {
+		t.Errorf("another namespace's user: %d %s", a.status, a.Message)
+	}
+}
