@@ -11,7 +11,7 @@ import (
 // corsHeaders are the request headers a page of an allowed origin may send, and those it may read.
 var (
 	corsAllowed = []string{"Authorization", HeaderToken, "Content-Type", "Content-Range", uploadproto.HeaderDigest, HeaderTraceID, "traceparent"}
-	corsExposed = []string{HeaderDenyReason, HeaderTraceID, uploadproto.HeaderOffset, uploadproto.HeaderComplete, uploadproto.HeaderPartSize, "Retry-After"}
+	corsExposed = []string{HeaderDenyReason, HeaderTraceID, uploadproto.HeaderOffset, uploadproto.HeaderComplete, uploadproto.HeaderPartSize, uploadproto.HeaderLength, "Retry-After"}
 )
 
 // cors lets pages of s.Origins call the gateway, and no other site's: a request from another
@@ -21,10 +21,10 @@ func (s *Server) cors(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
 		allowed := origin != "" && slices.Contains(s.Origins, origin)
+		w.Header().Add("Vary", "Origin") // a cache must not give one origin's answer to another
 		if allowed {
 			w.Header().Set("Access-Control-Allow-Origin", origin)
 			w.Header().Set("Access-Control-Expose-Headers", strings.Join(corsExposed, ", "))
-			w.Header().Add("Vary", "Origin")
 		}
 		if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
 			if !allowed {

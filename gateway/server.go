@@ -52,6 +52,9 @@ type Server struct {
 	// Origins are the origins of other sites' pages allowed to call the gateway (CORS);
 	// none: only pages of the gateway's own origin may, as browsers enforce.
 	Origins []string
+
+	// watches counts the watch streams open, by user.
+	watches watchSlots
 	// Audit gets an audit line for each change; Metrics counts every request.
 	Audit   *slog.Logger
 	Metrics *Metrics
@@ -82,11 +85,11 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("DELETE "+Prefix+"/projects/{namespace}/{resource}/{name}", s.route("delete", s.remove))
 	mux.Handle("GET "+Prefix+"/{resource}", s.route("list", s.list))
 	mux.Handle("GET "+Prefix+"/whoami", s.route("get", s.whoami))
-	mux.Handle("GET "+Prefix+"/projects/{namespace}/exports/{name}/download", s.route("get", s.exportDownload))
-	mux.Handle("POST "+Prefix+"/projects/{namespace}/uploads", s.route("create", s.startUpload))
-	mux.Handle("GET "+Prefix+"/projects/{namespace}/uploads/{name}", s.route("get", s.uploadState))
-	mux.Handle("PUT "+Prefix+"/projects/{namespace}/uploads/{name}", s.route("upload", s.uploadPiece))
-	mux.Handle("DELETE "+Prefix+"/projects/{namespace}/uploads/{name}", s.route("delete", s.remove))
+	mux.Handle("GET "+Prefix+"/projects/{namespace}/exports/{name}/download", s.routeOf("exports", "get", s.exportDownload))
+	mux.Handle("POST "+Prefix+"/projects/{namespace}/uploads", s.routeOf("uploads", "create", s.startUpload))
+	mux.Handle("GET "+Prefix+"/projects/{namespace}/uploads/{name}", s.routeOf("uploads", "get", s.uploadState))
+	mux.Handle("PUT "+Prefix+"/projects/{namespace}/uploads/{name}", s.routeOf("uploads", "upload", s.uploadPiece))
+	mux.Handle("DELETE "+Prefix+"/projects/{namespace}/uploads/{name}", s.routeOf("uploads", "delete", s.remove))
 	if s.Pages != nil { // the page, and the files it names (web's build puts them in assets/)
 		mux.Handle("GET /{$}", s.Pages)
 		mux.Handle("GET /assets/", s.Pages)
@@ -116,13 +119,16 @@ type call struct {
 type handler func(ctx context.Context, c *call) (int, envelope, error)
 
 // route authenticates the request, checks the path's names, runs h as the caller, and
-// answers, counts and audits it.
-func (s *Server) route(op string, h handler) http.Handler {
+// answers, counts and audits it; the resource is the path's.
+func (s *Server) route(op string, h handler) http.Handler { return s.routeOf("", op, h) }
+
+// routeOf is route for a path that names its resource itself (projects/{namespace}/uploads/...).
+func (s *Server) routeOf(resource, op string, h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		c := &call{r: r, w: w, resource: r.PathValue("resource"), namespace: r.PathValue("namespace"), trace: traceID(r)}
-		if c.resource == "" { // a route of its own: projects/{namespace}/uploads/...
-			c.resource = resourceOfPath(r.URL.Path)
+		if resource != "" {
+			c.resource = resource
 		}
 		if op == "create" || op == "delete" {
 			c.audit = newID()
@@ -170,15 +176,6 @@ func bearerOf(r *http.Request) string {
 		return b
 	}
 	return strings.TrimSpace(r.Header.Get(HeaderToken))
-}
-
-// resourceOfPath is the resource of a path under Prefix/projects/{namespace}/.
-func resourceOfPath(p string) string {
-	parts := strings.Split(strings.TrimPrefix(p, Prefix+"/"), "/")
-	if len(parts) >= 3 && parts[0] == "projects" {
-		return parts[2]
-	}
-	return ""
 }
 
 // serve authenticates c and runs h.

@@ -34,6 +34,9 @@ const pieceTimeout = 30 * time.Minute
 type uploadState struct {
 	Offset   int64 `json:"offset"`
 	Complete bool  `json:"complete"`
+	// Total is the upload's size, once a piece has said it: a client going on must send the
+	// same file.
+	Total int64 `json:"total,omitempty"`
 	// PartSize is the proxy's part size: a piece that is not the last ends at a multiple of it.
 	PartSize int64 `json:"partSize"`
 	// Message is the proxy's own answer to the last piece.
@@ -127,7 +130,7 @@ func (s *Server) forward(c *call, k kind, req *http.Request) (int, envelope, err
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	text := strings.TrimSpace(string(msg))
-	for _, h := range []string{uploadproto.HeaderOffset, uploadproto.HeaderComplete, uploadproto.HeaderPartSize, "Retry-After"} {
+	for _, h := range []string{uploadproto.HeaderOffset, uploadproto.HeaderComplete, uploadproto.HeaderPartSize, uploadproto.HeaderLength, "Retry-After"} {
 		if v := resp.Header.Get(h); v != "" {
 			c.w.Header().Set(h, v)
 		}
@@ -146,6 +149,7 @@ func (s *Server) forward(c *call, k kind, req *http.Request) (int, envelope, err
 	st.Offset, _ = strconv.ParseInt(resp.Header.Get(uploadproto.HeaderOffset), 10, 64)
 	st.Complete = resp.Header.Get(uploadproto.HeaderComplete) == "true"
 	st.PartSize, _ = strconv.ParseInt(resp.Header.Get(uploadproto.HeaderPartSize), 10, 64)
+	st.Total, _ = strconv.ParseInt(resp.Header.Get(uploadproto.HeaderLength), 10, 64)
 	status := resp.StatusCode
 	if req.Method == http.MethodHead || status == http.StatusNoContent {
 		status = http.StatusOK // an envelope follows

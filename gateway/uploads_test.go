@@ -222,6 +222,20 @@ func TestWatch(t *testing.T) {
 			t.Fatal("no change event for the new image")
 		}
 	}
+	// A user's streams are bounded: the viewer has one open, and may open 15 more.
+	for i := 1; i < 16; i++ {
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", f.url+"/projects/"+ns+"/images?watch=true", nil)
+		req.Header.Set(gateway.HeaderToken, f.tokens["viewer"])
+		r, err := http.DefaultClient.Do(req) //nolint:bodyclose // closed when the test ends
+		must(t, err)
+		t.Cleanup(func() { r.Body.Close() })
+		if r.StatusCode != 200 {
+			t.Fatalf("the viewer's watch %d: %d", i+1, r.StatusCode)
+		}
+	}
+	if a := f.doWith(t, "viewer", "GET", "/projects/"+ns+"/images?watch=true", nil); a.status != 429 || !strings.Contains(a.Message, "has 16 watches open") {
+		t.Errorf("the viewer's 17th watch: %d %s", a.status, a.Message)
+	}
 	for _, caller := range []string{"other", "nobody"} {
 		if a := f.doWith(t, caller, "GET", "/projects/"+ns+"/images?watch=true", nil); a.status != 403 || !strings.Contains(a.header.Get(gateway.HeaderDenyReason), "may not watch") {
 			t.Errorf("%s's watch: %d %s", caller, a.status, a.Message)

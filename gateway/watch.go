@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,6 +18,40 @@ import (
 
 // keepAlive is how often a quiet stream says it is alive, so that proxies keep it open.
 const keepAlive = 15 * time.Second
+
+// A stream ends after watchLifetime (and up to a fifth more, drawn, so that a console's
+// streams do not all come back at once), and a client that reads nothing of it for
+// 2 × keepAlive loses it; a user has at most maxWatches streams at once.
+const (
+	watchLifetime = 10 * time.Minute
+	maxWatches    = 16
+)
+
+// watchSlots counts the streams open, by user.
+type watchSlots struct {
+	mu     sync.Mutex
+	byUser map[string]int
+}
+
+// take counts one more stream of user, or says they have as many as they may.
+func (w *watchSlots) take(user string) (release func(), ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.byUser == nil {
+		w.byUser = map[string]int{}
+	}
+	if w.byUser[user] >= maxWatches {
+		return nil, false
+	}
+	w.byUser[user]++
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.byUser[user]--; w.byUser[user] == 0 {
+			delete(w.byUser, user)
+		}
+	}, true
+}
 
 // change is one event of a watch's stream: what changed, so a page reads its list again.
 type change struct {
@@ -30,6 +66,13 @@ type change struct {
 // client goes or the apiserver ends the watch (the client then asks again). A kind the
 // caller may not watch is left out, and said in the first event; none of them: 403.
 func (s *Server) watch(ctx context.Context, c *call) (int, envelope, error) {
+	release, ok := s.watches.take(c.user.Username)
+	if !ok {
+		return 0, envelope{}, fail(http.StatusTooManyRequests, "TooManyRequests", "%s has %d watches open, as many as the gateway keeps for one user: close a console's tab", c.user.Username, maxWatches)
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, watchLifetime+rand.N(watchLifetime/5))
+	defer cancel()
 	var ws []watch.Interface
 	var left []string
 	for _, k := range c.kinds {
@@ -50,7 +93,10 @@ func (s *Server) watch(ctx context.Context, c *call) (int, envelope, error) {
 	}
 	w := c.w
 	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(time.Time{}) // a stream outlives the server's write timeout
+	// A stream outlives the server's read and write timeouts, meant for the API's requests;
+	// each write has its own deadline instead, so a client that stops reading frees it.
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Now().Add(2 * keepAlive))
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no") // nginx ingresses: pass each event on at once
@@ -93,8 +139,10 @@ func (s *Server) watch(ctx context.Context, c *call) (int, envelope, error) {
 				return answered, envelope{}, nil
 			}
 			data, _ := json.Marshal(ch)
+			_ = rc.SetWriteDeadline(time.Now().Add(2 * keepAlive))
 			_, err = fmt.Fprintf(w, "event: change\ndata: %s\n\n", data)
 		case <-tick.C:
+			_ = rc.SetWriteDeadline(time.Now().Add(2 * keepAlive))
 			_, err = fmt.Fprint(w, ": alive\n\n")
 		}
 		if err != nil || rc.Flush() != nil {

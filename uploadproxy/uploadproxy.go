@@ -62,6 +62,7 @@ const (
 	HeaderComplete = uploadproto.HeaderComplete
 	HeaderPartSize = uploadproto.HeaderPartSize
 	HeaderDigest   = uploadproto.HeaderDigest
+	HeaderLength   = uploadproto.HeaderLength
 )
 
 // Server is the upload proxy.
@@ -215,6 +216,13 @@ type state struct {
 	// Offset bytes.
 	Checksum string `json:"checksum"`
 	Hash     []byte `json:"hash"`
+	// PartSize is the size of the upload's parts, the proxy's when it began: a piece ends at
+	// a multiple of it, so it stays the same though the proxy's changes (0: an older state's,
+	// the proxy's).
+	PartSize int64 `json:"partSize,omitempty"`
+	// Claimed is the client's digest of the whole upload (Upload-Digest), kept from the
+	// request that sent it so that the completion checks it, whichever request completes.
+	Claimed string `json:"claimed,omitempty"`
 }
 
 type part struct {
@@ -233,8 +241,6 @@ type upload struct {
 	alive func(context.Context) error
 	// taken says a later request took the upload over from this one.
 	taken *atomic.Bool
-	// claimed is the client's digest of the whole upload (Upload-Digest), or "".
-	claimed string
 }
 
 // claimDigest takes the client's digest of the whole upload, which must be of the algorithm
@@ -247,7 +253,7 @@ func (u *upload) claimDigest(d string) error {
 	if alg, _, _ := strings.Cut(u.sum.Digest(), ":"); !strings.HasPrefix(strings.ToLower(d), alg+":") {
 		return Fail(http.StatusBadRequest, "%s %q: this upload is hashed with %s (the image's checksum says so, or it has none), so the digest must be %s:<hex>", HeaderDigest, d, alg, alg)
 	}
-	u.claimed = c.Want
+	u.Claimed = c.Want
 	return nil
 }
 
@@ -359,14 +365,20 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 		return err
 	}
 	u.alive, u.taken = alive, &taken
-	w.Header().Set(HeaderPartSize, strconv.FormatInt(s.PartSize, 10))
+	if u.PartSize == 0 {
+		u.PartSize = s.PartSize
+	}
+	w.Header().Set(HeaderPartSize, strconv.FormatInt(u.PartSize, 10))
 	if r.Method == http.MethodHead {
 		w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 		w.Header().Set(HeaderComplete, strconv.FormatBool(u.complete))
+		if u.Total > 0 {
+			w.Header().Set(HeaderLength, strconv.FormatInt(u.Total, 10))
+		}
 		return nil
 	}
 	if in == nil {
-		start, end, total, err := contentRange(r, s.PartSize)
+		start, end, total, err := contentRange(r, u.PartSize)
 		if err != nil {
 			return err
 		}
@@ -376,6 +388,9 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request, in *body, ns, re
 		}
 	}
 	if d := r.Header.Get(HeaderDigest); d != "" && !u.complete {
+		if in.stop > 0 {
+			return Fail(http.StatusBadRequest, "%s goes with the piece that ends the upload, whose digest it is; this piece ends at byte %d of %d", HeaderDigest, in.stop, in.total)
+		}
 		if err := u.claimDigest(d); err != nil {
 			return err
 		}
@@ -612,15 +627,15 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		}
 		return Fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.Offset, err)
 	}
-	buf := make([]byte, s.PartSize)
+	buf := make([]byte, u.PartSize)
 	reserved := false
 	for total < 0 || u.Offset < end {
 		if ctx.Err() != nil {
 			return Fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
 		}
-		want := s.PartSize
+		want := u.PartSize
 		if total > 0 {
-			want = min(s.PartSize, end-u.Offset)
+			want = min(u.PartSize, end-u.Offset)
 		}
 		n, err := io.ReadFull(in, buf[:want])
 		last := false
@@ -724,10 +739,10 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, u *upload)
 		return Fail(http.StatusUnprocessableEntity, "%v; the upload was discarded: upload the right image", err)
 	}
 	digest := u.sum.Digest()
-	if _, got, _ := strings.Cut(digest, ":"); u.claimed != "" && got != u.claimed {
+	if _, got, _ := strings.Cut(digest, ":"); u.Claimed != "" && got != u.Claimed {
 		s.discard(ctx, u.key)
 		return Fail(http.StatusUnprocessableEntity, "the proxy's digest of the %d bytes it stored is %s, the client's of its file %s: the file was changed or damaged on the way; the upload was discarded: upload it again",
-			u.Offset, digest, u.claimed)
+			u.Offset, digest, u.Claimed)
 	}
 	if err := u.alive(ctx); err != nil {
 		s.discard(ctx, u.key)

@@ -232,12 +232,17 @@ func TestPieces(t *testing.T) {
 	g.Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), msg)
 	g.Expect(msg).To(ContainSubstring(fmt.Sprintf("or stop at a multiple of the part size, %d bytes", partSize)))
 
+	resp, msg = piece("pieces", 0, 2*partSize, uploadproxy.HeaderDigest, f.digest)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), msg)
+	g.Expect(msg).To(ContainSubstring("goes with the piece that ends the upload"))
 	for _, to := range []int{2 * partSize, 2 * partSize, 4 * partSize} { // the second is sent again
 		from := to - 2*partSize
 		resp, msg = piece("pieces", from, to)
 		g.Expect(resp.StatusCode).To(Equal(http.StatusNoContent), msg)
 		g.Expect(resp.Header.Get(uploadproxy.HeaderOffset)).To(Equal(strconv.Itoa(to)))
 	}
+	resp, _ = f.do(t, http.MethodHead, "pieces", f.uploader, nil, "")
+	g.Expect(resp.Header.Get(uploadproxy.HeaderLength)).To(Equal(strconv.Itoa(total)), "the size a piece said")
 	resp, msg = piece("pieces", 4*partSize, total, uploadproxy.HeaderDigest, "sha512:"+strings.Repeat("0", 128))
 	g.Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), msg)
 	g.Expect(msg).To(ContainSubstring("this upload is hashed with sha256"))
@@ -459,3 +464,27 @@ func objectKey(t *testing.T, f *fixture, name string) string {
 }
 
 func clientKey(ns, name string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: name} }
+
+// TestPartSizeKept: an upload keeps the part size it began with, though the proxy that goes on
+// with it has another: its pieces stay aligned, and its parts complete.
+func TestPartSizeKept(t *testing.T) {
+	f := setup(t)
+	g := NewWithT(t)
+	total := len(f.image)
+	f.newImage(t, "kept", "")
+	resp, msg := f.do(t, http.MethodPut, "kept", f.uploader, f.image[:2*partSize], fmt.Sprintf("bytes 0-%d/%d", 2*partSize-1, total))
+	g.Expect(resp.StatusCode).To(Equal(http.StatusNoContent), msg)
+
+	// Another proxy, of another part size, on the same store.
+	other := &uploadproxy.Server{Kube: env.Client, Store: f.store.Client(), PartSize: 8 << 20}
+	srv := httptest.NewServer(other)
+	t.Cleanup(srv.Close)
+	f.url = srv.URL
+	resp, _ = f.do(t, http.MethodHead, "kept", f.uploader, nil, "")
+	g.Expect(resp.Header.Get(uploadproxy.HeaderPartSize)).To(Equal(strconv.Itoa(partSize)), "the upload's own part size")
+	resp, msg = f.do(t, http.MethodPut, "kept", f.uploader, f.image[2*partSize:3*partSize], fmt.Sprintf("bytes %d-%d/%d", 2*partSize, 3*partSize-1, total))
+	g.Expect(resp.StatusCode).To(Equal(http.StatusNoContent), msg)
+	resp, msg = f.do(t, http.MethodPut, "kept", f.uploader, f.image[3*partSize:], fmt.Sprintf("bytes %d-%d/%d", 3*partSize, total-1, total), uploadproxy.HeaderDigest, f.digest)
+	g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), msg)
+	g.Expect(msg).To(Equal(fmt.Sprintf("uploaded %d bytes, %s", total, f.digest)))
+}

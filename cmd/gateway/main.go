@@ -31,6 +31,7 @@ import (
 type options struct {
 	addr, metricsAddr, certFile, keyFile string
 	uploadURL, uploadCA                  string
+	uploadHTTP                           bool
 	origins                              string
 	pages                                bool
 }
@@ -43,6 +44,7 @@ func main() {
 	flag.StringVar(&o.keyFile, "tls-key-file", "", "the PEM key of --tls-cert-file")
 	flag.StringVar(&o.uploadURL, "upload-proxy-url", "", "the upload proxy's URL, where the console's uploads go (none: uploads are not served)")
 	flag.StringVar(&o.uploadCA, "upload-proxy-ca-file", "", "the PEM CA the upload proxy's certificate is verified with (none: the system's)")
+	flag.BoolVar(&o.uploadHTTP, "upload-proxy-allow-http", false, "allow an http:// --upload-proxy-url: every uploader's token then crosses the network in the clear")
 	flag.StringVar(&o.origins, "cors-origins", "", "comma-separated origins (https://console.example.com) whose pages may call the gateway; none: only the gateway's own pages")
 	flag.BoolVar(&o.pages, "pages", true, "serve the console's pages at /")
 	flag.Parse()
@@ -67,8 +69,11 @@ func run(o options, log *slog.Logger) error {
 		return err
 	}
 	if o.uploadURL != "" {
-		if s.Uploads, err = uploadProxy(o.uploadURL, o.uploadCA); err != nil {
+		if s.Uploads, err = uploadProxy(o.uploadURL, o.uploadCA, o.uploadHTTP); err != nil {
 			return err
+		}
+		if strings.HasPrefix(o.uploadURL, "http://") {
+			log.Warn("uploads go to the upload proxy over plain HTTP: every uploader's token crosses the network in the clear", "url", o.uploadURL)
 		}
 	}
 	if o.pages {
@@ -117,8 +122,13 @@ func run(o options, log *slog.Logger) error {
 	return err
 }
 
-// uploadProxy is the upload proxy at url, its certificate verified with the CA in caFile.
-func uploadProxy(url, caFile string) (*gateway.UploadProxy, error) {
+// uploadProxy is the upload proxy at url, its certificate verified with the CA in caFile. The
+// gateway gives it each caller's own token, so plain HTTP is refused unless allowed, and no
+// redirect is followed (the token would go wherever it points).
+func uploadProxy(url, caFile string, allowHTTP bool) (*gateway.UploadProxy, error) {
+	if !strings.HasPrefix(url, "https://") && !(allowHTTP && strings.HasPrefix(url, "http://")) {
+		return nil, fmt.Errorf("--upload-proxy-url %q: the gateway sends the upload proxy its callers' tokens, so it must be https:// (or http:// with --upload-proxy-allow-http)", url)
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
@@ -131,5 +141,7 @@ func uploadProxy(url, caFile string) (*gateway.UploadProxy, error) {
 		}
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 	}
-	return &gateway.UploadProxy{URL: url, Client: &http.Client{Transport: tr}}, nil
+	return &gateway.UploadProxy{URL: url, Client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return errors.New("the upload proxy answered with a redirect, which the gateway does not follow with its callers' tokens")
+	}}}, nil
 }

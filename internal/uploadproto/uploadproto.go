@@ -10,6 +10,8 @@ const (
 	// HeaderPartSize is the proxy's part size: a request that stops before the upload's end
 	// stops at a multiple of it.
 	HeaderPartSize = "Upload-Part-Size"
+	// HeaderLength, on a HEAD, is the upload's size, once a request has said it.
+	HeaderLength = "Upload-Length"
 	// HeaderDigest, on the request that sends the last byte, is the client's digest of the
 	// whole upload ("sha256:<hex>", or the algorithm of the image's checksum): the proxy
 	// completes the upload only if its own digest of what it stored is the same.

@@ -107,7 +107,20 @@ func TestGatewayOptions(t *testing.T) {
 			t.Errorf("the proxy's own certificate's Secret is mounted: %+v", v)
 		}
 	}
-	if _, _, err := testenv.RenderChart(t.Context(), testenv.ChartRelease, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.corsOrigins={console.example.com}"); err == nil {
-		t.Error("an origin without its scheme is accepted")
+	for _, bad := range []string{"console.example.com", "http://console.example.com"} {
+		if _, _, err := testenv.RenderChart(t.Context(), testenv.ChartRelease, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.corsOrigins={"+bad+"}"); err == nil {
+			t.Errorf("the origin %s is accepted: only https (and http on localhost) may be", bad)
+		}
+	}
+	// A CA of the user's for the proxy's own certificate; plain HTTP to the proxy only when
+	// the proxy serves it, said in a flag of its own.
+	spec = deployment(t, render(t, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "uploadProxy.tls.secretName=mine", "--set", "gateway.uploadProxyCASecret=mine-ca"),
+		"diskpipe-gateway").Spec.Template.Spec
+	if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Secret != nil && v.Secret.SecretName == "mine-ca" }) {
+		t.Errorf("the user's CA for the proxy is not mounted: %+v", spec.Volumes)
+	}
+	spec = deployment(t, render(t, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "uploadProxy.tls.issued=false"), "diskpipe-gateway").Spec.Template.Spec
+	if !slices.Contains(spec.Containers[0].Args, "--upload-proxy-allow-http") {
+		t.Errorf("a plain-HTTP proxy without --upload-proxy-allow-http: %v", spec.Containers[0].Args)
 	}
 }

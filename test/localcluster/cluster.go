@@ -244,7 +244,7 @@ func (c *Cluster) startGateway(ctx context.Context) error {
 		return err
 	}
 	c.GatewayURL = "http://" + addr
-	if err := c.run("gateway", "--addr", addr, "--metrics-addr", "0", "--upload-proxy-url", c.UploadURL); err != nil {
+	if err := c.run("gateway", "--addr", addr, "--metrics-addr", "0", "--upload-proxy-url", c.UploadURL, "--upload-proxy-allow-http"); err != nil {
 		return err
 	}
 	if err := waitListening(addr); err != nil {

@@ -7,6 +7,7 @@
 // reload, a closed tab or a cut network goes on from the last byte the server acknowledged.
 import { createSHA256, createSHA512 } from 'hash-wasm';
 import { url, tokenHeader, session, ApiError, call } from './api.js';
+import { t } from './texts.js';
 
 const hashChunk = 8 << 20;
 // pieceBytes is about what one request sends: a few of the proxy's parts.
@@ -130,15 +131,20 @@ export class Upload {
     if (!create) throw new Error(`the browser cannot compute ${this.algorithm}`);
     const hasher = await create();
     let st = await this.state();
-    if (st.complete) {
-      localStorage.removeItem(this.key);
-      return st;
-    }
     let hashed = -1; // the offset the hasher's state covers
     let delay = 1;
     for (;;) {
       if (this.stopped) throw new ApiError(0, 'cancelled', 'Cancelled');
+      if (st.complete) {
+        localStorage.removeItem(this.key);
+        this.progress(total, 'done');
+        return st;
+      }
+      if (st.total && st.total !== total) {
+        throw new ApiError(409, t.upload.otherSize(st.total, total), 'Conflict');
+      }
       const offset = st.offset;
+      const part = st.partSize || 16 << 20;
       if (hashed !== offset) {
         // The hash must cover exactly what the server holds: from this browser's record of
         // it, or else read again from the file (a local read, much faster than the network).
@@ -152,18 +158,22 @@ export class Upload {
         hashed = offset;
         this.save(offset, hasher);
       }
-      const part = st.partSize || 16 << 20;
-      const end = Math.min(total, offset + Math.max(1, Math.floor(pieceBytes / part)) * part);
+      // A piece ends at a multiple of the part size (counted from the upload's start), or at
+      // the end. With every byte stored but the upload not completed (the proxy stopped
+      // between the two), the last byte is sent again with the digest: the proxy completes it.
+      const from = offset < total ? offset : total - 1;
+      const end = offset < total ? Math.min(total, (Math.floor(offset / part) + Math.max(1, Math.floor(pieceBytes / part))) * part) : total;
       const before = hasher.save();
       const last = end === total;
       let digest;
-      const hashing = this.hashRange(hasher, offset, end);
-      if (last) {
-        await hashing;
-        digest = `${this.algorithm}:${hasher.digest('hex')}`;
-      }
+      const hashing = offset < total ? this.hashRange(hasher, offset, end) : Promise.resolve();
       try {
-        const [, got] = await Promise.all([hashing, this.send(offset, end, digest)]);
+        if (last) {
+          await hashing;
+          digest = `${this.algorithm}:${hasher.digest('hex')}`;
+        }
+        if (this.stopped) throw new ApiError(0, 'cancelled', 'Cancelled');
+        const [, got] = await Promise.all([hashing, this.send(from, end, digest)]);
         st = got;
         delay = 1;
         if (st.complete) {
@@ -179,12 +189,14 @@ export class Upload {
           hashed = offset;
         }
       } catch (e) {
+        this.xhr?.abort(); // a failed read of the file leaves no request sending beside the next
         await hashing.catch(() => {});
         hasher.load(before);
         hashed = offset;
         if (this.stopped) throw e;
-        // Refusals a retry cannot mend end the upload; the others wait and ask again.
-        if ([400, 401, 403, 404, 413, 422].includes(e.status)) throw e;
+        // Refusals a retry cannot mend, and failures of the browser itself (a file it cannot
+        // read: no status), end the upload; the others wait and ask again.
+        if (!(e instanceof ApiError) || [400, 401, 403, 404, 413, 422, 501].includes(e.status)) throw e;
         for (let s = delay; s > 0 && !this.stopped; s--) {
           this.progress(offset, 'retrying', s);
           await new Promise((r) => setTimeout(r, 1000));
@@ -193,7 +205,7 @@ export class Upload {
         try {
           st = await this.state();
         } catch (e2) {
-          if ([401, 403, 404].includes(e2.status)) throw e2;
+          if ([401, 403, 404, 501].includes(e2.status)) throw e2;
           st = { ...st, offset };
         }
       }
