@@ -13,11 +13,13 @@ import (
 	"sync"
 	"time"
 
+	cdpbrowser "github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/utils/ptr"
 
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
@@ -136,6 +138,35 @@ func (b *browser) network(online bool) {
 	Expect(err).NotTo(HaveOccurred())
 }
 
+// download clicks the link of sel, lets the browser save what it fetches, and answers where
+// the file is once the browser says it is complete.
+func (b *browser) download(sel chromedp.CSS) string {
+	GinkgoHelper()
+	dir := GinkgoT().TempDir()
+	events := chromedp.BrowserEvents(b.ctx, cdpbrowser.DownloadProgress)
+	_, err := chromedp.CallBrowser(b.ctx, cdpbrowser.SetDownloadBehavior, cdpbrowser.SetDownloadBehaviorParams{
+		Behavior: cdpbrowser.SetDownloadBehaviorBehaviorAllowAndName, DownloadPath: dir, EventsEnabled: ptr.To(true)})
+	Expect(err).NotTo(HaveOccurred())
+	b.run(chromedp.Click(sel))
+	ctx, cancel := context.WithTimeout(b.ctx, 3*time.Minute)
+	defer cancel()
+	for ev, err := range events {
+		Expect(err).NotTo(HaveOccurred())
+		if ev.State == cdpbrowser.DownloadProgressStateCanceled {
+			Fail("the browser cancelled the download")
+		}
+		if ev.State == cdpbrowser.DownloadProgressStateCompleted {
+			GinkgoWriter.Printf("the browser downloaded %.0f bytes\n", ev.ReceivedBytes)
+			return filepath.Join(dir, ev.GUID)
+		}
+		if ctx.Err() != nil {
+			Fail("no download completed in 3 minutes")
+		}
+	}
+	Fail("the browser's events ended before the download did")
+	return ""
+}
+
 // text is what the element of sel shows.
 func (b *browser) text(sel string) string {
 	GinkgoHelper()
@@ -189,9 +220,12 @@ func consoleRBAC(ns, other string) {
 kind: Role
 metadata: {name: console}
 rules:
-- apiGroups: [hypercloud.tmaxanc.com, diskvolume.kubesphere.io, virtualmachine.kubesphere.io]
-  resources: [virtualmachineimages, imagetemplates, diskvolumes, virtualmachinepvcs]
+- apiGroups: [hypercloud.tmaxanc.com, diskvolume.kubesphere.io, virtualmachine.kubesphere.io, snapshot.storage.k8s.io]
+  resources: [virtualmachineimages, imagetemplates, diskvolumes, virtualmachinepvcs, virtualmachinevolumeexports, volumesnapshots]
   verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -316,16 +350,45 @@ var _ = Describe("the console in a browser", Ordered, func() {
 	It("makes a disk of the image from the page, and the disk is the image", func() {
 		b := newBrowser(shots)
 		b.signIn(url+"#/disks", tokens["uploader"], ns)
-		b.run(chromedp.Navigate(url+"#/disks"), chromedp.WaitReady(css(`#disk-form option[value="from-browser"]`)),
+		b.run(chromedp.Navigate(url+"#/disks"), chromedp.WaitReady(css(`#disk-form option[value="image:from-browser"]`)),
 			chromedp.SendKeys(css(`#disk-form input[name=name]`), "browser-disk"),
-			// A person picks the image in the list: the keyboard on the focused select.
-			chromedp.Focus(css(`#disk-form select[name=image]`)), chromedp.SendKeys(css(`#disk-form select[name=image]`), "from-browser"),
+			chromedp.Focus(css(`#disk-form select[name=source]`)), chromedp.SendKeys(css(`#disk-form select[name=source]`), "image from-browser"),
 			chromedp.SendKeys(css(`#disk-form input[name=size]`), "2Gi"),
 			chromedp.Click(css(`#disk-form button[type=submit]`)))
 		b.run(chromedp.WaitVisible(css(`#disks tr[data-name="browser-disk"][data-phase="Ready"]`)))
 		b.shot("7-disk-ready")
 		pvc := kubectl("", "get", "diskvolume", "browser-disk", "-n", ns, "-o", "jsonpath={.status.pvcName}")
 		run("qemu-img", "compare", "-f", "raw", "-F", "raw", file, filepath.Join(cluster.VolumePath(ns, pvc), "disk.img"))
+
+		// A snapshot of it, and a disk restored from the snapshot.
+		b.run(chromedp.Navigate(url+"#/snapshots"), chromedp.WaitReady(css(`#snapshot-form option[value="`+pvc+`"]`)),
+			chromedp.SendKeys(css(`#snapshot-form input[name=name]`), "browser-snap"),
+			chromedp.Focus(css(`#snapshot-form select[name=pvc]`)), chromedp.SendKeys(css(`#snapshot-form select[name=pvc]`), "browser-disk"),
+			chromedp.SendKeys(css(`#snapshot-form input[name=cls]`), "local"),
+			chromedp.Click(css(`#snapshot-form button[type=submit]`)))
+		b.run(chromedp.WaitVisible(css(`#snapshots tr[data-name="browser-snap"]`)))
+		Eventually(func() string { return b.text(`#snapshots tr[data-name="browser-snap"] td:nth-child(3)`) }, 2*time.Minute, time.Second).Should(Equal("yes"))
+		b.shot("8-snapshot")
+		b.run(chromedp.Navigate(url+"#/disks"), chromedp.WaitReady(css(`#disk-form option[value="snap:browser-snap"]`)),
+			chromedp.SendKeys(css(`#disk-form input[name=name]`), "restored"),
+			chromedp.Focus(css(`#disk-form select[name=source]`)), chromedp.SendKeys(css(`#disk-form select[name=source]`), "snapshot browser-snap"),
+			chromedp.SendKeys(css(`#disk-form input[name=size]`), "2Gi"),
+			chromedp.Click(css(`#disk-form button[type=submit]`)))
+		b.run(chromedp.WaitVisible(css(`#disks tr[data-name="restored"][data-phase="Ready"]`)))
+		restored := kubectl("", "get", "diskvolume", "restored", "-n", ns, "-o", "jsonpath={.status.pvcName}")
+		run("qemu-img", "compare", "-f", "raw", "-F", "raw", file, filepath.Join(cluster.VolumePath(ns, restored), "disk.img"))
+
+		// An export of the restored disk, downloaded by the browser from its link.
+		b.run(chromedp.Navigate(url+"#/exports"), chromedp.WaitReady(css(`#export-form option[value="`+restored+`"]`)),
+			chromedp.SendKeys(css(`#export-form input[name=name]`), "browser-export"),
+			chromedp.Focus(css(`#export-form select[name=pvc]`)), chromedp.SendKeys(css(`#export-form select[name=pvc]`), "restored"),
+			chromedp.Click(css(`#export-form button[type=submit]`)))
+		b.run(chromedp.WaitVisible(css(`#exports tr[data-name="browser-export"][data-phase="Ready"]`)), chromedp.Click(css(`#link-browser-export`)),
+			chromedp.WaitVisible(css(`#download-browser-export`)))
+		b.shot("9-export-ready")
+		got := b.download(css(`#download-browser-export`))
+		run("qemu-img", "check", got)
+		run("qemu-img", "compare", "-F", "qcow2", file, got)
 		Expect(b.consoleErrors()).To(BeEmpty())
 	})
 
@@ -337,7 +400,7 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		why := "system:serviceaccount:" + ns + ":viewer may not delete virtualmachineimages.hypercloud.tmaxanc.com in namespace " + ns
 		Expect(b.text(`#delete-from-browser-why`)).To(ContainSubstring(why))
 		Expect(b.text(`#upload-form .why`)).To(ContainSubstring("may not create virtualmachineimages.hypercloud.tmaxanc.com in namespace " + ns))
-		b.shot("8-viewer")
+		b.shot("10-viewer")
 		Expect(b.consoleErrors()).To(BeEmpty())
 	})
 
@@ -347,7 +410,7 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		b.run(chromedp.WaitVisible(css(`section .error`)))
 		Expect(b.text(`section .error`)).To(ContainSubstring("Forbidden"))
 		Expect(eval[int](b, `document.querySelectorAll('#images tr[data-name]').length`)).To(BeZero())
-		b.shot("9-other-namespace")
+		b.shot("11-other-namespace")
 		Expect(b.consoleErrors("the server responded with a status of 403")).To(BeEmpty())
 	})
 })

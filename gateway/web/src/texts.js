@@ -63,7 +63,7 @@ export const t = {
     stored: (a, b) => `${a} of ${b} stored`,
     otherSize: (a, b) => `the upload began with a file of ${a} bytes; this one has ${b}: choose the same file, or delete the image and upload again`,
     rate: (r) => `${r}/s`,
-    digest: 'digest',
+    digest: 'Digest',
   },
   errors: {
     network: 'The gateway could not be reached: ',
