@@ -24,6 +24,8 @@ type envelope struct {
 	AuditID string `json:"auditID,omitempty"`
 	// Actions are, on a list, what the caller may do beside its items (create), by verb.
 	Actions map[string]action `json:"actions,omitempty"`
+	// Unreachable are, on a list across clusters, those that could not be asked, and why.
+	Unreachable map[string]string `json:"unreachable,omitempty"`
 }
 
 // HeaderDenyReason says, on a 403, what right the caller lacks.

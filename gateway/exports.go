@@ -32,7 +32,7 @@ func (s *Server) exportDownload(ctx context.Context, c *call) (int, envelope, er
 		return 0, envelope{}, fail(http.StatusConflict, "Conflict", "the export %s/%s has no download link yet (phase %q): it has one once Ready, to the bundled store", c.namespace, name, phase)
 	}
 	sec := &corev1.Secret{}
-	if err := s.AsCaller.Get(ctx, client.ObjectKey{Namespace: c.namespace, Name: secret}, sec); err != nil {
+	if err := c.cl.AsCaller.Get(ctx, client.ObjectKey{Namespace: c.namespace, Name: secret}, sec); err != nil {
 		f := refusal(err, c.user.Username, "get", k, c.namespace)
 		if f.status == http.StatusForbidden {
 			f.deny = c.user.Username + " may not get secrets in namespace " + c.namespace

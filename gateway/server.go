@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -40,11 +39,11 @@ const maxNamespaces = 512
 
 // Server is the gateway.
 type Server struct {
-	// Own reviews tokens and lists namespaces' names, with the gateway's rights; AsCaller
-	// does everything else, as each request's caller.
-	Own      client.Client
-	AsCaller client.WithWatch
-	Reviews  *authn.Reviewer
+	// Host is the cluster the gateway runs in, where callers' tokens are reviewed (Reviews);
+	// Members are those registered with it (LoadMembers), reached with ?cluster=.
+	Host    *Cluster
+	Members map[string]*Cluster
+	Reviews *authn.Reviewer
 	// Uploads is the upload proxy the console's uploads go to; nil: none are served.
 	Uploads *UploadProxy
 	// Pages serves the console's pages at /; nil: none.
@@ -63,16 +62,11 @@ type Server struct {
 // New is a gateway talking to the apiserver of cfg (its own service account's), with metrics
 // registered in m.
 func New(cfg *rest.Config, audit *slog.Logger, m *Metrics) (*Server, error) {
-	opts := client.Options{Scheme: clientgoscheme.Scheme, Mapper: mapper()}
-	own, err := client.New(cfg, opts)
+	host, err := NewCluster(HostCluster, cfg)
 	if err != nil {
 		return nil, err
 	}
-	as, err := callerClient(cfg, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &Server{Own: own, AsCaller: as, Reviews: authn.New(own, "the gateway"), Audit: audit, Metrics: m}, nil
+	return &Server{Host: host, Reviews: authn.New(host.Own, "the gateway"), Audit: audit, Metrics: m}, nil
 }
 
 // Handler serves the gateway's API, and /healthz.
@@ -102,6 +96,9 @@ func (s *Server) Handler() http.Handler {
 
 // call is one request, authenticated.
 type call struct {
+	// cl is the cluster the call is for (?cluster=); all says it lists across every one.
+	cl        *Cluster
+	all       bool
 	r         *http.Request
 	w         http.ResponseWriter
 	bearer    string // the caller's token, which only the upload proxy is given
@@ -192,8 +189,14 @@ func (s *Server) serve(ctx context.Context, c *call, h handler) (int, envelope, 
 		return 0, envelope{}, fail(http.StatusBadGateway, "ServiceUnavailable", "%v", err)
 	}
 	c.user = user
-	if cl := c.r.URL.Query().Get("cluster"); cl != "" && cl != HostCluster {
-		return 0, envelope{}, fail(http.StatusNotFound, "NotFound", "the cluster %q is not registered with this gateway, which serves the cluster %q", cl, HostCluster)
+	name := c.r.URL.Query().Get("cluster")
+	if c.all = name == AllClusters; c.all {
+		if c.r.Method != http.MethodGet || c.r.PathValue("name") != "" || c.r.URL.Query().Get("watch") != "" {
+			return 0, envelope{}, fail(http.StatusBadRequest, "BadRequest", "?cluster=%s is for lists: name one cluster (%s) for anything else", AllClusters, strings.Join(s.clusterNames(), ", "))
+		}
+		c.cl = s.Host
+	} else if c.cl, err = s.clusterOf(name); err != nil {
+		return 0, envelope{}, err
 	}
 	if c.resource == "" { // a route of no resource: whoami
 		return h(withCaller(ctx, user), c)
@@ -221,9 +224,10 @@ func (s *Server) serve(ctx context.Context, c *call, h handler) (int, envelope, 
 	return h(withCaller(ctx, user), c)
 }
 
-// whoami answers who the caller is, as the apiserver's TokenReview says.
+// whoami answers who the caller is, as the apiserver's TokenReview says, and the clusters
+// the gateway serves (what the caller may do in each is each cluster's to say).
 func (s *Server) whoami(_ context.Context, c *call) (int, envelope, error) {
-	return http.StatusOK, envelope{Data: map[string]any{"username": c.user.Username, "groups": c.user.Groups}}, nil
+	return http.StatusOK, envelope{Data: map[string]any{"username": c.user.Username, "groups": c.user.Groups, "clusters": s.clusterNames()}}, nil
 }
 
 // item is one object of an answer: the cluster it is in, its kind, the object as the
@@ -253,7 +257,88 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 	if err != nil {
 		return 0, envelope{}, err
 	}
-	h := newHints(s.AsCaller, c.user.Username)
+	clusters := []*Cluster{c.cl}
+	if c.all {
+		clusters = nil
+		for _, n := range s.clusterNames() {
+			cl, _ := s.clusterOf(n)
+			clusters = append(clusters, cl)
+		}
+	}
+	var items []item
+	var left []string
+	var firstRefusal error
+	refused, unreachable := 0, map[string]string{}
+	hints := map[string]*hints{}
+	for _, cl := range clusters {
+		c.cl, c.namespaces = cl, nil
+		hints[cl.Name] = newHints(cl.AsCaller, c.user.Username)
+		got, l, refusal, err := s.listCluster(ctx, c, sel)
+		switch {
+		case err != nil && !c.all:
+			return 0, envelope{}, err
+		case err != nil:
+			unreachable[cl.Name] = err.Error()
+			continue
+		case refusal != nil:
+			refused++
+			if firstRefusal == nil {
+				firstRefusal = refusal
+			}
+		}
+		for _, reason := range l {
+			if c.all {
+				reason = cl.Name + ": " + reason
+			}
+			left = append(left, reason)
+		}
+		items = append(items, got...)
+	}
+	if refused+len(unreachable) == len(clusters) && firstRefusal != nil {
+		return 0, envelope{}, firstRefusal
+	}
+	if err := sortItems(items, q.Get("sortBy"), q.Get("ascending")); err != nil {
+		return 0, envelope{}, err
+	}
+	total := len(items)
+	if limit > 0 {
+		from := min((page-1)*limit, total)
+		items = items[from:min(from+limit, total)]
+	}
+	for i := range items { // the page's only: each cluster, namespace and kind asked once
+		k, _ := kindNamed(c.kinds, items[i].Kind)
+		items[i].Actions = hints[items[i].Cluster].of(ctx, k, metaString(items[i].Object, "namespace"))
+	}
+	e := envelope{Data: nonNil(items), Total: &total}
+	if len(unreachable) > 0 {
+		e.Unreachable = unreachable
+	}
+	if len(left) > 0 {
+		e.Message = "not shown: " + strings.Join(left, "; ")
+	}
+	if len(unreachable) > 0 {
+		var names []string
+		for n := range unreachable {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		e.Message = strings.TrimPrefix(e.Message+"; not reached: "+strings.Join(names, ", "), "; ")
+	}
+	if c.namespace != "" && !c.all {
+		h := hints[c.cl.Name]
+		e.Actions = map[string]action{}
+		for _, k := range c.kinds {
+			e.Actions["create "+k.gvk.Kind] = h.may(ctx, "create", k, c.namespace)
+		}
+	}
+	return http.StatusOK, e, nil
+}
+
+// listCluster lists c's resource in c's cluster, of each of its kinds the caller may list
+// there: the items, the kinds left out and why, the refusal when every kind was refused, or
+// an error of the cluster's (it could not be asked).
+func (s *Server) listCluster(ctx context.Context, c *call, sel labels.Selector) ([]item, []string, error, error) {
+	q := c.r.URL.Query()
 	var items []item
 	var left []string
 	var firstRefusal error
@@ -266,7 +351,7 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 			}
 			continue
 		} else if err != nil {
-			return 0, envelope{}, refusal(err, c.user.Username, "list", k, c.namespace)
+			return nil, nil, nil, refusal(err, c.user.Username, "list", k, c.namespace)
 		}
 		for _, o := range objs {
 			if name := q.Get("name"); name != "" && !strings.Contains(o.GetName(), name) {
@@ -275,35 +360,13 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 			if _, upload, _ := unstructured.NestedMap(o.Object, "spec", "source", "upload"); c.resource == "uploads" && !upload {
 				continue
 			}
-			items = append(items, item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object})
+			items = append(items, item{Cluster: c.cl.Name, Kind: k.gvk.Kind, Object: o.Object})
 		}
 	}
-	if len(left) == len(c.kinds) {
-		return 0, envelope{}, firstRefusal
+	if len(left) < len(c.kinds) {
+		firstRefusal = nil
 	}
-	if err := sortItems(items, q.Get("sortBy"), q.Get("ascending")); err != nil {
-		return 0, envelope{}, err
-	}
-	total := len(items)
-	if limit > 0 {
-		from := min((page-1)*limit, total)
-		items = items[from:min(from+limit, total)]
-	}
-	for i := range items { // the page's only: each namespace and kind asked once
-		k, _ := kindNamed(c.kinds, items[i].Kind)
-		items[i].Actions = h.of(ctx, k, metaString(items[i].Object, "namespace"))
-	}
-	e := envelope{Data: nonNil(items), Total: &total}
-	if len(left) > 0 {
-		e.Message = "not shown: " + strings.Join(left, "; ")
-	}
-	if c.namespace != "" {
-		e.Actions = map[string]action{}
-		for _, k := range c.kinds {
-			e.Actions["create "+k.gvk.Kind] = h.may(ctx, "create", k, c.namespace)
-		}
-	}
-	return http.StatusOK, e, nil
+	return items, left, firstRefusal, nil
 }
 
 // listKind lists k as the caller, in c's namespace or in all: at once where the caller may,
@@ -317,7 +380,7 @@ func (s *Server) listKind(ctx context.Context, c *call, k kind, sel labels.Selec
 	one := func(ns string) ([]unstructured.Unstructured, error) {
 		l := &unstructured.UnstructuredList{}
 		l.SetGroupVersionKind(k.gvk.GroupVersion().WithKind(k.gvk.Kind + "List"))
-		if err := s.AsCaller.List(ctx, l, append(opts, client.InNamespace(ns))...); err != nil {
+		if err := c.cl.AsCaller.List(ctx, l, append(opts, client.InNamespace(ns))...); err != nil {
 			return nil, err
 		}
 		return l.Items, nil
@@ -328,7 +391,7 @@ func (s *Server) listKind(ctx context.Context, c *call, k kind, sel labels.Selec
 	}
 	if c.namespaces == nil { // once a request, for all of its kinds
 		nss := &corev1.NamespaceList{}
-		if err := s.Own.List(ctx, nss); err != nil {
+		if err := c.cl.Own.List(ctx, nss); err != nil {
 			return nil, fail(http.StatusBadGateway, "ServiceUnavailable", "the gateway could not list the namespaces to look in: %v", err)
 		}
 		c.namespaces = nss
@@ -363,8 +426,8 @@ func (s *Server) get(ctx context.Context, c *call) (int, envelope, error) {
 	if err != nil {
 		return 0, envelope{}, err
 	}
-	h := newHints(s.AsCaller, c.user.Username)
-	return http.StatusOK, envelope{Data: item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace)}}, nil
+	h := newHints(c.cl.AsCaller, c.user.Username)
+	return http.StatusOK, envelope{Data: item{Cluster: c.cl.Name, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace)}}, nil
 }
 
 // find reads the object of c's name.
@@ -376,7 +439,7 @@ func (s *Server) find(ctx context.Context, c *call) (*unstructured.Unstructured,
 	for _, k := range c.kinds {
 		o := &unstructured.Unstructured{}
 		o.SetGroupVersionKind(k.gvk)
-		switch err := s.AsCaller.Get(ctx, client.ObjectKey{Namespace: c.namespace, Name: name}, o); {
+		switch err := c.cl.AsCaller.Get(ctx, client.ObjectKey{Namespace: c.namespace, Name: name}, o); {
 		case err == nil:
 			found, kinds = append(found, o), append(kinds, k)
 		case apierrors.IsNotFound(err):
@@ -411,11 +474,11 @@ func (s *Server) create(ctx context.Context, c *call) (int, envelope, error) {
 // createAs makes o, of kind k, as the caller.
 func (s *Server) createAs(ctx context.Context, c *call, o *unstructured.Unstructured, k kind) (int, envelope, error) {
 	c.kinds = []kind{k}
-	if err := s.AsCaller.Create(ctx, o); err != nil {
+	if err := c.cl.AsCaller.Create(ctx, o); err != nil {
 		return 0, envelope{}, refusal(err, c.user.Username, "create", k, c.namespace)
 	}
-	h := newHints(s.AsCaller, c.user.Username)
-	return http.StatusCreated, envelope{Data: item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace)}}, nil
+	h := newHints(c.cl.AsCaller, c.user.Username)
+	return http.StatusCreated, envelope{Data: item{Cluster: c.cl.Name, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace)}}, nil
 }
 
 // remove deletes the object of c's name, as the caller. With the resource's kinds to choose
@@ -440,10 +503,10 @@ func (s *Server) remove(ctx context.Context, c *call) (int, envelope, error) {
 		o.SetGroupVersionKind(k.gvk)
 		o.SetNamespace(c.namespace)
 		o.SetName(name)
-		switch err := s.AsCaller.Delete(ctx, o); {
+		switch err := c.cl.AsCaller.Delete(ctx, o); {
 		case err == nil:
 			c.kinds = []kind{k}
-			return http.StatusOK, envelope{Data: item{Cluster: HostCluster, Kind: k.gvk.Kind, Object: o.Object},
+			return http.StatusOK, envelope{Data: item{Cluster: c.cl.Name, Kind: k.gvk.Kind, Object: o.Object},
 				Message: "deleting " + k.gvk.Kind + " " + c.namespace + "/" + name}, nil
 		case apierrors.IsNotFound(err):
 		case apierrors.IsForbidden(err):

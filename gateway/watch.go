@@ -78,7 +78,7 @@ func (s *Server) watch(ctx context.Context, c *call) (int, envelope, error) {
 	for _, k := range c.kinds {
 		l := &unstructured.UnstructuredList{}
 		l.SetGroupVersionKind(k.gvk.GroupVersion().WithKind(k.gvk.Kind + "List"))
-		wi, err := s.AsCaller.Watch(ctx, l, client.InNamespace(c.namespace))
+		wi, err := c.cl.AsCaller.Watch(ctx, l, client.InNamespace(c.namespace))
 		if apierrors.IsForbidden(err) {
 			left = append(left, denyReason(c.user.Username, "watch", k, c.namespace))
 			if len(left) == len(c.kinds) {

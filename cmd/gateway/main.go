@@ -32,7 +32,7 @@ type options struct {
 	addr, metricsAddr, certFile, keyFile string
 	uploadURL, uploadCA                  string
 	uploadHTTP                           bool
-	origins                              string
+	origins, membersDir                  string
 	pages                                bool
 }
 
@@ -47,6 +47,7 @@ func main() {
 	flag.BoolVar(&o.uploadHTTP, "upload-proxy-allow-http", false, "allow an http:// --upload-proxy-url: every uploader's token then crosses the network in the clear")
 	flag.StringVar(&o.origins, "cors-origins", "", "comma-separated origins (https://console.example.com) whose pages may call the gateway; none: only the gateway's own pages")
 	flag.BoolVar(&o.pages, "pages", true, "serve the console's pages at /")
+	flag.StringVar(&o.membersDir, "member-clusters-dir", "", "a directory of <cluster>.kubeconfig files: the member clusters ?cluster= reaches, callers impersonated there")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	if err := run(o, log); err != nil {
@@ -67,6 +68,12 @@ func run(o options, log *slog.Logger) error {
 	s, err := gateway.New(cfg, log.With("component", "audit"), gateway.NewMetrics(reg))
 	if err != nil {
 		return err
+	}
+	if o.membersDir != "" {
+		if s.Members, err = gateway.LoadMembers(o.membersDir); err != nil {
+			return err
+		}
+		log.Info("member clusters", "names", len(s.Members))
 	}
 	if o.uploadURL != "" {
 		if s.Uploads, err = uploadProxy(o.uploadURL, o.uploadCA, o.uploadHTTP); err != nil {

@@ -8,10 +8,18 @@ export const tokenHeader = 'X-Diskpipe-Token';
 // base is where the page was served from: the gateway's root, or a proxy's path to it.
 const base = new URL('.', document.baseURI);
 
+// url is a route's address, in the signed-in cluster (?cluster=; none: the host).
 export function url(path, query) {
   const u = new URL(`${prefix}/${path}`, base);
-  for (const [k, v] of Object.entries(query || {})) if (v !== undefined && v !== '') u.searchParams.set(k, v);
+  const cluster = sessionStorage.getItem('diskpipe.cluster');
+  for (const [k, v] of Object.entries({ cluster: cluster === 'host' ? '' : cluster, ...(query || {}) })) {
+    if (v !== undefined && v !== null && v !== '') u.searchParams.set(k, v);
+  }
   return u.toString();
+}
+
+export function setCluster(name) {
+  sessionStorage.setItem('diskpipe.cluster', name);
 }
 
 // ApiError is a refusal or failure: the gateway's message, the API's reason, and for a 403

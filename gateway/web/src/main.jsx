@@ -60,6 +60,7 @@ function App() {
   const hash = useHash();
   const uploads = useUploads();
   const [ns, setNs] = useState(api.session().ns);
+  const [cluster, setCluster] = useState(sessionStorage.getItem('diskpipe.cluster') || 'host');
   useEffect(() => {
     if (!api.session().token) { setChecked(true); return; }
     api.whoami().then((w) => setWho(w.data), () => api.clearSession()).finally(() => setChecked(true));
@@ -81,10 +82,17 @@ function App() {
         <nav aria-label="pages">
           {Object.entries(t.nav).map(([k, v]) => <a href={`#/${k}`} aria-current={page === k ? 'page' : undefined}>{v}</a>)}
         </nav>
+        {who.clusters?.length > 1 && (
+          <label class="cluster">{t.clusterLabel}{' '}
+            <select id="cluster" value={cluster} onChange={(e) => { api.setCluster(e.target.value); setCluster(e.target.value); }}>
+              {who.clusters.map((c) => <option value={c}>{c}</option>)}
+            </select>
+          </label>
+        )}
         <span class="who">{t.signedInAs(who.username)} · {ns}</span>
         <button type="button" onClick={() => { api.clearSession(); setWho(null); }}>{t.signOut}</button>
       </header>
-      <main>
+      <main key={cluster}>
         {page === 'images' && <Images ns={ns} uploads={uploads} />}
         {page === 'disks' && <Disks ns={ns} />}
         {page === 'snapshots' && <Snapshots ns={ns} />}

@@ -7,6 +7,7 @@ export const t = {
   namespaceLabel: 'Namespace',
   tokenHelp: 'The token is kept in this tab only (sessionStorage) and sent to the gateway in a header, never in a cookie.',
   signedInAs: (u) => `Signed in as ${u}`,
+  clusterLabel: 'Cluster',
   nav: { images: 'Images', disks: 'Disks', snapshots: 'Snapshots', exports: 'Exports', uploads: 'Uploads' },
   live: 'live',
   reconnecting: 'reconnecting…',
