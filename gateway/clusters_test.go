@@ -112,6 +112,7 @@ func TestMemberClusters(t *testing.T) {
 		{"GET", "/projects/" + ns + "/disks?cluster=nope", `the cluster "nope" is not registered with this gateway, which serves host, dead, member`},
 		{"POST", "/projects/" + ns + "/disks?cluster=*", "is for lists"},
 		{"GET", "/projects/" + ns + "/disks?cluster=dead", "could not be asked"},
+		{"GET", "/projects/" + ns + "/uploads/img?cluster=member&kind=VirtualMachineImage", "uploads go to the upload proxy of the cluster the gateway runs in"},
 	} {
 		if a := f.do(t, "editor", tc.method, tc.path, disk(ns, "x")); !strings.Contains(a.Message, tc.want) {
 			t.Errorf("%s %s: %d %q, want %q", tc.method, tc.path, a.status, a.Message, tc.want)

@@ -108,6 +108,9 @@ func (s *Server) uploadKind(ctx context.Context, c *call) (kind, error) {
 
 // proxyRequest is a request to the proxy for c's image, carrying the caller's own token.
 func (s *Server) proxyRequest(ctx context.Context, c *call, k kind, method string, body io.Reader) (*http.Request, error) {
+	if c.cl != s.Host {
+		return nil, fail(http.StatusBadRequest, "BadRequest", "uploads go to the upload proxy of the cluster the gateway runs in (%s), not to %s: use a console of that cluster's gateway", HostCluster, c.cl.Name)
+	}
 	if s.Uploads == nil || s.Uploads.URL == "" {
 		return nil, fail(http.StatusNotImplemented, "NotImplemented", "this gateway was started with no upload proxy (--upload-proxy-url): uploads are not served")
 	}
