@@ -214,7 +214,7 @@ bench-export: setup build ## Export a 4 GiB disk to the bundled store beside qem
 	go run ./test/bench export
 
 .PHONY: bench-upload
-bench-upload: setup tools build ## Upload a 4 GiB disk with kubectl diskpipe through the upload proxy beside aws s3 cp into the same store; prints the ratio and the proxy's peak RSS.
+bench-upload: setup tools build ## Upload a 4 GiB disk with kubectl diskpipe through the upload proxy beside aws s3 cp into the same store, then from the console's page in Chromium; prints the ratios and the proxy's, gateway's and tab's peak RSS.
 	go run ./test/bench upload
 
 .PHONY: bench-controllers

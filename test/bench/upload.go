@@ -7,10 +7,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/diskpipe/diskpipe/test/browser"
 	"github.com/diskpipe/diskpipe/test/framework"
 )
 
@@ -74,7 +78,104 @@ func benchUpload(root, work string) error {
 	fmt.Printf("%-34s %8.1f MiB peak RSS (VmHWM)\n", "upload proxy", float64(proxyRSS)/(1<<20))
 	fmt.Printf("\nupload wall / aws s3 cp wall: %.2fx (target <= 1.20x); proxy peak RSS %.0f MiB (target <= 128 MiB)\n",
 		plugin.wall.Seconds()/ref.wall.Seconds(), float64(proxyRSS)/(1<<20))
+
+	// The same file from the console's page in Chromium, through the gateway.
+	page, tab, err := browserUpload(ctx, c, raw, filepath.Join(work, "chromium"))
+	if err != nil {
+		return err
+	}
+	gatewayRSS, err := peakRSS(lc.PID("gateway"))
+	if err != nil {
+		return err
+	}
+	if proxyRSS, err = peakRSS(lc.PID("uploadproxy")); err != nil {
+		return err
+	}
+	fmt.Println(page, "(the tab's renderer)")
+	_ = tab
+	fmt.Printf("%-34s %8.1f MiB peak RSS (VmHWM)\n", "gateway", float64(gatewayRSS)/(1<<20))
+	fmt.Printf("%-34s %8.1f MiB peak RSS (VmHWM, over both uploads)\n", "upload proxy", float64(proxyRSS)/(1<<20))
+	fmt.Printf("\nbrowser wall / kubectl diskpipe upload wall: %.2fx (target <= 1.30x)\n", page.wall.Seconds()/plugin.wall.Seconds())
 	return nil
+}
+
+// browserUpload uploads file from the console's page in a headless Chromium, signed in as a
+// user of namespace bench, and answers the upload's wall time (from the click to the page's
+// "done", which follows the proxy's check of the page's digest) and the peak RSS of the tab's
+// renderer process.
+func browserUpload(ctx context.Context, c framework.Cluster, file, dir string) (measurement, int64, error) {
+	m := measurement{name: "console page in Chromium", bytes: fileSize(file)}
+	if _, stderr, err := c.Kubectl(ctx, []byte(`apiVersion: v1
+kind: ServiceAccount
+metadata: {name: console}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: console}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}
+subjects: [{kind: ServiceAccount, name: console}]
+---
+# diskpipe's kinds, which admin holds where ClusterRoles are aggregated (not on the local cluster)
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: console-diskpipe}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: diskpipe-user}
+subjects: [{kind: ServiceAccount, name: console}]
+`), "apply", "-n", "bench", "-f", "-"); err != nil {
+		return m, 0, fmt.Errorf("%w: %s", err, stderr)
+	}
+	token, stderr, err := c.Kubectl(ctx, nil, "create", "token", "console", "-n", "bench")
+	if err != nil {
+		return m, 0, fmt.Errorf("%w: %s", err, stderr)
+	}
+	url, stop, err := c.ConsoleURL(ctx)
+	if err != nil {
+		return m, 0, err
+	}
+	defer stop()
+	_ = os.RemoveAll(dir)
+	bctx, cancel, err := browser.New(dir)
+	if err != nil {
+		return m, 0, err
+	}
+	defer cancel()
+	if err := chromedp.Do(bctx, browser.SignIn(url, strings.TrimSpace(token), "bench")); err != nil {
+		return m, 0, err
+	}
+	tab := rendererHWM(dir)
+	dropCaches()
+	start := time.Now()
+	uctx, cancelUpload := context.WithTimeout(bctx, 30*time.Minute)
+	defer cancelUpload()
+	if err := chromedp.Do(uctx, browser.Upload("bench-browser", file), browser.Done("bench-browser")); err != nil {
+		return m, 0, fmt.Errorf("the page's upload: %w", err)
+	}
+	m.wall = time.Since(start)
+	m.peakRSS = tab()
+	return m, m.peakRSS, nil
+}
+
+// rendererHWM follows the peak RSS of the renderer processes of the Chromium whose profile is
+// dir (the page's tab), until the returned function is called, which returns the largest.
+func rendererHWM(dir string) func() int64 {
+	var peak atomic.Int64
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			for _, pid := range renderers(dir) {
+				if v, err := peakRSS(pid); err == nil && v > peak.Load() {
+					peak.Store(v)
+				}
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return func() int64 { close(done); <-stopped; return peak.Load() }
 }
 
 // peakRSS is a running process's peak resident set, from /proc.
@@ -93,4 +194,37 @@ func peakRSS(pid int) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+}
+
+// renderers are the renderer processes of the Chromium whose profile is dir: processes with
+// --type=renderer descended from the one started with dir.
+func renderers(dir string) []int {
+	parent, cmd := map[int]int{}, map[int]string{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(st)))
+		// pid (comm) state ppid ...: comm may hold spaces, so read after its ')'.
+		if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 1 {
+			parent[pid], _ = strconv.Atoi(f[1])
+		}
+		c, _ := os.ReadFile(filepath.Join(filepath.Dir(st), "cmdline"))
+		cmd[pid] = string(c)
+	}
+	var out []int
+	for pid, c := range cmd {
+		if !strings.Contains(c, "--type=renderer") {
+			continue
+		}
+		for p := parent[pid]; p > 1; p = parent[p] {
+			if strings.Contains(cmd[p], dir) && !strings.Contains(cmd[p], "--type=") {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
 }

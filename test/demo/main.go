@@ -245,6 +245,13 @@ kind: RoleBinding
 metadata: {name: console-user}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}
 subjects: [{kind: ServiceAccount, name: console-user}]
+---
+# diskpipe's kinds, which admin holds where ClusterRoles are aggregated (not on the local cluster)
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: console-user-diskpipe}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: diskpipe-user}
+subjects: [{kind: ServiceAccount, name: console-user}]
 `); err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/utils/ptr"
 
+	chromebrowser "github.com/diskpipe/diskpipe/test/browser"
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
 
@@ -38,16 +39,9 @@ type browser struct {
 // newBrowser starts a browser with a profile of its own: a second one is another person.
 func newBrowser(shots string) *browser {
 	GinkgoHelper()
-	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
-		Fail("/usr/bin/chromium is missing: hack/setup.sh installs Debian's chromium (make setup)")
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath("/usr/bin/chromium"), chromedp.NoSandbox,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.WindowSize(1440, 900),
-		chromedp.UserDataDir(GinkgoT().TempDir()))
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(alloc)
-	DeferCleanup(func() { cancel(); cancelAlloc() })
+	ctx, cancel, err := chromebrowser.New(GinkgoT().TempDir())
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(cancel)
 	b := &browser{ctx: ctx, shots: shots}
 	// A failed spec keeps what its page showed.
 	DeferCleanup(func() {
@@ -62,7 +56,7 @@ func newBrowser(shots string) *browser {
 	console := chromedp.Console(ctx)
 	dialogs := chromedp.Events(ctx, page.JavascriptDialogOpening)
 	requests := chromedp.Events(ctx, network.RequestWillBeSent)
-	_, err := chromedp.Call(ctx, network.Enable, network.EnableParams{})
+	_, err = chromedp.Call(ctx, network.Enable, network.EnableParams{})
 	Expect(err).NotTo(HaveOccurred())
 	go func() {
 		for m, err := range console {
@@ -121,10 +115,7 @@ func (b *browser) shot(name string) {
 // signIn opens the console and signs in with token, in namespace ns.
 func (b *browser) signIn(url, token, ns string) {
 	GinkgoHelper()
-	b.run(chromedp.Navigate(url), chromedp.WaitVisible(css("#token")),
-		chromedp.SendKeys(css("#token"), token),
-		chromedp.SendKeys(css("#namespace"), ns), chromedp.Click(css("#sign-in")),
-		chromedp.WaitVisible(css("header .who")))
+	b.run(chromebrowser.SignIn(url, token, ns))
 }
 
 // network takes the page's network away (DevTools' offline emulation) or gives it back.
@@ -299,9 +290,7 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		Expect(b.text("header .who")).To(ContainSubstring("system:serviceaccount:" + ns + ":uploader"))
 		b.shot("1-images-empty")
 
-		b.run(chromedp.SendKeys(css(`#upload-form input[name=name]`), "from-browser"),
-			chromedp.SetUploadFiles(css(`#upload-form input[name=file]`), []string{file}),
-			chromedp.Click(css(`#upload-form button[type=submit]`)))
+		b.run(chromebrowser.Upload("from-browser", file))
 		// Half-way, as the proxy counts it: the page is reloaded.
 		var stored int64
 		Eventually(func() int64 {
@@ -325,7 +314,7 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		b.run(chromedp.WaitVisible(css(`#uploads-running li[data-name="from-browser"][data-phase="retrying"]`)))
 		b.shot("4-network-cut")
 		b.network(true)
-		b.run(chromedp.WaitVisible(css(`#uploads-running li[data-name="from-browser"][data-phase="done"]`)))
+		b.run(chromebrowser.Done("from-browser"))
 		done := b.text(`#uploads-running li[data-name="from-browser"]`)
 		b.shot("5-upload-done")
 

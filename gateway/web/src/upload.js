@@ -11,7 +11,7 @@ import { t } from './texts.js';
 
 const hashChunk = 8 << 20;
 // pieceBytes is about what one request sends: a few of the proxy's parts.
-const pieceBytes = 64 << 20;
+const pieceBytes = 256 << 20;
 
 const hashers = { sha256: createSHA256, sha512: createSHA512 };
 
