@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// AllClusters, as ?cluster=, lists across the host and every member.
+// AllClusters is the ?cluster= of a list across the host and every member.
 const AllClusters = "*"
 
 // memberTimeout bounds each request to a member's apiserver: a cluster that cannot be reached

@@ -226,7 +226,7 @@ func TestWatch(t *testing.T) {
 	for i := 1; i < 16; i++ {
 		req, _ := http.NewRequestWithContext(t.Context(), "GET", f.url+"/projects/"+ns+"/images?watch=true", nil)
 		req.Header.Set(gateway.HeaderToken, f.tokens["viewer"])
-		r, err := http.DefaultClient.Do(req) //nolint:bodyclose // closed when the test ends
+		r, err := http.DefaultClient.Do(req)
 		must(t, err)
 		t.Cleanup(func() { r.Body.Close() })
 		if r.StatusCode != 200 {

@@ -133,7 +133,7 @@ func run(o options, log *slog.Logger) error {
 // gateway gives it each caller's own token, so plain HTTP is refused unless allowed, and no
 // redirect is followed (the token would go wherever it points).
 func uploadProxy(url, caFile string, allowHTTP bool) (*gateway.UploadProxy, error) {
-	if !strings.HasPrefix(url, "https://") && !(allowHTTP && strings.HasPrefix(url, "http://")) {
+	if !strings.HasPrefix(url, "https://") && (!allowHTTP || !strings.HasPrefix(url, "http://")) {
 		return nil, fmt.Errorf("--upload-proxy-url %q: the gateway sends the upload proxy its callers' tokens, so it must be https:// (or http:// with --upload-proxy-allow-http)", url)
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
