@@ -89,7 +89,7 @@ chart: $(HELM) ## helm lint and helm template the chart with its default values 
 
 # The console's pages: npm ci installs exactly package-lock.json's packages (Preact, hash-wasm,
 # esbuild) and esbuild bundles them into gateway/web/dist, which the gateway's binary embeds.
-WEB_SRC := $(wildcard gateway/web/src/*) gateway/web/build.mjs gateway/web/package.json gateway/web/package-lock.json
+WEB_SRC := $(shell find gateway/web/src -type f) gateway/web/build.mjs gateway/web/package.json gateway/web/package-lock.json
 WEB     := gateway/web/dist/index.html
 
 .PHONY: web

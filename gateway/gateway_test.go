@@ -159,19 +159,27 @@ func (f *fixture) do(t *testing.T, caller, method, path, body string) answer {
 	if caller != "" {
 		req.Header.Set("Authorization", "Bearer "+f.tokens[caller])
 	}
+	a := send(t, req, caller)
+	if a.TraceID == "" || a.header.Get(gateway.HeaderTraceID) != a.TraceID {
+		t.Errorf("%s %s: trace id %q, header %q", method, path, a.TraceID, a.header.Get(gateway.HeaderTraceID))
+	}
+	return a
+}
+
+// send sends req and reads the gateway's envelope, which every answer is; a 403 must say
+// the right the caller lacks.
+func send(t *testing.T, req *http.Request, caller string) answer {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	must(t, err)
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	a := answer{status: resp.StatusCode, header: resp.Header}
 	if err := json.Unmarshal(raw, &a); err != nil {
-		t.Fatalf("%s %s: not the envelope: %v: %s", method, path, err, raw)
-	}
-	if a.TraceID == "" || resp.Header.Get(gateway.HeaderTraceID) != a.TraceID {
-		t.Errorf("%s %s: trace id %q, header %q", method, path, a.TraceID, resp.Header.Get(gateway.HeaderTraceID))
+		t.Fatalf("%s %s: not the envelope: %v: %s", req.Method, req.URL.Path, err, raw)
 	}
 	if a.status == http.StatusForbidden && resp.Header.Get(gateway.HeaderDenyReason) == "" {
-		t.Errorf("%s %s as %s: 403 with no %s: %s", method, path, caller, gateway.HeaderDenyReason, raw)
+		t.Errorf("%s %s as %s: 403 with no %s: %s", req.Method, req.URL.Path, caller, gateway.HeaderDenyReason, raw)
 	}
 	return a
 }

@@ -53,18 +53,7 @@ func (f *fixture) doWith(t *testing.T, caller, method, path string, body []byte,
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
-	must(t, err)
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	a := answer{status: resp.StatusCode, header: resp.Header}
-	if err := json.Unmarshal(raw, &a); err != nil {
-		t.Fatalf("%s %s: not the envelope: %v: %s", method, path, err, raw)
-	}
-	if a.status == http.StatusForbidden && resp.Header.Get(gateway.HeaderDenyReason) == "" {
-		t.Errorf("%s %s as %s: 403 with no %s: %s", method, path, caller, gateway.HeaderDenyReason, raw)
-	}
-	return a
+	return send(t, req, caller)
 }
 
 func uploadImage(ns, name string) string {

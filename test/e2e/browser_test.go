@@ -336,9 +336,16 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		Expect(b.consoleErrors("net::ERR_INTERNET_DISCONNECTED")).To(BeEmpty(), "only the requests sent while the network was away failed")
 	})
 
-	It("makes a disk of the image from the page, and the disk is the image", func() {
+	It("imports from a URL, makes a disk of an image, snapshots and restores it, and downloads its export", func() {
 		b := newBrowser(shots)
-		b.signIn(url+"#/disks", tokens["uploader"], ns)
+		b.signIn(url, tokens["uploader"], ns)
+		// An import from a URL, from the images page.
+		b.run(chromedp.SendKeys(css(`#import-form input[name=name]`), "from-url"),
+			chromedp.SendKeys(css(`#import-form input[name=url]`), server+"/disk.qcow2"),
+			chromedp.Click(css(`#import-form button[type=submit]`)))
+		b.run(chromedp.WaitVisible(css(`#images tr[data-name="from-url"][data-phase="Ready"]`)))
+		sameDisk(golden(ns, "from-url"))
+
 		b.run(chromedp.Navigate(url+"#/disks"), chromedp.WaitReady(css(`#disk-form option[value="image:from-browser"]`)),
 			chromedp.SendKeys(css(`#disk-form input[name=name]`), "browser-disk"),
 			chromedp.Focus(css(`#disk-form select[name=source]`)), chromedp.SendKeys(css(`#disk-form select[name=source]`), "image from-browser"),

@@ -58,7 +58,16 @@ export function Disks({ ns }) {
   );
 }
 
-// diskClaims are the disks' PVCs, for the forms that name one: [disk name, PVC name].
-export function diskClaims(items) {
-  return (items || []).filter((i) => i.object.status?.pvcName).map((i) => [i.object.metadata.name, i.object.status.pvcName]);
+// DiskSelect picks one of ns's disks for a form field, by its PVC (the disks that have one).
+export function DiskSelect({ ns, form, field }) {
+  const disks = useList(ns, 'disks');
+  const claims = (disks.items || []).filter((i) => i.object.status?.pvcName);
+  return (
+    <label>{t.cols.disk}
+      <select name={field} value={form.f[field]} onChange={(e) => form.setF({ ...form.f, [field]: e.target.value })} required>
+        <option value="" />
+        {claims.map((i) => <option value={i.object.status.pvcName}>{i.object.metadata.name}</option>)}
+      </select>
+    </label>
+  );
 }

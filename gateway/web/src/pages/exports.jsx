@@ -3,7 +3,7 @@ import { useState } from 'preact/hooks';
 import { t } from '../texts.js';
 import * as api from '../api.js';
 import { ListPage, Fieldset, Alert, Phase, Progress, useList, useForm, bytes, parseQuantity, nameColumn, ageColumn, namePattern } from '../ui.jsx';
-import { diskClaims } from './disks.jsx';
+import { DiskSelect } from './disks.jsx';
 
 // Download asks the gateway for the export's link (read as the caller from its Secret), then
 // offers it: the browser fetches the object from the store itself.
@@ -30,7 +30,6 @@ function Download({ ns, o }) {
 
 export function Exports({ ns }) {
   const list = useList(ns, 'exports');
-  const disks = useList(ns, 'disks');
   const columns = [
     nameColumn,
     { head: t.cols.disk, cell: (it, o) => o.spec?.pvcName },
@@ -40,7 +39,9 @@ export function Exports({ ns }) {
     { head: t.upload.digest, cell: (it, o) => <code>{o.status?.digest}</code> },
     ageColumn,
   ];
-  const form = useForm({ name: '', pvc: '', bucket: 'exports', object: '' }, async (f) => {
+  // The bundled store's bucket names are the whole store's: one named for the namespace is
+  // its own, where a plain "exports" would be whichever namespace made it first.
+  const form = useForm({ name: '', pvc: '', bucket: `${ns}-exports`.slice(0, 63), object: '' }, async (f) => {
     await api.create(ns, 'exports', {
       apiVersion: 'hypercloud.tmaxanc.com/v1alpha1', kind: 'VirtualMachineVolumeExport', metadata: { name: f.name },
       spec: { pvcName: f.pvc, objectStore: { bucketName: f.bucket, objectName: f.object || `${f.name}.qcow2` } },
@@ -52,12 +53,7 @@ export function Exports({ ns }) {
       <form onSubmit={form.submit} id="export-form">
         <Fieldset legend={t.exportTitle} hint={list.actions['create VirtualMachineVolumeExport']}>
           <label>{t.nameLabel}<input {...form.field('name')} required pattern={namePattern} /></label>
-          <label>{t.cols.disk}
-            <select name="pvc" value={form.f.pvc} onChange={(e) => form.setF({ ...form.f, pvc: e.target.value })} required>
-              <option value="" />
-              {diskClaims(disks.items).map(([d, pvc]) => <option value={pvc}>{d}</option>)}
-            </select>
-          </label>
+          <DiskSelect ns={ns} form={form} field="pvc" />
           <label>{t.bucketLabel}<input {...form.field('bucket')} required /></label>
           <label>{t.objectLabel}<input {...form.field('object')} placeholder={t.objectDefault} /></label>
           <button type="submit">{t.exportButton}</button>

@@ -15,6 +15,21 @@ function imageBody(name, storageClass, source) {
   return { apiVersion: 'hypercloud.tmaxanc.com/v1alpha1', kind: 'VirtualMachineImage', metadata: { name }, spec };
 }
 
+// importSource is the image's source of the import form: a URL, a container registry, the
+// bundled store, or another S3 store.
+function importSource(f) {
+  const secret = f.secret ? { secretRef: f.secret } : {};
+  switch (f.kind) {
+    case 'registry':
+      return { registry: { url: f.url.startsWith('docker://') ? f.url : `docker://${f.url}`, ...secret } };
+    case 'objectStore':
+      return { objectStore: { bucketName: f.bucket, objectName: f.object } };
+    case 's3':
+      return { s3: { endpoint: f.url, bucketName: f.bucket, objectName: f.object, ...secret } };
+  }
+  return { http: f.url };
+}
+
 const columns = [
   nameColumn,
   { head: t.cols.kind, cell: (it) => it.kind },
@@ -29,8 +44,8 @@ const columns = [
 export function Images({ ns, uploads }) {
   const list = useList(ns, 'images');
   const hint = list.actions['create VirtualMachineImage'];
-  const imp = useForm({ name: '', url: '', sc: '' }, async (f) => {
-    await api.create(ns, 'images', imageBody(f.name, f.sc, { http: f.url }));
+  const imp = useForm({ name: '', kind: 'http', url: '', bucket: '', object: '', secret: '', sc: '' }, async (f) => {
+    await api.create(ns, 'images', imageBody(f.name, f.sc, importSource(f)));
     return t.created('VirtualMachineImage', f.name);
   });
   const up = useForm({ name: '', sc: '', file: null }, async (f) => {
@@ -44,7 +59,17 @@ export function Images({ ns, uploads }) {
       <form onSubmit={imp.submit} id="import-form">
         <Fieldset legend={t.importTitle} hint={hint}>
           <label>{t.nameLabel}<input {...imp.field('name')} required pattern={namePattern} /></label>
-          <label>{t.urlLabel}<input {...imp.field('url')} type="url" required /></label>
+          <label>{t.sourceKindLabel}
+            <select name="kind" value={imp.f.kind} onChange={(e) => imp.setF({ ...imp.f, kind: e.target.value })}>
+              {Object.entries(t.sourceKinds).map(([k, v]) => <option value={k}>{v}</option>)}
+            </select>
+          </label>
+          {imp.f.kind !== 'objectStore' && <label>{t.sourceURL[imp.f.kind]}<input {...imp.field('url')} required /></label>}
+          {(imp.f.kind === 's3' || imp.f.kind === 'objectStore') && <>
+            <label>{t.bucketLabel}<input {...imp.field('bucket')} required /></label>
+            <label>{t.objectLabel}<input {...imp.field('object')} required /></label>
+          </>}
+          {(imp.f.kind === 's3' || imp.f.kind === 'registry') && <label>{t.secretLabel}<input {...imp.field('secret')} /></label>}
           <label>{t.storageClassLabel}<input {...imp.field('sc')} /></label>
           <button type="submit">{t.importButton}</button>
           <Alert {...imp.result} />

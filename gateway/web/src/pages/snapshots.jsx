@@ -2,7 +2,7 @@
 import { t } from '../texts.js';
 import * as api from '../api.js';
 import { ListPage, Fieldset, Alert, useList, useForm, nameColumn, ageColumn, namePattern } from '../ui.jsx';
-import { diskClaims } from './disks.jsx';
+import { DiskSelect } from './disks.jsx';
 
 const columns = [
   nameColumn,
@@ -15,7 +15,6 @@ const columns = [
 
 export function Snapshots({ ns }) {
   const list = useList(ns, 'snapshots');
-  const disks = useList(ns, 'disks');
   const form = useForm({ name: '', pvc: '', cls: '' }, async (f) => {
     const spec = { source: { persistentVolumeClaimName: f.pvc } };
     if (f.cls) spec.volumeSnapshotClassName = f.cls;
@@ -27,12 +26,7 @@ export function Snapshots({ ns }) {
       <form onSubmit={form.submit} id="snapshot-form">
         <Fieldset legend={t.snapshotTitle} hint={list.actions['create VolumeSnapshot']}>
           <label>{t.nameLabel}<input {...form.field('name')} required pattern={namePattern} /></label>
-          <label>{t.cols.disk}
-            <select name="pvc" value={form.f.pvc} onChange={(e) => form.setF({ ...form.f, pvc: e.target.value })} required>
-              <option value="" />
-              {diskClaims(disks.items).map(([d, pvc]) => <option value={pvc}>{d}</option>)}
-            </select>
-          </label>
+          <DiskSelect ns={ns} form={form} field="pvc" />
           <label>{t.snapshotClassLabel}<input {...form.field('cls')} /></label>
           <button type="submit">{t.takeSnapshot}</button>
           <Alert {...form.result} />
