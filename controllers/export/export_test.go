@@ -556,3 +556,22 @@ func runPod(t *testing.T, ns, name string, disk []byte) *transfer.Result {
 	ctrltest.Kubelet(t, env, ns, name, phase, res, int32(exit))
 	return res
 }
+
+// TestInUseByLabelledPod: a running pod that carries the export's own label is still a pod
+// writing the disk: a label its namespace can write proves nothing (importpod.Made does), so
+// the disk is snapshotted, never read live.
+func TestInUseByLabelledPod(t *testing.T) {
+	ns := setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ex := newExport(ns, "forged", "later", ns+"-later.qcow2")
+	g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
+	g.Eventually(exportStatus(t, ex), 20*time.Second).Should(HavePrefix("Pending SourceNotFound"))
+	vm := runningPodOf(t, ns, "virt-launcher-vm3", "later")
+	vm.Labels = map[string]string{export.LabelExport: string(ex.UID)}
+	g.Expect(env.Client.Update(ctx, vm)).To(Succeed())
+	newPVC(t, ns, "later", "csi")
+	snap := &snapshotv1.VolumeSnapshot{}
+	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "forged-export"}, snap) }, 30*time.Second).Should(Succeed())
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "forged-export-0"}, &corev1.Pod{})).NotTo(Succeed(), "no exporter reads the live disk")
+}

@@ -175,10 +175,11 @@ func (r *Reconciler) source(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		return nil, err
 	}
 	if st.SnapshotName == "" {
-		user, err := r.userOf(ctx, ex, pvc.Name)
-		if err != nil || user == "" {
+		pod, err := importpod.UserOf(ctx, r.Client, ex.Namespace, pvc.Name, ex.UID)
+		if err != nil || pod == nil {
 			return pvc, err
 		}
+		user := pod.Name
 		class, err := storage.Class(ctx, r.Client, ptr.Deref(pvc.Spec.StorageClassName, ""))
 		if err != nil {
 			return nil, err
@@ -228,25 +229,6 @@ func (r *Reconciler) source(ctx context.Context, ex *hypercloud.VirtualMachineVo
 		return nil, err
 	}
 	return temp, nil
-}
-
-// userOf names a running pod, other than the export's own, that mounts the PVC.
-func (r *Reconciler) userOf(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, pvc string) (string, error) {
-	pods := &corev1.PodList{}
-	if err := r.List(ctx, pods, client.InNamespace(ex.Namespace)); err != nil {
-		return "", err
-	}
-	for _, p := range pods.Items {
-		if p.Labels[LabelExport] == string(ex.UID) || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		for _, v := range p.Spec.Volumes {
-			if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == pvc {
-				return p.Name, nil
-			}
-		}
-	}
-	return "", nil
 }
 
 // destination is where the exporter writes, and how the manager reaches it.
@@ -404,8 +386,18 @@ func (r *Reconciler) unscope(ctx context.Context, ex *hypercloud.VirtualMachineV
 
 // delete removes what the export made and, with retainPolicy Delete, the exported object.
 func (r *Reconciler) delete(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
-	if err := r.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ex.Namespace), client.MatchingLabels{LabelExport: string(ex.UID)}); err != nil {
+	// Its pods, known by diskpipe's mark: the label alone is one its namespace can write, on a
+	// VM's pod as well.
+	pods := &corev1.PodList{}
+	if err := r.List(ctx, pods, client.InNamespace(ex.Namespace), client.MatchingLabels{LabelExport: string(ex.UID)}); err != nil {
 		return err
+	}
+	for i := range pods.Items {
+		if p := &pods.Items[i]; importpod.Made(p, ex.UID) {
+			if err := r.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
 	}
 	if err := r.cleanupTemp(ctx, ex); err != nil {
 		return err

@@ -625,3 +625,48 @@ func TestUploadSource(t *testing.T) {
 		g.Expect(minio.ToErrorResponse(err).Code).To(Equal("NoSuchKey"), k)
 	}
 }
+
+// TestCopyWaitsForWriters: a PVC a pod mounts read-write is not copied until that pod is
+// gone (CDI's CloneSourceInUse); readers, finished pods and a pod merely labelled as
+// diskpipe's (the label proves nothing without diskpipe's mark) are counted as they are.
+func TestCopyWaitsForWriters(t *testing.T) {
+	startManager(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns, err := env.CreateNamespace(ctx, "busy")
+	g.Expect(err).NotTo(HaveOccurred())
+	src := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "vm-disk", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+	g.Expect(env.Client.Create(ctx, src)).To(Succeed())
+	mounting := func(name string, readOnly bool, labels map[string]string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "vm"}},
+				Volumes: []corev1.Volume{{Name: "d", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "vm-disk", ReadOnly: readOnly}}}}}}
+		g.Expect(env.Client.Create(ctx, p)).To(Succeed())
+		return p
+	}
+	mounting("reader", true, nil)
+	done := mounting("done", false, nil)
+	done.Status.Phase = corev1.PodSucceeded
+	g.Expect(env.Client.Status().Update(ctx, done)).To(Succeed())
+	forged := mounting("virt-launcher-vm", false, map[string]string{importpod.LabelManagedBy: importpod.ManagedBy})
+
+	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "snap", Namespace: ns},
+		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{PVC: &common.PVCSource{Name: "vm-disk"}}}}
+	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
+		c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
+		if c == nil {
+			return ""
+		}
+		return string(st.Phase) + " " + c.Reason + ": " + c.Message
+	}, HavePrefix("Pending CloneSourceInUse: pod "+ns+"/virt-launcher-vm using PersistentVolumeClaim vm-disk")))
+	g.Consistently(func() error {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-snap-import-0"}, &corev1.Pod{})
+	}, 3*time.Second).ShouldNot(Succeed(), "nothing copies the disk while its VM writes it")
+
+	// The VM stops: the copy begins.
+	g.Expect(env.Client.Delete(ctx, forged)).To(Succeed())
+	ctrltest.Pod(t, env, ns, "vmim-snap-import-0")
+}

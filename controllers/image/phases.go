@@ -37,6 +37,10 @@ import (
 // presignExpiry is how long an importer may read an objectStore source through its URL.
 const presignExpiry = 24 * time.Hour
 
+// ReasonCloneSourceInUse: the PVC to copy is mounted by a pod that may be writing it (CDI's
+// reason and event).
+const ReasonCloneSourceInUse = "CloneSourceInUse"
+
 func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result, error) {
 	st, tr := g.status, g.tracked()
 	if st.Phase == common.PhaseReady || st.Phase == common.PhaseFailed {
@@ -83,6 +87,22 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 			return ctrl.Result{}, err
 		}
 		copyFrom = pvc
+		// A claim its namespace's pods may write (a PVC, a disk's) is copied only while none
+		// does: a golden image's and a snapshot's restore are read-only, diskpipe's own.
+		if (ref.what == copyOfPVC || ref.what == copyOfDisk) && st.Phase != common.PhaseImporting {
+			user, err := importpod.UserOf(ctx, r.Client, pvc.Namespace, pvc.Name, g.obj.GetUID())
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			if user != nil {
+				msg := fmt.Sprintf("pod %s/%s using PersistentVolumeClaim %s: the copy waits until no pod writes it (a disk copied while a VM writes it is not a disk to trust)",
+					user.Namespace, user.Name, pvc.Name)
+				st.Phase = common.PhasePending
+				tr.SetReady(metav1.ConditionFalse, ReasonCloneSourceInUse, msg)
+				r.Pods.Events.Eventf(g.obj, nil, corev1.EventTypeNormal, ReasonCloneSourceInUse, "Copy", "%s", msg)
+				return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
+			}
+		}
 	}
 	block := g.volume.VolumeMode != nil && *g.volume.VolumeMode == corev1.PersistentVolumeBlock
 	capacity := int64(0)
