@@ -37,7 +37,7 @@ import (
 // presignExpiry is how long an importer may read an objectStore source through its URL.
 const presignExpiry = 24 * time.Hour
 
-// ReasonCloneSourceInUse: the PVC to copy is mounted by a pod that may be writing it (CDI's
+// ReasonCloneSourceInUse says the PVC to copy is mounted by a pod that may be writing it (CDI's
 // reason and event).
 const ReasonCloneSourceInUse = "CloneSourceInUse"
 
