@@ -587,13 +587,7 @@ func TestUploadSource(t *testing.T) {
 		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}}}}
 	vmi.Spec.Resources.Requests.Storage = ctrltest.Quantity("1Gi")
 	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
-	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
-		c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
-		if c == nil {
-			return ""
-		}
-		return string(st.Phase) + " " + c.Reason + ": " + c.Message
-	}, Equal("Pending WaitingForUpload: upload the image: PUT it to the upload proxy at /v1/namespaces/"+ns+"/virtualmachineimages/uploaded")))
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(phaseAndReady, Equal("Pending WaitingForUpload: upload the image: PUT it to the upload proxy at /v1/namespaces/"+ns+"/virtualmachineimages/uploaded")))
 
 	// What the upload proxy leaves: the object and its marker.
 	key := uploads.ObjectKey(ns, "virtualmachineimages", "uploaded", string(vmi.UID))
@@ -655,13 +649,7 @@ func TestCopyWaitsForWriters(t *testing.T) {
 	vmi := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: "snap", Namespace: ns},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{PVC: &common.PVCSource{Name: "vm-disk"}}}}
 	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
-	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(func(st *common.ImageStatus) string {
-		c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
-		if c == nil {
-			return ""
-		}
-		return string(st.Phase) + " " + c.Reason + ": " + c.Message
-	}, HavePrefix("Pending CloneSourceInUse: pod "+ns+"/virt-launcher-vm using PersistentVolumeClaim vm-disk")))
+	g.Eventually(status(t, vmi, &vmi.Status), 20*time.Second).Should(WithTransform(phaseAndReady, HavePrefix("Pending CloneSourceInUse: pod "+ns+"/virt-launcher-vm using PersistentVolumeClaim vm-disk")))
 	g.Consistently(func() error {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vmim-snap-import-0"}, &corev1.Pod{})
 	}, 3*time.Second).ShouldNot(Succeed(), "nothing copies the disk while its VM writes it")
@@ -669,4 +657,13 @@ func TestCopyWaitsForWriters(t *testing.T) {
 	// The VM stops: the copy begins.
 	g.Expect(env.Client.Delete(ctx, forged)).To(Succeed())
 	ctrltest.Pod(t, env, ns, "vmim-snap-import-0")
+}
+
+// phaseAndReady is an image's phase and its Ready condition's reason and message.
+func phaseAndReady(st *common.ImageStatus) string {
+	c := meta.FindStatusCondition(st.Conditions, common.ConditionReady)
+	if c == nil {
+		return ""
+	}
+	return string(st.Phase) + " " + c.Reason + ": " + c.Message
 }

@@ -13,8 +13,13 @@ const columns = [
   ageColumn,
 ];
 
+// goldenLabel marks a golden image's own snapshot, which disks are restored from: diskpipe's,
+// not the user's to take or delete, so the page leaves it out (the apiserver still decides).
+const goldenLabel = 'diskpipe.io/golden-image';
+
 export function Snapshots({ ns }) {
-  const list = useList(ns, 'snapshots');
+  const all = useList(ns, 'snapshots');
+  const list = { ...all, items: all.items && all.items.filter((i) => !i.object.metadata.labels?.[goldenLabel]) };
   const form = useForm({ name: '', pvc: '', cls: '' }, async (f) => {
     const spec = { source: { persistentVolumeClaimName: f.pvc } };
     if (f.cls) spec.volumeSnapshotClassName = f.cls;
