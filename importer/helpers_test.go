@@ -122,16 +122,27 @@ type fileServer struct {
 	status   int           // answer every request with this status
 	slow     time.Duration // pause after every 64 KiB
 	stallFor time.Duration // pause this long once, at half the file
+	forbidAt int64         // answer 403 to a range starting here (0: none)
 
 	mu       sync.Mutex
 	dropped  map[float64]bool
 	stalled  bool
 	requests atomic.Int64
 	sent     atomic.Int64
+	// inFlight and mostInFlight count the answers being sent at once.
+	inFlight, mostInFlight atomic.Int64
 }
 
 func (s *fileServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.requests.Add(1)
+	n := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for m := s.mostInFlight.Load(); n > m && !s.mostInFlight.CompareAndSwap(m, n); m = s.mostInFlight.Load() {
+	}
+	if s.forbidAt > 0 && strings.HasPrefix(r.Header.Get("Range"), fmt.Sprintf("bytes=%d-", s.forbidAt)) {
+		http.Error(w, "not this range", http.StatusForbidden)
+		return
+	}
 	if s.status != 0 {
 		http.Error(w, http.StatusText(s.status), s.status)
 		return

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/diskpipe/diskpipe/internal/pace"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -111,7 +113,7 @@ func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate, 
 		reading(w, r, func(w http.ResponseWriter) {
 			// ServeContent answers Range requests; each reads with its own offset (pread), so
 			// that requests at once do not move one another's.
-			http.ServeContent(w, r, "disk", fi.ModTime(), io.NewSectionReader(f, 0, size))
+			http.ServeContent(largeWrites{w}, r, "disk", fi.ModTime(), &diskReader{f: f, size: size, holes: true})
 		})
 	})
 	mux.HandleFunc(ExtentsPath, func(w http.ResponseWriter, r *http.Request) {
@@ -174,6 +176,102 @@ func Serve(ctx context.Context, addr, path, token string, cert tls.Certificate, 
 	default:
 		return nil
 	}
+}
+
+// # Serving the disk
+//
+// A clone source's bytes go out over TLS, so the kernel cannot send the file itself (sendfile
+// sends plain bytes, and Go has no kernel TLS): each answer is read and encrypted here. What
+// keeps that cheap: a hole of the disk (a reader that asks for the whole disk, not only its
+// extents) is sent as zeros without being read, so no page of the cache is filled with
+// zeros for it; and the answer is copied in serveBuffer pieces, where ServeContent's own copy
+// made a read and a write for every 32 KiB.
+
+// serveBuffer is the piece an answer is read and written in.
+const serveBuffer = 1 << 20
+
+var serveBuffers = sync.Pool{New: func() any { b := make([]byte, serveBuffer); return &b }}
+
+// largeWrites copies what ServeContent sends (io.Copy finds ReadFrom) in serveBuffer pieces.
+type largeWrites struct{ http.ResponseWriter }
+
+func (l largeWrites) ReadFrom(r io.Reader) (int64, error) {
+	buf := serveBuffers.Get().(*[]byte)
+	defer serveBuffers.Put(buf)
+	return io.CopyBuffer(struct{ io.Writer }{l.ResponseWriter}, r, *buf)
+}
+
+func (l largeWrites) Unwrap() http.ResponseWriter { return l.ResponseWriter }
+
+// diskReader reads the first size bytes of the disk f from its own position (pread, so that
+// answers at once do not move one another's), a hole as zeros without reading it while holes
+// is set (SEEK_DATA tells them; a block device or a file system that does not has none).
+type diskReader struct {
+	f     *os.File
+	size  int64
+	pos   int64
+	holes bool
+}
+
+func (d *diskReader) Seek(off int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekCurrent:
+		off += d.pos
+	case io.SeekEnd:
+		off += d.size
+	}
+	if off < 0 {
+		return d.pos, errors.New("seek before the start of the disk")
+	}
+	d.pos = off
+	return off, nil
+}
+
+func (d *diskReader) Read(p []byte) (int, error) {
+	if d.pos >= d.size {
+		return 0, io.EOF
+	}
+	p = p[:min(int64(len(p)), d.size-d.pos)]
+	if d.holes {
+		if data, ok := d.next(unix.SEEK_DATA); !ok {
+			d.holes = false
+		} else if data > d.pos { // in a hole
+			n := min(int64(len(p)), data-d.pos)
+			clear(p[:n])
+			d.pos += n
+			return int(n), nil
+		} else if hole, ok := d.next(unix.SEEK_HOLE); ok && hole > d.pos {
+			p = p[:min(int64(len(p)), hole-d.pos)]
+		}
+	}
+	n, err := d.f.ReadAt(p, d.pos)
+	d.pos += int64(n)
+	if errors.Is(err, io.EOF) && n > 0 {
+		err = nil
+	}
+	return n, err
+}
+
+// next is where the next data (SEEK_DATA) or hole (SEEK_HOLE) starts from d.pos: d.size when
+// there is none before the end; false when the file system cannot tell. The descriptor's own
+// offset moves, which no read of the disk uses.
+func (d *diskReader) next(whence int) (int64, bool) {
+	rc, err := d.f.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var off int64
+	var serr error
+	if err := rc.Control(func(fd uintptr) { off, serr = unix.Seek(int(fd), d.pos, whence) }); err != nil { //nolint:gosec // a descriptor fits
+		return 0, false
+	}
+	switch {
+	case errors.Is(serr, unix.ENXIO): // none after pos
+		return d.size, true
+	case serr != nil:
+		return 0, false
+	}
+	return min(off, d.size), true
 }
 
 // serveExtents answers ExtentsPath: the data extents of the disk f of size bytes.

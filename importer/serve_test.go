@@ -150,7 +150,7 @@ wrong:
 	}()
 	quit := make(chan struct{})
 	defer close(quit)
-	go func() {
+	go func(addr string) {
 		for {
 			select {
 			case <-quit:
@@ -163,7 +163,7 @@ wrong:
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-	}()
+	}(addr)
 	select {
 	case err := <-lived:
 		if took := time.Since(began); took < time.Second {
