@@ -33,6 +33,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/image"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/controllers/manager"
@@ -43,7 +44,10 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+func TestMain(m *testing.M) {
+	hostcopy.ServingPoll = time.Hour // a copy from another namespace is woken by its clone source's pod
+	testenv.RunTests(m, &env)
+}
 
 const managerUser = "system:serviceaccount:diskpipe-system:diskpipe-manager"
 

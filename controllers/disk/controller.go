@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -30,6 +31,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/goldenimage"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
@@ -117,8 +119,13 @@ func Setup(mgr ctrl.Manager, o Options) error {
 				return reqs
 			})
 		}
-		err := ctrl.NewControllerManagedBy(mgr).Named(k.name).For(k.kind).
+		gvk, err := apiutil.GVKForObject(k.kind, mgr.GetScheme())
+		if err != nil {
+			return err
+		}
+		err = ctrl.NewControllerManagedBy(mgr).Named(k.name).For(k.kind).
 			Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).
+			Watches(&corev1.Pod{}, hostcopy.Wakes(gvk.Kind)).
 			Watches(&hypercloud.VirtualMachineImage{}, toDisks(func(o client.Object) string {
 				return imageKey(goldenimage.KindVirtualMachineImage, o.GetNamespace(), o.GetName())
 			})).

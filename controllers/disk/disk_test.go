@@ -24,6 +24,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/disk"
 	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
 	"github.com/diskpipe/diskpipe/controllers/manager"
@@ -33,7 +34,12 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+func TestMain(m *testing.M) {
+	// A copy from another namespace is woken by its clone source's pod (hostcopy.Wakes), not
+	// by asking again: TestCrossNamespace's importer starts only if that works.
+	hostcopy.ServingPoll = time.Hour
+	testenv.RunTests(m, &env)
+}
 
 // The storage the tests stand in for: one CSI driver with an Immediate class, a
 // WaitForFirstConsumer class, a class that prefers snapshots, and a VolumeSnapshotClass; and
@@ -592,6 +598,7 @@ func TestCrossNamespace(t *testing.T) {
 		Equal("WaitingForCloneSource: the copy's volume "+disk.PrimeName(d.UID)+" (storage class "+classCSI+") is not bound yet: its clone source starts when it is")))
 	ctrltest.Bind(t, env, ns, disk.PrimeName(d.UID))
 	serve := ctrltest.Pod(t, env, images, serveName)
+	g.Expect(serve.Annotations).To(HaveKeyWithValue(hostcopy.AnnotationCopy, "DiskVolume/"+ns+"/centos-disk"))
 	args := strings.Join(serve.Spec.Containers[0].Args, " ")
 	g.Expect(args).To(ContainSubstring("--serve :8091 --path /source/disk.img --token-file /var/run/diskpipe/clone/token " +
 		"--tls-cert-file /var/run/diskpipe/clone/tls.crt --tls-key-file /var/run/diskpipe/clone/tls.key"))

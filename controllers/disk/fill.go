@@ -87,7 +87,8 @@ func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpo
 	spec.PVC = primeName
 	if copyFrom != nil {
 		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Fresh.API, r.Pods.Config, d.obj, *copyFrom, &spec); err != nil || !ready {
-			msg, wait := "waiting for the pod that serves the image from namespace "+copyFrom.Namespace, 2*time.Second
+			// Its pod's changes wake this (hostcopy.Wakes); ServingPoll is in case none comes.
+			msg, wait := "waiting for the pod that serves the image from namespace "+copyFrom.Namespace, hostcopy.ServingPoll
 			if busy := (*hostcopy.BusyError)(nil); errors.As(err, &busy) {
 				msg, wait, err = busy.Error(), 10*time.Second, nil
 			}

@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -28,6 +29,7 @@ import (
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/goldenimage"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
@@ -84,8 +86,14 @@ func setup(mgr ctrl.Manager, o Options, name string, kind client.Object, newObje
 			HTTP: &http.Client{Timeout: 2 * time.Second}},
 		newObject: newObject, newList: newList, adapt: adapt}
 	// A scheduled image owns the images of its source's revisions (schedule.go).
+	gvk, err := apiutil.GVKForObject(kind, mgr.GetScheme())
+	if err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named(name).For(kind).Owns(newObject()).
 		Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).Owns(&snapshotv1.VolumeSnapshot{}).
+		// A copy from another namespace hears of its clone source's pod (hostcopy.Wakes).
+		Watches(&corev1.Pod{}, hostcopy.Wakes(gvk.Kind)).
 		Owns(&diskvolume.DiskVolume{}).
 		// A node that leaves or joins the cluster may hold a golden volume (checkGoldenNode).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.readyImages),

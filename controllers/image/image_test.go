@@ -28,6 +28,7 @@ import (
 	virtualmachine "github.com/diskpipe/diskpipe/apis/virtualmachine/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/goldenimage"
 	"github.com/diskpipe/diskpipe/controllers/internal/ctrltest"
+	"github.com/diskpipe/diskpipe/controllers/internal/hostcopy"
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/manager"
 	"github.com/diskpipe/diskpipe/internal/transfer"
@@ -43,7 +44,10 @@ var (
 	store *objectstoretest.Server
 )
 
-func TestMain(m *testing.M) { testenv.RunTests(m, &env) }
+func TestMain(m *testing.M) {
+	hostcopy.ServingPoll = time.Hour // a copy from another namespace is woken by its clone source's pod
+	testenv.RunTests(m, &env)
+}
 
 var managerOnce sync.Once
 

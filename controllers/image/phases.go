@@ -136,7 +136,8 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		src := hostcopy.Source{Namespace: copyFrom.Namespace, Name: copyFrom.Name, Block: goldenimage.IsBlock(copyFrom)}
 		if ready, err := hostcopy.Prepare(ctx, r.Client, r.Fresh.API, r.Pods.Config, g.obj, src, &spec); err != nil || !ready {
 			st.Phase = common.PhasePending
-			msg, wait := "waiting for the pod that serves "+copyFrom.Namespace+"/"+copyFrom.Name, 2*time.Second
+			// Its pod's changes wake this (hostcopy.Wakes); ServingPoll is in case none comes.
+			msg, wait := "waiting for the pod that serves "+copyFrom.Namespace+"/"+copyFrom.Name, hostcopy.ServingPoll
 			if busy := (*hostcopy.BusyError)(nil); errors.As(err, &busy) {
 				msg, wait, err = busy.Error(), 10*time.Second, nil
 			}

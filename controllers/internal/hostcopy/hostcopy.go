@@ -20,9 +20,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,9 +32,14 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
@@ -70,6 +77,38 @@ const (
 
 // LabelCopier marks a clone source's pod with the namespace of the copy it serves.
 const LabelCopier = "diskpipe.io/clone-for-namespace"
+
+// AnnotationCopy names the copy a clone source's pod serves, "<kind>/<namespace>/<name>", so
+// that its pod's changes wake the copy (Wakes) instead of the copy asking again and again.
+const AnnotationCopy = "diskpipe.io/clone-for-object"
+
+// ServingPoll is how long a copy whose clone source does not serve yet waits before it looks
+// again, in case no change of the pod wakes it (Wakes does). A variable for the tests.
+var ServingPoll = 15 * time.Second
+
+// Wakes maps a clone source's pod to the copy of kind it serves: a copy in another namespace
+// cannot own its pod, so Owns does not tell it that its source now serves. The pod's making
+// and changes wake it, not its deletion: a clone source deleted is made again at the copy's
+// next look (ServingPoll), not raced for. What wakes is not trusted: the copy's pass checks
+// that the pod is the one diskpipe made for it, and a pod made to look like one wakes that
+// pass to refuse it.
+func Wakes(kind string) handler.EventHandler {
+	wake := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		k, rest, _ := strings.Cut(o.GetAnnotations()[AnnotationCopy], "/")
+		ns, name, _ := strings.Cut(rest, "/")
+		if k == kind && ns != "" && name != "" && o.GetDeletionTimestamp().IsZero() {
+			q.Add(reconcile.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}})
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			wake(e.Object, q)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			wake(e.ObjectNew, q)
+		},
+	}
+}
 
 // BusyError says a copy waits: for one of the clone sources of its PVC to end, or for its own
 // volume, which must be able to take the copy before a clone source is started for it.
@@ -126,7 +165,16 @@ func Prepare(ctx context.Context, c client.Client, live client.Reader, cfg impor
 		Mounts: []importpod.Mount{{Secret: serveSecretName(owner), Path: tokenDir}}}
 	serve.Import = contract.Import{Serve: ":" + strconv.Itoa(importpod.ServePort), Path: serve.SourcePath(), TokenFile: tokenDir + "/token",
 		TLSCertFile: tokenDir + "/tls.crt", TLSKeyFile: tokenDir + "/tls.key", IdleTimeout: IdleTimeout, StallTimeout: StallTimeout, ServeMinRate: ServeMinRate}
+	gvk, err := apiutil.GVKForObject(owner, c.Scheme())
+	if err != nil {
+		return false, err
+	}
 	pod := importpod.Build(cfg, serve)
+	pod.Annotations = maps.Clone(pod.Annotations)
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[AnnotationCopy] = gvk.Kind + "/" + owner.GetNamespace() + "/" + owner.GetName()
 	// In another namespace it can have no owner: its mark names the object it serves. In the
 	// owner's own (a remote source), the owner controls it, so that it goes with the owner.
 	owned.Stamp("Pod", pod, owner.GetUID())
