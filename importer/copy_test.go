@@ -28,6 +28,9 @@ func TestCopyEngine(t *testing.T) {
 		if res.Digest != want {
 			t.Errorf("digest %q of a disk read whole, want %s", res.Digest, want)
 		}
+		if !(0 < res.FirstByteSeconds && res.FirstByteSeconds < res.LastByteSeconds && res.LastByteSeconds <= res.FlushedSeconds) {
+			t.Errorf("timeline: first byte %.3f s, last byte %.3f s, flushed %.3f s", res.FirstByteSeconds, res.LastByteSeconds, res.FlushedSeconds)
+		}
 	})
 
 	t.Run("dropped connections", func(t *testing.T) {

@@ -99,12 +99,13 @@ func (o *Options) defaults() {
 func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 	o.defaults()
 	res := &transfer.Result{}
+	start := time.Now()
 	t, err := OpenTarget(o.Target, o.Capacity, o.Overhead)
 	if err != nil {
 		return res, err
 	}
 	t.grow, t.preallocate = o.Grow, o.Preallocate
-	if err = run(ctx, &o, t, res); err != nil {
+	if err = run(ctx, &o, t, res, start); err != nil {
 		_ = t.settle() // a checkpoint recorded as the import failed counts
 		if t.checkpointed && resumable(err) {
 			o.Log.Info("Keeping the disk and its checkpoint for the next attempt", "err", err)
@@ -116,6 +117,7 @@ func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 		}
 		return res, err
 	}
+	res.FlushedSeconds = time.Since(start).Seconds() // the disk is on the volume
 	if o.Grow && !t.block {
 		res.VirtualSize = max(res.VirtualSize, t.GrownSize())
 	}
@@ -123,7 +125,7 @@ func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 	return res, nil
 }
 
-func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error {
+func run(ctx context.Context, o *Options, t *Target, res *transfer.Result, start time.Time) error {
 	defer func() { res.BytesWritten = t.Written() }()
 	if o.Blank {
 		res.Format, res.VirtualSize = string(FormatRaw), o.BlankSize
@@ -150,7 +152,10 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result) error
 	defer obj.Close()
 	res.Revision = obj.Revision()
 	f := &fetcher{ctx: ctx, obj: obj, name: o.Source.String(), retry: o.Retry, log: o.Log, stall: o.StallTimeout}
-	defer func() { res.BytesRead = f.read.Load() }()
+	defer func() {
+		res.BytesRead = f.read.Load()
+		res.FirstByteSeconds, res.LastByteSeconds = since(&f.first, start), since(&f.last, start)
+	}()
 
 	cs, err := transfer.ParseChecksum(o.Checksum)
 	if err != nil {

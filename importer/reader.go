@@ -22,8 +22,29 @@ type fetcher struct {
 	log   *slog.Logger
 	// stall is how long a response may send nothing before it counts as a transient failure.
 	stall time.Duration
-	// read counts the bytes received from the source, retries included.
-	read atomic.Int64
+	// read counts the bytes received from the source, retries included; first and last are
+	// when the first and the last of them came (Unix nanoseconds, 0 before any).
+	read        atomic.Int64
+	first, last atomic.Int64
+}
+
+// got counts n bytes received now.
+func (f *fetcher) got(n int64) {
+	if n <= 0 {
+		return
+	}
+	f.read.Add(n)
+	now := time.Now().UnixNano()
+	f.first.CompareAndSwap(0, now)
+	f.last.Store(now)
+}
+
+// since is when, of first or last, came, in seconds after start; 0 when nothing came.
+func since(at *atomic.Int64, start time.Time) float64 {
+	if ns := at.Load(); ns > 0 {
+		return max(0, time.Unix(0, ns).Sub(start).Seconds())
+	}
+	return 0
 }
 
 // ReadAt reads len(p) bytes at off (fewer only at the end of the object).
@@ -64,7 +85,7 @@ func (f *fetcher) readOnce(p []byte, off int64) (int, error) {
 	}
 	defer rc.Close()
 	n, err := io.ReadFull(f.watch(ctx, cancel, rc), p)
-	f.read.Add(int64(n))
+	f.got(int64(n))
 	if err != nil {
 		return n, f.readError(ctx, err)
 	}
@@ -140,7 +161,7 @@ func (s *stream) Read(p []byte) (int, error) {
 		var err error
 		n, err = s.r.Read(p)
 		s.pos += int64(n)
-		s.f.read.Add(int64(n))
+		s.f.got(int64(n))
 		switch {
 		case err == nil || n > 0 && errors.Is(err, io.EOF):
 			return nil
@@ -185,7 +206,7 @@ func (s *stream) open() error {
 	s.rc, s.r = rc, s.f.watch(s.ctx, s.cancel, rc)
 	if skip > 0 {
 		n, err := io.CopyN(io.Discard, s.r, skip)
-		s.f.read.Add(n)
+		s.f.got(n)
 		if err != nil {
 			err = s.f.readError(s.ctx, err)
 			s.close()

@@ -9,6 +9,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -623,8 +624,20 @@ func TestCrossNamespace(t *testing.T) {
 	g.Expect(myToken.Data).To(HaveKey("ca.crt"), "the importer trusts the copy's own CA")
 	g.Expect(myToken.Data).NotTo(HaveKey("tls.key"))
 
-	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), "centos-disk-clone-0", "centos-disk", transfer.Result{Format: "raw", VirtualSize: 2018508800})
+	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), "centos-disk-clone-0", "centos-disk", transfer.Result{Format: "raw", VirtualSize: 2018508800,
+		BytesRead: 1 << 30, FirstByteSeconds: 0.2, LastByteSeconds: 4.2, FlushedSeconds: 4.5})
 	g.Eventually(diskStatus(t, d, &d.Status), 20*time.Second).Should(WithTransform(phase, Equal(common.PhaseReady)))
+	// Where the copy's time went is told.
+	g.Eventually(func() string {
+		list := &eventsv1.EventList{}
+		g.Expect(env.Client.List(t.Context(), list, client.InNamespace(ns))).To(Succeed())
+		for _, e := range list.Items {
+			if e.Regarding.UID == d.UID && e.Reason == importpod.ReasonTimeline {
+				return e.Note
+			}
+		}
+		return ""
+	}, 20*time.Second).Should(MatchRegexp(`^Clone of pod centos-disk-clone-0: pod made, running \+[0-9.]+s, first byte \+[0-9.]+s, last byte \+[0-9.]+s, flushed \+[0-9.]+s, result read \+[0-9.]+s; 1073741824 bytes read at 268 MB/s$`))
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: serveName}, &corev1.Pod{})) &&
 			apierrors.IsNotFound(env.Client.Get(t.Context(), client.ObjectKey{Namespace: images, Name: "clone-serve-" + string(d.UID)}, &corev1.Secret{}))

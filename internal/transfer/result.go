@@ -51,6 +51,11 @@ type Result struct {
 	DownloadURLExpiresAt *time.Time `json:"downloadURLExpiresAt,omitempty"`
 	// DurationSeconds the copy took.
 	DurationSeconds float64 `json:"durationSeconds"`
+	// The copy's timeline, in seconds after it began: the first and the last byte from the
+	// source, and the end of the final flush (the disk on the volume); 0 where none.
+	FirstByteSeconds float64 `json:"firstByteSeconds,omitempty"`
+	LastByteSeconds  float64 `json:"lastByteSeconds,omitempty"`
+	FlushedSeconds   float64 `json:"flushedSeconds,omitempty"`
 	// Reason of a failure.
 	Reason Reason `json:"reason,omitempty"`
 	// Transient is true when trying again may help.

@@ -135,7 +135,8 @@ func Kubelet(t *testing.T, env *testenv.Env, ns, name string, phase corev1.PodPh
 			msg = string(b)
 		}
 		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "importer", State: corev1.ContainerState{
-			Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Error", Message: msg}}}}
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Error", Message: msg,
+				StartedAt: metav1.NewTime(pod.CreationTimestamp.Add(time.Second)), FinishedAt: metav1.Now()}}}}
 	}
 	gomega.NewWithT(t).Expect(env.Client.Status().Update(t.Context(), pod)).To(gomega.Succeed())
 }

@@ -90,6 +90,7 @@ func (t *Tracker) Observe(ctx context.Context, w Work, pod *corev1.Pod, done fun
 				return ctrl.Result{}, err
 			}
 			w.op().Succeeded(res.BytesWritten, res.DurationSeconds)
+			t.Events.Eventf(w.Obj, nil, corev1.EventTypeNormal, ReasonTimeline, w.Action, "%s", Timeline(w.Action, pod, res, time.Now()))
 			if tr := *st.Transfer; tr != nil {
 				tr.BytesDone = tr.BytesTotal
 			}
@@ -183,4 +184,44 @@ func percent(t *common.Transfer) string {
 		return ""
 	}
 	return fmt.Sprintf("%.1f%%", 100*float64(min(t.BytesDone, t.BytesTotal))/float64(t.BytesTotal))
+}
+
+// ReasonTimeline is the Event that tells where a finished pod's time went.
+const ReasonTimeline = "Timeline"
+
+// Timeline tells where the time of a pod's work went, from the pod's making to its result
+// being read: waiting to be scheduled, the node starting it, the source's first byte, the
+// bytes, the final flush. The pod's times are the apiserver's and its node's clocks, the
+// result's are seconds after the command began (its container's start).
+func Timeline(action string, pod *corev1.Pod, res *transfer.Result, now time.Time) string {
+	made := pod.CreationTimestamp.Time
+	at := func(what string, t time.Time) string { return fmt.Sprintf("%s +%.1fs", what, t.Sub(made).Seconds()) }
+	parts := []string{"pod made"}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue && !c.LastTransitionTime.IsZero() {
+			parts = append(parts, at("scheduled", c.LastTransitionTime.Time))
+		}
+	}
+	var started time.Time
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil && !t.StartedAt.IsZero() {
+			started = t.StartedAt.Time
+		}
+	}
+	if !started.IsZero() {
+		parts = append(parts, at("running", started))
+		after := func(s float64) time.Time { return started.Add(time.Duration(s * float64(time.Second))) }
+		if res.FirstByteSeconds > 0 {
+			parts = append(parts, at("first byte", after(res.FirstByteSeconds)), at("last byte", after(res.LastByteSeconds)))
+		}
+		if res.FlushedSeconds > 0 {
+			parts = append(parts, at("flushed", after(res.FlushedSeconds)))
+		}
+	}
+	parts = append(parts, at("result read", now))
+	msg := fmt.Sprintf("%s of pod %s: %s", action, pod.Name, strings.Join(parts, ", "))
+	if span := res.LastByteSeconds - res.FirstByteSeconds; res.BytesRead > 0 && span > 0 {
+		msg += fmt.Sprintf("; %d bytes read at %.0f MB/s", res.BytesRead, float64(res.BytesRead)/span/1e6)
+	}
+	return msg
 }
