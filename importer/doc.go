@@ -9,7 +9,10 @@
 // cluster reads into 2 MiB ranged requests, several in flight, with read-ahead; only the
 // clusters the image has allocated are fetched, and memory stays at the cache's 96 MiB however
 // large the image. go-qcow2reader's convert package walks the image and writes its non-zero
-// data to the target.
+// data to the target. A raw image (or ISO) from such a source, and every copy of a disk between
+// volumes, runs on the copy engine (copy.go): its data in 1 MiB chunks, each fetched by one
+// ranged request, eight in flight, and written as it comes; the holes a clone source or a local
+// disk lists are skipped unread.
 //
 // Streams that cannot be read at random — a server without Range, a gzip, xz or zstd
 // wrapper — are imported front to back: raw images (and ISOs) stream straight to the target;
