@@ -90,6 +90,7 @@ type Cluster struct {
 	Registry string
 
 	pki   *pki.Authority
+	floor float64 // StorageFloor
 	mu    sync.Mutex
 	procs []*proc
 	nodes []*node

@@ -69,14 +69,62 @@ func (c *Cluster) csiStore() error {
 	if err != nil {
 		return err
 	}
-	for _, args := range [][]string{{"mkfs.xfs", "-q", "-m", "reflink=1", img}, {"mount", "-o", "loop", img, c.path("csi")}} {
+	// The loop device reads and writes its file with direct I/O, as a node's own disk would be
+	// written: a buffered loop keeps every page twice (the volume's and the file's) and wrote
+	// 1 GiB with fdatasync at 0.9-1.2 GB/s here, where direct I/O wrote it at 1.8 GB/s.
+	how := "direct I/O"
+	dev, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", img).Output()
+	if err != nil {
+		how, dev = "buffered", nil
+	}
+	mount := []string{"mount", "-o", "loop", img, c.path("csi")}
+	if dev != nil {
+		mount = []string{"mount", strings.TrimSpace(string(dev)), c.path("csi")}
+	}
+	for _, args := range [][]string{{"mkfs.xfs", "-q", "-m", "reflink=1", img}, mount} {
 		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil { //nolint:gosec // fixed tools
 			// A machine without loop devices: the volumes stay where they are.
 			c.step("CSI volumes on the machine's filesystem: clones are full copies (%s: %v: %s)", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+			if dev != nil {
+				_ = exec.Command("losetup", "-d", strings.TrimSpace(string(dev))).Run() //nolint:gosec // our device
+			}
 			return os.Remove(img)
 		}
 	}
-	c.step("CSI volumes on XFS with reflink (%s, sparse, %.0f GiB): clones and restores are copy-on-write", img, float64(size)/(1<<30))
+	c.step("CSI volumes on XFS with reflink (%s, sparse, %.0f GiB, a loop device with %s): clones and restores are copy-on-write", img, float64(size)/(1<<30), how)
+	return c.measureFloor()
+}
+
+// StorageFloor is the rate, in bytes a second, at which the volumes' filesystem takes 1 GiB
+// written and flushed (fdatasync), measured as the cluster starts: no copy into a volume can be
+// faster, and every node's volumes share it (one filesystem, one disk). 0 when not measured.
+func (c *Cluster) StorageFloor() float64 { return c.floor }
+
+// measureFloor measures StorageFloor, as dd conv=fdatasync of 1 GiB would, and says it.
+func (c *Cluster) measureFloor() error {
+	p := c.path("csi", "floor.measure")
+	defer os.Remove(p)
+	f, err := os.Create(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for i := range buf {
+		buf[i] = byte(i%251 + 1) // data, not zeros a file system might skip
+	}
+	start := time.Now()
+	for range 1024 {
+		if _, err := f.Write(buf); err != nil {
+			return fmt.Errorf("measuring the storage floor: %w", err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("measuring the storage floor: %w", err)
+	}
+	took := time.Since(start)
+	c.floor = float64(1<<30) / took.Seconds()
+	c.step("storage floor: 1 GiB written and flushed in %.2f s (%.0f MB/s), the bound on any copy into the volumes of every node", took.Seconds(), c.floor/1e6)
 	return nil
 }
 
