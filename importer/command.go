@@ -41,12 +41,8 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 	}
 
-	overhead := DefaultOverhead
-	if a.Overhead != nil { // 0 is an overhead too
-		overhead = *a.Overhead
-	}
 	o := Options{
-		Target: a.Target, Capacity: a.Capacity, Overhead: overhead, Checksum: a.Checksum, Format: Format(a.Format), OVADisk: a.OVADisk,
+		Target: a.Target, Capacity: a.Capacity, Overhead: a.Overhead, // nil: the default; 0 is an overhead too Checksum: a.Checksum, Format: Format(a.Format), OVADisk: a.OVADisk,
 		Parallel: a.Parallel, StallTimeout: a.StallTimeout, Log: cmd.Log, Progress: cmd.Progress,
 		Retry: transfer.RetryPolicy{Attempts: a.Retries, Initial: transfer.DefaultRetryPolicy.Initial, Max: transfer.DefaultRetryPolicy.Max},
 	}
@@ -76,7 +72,8 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	if a.GrowOnly {
 		return cmd.Run(ctx, "Grow", func(context.Context) (*transfer.Result, error) {
-			return Grow(a.Target, a.Capacity, overhead, a.Preallocate)
+			o.defaults()
+			return Grow(a.Target, a.Capacity, *o.Overhead, a.Preallocate)
 		})
 	}
 	return cmd.Run(ctx, "Import", func(ctx context.Context) (*transfer.Result, error) {

@@ -18,6 +18,8 @@ import (
 	"github.com/lima-vm/go-qcow2reader/image"
 	"github.com/lima-vm/go-qcow2reader/image/qcow2"
 
+	"k8s.io/utils/ptr"
+
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
@@ -32,8 +34,9 @@ type Options struct {
 	Target string
 	// Capacity is the volume's size in bytes (0: the filesystem's or device's own).
 	Capacity int64
-	// Overhead is the share of a filesystem volume kept for the filesystem (default 6 %).
-	Overhead float64
+	// Overhead is the share of a filesystem volume kept for the filesystem; nil is 6 %, and 0
+	// keeps none (a CDIConfig may say so, and the claim was then sized with none).
+	Overhead *float64
 	// Grow makes disk.img as large as the volume allows (rounded down to a MiB) when the
 	// image is smaller: a disk requested larger than its image. A blank disk of size 0 is
 	// the whole usable volume.
@@ -75,8 +78,8 @@ const (
 )
 
 func (o *Options) defaults() {
-	if o.Overhead == 0 {
-		o.Overhead = DefaultOverhead
+	if o.Overhead == nil {
+		o.Overhead = ptr.To(DefaultOverhead)
 	}
 	if o.Retry.Attempts == 0 {
 		o.Retry = transfer.DefaultRetryPolicy
@@ -100,7 +103,7 @@ func Import(ctx context.Context, o Options) (*transfer.Result, error) {
 	o.defaults()
 	res := &transfer.Result{}
 	start := time.Now()
-	t, err := OpenTarget(o.Target, o.Capacity, o.Overhead)
+	t, err := OpenTarget(o.Target, o.Capacity, *o.Overhead)
 	if err != nil {
 		return res, err
 	}

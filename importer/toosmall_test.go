@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -109,4 +110,31 @@ func TestPreallocate(t *testing.T) {
 		t.Errorf("grown to %d bytes, %d allocated", gres.VirtualSize, allocated(t, sparse))
 	}
 	sameDisk(t, raw, sparse) // qemu-img compare: the image, then zeros
+}
+
+// TestOverheadAsGiven: the filesystem's share is the one the pod is given, 0 included (a
+// CDIConfig may keep none, and the claim was then sized with none): a disk exactly as large
+// as its volume fits with --overhead 0 and is refused with the default, which names it.
+func TestOverheadAsGiven(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	url := serve(t, &fileServer{path: raw})
+	size := strconv.Itoa(fixtureSize)
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"--overhead", "0"}, transfer.ExitSucceeded},
+		{nil, transfer.ExitFailed},
+	} {
+		target := filepath.Join(t.TempDir(), "disk.img")
+		code, res, log := runMain(t, append([]string{"--url", url, "--target", target, "--capacity", size}, c.args...)...)
+		if code != c.code {
+			t.Fatalf("%v: exit %d, want %d: %+v\n%s", c.args, code, c.code, res, log)
+		}
+		if code == transfer.ExitSucceeded {
+			sameDisk(t, raw, target)
+		} else if res.Reason != transfer.ReasonTooLarge || !strings.Contains(res.Message, "6 % filesystem overhead") {
+			t.Errorf("the default overhead: %s %s", res.Reason, res.Message)
+		}
+	}
 }

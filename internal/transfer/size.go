@@ -12,6 +12,18 @@ func VolumeSizeFor(size int64, overhead float64) int64 {
 	return RoundMiB(int64(float64(size)/(1-overhead)) + 1)
 }
 
+// CopyCapacity is the size of a volume to copy a volume of claim bytes into: as large, except
+// a block volume copied into a filesystem volume, whose disk (the whole device) needs the
+// filesystem's overhead besides (VolumeSizeFor): a volume as large would refuse it as too
+// large by that overhead. A disk file copied out of a filesystem volume is smaller than its
+// volume, and fits in one as large of either mode with the same overhead.
+func CopyCapacity(claim int64, fromBlock, toBlock bool, overhead float64) int64 {
+	if fromBlock && !toBlock {
+		return max(claim, VolumeSizeFor(claim, overhead))
+	}
+	return claim
+}
+
 // RoundMiB rounds n up to a whole MiB.
 func RoundMiB(n int64) int64 { return (n + 1<<20 - 1) &^ (1<<20 - 1) }
 
