@@ -66,7 +66,20 @@ var _ = Describe("CDI's API under the real KubeVirt", afterKubeVirtRollout, func
 		// DataImportCrons keep them on Ceph RBD.
 		importHTTP(golden, "golden", "disk.qcow2")
 		kubectl(diskOf("fedora", "", "Filesystem", "512Mi"), "apply", "-n", golden, "-f", "-")
+		// A bootable volume of block mode, whose disk is the whole device, made into a VM at
+		// its own size (what "create a VM from a bootable volume" writes): its copy into a
+		// filesystem volume needs the filesystem's share besides, as CDI sizes the claim.
+		kubectl(diskOf("fedora-block", "", "Block", "512Mi")+`---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataSource
+metadata:
+  name: fedora-block
+spec:
+  source:
+    pvc: {name: fedora-block, namespace: `+golden+`}
+`, "apply", "-n", golden, "-f", "-")
 		Eventually(phase(golden, "dvol", "fedora"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
+		Eventually(phase(golden, "dvol", "fedora-block"), 2*time.Minute, time.Second).Should(Equal("Ready Made"))
 		kubectl(volumeSnapshot("fedora", "fedora")+`---
 apiVersion: cdi.kubevirt.io/v1beta1
 kind: DataSource
@@ -89,6 +102,7 @@ spec:
 			"storage:\n", "storage:\n        storageClassName: "+realcluster.WFFCClass+"\n", 1)
 		kubectl(lazy+"---\n"+
 			dvVM("fromref", "sourceRef: {kind: DataSource, name: fedora, namespace: "+golden+"}")+"---\n"+
+			dvVM("fromblock", "sourceRef: {kind: DataSource, name: fedora-block, namespace: "+golden+"}")+"---\n"+
 			dvVM("fromotherns", "source:\n        pvc: {namespace: "+golden+", name: fedora}")+"---\n"+
 			dvVM("broken", fmt.Sprintf("source:\n        http: {url: %q}", server+"/no-such-disk.qcow2")), "apply", "-n", ns, "-f", "-")
 
@@ -108,7 +122,7 @@ spec:
 		}, time.Minute, time.Second).Should(ContainSubstring("DataVolume broken-root failed to import disk image"))
 
 		var wg sync.WaitGroup
-		for _, vm := range []string{"fromhttp", "fromref", "fromotherns"} {
+		for _, vm := range []string{"fromhttp", "fromref", "fromblock", "fromotherns"} {
 			wg.Go(func() {
 				defer GinkgoRecover()
 				line := guestConsole(ns, vm, "")[0]
@@ -122,7 +136,7 @@ spec:
 		}
 		wg.Wait()
 		Expect(kubectl("", "get", "dv", "-n", ns, "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.phase} {.status.progress};{end}`)).
-			To(Equal("broken-root=Failed N/A;fromhttp-root=Succeeded 100.0%;fromotherns-root=Succeeded 100.0%;fromref-root=Succeeded 100.0%;"))
+			To(Equal("broken-root=Failed N/A;fromblock-root=Succeeded 100.0%;fromhttp-root=Succeeded 100.0%;fromotherns-root=Succeeded 100.0%;fromref-root=Succeeded 100.0%;"))
 
 		// What the http import wrote: the importer writes the disk's data once, into the staging
 		// image's volume, with no scratch copy (the manager counts it); the DataVolume's claim is
