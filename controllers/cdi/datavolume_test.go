@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -1149,6 +1150,30 @@ func TestProfileHook(t *testing.T) {
 	plain.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
 	g.Expect(env.Client.Create(ctx, plain)).To(Succeed())
 	g.Expect(ptr.Deref(plain.Spec.VolumeMode, "")).To(Equal(corev1.PersistentVolumeFilesystem), "the API's default, not the profile's")
+	// Sizes, as CDI renders them: a Filesystem claim keeps the filesystem's share besides what
+	// it asks for; a Block one is the disk; an unlabelled one is left as asked.
+	size := func(pvc *corev1.PersistentVolumeClaim) int64 { return pvc.Spec.Resources.Requests.Storage().Value() }
+	g.Expect(size(block)).To(Equal(int64(10 << 20)))
+	config := &cdiv1.CDIConfig{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: "config"}, config)).To(Succeed())
+	overhead, err := strconv.ParseFloat(string(config.Status.FilesystemOverhead.Global), 64)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(size(fs)).To(Equal(transfer.VolumeSizeFor(10<<20, overhead)), "the overhead the CDIConfig tells, %g", overhead)
+	g.Expect(size(plain)).To(Equal(int64(10 << 20)))
+	// volumeMode FromStorageProfile, which the API refuses, is the profile's.
+	from := claim("from-profile", label, ptr.To(cdiv1.PersistentVolumeFromStorageProfile))
+	g.Expect(env.Client.Create(ctx, from)).To(Succeed())
+	g.Expect(fmt.Sprintf("%v %s %d", from.Spec.AccessModes, ptr.Deref(from.Spec.VolumeMode, ""), size(from))).To(Equal("[ReadWriteMany] Block 10485760"))
+	// Storage that makes no smaller volume than its profile says: the claim asks for that.
+	p := &cdiv1.StorageProfile{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: "hook-rbd"}, p)).To(Succeed())
+	g.Expect(ctrltest.Update(ctx, env.Client, p, func() { metav1.SetMetaDataAnnotation(&p.ObjectMeta, cdi.AnnMinimumSize, "1Gi") })).To(Succeed())
+	g.Eventually(func() int64 {
+		small := claim("", label, ptr.To(corev1.PersistentVolumeBlock))
+		small.GenerateName = "tpm-"
+		g.Expect(env.Client.Create(ctx, small)).To(Succeed())
+		return size(small)
+	}, 20*time.Second).Should(Equal(int64(1 << 30)))
 }
 
 // withConfig changes the CDIConfig's spec for the test, and puts it back as it was after.

@@ -9,6 +9,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
@@ -17,7 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/transfer"
 )
 
 // KubeVirt makes some PVCs itself (a VM's persistent EFI and TPM state, the VM state of
@@ -33,15 +36,17 @@ const (
 	ProfileHookName          = "diskpipe-cdi-storageprofile"
 )
 
-// RegisterProfileHook serves the StorageProfile webhook on mgr's webhook server.
-func RegisterProfileHook(mgr ctrl.Manager) {
+// RegisterProfileHook serves the StorageProfile webhook on mgr's webhook server; overhead is
+// the filesystem's share kept in a Filesystem claim, as the DataVolumes' claims keep it.
+func RegisterProfileHook(mgr ctrl.Manager, overhead importpod.FilesystemOverhead) {
 	mgr.GetWebhookServer().Register(PathProfileHook, &webhook.Admission{Handler: &profileHook{
-		c: mgr.GetClient(), decoder: admission.NewDecoder(mgr.GetScheme())}})
+		c: mgr.GetClient(), decoder: admission.NewDecoder(mgr.GetScheme()), overhead: overhead}})
 }
 
 type profileHook struct {
-	c       client.Reader
-	decoder admission.Decoder
+	c        client.Reader
+	decoder  admission.Decoder
+	overhead importpod.FilesystemOverhead
 }
 
 func (h *profileHook) Handle(ctx context.Context, req admission.Request) admission.Response {
@@ -52,7 +57,7 @@ func (h *profileHook) Handle(ctx context.Context, req admission.Request) admissi
 	if pvc.Labels[LabelApplyStorageProfile] != "true" {
 		return admission.Allowed("")
 	}
-	if err := renderClaim(ctx, h.c, pvc); err != nil {
+	if err := renderClaim(ctx, h.c, h.overhead, pvc); err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	raw, err := json.Marshal(pvc)
@@ -63,10 +68,23 @@ func (h *profileHook) Handle(ctx context.Context, req admission.Request) admissi
 }
 
 // renderClaim completes pvc from its class's StorageProfile, as CDI renders a claim: the class
-// KubeVirt's disks default to when it names none, the access modes of the first claim property
-// set of its volume mode when it gives none, and the volume mode of the first set that has one
-// of its access modes when it gives none.
-func renderClaim(ctx context.Context, c client.Reader, pvc *corev1.PersistentVolumeClaim) error {
+// KubeVirt's disks default to when it names none; volumeMode FromStorageProfile taken as none
+// (the API refuses it, so it must be resolved here); the access modes of the first claim
+// property set of its volume mode when it gives none, and the volume mode of the first set that
+// has one of its access modes when it gives none (Filesystem when none does); then its size:
+// a Filesystem claim keeps the filesystem's share besides what it asks for (overhead, as a
+// DataVolume's claim does), and no claim is smaller than the profile's
+// cdi.kubevirt.io/minimumSupportedPvcSize (storage that makes no smaller volume would never
+// bind a VM's 10 Mi EFI or TPM state).
+func renderClaim(ctx context.Context, c client.Reader, overhead importpod.FilesystemOverhead, pvc *corev1.PersistentVolumeClaim) error {
+	if pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == cdiv1.PersistentVolumeFromStorageProfile {
+		pvc.Spec.VolumeMode = nil
+	}
+	defer func() {
+		if pvc.Spec.VolumeMode == nil {
+			pvc.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeFilesystem)
+		}
+	}()
 	if pvc.Spec.StorageClassName == nil {
 		name, err := virtDefaultClass(ctx, c)
 		if err != nil {
@@ -75,12 +93,14 @@ func renderClaim(ctx context.Context, c client.Reader, pvc *corev1.PersistentVol
 		pvc.Spec.StorageClassName = name
 	}
 	class, err := storage.ClassName(ctx, c, pvc.Spec.StorageClassName)
-	if err != nil || class == "" {
+	if err != nil {
 		return err
 	}
 	p := &cdiv1.StorageProfile{}
-	if err := c.Get(ctx, client.ObjectKey{Name: class}, p); err != nil {
-		return client.IgnoreNotFound(err)
+	if class != "" {
+		if err := c.Get(ctx, client.ObjectKey{Name: class}, p); client.IgnoreNotFound(err) != nil {
+			return err
+		}
 	}
 	sets := p.Status.ClaimPropertySets
 	switch {
@@ -99,6 +119,17 @@ func renderClaim(ctx context.Context, c client.Reader, pvc *corev1.PersistentVol
 			}
 		}
 	}
+	size, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	if !ok {
+		return nil
+	}
+	if ptr.Deref(pvc.Spec.VolumeMode, corev1.PersistentVolumeFilesystem) == corev1.PersistentVolumeFilesystem {
+		size.Set(transfer.VolumeSizeFor(size.Value(), overhead.For(class)))
+	}
+	if least, err := resource.ParseQuantity(p.Annotations[AnnMinimumSize]); err == nil && size.Cmp(least) < 0 {
+		size = least
+	}
+	pvc.Spec.Resources.Requests[corev1.ResourceStorage] = size
 	return nil
 }
 

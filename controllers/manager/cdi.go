@@ -43,7 +43,7 @@ func wireCDI(mgr ctrl.Manager, opts *Options, keeper *admission.CertKeeper) (ext
 	o := cdi.Options{FilesystemOverhead: opts.Importer.FilesystemOverhead, Strategies: opts.CloneStrategies}
 	if w := opts.Webhook; w != nil {
 		o.UploadProxyURL = w.UploadProxyURL
-		cdi.RegisterProfileHook(mgr)
+		cdi.RegisterProfileHook(mgr, o.FilesystemOverhead)
 		if w.UploadTokenSecret.Name != "" {
 			ext.tokenGroups = append(ext.tokenGroups, cdiupload.Tokens)
 		}
