@@ -1,13 +1,16 @@
 package cdi
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -31,10 +34,44 @@ const (
 	// ReasonUploadImageTaken is the reason virtctl image-upload stops on (CDI's provisioner uses it).
 	ReasonUploadImageTaken = "ProvisioningFailed"
 	ReasonUploadFailed     = "UploadFailed"
+	// ReasonImportFailed is CDI's legacy import into a PVC that failed (CDI's own event reason).
+	ReasonImportFailed = "ErrImportFailed"
 )
 
-// UploadPVCReconciler serves `virtctl image-upload pvc`, and the claim of a DataVolume of
-// source upload (observeUpload makes it the same way): a PVC made for an upload
+// staged says whether pvc is staged by an image this controller makes: an upload into it, or
+// CDI's legacy import into it.
+func staged(pvc *corev1.PersistentVolumeClaim) bool {
+	return cdiclaims.IsUploadPVC(pvc) || cdiclaims.IsImportPVC(pvc)
+}
+
+// legacySource is the image source of CDI's legacy import into pvc, from its annotations:
+// the endpoint, its kind (http when it names none), the Secret and the CA's ConfigMap of the
+// PVC's namespace. Admission refused the kinds diskpipe does not serve.
+func legacySource(pvc *corev1.PersistentVolumeClaim) (*hypercloud.VirtualMachineImageSource, error) {
+	a := pvc.Annotations
+	endpoint, secret, ca := a[cdiclaims.AnnImportEndpoint], a[cdiclaims.AnnImportSecret], a[cdiclaims.AnnImportCertConfigMap]
+	var src cdiv1.DataVolumeSource
+	switch kind := cmp.Or(a[cdiclaims.AnnImportSource], "http"); kind {
+	case "http":
+		src.HTTP = &cdiv1.DataVolumeSourceHTTP{URL: endpoint, SecretRef: secret, CertConfigMap: ca}
+	case "registry":
+		src.Registry = &cdiv1.DataVolumeSourceRegistry{URL: &endpoint, SecretRef: ptr.To(secret), CertConfigMap: ptr.To(ca)}
+	case "s3":
+		src.S3 = &cdiv1.DataVolumeSourceS3{URL: endpoint, SecretRef: secret, CertConfigMap: ca}
+	default:
+		return nil, fmt.Errorf("%s %q is not served by diskpipe: http, registry or s3", cdiclaims.AnnImportSource, kind)
+	}
+	img, err := imageSource(&src, pvc.Namespace, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", cdiclaims.AnnImportEndpoint, endpoint, err)
+	}
+	return img, nil
+}
+
+// UploadPVCReconciler serves `virtctl image-upload pvc`, the claim of a DataVolume of
+// source upload (observeUpload makes it the same way), and CDI's legacy import into a PVC
+// (cdiclaims.AnnImportEndpoint: its staging image imports the source the annotations name, and
+// its annotations say Pending, Running, Succeeded or Failed as CDI's import controller's do): a PVC made for an upload
 // (cdiclaims.IsUploadPVC: marked cdi.kubevirt.io/storage.upload.target, its dataSourceRef
 // given by admission) gets its staging image, a VirtualMachineImage of source upload that the
 // PVC controls, of the PVC's class and volume mode. The upload proxy takes CDI's upload into
@@ -53,7 +90,7 @@ func setupUploadPVCs(mgr ctrl.Manager) error {
 	r := &UploadPVCReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi")}
 	uploads := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		pvc, ok := o.(*corev1.PersistentVolumeClaim)
-		return ok && cdiclaims.IsUploadPVC(pvc)
+		return ok && staged(pvc)
 	})
 	return ctrl.NewControllerManagedBy(mgr).Named("uploadpvc").
 		For(&corev1.PersistentVolumeClaim{}, builder.WithPredicates(uploads)).
@@ -64,7 +101,7 @@ func setupUploadPVCs(mgr ctrl.Manager) error {
 // PVC the state of its upload.
 func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pvc := &corev1.PersistentVolumeClaim{}
-	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil || !cdiclaims.IsUploadPVC(pvc) || !pvc.DeletionTimestamp.IsZero() {
+	if err := r.Get(ctx, req.NamespacedName, pvc); err != nil || !staged(pvc) || !pvc.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	img := &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cdiclaims.UploadPVCImage(pvc.Name), Namespace: pvc.Namespace,
@@ -80,19 +117,28 @@ func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodSucceeded, false)
 	}
-	img.Spec = hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}},
+	src, what := &hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}}, "upload"
+	if cdiclaims.IsImportPVC(pvc) {
+		var err error
+		if src, err = legacySource(pvc); err != nil {
+			r.Events.Eventf(pvc, nil, corev1.EventTypeWarning, ReasonImportFailed, "Import", "%s", err.Error())
+			return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodFailed, false)
+		}
+		what = "import"
+	}
+	img.Spec = hypercloud.VirtualMachineImageSpec{Source: *src,
 		VolumeOptions: common.VolumeOptions{StorageClassName: pvc.Spec.StorageClassName, VolumeMode: pvc.Spec.VolumeMode}}
 	created, err := owned.Ensure(ctx, r.Client, pvc, img)
 	if notOwned := (*owned.ErrNotOwned)(nil); errors.As(err, &notOwned) {
 		r.Events.Eventf(pvc, nil, corev1.EventTypeWarning, ReasonUploadImageTaken, "Upload",
-			"VirtualMachineImage %s, which stages this PVC's upload, already exists and is not this PVC's: delete it, or upload into a PVC of another name", img.Name)
+			"VirtualMachineImage %s, which stages this PVC's %s, already exists and is not this PVC's: delete it, or %s into a PVC of another name", img.Name, what, what)
 		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodPending, false)
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	if created {
 		r.Events.Eventf(pvc, img, corev1.EventTypeNormal, ReasonUploadImageCreated, "Upload",
-			"VirtualMachineImage %s takes the upload; the PVC is bound once it is written into it", img.Name)
+			"VirtualMachineImage %s takes the %s; the PVC is bound once it is written into it", img.Name, what)
 	}
 	ready := meta.FindStatusCondition(img.Status.Conditions, common.ConditionReady)
 	switch {
@@ -101,7 +147,11 @@ func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		if ready != nil {
 			msg = ready.Reason + ": " + ready.Message
 		}
-		r.Events.Eventf(pvc, img, corev1.EventTypeWarning, ReasonUploadFailed, "Upload", "The upload's import failed: %s", msg)
+		if what == "import" {
+			r.Events.Eventf(pvc, img, corev1.EventTypeWarning, ReasonImportFailed, "Import", "The import failed: %s", msg)
+		} else {
+			r.Events.Eventf(pvc, img, corev1.EventTypeWarning, ReasonUploadFailed, "Upload", "The upload's import failed: %s", msg)
+		}
 		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodFailed, false)
 	case ready != nil && ready.Reason == goldenimage.ReasonWaitingForUpload:
 		return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodRunning, true)

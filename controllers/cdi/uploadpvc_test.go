@@ -176,3 +176,78 @@ func uploaded(t *testing.T, img *hypercloud.VirtualMachineImage) {
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 }
+
+// TestImportEndpointPVC: CDI's legacy import into a plain PVC (the endpoint annotation, with
+// the dataSourceRef admission gives it) gets its staging image, of the source the annotations
+// name, with their Secret and CA, controlled by the PVC; its annotations say Running while the
+// image imports, Succeeded once the claim is bound, Failed with CDI's event when the import
+// fails; a source kind diskpipe does not serve fails with the reason.
+func TestImportEndpointPVC(t *testing.T) {
+	setup(t)
+	g := NewWithT(t)
+	ctx := t.Context()
+	ns := namespace(t, "importpvc")
+	claim := func(name string, ann map[string]string) *corev1.PersistentVolumeClaim {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: ann},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName: ptr.To("csi"),
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *ctrltest.Quantity("1Gi")}},
+				DataSourceRef:    cdiclaims.UploadPVCSource(name)}}
+		g.Expect(env.Client.Create(ctx, pvc)).To(Succeed())
+		return pvc
+	}
+	phase := func(pvc *corev1.PersistentVolumeClaim) func() string {
+		return func() string {
+			_ = env.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)
+			return pvc.Annotations[cdiclaims.AnnPodPhase]
+		}
+	}
+	staging := func(name string) *hypercloud.VirtualMachineImage {
+		img := &hypercloud.VirtualMachineImage{}
+		g.Eventually(func() error {
+			return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: cdiclaims.UploadPVCImage(name)}, img)
+		}, 20*time.Second).Should(Succeed())
+		return img
+	}
+
+	disk := claim("fedora", map[string]string{cdiclaims.AnnImportEndpoint: "https://images.example.com/fedora.qcow2",
+		cdiclaims.AnnImportSecret: "creds", cdiclaims.AnnImportCertConfigMap: "ca"})
+	img := staging("fedora")
+	g.Expect(metav1.IsControlledBy(img, disk)).To(BeTrue(), "deleting the PVC deletes its staging image")
+	g.Expect(img.Spec.Source.HTTP).To(Equal(common.HTTPURL("https://images.example.com/fedora.qcow2")))
+	g.Expect(img.Spec.Source.HTTPOptions.SecretRef).To(Equal(common.LocalName("creds")))
+	g.Expect(img.Spec.Source.HTTPOptions.CertConfigMap).To(Equal(common.LocalName("ca")))
+	g.Expect(img.Spec.StorageClassName).To(Equal(ptr.To("csi")))
+	g.Eventually(phase(disk), 20*time.Second).Should(Or(Equal("Pending"), Equal("Running")))
+	ctrltest.Bind(t, env, ns, "fedora")
+	g.Eventually(phase(disk), 20*time.Second).Should(Equal("Succeeded"))
+
+	claim("cirros", map[string]string{cdiclaims.AnnImportEndpoint: "docker://quay.io/kubevirt/cirros-container-disk-demo", cdiclaims.AnnImportSource: "registry"})
+	g.Expect(staging("cirros").Spec.Source.Registry.URL).To(Equal("docker://quay.io/kubevirt/cirros-container-disk-demo"))
+
+	// An import that fails: the claim says Failed, with CDI's event.
+	broken := claim("broken", map[string]string{cdiclaims.AnnImportEndpoint: "https://images.example.com/broken.qcow2"})
+	bimg := staging("broken")
+	bimg.Status.Phase = common.PhaseFailed
+	bimg.Status.Conditions = []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, Reason: "SourceNotFound", Message: "404", LastTransitionTime: metav1.Now()}}
+	g.Expect(env.Client.Status().Update(ctx, bimg)).To(Succeed())
+	g.Eventually(phase(broken), 20*time.Second).Should(Equal("Failed"))
+	note := func(pvc *corev1.PersistentVolumeClaim) func() string {
+		return func() string {
+			list := &eventsv1.EventList{}
+			g.Expect(env.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+			for _, e := range list.Items {
+				if e.Regarding.UID == pvc.UID && e.Reason == cdi.ReasonImportFailed {
+					return e.Note
+				}
+			}
+			return ""
+		}
+	}
+	g.Eventually(note(broken), 20*time.Second).Should(Equal("The import failed: SourceNotFound: 404"))
+
+	// A kind admission would have refused (a cluster without the policy): the reason, no image.
+	vddk := claim("vddk", map[string]string{cdiclaims.AnnImportEndpoint: "https://vcenter.example.com", cdiclaims.AnnImportSource: "vddk"})
+	g.Eventually(phase(vddk), 20*time.Second).Should(Equal("Failed"))
+	g.Eventually(note(vddk), 20*time.Second).Should(Equal(`cdi.kubevirt.io/storage.import.source "vddk" is not served by diskpipe: http, registry or s3`))
+}

@@ -38,12 +38,35 @@ const (
 	MaxUploadPVCName     = 200 - len(UploadPVCImagePrefix)
 )
 
+// The claim annotations of CDI's legacy import into a PVC: a plain PVC that names an
+// endpoint, which CDI imports into (older tools and KubeVirt's own labs make them). Such a PVC
+// is staged as an upload's is, by a VirtualMachineImage of the source the annotations name
+// (UploadPVCImage), and says its state in AnnPodPhase.
+const (
+	AnnImportEndpoint      = "cdi.kubevirt.io/storage.import.endpoint"
+	AnnImportSource        = "cdi.kubevirt.io/storage.import.source" // http (the default), registry or s3
+	AnnImportSecret        = "cdi.kubevirt.io/storage.import.secretName"
+	AnnImportCertConfigMap = "cdi.kubevirt.io/storage.import.certConfigMap"
+)
+
 // IsUploadPVC says whether pvc takes an upload: it is marked AnnUploadTarget and its data
 // source is its staging image.
 func IsUploadPVC(pvc *corev1.PersistentVolumeClaim) bool {
 	_, marked := pvc.Annotations[AnnUploadTarget]
+	return marked && staged(pvc)
+}
+
+// IsImportPVC says whether pvc takes CDI's legacy import: it names AnnImportEndpoint and its
+// data source is its staging image.
+func IsImportPVC(pvc *corev1.PersistentVolumeClaim) bool {
+	_, marked := pvc.Annotations[AnnImportEndpoint]
+	return marked && staged(pvc)
+}
+
+// staged says whether pvc's data source is its staging image, UploadPVCSource.
+func staged(pvc *corev1.PersistentVolumeClaim) bool {
 	ref, want := pvc.Spec.DataSourceRef, UploadPVCSource(pvc.Name)
-	return marked && ref != nil && ptr.Deref(ref.APIGroup, "") == *want.APIGroup && ref.Kind == want.Kind &&
+	return ref != nil && ptr.Deref(ref.APIGroup, "") == *want.APIGroup && ref.Kind == want.Kind &&
 		ref.Name == want.Name && ptr.Deref(ref.Namespace, pvc.Namespace) == pvc.Namespace
 }
 

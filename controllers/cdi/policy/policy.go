@@ -120,9 +120,15 @@ var configUnsupported = []struct{ field, reason string }{
 // AnnUploadTarget marks a PVC made for an upload (cdiclaims.AnnUploadTarget).
 const AnnUploadTarget = cdiclaims.AnnUploadTarget
 
+// CDI's legacy import into a PVC (cdiclaims.AnnImportEndpoint on a plain PVC) is staged the
+// same way, and held to the same rules: made with the annotation, of a source diskpipe serves.
+const annImportEndpoint = cdiclaims.AnnImportEndpoint
+
 var (
 	uploadMarked   = "request.resource.resource == 'persistentvolumeclaims' && has(object.metadata.annotations) && '" + AnnUploadTarget + "' in object.metadata.annotations"
 	uploadWasThere = "(oldObject != null && has(oldObject.metadata.annotations) && '" + AnnUploadTarget + "' in oldObject.metadata.annotations)"
+	importMarked   = "request.resource.resource == 'persistentvolumeclaims' && has(object.metadata.annotations) && '" + annImportEndpoint + "' in object.metadata.annotations"
+	importWasThere = "(oldObject != null && has(oldObject.metadata.annotations) && '" + annImportEndpoint + "' in oldObject.metadata.annotations)"
 	// uploadTargetRef holds when the PVC's dataSourceRef is its staging image, as UploadPVCPolicy writes it.
 	uploadTargetRef = "has(object.spec.dataSourceRef) && has(object.spec.dataSourceRef.apiGroup) && " +
 		"object.spec.dataSourceRef.apiGroup == '" + hypercloud.GroupVersion.Group + "' && object.spec.dataSourceRef.kind == 'VirtualMachineImage' && " +
@@ -136,8 +142,22 @@ var (
 			"archive uploads (" + annContentType + ": archive, virtctl image-upload --archive-path) are not served by diskpipe's CDI API: diskpipe takes disk images only"},
 		{uploadRule(fmt.Sprintf("size(object.metadata.name) <= %d", cdiclaims.MaxUploadPVCName)),
 			fmt.Sprintf("a PVC for an upload has a name of at most %d characters (its staging image is named %s<name>)", cdiclaims.MaxUploadPVCName, cdiclaims.UploadPVCImagePrefix)},
+		{importRule("(oldObject == null && " + uploadTargetRef + ")"),
+			"CDI's import into a PVC (" + annImportEndpoint + ") is served into a PVC made with the annotation, without a data source of its own: " +
+				"make the PVC so, or import with a DataVolume; an existing PVC cannot be given an endpoint"},
+		{importRule("!('" + cdiclaims.AnnImportSource + "' in object.metadata.annotations) || object.metadata.annotations['" + cdiclaims.AnnImportSource + "'] in ['http', 'registry', 's3']"),
+			cdiclaims.AnnImportSource + " is served by diskpipe for http, registry and s3 (imageio, vddk, gcs and none are not): import those with a DataVolume of a source diskpipe serves, or a blank DataVolume"},
+		{importRule("!('" + annContentType + "' in object.metadata.annotations) || object.metadata.annotations['" + annContentType + "'] == 'kubevirt'"),
+			"archive imports (" + annContentType + ": archive) are not served by diskpipe's CDI API: diskpipe imports disk images only"},
+		{importRule(fmt.Sprintf("size(object.metadata.name) <= %d", cdiclaims.MaxUploadPVCName)),
+			fmt.Sprintf("a PVC for CDI's import has a name of at most %d characters (its staging image is named %s<name>)", cdiclaims.MaxUploadPVCName, cdiclaims.UploadPVCImagePrefix)},
 	}
 )
+
+// importRule is a condition that only a PVC newly given CDI's import endpoint must meet.
+func importRule(cond string) string {
+	return "!(" + importMarked + ") || " + importWasThere + " || " + cond
+}
 
 // uploadRule is a condition that only a PVC newly marked for an upload must meet (one marked
 // before, or any other object, passes).
@@ -153,7 +173,8 @@ const annContentType = "cdi.kubevirt.io/storage.contentType"
 const UploadPVCPolicyName = "diskpipe-cdi-upload-pvc"
 
 // UploadPVCPolicy is a MutatingAdmissionPolicy (admissionregistration.k8s.io/v1, Kubernetes
-// 1.36 and later) that gives a PVC created with cdiclaims.AnnUploadTarget and no data source
+// 1.36 and later) that gives a PVC created with cdiclaims.AnnUploadTarget (or CDI's legacy
+// cdiclaims.AnnImportEndpoint) and no data source
 // the dataSourceRef to its staging image, cdiclaims.UploadPVCImage(its name): the claim then
 // stays Pending until diskpipe's populator has written the upload into it, as KubeVirt needs
 // of a disk it boots. The chart installs it with cdi.compatibility.enabled.
@@ -168,7 +189,7 @@ func UploadPVCPolicy() *admissionregistrationv1.MutatingAdmissionPolicy {
 					Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"persistentvolumeclaims"},
 						Scope: ptr.To(admissionregistrationv1.NamespacedScope)}}}}},
 			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "upload-target",
-				Expression: "has(object.metadata.annotations) && '" + AnnUploadTarget + "' in object.metadata.annotations && " +
+				Expression: "has(object.metadata.annotations) && ('" + AnnUploadTarget + "' in object.metadata.annotations || '" + annImportEndpoint + "' in object.metadata.annotations) && " +
 					"!has(object.spec.dataSourceRef) && !has(object.spec.dataSource) && object.metadata.name != ''"}},
 			Mutations: []admissionregistrationv1.Mutation{{PatchType: admissionregistrationv1.PatchTypeApplyConfiguration,
 				ApplyConfiguration: &admissionregistrationv1.ApplyConfiguration{Expression: "Object{spec: Object.spec{" +

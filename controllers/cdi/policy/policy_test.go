@@ -169,6 +169,15 @@ func TestCDIPolicy(t *testing.T) {
 		{"upload PVC named too long", pvc(strings.Repeat("n", cdiclaims.MaxUploadPVCName+1), "cdi.kubevirt.io/storage.upload.target: ''"),
 			"a PVC for an upload has a name of at most 196 characters (its staging image is named pvc-<name>)"},
 		{"upload PVC named at the limit", pvc(strings.Repeat("n", cdiclaims.MaxUploadPVCName), "cdi.kubevirt.io/storage.upload.target: ''"), ""},
+		// CDI's legacy import into a PVC: staged the same way, of the sources diskpipe serves.
+		{"import PVC", pvc("import", "cdi.kubevirt.io/storage.import.endpoint: 'https://images.example.com/disk.img'"), ""},
+		{"import PVC of a registry", pvc("import-registry", "cdi.kubevirt.io/storage.import.endpoint: 'docker://quay.io/a/b', cdi.kubevirt.io/storage.import.source: registry"), ""},
+		{"import PVC of vddk", pvc("import-vddk", "cdi.kubevirt.io/storage.import.endpoint: 'https://vcenter', cdi.kubevirt.io/storage.import.source: vddk"),
+			"cdi.kubevirt.io/storage.import.source is served by diskpipe for http, registry and s3 (imageio, vddk, gcs and none are not)"},
+		{"import PVC of an archive", pvc("import-archive", "cdi.kubevirt.io/storage.import.endpoint: 'https://a/b.tar', cdi.kubevirt.io/storage.contentType: archive"),
+			"archive imports (cdi.kubevirt.io/storage.contentType: archive) are not served by diskpipe's CDI API"},
+		{"import PVC with a data source", withSource(pvc("import-sourced", "cdi.kubevirt.io/storage.import.endpoint: 'https://a/b'"), "other"),
+			"CDI's import into a PVC (cdi.kubevirt.io/storage.import.endpoint) is served into a PVC made with the annotation, without a data source of its own"},
 		{"plain PVC", pvc("plain", "team: a"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -213,6 +222,11 @@ func TestCDIPolicy(t *testing.T) {
 	typed := &corev1.PersistentVolumeClaim{}
 	g.Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(upload.Object, typed)).To(Succeed())
 	g.Expect(cdiclaims.IsUploadPVC(typed)).To(BeTrue())
+	imported := pvc("import", "")
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(imported), imported)).To(Succeed())
+	typed = &corev1.PersistentVolumeClaim{}
+	g.Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(imported.Object, typed)).To(Succeed())
+	g.Expect(cdiclaims.IsImportPVC(typed)).To(BeTrue(), "its data source is its staging image: %+v", typed.Spec.DataSourceRef)
 
 	// A PVC marked for an upload afterwards (virtctl image-upload pvc of a PVC that exists) is
 	// refused: its bytes could be in use, and it may be bound already.
@@ -220,6 +234,9 @@ func TestCDIPolicy(t *testing.T) {
 	g.Expect(ctrltest.Update(ctx, env.Client, plain, func() {
 		plain.SetAnnotations(map[string]string{cdipolicy.AnnUploadTarget: ""})
 	})).To(MatchError(ContainSubstring("an existing PVC cannot be marked for an upload")))
+	g.Expect(ctrltest.Update(ctx, env.Client, plain, func() {
+		plain.SetAnnotations(map[string]string{cdiclaims.AnnImportEndpoint: "https://images.example.com/disk.img"})
+	})).To(MatchError(ContainSubstring("an existing PVC cannot be given an endpoint")))
 
 	// A CDIConfig's setting is refused when it is added; one that was there may stay while
 	// another field changes.
