@@ -499,15 +499,41 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	return true, nil
 }
 
-// prePopulated looks at the claim of a DataVolume whose claim is already whole.
+// prePopulated looks at the claim of a DataVolume whose claim is already whole, and takes it
+// as CDI's DataVolume takes it: a claim nothing controls (KubeVirt's VirtualMachineRestore and
+// VirtualMachineClone make the restored claim with no owner) becomes the DataVolume's, so that
+// it goes with the DataVolume and its VM, and says its content type (the DataVolume's,
+// kubevirt when it names none), which KubeVirt's export of the VM reads. A claim another object
+// controls is left as it is.
 func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume) (observed, error) {
 	o := observed{prePopulated: dv.Name}
 	pvc := &corev1.PersistentVolumeClaim{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: o.prePopulated}, pvc)
-	if err == nil {
-		o.claim = pvc
+	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: o.prePopulated}, pvc); err != nil {
+		return o, client.IgnoreNotFound(err)
 	}
-	return o, client.IgnoreNotFound(err)
+	o.claim = pvc
+	content := string(cmp.Or(dv.Spec.ContentType, cdiv1.DataVolumeKubeVirt))
+	owner := metav1.GetControllerOf(pvc)
+	switch {
+	case !pvc.DeletionTimestamp.IsZero(), owner != nil && owner.UID != dv.UID:
+		return o, nil // not the DataVolume's to take
+	case owner != nil && pvc.Annotations[AnnContentType] == content:
+		return o, nil // taken
+	}
+	patch := client.MergeFrom(pvc.DeepCopy())
+	if owner == nil {
+		if err := controllerutil.SetControllerReference(dv, pvc, r.Scheme()); err != nil {
+			return o, err
+		}
+	}
+	metav1.SetMetaDataAnnotation(&pvc.ObjectMeta, AnnContentType, content)
+	if err := r.Patch(ctx, pvc, patch); err != nil {
+		return o, err
+	}
+	if owner == nil {
+		r.Events.Eventf(dv, pvc, corev1.EventTypeNormal, "ClaimAdopted", "Adopt", "Took PVC %s, pre-populated, as the DataVolume's disk", pvc.Name)
+	}
+	return o, nil
 }
 
 // diskSpec is the DiskVolume that makes dv and the source of the image that stages its bytes

@@ -235,6 +235,30 @@ func TestDataVolumeRefusals(t *testing.T) {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kept"}, &diskvolume.DiskVolume{})
 	},
 		2*time.Second).ShouldNot(Succeed(), "nothing is made for a pre-populated claim")
+	// The claim, which nothing controlled (KubeVirt's restore makes it so), is the DataVolume's
+	// now, with its content type, as CDI takes it: the VM's deletion takes it along, and
+	// KubeVirt's export reads it as a disk.
+	g.Eventually(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(kept), kept)
+		return fmt.Sprint(metav1.IsControlledBy(kept, adopt), " ", kept.Annotations[cdi.AnnContentType])
+	}, 20*time.Second).Should(Equal("true kubevirt"))
+	// A pre-populated claim another object controls is left to it.
+	theirs := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: ns}}
+	g.Expect(env.Client.Create(ctx, theirs)).To(Succeed())
+	held := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "held", Namespace: ns,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "owner", UID: theirs.UID, Controller: ptr.To(true)}}},
+		Spec: kept.Spec}
+	held.Spec.VolumeName = ""
+	g.Expect(env.Client.Create(ctx, held)).To(Succeed())
+	ctrltest.Bind(t, env, ns, "held")
+	other := dataVolume(ns, "held", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "1Gi")
+	other.Annotations = map[string]string{cdiv1.AnnPrePopulated: "held"}
+	g.Expect(env.Client.Create(ctx, other)).To(Succeed())
+	g.Eventually(dvState(t, other), 20*time.Second).Should(HavePrefix("Succeeded"))
+	g.Consistently(func() string {
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(held), held)
+		return fmt.Sprint(metav1.GetControllerOf(held).Kind, " ", held.Annotations[cdi.AnnContentType])
+	}, 2*time.Second).Should(Equal("ConfigMap "))
 }
 
 // TestCDIObjects: with CDI's API served, the manager keeps the one CDI object (Deployed) and the
