@@ -111,7 +111,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				// space (there is none): only a registry is a source here.
 				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "registry URL %q must start with docker://: push an oci-archive to a registry", a.URL)
 			}
-			r := &RegistrySource{URL: a.URL, AuthFile: a.RegistryAuthFile, CAFile: a.CAFile, Insecure: a.Insecure, Architecture: a.Architecture, PublicKeyFile: a.RegistryPublicKeyFile, Egress: &cmd.Egress}
+			r := &RegistrySource{URL: a.URL, AuthFile: a.RegistryAuthFile, CAFile: a.CAFile, Insecure: a.Insecure, Architecture: a.Architecture, Disk: a.Disk, PublicKeyFile: a.RegistryPublicKeyFile, Egress: &cmd.Egress}
 			if a.AuthDir != "" {
 				if err := r.loadCredentials(a.AuthDir); err != nil {
 					return nil, err

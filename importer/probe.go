@@ -129,6 +129,10 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 		res.Format = string(FormatRaw)
 		if comp == CompressionNone {
 			res.VirtualSize = obj.Size()
+		} else if c, ok := obj.(interface{ capacity() int64 }); ok && c.capacity() > 0 {
+			// A VM artifact's disk says the capacity of the claim it was exported from: the
+			// disk is no larger.
+			res.VirtualSize = c.capacity()
 		}
 	case FormatVPC, FormatVDI, FormatVHDX:
 		res.Format = string(format)

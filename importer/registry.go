@@ -21,6 +21,7 @@ import (
 	"go.podman.io/image/v5/pkg/blobinfocache/none"
 	"go.podman.io/image/v5/pkg/compression"
 	"go.podman.io/image/v5/types"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/diskpipe/diskpipe/internal/transfer"
 )
@@ -45,6 +46,10 @@ type RegistrySource struct {
 	// PublicKeyFile, when set, is the PEM public key the image must carry a cosign signature
 	// by (signature.go); it is checked before a byte is written.
 	PublicKeyFile string
+	// Disk picks the disk of a KubeVirt VM artifact (an OCI artifact of one layer per disk,
+	// media type application/vnd.kubevirt.disk.raw+zstd and the like): its io.kubevirt.disk.name
+	// or its layer's digest; empty takes the artifact's only disk.
+	Disk string
 	// Egress is where the source may connect (nil: anywhere). The registry client takes no
 	// dialer, so its connections go through an in-process SOCKS proxy that dials by the rule.
 	Egress *transfer.Egress
@@ -200,6 +205,20 @@ func (s *RegistrySource) Open(ctx context.Context) (Object, error) {
 		return nil, s.fail(err)
 	}
 	layers := img.LayerInfos()
+	if disks := artifactDisks(layers); len(disks) > 0 || s.Disk != "" {
+		info, err := s.pickDisk(disks)
+		if err != nil {
+			o.Close()
+			return nil, err
+		}
+		r, err := o.openArtifactDisk(ctx, info)
+		if err != nil {
+			o.Close()
+			return nil, err
+		}
+		o.layer, o.size, o.first, o.artifact = info, info.Size, r, true
+		return o, nil
+	}
 	for i := len(layers) - 1; i >= 0; i-- { // the top-most layer with a disk wins
 		r, size, err := o.openDisk(ctx, layers[i])
 		if err != nil {
@@ -259,6 +278,9 @@ type registryObject struct {
 	// digest is the manifest's (a manifest list's, for a multi-architecture image): a tag's
 	// revision, and what pins it.
 	digest digest.Digest
+	// artifact: the layer is a VM artifact's disk, the disk's bytes themselves (compressed),
+	// not a tar holding it.
+	artifact bool
 }
 
 func (o *registryObject) Size() int64        { return o.size }
@@ -284,6 +306,9 @@ func (o *registryObject) ReadRange(ctx context.Context, off, _ int64) (io.ReadCl
 	if r := o.first; r != nil {
 		o.first = nil
 		return r, nil
+	}
+	if o.artifact {
+		return o.openArtifactDisk(ctx, o.layer)
 	}
 	r, _, err := o.openDisk(ctx, o.layer)
 	if err == nil && r == nil {
@@ -355,6 +380,90 @@ func (d *diskEntry) Read(p []byte) (int, error) {
 func (d *diskEntry) Close() error {
 	d.unpacked.Close()
 	return d.blob.Close()
+}
+
+// # KubeVirt's VM artifacts
+//
+// KubeVirt exports a VM as an OCI artifact (VEP 256): one layer per disk, of media type
+// application/vnd.kubevirt.disk.raw+zstd (or raw+gzip, or raw), annotated with the disk's name
+// (io.kubevirt.disk.name) and its claim's capacity, volume mode and access modes; other layers
+// (the VM's persistent TPM and EFI state) are not disks. Such a layer is the disk itself, not a
+// tar: it is streamed as any compressed raw image is, its compression told from its bytes and
+// its digest checked at its end, with no scratch space.
+
+// Media types and annotations of KubeVirt's VM artifacts.
+const (
+	artifactDiskPrefix  = "application/vnd.kubevirt.disk."
+	annArtifactDiskName = "io.kubevirt.disk.name"
+	AnnArtifactCapacity = "io.kubevirt.pvc.capacity"
+)
+
+// artifactDisks are the layers of layers that are VM artifact disks.
+func artifactDisks(layers []types.BlobInfo) []types.BlobInfo {
+	var disks []types.BlobInfo
+	for _, l := range layers {
+		if strings.HasPrefix(l.MediaType, artifactDiskPrefix) {
+			disks = append(disks, l)
+		}
+	}
+	return disks
+}
+
+// pickDisk is the disk of disks that s.Disk names (by name or digest), or the only one.
+func (s *RegistrySource) pickDisk(disks []types.BlobInfo) (types.BlobInfo, error) {
+	var names []string
+	for _, d := range disks {
+		name := d.Annotations[annArtifactDiskName]
+		if s.Disk != "" && (s.Disk == name || s.Disk == d.Digest.String()) {
+			return d, nil
+		}
+		names = append(names, fmt.Sprintf("%s (%s)", name, d.Digest))
+	}
+	switch {
+	case len(disks) == 0:
+		return types.BlobInfo{}, transfer.Permanent(transfer.ReasonSourceNotFound, "%s is not a KubeVirt VM artifact (no layer of media type %s*): it has no disk %q to pick", s.URL, artifactDiskPrefix, s.Disk)
+	case s.Disk != "":
+		return types.BlobInfo{}, transfer.Permanent(transfer.ReasonSourceNotFound, "the VM artifact %s has no disk %q: its disks are %s", s.URL, s.Disk, strings.Join(names, ", "))
+	case len(disks) > 1:
+		return types.BlobInfo{}, transfer.Permanent(transfer.ReasonInvalidArgument, "the VM artifact %s has %d disks, %s: name the one to import (its io.kubevirt.disk.name or digest)", s.URL, len(disks), strings.Join(names, ", "))
+	}
+	return disks[0], nil
+}
+
+// openArtifactDisk streams a VM artifact's disk layer, checking its digest at its end.
+func (o *registryObject) openArtifactDisk(ctx context.Context, info types.BlobInfo) (io.ReadCloser, error) {
+	blob, _, err := o.src.GetBlob(ctx, info, none.NoCache)
+	if err != nil {
+		return nil, o.s.fail(err)
+	}
+	return &verifiedBlob{ReadCloser: blob, verifier: info.Digest.Verifier(), digest: info.Digest}, nil
+}
+
+// capacity is the io.kubevirt.pvc.capacity of a VM artifact's disk, in bytes (0: none, or not
+// an artifact): the size of the claim the disk was exported from, which the disk does not
+// exceed, for sizing a volume before the compressed disk is read.
+func (o *registryObject) capacity() int64 {
+	q, err := resource.ParseQuantity(o.layer.Annotations[AnnArtifactCapacity])
+	if !o.artifact || err != nil || q.Sign() <= 0 || q.Value() > transfer.MaxVirtualSize {
+		return 0
+	}
+	return q.Value()
+}
+
+// verifiedBlob reads a blob and checks its digest once it has been read to its end.
+type verifiedBlob struct {
+	io.ReadCloser
+	verifier digest.Verifier
+	digest   digest.Digest
+}
+
+func (v *verifiedBlob) Read(p []byte) (int, error) {
+	n, err := v.ReadCloser.Read(p)
+	_, _ = v.verifier.Write(p[:n])
+	if errors.Is(err, io.EOF) && !v.verifier.Verified() {
+		return n, transfer.Permanent(transfer.ReasonChecksumMismatch, "layer %s does not match its digest: the artifact is corrupt or was tampered with", v.digest)
+	}
+	return n, err
 }
 
 func layerError(err error, dg digest.Digest) error {

@@ -302,7 +302,18 @@ func TestNodePull(t *testing.T) {
 	refused.Name, refused.Spec.Source.Registry.CertConfigMap = "with-ca", "ca"
 	g.Expect(env.Client.Create(ctx, refused)).To(MatchError(ContainSubstring(
 		"with pullMethod Node the node pulls the image with its own settings: certConfigMap, insecureSkipTLSVerify, architecture and signature apply to pullMethod Pod only")))
+	artifact := vmi.DeepCopy()
+	artifact.Name, artifact.Spec.Source.Registry.Disk = "artifact", "rootdisk"
+	g.Expect(env.Client.Create(ctx, artifact)).To(MatchError(ContainSubstring(
+		"a KubeVirt VM artifact is not a container image a node can run: import its disk with pullMethod Pod (the default)")))
 	g.Expect(env.Client.Create(ctx, vmi)).To(Succeed())
+	// With pullMethod Pod, the importer picks the artifact's disk.
+	picked := vmi.DeepCopy()
+	picked.ObjectMeta = metav1.ObjectMeta{Name: "picked", Namespace: ns}
+	picked.Spec.Source.Registry.PullMethod, picked.Spec.Source.Registry.Disk = "", "rootdisk"
+	g.Expect(env.Client.Create(ctx, picked)).To(Succeed())
+	probe := ctrltest.Pod(t, env, ns, "vmim-picked-probe-0")
+	g.Expect(strings.Join(probe.Spec.Containers[0].Args, " ")).To(ContainSubstring("--source registry --url docker://mirror.example.com/containerdisks/fedora:41 --auth-dir /var/run/diskpipe/auth --disk rootdisk --probe"))
 
 	for i, name := range []string{"vmim-fedora-probe-0", "vmim-fedora-import-0"} {
 		pod := ctrltest.Pod(t, env, ns, name)

@@ -95,7 +95,7 @@ func s3Source(s3 *common.S3Source) source {
 func registrySource(r *common.RegistrySource) source {
 	// The registry client reads CAs (the source's, the proxy's) from a directory it is given,
 	// which the importer writes.
-	s := source{kind: "registry", imp: contract.Import{Source: "registry", URL: r.URL, Architecture: r.Architecture, Insecure: r.InsecureSkipTLSVerify}, scratch: true}
+	s := source{kind: "registry", imp: contract.Import{Source: "registry", URL: r.URL, Architecture: r.Architecture, Disk: r.Disk, Insecure: r.InsecureSkipTLSVerify}, scratch: true}
 	if r.SecretRef != "" {
 		s.imp.AuthDir = authDir
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(r.SecretRef), Path: authDir})

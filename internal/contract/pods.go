@@ -21,6 +21,7 @@ type Import struct {
 	RegistryAuthFile      string `flag:"registry-auth-file" usage:"registry: a .dockerconfigjson with the registry's credentials"`
 	RegistryPublicKeyFile string `flag:"registry-public-key-file" usage:"registry: a PEM public key the image must carry a cosign signature by"`
 	Architecture          string `flag:"architecture" usage:"registry: the architecture to pick from an index (default: this machine's)"`
+	Disk                  string `flag:"disk" usage:"registry: the disk of a KubeVirt VM artifact, by its io.kubevirt.disk.name or layer digest (default: its only disk)"`
 	// Serve imports nothing: it serves the disk at Path read-only over HTTPS on this address,
 	// with the certificate in TLSCertFile, to the bearer of the token in TokenFile (a clone
 	// source).

@@ -134,8 +134,10 @@ type S3Source struct {
 	CertConfigMap LocalName `json:"certConfigMap,omitempty"`
 }
 
-// RegistrySource imports the disk of a container disk image: the single file under /disk/.
+// RegistrySource imports the disk of a container disk image (the single file under /disk/),
+// or one disk of a KubeVirt VM artifact (an OCI artifact of one layer per disk).
 // +kubebuilder:validation:XValidation:rule="!has(self.pullMethod) || self.pullMethod == 'Pod' || !(has(self.certConfigMap) || has(self.insecureSkipTLSVerify) && self.insecureSkipTLSVerify || has(self.architecture) || has(self.signature))",message="with pullMethod Node the node pulls the image with its own settings: certConfigMap, insecureSkipTLSVerify, architecture and signature apply to pullMethod Pod only"
+// +kubebuilder:validation:XValidation:rule="!has(self.pullMethod) || self.pullMethod == 'Pod' || !has(self.disk)",message="a KubeVirt VM artifact is not a container image a node can run: import its disk with pullMethod Pod (the default)"
 type RegistrySource struct {
 	// url of the image, "docker://registry/repository:tag" or "...@sha256:<digest>". An
 	// "oci-archive:" path would name a file inside the importer's pod, which holds none:
@@ -159,6 +161,15 @@ type RegistrySource struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=32
 	Architecture string `json:"architecture,omitempty"`
+
+	// disk picks the disk of a KubeVirt VM artifact (VEP 256: one layer per disk, of media
+	// type application/vnd.kubevirt.disk.raw+zstd or the like): its io.kubevirt.disk.name, or
+	// its layer's digest. Without it an artifact's only disk is imported; an artifact of
+	// several is refused with their names. A claim not sized otherwise is sized from the disk's
+	// io.kubevirt.pvc.capacity.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Disk string `json:"disk,omitempty"`
 
 	// insecureSkipTLSVerify turns off verification of the registry's certificate.
 	// +optional
