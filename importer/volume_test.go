@@ -13,8 +13,8 @@ import (
 )
 
 // loopDevice attaches a file of size bytes filled with garbage (so that zeroing shows) to a
-// loop device, as a CSI driver's block volume would be.
-func loopDevice(t *testing.T, size int64) string {
+// loop device, as a CSI driver's block volume would be; loopArgs go to losetup.
+func loopDevice(t *testing.T, size int64, loopArgs ...string) string {
 	t.Helper()
 	backing := filepath.Join(t.TempDir(), "backing")
 	f, err := os.Create(backing)
@@ -28,14 +28,14 @@ func loopDevice(t *testing.T, size int64) string {
 		}
 	}
 	f.Close()
-	return attachLoop(t, backing)
+	return attachLoop(t, backing, loopArgs...)
 }
 
-// attachLoop attaches backing to a loop device for the test; it skips the test where the
-// machine has none.
-func attachLoop(t *testing.T, backing string) string {
+// attachLoop attaches backing to a loop device for the test (with losetup's args, such as a
+// sector size); it skips the test where the machine has none.
+func attachLoop(t *testing.T, backing string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("losetup", "-f", "--show", backing).CombinedOutput()
+	out, err := exec.Command("losetup", append(append([]string{"-f", "--show"}, args...), backing)...).CombinedOutput() //nolint:gosec // the test's own device
 	if err != nil {
 		t.Skipf("no loop device on this machine (losetup: %v: %s): block volumes are not tested", err, out)
 	}
@@ -99,6 +99,48 @@ func TestBlockTarget(t *testing.T) {
 		_, _, err := importTo(t, "", Options{Source: &HTTPSource{URL: url}, Target: dev})
 		if transfer.ReasonOf(err) != transfer.ReasonTooLarge || !strings.Contains(err.Error(), "larger than the block device") {
 			t.Fatalf("err = %v, want TooLarge naming the block device", err)
+		}
+	})
+}
+
+// TestBlock4Kn imports into a block device of 4096-byte logical sectors (4Kn: DRBD, LINSTOR, many
+// NVMe drives), whose imports CDI broke in v1.65 until v1.66.1: a qcow2 read at random, a raw
+// image through the copy engine, a compressed one streamed, a disk copied from another 4Kn
+// device, each identical to its image (qemu-img); a failed one leaves
+// the device zeroed, which a 4Kn device takes in whole sectors only.
+func TestBlock4Kn(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	dev4k := func(t *testing.T) string {
+		dev := loopDevice(t, 80<<20, "--sector-size", "4096")
+		out, err := exec.Command("blockdev", "--getss", dev).Output()
+		if err != nil || strings.TrimSpace(string(out)) != "4096" {
+			t.Skipf("no loop device of 4096-byte sectors here (blockdev --getss %s: %q %v)", dev, out, err)
+		}
+		return dev
+	}
+	for _, src := range []string{convertTo(t, raw, "qcow2"), raw, compress(t, raw, "zstd")} {
+		t.Run(filepath.Base(src), func(t *testing.T) {
+			dev := dev4k(t)
+			mustImport(t, "", Options{Source: &HTTPSource{URL: serve(t, &fileServer{path: src})}, Target: dev, Format: map[bool]Format{true: FormatRaw}[src == raw]})
+			sameDisk(t, raw, dev)
+		})
+	}
+	t.Run("a 4Kn device copied", func(t *testing.T) {
+		from := dev4k(t)
+		mustImport(t, "", Options{Source: &HTTPSource{URL: serve(t, &fileServer{path: raw})}, Target: from, Format: FormatRaw})
+		dev := dev4k(t)
+		mustImport(t, "", Options{Source: &FileSource{Path: from}, Target: dev, Format: FormatRaw})
+		sameDisk(t, from, dev)
+	})
+	t.Run("checksum mismatch zeroes it", func(t *testing.T) {
+		dev := dev4k(t)
+		_, _, err := importTo(t, "", Options{Source: &HTTPSource{URL: serve(t, &fileServer{path: raw})}, Target: dev, Format: FormatRaw,
+			Checksum: "md5:00000000000000000000000000000000"})
+		if transfer.ReasonOf(err) != transfer.ReasonChecksumMismatch {
+			t.Fatalf("err = %v, want a checksum mismatch", err)
+		}
+		if !allZero(t, dev) {
+			t.Error("the device holds data after a failed import")
 		}
 	})
 }
