@@ -77,16 +77,7 @@ func TestUploadPVC(t *testing.T) {
 	g.Expect(env.Client.Create(ctx, &hypercloud.VirtualMachineImage{ObjectMeta: metav1.ObjectMeta{Name: cdiclaims.UploadPVCImage("taken"), Namespace: ns},
 		Spec: hypercloud.VirtualMachineImageSpec{Source: hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}}}})).To(Succeed())
 	taken := claim("taken")
-	g.Eventually(func() string {
-		list := &eventsv1.EventList{}
-		g.Expect(env.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
-		for _, e := range list.Items {
-			if e.Regarding.UID == taken.UID && e.Reason == cdi.ReasonUploadImageTaken {
-				return e.Note
-			}
-		}
-		return ""
-	}, 20*time.Second).Should(Equal("VirtualMachineImage pvc-taken, which stages this PVC's upload, already exists and is not this PVC's: " +
+	g.Eventually(eventNote(t, taken, cdi.ReasonUploadImageTaken), 20*time.Second).Should(Equal("VirtualMachineImage pvc-taken, which stages this PVC's upload, already exists and is not this PVC's: " +
 		"delete it, or upload into a PVC of another name"))
 	g.Eventually(state(taken), 20*time.Second).Should(Equal("Pending ready=false"), "the claim's annotations follow the event")
 }
@@ -232,22 +223,27 @@ func TestImportEndpointPVC(t *testing.T) {
 	bimg.Status.Conditions = []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, Reason: "SourceNotFound", Message: "404", LastTransitionTime: metav1.Now()}}
 	g.Expect(env.Client.Status().Update(ctx, bimg)).To(Succeed())
 	g.Eventually(phase(broken), 20*time.Second).Should(Equal("Failed"))
-	note := func(pvc *corev1.PersistentVolumeClaim) func() string {
-		return func() string {
-			list := &eventsv1.EventList{}
-			g.Expect(env.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
-			for _, e := range list.Items {
-				if e.Regarding.UID == pvc.UID && e.Reason == cdi.ReasonImportFailed {
-					return e.Note
-				}
-			}
-			return ""
-		}
-	}
-	g.Eventually(note(broken), 20*time.Second).Should(Equal("The import failed: SourceNotFound: 404"))
+	g.Eventually(eventNote(t, broken, cdi.ReasonImportFailed), 20*time.Second).Should(Equal("The import failed: SourceNotFound: 404"))
 
 	// A kind admission would have refused (a cluster without the policy): the reason, no image.
 	vddk := claim("vddk", map[string]string{cdiclaims.AnnImportEndpoint: "https://vcenter.example.com", cdiclaims.AnnImportSource: "vddk"})
 	g.Eventually(phase(vddk), 20*time.Second).Should(Equal("Failed"))
-	g.Eventually(note(vddk), 20*time.Second).Should(Equal(`cdi.kubevirt.io/storage.import.source "vddk" is not served by diskpipe: http, registry or s3`))
+	g.Eventually(eventNote(t, vddk, cdi.ReasonImportFailed), 20*time.Second).Should(Equal(`cdi.kubevirt.io/storage.import.source "vddk" is not served by diskpipe: http, registry or s3`))
+}
+
+// eventNote reads the note of the newest Event of reason about obj ("" while there is none).
+func eventNote(t *testing.T, obj client.Object, reason string) func() string {
+	return func() string {
+		list := &eventsv1.EventList{}
+		if err := env.Client.List(t.Context(), list, client.InNamespace(obj.GetNamespace())); err != nil {
+			return ""
+		}
+		note := ""
+		for _, e := range list.Items {
+			if e.Regarding.UID == obj.GetUID() && e.Reason == reason {
+				note = e.Note
+			}
+		}
+		return note
+	}
 }
