@@ -336,10 +336,14 @@ func Build(c Config, s Spec) *corev1.Pod {
 			RestartPolicy:                corev1.RestartPolicyNever,
 			ServiceAccountName:           c.ServiceAccountName,
 			AutomountServiceAccountToken: ptr.To(false),
-			ImagePullSecrets:             c.ImagePullSecrets,
-			NodeSelector:                 c.NodeSelector,
-			Tolerations:                  c.Tolerations,
-			PriorityClassName:            c.PriorityClassName,
+			// No Service's address in the environment (CDI v1.65's transfer pods too): a
+			// namespace of thousands of Services made pods slow to start, and the addresses
+			// tell a hostile image where everything is.
+			EnableServiceLinks: ptr.To(false),
+			ImagePullSecrets:   c.ImagePullSecrets,
+			NodeSelector:       c.NodeSelector,
+			Tolerations:        c.Tolerations,
+			PriorityClassName:  c.PriorityClassName,
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](107), RunAsGroup: ptr.To[int64](107), FSGroup: ptr.To[int64](107),
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
