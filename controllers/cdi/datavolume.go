@@ -347,6 +347,9 @@ func transferAnnotations(dv *cdiv1.DataVolume) map[string]string {
 	if v := dv.Annotations[importpod.AnnMultusNetworks]; v != "" {
 		ann[importpod.AnnTransferNetworks] = v
 	}
+	if dv.Spec.ServiceAccountName != "" {
+		ann[importpod.AnnTransferServiceAccount] = dv.Spec.ServiceAccountName
+	}
 	return ann
 }
 

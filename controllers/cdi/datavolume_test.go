@@ -1100,8 +1100,9 @@ func TestGlobalPreallocation(t *testing.T) {
 	}
 }
 
-// TestTransferPods: a DataVolume's priorityClassName and its dedicated import network (the
-// annotation k8s.v1.cni.cncf.io/networks) reach the pods that make it, as CDI passes them.
+// TestTransferPods: a DataVolume's priorityClassName, its serviceAccountName (CDI v1.65) and its
+// dedicated import network (the annotation k8s.v1.cni.cncf.io/networks) reach the pods that
+// make it, as CDI passes them; the account's token is not mounted.
 func TestTransferPods(t *testing.T) {
 	setup(t)
 	g := NewWithT(t)
@@ -1110,11 +1111,14 @@ func TestTransferPods(t *testing.T) {
 	g.Expect(client.IgnoreAlreadyExists(env.Client.Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "imports-low"},
 		Value: 10}))).To(Succeed())
 	dv := dataVolume(ns, "prio", &cdiv1.DataVolumeSource{HTTP: &cdiv1.DataVolumeSourceHTTP{URL: "https://images.example.com/fedora.qcow2"}}, "1Gi")
-	dv.Spec.PriorityClassName = "imports-low"
+	dv.Spec.PriorityClassName, dv.Spec.ServiceAccountName = "imports-low", "importer-sa"
 	dv.Annotations = map[string]string{"k8s.v1.cni.cncf.io/networks": "storage-net"}
+	g.Expect(env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "importer-sa", Namespace: ns}})).To(Succeed())
 	g.Expect(env.Client.Create(ctx, dv)).To(Succeed())
 	probe := ctrltest.Pod(t, env, ns, "vmim-dv-prio-probe-0")
 	g.Expect(probe.Spec.PriorityClassName).To(Equal("imports-low"))
+	g.Expect(probe.Spec.ServiceAccountName).To(Equal("importer-sa"))
+	g.Expect(probe.Spec.AutomountServiceAccountToken).To(Equal(ptr.To(false)))
 	g.Expect(probe.Annotations).To(HaveKeyWithValue("k8s.v1.cni.cncf.io/networks", "storage-net"))
 	d := &diskvolume.DiskVolume{}
 	g.Eventually(func() error { return env.Client.Get(ctx, client.ObjectKeyFromObject(dv), d) }, 20*time.Second).Should(Succeed())

@@ -40,9 +40,6 @@ var cdiUnsupported = []struct{ ok, reason string }{
 		"contentType archive is not served by diskpipe's CDI API: diskpipe imports disk images (contentType kubevirt) only"},
 	{`!has(variables.spec.checkpoints) || size(variables.spec.checkpoints) == 0`,
 		"checkpoints (multi-stage warm imports) are not served by diskpipe's CDI API"},
-	{`!has(variables.spec.serviceAccountName) || variables.spec.serviceAccountName == ''`,
-		"serviceAccountName is not served by diskpipe's CDI API: diskpipe's transfer pods run as its own account, without a token " +
-			"(the chart's importer.serviceAccountName)"},
 }
 
 // dvInvalid is each rule CDI's DataVolume webhook holds a new DataVolume to, as a CEL condition

@@ -245,19 +245,25 @@ func create(ctx context.Context, cl client.Client, c Config, owner client.Object
 }
 
 // Annotations of an image, disk or export that shape its transfer pods: the pods' priority
-// class, and the secondary networks (Multus) they are attached to, as
-// k8s.v1.cni.cncf.io/networks says it (a dedicated import network). CDI's DataVolume passes its
-// spec.priorityClassName and that annotation through them.
+// class, the secondary networks (Multus) they are attached to, as
+// k8s.v1.cni.cncf.io/networks says it (a dedicated import network), and their service account.
+// CDI's DataVolume passes its spec.priorityClassName, that annotation and its
+// spec.serviceAccountName through them.
 const (
 	AnnTransferPriorityClass = "transfer.diskpipe.io/priority-class"
 	AnnTransferNetworks      = "transfer.diskpipe.io/networks"
+	// AnnTransferServiceAccount is the service account of the owner's namespace its pods run
+	// as (CDI's DataVolume spec.serviceAccountName): its image pull secrets and the policies
+	// bound to it apply; its token is never mounted, as diskpipe's code needs none.
+	AnnTransferServiceAccount = "transfer.diskpipe.io/service-account"
 	// AnnMultusNetworks is Multus's annotation of a pod's secondary networks.
 	AnnMultusNetworks = "k8s.v1.cni.cncf.io/networks"
 )
 
 // WithTransferOptions gives pod what its owner's transfer annotations ask for. Whoever may
-// write the owner may run pods of that priority class and on those networks in its namespace
-// anyway; the pods' own egress rules (internal/transfer) hold on every network.
+// write the owner may run pods of that priority class, on those networks and as that service
+// account in its namespace anyway; the pods' own egress rules (internal/transfer) hold on every
+// network, and a pod of another namespace (a clone source) never takes them.
 func WithTransferOptions(pod *corev1.Pod, owner client.Object) {
 	ann := owner.GetAnnotations()
 	if v := ann[AnnTransferPriorityClass]; v != "" {
@@ -265,5 +271,8 @@ func WithTransferOptions(pod *corev1.Pod, owner client.Object) {
 	}
 	if v := ann[AnnTransferNetworks]; v != "" {
 		metav1.SetMetaDataAnnotation(&pod.ObjectMeta, AnnMultusNetworks, v)
+	}
+	if v := ann[AnnTransferServiceAccount]; v != "" {
+		pod.Spec.ServiceAccountName = v
 	}
 }
