@@ -42,7 +42,8 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 
 	o := Options{
-		Target: a.Target, Capacity: a.Capacity, Overhead: a.Overhead, // nil: the default; 0 is an overhead too Checksum: a.Checksum, Format: Format(a.Format), OVADisk: a.OVADisk,
+		// Overhead nil is the default; 0 is an overhead too.
+		Target: a.Target, Capacity: a.Capacity, Overhead: a.Overhead, Checksum: a.Checksum, Format: Format(a.Format), OVADisk: a.OVADisk,
 		Parallel: a.Parallel, StallTimeout: a.StallTimeout, Log: cmd.Log, Progress: cmd.Progress,
 		Retry: transfer.RetryPolicy{Attempts: a.Retries, Initial: transfer.DefaultRetryPolicy.Initial, Max: transfer.DefaultRetryPolicy.Max},
 	}
