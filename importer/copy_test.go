@@ -1,6 +1,11 @@
 package importer
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,4 +63,27 @@ func TestCopyEngine(t *testing.T) {
 		}
 		wantFailure(t, target, err, transfer.ReasonSourceForbidden, false, "403")
 	})
+}
+
+// TestCopyOfAChangingSource: a source replaced while it is copied (its Last-Modified moves) is
+// not put together from two versions: every ranged request carries If-Range, the server
+// answers the changed object whole, and the copy fails saying so, leaving nothing.
+func TestCopyOfAChangingSource(t *testing.T) {
+	raw := makeRaw(t, t.TempDir())
+	var requests atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if requests.Add(1) == 10 { // mid-copy, the file is replaced
+			later := time.Now().Add(time.Hour)
+			if err := os.Chtimes(raw, later, later); err != nil {
+				t.Error(err)
+			}
+		}
+		http.ServeFile(w, r, raw)
+	}))
+	defer srv.Close()
+	target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: srv.URL + "/disk.raw"}, Format: FormatRaw, Retry: fastRetry})
+	wantFailure(t, target, err, transfer.ReasonSourceUnavailable, true, "it changed since the copy began (If-Range")
+	if !strings.Contains(err.Error(), "200 OK") {
+		t.Errorf("error %v", err)
+	}
 }

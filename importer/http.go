@@ -86,9 +86,9 @@ func (s *HTTPSource) Open(ctx context.Context) (Object, error) {
 	defer resp.Body.Close()
 	if etag, lm := resp.Header.Get("ETag"), resp.Header.Get("Last-Modified"); (etag != "" && !strings.HasPrefix(etag, "W/")) || lm != "" {
 		o.id = fmt.Sprintf("etag %s last-modified %s", etag, lm) // the size is added below
-		o.revision = etag
+		o.revision, o.validator = etag, etag
 		if o.revision == "" || strings.HasPrefix(etag, "W/") {
-			o.revision = "last-modified " + lm
+			o.revision, o.validator = "last-modified "+lm, lm
 		}
 	}
 	switch resp.StatusCode {
@@ -115,8 +115,9 @@ type httpObject struct {
 	size   int64
 	random bool
 	id     string
-	// revision is the strong ETag, else the Last-Modified date.
-	revision string
+	// revision is the strong ETag, else the Last-Modified date; validator is the same as
+	// If-Range takes it.
+	revision, validator string
 }
 
 func (o *httpObject) Identity() string { return o.id }
@@ -146,6 +147,11 @@ func (o *httpObject) get(ctx context.Context, off, n int64) (*http.Response, err
 	case off > 0:
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", off))
 	}
+	if req.Header.Get("Range") != "" && o.validator != "" {
+		// Only the object Open saw: one changed since is answered whole (200), which
+		// ReadRange refuses, so that no disk is put together from two versions.
+		req.Header.Set("If-Range", o.validator)
+	}
 	resp, err := o.client.Do(req)
 	if err != nil {
 		return nil, classifyNetError(err, o.src.String())
@@ -169,9 +175,31 @@ func (o *httpObject) ReadRange(ctx context.Context, off, n int64) (io.ReadCloser
 	}
 	if (off > 0 || n > 0) && resp.StatusCode != http.StatusPartialContent {
 		resp.Body.Close()
+		if o.validator != "" {
+			return nil, transfer.Transient(transfer.ReasonSourceUnavailable, "%s answered a Range request with %s: it changed since the copy began (If-Range %s); the next attempt starts over", o.src, resp.Status, o.validator)
+		}
 		return nil, transfer.Transient(transfer.ReasonSourceUnavailable, "%s answered a Range request with %s", o.src, resp.Status)
 	}
+	if (off > 0 || n > 0) && !rangeIs(resp.Header.Get("Content-Range"), off, n, o.size) {
+		resp.Body.Close()
+		return nil, transfer.Transient(transfer.ReasonSourceUnavailable, "%s answered bytes %q for a Range request of %d bytes at %d of %d", o.src, resp.Header.Get("Content-Range"), n, off, o.size)
+	}
 	return resp.Body, nil
+}
+
+// rangeIs says whether a Content-Range header is the answer to a request of n bytes at off (n 0:
+// to the end) of an object of size bytes: a server that sends other bytes than those asked for
+// would have them written in the wrong place.
+func rangeIs(header string, off, n, size int64) bool {
+	var first, last, total int64
+	if _, err := fmt.Sscanf(header, "bytes %d-%d/%d", &first, &last, &total); err != nil {
+		return false
+	}
+	end := size - 1
+	if n > 0 {
+		end = min(off+n, size) - 1
+	}
+	return first == off && last == end && total == size
 }
 
 // totalFromContentRange parses "bytes 0-0/12345".
