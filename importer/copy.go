@@ -61,6 +61,8 @@ type rawCopy struct {
 	hashing sync.Mutex
 	turn    sync.Cond // hashed moved, or the copy failed
 	hashed  int64
+
+	saving sync.Mutex // a checkpoint being recorded
 }
 
 // importRaw copies a raw image (or ISO) from a source with random access through the copy
@@ -196,13 +198,14 @@ func (c *rawCopy) take() (off, n int64, ok bool) {
 }
 
 // finished counts [off, end) done, after fetched bytes were read for it, and records a
-// checkpoint when the done prefix has grown enough.
+// checkpoint when the done prefix has grown enough: its record is taken under the lock, and
+// written (which waits for the last one's flush) outside it, so the other workers go on.
 func (c *rawCopy) finished(off, end, fetched int64) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.read += fetched
 	c.finishedLocked(off, end)
 	if c.cp.Identity == "" || c.mark < c.checkpoint || c.mark >= c.size {
+		c.mu.Unlock()
 		return nil
 	}
 	cp := *c.cp
@@ -210,11 +213,17 @@ func (c *rawCopy) finished(off, end, fetched int64) error {
 	if c.cs.Want != "" {
 		state, err := c.cs.State()
 		if err != nil {
+			c.mu.Unlock()
 			return err
 		}
 		cp.Hash, cp.Hashed = state, c.mark
 	}
 	c.checkpoint = c.mark + checkpointAfter(c.read, time.Since(c.start))
+	c.mu.Unlock()
+	// One record at a time; one taken later may be written first, and the earlier one after it
+	// is still true (its bytes were written before either).
+	c.saving.Lock()
+	defer c.saving.Unlock()
 	return c.t.saveCheckpoint(cp)
 }
 

@@ -444,8 +444,8 @@ func (o *registryObject) openArtifactDisk(ctx context.Context, info types.BlobIn
 // exceed, for sizing a volume before the compressed disk is read.
 func (o *registryObject) capacity() int64 {
 	q, err := resource.ParseQuantity(o.layer.Annotations[AnnArtifactCapacity])
-	if !o.artifact || err != nil || q.Sign() <= 0 || q.Value() > transfer.MaxVirtualSize {
-		return 0
+	if !o.artifact || err != nil || q.Value() < o.layer.Size || q.Value() > transfer.MaxVirtualSize {
+		return 0 // none, or not one the layer could hold
 	}
 	return q.Value()
 }

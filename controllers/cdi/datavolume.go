@@ -518,12 +518,13 @@ func (r *Reconciler) prePopulated(ctx context.Context, dv *cdiv1.DataVolume) (ob
 	content := string(cmp.Or(dv.Spec.ContentType, cdiv1.DataVolumeKubeVirt))
 	owner := metav1.GetControllerOf(pvc)
 	switch {
-	case !pvc.DeletionTimestamp.IsZero(), owner != nil && owner.UID != dv.UID:
-		return o, nil // not the DataVolume's to take
+	case !pvc.DeletionTimestamp.IsZero(), owner != nil && owner.UID != dv.UID, cdiclaims.IsUploadPVC(pvc), cdiclaims.IsImportPVC(pvc):
+		return o, nil // not the DataVolume's to take: another's, or one an upload or import fills
 	case owner != nil && pvc.Annotations[AnnContentType] == content:
 		return o, nil // taken
 	}
-	patch := client.MergeFrom(pvc.DeepCopy())
+	// With a lock: an owner written meanwhile is not overwritten.
+	patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	if owner == nil {
 		if err := controllerutil.SetControllerReference(dv, pvc, r.Scheme()); err != nil {
 			return o, err

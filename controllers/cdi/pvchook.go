@@ -123,7 +123,11 @@ func renderClaim(ctx context.Context, c client.Reader, overhead importpod.Filesy
 	if !ok {
 		return nil
 	}
-	if ptr.Deref(pvc.Spec.VolumeMode, corev1.PersistentVolumeFilesystem) == corev1.PersistentVolumeFilesystem {
+	// A claim restored from a snapshot or cloned (KubeVirt's restore of a VM's state) is as
+	// large as its source, which kept its share already: inflating it again would grow it with
+	// every restore, past what strict drivers restore.
+	restored := pvc.Spec.DataSource != nil || pvc.Spec.DataSourceRef != nil
+	if !restored && ptr.Deref(pvc.Spec.VolumeMode, corev1.PersistentVolumeFilesystem) == corev1.PersistentVolumeFilesystem {
 		size.Set(transfer.VolumeSizeFor(size.Value(), overhead.For(class)))
 	}
 	if least, err := resource.ParseQuantity(p.Annotations[AnnMinimumSize]); err == nil && size.Cmp(least) < 0 {

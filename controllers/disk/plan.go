@@ -95,6 +95,12 @@ func (r *Reconciler) plan(ctx context.Context, d *vmDisk) (*plan, error) {
 	case d.blank:
 		tr.SetFailed(reasonSizeRequired, "a blank disk needs spec.resources.requests.storage")
 		return nil, nil
+	case p.golden != nil:
+		// As large as the image's volume, or more: a block image's disk is its whole device,
+		// which a filesystem disk holds only with the filesystem's share besides.
+		o := r.Pods.Config.FilesystemOverhead
+		p.size = *resource.NewQuantity(transfer.CopyCapacity(p.sourceSize.Value(), goldenimage.IsBlock(p.golden.PVC), modeOf(d.pvc.VolumeMode) == corev1.PersistentVolumeBlock,
+			o.For(ptr.Deref(p.golden.PVC.Spec.StorageClassName, "")), o.For(ptr.Deref(d.pvc.StorageClassName, ""))), resource.BinarySI)
 	default:
 		p.size = p.sourceSize
 	}

@@ -111,7 +111,8 @@ func (r *Reconciler) reconcile(ctx context.Context, g *goldenImage) (ctrl.Result
 		capacity = g.volume.Resources.Requests.Storage.Value()
 	case copyFrom != nil:
 		q := storage.ClaimSize(copyFrom)
-		capacity = transfer.CopyCapacity(q.Value(), goldenimage.IsBlock(copyFrom), block, r.Pods.Config.FilesystemOverhead.For(class))
+		overhead := r.Pods.Config.FilesystemOverhead
+		capacity = transfer.CopyCapacity(q.Value(), goldenimage.IsBlock(copyFrom), block, overhead.For(ptr.Deref(copyFrom.Spec.StorageClassName, "")), overhead.For(class))
 	default:
 		if c := meta.FindStatusCondition(st.Conditions, common.ConditionReady); c != nil && c.Reason == goldenimage.ReasonSizeRequired {
 			return ctrl.Result{}, nil // until the spec gives a size

@@ -12,16 +12,19 @@ func VolumeSizeFor(size int64, overhead float64) int64 {
 	return RoundMiB(int64(float64(size)/(1-overhead)) + 1)
 }
 
-// CopyCapacity is the size of a volume to copy a volume of claim bytes into: as large, except
-// a block volume copied into a filesystem volume, whose disk (the whole device) needs the
-// filesystem's overhead besides (VolumeSizeFor): a volume as large would refuse it as too
-// large by that overhead. A disk file copied out of a filesystem volume is smaller than its
-// volume, and fits in one as large of either mode with the same overhead.
-func CopyCapacity(claim int64, fromBlock, toBlock bool, overhead float64) int64 {
-	if fromBlock && !toBlock {
-		return max(claim, VolumeSizeFor(claim, overhead))
+// CopyCapacity is the size of a volume to copy a volume of claim bytes into, never less than
+// claim: a block volume's disk is the whole device, which a filesystem volume holds only with
+// the filesystem's overhead (to, VolumeSizeFor) besides; a filesystem volume's disk file is at
+// most the volume less its own overhead (from), which a filesystem volume of another
+// overhead holds with that one besides, and a block volume as large holds anyway.
+func CopyCapacity(claim int64, fromBlock, toBlock bool, from, to float64) int64 {
+	switch {
+	case toBlock, !fromBlock && to <= from:
+		return claim
+	case fromBlock:
+		return max(claim, VolumeSizeFor(claim, to))
 	}
-	return claim
+	return max(claim, VolumeSizeFor(Usable(claim, from), to))
 }
 
 // RoundMiB rounds n up to a whole MiB.

@@ -148,7 +148,23 @@ var (
 			"archive imports (" + annContentType + ": archive) are not served by diskpipe's CDI API: diskpipe imports disk images only"},
 		{importRule(fmt.Sprintf("size(object.metadata.name) <= %d", cdiclaims.MaxUploadPVCName)),
 			fmt.Sprintf("a PVC for CDI's import has a name of at most %d characters (its staging image is named %s<name>)", cdiclaims.MaxUploadPVCName, cdiclaims.UploadPVCImagePrefix)},
+		{"!(" + importWasThere + ") || " + importKept,
+			"the annotations of CDI's import into a PVC (" + strings.Join(importAnnotations, ", ") + ") are fixed once it is made: delete the PVC and make it again"},
 	}
+)
+
+// importAnnotations are what a PVC of CDI's legacy import says of its source, and importKept
+// holds when an update leaves each of them as it was.
+var (
+	importAnnotations = []string{annImportEndpoint, cdiclaims.AnnImportSource, cdiclaims.AnnImportSecret, cdiclaims.AnnImportCertConfigMap, annContentType}
+	importKept        = func() string {
+		var conds []string
+		for _, a := range importAnnotations {
+			conds = append(conds, fmt.Sprintf("(('%[1]s' in object.metadata.annotations) == ('%[1]s' in oldObject.metadata.annotations) && "+
+				"(!('%[1]s' in object.metadata.annotations) || object.metadata.annotations['%[1]s'] == oldObject.metadata.annotations['%[1]s']))", a))
+		}
+		return "(has(object.metadata.annotations) && " + strings.Join(conds, " && ") + ")"
+	}()
 )
 
 // importRule is a condition that only a PVC newly given CDI's import endpoint must meet.

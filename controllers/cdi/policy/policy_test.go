@@ -236,6 +236,17 @@ func TestCDIPolicy(t *testing.T) {
 	g.Expect(ctrltest.Update(ctx, env.Client, plain, func() {
 		plain.SetAnnotations(map[string]string{cdiclaims.AnnImportEndpoint: "https://images.example.com/disk.img"})
 	})).To(MatchError(ContainSubstring("an existing PVC cannot be given an endpoint")))
+	// Nor is an import's source changed once it is made; its other annotations may be.
+	g.Expect(ctrltest.Update(ctx, env.Client, imported, func() {
+		ann := imported.GetAnnotations()
+		ann[cdiclaims.AnnImportSource] = "imageio"
+		imported.SetAnnotations(ann)
+	})).To(MatchError(ContainSubstring("are fixed once it is made")))
+	g.Expect(ctrltest.Update(ctx, env.Client, imported, func() {
+		ann := imported.GetAnnotations()
+		ann["team"] = "blue"
+		imported.SetAnnotations(ann)
+	})).To(Succeed())
 
 	// A CDIConfig's setting is refused when it is added; one that was there may stay while
 	// another field changes.

@@ -105,7 +105,12 @@ func Wakes(kind string) handler.EventHandler {
 			wake(e.Object, q)
 		},
 		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			wake(e.ObjectNew, q)
+			// Only what a copy waits for: the pod running, or given its address. Another
+			// change (a tenant writing its own pod's annotations again and again) wakes nothing.
+			was, is := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
+			if was != nil && is != nil && (was.Status.Phase != is.Status.Phase || was.Status.PodIP != is.Status.PodIP) {
+				wake(is, q)
+			}
 		},
 	}
 }
