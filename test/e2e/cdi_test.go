@@ -158,7 +158,7 @@ spec:
 		}, time.Minute, time.Second).
 			Should(BeEmpty(), "the snapshot's volume restored for the copy is gone")
 
-		kubectl("", "delete", "vm", "fromhttp", "fromref", "fromotherns", "broken", "-n", ns, "--wait=true", "--timeout=120s")
+		kubectl("", "delete", "vm", "fromhttp", "fromref", "fromblock", "fromotherns", "broken", "-n", ns, "--wait=true", "--timeout=120s")
 		Eventually(func() string {
 			return observe("get", "dv,pvc,diskvolumes,vmimage", "-n", ns, "-o", "name")
 		}, 2*time.Minute, time.Second).Should(BeEmpty(), "the VMs' DataVolumes, and what made them, are gone")
