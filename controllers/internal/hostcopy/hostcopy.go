@@ -107,8 +107,9 @@ func Wakes(kind string) handler.EventHandler {
 		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			// Only what a copy waits for: the pod running, or given its address. Another
 			// change (a tenant writing its own pod's annotations again and again) wakes nothing.
-			was, is := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
-			if was != nil && is != nil && (was.Status.Phase != is.Status.Phase || was.Status.PodIP != is.Status.PodIP) {
+			was, ok1 := e.ObjectOld.(*corev1.Pod)
+			is, ok2 := e.ObjectNew.(*corev1.Pod)
+			if ok1 && ok2 && (was.Status.Phase != is.Status.Phase || was.Status.PodIP != is.Status.PodIP) {
 				wake(is, q)
 			}
 		},
