@@ -138,10 +138,8 @@ func (s *stallReader) Read(p []byte) (int, error) {
 // the current offset (by Range, or from the start skipping what was read when the source
 // ignores Range) and carries on, so the consumer never sees the break.
 type stream struct {
-	f   *fetcher
-	pos int64
-	// end, when above pos, bounds the next request: [pos, end) rather than to the source's end.
-	end    int64
+	f      *fetcher
+	pos    int64
 	rc     io.ReadCloser
 	r      io.Reader
 	cancel context.CancelCauseFunc
@@ -166,11 +164,7 @@ func (s *stream) Read(p []byte) (int, error) {
 		case err == nil || n > 0 && errors.Is(err, io.EOF):
 			return nil
 		case errors.Is(err, io.EOF):
-			size := s.f.obj.Size()
-			if s.end > 0 {
-				size = s.end
-			}
-			if size >= 0 && s.pos < size {
+			if size := s.f.obj.Size(); size >= 0 && s.pos < size {
 				s.close()
 				return transfer.Transient(transfer.ReasonSourceUnavailable, "%s: stream ended at %d of %d bytes", s.f.name, s.pos, size)
 			}
@@ -194,11 +188,7 @@ func (s *stream) open() error {
 		off, skip = 0, s.pos
 		s.f.log.Info("Restarting the download from the start: the source does not support Range", "skip", skip)
 	}
-	n := int64(-1)
-	if s.end > off {
-		n = s.end - off
-	}
-	rc, err := s.f.obj.ReadRange(s.ctx, off, n)
+	rc, err := s.f.obj.ReadRange(s.ctx, off, -1)
 	if err != nil {
 		s.cancel(nil)
 		return err
@@ -221,26 +211,6 @@ func (s *stream) close() {
 		s.rc.Close()
 		s.cancel(nil)
 		s.rc, s.r = nil, nil
-	}
-}
-
-// at moves the stream to pos (a new request from there, when it moved) and returns it.
-func (s *stream) at(pos int64) *stream {
-	if pos != s.pos {
-		s.close()
-		s.pos, s.end = pos, 0
-	}
-	return s
-}
-
-// until bounds the stream's next request to end, when none is open: a run read to its end
-// leaves its connection to the next request, where one closed early would not.
-func (s *stream) until(end int64) {
-	if s.rc != nil && s.end > 0 && s.pos >= s.end {
-		s.close() // the last run's request, read whole
-	}
-	if s.rc == nil {
-		s.end = end
 	}
 }
 
