@@ -219,9 +219,14 @@ func TestImportEndpointPVC(t *testing.T) {
 	// An import that fails: the claim says Failed, with CDI's event.
 	broken := claim("broken", map[string]string{cdiclaims.AnnImportEndpoint: "https://images.example.com/broken.qcow2"})
 	bimg := staging("broken")
-	bimg.Status.Phase = common.PhaseFailed
-	bimg.Status.Conditions = []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, Reason: "SourceNotFound", Message: "404", LastTransitionTime: metav1.Now()}}
-	g.Expect(env.Client.Status().Update(ctx, bimg)).To(Succeed())
+	g.Eventually(func() error { // its controller writes its status meanwhile
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(bimg), bimg); err != nil {
+			return err
+		}
+		bimg.Status.Phase = common.PhaseFailed
+		bimg.Status.Conditions = []metav1.Condition{{Type: common.ConditionReady, Status: metav1.ConditionFalse, Reason: "SourceNotFound", Message: "404", LastTransitionTime: metav1.Now()}}
+		return env.Client.Status().Update(ctx, bimg)
+	}, 20*time.Second).Should(Succeed())
 	g.Eventually(phase(broken), 20*time.Second).Should(Equal("Failed"))
 	g.Eventually(eventNote(t, broken, cdi.ReasonImportFailed), 20*time.Second).Should(Equal("The import failed: SourceNotFound: 404"))
 
