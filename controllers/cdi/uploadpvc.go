@@ -46,8 +46,9 @@ func staged(pvc *corev1.PersistentVolumeClaim) bool {
 
 // legacySource is the image source of CDI's legacy import into pvc, from its annotations:
 // the endpoint, its kind (http when it names none), the Secret and the CA's ConfigMap of the
-// PVC's namespace. Admission refused the kinds diskpipe does not serve.
-func legacySource(pvc *corev1.PersistentVolumeClaim) (*hypercloud.VirtualMachineImageSource, error) {
+// PVC's namespace; a registry among insecure (the CDIConfig's insecureRegistries) as a
+// DataVolume's. Admission refused the kinds diskpipe does not serve.
+func legacySource(pvc *corev1.PersistentVolumeClaim, insecure []string) (*hypercloud.VirtualMachineImageSource, error) {
 	a := pvc.Annotations
 	endpoint, secret, ca := a[cdiclaims.AnnImportEndpoint], a[cdiclaims.AnnImportSecret], a[cdiclaims.AnnImportCertConfigMap]
 	var src cdiv1.DataVolumeSource
@@ -61,7 +62,7 @@ func legacySource(pvc *corev1.PersistentVolumeClaim) (*hypercloud.VirtualMachine
 	default:
 		return nil, fmt.Errorf("%s %q is not served by diskpipe: http, registry or s3", cdiclaims.AnnImportSource, kind)
 	}
-	img, err := imageSource(&src, pvc.Namespace, nil)
+	img, err := imageSource(&src, pvc.Namespace, insecure)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", cdiclaims.AnnImportEndpoint, endpoint, err)
 	}
@@ -83,11 +84,14 @@ func legacySource(pvc *corev1.PersistentVolumeClaim) (*hypercloud.VirtualMachine
 // Failed when the import failed (the reason is the PVC's event).
 type UploadPVCReconciler struct {
 	client.Client
+	// API reads the CDIConfig uncached, as the administrator just set it, for the source of a
+	// legacy import's staging image (one read a pass of such a PVC).
+	API    client.Reader
 	Events events.EventRecorder
 }
 
 func setupUploadPVCs(mgr ctrl.Manager) error {
-	r := &UploadPVCReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("diskpipe-cdi")}
+	r := &UploadPVCReconciler{Client: mgr.GetClient(), API: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("diskpipe-cdi")}
 	uploads := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		pvc, ok := o.(*corev1.PersistentVolumeClaim)
 		return ok && staged(pvc)
@@ -119,8 +123,11 @@ func (r *UploadPVCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	src, what := &hypercloud.VirtualMachineImageSource{Upload: &common.UploadSource{}}, "upload"
 	if cdiclaims.IsImportPVC(pvc) {
-		var err error
-		if src, err = legacySource(pvc); err != nil {
+		config, err := settings(ctx, r.Client, r.API, false)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if src, err = legacySource(pvc, config.InsecureRegistries); err != nil {
 			r.Events.Eventf(pvc, nil, corev1.EventTypeWarning, ReasonImportFailed, "Import", "%s", err.Error())
 			return ctrl.Result{}, r.annotate(ctx, pvc, corev1.PodFailed, false)
 		}

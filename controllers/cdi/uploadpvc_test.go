@@ -2,6 +2,7 @@ package cdi_test
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -215,6 +216,18 @@ func TestImportEndpointPVC(t *testing.T) {
 
 	claim("cirros", map[string]string{cdiclaims.AnnImportEndpoint: "docker://quay.io/kubevirt/cirros-container-disk-demo", cdiclaims.AnnImportSource: "registry"})
 	g.Expect(staging("cirros").Spec.Source.Registry.URL).To(Equal("docker://quay.io/kubevirt/cirros-container-disk-demo"))
+	g.Expect(staging("cirros").Spec.Source.Registry.InsecureSkipTLSVerify).To(BeFalse())
+	// A registry the CDIConfig calls insecure is read as a DataVolume's would be.
+	withConfig(t, func(spec *cdiv1.CDIConfigSpec) { spec.InsecureRegistries = []string{"registry.lab:5000"} })
+	g.Eventually(func() error {
+		c := &cdiv1.CDIConfig{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: cdi.CDIConfigName}, c); err != nil || len(c.Spec.InsecureRegistries) == 0 {
+			return fmt.Errorf("not yet: %v", err)
+		}
+		return nil
+	}, 20*time.Second).Should(Succeed())
+	claim("lab", map[string]string{cdiclaims.AnnImportEndpoint: "docker://registry.lab:5000/disks/fedora:41", cdiclaims.AnnImportSource: "registry"})
+	g.Expect(staging("lab").Spec.Source.Registry.InsecureSkipTLSVerify).To(BeTrue())
 
 	// An import that fails: the claim says Failed, with CDI's event.
 	broken := claim("broken", map[string]string{cdiclaims.AnnImportEndpoint: "https://images.example.com/broken.qcow2"})
