@@ -222,7 +222,7 @@ func TestImportEndpointPVC(t *testing.T) {
 	g.Eventually(func() error {
 		c := &cdiv1.CDIConfig{}
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: cdi.CDIConfigName}, c); err != nil || len(c.Spec.InsecureRegistries) == 0 {
-			return fmt.Errorf("not yet: %v", err)
+			return fmt.Errorf("not yet: %w", err)
 		}
 		return nil
 	}, 20*time.Second).Should(Succeed())
