@@ -71,7 +71,7 @@ func importRaw(o *Options, f *fetcher, head []byte, cs *transfer.Checksum, t *Ta
 	size := f.obj.Size()
 	res.Format, res.VirtualSize = string(FormatRaw), size
 	o.Progress.SetTotal(size)
-	cp, err := startOrResume(o, f, FormatRaw, size, t, cs)
+	cp, err := startOrResume(o, f.origin(o), FormatRaw, size, t, cs)
 	if err != nil {
 		return err
 	}

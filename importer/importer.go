@@ -27,6 +27,9 @@ import (
 type Options struct {
 	// Source of the image; nil with Blank.
 	Source Source
+	// Chain, in place of Source, is a backup chain to restore: a full backup first, then its
+	// incrementals (chain.go).
+	Chain []ChainLayer
 	// Blank makes an empty disk of BlankSize bytes instead of importing.
 	Blank     bool
 	BlankSize int64
@@ -144,6 +147,9 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result, start
 		return t.Finish(res.VirtualSize)
 	}
 
+	if len(o.Chain) > 0 {
+		return importChain(ctx, o, t, res, start)
+	}
 	var obj Object
 	err := o.Retry.Do(ctx, o.Log, "open "+o.Source.String(), func() (err error) {
 		obj, err = o.Source.Open(ctx)
@@ -217,15 +223,7 @@ func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Im
 		if _, err := parseQcow2Header(head, size); err != nil {
 			return nil, err
 		}
-		img, err := qcow2.Open(checkedHead{head, ra}, noBackingFile)
-		if err != nil {
-			return nil, imageError(err)
-		}
-		if err := img.Readable(); err != nil {
-			img.Close()
-			return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "the qcow2 image cannot be read: %w", err)
-		}
-		return img, nil
+		return openQcow2(head, ra)
 	case FormatVPC:
 		return openVPC(ra, size)
 	case FormatVDI:
@@ -236,6 +234,19 @@ func openImage(format Format, head []byte, ra io.ReaderAt, size int64) (image.Im
 		return openVHDX(ra, size)
 	}
 	return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "%s images are not supported", format)
+}
+
+// openQcow2 opens a qcow2 image whose checked header is head.
+func openQcow2(head []byte, ra io.ReaderAt) (image.Image, error) {
+	img, err := qcow2.Open(checkedHead{head, ra}, noBackingFile)
+	if err != nil {
+		return nil, imageError(err)
+	}
+	if err := img.Readable(); err != nil {
+		img.Close()
+		return nil, transfer.Permanent(transfer.ReasonUnsupportedFormat, "the qcow2 image cannot be read: %w", err)
+	}
+	return img, nil
 }
 
 // importRandom converts an image read at random (qcow2, vmdk, vpc, vdi, vhdx), fetching only its
@@ -257,7 +268,7 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	vsize := img.Size()
 	res.Format, res.VirtualSize = string(format), vsize
 	o.Progress.SetTotal(vsize)
-	cp, err := startOrResume(o, f, format, vsize, t, cs)
+	cp, err := startOrResume(o, f.origin(o), format, vsize, t, cs)
 	if err != nil {
 		return err
 	}
@@ -269,22 +280,7 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	} else {
 		hashed <- nil
 	}
-	start, from := time.Now(), cp.Done
-	for cp.Done < vsize && err == nil {
-		n := vsize - cp.Done
-		if cp.Identity != "" {
-			n = min(n, checkpointAfter(cp.Done-from, time.Since(start)))
-		}
-		if err = convert.Convert(shifted{t, cp.Done}, &window{img, cp.Done, n},
-			convert.Options{Workers: o.Parallel, SegmentSize: segmentSize, BufferSize: convertBuffer, Progress: o.Progress}); err != nil {
-			break
-		}
-		if cp.Done += n; cp.Identity != "" && cp.Done < vsize {
-			cp.Hashed, cp.Hash = h.snapshot()
-			err = t.saveCheckpoint(*cp)
-		}
-	}
-	if err != nil {
+	if err = convertInPieces(o, img, t, cp, h.snapshot); err != nil {
 		h.stop()
 	}
 	if herr := <-hashed; err == nil {
@@ -302,15 +298,51 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	return t.Finish(vsize)
 }
 
+// origin is what a checkpoint is matched against: the source's name, the identity of its
+// version ("" when it tells none) and its size in bytes (-1 when unknown).
+type origin struct {
+	name, identity string
+	size           int64
+}
+
+func (f *fetcher) origin(o *Options) origin {
+	return origin{name: o.Source.String(), identity: f.obj.Identity(), size: f.obj.Size()}
+}
+
+// convertInPieces converts img into t from cp.Done to its end, in pieces of checkpointAfter
+// bytes when the import can be checkpointed, recording each piece once it is written with
+// the hash state mark gives.
+func convertInPieces(o *Options, img image.Image, t *Target, cp *checkpoint, mark func() (int64, []byte)) error {
+	vsize := img.Size()
+	start, from := time.Now(), cp.Done
+	for cp.Done < vsize {
+		n := vsize - cp.Done
+		if cp.Identity != "" {
+			n = min(n, checkpointAfter(cp.Done-from, time.Since(start)))
+		}
+		if err := convert.Convert(shifted{t, cp.Done}, &window{img, cp.Done, n},
+			convert.Options{Workers: o.Parallel, SegmentSize: segmentSize, BufferSize: convertBuffer, Progress: o.Progress}); err != nil {
+			return err
+		}
+		if cp.Done += n; cp.Identity != "" && cp.Done < vsize {
+			cp.Hashed, cp.Hash = mark()
+			if err := t.saveCheckpoint(*cp); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // startOrResume continues the disk from a checkpoint that matches this source, or empties
 // it and starts over. The returned record's Identity is empty when the import cannot be
 // checkpointed (the source tells no identity, or the device has no room beside the image).
-func startOrResume(o *Options, f *fetcher, format Format, vsize int64, t *Target, cs *transfer.Checksum) (*checkpoint, error) {
-	id := f.obj.Identity()
-	fresh := &checkpoint{Source: o.Source.String(), Format: string(format), VirtualSize: vsize}
+func startOrResume(o *Options, src origin, format Format, vsize int64, t *Target, cs *transfer.Checksum) (*checkpoint, error) {
+	id := src.identity
+	fresh := &checkpoint{Source: src.name, Format: string(format), VirtualSize: vsize}
 	if id != "" && t.checkpointable(vsize) {
 		fresh.Identity = id
-		if cp := t.loadCheckpoint(vsize); cp.matches(fresh.Source, id, format, vsize, f.obj.Size()) {
+		if cp := t.loadCheckpoint(vsize); cp.matches(fresh.Source, id, format, vsize, src.size) {
 			if cp.Hashed == 0 || cs.Want == "" || cs.Restore(cp.Hash) == nil {
 				if cs.Want == "" {
 					cp.Hashed, cp.Hash = 0, nil

@@ -25,6 +25,9 @@ type qcow2Header struct {
 	CompressionType  uint8
 }
 
+// Where the header names its backing file: bytes 8 to 20 (the name's offset and length).
+const qcow2BackingFields, qcow2BackingFieldsEnd = 8, 20
+
 const (
 	qcow2IncompatDirty        = 1 << 0
 	qcow2IncompatCorrupt      = 1 << 1
@@ -36,8 +39,16 @@ const (
 )
 
 // parseQcow2Header parses and checks the header in head against the image's file size
-// (-1 when unknown). Every refusal is a permanent transfer error.
+// (-1 when unknown). Every refusal is a permanent transfer error; an image that names a
+// backing file is refused.
 func parseQcow2Header(head []byte, fileSize int64) (*qcow2Header, error) {
+	return parseQcow2(head, fileSize, false)
+}
+
+// parseQcow2 is parseQcow2Header; with layer, an image that names a backing file is a layer of
+// a chain and is not refused for it: the name is kept in BackingFile (as %q-quoted text, or
+// "(unreadable)") and never opened.
+func parseQcow2(head []byte, fileSize int64, layer bool) (*qcow2Header, error) {
 	malformed := func(format string, args ...any) error {
 		return transfer.Permanent(transfer.ReasonMalformedImage, "malformed qcow2 image: "+format, args...)
 	}
@@ -77,6 +88,10 @@ func parseQcow2Header(head []byte, fileSize int64) (*qcow2Header, error) {
 		if n := uint64(backingLen); n > 0 && n <= 1023 && backingOff < uint64(len(head)) && n <= uint64(len(head))-backingOff {
 			name = fmt.Sprintf("%q", head[backingOff:backingOff+n])
 		}
+		h.BackingFile = name
+	}
+	if h.BackingFile != "" && !layer {
+		name := h.BackingFile
 		return nil, transfer.Permanent(transfer.ReasonBackingFile,
 			"the qcow2 image has a backing file %s: diskpipe imports only self-contained images (flatten it with 'qemu-img convert -O qcow2')", name)
 	}

@@ -24,6 +24,9 @@ const (
 	ReasonMalformedImage    Reason = "MalformedImage"
 	ReasonTruncatedImage    Reason = "TruncatedImage"
 	ReasonTooLarge          Reason = "TooLarge"
+	// ReasonBrokenChain: the layers of a backup chain do not fit together (a missing, repeated
+	// or out-of-order layer, an index that disagrees with its objects).
+	ReasonBrokenChain       Reason = "BrokenChain"
 	ReasonNeedsRandomAccess Reason = "NeedsRandomAccess"
 	// ReasonNoRevision: a scheduled image's source tells no revision (no ETag or
 	// Last-Modified), so a change cannot be seen without downloading it.
@@ -66,6 +69,19 @@ func Permanent(reason Reason, format string, args ...any) error {
 // Transient returns a failure that may pass: a dropped connection, a 503, a timeout.
 func Transient(reason Reason, format string, args ...any) error {
 	return &Error{Reason: reason, Transient: true, Err: fmt.Errorf(format, args...)}
+}
+
+// Within prefixes err's message with what it concerns ("layer 2 of 4 (cp2)"), keeping its
+// reason and whether it is transient.
+func Within(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return &Error{Reason: e.Reason, Transient: e.Transient, Err: fmt.Errorf("%s: %w", what, e.Err)}
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // IsTransient reports whether err is worth trying again.

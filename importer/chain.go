@@ -1,0 +1,329 @@
+package importer
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/lima-vm/go-qcow2reader/image"
+
+	"github.com/diskpipe/diskpipe/internal/transfer"
+)
+
+// A backup chain is a full backup and the incrementals taken after it, each a qcow2 holding
+// only the clusters that changed since the one before. It is restored into one disk with no
+// scratch: every layer is read at random through its own block cache, and each cluster of
+// the disk is taken from the newest layer that holds it — a zero cluster reads as zeros, an
+// unallocated one falls through to the older layers — and written once. The order is the
+// chain's own (its list, or its index's checkpoints), never a backing file's name: a layer's
+// backing name (KubeVirt's name the VM's overlay, which means nothing here) is removed from
+// the header the reader sees, so no path in an image is ever opened.
+
+// MaxChainLayers bounds a chain: each layer keeps its own cache and tables in memory.
+const MaxChainLayers = 64
+
+// ChainLayer is one qcow2 of a backup chain.
+type ChainLayer struct {
+	Source Source
+	// Name says which layer a message is about (its checkpoint, or its object); empty names it
+	// by its source.
+	Name string
+	// Checksum is the layer's expected digest, "<algorithm>:<hex>"; empty checks none.
+	Checksum string
+	// Size and VirtualSize, when not zero, are the object's length and its disk's size as the
+	// chain's index records them: a layer whose object or header says otherwise is refused.
+	Size, VirtualSize int64
+}
+
+// chainLayer is an open layer.
+type chainLayer struct {
+	label   string
+	f       *fetcher
+	cache   *blockCache
+	img     image.Image
+	cluster int64
+	cs      *transfer.Checksum
+	hash    *orderedHash
+}
+
+// chainImage is the disk a chain restores, as one image: Extent and ReadAt resolve each range
+// to the newest layer that holds it.
+type chainImage struct {
+	layers []*chainLayer // the full backup first
+	size   int64
+}
+
+// importChain restores o.Chain into t.
+func importChain(ctx context.Context, o *Options, t *Target, res *transfer.Result, start time.Time) error {
+	n := len(o.Chain)
+	if n > MaxChainLayers {
+		return transfer.Permanent(transfer.ReasonInvalidArgument,
+			"the chain has %d layers, more than the %d diskpipe restores at once: take a new full backup, or merge the oldest incrementals into the full with 'qemu-img commit'", n, MaxChainLayers)
+	}
+	c := &chainImage{}
+	defer c.Close()
+	defer func() {
+		for _, l := range c.layers {
+			res.BytesRead += l.f.read.Load()
+			res.FirstByteSeconds = firstOf(res.FirstByteSeconds, since(&l.f.first, start))
+			res.LastByteSeconds = max(res.LastByteSeconds, since(&l.f.last, start))
+		}
+	}()
+	// A share of the single image's cache each, and never fewer than two blocks: 32 MiB for
+	// the first eight layers, two blocks a layer beyond.
+	blocks := max(2, min(cacheBlocks, 32/n))
+	for i := range o.Chain {
+		l, err := openLayer(ctx, o, i, blocks)
+		if l != nil {
+			c.layers = append(c.layers, l)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := c.fits(); err != nil {
+		return err
+	}
+	vsize := c.Size()
+	res.Format, res.VirtualSize = string(FormatQcow2), vsize
+	o.Progress.SetTotal(vsize)
+	// Checkpoints keep no hash state: a resumed restore hashes each layer from its start again
+	// (its bytes only, at most the chain's size).
+	none, _ := transfer.ParseChecksum("")
+	cp, err := startOrResume(o, c.origin(), FormatQcow2, vsize, t, none)
+	if err != nil {
+		return err
+	}
+
+	hashed := make(chan error, n)
+	hashing := 0
+	for _, l := range c.layers {
+		if l.cs.Want != "" {
+			hashing++
+			go func() { hashed <- transfer.Within(l.label, l.hash.run(ctx, l.cache, l.f.obj.Size())) }()
+		}
+	}
+	err = convertInPieces(o, c, t, cp, func() (int64, []byte) { return 0, nil })
+	for _, l := range c.layers {
+		if err != nil {
+			l.hash.stop()
+		}
+	}
+	for range hashing {
+		if herr := <-hashed; err == nil {
+			err = herr
+		}
+	}
+	if err != nil {
+		return imageError(err)
+	}
+	for _, l := range c.layers {
+		if l.cs.Want == "" {
+			continue
+		}
+		if err := l.cs.Verify(); err != nil {
+			return transfer.Within(l.label, err)
+		}
+		o.Log.Info("Layer verified", "layer", l.label, "digest", l.cs.Digest())
+	}
+	return t.Finish(vsize)
+}
+
+// firstOf is the earlier of two times after the start, 0 meaning none.
+func firstOf(a, b float64) float64 {
+	if a == 0 || b > 0 && b < a {
+		return b
+	}
+	return a
+}
+
+// openLayer opens o.Chain[i] and checks it can be a layer there. A layer returned with an
+// error is to be closed.
+func openLayer(ctx context.Context, o *Options, i, blocks int) (*chainLayer, error) {
+	spec := o.Chain[i]
+	l := &chainLayer{label: fmt.Sprintf("layer %d of %d (%s)", i+1, len(o.Chain), cmp.Or(spec.Name, spec.Source.String()))}
+	var obj Object
+	err := o.Retry.Do(ctx, o.Log, "open "+spec.Source.String(), func() (err error) {
+		obj, err = spec.Source.Open(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, transfer.Within(l.label, err)
+	}
+	l.f = &fetcher{ctx: ctx, obj: obj, name: spec.Source.String(), retry: o.Retry, log: o.Log, stall: o.StallTimeout}
+	size := obj.Size()
+	switch {
+	case !obj.RandomAccess() || size <= 0:
+		return l, transfer.Permanent(transfer.ReasonNeedsRandomAccess,
+			"%s: a chain's layers are read at random, and its server does not serve ranges (any S3 store and the bundled store do)", l.label)
+	case spec.Size > 0 && size != spec.Size:
+		return l, transfer.Permanent(transfer.ReasonBrokenChain,
+			"%s: the chain's index says its object holds %d bytes, and it holds %d: the object was replaced or cut short", l.label, spec.Size, size)
+	}
+	head := make([]byte, min(sniffLen, size))
+	if _, err := l.f.ReadAt(head, 0); err != nil && !errors.Is(err, io.EOF) {
+		return l, transfer.Within(l.label, err)
+	}
+	if c, f := sniffCompression(head), sniffFormat(head); c != CompressionNone || f != FormatQcow2 {
+		return l, transfer.Permanent(transfer.ReasonUnsupportedFormat,
+			"%s is %s, not qcow2: every layer of a chain is a qcow2 image", l.label, cmp.Or(string(c), string(f)))
+	}
+	h, err := parseQcow2(head, size, true)
+	if err != nil {
+		return l, transfer.Within(l.label, err)
+	}
+	switch {
+	case i == 0 && h.BackingFile != "":
+		return l, transfer.Permanent(transfer.ReasonBackingFile,
+			"%s names a backing file %s: a chain starts with a full backup, which names none (give the layers full backup first)", l.label, h.BackingFile)
+	case i > 0 && h.IncompatFeatures&qcow2IncompatExtendedL2 != 0:
+		return l, transfer.Permanent(transfer.ReasonUnsupportedFormat,
+			"%s has subclusters (extended L2 entries), which diskpipe does not merge with older layers: write incrementals without extended_l2", l.label)
+	case spec.VirtualSize > 0 && int64(h.Size) != spec.VirtualSize: //nolint:gosec // at most 2^56, checked
+		return l, transfer.Permanent(transfer.ReasonBrokenChain,
+			"%s: the chain's index says its disk is %d bytes, and its header says %d", l.label, spec.VirtualSize, h.Size)
+	}
+	if l.cs, err = transfer.ParseChecksum(spec.Checksum); err != nil {
+		return l, transfer.Within(l.label, err)
+	}
+	l.hash = &orderedHash{cs: l.cs}
+	l.cluster = 1 << h.ClusterBits
+	l.cache = newBlockCache(l.f, size, cacheBlockSize, blocks, o.Parallel, min(readahead, blocks/4))
+	l.cache.prefix = head
+	if l.cs.Want != "" {
+		l.cache.readers = 2 // its hasher reads every byte too
+	}
+	// The reader sees the header without the backing file's name, so it never looks for one.
+	own := slices.Clone(head)
+	clear(own[qcow2BackingFields:qcow2BackingFieldsEnd])
+	if l.img, err = openQcow2(own, boundedReaderAt{r: l.cache, size: size}); err != nil {
+		return l, transfer.Within(l.label, err)
+	}
+	return l, nil
+}
+
+// fits checks that the layers can follow one another: a disk never shrinks, so a layer smaller
+// than the one before it is out of order. The chain's disk is its newest layer's.
+func (c *chainImage) fits() error {
+	for i := 1; i < len(c.layers); i++ {
+		if prev, cur := c.layers[i-1], c.layers[i]; cur.img.Size() < prev.img.Size() {
+			return transfer.Permanent(transfer.ReasonBrokenChain,
+				"%s has a disk of %d bytes, smaller than %s's %d: the layers are out of order (a disk only grows between backups)",
+				cur.label, cur.img.Size(), prev.label, prev.img.Size())
+		}
+	}
+	c.size = c.layers[len(c.layers)-1].img.Size()
+	return nil
+}
+
+// origin is what a checkpoint of the restore is matched against: every layer's source, version
+// and size. A layer that tells no version makes the restore one that cannot resume.
+func (c *chainImage) origin() origin {
+	type part struct {
+		Source, Identity string
+		Size             int64
+	}
+	parts := make([]part, len(c.layers))
+	for i, l := range c.layers {
+		if parts[i] = (part{l.f.name, l.f.obj.Identity(), l.f.obj.Size()}); parts[i].Identity == "" {
+			return origin{name: "chain", size: -1}
+		}
+	}
+	b, _ := json.Marshal(parts)
+	sum := sha256.Sum256(b)
+	return origin{name: fmt.Sprintf("chain of %d layers, newest %s", len(c.layers), c.layers[len(c.layers)-1].f.name),
+		identity: hex.EncodeToString(sum[:]), size: -1}
+}
+
+func (c *chainImage) Size() int64      { return c.size }
+func (c *chainImage) Type() image.Type { return image.Type(FormatQcow2) }
+func (c *chainImage) Readable() error  { return nil }
+
+func (c *chainImage) Close() error {
+	for _, l := range c.layers {
+		if l.img != nil {
+			l.img.Close()
+		}
+		l.f.obj.Close()
+	}
+	return nil
+}
+
+// find says where the disk's bytes at off come from: the newest layer that holds them (-1 when
+// they read as zeros) and for how many bytes from off, at most n, that holds.
+func (c *chainImage) find(off, n int64) (int, int64, error) {
+	for i := len(c.layers) - 1; i >= 0; i-- {
+		l := c.layers[i]
+		if off >= l.img.Size() {
+			continue // an older, smaller disk: past its end the disk falls through to zeros
+		}
+		e, err := l.extent(off, min(n, l.img.Size()-off))
+		if err != nil {
+			return 0, 0, err
+		}
+		n = e.Length
+		if e.Allocated {
+			if e.Zero {
+				return -1, n, nil
+			}
+			return i, n, nil
+		}
+	}
+	return -1, n, nil
+}
+
+// extent is the layer's own extent at off, at most n bytes long. The reader is asked from a
+// cluster's start: go-qcow2reader's Extent overstates the first cluster of a range that starts
+// inside one (by where in it the range starts).
+func (l *chainLayer) extent(off, n int64) (image.Extent, error) {
+	from := off - off%l.cluster
+	whole := (off + n - from + l.cluster - 1) / l.cluster * l.cluster
+	e, err := l.img.Extent(from, min(whole, l.img.Size()-from))
+	if err != nil {
+		return e, transfer.Within(l.label, err)
+	}
+	e.Length = min(e.Start+e.Length-off, n)
+	if e.Length <= 0 {
+		return e, transfer.Permanent(transfer.ReasonMalformedImage, "%s: its tables describe no bytes at %d", l.label, off)
+	}
+	e.Start = off
+	return e, nil
+}
+
+// Extent is the run from start of bytes one layer holds (or that read as zeros).
+func (c *chainImage) Extent(start, length int64) (image.Extent, error) {
+	i, n, err := c.find(start, length)
+	return image.Extent{Start: start, Length: n, Allocated: i >= 0, Zero: i < 0}, err
+}
+
+// ReadAt reads each run from the layer that holds it.
+func (c *chainImage) ReadAt(p []byte, off int64) (int, error) {
+	if off >= c.size {
+		return 0, io.EOF
+	}
+	var eof error
+	if rest := c.size - off; int64(len(p)) > rest {
+		p, eof = p[:rest], io.EOF
+	}
+	for done := int64(0); done < int64(len(p)); {
+		i, n, err := c.find(off+done, int64(len(p))-done)
+		if err != nil {
+			return int(done), err
+		}
+		piece := p[done : done+n]
+		if i < 0 {
+			clear(piece)
+		} else if m, err := c.layers[i].img.ReadAt(piece, off+done); m < len(piece) {
+			return int(done) + m, transfer.Within(c.layers[i].label, cmp.Or(err, io.ErrUnexpectedEOF))
+		}
+		done += n
+	}
+	return len(p), eof
+}
