@@ -70,6 +70,14 @@ type checkpoint struct {
 	// Hashed and Hash: the checksum's state after the source's first Hashed bytes.
 	Hashed int64  `json:"hashed,omitempty"`
 	Hash   []byte `json:"hash,omitempty"`
+	// Layers are the hash states of a backup chain's layers, in its order (chain.go).
+	Layers []hashState `json:"layers,omitempty"`
+}
+
+// hashState is a checksum's state after the first Hashed bytes of its source.
+type hashState struct {
+	Hashed int64  `json:"hashed"`
+	Hash   []byte `json:"hash"`
 }
 
 // sealed is the checkpoint as stored: the record and its sha256.

@@ -1,6 +1,7 @@
 package importer
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 
 	"github.com/diskpipe/diskpipe/internal/contract"
@@ -98,6 +100,23 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				s.Header.Set("User-Agent", a.UserAgent)
 			}
 			o.Source = s
+			err := chainOf(&o, a.Chain, func(ref string) (Source, error) {
+				layer := *s
+				layer.URL = ref
+				return &layer, nil
+			}, func(checkpoint string) (Source, error) {
+				b, err := os.ReadFile(filepath.Join(a.LayerURLDir, filepath.Base(checkpoint)))
+				if err != nil {
+					// The index changed since the pod was made: the next one is made for it.
+					return nil, transfer.Transient(transfer.ReasonBrokenChain, "no URL was given for layer %s: the backup index changed since this pod was made", checkpoint)
+				}
+				layer := *s
+				layer.URL = strings.TrimSpace(string(b))
+				return &layer, nil
+			})
+			if err != nil {
+				return nil, err
+			}
 		case "s3":
 			cfg := objectstore.ClientConfig{Endpoint: a.Endpoint, Region: a.Region, BucketLookup: a.BucketLookup, CAFile: a.CAFile, Insecure: a.Insecure, Egress: &cmd.Egress}
 			if a.CredentialsDir != "" {
@@ -106,6 +125,12 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				}
 			}
 			o.Source = &S3Source{Config: cfg, Bucket: a.Bucket, Object: a.Object}
+			err := chainOf(&o, a.Chain, func(key string) (Source, error) {
+				return &S3Source{Config: cfg, Bucket: a.Bucket, Object: key}, nil
+			}, nil)
+			if err != nil {
+				return nil, err
+			}
 		case "registry":
 			if !strings.HasPrefix(a.URL, "docker://") {
 				// An archive would be a file of this pod (none is mounted) unpacked into scratch
@@ -149,9 +174,57 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	})
 }
 
+// chainOf makes o a restore of a backup chain when the chain flags say so: the layers given
+// one by one, or a point of an index. layer makes the source of a URL or an object; presigned,
+// when given, reads a layer of the index from the URL --layer-url-dir holds for its checkpoint.
+// o.Source, made from --url or --object, is then unused, or the index's presigned URL.
+func chainOf(o *Options, c contract.Chain, layer func(ref string) (Source, error), presigned func(checkpoint string) (Source, error)) error {
+	switch {
+	case c.ChainIndex != "" && len(c.Layer) > 0:
+		return transfer.Permanent(transfer.ReasonInvalidArgument, "--chain-index and --layer are two ways to give a chain: give one")
+	case c.LayerURLDir != "" && (presigned == nil || c.ChainIndex != "" || len(c.Layer) > 0):
+		return transfer.Permanent(transfer.ReasonInvalidArgument, "--layer-url-dir is for an http source whose --url (or --url-file) is the backup index")
+	case c.LayerURLDir != "":
+		o.ChainIndex = &ChainIndex{Source: o.Source, Point: c.ChainPoint, Layer: func(checkpoint, _ string) (Source, error) { return presigned(checkpoint) }}
+		o.Source = nil
+	case c.ChainIndex != "":
+		index, err := layer(c.ChainIndex)
+		if err != nil {
+			return err
+		}
+		o.Source, o.ChainIndex = nil, &ChainIndex{Source: index, Point: c.ChainPoint}
+	case len(c.Layer) > 0:
+		sums := map[int]string{}
+		for _, lc := range c.LayerChecksum {
+			n, sum, ok := strings.Cut(lc, "=")
+			i, err := strconv.Atoi(n)
+			if !ok || err != nil || i < 1 || i > len(c.Layer) {
+				return transfer.Permanent(transfer.ReasonInvalidArgument, "--layer-checksum %q must be written N=<algorithm>:<hex>, N from 1 to %d", lc, len(c.Layer))
+			}
+			sums[i] = sum
+		}
+		o.Source = nil
+		for i, ref := range c.Layer {
+			src, err := layer(ref)
+			if err != nil {
+				return err
+			}
+			o.Chain = append(o.Chain, ChainLayer{Source: src, Checksum: sums[i+1]})
+		}
+	case c.ChainPoint != "" || len(c.LayerChecksum) > 0:
+		return transfer.Permanent(transfer.ReasonInvalidArgument, "--chain-point and --layer-checksum need --chain-index or --layer")
+	}
+	return nil
+}
+
 func sourceName(o Options) string {
-	if o.Blank {
+	switch {
+	case o.Blank:
 		return fmt.Sprintf("blank %d bytes", o.BlankSize)
+	case o.ChainIndex != nil:
+		return "point " + cmp.Or(o.ChainIndex.Point, "(newest)") + " of the backup index " + o.ChainIndex.Source.String()
+	case len(o.Chain) > 0:
+		return fmt.Sprintf("a chain of %d layers, newest %s", len(o.Chain), o.Chain[len(o.Chain)-1].Source)
 	}
 	return o.Source.String()
 }

@@ -30,6 +30,8 @@ type Options struct {
 	// Chain, in place of Source, is a backup chain to restore: a full backup first, then its
 	// incrementals (chain.go).
 	Chain []ChainLayer
+	// ChainIndex, in place of Source or Chain, is a point of backups kept by their index.
+	ChainIndex *ChainIndex
 	// Blank makes an empty disk of BlankSize bytes instead of importing.
 	Blank     bool
 	BlankSize int64
@@ -147,7 +149,7 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result, start
 		return t.Finish(res.VirtualSize)
 	}
 
-	if len(o.Chain) > 0 {
+	if len(o.Chain) > 0 || o.ChainIndex != nil {
 		return importChain(ctx, o, t, res, start)
 	}
 	var obj Object
@@ -177,6 +179,10 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result, start
 		}
 		if o.Format == FormatRaw {
 			return importRaw(o, f, head, cs, t, res)
+		}
+		if isIndex(head) {
+			o.ChainIndex = &ChainIndex{Source: o.Source}
+			return importChain(ctx, o, t, res, start)
 		}
 		if sniffCompression(head) == CompressionNone {
 			format := sniffFormat(head)
@@ -280,7 +286,7 @@ func importRandom(ctx context.Context, o *Options, f *fetcher, format Format, he
 	} else {
 		hashed <- nil
 	}
-	if err = convertInPieces(o, img, t, cp, h.snapshot); err != nil {
+	if err = convertInPieces(o, img, t, cp, func(cp *checkpoint) { cp.Hashed, cp.Hash = h.snapshot() }); err != nil {
 		h.stop()
 	}
 	if herr := <-hashed; err == nil {
@@ -311,8 +317,8 @@ func (f *fetcher) origin(o *Options) origin {
 
 // convertInPieces converts img into t from cp.Done to its end, in pieces of checkpointAfter
 // bytes when the import can be checkpointed, recording each piece once it is written with
-// the hash state mark gives.
-func convertInPieces(o *Options, img image.Image, t *Target, cp *checkpoint, mark func() (int64, []byte)) error {
+// the hash state mark adds.
+func convertInPieces(o *Options, img image.Image, t *Target, cp *checkpoint, mark func(*checkpoint)) error {
 	vsize := img.Size()
 	start, from := time.Now(), cp.Done
 	for cp.Done < vsize {
@@ -325,7 +331,7 @@ func convertInPieces(o *Options, img image.Image, t *Target, cp *checkpoint, mar
 			return err
 		}
 		if cp.Done += n; cp.Identity != "" && cp.Done < vsize {
-			cp.Hashed, cp.Hash = mark()
+			mark(cp)
 			if err := t.saveCheckpoint(*cp); err != nil {
 				return err
 			}
@@ -373,7 +379,7 @@ type orderedHash struct {
 	stopped atomic.Bool
 }
 
-func (h *orderedHash) run(ctx context.Context, c *blockCache, size int64) error {
+func (h *orderedHash) run(ctx context.Context, c io.ReaderAt, size int64) error {
 	buf := make([]byte, cacheBlockSize)
 	for h.off < size {
 		if err := ctx.Err(); err != nil {

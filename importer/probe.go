@@ -59,6 +59,9 @@ func revisionOf(ctx context.Context, s Source) (string, error) {
 func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 	o.defaults()
 	res := &transfer.Result{VirtualSize: -1}
+	if len(o.Chain) > 0 || o.ChainIndex != nil {
+		return res, probeChain(ctx, &o, res)
+	}
 	var obj Object
 	err := o.Retry.Do(ctx, o.Log, "open "+o.Source.String(), func() (err error) {
 		obj, err = o.Source.Open(ctx)
@@ -76,6 +79,10 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 		head := make([]byte, min(sniffLen, obj.Size()))
 		if _, err := f.ReadAt(head, 0); err != nil && !errors.Is(err, io.EOF) {
 			return res, err
+		}
+		if isIndex(head) {
+			o.ChainIndex = &ChainIndex{Source: o.Source}
+			return res, probeChain(ctx, &o, res)
 		}
 		if sniffCompression(head) == CompressionNone {
 			format := sniffFormat(head)

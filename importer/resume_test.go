@@ -48,8 +48,13 @@ func TestImporterChild(t *testing.T) {
 // importer starts the importer command as a child process.
 func startImporter(t *testing.T, url, target string, capacity int64) (*exec.Cmd, *strings.Builder) {
 	t.Helper()
-	args := []string{"--url", url, "--target", target, "--capacity", strconv.FormatInt(capacity, 10),
-		"--metrics-addr", "", "--termination-message-path", "", "--progress-interval", "1h", "--retries", "3"}
+	return startImporterArgs(t, "--url", url, "--target", target, "--capacity", strconv.FormatInt(capacity, 10))
+}
+
+// startImporterArgs starts the importer command with args, quiet, as a child process.
+func startImporterArgs(t *testing.T, args ...string) (*exec.Cmd, *strings.Builder) {
+	t.Helper()
+	args = append(args, "--metrics-addr", "", "--termination-message-path", "", "--progress-interval", "1h", "--retries", "3")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestImporterChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"), childEveryEnv+"="+strconv.Itoa(resumeEvery))
 	out := &strings.Builder{}

@@ -2,6 +2,16 @@ package contract
 
 import "time"
 
+// Chain is a backup chain restored by an http or s3 import (importer/chain.go): its layers
+// given one by one, or a point of a backup index.
+type Chain struct {
+	Layer         []string `flag:"layer" usage:"http, s3: a layer of a backup chain, full backup first: its URL (http) or object (s3), in place of --url or --object (repeatable)"`
+	LayerChecksum []string `flag:"layer-checksum" usage:"the expected digest of the Nth --layer, \"N=<algorithm>:<hex>\" (repeatable)"`
+	ChainIndex    string   `flag:"chain-index" usage:"http, s3: a backup index (docs/backups.md) whose point to restore: its URL (http) or object (s3), in place of --url or --object"`
+	ChainPoint    string   `flag:"chain-point" usage:"the checkpoint of --chain-index restored (default: its newest)"`
+	LayerURLDir   string   `flag:"layer-url-dir" usage:"http: the --url (or --url-file) is a backup index, and this directory (a mounted Secret) holds each layer's URL in a file named by its checkpoint (presigned URLs)"`
+}
+
 // Import is the importer's command line: an import into a volume, or one of its other modes
 // (Probe, Check, Grow, GrowOnly, Serve). The order of the fields is the order of the flags.
 type Import struct {
@@ -18,6 +28,7 @@ type Import struct {
 	UserAgent  string   `flag:"user-agent" usage:"http: the User-Agent of every request (default: Go's)"`
 	ExtentsURL string   `flag:"extents-url" usage:"http: where a clone source (--serve) lists its disk's data extents; a raw copy reads those only"`
 	S3
+	Chain
 	RegistryAuthFile      string `flag:"registry-auth-file" usage:"registry: a .dockerconfigjson with the registry's credentials"`
 	RegistryPublicKeyFile string `flag:"registry-public-key-file" usage:"registry: a PEM public key the image must carry a cosign signature by"`
 	Architecture          string `flag:"architecture" usage:"registry: the architecture to pick from an index (default: this machine's)"`
