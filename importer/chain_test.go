@@ -463,7 +463,9 @@ func TestChainResumeAfterKill(t *testing.T) {
 		}
 	}
 	_ = cmd.Process.Signal(syscall.SIGKILL)
-	_ = <-ended
+	if err := <-ended; err == nil {
+		t.Fatal("the importer finished before it was killed")
+	}
 	first := srv.sent.Load()
 	if _, err := os.Stat(target + ".checkpoint"); err != nil {
 		t.Fatalf("no checkpoint after %d of %d bytes: %v\n%s", first, size, err, out)
