@@ -29,7 +29,7 @@ import (
 // the header the reader sees, so no path in an image is ever opened.
 
 // MaxChainLayers bounds a chain: each layer keeps its own cache and tables in memory.
-const MaxChainLayers = 64
+const MaxChainLayers = backup.MaxChainLayers
 
 // Each layer has a cache of its own, of blocks smaller than a single image's: the converter's
 // eight workers each read near their own place in every layer, and a layer's cache needs as

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/diskpipe/diskpipe/internal/backup"
 	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -105,7 +106,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 				layer.URL = ref
 				return &layer, nil
 			}, func(checkpoint string) (Source, error) {
-				b, err := os.ReadFile(filepath.Join(a.LayerURLDir, filepath.Base(checkpoint)))
+				b, err := os.ReadFile(filepath.Join(a.LayerURLDir, backup.LayerURLKey(filepath.Base(checkpoint))))
 				if err != nil {
 					// The index changed since the pod was made: the next one is made for it.
 					return nil, transfer.Transient(transfer.ReasonBrokenChain, "no URL was given for layer %s: the backup index changed since this pod was made", checkpoint)
@@ -158,7 +159,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		default:
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "unknown --source %q: http, s3, registry, containerdisk, file or blank", a.Source)
 		}
-		if (a.Probe || a.Check) && o.Source == nil {
+		if (a.Probe || a.Check) && o.Source == nil && o.ChainIndex == nil && len(o.Chain) == 0 {
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--probe and --check need a source to read")
 		}
 		if a.Check {

@@ -26,8 +26,15 @@ func Probe(ctx context.Context, o Options) (*transfer.Result, error) {
 func Check(ctx context.Context, o Options) (*transfer.Result, error) {
 	o.defaults()
 	res := &transfer.Result{}
-	err := o.Retry.Do(ctx, o.Log, "check "+o.Source.String(), func() (err error) {
-		res.Revision, err = revisionOf(ctx, o.Source)
+	src := o.Source
+	switch {
+	case o.ChainIndex != nil:
+		src = o.ChainIndex.Source // a new backup is a new index
+	case len(o.Chain) > 0:
+		return res, transfer.Permanent(transfer.ReasonNoRevision, "a chain given layer by layer has no revision to check: keep it with a backup index")
+	}
+	err := o.Retry.Do(ctx, o.Log, "check "+src.String(), func() (err error) {
+		res.Revision, err = revisionOf(ctx, src)
 		return err
 	})
 	if err != nil {
@@ -36,7 +43,7 @@ func Check(ctx context.Context, o Options) (*transfer.Result, error) {
 	if res.Revision == "" {
 		return res, transfer.Permanent(transfer.ReasonNoRevision,
 			"%s gives no ETag or Last-Modified, so a change cannot be seen without downloading it: serve it from a server that does "+
-				"(most do; the bundled object store does), or from a registry", o.Source)
+				"(most do; the bundled object store does), or from a registry", src)
 	}
 	res.Succeeded = true
 	return res, nil

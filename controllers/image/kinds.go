@@ -65,6 +65,8 @@ func fromVirtualMachineImage(o client.Object) *goldenImage {
 		g.source = copySource(copyOfPVC, namespaceOr(src.PVC.Namespace, v.Namespace), string(src.PVC.Name))
 	case src.Snapshot != nil:
 		g.source = copySource(copyOfSnapshot, namespaceOr(src.Snapshot.Namespace, v.Namespace), string(src.Snapshot.Name))
+	case src.Chain != nil:
+		g.source = chainSource(src.Chain)
 	default:
 		g.source = source{kind: "upload", upload: "virtualmachineimages"}
 	}
@@ -91,6 +93,8 @@ func fromImageTemplate(o client.Object) *goldenImage {
 		g.source = copySource(copyOfImage, namespaceOr(src.Clone.Namespace, t.Namespace), string(src.Clone.Name))
 	case src.Disk != nil:
 		g.source = copySource(copyOfDisk, namespaceOr(src.Disk.Namespace, t.Namespace), string(src.Disk.Name))
+	case src.Chain != nil:
+		g.source = chainSource(src.Chain)
 	default:
 		g.source = source{kind: "upload", upload: "imagetemplates"}
 	}

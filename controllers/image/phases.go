@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/importpod"
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/backup"
 	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -280,6 +282,9 @@ func (r *Reconciler) ensurePod(ctx context.Context, g *goldenImage, s importpod.
 			return nil, err
 		}
 		s.Import.Source, s.Import.URLFile = "http", urlDir+"/url"
+		if g.source.chain {
+			s.Import.LayerURLDir = urlDir
+		}
 		if r.ObjectStoreCA != "" {
 			s.Import.CAFile = urlDir + "/ca.crt"
 		}
@@ -332,6 +337,11 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 	}
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.obj.GetNamespace(),
 		Labels: map[string]string{goldenimage.LabelImage: string(g.obj.GetUID())}}, StringData: map[string]string{"url": u.String()}}
+	if g.source.chain {
+		if err := presignLayers(ctx, store, src, g.source.imp.ChainPoint, sec.StringData); err != nil {
+			return err
+		}
+	}
 	if r.ObjectStoreCA != "" {
 		ca, err := os.ReadFile(r.ObjectStoreCA)
 		if err != nil {
@@ -340,6 +350,38 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 		sec.StringData["ca.crt"] = string(ca)
 	}
 	return owned.Put(ctx, r.Client, g.obj, sec)
+}
+
+// presignLayers reads the backup index src names, as the namespace, and adds a presigned URL
+// of each layer of its point to urls, under "layer-<checkpoint>" (importer --layer-url-dir).
+// An index that does not parse, or lacks the point, is the importer's to refuse with its
+// reason: the pod is made without those layers, and says why.
+func presignLayers(ctx context.Context, store *objectstore.Client, src *common.ObjectStoreSource, point string, urls map[string]string) error {
+	obj, err := store.GetObject(ctx, string(src.BucketName), string(src.ObjectName), minio.GetObjectOptions{})
+	if err != nil {
+		return store.Forbidden(err, transfer.ReasonSourceForbidden, "read", objectstore.ObjectURL(string(src.BucketName), string(src.ObjectName)))
+	}
+	defer obj.Close()
+	b, err := io.ReadAll(io.LimitReader(obj, backup.MaxIndexBytes+1))
+	if err != nil {
+		return store.Forbidden(err, transfer.ReasonSourceForbidden, "read", objectstore.ObjectURL(string(src.BucketName), string(src.ObjectName)))
+	}
+	ix, err := backup.Parse(b)
+	if err != nil {
+		return nil
+	}
+	layers, err := ix.Chain(point, backup.MaxChainLayers)
+	if err != nil {
+		return nil
+	}
+	for _, l := range layers {
+		u, err := store.PresignGet(ctx, string(src.BucketName), backup.ObjectKey(string(src.ObjectName), l.Object), presignExpiry)
+		if err != nil {
+			return err
+		}
+		urls[backup.LayerURLKey(l.Checkpoint)] = u.String()
+	}
+	return nil
 }
 
 // delete stops the import and removes what the image made, once no disk is being cloned

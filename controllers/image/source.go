@@ -16,8 +16,10 @@ type source struct {
 	kind   string          // for status.sourceType
 	imp    contract.Import // the importer's flags for the source
 	mounts []importpod.Mount
-	// objectStore is an object of the bundled store, read through a presigned URL.
+	// objectStore is an object of the bundled store, read through a presigned URL; with
+	// chain, the backup index whose point's layers are presigned too.
 	objectStore *common.ObjectStoreSource
+	chain       bool
 	// copyOf is a PVC, image or disk whose disk is copied.
 	copyOf *copyRef
 	// upload names the image's resource for an upload source: the upload proxy stores the
@@ -89,6 +91,25 @@ func s3Source(s3 *common.S3Source) source {
 		s.mounts = append(s.mounts, importpod.Mount{Secret: string(s3.SecretRef), Path: authDir, Optional: true})
 	}
 	s.addCA(s3.CertConfigMap)
+	return s
+}
+
+// chainSource restores a point of backups through their index (importer/chain.go): an s3 or
+// http index is read by the importer, which reads the layers beside it; the bundled store's
+// is read here, and each layer presigned for the pod (presign).
+func chainSource(c *common.ChainSource) source {
+	var s source
+	switch {
+	case c.S3 != nil:
+		s = s3Source(c.S3)
+		s.imp.ChainIndex = string(c.S3.ObjectName)
+	case c.HTTP != nil:
+		s = httpSource(string(c.HTTP.URL), &c.HTTP.HTTPOptions)
+		s.imp.ChainIndex = string(c.HTTP.URL)
+	default:
+		s = source{objectStore: c.ObjectStore}
+	}
+	s.kind, s.chain, s.imp.ChainPoint = "chain", true, c.Point
 	return s
 }
 

@@ -27,6 +27,8 @@ const IndexName = "index.json"
 // object's size, the layers it lists, and a name's length.
 const (
 	MaxIndexBytes = 4 << 20
+	// MaxChainLayers is the longest chain restored at once.
+	MaxChainLayers = 64
 	MaxLayers     = 10000
 	maxName       = 253
 )
@@ -169,6 +171,10 @@ func (ix *Index) Chain(point string, maxLayers int) ([]Layer, error) {
 	}
 	return chain, nil
 }
+
+// LayerURLKey is the file, in the importer's --layer-url-dir, that holds the presigned URL of
+// the layer of that checkpoint.
+func LayerURLKey(checkpoint string) string { return "layer-" + checkpoint }
 
 // ObjectURL is a layer's URL, beside the index at indexURL.
 func ObjectURL(indexURL, object string) (string, error) {

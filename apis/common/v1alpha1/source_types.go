@@ -211,6 +211,32 @@ type RegistrySignature struct {
 	PublicKeySecretRef LocalName `json:"publicKeySecretRef"`
 }
 
+// ChainSource restores a point of a disk's backups kept in a store: a full backup and the
+// incrementals taken after it, each a qcow2 object beside the backups' index, which gives
+// their order, sizes and digests (docs/backups.md). The layers are read with the index's
+// credentials and CA, at random, with no scratch space, each checked against the index.
+// +kubebuilder:validation:XValidation:rule="[has(self.objectStore), has(self.s3), has(self.http)].filter(x, x).size() == 1",message="exactly one of objectStore, s3 or http must name the backup index"
+type ChainSource struct {
+	// objectStore names the index, an object of diskpipe's bundled object store.
+	// +optional
+	ObjectStore *ObjectStoreSource `json:"objectStore,omitempty"`
+
+	// s3 names the index, an object of an S3-compatible store.
+	// +optional
+	S3 *S3Source `json:"s3,omitempty"`
+
+	// http is the index's URL; the layers' URLs are relative to it.
+	// +optional
+	HTTP *HTTPSource `json:"http,omitempty"`
+
+	// point is the checkpoint restored; empty restores the newest the index lists when the
+	// image is imported.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9._-]*$`
+	Point string `json:"point,omitempty"`
+}
+
 // PVCSource copies the disk of an existing PVC.
 type PVCSource struct {
 	// name of the PVC.

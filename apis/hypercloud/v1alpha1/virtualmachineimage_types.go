@@ -7,11 +7,11 @@ import (
 )
 
 // VirtualMachineImageSource is where an image's bytes come from: exactly one of http,
-// objectStore, s3, registry, pvc, snapshot or upload.
-// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.objectStore), has(self.s3), has(self.registry), has(self.pvc), has(self.snapshot), has(self.upload)].filter(x, x).size() == 1",message="exactly one of http, objectStore, s3, registry, pvc, snapshot or upload must be set"
+// objectStore, s3, registry, pvc, snapshot, upload or chain.
+// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.objectStore), has(self.s3), has(self.registry), has(self.pvc), has(self.snapshot), has(self.upload), has(self.chain)].filter(x, x).size() == 1",message="exactly one of http, objectStore, s3, registry, pvc, snapshot, upload or chain must be set"
 // +kubebuilder:validation:XValidation:rule="!has(self.httpOptions) || has(self.http)",message="httpOptions needs an http source"
-// +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !(has(self.pvc) || has(self.snapshot))",message="checksum does not apply to a pvc or snapshot source"
-// +kubebuilder:validation:XValidation:rule="!has(self.ovaDisk) || !(has(self.pvc) || has(self.snapshot))",message="ovaDisk does not apply to a pvc or snapshot source"
+// +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !(has(self.pvc) || has(self.snapshot) || has(self.chain))",message="checksum does not apply to a pvc, snapshot or chain source (a chain's index holds each layer's digest)"
+// +kubebuilder:validation:XValidation:rule="!has(self.ovaDisk) || !(has(self.pvc) || has(self.snapshot) || has(self.chain))",message="ovaDisk does not apply to a pvc, snapshot or chain source"
 type VirtualMachineImageSource struct {
 	// http is the URL of the image.
 	// +optional
@@ -45,6 +45,11 @@ type VirtualMachineImageSource struct {
 	// upload waits for the image's bytes to be uploaded through the upload proxy.
 	// +optional
 	Upload *common.UploadSource `json:"upload,omitempty"`
+
+	// chain restores a point of a disk's backups: a full and its incrementals, through their
+	// index.
+	// +optional
+	Chain *common.ChainSource `json:"chain,omitempty"`
 
 	// checksum is the expected digest of the source bytes.
 	// +optional

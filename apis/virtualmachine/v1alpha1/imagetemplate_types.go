@@ -19,10 +19,10 @@ type ObjectReference struct {
 }
 
 // ImageTemplateSource is where an image's bytes come from: exactly one of http, registry,
-// clone, disk, objectStore, s3 or upload.
-// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.registry), has(self.clone), has(self.disk), has(self.objectStore), has(self.s3), has(self.upload)].filter(x, x).size() == 1",message="exactly one of http, registry, clone, disk, objectStore, s3 or upload must be set"
-// +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !(has(self.clone) || has(self.disk))",message="checksum does not apply to a clone or disk source"
-// +kubebuilder:validation:XValidation:rule="!has(self.ovaDisk) || !(has(self.clone) || has(self.disk))",message="ovaDisk does not apply to a clone or disk source"
+// clone, disk, objectStore, s3, upload or chain.
+// +kubebuilder:validation:XValidation:rule="[has(self.http), has(self.registry), has(self.clone), has(self.disk), has(self.objectStore), has(self.s3), has(self.upload), has(self.chain)].filter(x, x).size() == 1",message="exactly one of http, registry, clone, disk, objectStore, s3, upload or chain must be set"
+// +kubebuilder:validation:XValidation:rule="!has(self.checksum) || !(has(self.clone) || has(self.disk) || has(self.chain))",message="checksum does not apply to a clone, disk or chain source (a chain's index holds each layer's digest)"
+// +kubebuilder:validation:XValidation:rule="!has(self.ovaDisk) || !(has(self.clone) || has(self.disk) || has(self.chain))",message="ovaDisk does not apply to a clone, disk or chain source"
 type ImageTemplateSource struct {
 	// http downloads the image from a URL.
 	// +optional
@@ -51,6 +51,11 @@ type ImageTemplateSource struct {
 	// upload waits for the image's bytes to be uploaded through the upload proxy.
 	// +optional
 	Upload *common.UploadSource `json:"upload,omitempty"`
+
+	// chain restores a point of a disk's backups: a full and its incrementals, through their
+	// index.
+	// +optional
+	Chain *common.ChainSource `json:"chain,omitempty"`
 
 	// checksum is the expected digest of the source bytes.
 	// +optional
