@@ -29,8 +29,8 @@ const (
 	MaxIndexBytes = 4 << 20
 	// MaxChainLayers is the longest chain restored at once.
 	MaxChainLayers = 64
-	MaxLayers     = 10000
-	maxName       = 253
+	MaxLayers      = 10000
+	maxName        = 253
 )
 
 // Index lists a disk's backups.
