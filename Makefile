@@ -217,6 +217,10 @@ bench-export: setup build ## Export a 4 GiB disk to the bundled store beside qem
 bench-upload: setup tools build ## Upload a 4 GiB disk with kubectl diskpipe through the upload proxy beside aws s3 cp into the same store, then from the console's page in Chromium; prints the ratios and the proxy's, gateway's and tab's peak RSS.
 	go run ./test/bench upload
 
+.PHONY: bench-restore
+bench-restore: setup build ## Restore a 4 GiB disk from a 4-layer backup chain in the bundled store beside aws s3 cp + qemu-img rebase and convert; prints the ratios, peak RSS and bytes written.
+	go run ./test/bench restore
+
 .PHONY: bench-controllers
 bench-controllers: tools build ## Create 1,000 images and 5,000 DiskVolumes against envtest; prints objects/s and the manager's peak RSS.
 	go run ./test/bench controllers
@@ -237,7 +241,7 @@ chaos: $(CLUSTER_DEPS_$(CLUSTER)) ## Import, clone and export at scale on the lo
 	DISKPIPE_NODES=$(NODES) go run ./test/chaos -cluster=$(CLUSTER) $(CHAOS_FLAGS)
 
 .PHONY: bench
-bench: bench-import bench-copy bench-export bench-upload bench-controllers ## Run every benchmark (bench-kubevirt and bench-fanout, which need root, apart).
+bench: bench-import bench-copy bench-export bench-upload bench-restore bench-controllers ## Run every benchmark (bench-kubevirt and bench-fanout, which need root, apart).
 
 .PHONY: bench-kubevirt
 bench-kubevirt: ## Boot five VMs at once from one golden image under the real KubeVirt on the real node (root); prints each one's time and where it went.

@@ -14,7 +14,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench import|copy|export|upload|controllers")
+		fmt.Fprintln(os.Stderr, "usage: bench import|copy|export|upload|restore|controllers")
 		os.Exit(64)
 	}
 	root, _ := filepath.Abs(".")
@@ -34,6 +34,8 @@ func main() {
 		err = benchControllers(root)
 	case "upload":
 		err = benchUpload(root, work)
+	case "restore":
+		err = benchRestore(root, work)
 	default:
 		err = fmt.Errorf("unknown benchmark %q", os.Args[1])
 	}
