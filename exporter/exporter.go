@@ -38,6 +38,13 @@ type Options struct {
 	Compression  Compression
 	// Sink receives the image; it is aborted on failure.
 	Sink Sink
+	// Since, for an incremental backup, is what its parent held (backup.go): only the pieces
+	// whose digests differ are written, over Backing, the parent's object name.
+	Since   *Pieces
+	Backing string
+	// Pieces, when not nil, receives the digest of every piece of the disk, for the next
+	// backup's Since.
+	Pieces *Pieces
 	// Workers read and compress clusters in parallel (default 4).
 	Workers  int
 	Progress *transfer.Progress
@@ -133,13 +140,14 @@ func exportRaw(d *disk, w io.Writer, p *transfer.Progress) error {
 
 // exportQcow2 plans the image in a first pass over the disk, then streams it in file order.
 func exportQcow2(ctx context.Context, o *Options, d *disk, w io.Writer) error {
-	plan, err := planPass(ctx, o, d)
+	plan, zeros, err := planPass(ctx, o, d)
 	if err != nil {
 		return err
 	}
 	// qemu reads a qcow2 image's size in whole sectors, rounding down: round up instead, as
 	// qemu-img convert does, so the disk's last bytes are kept (the rest reads as zeros).
-	l := newLayout(divUp(d.size, 512)*512, o.Compression, plan)
+	l := newLayout(divUp(d.size, 512)*512, o.Compression, plan, zeros)
+	l.backing = o.Backing
 	o.Log.Info("Planned the image", "dataClusters", len(plan), "fileSize", l.fileSize)
 	if _, err := w.Write(l.header()); err != nil {
 		return err
@@ -150,55 +158,95 @@ func exportQcow2(ctx context.Context, o *Options, d *disk, w io.Writer) error {
 	return emitPass(ctx, o, d, l, w)
 }
 
-// planPass finds the non-zero clusters and, when compressing, their compressed sizes.
-func planPass(ctx context.Context, o *Options, d *disk) ([]planned, error) {
+// planPass finds the non-zero clusters and, when compressing, their compressed sizes. For an
+// incremental (o.Since), only the pieces whose digests changed are planned, their zero
+// clusters as zeroed ones; the others are left to the parent.
+func planPass(ctx context.Context, o *Options, d *disk) ([]planned, []uint32, error) {
 	nClusters := int(divUp(d.size, clusterSize))
 	jobs := int(divUp(int64(nClusters), clustersPerJob))
 	compressors := make(chan *compressor, o.Workers)
 	for range o.Workers {
 		c, err := newCompressor(o.Compression)
 		if err != nil {
-			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "%w", err)
+			return nil, nil, transfer.Permanent(transfer.ReasonInvalidArgument, "%w", err)
 		}
 		defer c.release()
 		compressors <- c
 	}
 	var plan []planned
-	err := ordered(ctx, jobs, o.Workers, func(j int) ([]planned, error) {
+	var zeros []uint32
+	if o.Pieces != nil {
+		*o.Pieces = Pieces{Size: d.size, Sums: make([][32]byte, 0, jobs)}
+	}
+	type piece struct {
+		plan  []planned
+		zeros []uint32
+		sum   [32]byte
+	}
+	err := ordered(ctx, jobs, o.Workers, func(j int) (piece, error) {
 		c := <-compressors
 		defer func() { compressors <- c }()
-		buf := make([]byte, clusterSize)
-		var out []planned
-		for i := j * clustersPerJob; i < min((j+1)*clustersPerJob, nClusters); i++ {
-			off := int64(i) * clusterSize
-			if !d.hasData(off, clusterSize) {
-				continue
+		var out piece
+		from, to := j*clustersPerJob, min((j+1)*clustersPerJob, nClusters)
+		start, end := int64(from)*clusterSize, min(int64(to)*clusterSize, d.size)
+		// Each cluster's bytes, the disk's past its end read as nothing: a piece's digest is
+		// of its bytes.
+		data := make([][]byte, 0, to-from)
+		h := sha256.New()
+		if d.hasData(start, end-start) {
+			for i := from; i < to; i++ {
+				off := int64(i) * clusterSize
+				buf := make([]byte, clusterSize)
+				if d.hasData(off, clusterSize) {
+					if err := d.readCluster(buf, off); err != nil {
+						return out, err
+					}
+				}
+				h.Write(buf[:min(clusterSize, d.size-off)])
+				data = append(data, buf)
 			}
-			if err := d.readCluster(buf, off); err != nil {
-				return nil, err
-			}
+			h.Sum(out.sum[:0])
+		} else {
+			out.sum = zeroPiece(end - start)
+		}
+		if !o.Since.changed(j, start, end, out.sum) {
+			return out, nil
+		}
+		for k, buf := range data {
+			i := from + k
 			if isZero(buf) {
+				if o.Since != nil {
+					out.zeros = append(out.zeros, uint32(i)) //nolint:gosec // bounded by the disk's size
+				}
 				continue
 			}
 			p := planned{idx: uint32(i)} //nolint:gosec // bounded by the disk's size
-			if o.Compression != CompressionNone {
+			if o.Compression != CompressionNone && len(buf) == clusterSize {
 				z, err := c.compress(buf)
 				if err != nil {
-					return nil, transfer.Permanent(transfer.ReasonInternal, "compressing: %w", err)
+					return out, transfer.Permanent(transfer.ReasonInternal, "compressing: %w", err)
 				}
 				if len(z) < clusterSize {
 					p.csize = uint32(len(z)) //nolint:gosec // less than a cluster
 				}
 			}
-			out = append(out, p)
+			out.plan = append(out.plan, p)
+		}
+		if len(data) == 0 && o.Since != nil { // a hole where the parent held data
+			for i := from; i < to; i++ {
+				out.zeros = append(out.zeros, uint32(i)) //nolint:gosec // bounded by the disk's size
+			}
 		}
 		return out, nil
-	}, func(out []planned) error {
-		plan = append(plan, out...)
+	}, func(out piece) error {
+		plan, zeros = append(plan, out.plan...), append(zeros, out.zeros...)
+		if o.Pieces != nil {
+			o.Pieces.Sums = append(o.Pieces.Sums, out.sum)
+		}
 		o.Progress.Add(min(clustersPerJob*clusterSize, d.size-o.Progress.Done()))
 		return nil
 	})
-	return plan, err
+	return plan, zeros, err
 }
 
 // emitPass writes the data region: each job builds the exact bytes of its clusters, padding

@@ -17,6 +17,8 @@ const (
 
 	oflagCopied     = uint64(1) << 63
 	oflagCompressed = uint64(1) << 62
+	// oflagZero marks a cluster that reads as zeros (qcow2 version 3).
+	oflagZero = uint64(1)
 	// A compressed cluster's L2 entry keeps the host offset below bit csizeShift and the
 	// number of additional 512-byte sectors from there up to bit 61.
 	csizeShift = 62 - (clusterBits - 8)
@@ -33,6 +35,13 @@ type layout struct {
 	vsize       int64
 	compression Compression
 	plan        []planned
+	// zeros are guest clusters that read as zeros whatever an older layer holds there (an
+	// incremental's clusters zeroed since its parent): their L2 entries carry the zero flag and
+	// point at no data. Ascending.
+	zeros []uint32
+	// backing names the image this one holds the changes since (an incremental's parent), as
+	// its header's backing file, format qcow2; empty for a whole disk.
+	backing     string
 	l1Size      int
 	l2Tables    []uint32 // the L1 indices that have an L2 table, ascending
 	l1Clusters  int
@@ -66,16 +75,15 @@ func (p *placer) place(c planned) int64 {
 	return off
 }
 
-// newLayout lays out an image of vsize bytes holding the planned clusters.
-func newLayout(vsize int64, compression Compression, plan []planned) *layout {
-	l := &layout{vsize: vsize, compression: compression, plan: plan}
+// newLayout lays out an image of vsize bytes holding the planned clusters and the zeroed ones.
+func newLayout(vsize int64, compression Compression, plan []planned, zeros []uint32) *layout {
+	l := &layout{vsize: vsize, compression: compression, plan: plan, zeros: zeros}
 	l.l1Size = int(divUp(vsize, clusterSize*l2Entries))
-	for i, c := range plan {
-		t := c.idx / l2Entries
-		if i == 0 || t != plan[i-1].idx/l2Entries {
+	l.entries(func(idx uint32, _ int) {
+		if t := idx / l2Entries; len(l.l2Tables) == 0 || l.l2Tables[len(l.l2Tables)-1] != t {
 			l.l2Tables = append(l.l2Tables, t)
 		}
-	}
+	})
 	var p placer
 	for _, c := range plan {
 		p.place(c)
@@ -121,6 +129,21 @@ func newLayout(vsize int64, compression Compression, plan []planned) *layout {
 	return l
 }
 
+// entries calls fn with every guest cluster that has an L2 entry, in guest order: i is its
+// place in plan, or -1 for a zeroed one.
+func (l *layout) entries(fn func(idx uint32, i int)) {
+	z := 0
+	for i, c := range l.plan {
+		for ; z < len(l.zeros) && l.zeros[z] < c.idx; z++ {
+			fn(l.zeros[z], -1)
+		}
+		fn(c.idx, i)
+	}
+	for ; z < len(l.zeros); z++ {
+		fn(l.zeros[z], -1)
+	}
+}
+
 // header is the image's first cluster.
 func (l *layout) header() []byte {
 	h := make([]byte, clusterSize)
@@ -134,16 +157,32 @@ func (l *layout) header() []byte {
 	be.PutUint64(h[48:], uint64(l.rtOff))      //nolint:gosec // positive
 	be.PutUint32(h[56:], uint32(l.rtClusters)) //nolint:gosec // small
 	be.PutUint32(h[96:], refcountOrder)
+	ext := 104
 	if l.compression == CompressionZstd {
 		be.PutUint64(h[72:], 1<<3) // incompatible feature: compression type
 		be.PutUint32(h[100:], 112)
 		h[104] = 1 // zstd
+		ext = 112
 	} else {
 		be.PutUint32(h[100:], 104)
 	}
-	// The header extensions end at once: the rest of the cluster is zeros, an end marker.
+	if l.backing != "" {
+		// The backing file's format, as a header extension, then the end of the extensions
+		// (zeros), then the name.
+		be.PutUint32(h[ext:], 0xe2792aca)
+		be.PutUint32(h[ext+4:], 5)
+		copy(h[ext+8:], "qcow2")
+		name := ext + 24
+		copy(h[name:], l.backing)
+		be.PutUint64(h[8:], uint64(name))           //nolint:gosec // small
+		be.PutUint32(h[16:], uint32(len(l.backing))) //nolint:gosec // at most maxBackingName
+	}
+	// The header extensions end there: the rest of the cluster is zeros, an end marker.
 	return h
 }
+
+// maxBackingName is the longest backing file name a qcow2 header holds (qemu's limit).
+const maxBackingName = 1023
 
 // metadata calls emit with each metadata cluster in file order, after the header: the L1
 // table, the refcount table, the refcount blocks and the L2 tables. Only one cluster is
@@ -189,23 +228,33 @@ func (l *layout) metadata(emit func([]byte) error) error {
 			return err
 		}
 	}
-	// L2 tables.
+	// L2 tables, one flushed whenever the next entry is in another.
 	var p placer
-	for i, c := range l.plan {
-		off := uint64(l.dataOff + p.place(c)) //nolint:gosec // positive
-		var e uint64
-		if c.csize == 0 {
-			e = off | oflagCopied
-		} else {
-			sectors := (off+uint64(c.csize)-1)>>9 - off>>9
-			e = oflagCompressed | sectors<<csizeShift | off
+	var err error
+	table, started := uint32(0), false
+	l.entries(func(idx uint32, i int) {
+		if err != nil {
+			return
 		}
-		be.PutUint64(buf[(c.idx%l2Entries)*8:], e)
-		if i == len(l.plan)-1 || l.plan[i+1].idx/l2Entries != c.idx/l2Entries {
-			if err := flush(); err != nil {
-				return err
+		if started && idx/l2Entries != table {
+			err = flush()
+		}
+		table, started = idx/l2Entries, true
+		e := uint64(oflagZero)
+		if i >= 0 {
+			c := l.plan[i]
+			off := uint64(l.dataOff + p.place(c)) //nolint:gosec // positive
+			if c.csize == 0 {
+				e = off | oflagCopied
+			} else {
+				sectors := (off+uint64(c.csize)-1)>>9 - off>>9
+				e = oflagCompressed | sectors<<csizeShift | off
 			}
 		}
+		be.PutUint64(buf[(idx%l2Entries)*8:], e)
+	})
+	if err == nil && started {
+		err = flush()
 	}
-	return nil
+	return err
 }
