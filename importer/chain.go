@@ -37,6 +37,7 @@ const MaxChainLayers = backup.MaxChainLayers
 // (79 MiB peak RSS), 6.2 s with 16 and 6 (63 MiB), 10 s with 4.5 MiB of blocks of 256 KiB
 // each: the workers wait on the fetches a small cache makes again.
 const (
+	chainHashChunk = 4 << 20
 	chainBlocks    = 40
 	chainMinBlocks = 6
 	chainMaxBlocks = 16
@@ -247,28 +248,31 @@ func importChain(ctx context.Context, o *Options, t *Target, res *transfer.Resul
 	}
 	c.resumeHashes(cp)
 
-	hashed := make(chan error, len(c.layers))
-	hashing := 0
-	for _, l := range c.layers {
-		if l.cs.Want != "" {
-			hashing++
-			// In order, beside the converter rather than through its cache: the converter
-			// reads only the clusters no newer layer holds, and a hasher sharing its cache
-			// ran ahead or fell behind it and had blocks evicted before the other came for
-			// them (a full read 1.5 to 2.5 times, measured). A layer hashed is read twice.
-			go func() { hashed <- transfer.Within(l.label, l.hash.run(ctx, l.f, l.f.obj.Size())) }()
+	// One hasher reads the layers whose digests are checked, one after another, each in order
+	// in requests of chainHashChunk, beside the converter rather than through its cache: the
+	// converter reads only the clusters no newer layer holds, and a hasher sharing its cache
+	// ran ahead or fell behind it and had blocks evicted before the other came for them (a
+	// full read 1.5 to 2.5 times, measured). A layer hashed is read twice.
+	hashed := make(chan error, 1)
+	go func() {
+		for _, l := range c.layers {
+			if l.cs.Want != "" {
+				if err := l.hash.run(ctx, l.f, l.f.obj.Size()); err != nil {
+					hashed <- transfer.Within(l.label, err)
+					return
+				}
+			}
 		}
-	}
+		hashed <- nil
+	}()
 	err = convertInPieces(o, c, t, cp, c.markHashes)
 	for _, l := range c.layers {
 		if err != nil {
 			l.hash.stop()
 		}
 	}
-	for range hashing {
-		if herr := <-hashed; err == nil {
-			err = herr
-		}
+	if herr := <-hashed; err == nil {
+		err = herr
 	}
 	if err != nil {
 		return imageError(err)
@@ -374,7 +378,7 @@ func openLayer(ctx context.Context, o *Options, i int) (*chainLayer, error) {
 	if l.cs, err = transfer.ParseChecksum(spec.Checksum); err != nil {
 		return l, transfer.Within(l.label, err)
 	}
-	l.hash = &orderedHash{cs: l.cs}
+	l.hash = &orderedHash{cs: l.cs, chunk: chainHashChunk}
 	l.cluster = 1 << h.ClusterBits
 	l.head = head
 	return l, nil

@@ -3,6 +3,7 @@ package importer
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -373,14 +374,17 @@ func startOrResume(o *Options, src origin, format Format, vsize int64, t *Target
 // orderedHash hashes the whole source in order through the cache the converter also reads,
 // from off; snapshot gives a consistent (offset, state) pair for a checkpoint.
 type orderedHash struct {
-	cs      *transfer.Checksum
+	cs *transfer.Checksum
+	// chunk is how much each read asks for (default cacheBlockSize, whole cache blocks).
+	chunk   int64
 	mu      sync.Mutex
 	off     int64
 	stopped atomic.Bool
 }
 
 func (h *orderedHash) run(ctx context.Context, c io.ReaderAt, size int64) error {
-	buf := make([]byte, cacheBlockSize)
+	chunk := cmp.Or(h.chunk, cacheBlockSize)
+	buf := make([]byte, chunk)
 	for h.off < size {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -389,7 +393,7 @@ func (h *orderedHash) run(ctx context.Context, c io.ReaderAt, size int64) error 
 			return nil
 		}
 		// Whole cache blocks, so a resumed hash reads the blocks the converter reads.
-		n, err := c.ReadAt(buf[:min(cacheBlockSize-h.off%cacheBlockSize, size-h.off)], h.off)
+		n, err := c.ReadAt(buf[:min(chunk-h.off%chunk, size-h.off)], h.off)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
