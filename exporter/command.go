@@ -53,6 +53,9 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		if a.Source == "" {
 			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--source is required")
 		}
+		if a.BackupIndex != "" && a.Output != "" {
+			return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--backup-index keeps backups in a store, not in --output")
+		}
 		sink, where, err := openSink(ctx, sinkFlags{
 			output: a.Output, bucket: a.Bucket, object: a.Object, createBucket: a.CreateBucket, keepStale: a.KeepStaleUploads, partSize: a.PartSize, parallel: a.ParallelUploads,
 			client:   store,
@@ -62,8 +65,31 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 			return nil, err
 		}
 		cmd.Log.Info("Exporting", "source", a.Source, "to", where, "format", a.Format, "compression", a.Compression)
-		res, err := Export(ctx, Options{Source: a.Source, DeclaredSize: a.Size, Format: Format(a.Format),
-			Compression: Compression(a.Compression), Sink: sink, Workers: a.Workers, Progress: cmd.Progress, Log: cmd.Log})
+		o := Options{Source: a.Source, DeclaredSize: a.Size, Format: Format(a.Format),
+			Compression: Compression(a.Compression), Sink: sink, Workers: a.Workers, Progress: cmd.Progress, Log: cmd.Log}
+		var res *transfer.Result
+		if a.BackupIndex != "" {
+			if a.BackupCheckpoint == "" {
+				return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "--backup-checkpoint is required with --backup-index")
+			}
+			cfg := store
+			if a.CredentialsDir != "" {
+				if err := cfg.LoadCredentials(a.CredentialsDir); err != nil {
+					return nil, err
+				}
+			}
+			c, cerr := objectstore.NewClient(cfg)
+			if cerr != nil {
+				return nil, cerr
+			}
+			res, err = Keep(ctx, o, BackupOptions{Client: c, Bucket: a.Bucket, Index: a.BackupIndex, Object: a.Object,
+				Checkpoint: a.BackupCheckpoint, Full: a.BackupFull, MaxChain: a.BackupMaxChain, KeepFulls: a.BackupKeepFulls, Log: cmd.Log})
+		} else {
+			res, err = Export(ctx, o)
+		}
+		if res == nil {
+			res = &transfer.Result{}
+		}
 		res.URL = where
 		if err == nil && a.DownloadURLExpiry > 0 && a.Output == "" {
 			signed, perr := objectAction(ctx, "presign", store, a.CredentialsDir, a.Bucket, a.Object, a.DownloadURLExpiry, a.SealKey, a.SealContext)

@@ -60,6 +60,9 @@ type Layer struct {
 	SHA256 string `json:"sha256"`
 	// Created is when the backup was taken.
 	Created time.Time `json:"created,omitzero"`
+	// Sums is the object, beside the index, holding the sha256 of each 2 MiB piece of the disk
+	// at this point, from which the next backup finds what changed (diskpipe's own backups).
+	Sums string `json:"sums,omitempty"`
 }
 
 var (
@@ -103,6 +106,8 @@ func Parse(b []byte) (*Index, error) {
 			return nil, broken("%s whose object %q is not a plain name under the index's directory (no '..', no leading '/', no scheme)", what, l.Object)
 		case l.Size <= 0 || l.VirtualSize <= 0 || l.VirtualSize > 1<<56:
 			return nil, broken("%s with size %d and disk size %d", what, l.Size, l.VirtualSize)
+		case l.Sums != "" && !validObject(l.Sums):
+			return nil, broken("%s whose sums object %q is not a plain name under the index's directory", what, l.Sums)
 		case !hexRE.MatchString(l.SHA256):
 			return nil, broken("%s without a sha256 of 64 lower-case hex digits", what)
 		}

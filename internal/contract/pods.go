@@ -89,7 +89,17 @@ type Export struct {
 	DownloadURLExpiry time.Duration `flag:"download-url-expiry" usage:"after exporting (or with --action presign), sign a download URL valid this long"`
 	SealKey           string        `flag:"seal-key" usage:"the manager's public key (internal/seal): a signed download URL is left in the result sealed to it"`
 	SealContext       string        `flag:"seal-context" usage:"what the sealed download URL is bound to (the export, as the manager names it)"`
+	Backup
 	Pod
+}
+
+// Backup keeps an export as a backup in an index of a disk's backups (exporter/backup.go).
+type Backup struct {
+	BackupIndex      string `flag:"backup-index" usage:"keep the export as a backup in this index (an object of --bucket); --object, beside it, is the backup's"`
+	BackupCheckpoint string `flag:"backup-checkpoint" usage:"the backup's checkpoint in the index"`
+	BackupFull       bool   `flag:"backup-full" usage:"write the whole disk even when the index has a backup to follow"`
+	BackupMaxChain   int    `flag:"backup-max-chain" usage:"incrementals after a full before the next backup is a full"`
+	BackupKeepFulls  int    `flag:"backup-keep-fulls" usage:"fulls the index keeps with their incrementals (0: all)"`
 }
 
 // DownloadSealContext is what an exporter binds the download URL it seals to: the export the
@@ -109,7 +119,7 @@ func DefaultImport() Import {
 // DefaultExport is what the exporter does with no flag given.
 func DefaultExport() Export {
 	return Export{Format: "qcow2", Compression: "none", Action: "export", S3: S3{BucketLookup: "Auto"},
-		PartSize: 16 << 20, ParallelUploads: 4, Workers: 4, Pod: DefaultPod(192 << 20)}
+		PartSize: 16 << 20, ParallelUploads: 4, Workers: 4, Backup: Backup{BackupMaxChain: 7}, Pod: DefaultPod(192 << 20)}
 }
 
 // DefaultRetries is how many times a request is tried before a transient failure ends the

@@ -45,6 +45,8 @@ const (
 // VirtualMachineVolumeExportSpec exports a PVC's disk into an object store.
 // +kubebuilder:validation:XValidation:rule="[has(self.objectStore), has(self.s3)].filter(x, x).size() == 1",message="exactly one of objectStore or s3 must be set"
 // +kubebuilder:validation:XValidation:rule="!has(self.compression) || self.compression == 'none' || !has(self.format) || self.format == 'qcow2'",message="compression needs format qcow2"
+// +kubebuilder:validation:XValidation:rule="!has(self.backup) || !has(self.format) || self.format == 'qcow2'",message="a backup is written as qcow2"
+// +kubebuilder:validation:XValidation:rule="!has(self.backup) || !has(self.retainPolicy) || self.retainPolicy == 'Retain'",message="a backup is retained (the backups after it need it): the index's keepFulls drops old ones"
 // +kubebuilder:validation:XValidation:rule="self.pvcName == oldSelf.pvcName && has(self.objectStore) == has(oldSelf.objectStore) && (!has(self.objectStore) || self.objectStore == oldSelf.objectStore) && has(self.s3) == has(oldSelf.s3) && (!has(self.s3) || self.s3 == oldSelf.s3)",message="pvcName and the destination are immutable: create a new export instead"
 type VirtualMachineVolumeExportSpec struct {
 	// pvcName is the PVC to export, in the export's namespace. A PVC in use by a running pod or
@@ -86,6 +88,39 @@ type VirtualMachineVolumeExportSpec struct {
 	// +optional
 	// +kubebuilder:default=3
 	Retry *common.RetryLimit `json:"retry,omitempty"`
+
+	// backup keeps the export as one backup of the disk, in the index of its backups that the
+	// destination's objectName names (docs/backups.md): the backup is written beside the
+	// index as <checkpoint>.qcow2 and holds, when the index has a backup to follow, only what
+	// changed since it. Run one backup of an index at a time.
+	// +optional
+	Backup *ExportBackup `json:"backup,omitempty"`
+}
+
+// ExportBackup says how an export is kept as a backup.
+type ExportBackup struct {
+	// checkpoint names the backup in the index (default: the export's name).
+	// +optional
+	// +kubebuilder:validation:MaxLength=200
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9._-]*$`
+	Checkpoint string `json:"checkpoint,omitempty"`
+
+	// full writes the whole disk, even when the index has a backup to take the changes since.
+	// +optional
+	Full bool `json:"full,omitempty"`
+
+	// maxChain is how many incrementals may follow a full before the next backup is a full
+	// again (default 7): a restore reads every layer of its chain.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=63
+	MaxChain *int32 `json:"maxChain,omitempty"`
+
+	// keepFulls is how many fulls the index keeps, each with the incrementals that follow it;
+	// the backups of older ones are dropped from the index, then from the store. 0 keeps all.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	KeepFulls int32 `json:"keepFulls,omitempty"`
 }
 
 // VirtualMachineVolumeExportStatus is the observed state of an export.
