@@ -74,7 +74,9 @@ func zeroPiece(n int64) [32]byte {
 
 var zeroPieceSum = sha256.Sum256(make([]byte, PieceSize))
 
-func (p *Pieces) String() string { return fmt.Sprintf("%d pieces of a %d-byte disk", len(p.Sums), p.Size) }
+func (p *Pieces) String() string {
+	return fmt.Sprintf("%d pieces of a %d-byte disk", len(p.Sums), p.Size)
+}
 
 // BackupOptions keep an export as a backup in an index of a disk's backups (docs/backups.md).
 type BackupOptions struct {

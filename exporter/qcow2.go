@@ -41,20 +41,20 @@ type layout struct {
 	zeros []uint32
 	// backing names the image this one holds the changes since (an incremental's parent), as
 	// its header's backing file, format qcow2; empty for a whole disk.
-	backing     string
-	l1Size      int
-	l2Tables    []uint32 // the L1 indices that have an L2 table, ascending
-	l1Clusters  int
-	rtClusters  int
-	rbClusters  int
-	l1Off       int64
-	rtOff       int64
-	rbOff       int64
-	l2Off       int64
-	dataOff     int64
-	dataLen     int64 // bytes of the data region, from dataOff
-	fileSize    int64
-	refcounts   []uint16 // per host cluster
+	backing    string
+	l1Size     int
+	l2Tables   []uint32 // the L1 indices that have an L2 table, ascending
+	l1Clusters int
+	rtClusters int
+	rbClusters int
+	l1Off      int64
+	rtOff      int64
+	rbOff      int64
+	l2Off      int64
+	dataOff    int64
+	dataLen    int64 // bytes of the data region, from dataOff
+	fileSize   int64
+	refcounts  []uint16 // per host cluster
 }
 
 func divUp(a, b int64) int64 { return (a + b - 1) / b }
@@ -174,7 +174,7 @@ func (l *layout) header() []byte {
 		copy(h[ext+8:], "qcow2")
 		name := ext + 24
 		copy(h[name:], l.backing)
-		be.PutUint64(h[8:], uint64(name))           //nolint:gosec // small
+		be.PutUint64(h[8:], uint64(name))            //nolint:gosec // small
 		be.PutUint32(h[16:], uint32(len(l.backing))) //nolint:gosec // at most maxBackingName
 	}
 	// The header extensions end there: the rest of the cluster is zeros, an end marker.
