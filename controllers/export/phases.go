@@ -1,10 +1,12 @@
 package export
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
@@ -25,6 +27,7 @@ import (
 	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
 	"github.com/diskpipe/diskpipe/controllers/internal/storage"
+	"github.com/diskpipe/diskpipe/internal/backup"
 	"github.com/diskpipe/diskpipe/internal/contract"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -245,11 +248,29 @@ type destination struct {
 	secret *corev1.Secret
 	bucket string
 	object string
+	// index is a backup's index, beside which object is (spec.backup); empty otherwise.
+	index string
 }
 
 // destination resolves where the export goes; forPod also prepares what the exporter pod
 // mounts (the manager alone needs no Secret of its own to presign or delete).
 func (r *Reconciler) destination(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, forPod bool) (*destination, error) {
+	d, err := r.destinationOf(ctx, ex, forPod)
+	if err != nil || ex.Spec.Backup == nil {
+		return d, err
+	}
+	// A backup is written beside its index, named by its checkpoint; the exporter reads and
+	// writes the index (exporter.Keep).
+	b := ex.Spec.Backup
+	d.index = d.object
+	d.object = backup.ObjectKey(d.index, cmp.Or(b.Checkpoint, ex.Name)+".qcow2")
+	d.exp.Object = d.object
+	d.exp.Backup = contract.Backup{BackupIndex: d.index, BackupCheckpoint: cmp.Or(b.Checkpoint, ex.Name), BackupFull: b.Full,
+		BackupMaxChain: int(ptr.Deref(b.MaxChain, 7)), BackupKeepFulls: int(b.KeepFulls)}
+	return d, nil
+}
+
+func (r *Reconciler) destinationOf(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport, forPod bool) (*destination, error) {
 	if s3 := ex.Spec.S3; s3 != nil {
 		// The user's store: the manager reads neither the keys nor the CA. Only the pods of
 		// the export's namespace do, as volumes; they also sign the download URL and delete
@@ -338,7 +359,13 @@ func (r *Reconciler) prepareStore(ctx context.Context, ex *hypercloud.VirtualMac
 		if len(ids) > 0 {
 			log.FromContext(ctx).Info("Aborted uploads an earlier attempt left behind", "object", objectstore.ObjectURL(d.bucket, d.object), "uploads", len(ids))
 		}
-		access, secret, err := d.client.Scope(ctx, string(ex.UID), d.bucket, d.object, objectstore.ScopedActions)
+		object, actions := d.object, objectstore.ScopedActions
+		if d.index != "" {
+			// A backup reads the index and its parent's sums, writes beside them and deletes
+			// what keepFulls drops: everything under the index's directory, nothing else.
+			object, actions = backup.ObjectKey(d.index, "*"), append(slices.Clone(actions), "s3:GetObject", "s3:DeleteObject")
+		}
+		access, secret, err := d.client.Scope(ctx, string(ex.UID), d.bucket, object, actions)
 		if err != nil {
 			return err
 		}
