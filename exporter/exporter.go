@@ -140,6 +140,9 @@ func exportRaw(d *disk, w io.Writer, p *transfer.Progress) error {
 
 // exportQcow2 plans the image in a first pass over the disk, then streams it in file order.
 func exportQcow2(ctx context.Context, o *Options, d *disk, w io.Writer) error {
+	if len(o.Backing) > maxBackingName {
+		return transfer.Permanent(transfer.ReasonInvalidArgument, "the parent's name is %d bytes long; a qcow2 header holds at most %d", len(o.Backing), maxBackingName)
+	}
 	plan, zeros, err := planPass(ctx, o, d)
 	if err != nil {
 		return err

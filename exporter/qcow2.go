@@ -240,7 +240,7 @@ func (l *layout) metadata(emit func([]byte) error) error {
 			err = flush()
 		}
 		table, started = idx/l2Entries, true
-		e := uint64(oflagZero)
+		e := oflagZero
 		if i >= 0 {
 			c := l.plan[i]
 			off := uint64(l.dataOff + p.place(c)) //nolint:gosec // positive

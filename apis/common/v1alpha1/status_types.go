@@ -89,7 +89,7 @@ type ImageStatus struct {
 	Transfer *Transfer `json:"transfer,omitempty"`
 
 	// sourceType is the kind of source imported: http, objectStore, s3, registry, pvc, upload,
-	// clone or disk.
+	// clone, disk or chain.
 	// +optional
 	// +kubebuilder:validation:MaxLength=16
 	SourceType string `json:"sourceType,omitempty"`
