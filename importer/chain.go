@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"slices"
 	"time"
 
@@ -75,6 +76,10 @@ type besideSource interface {
 // Beside is the object of that name in the index's directory, read as the index is (a
 // presigned URL's query, which signs one object only, is not kept).
 func (s *HTTPSource) Beside(object string) (Source, error) {
+	if q, err := url.ParseQuery(urlQuery(s.URL)); err == nil && (q.Has("X-Amz-Signature") || q.Has("Signature")) {
+		return nil, transfer.Permanent(transfer.ReasonInvalidArgument,
+			"the backup index was given by a presigned URL, which signs the index alone: give it as a chain source (source.chain), whose layers are presigned too")
+	}
 	u, err := backup.ObjectURL(s.URL, object)
 	if err != nil {
 		return nil, err
@@ -87,6 +92,14 @@ func (s *HTTPSource) Beside(object string) (Source, error) {
 // Beside is the object of that name beside the index, in its bucket, with its credentials.
 func (s *S3Source) Beside(object string) (Source, error) {
 	return &S3Source{Config: s.Config, Bucket: s.Bucket, Object: backup.ObjectKey(s.Object, object)}, nil
+}
+
+// urlQuery is the query of a URL, "" when it has none or does not parse.
+func urlQuery(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.RawQuery
+	}
+	return ""
 }
 
 // isIndex tells a backup index by its first bytes: an http or s3 source that names one (a

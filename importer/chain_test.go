@@ -384,6 +384,10 @@ func TestChainIndex(t *testing.T) {
 			t.Errorf("revision %q, want cp4", res.Revision)
 		}
 	})
+	t.Run("index by a presigned URL", func(t *testing.T) {
+		target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: base + name + "?X-Amz-Signature=abc&X-Amz-Expires=60"}})
+		wantFailure(t, target, err, transfer.ReasonInvalidArgument, false, "the backup index was given by a presigned URL, which signs the index alone")
+	})
 	t.Run("probe", func(t *testing.T) {
 		res, err := Probe(t.Context(), Options{ChainIndex: indexed(base, name, ""), Retry: fastRetry})
 		if err != nil || res.VirtualSize != 80<<20 {
