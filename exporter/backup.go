@@ -105,25 +105,31 @@ func Keep(ctx context.Context, o Options, b BackupOptions) (*transfer.Result, er
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	dir := path.Dir(b.Index)
-	object := strings.TrimPrefix(b.Object, dir+"/")
-	if dir == "." {
-		object = b.Object
-	}
-	if object == b.Object && dir != "." || strings.Contains(object, "/") {
-		return nil, transfer.Permanent(transfer.ReasonInvalidArgument, "the backup %s must be beside its index %s", b.Object, b.Index)
+	layer, err := backupNames(b)
+	if err != nil {
+		return nil, err
 	}
 	ix, err := readIndex(ctx, b)
 	if err != nil {
 		return nil, err
 	}
 	for i, l := range ix.Layers {
-		if l.Checkpoint == b.Checkpoint {
-			return nil, transfer.Permanent(transfer.ReasonInvalidArgument,
-				"the backup index %s already holds checkpoint %q (its %d. of %d backups): name the backup anew", b.Index, b.Checkpoint, i+1, len(ix.Layers))
+		if l.Checkpoint != b.Checkpoint {
+			continue
 		}
+		if i == len(ix.Layers)-1 && l.Object == layer.Object {
+			// An attempt that ended after writing the index: the backup is kept.
+			log.Info("The index already holds this backup", "checkpoint", b.Checkpoint)
+			if err := o.Sink.Abort(ctx); err != nil { // the upload this attempt began
+				log.Warn("Could not abort the upload", "err", err)
+			}
+			return &transfer.Result{Succeeded: true, Format: string(FormatQcow2), VirtualSize: l.VirtualSize, BytesWritten: l.Size,
+				Digest: "sha256:" + l.SHA256, Revision: l.Checkpoint, URL: objectstore.ObjectURL(b.Bucket, b.Object)}, nil
+		}
+		return nil, transfer.Permanent(transfer.ReasonInvalidArgument,
+			"the backup index %s already holds checkpoint %q (its %d. of %d backups): name the backup anew", b.Index, b.Checkpoint, i+1, len(ix.Layers))
 	}
-	layer := backup.Layer{Checkpoint: b.Checkpoint, Object: object, Sums: strings.TrimSuffix(object, ".qcow2") + ".sums", Created: time.Now().UTC()}
+	layer.Created = time.Now().UTC()
 	size := int64(-1)
 	if d, err := openDisk(o.Source, o.DeclaredSize); err == nil {
 		size = d.size
@@ -174,6 +180,27 @@ func Keep(ctx context.Context, o Options, b BackupOptions) (*transfer.Result, er
 		log.Info("Dropped old backups", "backups", len(dropped), "keepFulls", b.KeepFulls)
 	}
 	return res, nil
+}
+
+// backupNames is the new backup's entry as far as its names go: its object, beside the
+// index, and its sums. An index at the root of a bucket, a name with a policy wildcard, and a
+// backup or sums object of the index's own name are refused: the exporter's account may write
+// only under the index's directory, and the index must never overwrite a backup.
+func backupNames(b BackupOptions) (backup.Layer, error) {
+	dir := path.Dir(b.Index)
+	object := strings.TrimPrefix(b.Object, dir+"/")
+	layer := backup.Layer{Checkpoint: b.Checkpoint, Object: object, Sums: strings.TrimSuffix(object, ".qcow2") + ".sums"}
+	switch {
+	case dir == "." || dir == "/" || strings.ContainsAny(b.Index, "*?"):
+		return layer, transfer.Permanent(transfer.ReasonInvalidArgument,
+			"the backup index %q must be in a directory of its bucket, without '*' or '?' (e.g. vm-root/index.json): its backups are kept beside it", b.Index)
+	case object == b.Object || strings.Contains(object, "/"):
+		return layer, transfer.Permanent(transfer.ReasonInvalidArgument, "the backup %s must be beside its index %s", b.Object, b.Index)
+	case backup.ObjectKey(b.Index, layer.Object) == b.Index || backup.ObjectKey(b.Index, layer.Sums) == b.Index:
+		return layer, transfer.Permanent(transfer.ReasonInvalidArgument,
+			"the backup index %s has the name of the backup %q's own objects: name the index index.json", b.Index, b.Checkpoint)
+	}
+	return layer, nil
 }
 
 // incrementalParent is the backup the new one takes the changes since: the index's newest,

@@ -197,8 +197,25 @@ func TestKeepBackups(t *testing.T) {
 	}
 	qemuImg(t, "compare", "-f", "raw", "-F", "qcow2", states["cp5"], filepath.Join(down, "cp5.qcow2"))
 
+	// The attempt after one that wrote the index finds its backup kept.
+	code, res, log := runExporter(t, s, "--source", src, "--bucket", "backups", "--object", "vm-root/cp5.qcow2",
+		"--backup-index", "vm-root/index.json", "--backup-checkpoint", "cp5")
+	if code != 0 || res.Revision != "cp5" || !strings.Contains(log, "The index already holds this backup") {
+		t.Errorf("cp5 again: exit %d, %+v\n%s", code, res, log)
+	}
+	// An index at a bucket's root, or of a backup's own name, is refused.
+	for _, tc := range []struct{ index, object, msg string }{
+		{"index.json", "cp6.qcow2", "must be in a directory of its bucket"},
+		{"vm-root/cp6.qcow2", "vm-root/cp6.qcow2", "has the name of the backup \"cp6\"'s own objects"},
+		{"vm-root/cp6.sums", "vm-root/cp6.qcow2", "has the name of the backup \"cp6\"'s own objects"},
+	} {
+		code, res, _ := runExporter(t, s, "--source", src, "--bucket", "backups", "--object", tc.object, "--backup-index", tc.index, "--backup-checkpoint", "cp6")
+		if code == 0 || !strings.Contains(res.Message, tc.msg) {
+			t.Errorf("index %s: exit %d, %q, want %q", tc.index, code, res.Message, tc.msg)
+		}
+	}
 	// A checkpoint the index holds is refused, and the index is left as it was.
-	code, res, _ := runExporter(t, s, "--source", src, "--bucket", "backups", "--object", "vm-root/again.qcow2",
+	code, res, _ = runExporter(t, s, "--source", src, "--bucket", "backups", "--object", "vm-root/again.qcow2",
 		"--backup-index", "vm-root/index.json", "--backup-checkpoint", "cp5")
 	if code == 0 || !strings.Contains(res.Message, `already holds checkpoint "cp5"`) {
 		t.Errorf("a second cp5: exit %d, %+v", code, res)

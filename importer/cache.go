@@ -80,6 +80,13 @@ func hugeBuffers(n, size int64) [][]byte {
 	if n <= 0 {
 		return nil
 	}
+	if n*size < 4*hugePage { // a small cache (a chain's layer's): not worth a huge page's slack
+		bufs := make([][]byte, n)
+		for i := range bufs {
+			bufs[i] = make([]byte, size)
+		}
+		return bufs
+	}
 	mem := make([]byte, n*size+hugePage)
 	skip := (hugePage - int(uintptr(unsafe.Pointer(&mem[0]))%hugePage)) % hugePage //nolint:gosec // an address, for its alignment only
 	mem = mem[skip : skip+int(n*size)]

@@ -94,6 +94,18 @@ func (s *S3Source) Beside(object string) (Source, error) {
 	return &S3Source{Config: s.Config, Bucket: s.Bucket, Object: backup.ObjectKey(s.Object, object)}, nil
 }
 
+// indexAllowed refuses to take a source for a backup index where its bytes were pinned: a
+// checksum (or an OVA's disk) says which image the source must be, and a server that answered
+// an index in its place would otherwise have the layers it names restored, checked only by
+// the digests it chose.
+func indexAllowed(o *Options, cs *transfer.Checksum) error {
+	if cs.Want != "" || o.OVADisk != "" {
+		return transfer.Permanent(transfer.ReasonUnsupportedFormat,
+			"%s is a backup index, not the image the checksum pins: restore an index through a chain source (source.chain), whose layers the index's digests check", o.Source)
+	}
+	return nil
+}
+
 // urlQuery is the query of a URL, "" when it has none or does not parse.
 func urlQuery(raw string) string {
 	if u, err := url.Parse(raw); err == nil {
@@ -187,7 +199,7 @@ func openChain(ctx context.Context, o *Options) (*chainImage, error) {
 		total += l.f.obj.Size()
 	}
 	for _, l := range c.layers {
-		if err := l.open(o, layerBlocks(l.f.obj.Size(), total)); err != nil {
+		if err := l.open(o, layerBlocks(l.f.obj.Size(), total, len(c.layers))); err != nil {
 			return c, err
 		}
 	}
@@ -415,11 +427,14 @@ func (l *chainLayer) open(o *Options, blocks int) error {
 // layerBlocks is a layer's share of the chain's cache, by its share of the chain's bytes: the
 // converter's eight workers read where the disk's data is, mostly in the full, and a layer
 // needs about as many blocks as they hold in it, with read-ahead, or it fetches blocks again.
-func layerBlocks(size, total int64) int {
+func layerBlocks(size, total int64, layers int) int {
+	// The floor shrinks with the chain, to two blocks a layer, so that 64 layers stay near
+	// 128 MiB.
+	floor := int64(max(2, min(chainMinBlocks, chainBlocks/layers)))
 	if total <= 0 {
-		return chainMinBlocks
+		return int(floor)
 	}
-	return int(max(chainMinBlocks, min(chainMaxBlocks, chainBlocks*size/total)))
+	return int(max(floor, min(chainMaxBlocks, chainBlocks*size/total)))
 }
 
 // fits checks that the layers can follow one another: a disk never shrinks, so a layer smaller

@@ -384,6 +384,12 @@ func TestChainIndex(t *testing.T) {
 			t.Errorf("revision %q, want cp4", res.Revision)
 		}
 	})
+	t.Run("index where the checksum pins an image", func(t *testing.T) {
+		// A server answering an index where a pinned image was asked for is refused: the
+		// layers it names would be checked only by the digests it chose.
+		target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: base + name}, Checksum: "sha256:" + strings.Repeat("1", 64)})
+		wantFailure(t, target, err, transfer.ReasonUnsupportedFormat, false, "is a backup index, not the image the checksum pins")
+	})
 	t.Run("index by a presigned URL", func(t *testing.T) {
 		target, _, err := importTo(t, t.TempDir(), Options{Source: &HTTPSource{URL: base + name + "?X-Amz-Signature=abc&X-Amz-Expires=60"}})
 		wantFailure(t, target, err, transfer.ReasonInvalidArgument, false, "the backup index was given by a presigned URL, which signs the index alone")
@@ -414,6 +420,7 @@ func TestChainIndex(t *testing.T) {
 		{"disk size", func(ix *backup.Index) { ix.Layers[3].VirtualSize = 1 << 50 }, "", transfer.ReasonBrokenChain, "layer 4 of 4 (cp4): the chain's index says its disk is 1125899906842624 bytes"},
 		{"object outside", func(ix *backup.Index) { ix.Layers[0].Object = "../etc/passwd" }, "", transfer.ReasonBrokenChain, `whose object "../etc/passwd" is not a plain name`},
 		{"absolute object", func(ix *backup.Index) { ix.Layers[0].Object = "http://169.254.169.254/latest" }, "", transfer.ReasonBrokenChain, "is not a plain name"},
+		{"escaped object", func(ix *backup.Index) { ix.Layers[0].Object = "%2e%2e/x.qcow2" }, "", transfer.ReasonBrokenChain, "is not a plain name"},
 		{"missing object", func(ix *backup.Index) { ix.Layers[1].Object = "gone.qcow2" }, "", transfer.ReasonSourceNotFound, "layer 2 of 4 (cp2)"},
 		{"format", func(ix *backup.Index) { ix.Format = "other/v9" }, "", transfer.ReasonBrokenChain, `the backup index is of format "other/v9"`},
 		{"no layers", func(ix *backup.Index) { ix.Layers = nil }, "", transfer.ReasonBrokenChain, "the backup index lists no backups"},

@@ -182,6 +182,9 @@ func run(ctx context.Context, o *Options, t *Target, res *transfer.Result, start
 			return importRaw(o, f, head, cs, t, res)
 		}
 		if isIndex(head) {
+			if err := indexAllowed(o, cs); err != nil {
+				return err
+			}
 			o.ChainIndex = &ChainIndex{Source: o.Source}
 			return importChain(ctx, o, t, res, start)
 		}

@@ -88,6 +88,13 @@ func probe(ctx context.Context, o Options) (*transfer.Result, error) {
 			return res, err
 		}
 		if isIndex(head) {
+			cs, err := transfer.ParseChecksum(o.Checksum)
+			if err == nil {
+				err = indexAllowed(&o, cs)
+			}
+			if err != nil {
+				return res, err
+			}
 			o.ChainIndex = &ChainIndex{Source: o.Source}
 			return res, probeChain(ctx, &o, res)
 		}

@@ -40,6 +40,14 @@ func TestBackupExport(t *testing.T) {
 		ex.Spec.Backup = &hypercloud.ExportBackup{}
 		g.Expect(env.Client.Create(ctx, ex)).To(Succeed())
 		pod := ctrltest.Pod(t, env, ns, name+"-export-0")
+		if name == "b2" {
+			// A younger backup of the same index waits for this one.
+			younger := newExport(ns, "b3", "vm-root", "backups/vm-root/index.json")
+			younger.Spec.Backup = &hypercloud.ExportBackup{}
+			g.Expect(env.Client.Create(ctx, younger)).To(Succeed())
+			g.Eventually(exportStatus(t, younger), 20*time.Second).Should(Equal("Pending WaitingForBackup: waiting for the backup b2 of the same index to finish: backups of one index run one at a time"))
+			g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b3-export-0"}, &corev1.Pod{})).NotTo(Succeed())
+		}
 		args := pod.Spec.Containers[0].Args
 		joined := strings.Join(args, " ")
 		g.Expect(joined).To(ContainSubstring("--object backups/vm-root/" + name + ".qcow2 "))
@@ -100,7 +108,9 @@ func TestBackupExport(t *testing.T) {
 	}
 	g.Expect(slices.Equal(got, []string{"b1< b1.qcow2", "b2<b1 b2.qcow2"})).To(BeTrue(), "%v", got)
 
-	deleting := newExport(ns, "b3", "vm-root", "backups/vm-root/index.json")
+	ctrltest.Pod(t, env, ns, "b3-export-0") // its turn has come
+
+	deleting := newExport(ns, "b4", "vm-root", "backups/vm-root/index.json")
 	deleting.Spec.Backup, deleting.Spec.RetainPolicy = &hypercloud.ExportBackup{}, hypercloud.RetainPolicyDelete
 	g.Expect(env.Client.Create(ctx, deleting)).To(MatchError(ContainSubstring("a backup is retained")))
 }

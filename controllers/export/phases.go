@@ -12,6 +12,7 @@ import (
 	snapshotv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	"github.com/minio/minio-go/v7"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,6 +39,7 @@ const (
 	reasonExported             = "Exported"
 	reasonInUseWithoutSnapshot = "InUseWithoutSnapshot"
 	reasonWaitingForSnapshot   = "WaitingForSnapshot"
+	reasonWaitingForBackup     = "WaitingForBackup"
 )
 
 const (
@@ -61,6 +63,9 @@ func (r *Reconciler) reconcile(ctx context.Context, ex *hypercloud.VirtualMachin
 	}
 	dest, err := r.destination(ctx, ex, true)
 	if err == nil {
+		err = r.backupAhead(ctx, ex)
+	}
+	if err == nil {
 		var src *corev1.PersistentVolumeClaim
 		if src, err = r.source(ctx, ex); err == nil && src == nil {
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil // the snapshot is being taken
@@ -76,6 +81,38 @@ func (r *Reconciler) reconcile(ctx context.Context, ex *hypercloud.VirtualMachin
 		return ctrl.Result{RequeueAfter: 15 * time.Second}, nil
 	}
 	return refused(ex, ctrl.Result{}, err)
+}
+
+// backupAhead has a backup wait while an older backup of the same index is not done: each
+// rewrites the index, and two at once would lose one's entry (and a retention run could
+// delete what the other's index still names).
+func (r *Reconciler) backupAhead(ctx context.Context, ex *hypercloud.VirtualMachineVolumeExport) error {
+	if ex.Spec.Backup == nil {
+		return nil
+	}
+	list := &hypercloud.VirtualMachineVolumeExportList{}
+	if err := r.List(ctx, list, client.InNamespace(ex.Namespace)); err != nil {
+		return err
+	}
+	for i := range list.Items {
+		o := &list.Items[i]
+		older := o.CreationTimestamp.Before(&ex.CreationTimestamp) || o.CreationTimestamp.Equal(&ex.CreationTimestamp) && o.Name < ex.Name
+		if o.UID == ex.UID || o.Spec.Backup == nil || !older || o.Status.Phase == common.PhaseReady || o.Status.Phase == common.PhaseFailed ||
+			!equality.Semantic.DeepEqual(o.Spec.ObjectStore, ex.Spec.ObjectStore) || !sameS3Object(o.Spec.S3, ex.Spec.S3) {
+			continue
+		}
+		return &goldenimage.NotReadyError{Reason: reasonWaitingForBackup,
+			Message: fmt.Sprintf("waiting for the backup %s of the same index to finish: backups of one index run one at a time", o.Name)}
+	}
+	return nil
+}
+
+// sameS3Object says whether two s3 destinations name one object.
+func sameS3Object(a, b *common.S3Source) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Endpoint == b.Endpoint && a.BucketName == b.BucketName && a.ObjectName == b.ObjectName
 }
 
 // refused fails the export whose child's name is taken by an object diskpipe did not make for

@@ -30,7 +30,8 @@ const (
 	// MaxChainLayers is the longest chain restored at once.
 	MaxChainLayers = 64
 	MaxLayers      = 10000
-	maxName        = 253
+	// maxName keeps "layer-<checkpoint>" a valid Secret key (LayerURLKey).
+	maxName = 200
 )
 
 // Index lists a disk's backups.
@@ -117,7 +118,8 @@ func Parse(b []byte) (*Index, error) {
 }
 
 func validObject(o string) bool {
-	if o == "" || len(o) > 1024 || strings.HasPrefix(o, "/") || strings.Contains(o, "://") || strings.ContainsAny(o, "\\?#\x00") {
+	// No '%': a URL would decode it ("%2e%2e") where a key keeps it.
+	if o == "" || len(o) > 1024 || strings.HasPrefix(o, "/") || strings.Contains(o, "://") || strings.ContainsAny(o, "\\?#%*\x00") {
 		return false
 	}
 	for _, seg := range strings.Split(o, "/") {

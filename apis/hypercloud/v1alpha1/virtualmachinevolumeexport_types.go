@@ -47,6 +47,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.compression) || self.compression == 'none' || !has(self.format) || self.format == 'qcow2'",message="compression needs format qcow2"
 // +kubebuilder:validation:XValidation:rule="!has(self.backup) || !has(self.format) || self.format == 'qcow2'",message="a backup is written as qcow2"
 // +kubebuilder:validation:XValidation:rule="!has(self.backup) || !has(self.retainPolicy) || self.retainPolicy == 'Retain'",message="a backup is retained (the backups after it need it): the index's keepFulls drops old ones"
+// +kubebuilder:validation:XValidation:rule="has(self.backup) == has(oldSelf.backup)",message="backup is immutable: create a new export instead"
 // +kubebuilder:validation:XValidation:rule="self.pvcName == oldSelf.pvcName && has(self.objectStore) == has(oldSelf.objectStore) && (!has(self.objectStore) || self.objectStore == oldSelf.objectStore) && has(self.s3) == has(oldSelf.s3) && (!has(self.s3) || self.s3 == oldSelf.s3)",message="pvcName and the destination are immutable: create a new export instead"
 type VirtualMachineVolumeExportSpec struct {
 	// pvcName is the PVC to export, in the export's namespace. A PVC in use by a running pod or
@@ -110,10 +111,11 @@ type ExportBackup struct {
 	Full bool `json:"full,omitempty"`
 
 	// maxChain is how many incrementals may follow a full before the next backup is a full
-	// again (default 7): a restore reads every layer of its chain.
+	// again (default 7, at most 15): a restore reads every layer of its chain, each with a cache
+	// of its own.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=63
+	// +kubebuilder:validation:Maximum=15
 	MaxChain *int32 `json:"maxChain,omitempty"`
 
 	// keepFulls is how many fulls the index keeps, each with the incrementals that follow it;
