@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/diskpipe/diskpipe/test/bootdisk"
 )
@@ -47,9 +47,9 @@ var _ = Describe("backups", afterKubeVirtRollout, func() {
 			run("cp", "--sparse=always", disk, states[name])
 			kubectl(backupExport(name, "root"), "apply", "-n", ns, "-f", "-")
 			Eventually(phase(ns, "vmve", name), 3*time.Minute, time.Second).Should(Equal("Ready Exported"))
-			stored, err := strconv.ParseInt(kubectl("", "get", "vmve", name, "-n", ns, "-o", "jsonpath={.status.storedSize}"), 10, 64)
+			stored, err := resource.ParseQuantity(kubectl("", "get", "vmve", name, "-n", ns, "-o", "jsonpath={.status.storedSize}"))
 			Expect(err).NotTo(HaveOccurred())
-			return stored
+			return stored.Value()
 		}
 		full := keep("b1")
 		// The disk changes as a guest would change it: a new marker line.
