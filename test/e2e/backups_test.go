@@ -72,7 +72,7 @@ var _ = Describe("backups", afterKubeVirtRollout, func() {
 		}
 		// The restored point boots, and its guest reads the marker the disk had then.
 		if !kubeVirt() {
-			g, err := bootdisk.Check(context.Background(), golden(ns, "at-b2"), "raw", 0)
+			g, err := bootdisk.Boot(context.Background(), golden(ns, "at-b2"), "raw", 2*time.Minute)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(g.Marker).To(Equal("diskpipe-backup-b2"))
 			return
