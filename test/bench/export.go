@@ -25,39 +25,15 @@ func benchExport(root, work string) error {
 			return fmt.Errorf("bin/%s: run 'make build' first: %w", b, err)
 		}
 	}
-	store := filepath.Join(work, "store")
-	_ = os.RemoveAll(store)
-	addr, err := freeport.Addr("127.0.0.1")
+	st, err := startStore(root, work)
 	if err != nil {
 		return err
 	}
-	endpoint := "http://" + addr
-	srv := exec.Command(filepath.Join(root, "bin", "objectstore"), "--data-dir", store, "--listen", addr)
-	srv.Env = append(os.Environ(), "DISKPIPE_S3_ACCESS_KEY=bench", "DISKPIPE_S3_SECRET_KEY=bench-secret")
-	if err := srv.Start(); err != nil {
-		return err
-	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait(); _ = os.RemoveAll(store) }()
-	for i := 0; ; i++ {
-		resp, err := http.Get(endpoint + "/healthz") //nolint:gosec // loopback
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if i > 100 {
-			return fmt.Errorf("the object store did not start: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	awsEnv := []string{"AWS_ACCESS_KEY_ID=bench", "AWS_SECRET_ACCESS_KEY=bench-secret", "AWS_DEFAULT_REGION=us-east-1",
-		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}
+	defer st.stop()
+	endpoint, awsEnv, creds, store, addr := st.endpoint, st.awsEnv, st.creds, st.dir, st.addr
 	if _, err := timedEnv("mb", 0, awsEnv, "/usr/bin/aws", "--endpoint-url", endpoint, "s3", "mb", "s3://bench"); err != nil {
 		return err
 	}
-	creds := filepath.Join(work, "creds")
-	_ = os.MkdirAll(creds, 0o700)
-	_ = os.WriteFile(filepath.Join(creds, "accessKeyId"), []byte("bench"), 0o600)
-	_ = os.WriteFile(filepath.Join(creds, "secretAccessKey"), []byte("bench-secret"), 0o600)
 
 	data := allocated(raw)
 	fmt.Printf("bench-export: source %s: %.2f GiB virtual, %.2f GiB of data; store on %s\n", raw,
@@ -116,4 +92,49 @@ func benchExport(root, work string) error {
 			float64(fileSize(stored))/float64(refSize))
 	}
 	return nil
+}
+
+// benchStore is the bundled store a benchmark runs, on 127.0.0.1, with its data in work/store.
+type benchStore struct {
+	dir, addr, endpoint string
+	// awsEnv has awscli use the store's keys; creds is a directory of them for diskpipe's pods'
+	// commands (--s3-credentials-dir).
+	awsEnv []string
+	creds  string
+	stop   func()
+}
+
+// startStore starts bin/objectstore and waits until it answers.
+func startStore(root, work string) (*benchStore, error) {
+	st := &benchStore{dir: filepath.Join(work, "store"), creds: filepath.Join(work, "creds"),
+		awsEnv: []string{"AWS_ACCESS_KEY_ID=bench", "AWS_SECRET_ACCESS_KEY=bench-secret", "AWS_DEFAULT_REGION=us-east-1",
+			"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}}
+	_ = os.RemoveAll(st.dir)
+	var err error
+	if st.addr, err = freeport.Addr("127.0.0.1"); err != nil {
+		return nil, err
+	}
+	st.endpoint = "http://" + st.addr
+	srv := exec.Command(filepath.Join(root, "bin", "objectstore"), "--data-dir", st.dir, "--listen", st.addr)
+	srv.Env = append(os.Environ(), "DISKPIPE_S3_ACCESS_KEY=bench", "DISKPIPE_S3_SECRET_KEY=bench-secret")
+	if err := srv.Start(); err != nil {
+		return nil, err
+	}
+	st.stop = func() { _ = srv.Process.Kill(); _ = srv.Wait(); _ = os.RemoveAll(st.dir) }
+	for i := 0; ; i++ {
+		resp, err := http.Get(st.endpoint + "/healthz") //nolint:gosec,noctx // loopback
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if i > 100 {
+			st.stop()
+			return nil, fmt.Errorf("the object store did not start: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = os.MkdirAll(st.creds, 0o700)
+	_ = os.WriteFile(filepath.Join(st.creds, "accessKeyId"), []byte("bench"), 0o600)
+	_ = os.WriteFile(filepath.Join(st.creds, "secretAccessKey"), []byte("bench-secret"), 0o600)
+	return st, nil
 }

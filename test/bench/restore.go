@@ -7,15 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"github.com/diskpipe/diskpipe/internal/backup"
-	"github.com/diskpipe/diskpipe/test/freeport"
 )
 
 // restoreRounds is how many cold rounds each contender runs; medians are reported.
@@ -41,32 +38,12 @@ func benchRestore(root, work string) error {
 	if err != nil {
 		return err
 	}
-	store := filepath.Join(work, "store")
-	_ = os.RemoveAll(store)
-	addr, err := freeport.Addr("127.0.0.1")
+	st, err := startStore(root, work)
 	if err != nil {
 		return err
 	}
-	endpoint := "http://" + addr
-	srv := exec.Command(filepath.Join(root, "bin", "objectstore"), "--data-dir", store, "--listen", addr)
-	srv.Env = append(os.Environ(), "DISKPIPE_S3_ACCESS_KEY=bench", "DISKPIPE_S3_SECRET_KEY=bench-secret")
-	if err := srv.Start(); err != nil {
-		return err
-	}
-	defer func() { _ = srv.Process.Kill(); _ = srv.Wait(); _ = os.RemoveAll(store) }()
-	for i := 0; ; i++ {
-		resp, err := http.Get(endpoint + "/healthz") //nolint:gosec,noctx // loopback
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if i > 100 {
-			return fmt.Errorf("the object store did not start: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	awsEnv := []string{"AWS_ACCESS_KEY_ID=bench", "AWS_SECRET_ACCESS_KEY=bench-secret", "AWS_DEFAULT_REGION=us-east-1",
-		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}
+	defer st.stop()
+	endpoint, awsEnv, creds, addr := st.endpoint, st.awsEnv, st.creds, st.addr
 	aws := func(args ...string) error {
 		_, err := timedEnv("aws", 0, awsEnv, "/usr/bin/aws", append([]string{"--endpoint-url", endpoint}, args...)...)
 		return err
@@ -84,10 +61,6 @@ func benchRestore(root, work string) error {
 	if err := aws("s3", "cp", "--only-show-errors", filepath.Join(chainDir, backup.IndexName), "s3://bench/vm-root/"+backup.IndexName); err != nil {
 		return err
 	}
-	creds := filepath.Join(work, "creds")
-	_ = os.MkdirAll(creds, 0o700)
-	_ = os.WriteFile(filepath.Join(creds, "accessKeyId"), []byte("bench"), 0o600)
-	_ = os.WriteFile(filepath.Join(creds, "secretAccessKey"), []byte("bench-secret"), 0o600)
 	want := filepath.Join(work, "chain-want.raw")
 	if err := sh("qemu-img", "convert", "-O", "raw", layers[len(layers)-1], want); err != nil {
 		return err
