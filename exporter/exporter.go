@@ -186,56 +186,77 @@ func planPass(ctx context.Context, o *Options, d *disk) ([]planned, []uint32, er
 		zeros []uint32
 		sum   [32]byte
 	}
+	// A backup's pieces are hashed, and a piece's clusters held until its digest says whether
+	// it changed; a plain export reads each cluster into one buffer and plans it at once.
+	hashing := o.Pieces != nil || o.Since != nil
 	err := ordered(ctx, jobs, o.Workers, func(j int) (piece, error) {
 		c := <-compressors
 		defer func() { compressors <- c }()
 		var out piece
 		from, to := j*clustersPerJob, min((j+1)*clustersPerJob, nClusters)
 		start, end := int64(from)*clusterSize, min(int64(to)*clusterSize, d.size)
-		// Each cluster's bytes, the disk's past its end read as nothing: a piece's digest is
-		// of its bytes.
-		data := make([][]byte, 0, to-from)
-		h := sha256.New()
-		if d.hasData(start, end-start) {
-			for i := from; i < to; i++ {
-				off := int64(i) * clusterSize
-				buf := make([]byte, clusterSize)
-				if d.hasData(off, clusterSize) {
-					if err := d.readCluster(buf, off); err != nil {
-						return out, err
-					}
-				}
-				h.Write(buf[:min(clusterSize, d.size-off)])
-				data = append(data, buf)
-			}
-			h.Sum(out.sum[:0])
-		} else {
-			out.sum = zeroPiece(end - start)
-		}
-		if !o.Since.changed(j, start, end, out.sum) {
-			return out, nil
-		}
-		for k, buf := range data {
-			i := from + k
+		plan := func(i int, buf []byte) error {
 			if isZero(buf) {
-				if o.Since != nil {
+				if o.Since != nil { // over a parent: zeros, not what the parent held
 					out.zeros = append(out.zeros, uint32(i)) //nolint:gosec // bounded by the disk's size
 				}
-				continue
+				return nil
 			}
 			p := planned{idx: uint32(i)} //nolint:gosec // bounded by the disk's size
-			if o.Compression != CompressionNone && len(buf) == clusterSize {
+			if o.Compression != CompressionNone {
 				z, err := c.compress(buf)
 				if err != nil {
-					return out, transfer.Permanent(transfer.ReasonInternal, "compressing: %w", err)
+					return transfer.Permanent(transfer.ReasonInternal, "compressing: %w", err)
 				}
 				if len(z) < clusterSize {
 					p.csize = uint32(len(z)) //nolint:gosec // less than a cluster
 				}
 			}
 			out.plan = append(out.plan, p)
+			return nil
 		}
-		if len(data) == 0 && o.Since != nil { // a hole where the parent held data
+		hole := !d.hasData(start, end-start)
+		var held [][]byte
+		h := sha256.New()
+		buf := make([]byte, clusterSize)
+		for i := from; i < to && !hole; i++ {
+			off := int64(i) * clusterSize
+			if hashing {
+				buf = make([]byte, clusterSize)
+			}
+			if d.hasData(off, clusterSize) {
+				if err := d.readCluster(buf, off); err != nil {
+					return out, err
+				}
+			} else if !hashing {
+				continue
+			}
+			if !hashing {
+				if err := plan(i, buf); err != nil {
+					return out, err
+				}
+				continue
+			}
+			h.Write(buf[:min(clusterSize, d.size-off)]) // a piece's digest is of the disk's bytes
+			held = append(held, buf)
+		}
+		if !hashing {
+			return out, nil
+		}
+		if hole {
+			out.sum = zeroPiece(end - start)
+		} else {
+			h.Sum(out.sum[:0])
+		}
+		if !o.Since.changed(j, start, end, out.sum) {
+			return out, nil
+		}
+		for k, b := range held {
+			if err := plan(from+k, b); err != nil {
+				return out, err
+			}
+		}
+		if hole && o.Since != nil { // a hole where the parent held data
 			for i := from; i < to; i++ {
 				out.zeros = append(out.zeros, uint32(i)) //nolint:gosec // bounded by the disk's size
 			}
