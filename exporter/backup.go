@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"path"
 	"strings"
@@ -255,7 +254,7 @@ func retain(ix *backup.Index, keepFulls int) []backup.Layer {
 // readIndex reads the index, or makes a new one where there is none.
 func readIndex(ctx context.Context, b BackupOptions) (*backup.Index, error) {
 	raw, err := readObject(ctx, b.Client, b.Bucket, b.Index, backup.MaxIndexBytes)
-	if errors.Is(err, errNoObject) {
+	if errors.Is(err, objectstore.ErrNoSuchObject) {
 		return &backup.Index{Format: backup.Format, Disk: b.Disk}, nil
 	}
 	if err != nil {
@@ -275,25 +274,14 @@ func writeIndex(ctx context.Context, b BackupOptions, ix *backup.Index) error {
 	return nil
 }
 
-var errNoObject = errors.New("no such object")
-
-// readObject reads an object of at most limit bytes; errNoObject when there is none.
+// readObject reads an object of the backups, a byte more than limit, for its parser to
+// refuse a larger one; objectstore.ErrNoSuchObject when there is none.
 func readObject(ctx context.Context, c *objectstore.Client, bucket, key string, limit int64) ([]byte, error) {
-	obj, err := c.GetObject(ctx, bucket, key, minio.GetObjectOptions{})
-	if err == nil {
-		defer obj.Close()
-		var raw []byte
-		if raw, err = io.ReadAll(io.LimitReader(obj, limit+1)); err == nil {
-			if int64(len(raw)) > limit {
-				return nil, transfer.Permanent(transfer.ReasonBrokenChain, "%s is larger than %d bytes", objectstore.ObjectURL(bucket, key), limit)
-			}
-			return raw, nil
-		}
+	b, err := c.ReadObject(ctx, bucket, key, limit+1)
+	if err != nil && !errors.Is(err, objectstore.ErrNoSuchObject) {
+		return nil, transfer.AsTarget(objectstore.Classify(err, "reading "+objectstore.ObjectURL(bucket, key)))
 	}
-	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-		return nil, errNoObject
-	}
-	return nil, transfer.AsTarget(objectstore.Classify(err, "reading "+objectstore.ObjectURL(bucket, key)))
+	return b, err
 }
 
 // maxSums is the size of the sums object of a disk of size bytes.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -250,4 +251,25 @@ func Classify(err error, what string) error {
 		return transfer.Transient(transfer.ReasonSourceUnavailable, "%s", msg)
 	}
 	return transfer.Permanent(transfer.ReasonInvalidArgument, "%s", msg)
+}
+
+// ErrNoSuchObject is ReadObject's error for an object that is not there.
+var ErrNoSuchObject = errors.New("no such object")
+
+// ReadObject reads a small object (an index, a list of digests) whole, or its first max bytes:
+// a reader that refuses larger ones asks for one byte more than it takes. An object that is not
+// there is ErrNoSuchObject; other errors are the store's, for the caller to classify.
+func (c *Client) ReadObject(ctx context.Context, bucket, key string, max int64) ([]byte, error) {
+	obj, err := c.GetObject(ctx, bucket, key, minio.GetObjectOptions{})
+	var b []byte
+	if err == nil {
+		defer obj.Close()
+		if b, err = io.ReadAll(io.LimitReader(obj, max)); err == nil {
+			return b, nil
+		}
+	}
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return nil, ErrNoSuchObject
+	}
+	return nil, err
 }

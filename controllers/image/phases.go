@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"time"
@@ -357,12 +356,7 @@ func (r *Reconciler) presign(ctx context.Context, g *goldenImage, src *common.Ob
 // An index that does not parse, or lacks the point, is the importer's to refuse with its
 // reason: the pod is made without those layers, and says why.
 func presignLayers(ctx context.Context, store *objectstore.Client, src *common.ObjectStoreSource, point string, urls map[string]string) error {
-	obj, err := store.GetObject(ctx, string(src.BucketName), string(src.ObjectName), minio.GetObjectOptions{})
-	if err != nil {
-		return store.Forbidden(err, transfer.ReasonSourceForbidden, "read", objectstore.ObjectURL(string(src.BucketName), string(src.ObjectName)))
-	}
-	defer obj.Close()
-	b, err := io.ReadAll(io.LimitReader(obj, backup.MaxIndexBytes+1))
+	b, err := store.ReadObject(ctx, string(src.BucketName), string(src.ObjectName), backup.MaxIndexBytes+1)
 	if err != nil {
 		return store.Forbidden(err, transfer.ReasonSourceForbidden, "read", objectstore.ObjectURL(string(src.BucketName), string(src.ObjectName)))
 	}
