@@ -290,9 +290,8 @@ func importChain(ctx context.Context, o *Options, t *Target, res *transfer.Resul
 		}
 		hashed <- nil
 	}()
-	err = convertInPieces(o, c, t, cp, c.markHashes)
-	for _, l := range c.layers {
-		if err != nil {
+	if err = convertInPieces(o, c, t, cp, c.markHashes); err != nil {
+		for _, l := range c.layers {
 			l.hash.stop()
 		}
 	}
