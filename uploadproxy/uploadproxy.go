@@ -627,44 +627,57 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 		}
 		return Fail(http.StatusBadRequest, "the body ended before byte %d: %v", u.Offset, err)
 	}
-	buf := make([]byte, u.PartSize)
+	// The parts go to the store while the next is read (storeParts); the offset answered
+	// after a failure is what was committed.
+	pl := s.storeParts(ctx, u)
+	defer pl.close()
+	read := u.Offset // the bytes read, committed or in flight
 	reserved := false
-	for total < 0 || u.Offset < end {
+	for total < 0 || read < end {
 		if ctx.Err() != nil {
+			_ = pl.close()
 			return Fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
+		}
+		buf := pl.buffer()
+		if buf == nil {
+			break // storing failed, or the request ended: said below
 		}
 		want := u.PartSize
 		if total > 0 {
-			want = min(u.PartSize, end-u.Offset)
+			want = min(u.PartSize, end-read)
 		}
 		n, err := io.ReadFull(in, buf[:want])
 		last := false
 		if total < 0 && in.ended && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 			// A body of a size not said ends where its reader says it does.
-			if n == 0 && u.Offset == 0 {
+			if n == 0 && read == 0 {
+				_ = pl.close()
 				return Fail(http.StatusBadRequest, "the upload is empty")
 			}
 			last, err = true, nil
 		}
-		if ended := bodyFailed(u.taken.Load(), err, u.Offset); ended != nil {
-			w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
-			return ended
-		}
 		if err != nil {
+			if perr := pl.close(); perr != nil {
+				return perr
+			}
+			w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
+			if ended := bodyFailed(u.taken.Load(), err, u.Offset); ended != nil {
+				return ended
+			}
 			// A cut connection: the stored parts are the offset to resume from.
 			s.Log.Info("Upload interrupted", "key", u.key, "offset", u.Offset, "err", err)
-			w.Header().Set(HeaderOffset, strconv.FormatInt(u.Offset, 10))
 			if total < 0 {
-				return Fail(http.StatusBadRequest, "the body ended at byte %d before the form's end; send it again (%d bytes are stored)", u.Offset+int64(n), u.Offset)
+				return Fail(http.StatusBadRequest, "the body ended at byte %d before the form's end; send it again (%d bytes are stored)", read+int64(n), u.Offset)
 			}
-			return Fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", u.Offset+int64(n), end, u.Offset)
+			return Fail(http.StatusBadRequest, "the body ended at byte %d of %d; resume from %d", read+int64(n), end, u.Offset)
 		}
 		if n == 0 {
 			break
 		}
 		if total < 0 { // a form: its size is learnt as it comes
-			release, err := s.reserve(ctx, ns, u.key, u.Offset+int64(n))
+			release, err := s.reserve(ctx, ns, u.key, read+int64(n))
 			if err != nil {
+				_ = pl.close()
 				s.abortAll(ctx, u.key)
 				s.discard(ctx, u.key)
 				return err
@@ -674,20 +687,18 @@ func (s *Server) put(ctx context.Context, w http.ResponseWriter, in *body, u *up
 				defer release()
 			}
 		}
-		number := len(u.Parts) + 1
-		p, err := core.PutObjectPart(ctx, uploads.Bucket, u.key, u.UploadID, number, bytes.NewReader(buf[:n]), int64(n), minio.PutObjectPartOptions{})
-		if err != nil {
-			return err
-		}
-		u.sum.Hash.Write(buf[:n])
-		u.Parts = append(u.Parts, part{Number: number, ETag: p.ETag, Size: int64(n)})
-		u.Offset += int64(n)
-		if err := s.save(ctx, u); err != nil {
-			return err
-		}
+		pl.store(buf[:n])
+		read += int64(n)
 		if last {
 			break
 		}
+	}
+	perr := pl.close()
+	if ctx.Err() != nil {
+		return Fail(http.StatusConflict, "a later request took this upload over at byte %d", u.Offset)
+	}
+	if perr != nil {
+		return perr
 	}
 	if total < 0 {
 		u.Total = u.Offset
