@@ -47,7 +47,8 @@ func benchUpload(root, work string) error {
 		return err
 	}
 	size := fileSize(raw)
-	fmt.Printf("bench-upload: %s, %.2f GiB; store on %s, upload proxy on %s\n", raw, float64(size)/(1<<30), endpoint, c.UploadURL())
+	runs := benchRuns()
+	fmt.Printf("bench-upload: %s, %.2f GiB; store on %s, upload proxy on %s; %d rounds, medians\n", raw, float64(size)/(1<<30), endpoint, c.UploadURL(), runs)
 
 	awsEnv := []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_DEFAULT_REGION=us-east-1",
 		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}
@@ -57,30 +58,59 @@ func benchUpload(root, work string) error {
 	if _, err := timedEnv("mb", 0, awsEnv, "/usr/bin/aws", aws("s3", "mb", "s3://bench")...); err != nil {
 		return err
 	}
-	dropCaches()
-	ref, err := timedEnv("aws s3 cp (reference)", size, awsEnv, "/usr/bin/aws", aws("s3", "cp", "--only-show-errors", raw, "s3://bench/disk.raw")...)
+	page, err := newConsolePage(ctx, c, filepath.Join(work, "chromium"))
 	if err != nil {
 		return err
 	}
-	dropCaches()
-	plugin, err := timedEnv("kubectl diskpipe upload", size, []string{"KUBECONFIG=" + c.KubeconfigFile()}, filepath.Join(root, "bin", "kubectl-diskpipe"),
-		"upload", "bench", "--file", raw, "--create", "--size", "5Gi", "--no-wait", "-n", "bench")
-	if err != nil {
-		return err
-	}
+	defer page.close()
 	lc, _ := framework.LocalCluster(c)
-	proxyRSS, err := peakRSS(lc.PID("uploadproxy"))
-	if err != nil {
-		return err
+	// settle waits, untimed, for the image an upload made to be imported, then deletes it:
+	// the next contender has the machine to itself, and the store its room.
+	settle := func(name string) error {
+		if _, stderr, err := c.Kubectl(ctx, nil, "wait", "-n", "bench", "--for=jsonpath={.status.phase}=Ready", "--timeout=15m", "virtualmachineimage/"+name); err != nil {
+			return fmt.Errorf("the import of %s: %w: %s", name, err, stderr)
+		}
+		if _, stderr, err := c.Kubectl(ctx, nil, "delete", "-n", "bench", "--wait", "--timeout=5m", "virtualmachineimage/"+name); err != nil {
+			return fmt.Errorf("%w: %s", err, stderr)
+		}
+		return nil
 	}
-	fmt.Println(ref)
-	fmt.Println(plugin)
-	fmt.Printf("%-34s %8.1f MiB peak RSS (VmHWM)\n", "upload proxy", float64(proxyRSS)/(1<<20))
-	fmt.Printf("\nupload wall / aws s3 cp wall: %.2fx (target <= 1.20x); proxy peak RSS %.0f MiB (target <= 128 MiB)\n",
-		plugin.wall.Seconds()/ref.wall.Seconds(), float64(proxyRSS)/(1<<20))
-
-	// The same file from the console's page in Chromium, through the gateway.
-	page, tab, err := browserUpload(ctx, c, raw, filepath.Join(work, "chromium"))
+	var refs, plugins, pages []measurement
+	var tabRSS int64
+	for i := range runs {
+		dropCaches()
+		ref, err := timedEnv("aws s3 cp (reference)", size, awsEnv, "/usr/bin/aws", aws("s3", "cp", "--only-show-errors", raw, "s3://bench/disk.raw")...)
+		if err != nil {
+			return err
+		}
+		if _, err := timedEnv("rm", 0, awsEnv, "/usr/bin/aws", aws("s3", "rm", "--only-show-errors", "s3://bench/disk.raw")...); err != nil {
+			return err
+		}
+		dropCaches()
+		name := fmt.Sprintf("bench-%d", i)
+		plugin, err := timedEnv("kubectl diskpipe upload", size, []string{"KUBECONFIG=" + c.KubeconfigFile()}, filepath.Join(root, "bin", "kubectl-diskpipe"),
+			"upload", name, "--file", raw, "--create", "--size", "5Gi", "--no-wait", "-n", "bench")
+		if err != nil {
+			return err
+		}
+		if err := settle(name); err != nil {
+			return err
+		}
+		// The same file from the console's page in Chromium, through the gateway.
+		name = fmt.Sprintf("bench-browser-%d", i)
+		m, err := page.upload(ctx, name, raw)
+		if err != nil {
+			return err
+		}
+		tabRSS = max(tabRSS, m.peakRSS)
+		if err := settle(name); err != nil {
+			return err
+		}
+		fmt.Printf("round %d: aws %.2f s, kubectl diskpipe upload %.2f s (%.2fx), page %.2f s (%.2fx the upload)\n", i+1,
+			ref.wall.Seconds(), plugin.wall.Seconds(), plugin.wall.Seconds()/ref.wall.Seconds(), m.wall.Seconds(), m.wall.Seconds()/plugin.wall.Seconds())
+		refs, plugins, pages = append(refs, ref), append(plugins, plugin), append(pages, m)
+	}
+	proxyRSS, err := peakRSS(lc.PID("uploadproxy"))
 	if err != nil {
 		return err
 	}
@@ -88,23 +118,30 @@ func benchUpload(root, work string) error {
 	if err != nil {
 		return err
 	}
-	if proxyRSS, err = peakRSS(lc.PID("uploadproxy")); err != nil {
-		return err
-	}
-	fmt.Println(page, "(the tab's renderer)")
-	_ = tab
+	ref, plugin, pg := median(refs), median(plugins), median(pages)
+	fmt.Println()
+	fmt.Println(ref)
+	fmt.Println(plugin)
+	fmt.Println(pg, "(the tab's renderer)")
 	fmt.Printf("%-34s %8.1f MiB peak RSS (VmHWM)\n", "gateway", float64(gatewayRSS)/(1<<20))
-	fmt.Printf("%-34s %8.1f MiB peak RSS (VmHWM, over both uploads)\n", "upload proxy", float64(proxyRSS)/(1<<20))
-	fmt.Printf("\nbrowser wall / kubectl diskpipe upload wall: %.2fx (target <= 1.30x)\n", page.wall.Seconds()/plugin.wall.Seconds())
+	fmt.Printf("%-34s %8.1f MiB peak RSS (VmHWM, over every upload)\n", "upload proxy", float64(proxyRSS)/(1<<20))
+	fmt.Printf("\nmedians: upload wall / aws s3 cp wall: %.2fx (target <= 1.20x); proxy peak RSS %.0f MiB (target <= 128 MiB)\n",
+		plugin.wall.Seconds()/ref.wall.Seconds(), float64(proxyRSS)/(1<<20))
+	fmt.Printf("medians: browser wall / kubectl diskpipe upload wall: %.2fx (target <= 1.30x); the tab's peak RSS %.0f MiB\n",
+		pg.wall.Seconds()/plugin.wall.Seconds(), float64(tabRSS)/(1<<20))
+	fmt.Printf("each round's ratios: upload/aws %s; browser/upload %s\n", roundRatios(plugins, refs), roundRatios(pages, plugins))
 	return nil
 }
 
-// browserUpload uploads file from the console's page in a headless Chromium, signed in as a
-// user of namespace bench, and answers the upload's wall time (from the click to the page's
-// "done", which follows the proxy's check of the page's digest) and the peak RSS of the tab's
-// renderer process.
-func browserUpload(ctx context.Context, c framework.Cluster, file, dir string) (measurement, int64, error) {
-	m := measurement{name: "console page in Chromium", bytes: fileSize(file)}
+// consolePage is the console's page in a headless Chromium, signed in as a user of
+// namespace bench.
+type consolePage struct {
+	ctx   context.Context
+	dir   string
+	close func()
+}
+
+func newConsolePage(ctx context.Context, c framework.Cluster, dir string) (*consolePage, error) {
 	if _, stderr, err := c.Kubectl(ctx, []byte(`apiVersion: v1
 kind: ServiceAccount
 metadata: {name: console}
@@ -122,37 +159,46 @@ metadata: {name: console-diskpipe}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: diskpipe-user}
 subjects: [{kind: ServiceAccount, name: console}]
 `), "apply", "-n", "bench", "-f", "-"); err != nil {
-		return m, 0, fmt.Errorf("%w: %s", err, stderr)
+		return nil, fmt.Errorf("%w: %s", err, stderr)
 	}
-	token, stderr, err := c.Kubectl(ctx, nil, "create", "token", "console", "-n", "bench")
+	token, stderr, err := c.Kubectl(ctx, nil, "create", "token", "console", "-n", "bench", "--duration=2h")
 	if err != nil {
-		return m, 0, fmt.Errorf("%w: %s", err, stderr)
+		return nil, fmt.Errorf("%w: %s", err, stderr)
 	}
 	url, stop, err := c.ConsoleURL(ctx)
 	if err != nil {
-		return m, 0, err
+		return nil, err
 	}
-	defer stop()
 	_ = os.RemoveAll(dir)
 	bctx, cancel, err := browser.New(dir)
 	if err != nil {
-		return m, 0, err
+		stop()
+		return nil, err
 	}
-	defer cancel()
+	p := &consolePage{ctx: bctx, dir: dir, close: func() { cancel(); stop() }}
 	if err := chromedp.Do(bctx, browser.SignIn(url, strings.TrimSpace(token), "bench")); err != nil {
-		return m, 0, err
+		p.close()
+		return nil, err
 	}
-	tab := rendererHWM(dir)
+	return p, nil
+}
+
+// upload uploads file from the page as the image name, and answers the upload's wall time
+// (from the click to the page's "done", which follows the proxy's check of the page's digest)
+// and the peak RSS of the tab's renderer process.
+func (p *consolePage) upload(ctx context.Context, name, file string) (measurement, error) {
+	m := measurement{name: "console page in Chromium", bytes: fileSize(file)}
+	tab := rendererHWM(p.dir)
 	dropCaches()
 	start := time.Now()
-	uctx, cancelUpload := context.WithTimeout(bctx, 30*time.Minute)
+	uctx, cancelUpload := context.WithTimeout(p.ctx, 30*time.Minute)
 	defer cancelUpload()
-	if err := chromedp.Do(uctx, browser.Upload("bench-browser", file), browser.Done("bench-browser")); err != nil {
-		return m, 0, fmt.Errorf("the page's upload: %w", err)
+	if err := chromedp.Do(uctx, browser.Upload(name, file), browser.Done(name)); err != nil {
+		return m, fmt.Errorf("the page's upload: %w", err)
 	}
 	m.wall = time.Since(start)
 	m.peakRSS = tab()
-	return m, m.peakRSS, nil
+	return m, nil
 }
 
 // rendererHWM follows the peak RSS of the renderer processes of the Chromium whose profile is

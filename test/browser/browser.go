@@ -41,7 +41,12 @@ func SignIn(url, token, ns string) chromedp.Action[chromedp.Void] {
 // Upload starts, from the images page, the upload of file to a new image name; the upload is
 // done when the page marks it so (Done).
 func Upload(name, file string) chromedp.Action[chromedp.Void] {
-	return chromedp.Steps(chromedp.SendKeys(chromedp.CSS(`#upload-form input[name=name]`), name),
+	selectName := chromedp.Func(func(ctx context.Context, t *chromedp.Target) error { // typed over the last upload's name
+		_, err := chromedp.Evaluate[bool](`(document.querySelector('#upload-form input[name=name]').select(), true)`)(ctx, t)
+		return err
+	})
+	return chromedp.Steps(selectName,
+		chromedp.SendKeys(chromedp.CSS(`#upload-form input[name=name]`), name),
 		chromedp.SetUploadFiles(chromedp.CSS(`#upload-form input[name=file]`), []string{file}),
 		chromedp.Click(chromedp.CSS(`#upload-form button[type=submit]`)))
 }
