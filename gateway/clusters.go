@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -60,29 +61,66 @@ func LoadMembers(dir string) (map[string]*Cluster, error) {
 	out := map[string]*Cluster{}
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".kubeconfig")
-		if errs := validation.IsDNS1123Label(name); len(errs) > 0 || name == HostCluster {
-			return nil, fmt.Errorf("member cluster %s: its name (the file's, before .kubeconfig) must be a DNS label other than %q: %s", f, HostCluster, strings.Join(errs, "; "))
-		}
 		data, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
 		}
-		cfg, err := clientcmd.RESTConfigFromKubeConfig(data)
-		if err != nil {
-			return nil, fmt.Errorf("member cluster %s: %w", name, err)
-		}
-		cfg.Timeout = memberTimeout
-		if out[name], err = NewCluster(name, cfg); err != nil {
-			return nil, fmt.Errorf("member cluster %s: %w", name, err)
+		if out[name], err = newMember(name, data); err != nil {
+			return nil, fmt.Errorf("member cluster %s (%s): %w", name, f, err)
 		}
 	}
 	return out, nil
 }
 
+// newMember is the member cluster name, reached with the kubeconfig in data. The kubeconfig
+// must hold everything inline: one that names files (a token file, a client certificate or
+// CA by path) or runs a command (exec, an auth provider) would have the gateway read its own
+// files — its service account's token among them — or run a program, for whoever wrote the
+// kubeconfig, so it is refused.
+func newMember(name string, data []byte) (*Cluster, error) {
+	if errs := validation.IsDNS1123Label(name); len(errs) > 0 || name == HostCluster || name == AllClusters {
+		return nil, fmt.Errorf("its name must be a DNS label other than %q: %s", HostCluster, strings.Join(errs, "; "))
+	}
+	kc, err := clientcmd.Load(data)
+	if err != nil {
+		return nil, err
+	}
+	for n, a := range kc.AuthInfos {
+		switch {
+		case a.Exec != nil || a.AuthProvider != nil:
+			return nil, fmt.Errorf("its user %q runs a command or an auth provider for its credentials: give a token or a client certificate inline", n)
+		case a.TokenFile != "" || a.ClientCertificate != "" || a.ClientKey != "":
+			return nil, fmt.Errorf("its user %q names files (tokenFile, client-certificate, client-key): give their contents inline (token, client-certificate-data, client-key-data)", n)
+		}
+	}
+	for n, c := range kc.Clusters {
+		if c.CertificateAuthority != "" {
+			return nil, fmt.Errorf("its cluster %q names a CA file: give it inline (certificate-authority-data)", n)
+		}
+	}
+	cfg, err := clientcmd.NewDefaultClientConfig(*kc, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = memberTimeout
+	return NewCluster(name, cfg)
+}
+
+// members are the member clusters: those registered with the gateway (Members), and
+// KubeSphere's (KubeSphere) of other names.
+func (s *Server) members() map[string]*Cluster {
+	if s.KubeSphere == nil {
+		return s.Members
+	}
+	out := s.KubeSphere.clusters()
+	maps.Copy(out, s.Members)
+	return out
+}
+
 // clusterNames are the host's and the members', sorted after the host.
 func (s *Server) clusterNames() []string {
 	names := []string{HostCluster}
-	for n := range s.Members {
+	for n := range s.members() {
 		names = append(names, n)
 	}
 	slices.Sort(names[1:])
@@ -94,8 +132,12 @@ func (s *Server) clusterOf(name string) (*Cluster, error) {
 	switch {
 	case name == "" || name == HostCluster:
 		return s.Host, nil
-	case s.Members[name] != nil:
-		return s.Members[name], nil
+	}
+	if m := s.members()[name]; m != nil {
+		return m, nil
+	}
+	if why := s.KubeSphere.broken(name); why != "" {
+		return nil, fail(http.StatusServiceUnavailable, "ServiceUnavailable", "the cluster %q is KubeSphere's but cannot be reached from this gateway: %s", name, why)
 	}
 	return nil, fail(http.StatusNotFound, "NotFound", "the cluster %q is not registered with this gateway, which serves %s (and %s for all of them, in a list)",
 		name, strings.Join(s.clusterNames(), ", "), AllClusters)

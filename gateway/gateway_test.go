@@ -146,6 +146,7 @@ type answer struct {
 	Data                              json.RawMessage
 	Total                             *int
 	Message, Reason, TraceID, AuditID string
+	Unreachable                       map[string]string
 	Actions                           map[string]struct {
 		Allowed bool
 		Reason  string
@@ -158,6 +159,9 @@ func (f *fixture) do(t *testing.T, caller, method, path, body string) answer {
 	must(t, err)
 	if caller != "" {
 		req.Header.Set("Authorization", "Bearer "+f.tokens[caller])
+	}
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	a := send(t, req, caller)
 	if a.TraceID == "" || a.header.Get(gateway.HeaderTraceID) != a.TraceID {

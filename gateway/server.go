@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"mime"
 	"net/http"
 	"slices"
 	"strconv"
@@ -43,7 +45,9 @@ type Server struct {
 	// Members are those registered with it (LoadMembers), reached with ?cluster=.
 	Host    *Cluster
 	Members map[string]*Cluster
-	Reviews *authn.Reviewer
+	// KubeSphere, when set, adds KubeSphere's member clusters (WatchKubeSphere).
+	KubeSphere *KubeSphereClusters
+	Reviews    *authn.Reviewer
 	// Uploads is the upload proxy the console's uploads go to; nil: none are served.
 	Uploads *UploadProxy
 	// Pages serves the console's pages at /; nil: none.
@@ -177,6 +181,12 @@ func bearerOf(r *http.Request) string {
 
 // serve authenticates c and runs h.
 func (s *Server) serve(ctx context.Context, c *call, h handler) (int, envelope, error) {
+	// A page of another site can make a browser POST a form (or text/plain) with no preflight,
+	// and behind a console that turns its cookie into Authorization (KubeSphere's) it would be
+	// sent as its user: a change's body is JSON, and says so, or is refused before anything.
+	if mt, _, _ := mime.ParseMediaType(c.r.Header.Get("Content-Type")); c.r.Method == http.MethodPost && mt != "application/json" {
+		return 0, envelope{}, fail(http.StatusUnsupportedMediaType, "UnsupportedMediaType", "a change's body is JSON, sent with Content-Type: application/json (not %q): the gateway takes no form, which another site's page could make a browser send", c.r.Header.Get("Content-Type"))
+	}
 	bearer := bearerOf(c.r)
 	if bearer == "" {
 		return 0, envelope{}, fail(http.StatusUnauthorized, "Unauthorized", "an Authorization: Bearer <token> header (or, through a proxy that takes Authorization, %s: <token>) with a Kubernetes (or KubeSphere) token is required", HeaderToken)
@@ -258,17 +268,19 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 		return 0, envelope{}, err
 	}
 	clusters := []*Cluster{c.cl}
+	unreachable := map[string]string{}
 	if c.all {
-		clusters = nil
-		for _, n := range s.clusterNames() {
-			cl, _ := s.clusterOf(n)
-			clusters = append(clusters, cl)
+		clusters = []*Cluster{s.Host}
+		for _, m := range s.members() {
+			clusters = append(clusters, m)
 		}
+		slices.SortFunc(clusters[1:], func(a, b *Cluster) int { return strings.Compare(a.Name, b.Name) })
+		maps.Copy(unreachable, s.KubeSphere.brokenAll())
 	}
 	var items []item
 	var left []string
 	var firstRefusal error
-	refused, unreachable := 0, map[string]string{}
+	refused, failed := 0, 0
 	hints := map[string]*hints{}
 	for _, cl := range clusters {
 		c.cl, c.namespaces = cl, nil
@@ -279,6 +291,7 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 			return 0, envelope{}, err
 		case err != nil:
 			unreachable[cl.Name] = err.Error()
+			failed++
 			continue
 		case refusal != nil:
 			refused++
@@ -294,7 +307,7 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 		}
 		items = append(items, got...)
 	}
-	if refused+len(unreachable) == len(clusters) && firstRefusal != nil {
+	if refused+failed == len(clusters) && firstRefusal != nil {
 		return 0, envelope{}, firstRefusal
 	}
 	if err := sortItems(items, q.Get("sortBy"), q.Get("ascending")); err != nil {

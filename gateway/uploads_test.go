@@ -50,6 +50,9 @@ func (f *fixture) doWith(t *testing.T, caller, method, path string, body []byte,
 	req, err := http.NewRequestWithContext(t.Context(), method, f.url+path, bytes.NewReader(body))
 	must(t, err)
 	req.Header.Set(gateway.HeaderToken, f.tokens[caller])
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}

@@ -34,6 +34,9 @@ type options struct {
 	uploadHTTP                           bool
 	origins, membersDir                  string
 	pages                                bool
+	kubesphereClusters                   bool
+	kubesphereURL, kubesphereCA          string
+	kubesphereHTTP                       bool
 }
 
 func main() {
@@ -48,6 +51,10 @@ func main() {
 	flag.StringVar(&o.origins, "cors-origins", "", "comma-separated origins (https://console.example.com) whose pages may call the gateway; none: only the gateway's own pages")
 	flag.BoolVar(&o.pages, "pages", true, "serve the console's pages at /")
 	flag.StringVar(&o.membersDir, "member-clusters-dir", "", "a directory of <cluster>.kubeconfig files: the member clusters ?cluster= reaches, callers impersonated there")
+	flag.BoolVar(&o.kubesphereClusters, "kubesphere-clusters", false, "serve KubeSphere's member clusters (its cluster.kubesphere.io Clusters, followed by a watch) beside --member-clusters-dir's")
+	flag.StringVar(&o.kubesphereURL, "kubesphere-url", "", "ks-apiserver's URL, whose token review (/oauth/authenticate) vouches for KubeSphere's tokens, which the apiserver does not know (none: only Kubernetes tokens are taken)")
+	flag.StringVar(&o.kubesphereCA, "kubesphere-ca-file", "", "the PEM CA ks-apiserver's certificate is verified with (none: the system's)")
+	flag.BoolVar(&o.kubesphereHTTP, "kubesphere-allow-http", false, "allow an http:// --kubesphere-url (ks-apiserver's in-cluster default): every KubeSphere token the gateway reviews then crosses the network in the clear")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	if err := run(o, log); err != nil {
@@ -74,6 +81,18 @@ func run(o options, log *slog.Logger) error {
 			return err
 		}
 		log.Info("member clusters", "names", len(s.Members))
+	}
+	if o.kubesphereClusters {
+		if s.KubeSphere, err = gateway.WatchKubeSphere(ctx, cfg, log.With("component", "kubesphere")); err != nil {
+			return err
+		}
+	}
+	if o.kubesphereURL != "" {
+		hc, err := httpsClient("--kubesphere-url", o.kubesphereURL, o.kubesphereCA, o.kubesphereHTTP)
+		if err != nil {
+			return err
+		}
+		s.Reviews.Also = &gateway.KubeSphereTokens{URL: o.kubesphereURL, Client: hc}
 	}
 	if o.uploadURL != "" {
 		if s.Uploads, err = uploadProxy(o.uploadURL, o.uploadCA, o.uploadHTTP); err != nil {
@@ -130,11 +149,21 @@ func run(o options, log *slog.Logger) error {
 }
 
 // uploadProxy is the upload proxy at url, its certificate verified with the CA in caFile. The
-// gateway gives it each caller's own token, so plain HTTP is refused unless allowed, and no
-// redirect is followed (the token would go wherever it points).
+// gateway gives it each caller's own token.
 func uploadProxy(url, caFile string, allowHTTP bool) (*gateway.UploadProxy, error) {
+	hc, err := httpsClient("--upload-proxy-url", url, caFile, allowHTTP)
+	if err != nil {
+		return nil, err
+	}
+	return &gateway.UploadProxy{URL: url, Client: hc}, nil
+}
+
+// httpsClient is a client of the server at url (the flag's), to which the gateway sends its
+// callers' tokens: its certificate verified with the CA in caFile (none: the system's), plain
+// HTTP refused unless allowed, and no redirect followed (the token would go wherever it points).
+func httpsClient(flagName, url, caFile string, allowHTTP bool) (*http.Client, error) {
 	if !strings.HasPrefix(url, "https://") && (!allowHTTP || !strings.HasPrefix(url, "http://")) {
-		return nil, fmt.Errorf("--upload-proxy-url %q: the gateway sends the upload proxy its callers' tokens, so it must be https:// (or http:// with --upload-proxy-allow-http)", url)
+		return nil, fmt.Errorf("%s %q: the gateway sends it its callers' tokens, so it must be https:// (or http:// with %s-allow-http)", flagName, url, strings.TrimSuffix(flagName, "-url"))
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if caFile != "" {
@@ -148,7 +177,7 @@ func uploadProxy(url, caFile string, allowHTTP bool) (*gateway.UploadProxy, erro
 		}
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 	}
-	return &gateway.UploadProxy{URL: url, Client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
-		return errors.New("the upload proxy answered with a redirect, which the gateway does not follow with its callers' tokens")
-	}}}, nil
+	return &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return fmt.Errorf("%s answered with a redirect, which the gateway does not follow with its callers' tokens", url)
+	}}, nil
 }

@@ -47,7 +47,8 @@ func main() {
 	flag.StringVar(&webhook.UploadProxyURL, "upload-proxy-url", "", "the upload proxy's URL outside the cluster, told to token requesters (empty: none)")
 	var proxyCertSecret string
 	flag.StringVar(&proxyCertSecret, "upload-proxy-cert-secret", "", "Secret in which the manager keeps the upload proxy's serving certificate, issued by the webhooks' CA for --upload-proxy-service (needs --webhook-cert-secret; empty: none)")
-	var gatewayCertSecret, gatewayService string
+	var gatewayCertSecret, gatewayService, kubesphereCA string
+	flag.StringVar(&kubesphereCA, "kubesphere-ca-objects", "", "comma-separated Kind/name of KubeSphere's APIService and ReverseProxy objects that reach the gateway: the manager keeps the gateway's CA in their caBundle (needs --gateway-cert-secret)")
 	flag.StringVar(&gatewayCertSecret, "gateway-cert-secret", "", "Secret in which the manager keeps the console gateway's serving certificate, issued by the webhooks' CA for --gateway-service (needs --webhook-cert-secret; empty: none)")
 	flag.StringVar(&gatewayService, "gateway-service", "", "DNS name of the console gateway's Service (<name>.<namespace>.svc), for its certificate")
 	flag.StringVar(&proxyService, "upload-proxy-service", "", "the upload proxy's Service, told to token requesters, as SCHEME:NAMESPACE/NAME:PORT (http:diskpipe-system/diskpipe-uploadproxy:upload)")
@@ -106,6 +107,18 @@ func main() {
 			err = errors.New("--gateway-cert-secret needs --webhook-cert-secret and --gateway-service <name>.<namespace>.svc")
 		} else {
 			webhook.Leaves = append(webhook.Leaves, serviceLeaf(gatewayCertSecret, gatewayService))
+		}
+	}
+	if kubesphereCA != "" && err == nil {
+		if gatewayCertSecret == "" {
+			err = errors.New("--kubesphere-ca-objects needs --gateway-cert-secret: the CA kept in them is the one that issues the gateway's certificate")
+		}
+		for _, o := range strings.Split(kubesphereCA, ",") {
+			kind, name, ok := strings.Cut(strings.TrimSpace(o), "/")
+			if _, known := admission.KubeSphereKinds[kind]; (!ok || !known || name == "") && err == nil {
+				err = fmt.Errorf("--kubesphere-ca-objects %q: want APIService/<name> or ReverseProxy/<name>", o)
+			}
+			webhook.KubeSphere = append(webhook.KubeSphere, admission.KubeSphereObject{Kind: kind, Name: name})
 		}
 	}
 	if store.Endpoint != "" && err == nil {

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -61,6 +62,9 @@ type CertKeeper struct {
 	// APIServices are the APIServices (served by the same server) whose caBundle is kept: the
 	// upload token APIs.
 	APIServices []string
+	// KubeSphere are objects of KubeSphere's extensions that reach a server this CA issued for
+	// (the gateway's): their caBundle is kept, so ks-apiserver verifies it.
+	KubeSphere []KubeSphereObject
 	// Hosts are the certificate's DNS names and IP addresses.
 	Hosts []string
 	// Leaves are certificates the same CA issues for other servers (the upload proxy), each
@@ -71,6 +75,17 @@ type CertKeeper struct {
 	Every time.Duration
 
 	current atomic.Pointer[tls.Certificate]
+}
+
+// KubeSphereObject names an extensions.kubesphere.io/v1alpha1 APIService or ReverseProxy.
+type KubeSphereObject struct {
+	Kind, Name string
+}
+
+// KubeSphereKinds are the kinds of KubeSphereObject, each with where its caBundle is.
+var KubeSphereKinds = map[string][]string{
+	"APIService":   {"spec", "caBundle"},
+	"ReverseProxy": {"spec", "upstream", "caBundle"},
 }
 
 // Leaf is a serving certificate CertKeeper keeps for a server other than the manager.
@@ -235,21 +250,57 @@ func (k *CertKeeper) patchBundle(ctx context.Context, bundle []byte) error {
 			return err
 		}
 	}
+	for _, o := range k.KubeSphere {
+		if err := k.patchKubeSphere(ctx, o, bundle); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 func (k *CertKeeper) patchAPIService(ctx context.Context, name string, bundle []byte) error {
-	svc := &unstructured.Unstructured{}
-	svc.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"})
-	if err := k.Reader.Get(ctx, client.ObjectKey{Name: name}, svc); err != nil {
-		return fmt.Errorf("reading the APIService %s: %w", name, err)
+	gvk := schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"}
+	return k.patchCABundle(ctx, gvk, name, []string{"spec", "caBundle"}, base64.StdEncoding.EncodeToString(bundle))
+}
+
+// patchKubeSphere keeps the caBundle of a KubeSphere extension's object. ks-apiserver decodes
+// that []byte field as base64 once more (pkg/apiserver/filters/apiservice.go and
+// reverseproxy.go), so it holds the PEM base64-encoded twice.
+func (k *CertKeeper) patchKubeSphere(ctx context.Context, o KubeSphereObject, bundle []byte) error {
+	field, ok := KubeSphereKinds[o.Kind]
+	if !ok {
+		return fmt.Errorf("KubeSphere's kind %q has no caBundle the manager keeps", o.Kind)
 	}
-	if current, _, _ := unstructured.NestedString(svc.Object, "spec", "caBundle"); current == base64.StdEncoding.EncodeToString(bundle) {
+	gvk := schema.GroupVersionKind{Group: "extensions.kubesphere.io", Version: "v1alpha1", Kind: o.Kind}
+	once := base64.StdEncoding.EncodeToString(bundle)
+	return k.patchCABundle(ctx, gvk, o.Name, field, base64.StdEncoding.EncodeToString([]byte(once)))
+}
+
+// patchCABundle sets the string field of the cluster-scoped object (gvk, name) to value where
+// it is not that yet.
+func (k *CertKeeper) patchCABundle(ctx context.Context, gvk schema.GroupVersionKind, name string, field []string, value string) error {
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(gvk)
+	if err := k.Reader.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
+		return fmt.Errorf("reading the %s %s: %w", gvk.Kind, name, err)
+	}
+	if current, _, _ := unstructured.NestedString(obj.Object, field...); current == value {
 		return nil
 	}
-	patch := fmt.Appendf(nil, `{"spec":{"caBundle":%q}}`, base64.StdEncoding.EncodeToString(bundle))
-	if err := k.Client.Patch(ctx, svc, client.RawPatch(types.MergePatchType, patch)); err != nil {
-		return fmt.Errorf("patching the caBundle of the APIService %s: %w", name, err)
+	patch := map[string]any{}
+	at := patch
+	for _, f := range field[:len(field)-1] {
+		next := map[string]any{}
+		at[f] = next
+		at = next
+	}
+	at[field[len(field)-1]] = value
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	if err := k.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, data)); err != nil {
+		return fmt.Errorf("patching the caBundle of the %s %s: %w", gvk.Kind, name, err)
 	}
 	return nil
 }

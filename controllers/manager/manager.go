@@ -103,6 +103,9 @@ type WebhookOptions struct {
 	// Leaves, with CertSecret, are the serving certificates the manager keeps besides the
 	// webhooks', signed by the same CA: the upload proxy's, the console gateway's.
 	Leaves []admission.Leaf
+	// KubeSphere, with CertSecret, are KubeSphere's objects reaching the gateway whose caBundle
+	// the manager keeps.
+	KubeSphere []admission.KubeSphereObject
 	// CertSync is how often every replica re-reads the certificate Secret, renews what is
 	// due and re-patches caBundle (default 10 minutes).
 	CertSync time.Duration
@@ -233,7 +236,7 @@ func webhookServer(cfg *rest.Config, w *WebhookOptions) (webhook.Server, *admiss
 		}
 		keeper = &admission.CertKeeper{Client: direct, Reader: direct, Namespace: w.Namespace,
 			SecretName: w.CertSecret, Configuration: w.Configuration, Hosts: w.Hosts, Every: w.CertSync}
-		keeper.Leaves = w.Leaves
+		keeper.Leaves, keeper.KubeSphere = w.Leaves, w.KubeSphere
 		if w.UploadTokenSecret.Name != "" {
 			keeper.APIServices = []string{uploadproxy.TokenAPIService}
 		}

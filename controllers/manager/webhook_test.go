@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -18,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -277,4 +280,59 @@ func TestLeafFailureKeepsBundle(t *testing.T) {
 	for _, w := range got.Webhooks {
 		g.Expect(w.ClientConfig.CABundle).To(Equal(sec.Data["ca.crt"]), w.Name)
 	}
+}
+
+// TestKubeSphereCABundle: the gateway's CA goes into KubeSphere's APIService and ReverseProxy
+// (their CRDs as KubeSphere installs them) as ks-apiserver reads it: the field's bytes are
+// base64 once more, decoded before use, so decoding twice gives the CA's PEM.
+func TestKubeSphereCABundle(t *testing.T) {
+	g := NewWithT(t)
+	ctx := t.Context()
+	g.Expect(env.InstallKubeSphereCRDs()).To(Succeed())
+	ns, err := env.CreateNamespace(ctx, "ks")
+	g.Expect(err).NotTo(HaveOccurred())
+	cfg := admission.Configuration(ns, "diskpipe-manager", nil)
+	cfg.Name = "diskpipe-ks-" + ns
+	for i := range cfg.Webhooks {
+		cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/none")}
+		cfg.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"no-such": "namespace"}}
+	}
+	g.Expect(env.Client.Create(ctx, cfg)).To(Succeed())
+	objs := map[string]string{
+		"APIService": `{"apiVersion":"extensions.kubesphere.io/v1alpha1","kind":"APIService","metadata":{"name":"v1beta1.virtualization.kubesphere.io"},
+			"spec":{"group":"virtualization.kubesphere.io","version":"v1beta1","url":"https://diskpipe-gateway.diskpipe-system.svc:443"}}`,
+		"ReverseProxy": `{"apiVersion":"extensions.kubesphere.io/v1alpha1","kind":"ReverseProxy","metadata":{"name":"diskpipe"},
+			"spec":{"matcher":{"path":"/proxy/diskpipe/*","method":"*"},"upstream":{"url":"https://diskpipe-gateway.diskpipe-system.svc:443"},"directives":{"stripPathPrefix":"/proxy/diskpipe"}}}`,
+	}
+	var named []admission.KubeSphereObject
+	for kind, o := range objs {
+		u := &unstructured.Unstructured{}
+		g.Expect(json.Unmarshal([]byte(o), &u.Object)).To(Succeed())
+		g.Expect(env.Client.Create(ctx, u)).To(Succeed())
+		named = append(named, admission.KubeSphereObject{Kind: kind, Name: u.GetName()})
+	}
+	keeper := admission.CertKeeper{Client: env.Client, Reader: env.Client, Namespace: ns, SecretName: "webhook-cert",
+		Configuration: cfg.Name, Hosts: []string{"127.0.0.1"}, KubeSphere: named}
+	g.Expect(keeper.Sync(ctx)).To(Succeed())
+	sec := &corev1.Secret{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "webhook-cert"}, sec)).To(Succeed())
+	for _, o := range named {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion("extensions.kubesphere.io/v1alpha1")
+		u.SetKind(o.Kind)
+		g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: o.Name}, u)).To(Succeed())
+		field, _, _ := unstructured.NestedString(u.Object, admission.KubeSphereKinds[o.Kind]...)
+		once, err := base64.StdEncoding.DecodeString(field) // the []byte, as JSON holds it
+		g.Expect(err).NotTo(HaveOccurred(), o.Kind)
+		pemBytes, err := base64.StdEncoding.DecodeString(string(once)) // ks-apiserver's own decoding
+		g.Expect(err).NotTo(HaveOccurred(), o.Kind)
+		g.Expect(pemBytes).To(Equal(sec.Data["ca.crt"]), o.Kind)
+	}
+	// The spec the chart wrote stays as it was (the patch touches caBundle only).
+	rp := &unstructured.Unstructured{}
+	rp.SetAPIVersion("extensions.kubesphere.io/v1alpha1")
+	rp.SetKind("ReverseProxy")
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: "diskpipe"}, rp)).To(Succeed())
+	url, _, _ := unstructured.NestedString(rp.Object, "spec", "upstream", "url")
+	g.Expect(url).To(Equal("https://diskpipe-gateway.diskpipe-system.svc:443"))
 }

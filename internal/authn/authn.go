@@ -35,8 +35,18 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
+// Authority reviews the tokens the apiserver does not know: another issuer's (KubeSphere's,
+// gateway.KubeSphereTokens). ok says the token is one of its users'; err that it could not
+// be asked.
+type Authority interface {
+	Review(ctx context.Context, token string) (user authenticationv1.UserInfo, ok bool, err error)
+}
+
 // Reviewer reviews bearer tokens with the apiserver, keeping answers and bounding the rate.
 type Reviewer struct {
+	// Also, when set, is asked of the tokens the apiserver does not authenticate.
+	Also Authority
+
 	kube    client.Client
 	what    string // the server, for messages ("the proxy")
 	limiter *rate.Limiter
@@ -81,6 +91,15 @@ func (v *Reviewer) User(ctx context.Context, bearer string) (authenticationv1.Us
 		return authenticationv1.UserInfo{}, fmt.Errorf("reviewing the token: %w", err) // not kept: the apiserver may answer next time
 	}
 	r := review{user: tr.Status.User, until: now.Add(v.ttl)}
+	if !tr.Status.Authenticated && v.Also != nil {
+		user, ok, err := v.Also.Review(ctx, bearer)
+		if err != nil {
+			return authenticationv1.UserInfo{}, fmt.Errorf("reviewing the token: %w", err) // not kept either
+		}
+		if ok {
+			tr.Status.Authenticated, r.user = true, user
+		}
+	}
 	if !tr.Status.Authenticated {
 		r.err = &Error{http.StatusUnauthorized, "the token is not valid: " + tr.Status.Error}
 	}

@@ -1,12 +1,17 @@
 package chart
 
 import (
+	"encoding/json"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/test/testenv"
 )
@@ -123,4 +128,143 @@ func TestGatewayOptions(t *testing.T) {
 	if !slices.Contains(spec.Containers[0].Args, "--upload-proxy-allow-http") {
 		t.Errorf("a plain-HTTP proxy without --upload-proxy-allow-http: %v", spec.Containers[0].Args)
 	}
+}
+
+// TestKubeSphere: with gateway.kubesphere.enabled the chart renders KubeSphere's extension
+// objects, which its own CRDs (copied from KubeSphere's ks-crds chart) take whole: applied for
+// real and read back, no field the chart writes is pruned as unknown. The bundle is what
+// ks-console loads: a SystemJS module whose default export routes /diskpipe to a frame of the
+// pages under the ReverseProxy's path, run here in Node with a stand-in for the console's React
+// and System.register (the loader's one step). The gateway reviews KubeSphere's tokens and
+// follows its Clusters with only list and watch on them; the manager keeps the gateway's CA
+// in the two objects that reach it, with rights on those two names alone.
+func TestKubeSphere(t *testing.T) {
+	ctx := t.Context()
+	if err := env.InstallKubeSphereCRDs(); err != nil {
+		t.Fatal(err)
+	}
+	objs := render(t, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.kubesphere.enabled=true")
+	byKind := map[string]*unstructured.Unstructured{}
+	var bundle string
+	for _, o := range objs {
+		if o.GetAPIVersion() == "extensions.kubesphere.io/v1alpha1" {
+			byKind[o.GetKind()] = o
+		}
+		if o.GetKind() == "ConfigMap" && o.GetName() == "diskpipe-kubesphere-bundle" {
+			bundle, _, _ = unstructured.NestedString(o.Object, "data", "index.js")
+		}
+	}
+	for _, k := range []string{"APIService", "ReverseProxy", "JSBundle", "ExtensionEntry"} {
+		o := byKind[k]
+		if o == nil {
+			t.Fatalf("no %s rendered", k)
+		}
+		if o.GetLabels()["kubesphere.io/extension-ref"] != "diskpipe" {
+			t.Errorf("%s %s is not labelled as the extension diskpipe's: %v", k, o.GetName(), o.GetLabels())
+		}
+		kubectl(ctx, t, toYAML(t, o), "apply", "--server-side", "--field-manager=helm", "-f", "-")
+		got := o.DeepCopy()
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(o), got); err != nil {
+			t.Fatal(err)
+		}
+		for _, part := range []string{"spec", "status"} {
+			want, _, _ := unstructured.NestedFieldCopy(o.Object, part)
+			have, _, _ := unstructured.NestedFieldCopy(got.Object, part)
+			if w, h := mustJSON(t, want), mustJSON(t, have); w != h { // numbers compared as JSON has them
+				t.Errorf("%s %s: the CRD keeps %s %v of the chart's %v", k, o.GetName(), part, have, want)
+			}
+		}
+	}
+	if g, _, _ := unstructured.NestedString(byKind["APIService"].Object, "spec", "group"); g != "virtualization.kubesphere.io" {
+		t.Errorf("the APIService routes %s", g)
+	}
+	if u, _, _ := unstructured.NestedString(byKind["ReverseProxy"].Object, "spec", "upstream", "url"); u != "https://diskpipe-gateway.diskpipe-system.svc:443" {
+		t.Errorf("the ReverseProxy reaches %s", u)
+	}
+
+	// The bundle, loaded as ks-console loads it (System.import, then its default export).
+	script := `
+let registered;
+globalThis.System = { register(deps, declare) { registered = { deps, declare }; } };
+globalThis.window = { location: { search: '?namespace=team-a' } };
+eval(require('fs').readFileSync(0, 'utf8'));
+const React = { createElement: (type, props) => ({ type, props }) };
+let config;
+const m = registered.declare((name, value) => { if (name === 'default') config = value; });
+registered.deps.forEach((d, i) => m.setters[i](d === 'react' ? { default: React } : {}));
+m.execute();
+const page = config.routes[0].element.type();
+console.log(JSON.stringify({ deps: registered.deps, path: config.routes[0].path, frame: page.type, src: page.props.src, menus: config.menus, locales: Object.keys(config.locales) }));
+`
+	cmd := exec.CommandContext(ctx, "node", "-e", script)
+	cmd.Stdin = strings.NewReader(bundle)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node: %v: %s", err, out)
+	}
+	var loaded struct {
+		Deps        []string
+		Path, Frame string
+		Src         string
+		Menus       []map[string]any
+		Locales     []string
+	}
+	if err := json.Unmarshal(out, &loaded); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	entries, _, _ := unstructured.NestedSlice(byKind["ExtensionEntry"].Object, "spec", "entries")
+	if !slices.Equal(loaded.Deps, []string{"react"}) || loaded.Path != "/diskpipe" || loaded.Frame != "iframe" || loaded.Src != "/proxy/diskpipe/?namespace=team-a" ||
+		len(loaded.Menus) != 1 || len(entries) != 1 || loaded.Menus[0]["link"] != entries[0].(map[string]any)["link"] || !slices.Equal(loaded.Locales, []string{"en"}) {
+		t.Errorf("the bundle's config: %+v; the entries %v", loaded, entries)
+	}
+
+	gw := deployment(t, objs, "diskpipe-gateway").Spec.Template.Spec.Containers[0].Args
+	for _, want := range []string{"--kubesphere-clusters", "--kubesphere-url=http://ks-apiserver.kubesphere-system.svc", "--kubesphere-allow-http"} {
+		if !slices.Contains(gw, want) {
+			t.Errorf("no %s in the gateway's %v", want, gw)
+		}
+	}
+	mgr := deployment(t, objs, "diskpipe-manager").Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(mgr, "--kubesphere-ca-objects=APIService/v1beta1.virtualization.kubesphere.io,ReverseProxy/diskpipe") {
+		t.Errorf("the manager keeps no CA in KubeSphere's objects: %v", mgr)
+	}
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRole" {
+			continue
+		}
+		role := &rbacv1.ClusterRole{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, role); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range role.Rules {
+			switch {
+			case slices.Contains(r.APIGroups, "cluster.kubesphere.io") && (o.GetName() != "diskpipe-gateway" || !slices.Equal(r.Verbs, []string{"list", "watch"})):
+				t.Errorf("%s may %v KubeSphere's Clusters", o.GetName(), r.Verbs)
+			case slices.Contains(r.APIGroups, "extensions.kubesphere.io") && (len(r.ResourceNames) != 1 || !slices.Equal(r.Verbs, []string{"get", "patch"})):
+				t.Errorf("%s may %v %v of KubeSphere's extensions %v", o.GetName(), r.Verbs, r.Resources, r.ResourceNames)
+			}
+		}
+	}
+	// A certificate of the user's: its CA is theirs to give, twice base64 as ks-apiserver reads it.
+	if _, _, err := testenv.RenderChart(ctx, testenv.ChartRelease, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.kubesphere.enabled=true",
+		"--set", "gateway.tls.secretName=mine"); err == nil || !strings.Contains(err.Error(), "needs gateway.kubesphere.caBundle") {
+		t.Errorf("a certificate of the user's with no caBundle: %v", err)
+	}
+	for _, o := range render(t, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.kubesphere.enabled=true", "--set", "gateway.tls.secretName=mine",
+		"--set", "gateway.kubesphere.caBundle=PEM") {
+		if o.GetKind() == "APIService" && o.GetAPIVersion() == "extensions.kubesphere.io/v1alpha1" {
+			if ca, _, _ := unstructured.NestedString(o.Object, "spec", "caBundle"); ca != "VUVWTg==" {
+				t.Errorf("the APIService's caBundle %q, want PEM twice base64", ca)
+			}
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

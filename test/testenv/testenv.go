@@ -377,6 +377,14 @@ func (e *Env) InstallKubeVirtCRD() error {
 	return err
 }
 
+// InstallKubeSphereCRDs installs KubeSphere's Cluster and extension CRDs (copied from
+// KubeSphere's ks-crds chart into test/fixtures/kubesphere), as a KubeSphere host has them.
+func (e *Env) InstallKubeSphereCRDs() error {
+	_, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{Path("test", "fixtures", "kubesphere")}, ErrorIfPathMissing: true,
+		MaxTime: controlPlaneStartTimeout})
+	return err
+}
+
 // User returns a client authenticated as a new user of the given name and groups.
 func (e *Env) User(name string, groups ...string) (client.Client, error) {
 	cfg, err := e.UserConfig(name, groups...)

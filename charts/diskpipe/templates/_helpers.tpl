@@ -189,6 +189,13 @@ secretName, or the one diskpipe issues (the manager, or cert-manager) into
 {{ include "diskpipe.tlsSecret" (list . "gateway" "gateway") }}
 {{- end }}
 
+{{/* "true" where the manager issues the gateway's certificate (with its webhooks' CA). */}}
+{{- define "diskpipe.gateway.managerIssued" -}}
+{{- if and .Values.gateway.enabled .Values.gateway.tls.issued (not .Values.gateway.tls.secretName) (not .Values.webhook.certManager.enabled) -}}
+true
+{{- end -}}
+{{- end }}
+
 {{/* The volume of a component's serving certificate: its tls.crt and tls.key only (an issued
 Secret's ca.crt is for clients). Called with the Secret's name. */}}
 {{- define "diskpipe.tlsVolume" -}}
