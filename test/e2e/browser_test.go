@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -400,6 +403,39 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		Expect(b.consoleErrors()).To(BeEmpty())
 	})
 
+	It("works framed in a console that signs its users in itself, as KubeSphere's does", func() {
+		con := standInConsole(url)
+		DeferCleanup(con.Close)
+		b := newBrowser(shots)
+		// The console's sign-in sets its session cookie; its page frames /proxy/diskpipe/.
+		b.run(chromedp.Navigate(con.URL+"/login?token="+tokens["uploader"]+"&namespace="+ns))
+		inFrame := func(expr string) string { return `(() => { const d = document.querySelector('iframe').contentDocument; return ` + expr + `; })()` }
+		Eventually(func() string {
+			v, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](inFrame(`d && d.querySelector('header .who') ? d.querySelector('header .who').textContent : ''`)))
+			return v
+		}, time.Minute, 200*time.Millisecond).Should(ContainSubstring("system:serviceaccount:"+ns+":uploader"), "signed in by the console, with no sign-in of the page's")
+		Expect(eval[bool](b, inFrame(`!!d.querySelector('#images tr[data-name="from-browser"]') && !d.querySelector('#sign-in') && ![...d.querySelectorAll('header button')].some((x) => x.textContent === 'Sign out')`))).To(BeTrue())
+		// A change from the frame: a blank disk, sent with the console's cookie alone.
+		eval[bool](b, inFrame(`(d.defaultView.location.hash = '#/disks', true)`))
+		Eventually(func() bool {
+			v, _ := chromedp.Run(b.ctx, chromedp.Evaluate[bool](inFrame(`!!d.querySelector('#disk-form input[name=name]')`)))
+			return v
+		}, time.Minute, 200*time.Millisecond).Should(BeTrue())
+		eval[bool](b, inFrame(`(() => {
+  const set = (sel, v) => { const e = d.querySelector(sel); e.value = v; e.dispatchEvent(new Event('input', { bubbles: true })); };
+  set('#disk-form input[name=name]', 'framed-disk');
+  set('#disk-form input[name=size]', '1Gi');
+  return true;
+})()`))
+		eval[bool](b, inFrame(`(d.querySelector('#disk-form button[type=submit]').click(), true)`))
+		Eventually(func() string {
+			return kubectl("", "get", "diskvolume", "framed-disk", "-n", ns, "--ignore-not-found", "-o", "name")
+		}, time.Minute, time.Second).ShouldNot(BeEmpty(), "the disk made from the framed page")
+		b.shot("12-in-a-console")
+		Expect(b.consoleErrors()).To(BeEmpty())
+		kubectl("", "delete", "diskvolume", "framed-disk", "-n", ns, "--wait=false")
+	})
+
 	It("shows another namespace's user nothing of it", func() {
 		b := newBrowser(shots)
 		b.signIn(url, tokens["owner"], ns)
@@ -410,6 +446,39 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		Expect(b.consoleErrors("the server responded with a status of 403")).To(BeEmpty())
 	})
 })
+
+// standInConsole stands in for a console that signs its users in itself and frames the pages,
+// as KubeSphere's does: /login keeps the token in an HttpOnly session cookie, / frames
+// /proxy/diskpipe/, and /proxy/diskpipe/ is the gateway (at url), each request given the
+// cookie's token on its way, as ks-console's server gives it (Authorization; and the page's
+// own header, which passes the apiserver's service proxy that stands before the gateway on
+// the real node). The page itself holds no token.
+func standInConsole(url string) *httptest.Server {
+	target, err := neturl.Parse(url)
+	Expect(err).NotTo(HaveOccurred())
+	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.URL.Path = strings.TrimSuffix(target.Path, "/") + "/" + strings.TrimPrefix(r.In.URL.Path, "/proxy/diskpipe/")
+		r.Out.URL.RawPath = ""
+		r.Out.Header.Del("Cookie")
+		if c, err := r.In.Cookie("token"); err == nil {
+			r.Out.Header.Set("Authorization", "Bearer "+c.Value)
+			r.Out.Header.Set("X-Diskpipe-Token", c.Value)
+		}
+	}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/login", func(w http.ResponseWriter, r *http.Request) {
+		http.SetCookie(w, &http.Cookie{Name: "token", Value: r.URL.Query().Get("token"), Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		http.Redirect(w, r, "/?namespace="+neturl.QueryEscape(r.URL.Query().Get("namespace")), http.StatusFound)
+	})
+	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, `<!doctype html><title>console</title><link rel="icon" href="data:,"><iframe src="/proxy/diskpipe/?namespace=%s" style="width:100%%;height:95vh;border:0"></iframe>`,
+			neturl.QueryEscape(r.URL.Query().Get("namespace")))
+	})
+	mux.Handle("/proxy/diskpipe/", proxy)
+	return httptest.NewServer(mux)
+}
 
 // uploadOffset is the bytes the upload proxy holds of image ns/name's upload, asked as the
 // uploader would (HEAD).

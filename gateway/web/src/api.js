@@ -1,6 +1,9 @@
 // The gateway's API, as the pages call it: every request carries the signed-in token in the
 // X-Diskpipe-Token header (so it passes the apiserver's service proxy, which takes
-// Authorization for itself), and every answer is the gateway's envelope.
+// Authorization for itself), and every answer is the gateway's envelope. Inside a console
+// that signs its users in itself (KubeSphere's, whose server turns its session cookie into
+// the user's token on the way to the gateway) there is no token of the page's: requests go
+// with the console's cookie, same-origin only.
 
 export const prefix = 'kapis/virtualization.kubesphere.io/v1beta1';
 export const tokenHeader = 'X-Diskpipe-Token';
@@ -34,6 +37,10 @@ export class ApiError extends Error {
   }
 }
 
+// A console that frames the pages may name the project: ?namespace=.
+const asked = new URLSearchParams(location.search).get('namespace');
+if (asked) sessionStorage.setItem('diskpipe.namespace', asked);
+
 export function session() {
   return { token: sessionStorage.getItem('diskpipe.token') || '', ns: sessionStorage.getItem('diskpipe.namespace') || 'default' };
 }
@@ -47,8 +54,10 @@ export function clearSession() {
   sessionStorage.removeItem('diskpipe.token');
 }
 
-function headers(extra) {
-  return { [tokenHeader]: session().token, ...(extra || {}) };
+// headers are a request's: the page's token, when it has one.
+export function headers(extra) {
+  const token = session().token;
+  return { ...(token ? { [tokenHeader]: token } : {}), ...(extra || {}) };
 }
 
 // call sends one request and answers the envelope, or throws an ApiError.
@@ -60,7 +69,7 @@ export async function call(method, path, { query, body, signal } = {}) {
       headers: headers(body ? { 'Content-Type': 'application/json' } : {}),
       body: body ? JSON.stringify(body) : undefined,
       signal,
-      credentials: 'omit',
+      credentials: 'same-origin',
     });
   } catch (e) {
     if (e.name === 'AbortError') throw e;
@@ -90,7 +99,7 @@ export function watch(ns, resource, onChange, onState) {
   const run = async () => {
     while (!stopped) {
       try {
-        const res = await fetch(url(`projects/${ns}/${resource}`, { watch: 'true' }), { headers: headers(), signal: ctl.signal, credentials: 'omit' });
+        const res = await fetch(url(`projects/${ns}/${resource}`, { watch: 'true' }), { headers: headers(), signal: ctl.signal, credentials: 'same-origin' });
         if (!res.ok) throw new Error(`watch answered ${res.status}`);
         onState('live');
         const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();

@@ -62,8 +62,11 @@ function App() {
   const [ns, setNs] = useState(api.session().ns);
   const [cluster, setCluster] = useState(sessionStorage.getItem('diskpipe.cluster') || 'host');
   useEffect(() => {
-    if (!api.session().token) { setChecked(true); return; }
-    api.whoami().then((w) => setWho(w.data), () => api.clearSession()).finally(() => setChecked(true));
+    // With no token of the page's, a console that frames the pages may have signed the
+    // user in (its server adding their token): ask. A page of its own shows the sign-in.
+    const console = !api.session().token;
+    if (console && window.parent === window) { setChecked(true); return; }
+    api.whoami().then((w) => setWho({ ...w.data, console }), () => api.clearSession()).finally(() => setChecked(true));
   }, []);
   useEffect(() => {
     const busy = (e) => {
@@ -90,7 +93,7 @@ function App() {
           </label>
         )}
         <span class="who">{t.signedInAs(who.username)} · {ns}</span>
-        <button type="button" onClick={() => { api.clearSession(); setWho(null); }}>{t.signOut}</button>
+        {!who.console && <button type="button" onClick={() => { api.clearSession(); setWho(null); }}>{t.signOut}</button>}
       </header>
       <main key={cluster}>
         {page === 'images' && <Images ns={ns} uploads={uploads} />}

@@ -114,7 +114,9 @@ export function Fieldset({ legend, hint, children }) {
 export function useForm(initial, make) {
   const [f, setF] = useState(initial);
   const [result, setResult] = useState({});
-  const field = (name) => ({ name, value: f[name], onInput: (e) => setF({ ...f, [name]: e.target.value }) });
+  // Each input changes the form as it is then, not as this render saw it: two inputs before
+  // the next render both count.
+  const field = (name) => ({ name, value: f[name], onInput: (e) => { const v = e.target.value; setF((cur) => ({ ...cur, [name]: v })); } });
   const submit = async (e) => {
     e.preventDefault();
     try {

@@ -6,7 +6,7 @@
 // After each piece the hash's state is kept in localStorage with the offset it covers, so a
 // reload, a closed tab or a cut network goes on from the last byte the server acknowledged.
 import { createSHA256, createSHA512 } from 'hash-wasm';
-import { url, tokenHeader, session, ApiError, call } from './api.js';
+import { url, headers, ApiError, call } from './api.js';
 import { t } from './texts.js';
 
 const hashChunk = 8 << 20;
@@ -103,7 +103,7 @@ export class Upload {
       const xhr = new XMLHttpRequest();
       this.xhr = xhr;
       xhr.open('PUT', url(this.path(), { kind: this.kind }));
-      xhr.setRequestHeader(tokenHeader, session().token);
+      for (const [k, v] of Object.entries(headers())) xhr.setRequestHeader(k, v);
       xhr.setRequestHeader('Content-Range', `bytes ${from}-${to - 1}/${this.file.size}`);
       if (digest) xhr.setRequestHeader('Upload-Digest', digest);
       xhr.upload.onprogress = (e) => this.progress(from + e.loaded, 'sending');
