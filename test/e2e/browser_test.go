@@ -339,6 +339,66 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		Expect(b.consoleErrors("net::ERR_INTERNET_DISCONNECTED")).To(BeEmpty(), "only the requests sent while the network was away failed")
 	})
 
+	It("resumes an upload in a tab opened after the tab that began it was closed", func() {
+		small := uploadFile(512 << 20)
+		b := newBrowser(shots)
+		// The first tab: signed in, the upload begun, and closed part-way.
+		tab, closeTab := chromedp.NewContext(b.ctx)
+		Expect(chromedp.Do(tab, chromebrowser.SignIn(url, tokens["uploader"], ns), chromebrowser.Upload("reopened", small))).To(Succeed())
+		var stored int64
+		Eventually(func() int64 {
+			stored = uploadOffset(ns, "reopened", tokens["uploader"])
+			return stored
+		}, 3*time.Minute, 50*time.Millisecond).Should(BeNumerically(">=", int64(64<<20)), "the upload gets under way")
+		closeTab()
+		// The parts read before the cut are still being stored: the offset settles.
+		Eventually(func() int64 {
+			was := stored
+			time.Sleep(500 * time.Millisecond)
+			stored = uploadOffset(ns, "reopened", tokens["uploader"])
+			return stored - was
+		}, time.Minute, 10*time.Millisecond).Should(BeZero())
+		Expect(stored).To(BeNumerically("<", int64(512<<20)), "the upload is not done when its tab is closed")
+		// Another tab of the same browser: a session of its own (signed in again), the same
+		// site's storage, where the closed tab kept its upload's record.
+		again, closeAgain := chromedp.NewContext(b.ctx)
+		defer closeAgain()
+		_, err := chromedp.Call(again, network.Enable, network.EnableParams{})
+		Expect(err).NotTo(HaveOccurred())
+		var mu sync.Mutex
+		var ranges []string
+		go func() {
+			for ev, err := range chromedp.Events(again, network.RequestWillBeSent) {
+				if err != nil {
+					return
+				}
+				if cr, ok := ev.Request.Headers["Content-Range"].(string); ok && ev.Request.Method == "PUT" {
+					mu.Lock()
+					ranges = append(ranges, cr)
+					mu.Unlock()
+				}
+			}
+		}()
+		Expect(chromedp.Do(again, chromebrowser.SignIn(url, tokens["uploader"], ns),
+			chromedp.Navigate(url+"#/uploads"), chromedp.WaitVisible(css(`#uploads-unfinished li[data-name="reopened"]`)))).To(Succeed())
+		prompt, err := chromedp.Run(again, chromedp.Text(css(`#uploads-unfinished li[data-name="reopened"]`)))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(prompt).To(ContainSubstring("Choose " + filepath.Base(small) + " again to resume"))
+		Expect(chromedp.Do(again, chromedp.SetUploadFiles(css(`input[name="resume-reopened"]`), []string{small}), chromebrowser.Done("reopened"))).To(Succeed())
+		done, err := chromedp.Run(again, chromedp.Text(css(`#uploads-running li[data-name="reopened"]`)))
+		Expect(err).NotTo(HaveOccurred())
+		mu.Lock()
+		Expect(ranges).NotTo(BeEmpty())
+		first, _ := strconv.ParseInt(strings.TrimPrefix(strings.SplitN(ranges[0], "-", 2)[0], "bytes "), 10, 64)
+		mu.Unlock()
+		Expect(first).To(Equal(stored), "the reopened tab goes on from the proxy's offset")
+		want := "sha256:" + sha256Of(small)
+		Expect(done).To(ContainSubstring(want))
+		Eventually(phase(ns, "vmimage", "reopened"), 5*time.Minute, time.Second).Should(Equal("Ready Imported"))
+		Expect(kubectl("", "get", "vmimage", "reopened", "-n", ns, "-o", "jsonpath={.status.digest}")).To(Equal(want))
+		kubectl("", "delete", "vmimage", "reopened", "-n", ns, "--wait=false")
+	})
+
 	It("imports from a URL, makes a disk of an image, snapshots and restores it, and downloads its export", func() {
 		b := newBrowser(shots)
 		b.signIn(url, tokens["uploader"], ns)

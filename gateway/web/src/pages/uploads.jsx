@@ -97,7 +97,7 @@ function Resume({ ns, it, rec, uploads }) {
   return (
     <li data-name={name}>
       <label>
-        <strong>{name}</strong>{stored !== null && ` (${t.upload.stored(bytes(stored), rec ? bytes(rec.file.size) : '?')})`}: {rec ? t.upload.resumePick(rec.file.name) : t.upload.noRecord}
+        <strong>{name}</strong>{stored !== null && ` (${t.upload.stored(bytes(stored), rec ? bytes(rec.file.size) : '?')})`}: {rec ? t.upload.resumePick(rec.file.name) : t.upload.noRecord}{' '}
         <input type="file" name={`resume-${name}`} onChange={pick} />
       </label>
       {error && <p class="error" role="alert">{error}</p>}
