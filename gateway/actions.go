@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -19,14 +20,17 @@ var itemVerbs = []string{"get", "update", "delete"}
 
 // hints asks the apiserver, as the caller (SelfSubjectAccessReviews), what they may do with a
 // kind in a namespace, once per pair in a request; an answer it cannot get is a refusal that
-// says so, never a permission. They are hints for a page: the apiserver still decides each
-// request.
+// says so, never a permission. What the namespace refuses, a rule naming objects
+// (resourceNames) may still allow for one of them: those are read once per namespace
+// (SelfSubjectRulesReview) and matched to each object's name. They are hints for a page: the
+// apiserver still decides each request.
 type hints struct {
 	c    client.Client
 	user string
 
-	mu   sync.Mutex
-	seen map[hintKey]action
+	mu    sync.Mutex
+	seen  map[hintKey]action
+	rules map[string][]authorizationv1.ResourceRule // by namespace: the caller's rules that name objects
 }
 
 type hintKey struct {
@@ -35,7 +39,7 @@ type hintKey struct {
 }
 
 func newHints(c client.Client, user string) *hints {
-	return &hints{c: c, user: user, seen: map[hintKey]action{}}
+	return &hints{c: c, user: user, seen: map[hintKey]action{}, rules: map[string][]authorizationv1.ResourceRule{}}
 }
 
 // may says whether the caller may verb k in ns.
@@ -67,11 +71,46 @@ func (h *hints) may(ctx context.Context, verb string, k kind, ns string) action 
 	return a
 }
 
-// of are the item actions the caller may take on k in ns.
-func (h *hints) of(ctx context.Context, k kind, ns string) map[string]action {
+// of are the item actions the caller may take on the object name of k in ns.
+func (h *hints) of(ctx context.Context, k kind, ns, name string) map[string]action {
 	out := map[string]action{}
 	for _, verb := range itemVerbs {
-		out[verb] = h.may(ctx, verb, k, ns)
+		a := h.may(ctx, verb, k, ns)
+		if !a.Allowed && name != "" && h.named(ctx, ns, verb, k, name) {
+			a = action{Allowed: true}
+		}
+		out[verb] = a
 	}
 	return out
 }
+
+// named says whether one of the caller's rules in ns that name objects allows verb on the
+// object name of k.
+func (h *hints) named(ctx context.Context, ns, verb string, k kind, name string) bool {
+	h.mu.Lock()
+	rules, ok := h.rules[ns]
+	h.mu.Unlock()
+	if !ok {
+		r := &authorizationv1.SelfSubjectRulesReview{Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: ns}}
+		if err := h.c.Create(ctx, r); err == nil { // none read: the namespace's refusal stands
+			for _, rule := range r.Status.ResourceRules {
+				if len(rule.ResourceNames) > 0 {
+					rules = append(rules, rule)
+				}
+			}
+		}
+		h.mu.Lock()
+		h.rules[ns] = rules
+		h.mu.Unlock()
+	}
+	gvr := k.gvr()
+	for _, r := range rules {
+		if anyOf(r.Verbs, verb) && anyOf(r.APIGroups, gvr.Group) && anyOf(r.Resources, gvr.Resource) && slices.Contains(r.ResourceNames, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// anyOf says whether a rule's list holds v, or RBAC's wildcard.
+func anyOf(list []string, v string) bool { return slices.Contains(list, v) || slices.Contains(list, "*") }

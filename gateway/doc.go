@@ -13,8 +13,8 @@
 // Answers are the seed's envelope, {data, total, message, traceID, auditID} (answer.go). A
 // refusal keeps the apiserver's status code and reason, and a 403 says in X-Deny-Reason which
 // verb on which resource in which namespace the caller lacks. Each item of a list carries the
-// actions its caller may take on it, asked of the apiserver with SelfSubjectAccessReviews as
-// the caller (actions.go), so a page disables what would fail and says why. Every change
+// actions its caller may take on it, asked of the apiserver with SelfSubjectAccessReviews
+// (and the rules that name objects, with a SelfSubjectRulesReview) as the caller (actions.go), so a page disables what would fail and says why. Every change
 // writes an audit line (user, namespace, operation, object, outcome, traceID, auditID), and
 // every request counts in the gateway's metrics (audit.go).
 package gateway

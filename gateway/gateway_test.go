@@ -366,6 +366,26 @@ func TestListsAndRefusals(t *testing.T) {
 	if c := v.Actions["create DiskVolume"]; c.Allowed || c.Reason == "" {
 		t.Errorf("the viewer's create: %+v", c)
 	}
+	// A rule naming one disk: the hints are that object's, not only the namespace's.
+	must(t, env.Client.Create(t.Context(), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "delete-disk-b", Namespace: ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"diskvolume.kubesphere.io"}, Resources: []string{"diskvolumes"}, ResourceNames: []string{"disk-b"}, Verbs: []string{"delete"}}}}))
+	must(t, env.Client.Create(t.Context(), &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "viewer-delete-disk-b", Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "delete-disk-b"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "viewer", Namespace: ns}}}))
+	byName := map[string]map[string]struct {
+		Allowed bool
+		Reason  string
+	}{}
+	for _, it := range items(f.do(t, "viewer", "GET", "/projects/"+ns+"/disks?kind=DiskVolume", "")) {
+		byName[it.Object.Metadata.Name] = it.Actions
+	}
+	if !byName["disk-b"]["delete"].Allowed || byName["disk-a"]["delete"].Allowed || byName["disk-b"]["update"].Allowed {
+		t.Errorf("the viewer's actions with delete on disk-b alone: %+v", byName)
+	}
+	var one listed
+	if g := f.do(t, "viewer", "GET", "/projects/"+ns+"/disks/disk-b?kind=DiskVolume", ""); json.Unmarshal(g.Data, &one) != nil || !one.Actions["delete"].Allowed {
+		t.Errorf("the viewer's actions on disk-b, got: %s", g.Data)
+	}
 	// The cluster-wide view: each sees what they may read, and nothing else.
 	for caller, want := range map[string]string{"editor": ns + "/disk-a," + ns + "/disk-b", "other": f.ns2 + "/theirs"} {
 		a := f.do(t, caller, "GET", "/disks?kind=DiskVolume&sortBy=name", "")

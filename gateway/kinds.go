@@ -67,6 +67,7 @@ func mapper() meta.RESTMapper {
 	}
 	ssar := authorizationv1.SchemeGroupVersion
 	m.AddSpecific(ssar.WithKind("SelfSubjectAccessReview"), ssar.WithResource("selfsubjectaccessreviews"), ssar.WithResource("selfsubjectaccessreview"), meta.RESTScopeRoot)
+	m.AddSpecific(ssar.WithKind("SelfSubjectRulesReview"), ssar.WithResource("selfsubjectrulesreviews"), ssar.WithResource("selfsubjectrulesreview"), meta.RESTScopeRoot)
 	core := schema.GroupVersion{Version: "v1"}
 	m.AddSpecific(core.WithKind("Namespace"), core.WithResource("namespaces"), core.WithResource("namespace"), meta.RESTScopeRoot)
 	m.AddSpecific(core.WithKind("NamespaceList"), core.WithResource("namespaces"), core.WithResource("namespaces"), meta.RESTScopeRoot)

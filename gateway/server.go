@@ -320,7 +320,7 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 	}
 	for i := range items { // the page's only: each cluster, namespace and kind asked once
 		k, _ := kindNamed(c.kinds, items[i].Kind)
-		items[i].Actions = hints[items[i].Cluster].of(ctx, k, metaString(items[i].Object, "namespace"))
+		items[i].Actions = hints[items[i].Cluster].of(ctx, k, metaString(items[i].Object, "namespace"), metaString(items[i].Object, "name"))
 	}
 	e := envelope{Data: nonNil(items), Total: &total}
 	if len(unreachable) > 0 {
@@ -440,7 +440,7 @@ func (s *Server) get(ctx context.Context, c *call) (int, envelope, error) {
 		return 0, envelope{}, err
 	}
 	h := newHints(c.cl.AsCaller, c.user.Username)
-	return http.StatusOK, envelope{Data: item{Cluster: c.cl.Name, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace)}}, nil
+	return http.StatusOK, envelope{Data: item{Cluster: c.cl.Name, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace, c.r.PathValue("name"))}}, nil
 }
 
 // find reads the object of c's name.
@@ -491,7 +491,7 @@ func (s *Server) createAs(ctx context.Context, c *call, o *unstructured.Unstruct
 		return 0, envelope{}, refusal(err, c.user.Username, "create", k, c.namespace)
 	}
 	h := newHints(c.cl.AsCaller, c.user.Username)
-	return http.StatusCreated, envelope{Data: item{Cluster: c.cl.Name, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace)}}, nil
+	return http.StatusCreated, envelope{Data: item{Cluster: c.cl.Name, Kind: k.gvk.Kind, Object: o.Object, Actions: h.of(ctx, k, c.namespace, o.GetName())}}, nil
 }
 
 // remove deletes the object of c's name, as the caller. With the resource's kinds to choose
