@@ -4,33 +4,44 @@ import (
 	"bytes"
 	"context"
 	"sync"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 
 	"github.com/diskpipe/diskpipe/objectstore/uploads"
 )
 
-// PartsInFlight is how many parts of one upload are held at once: while the parts before it
-// go to the store, the next is read from the client, so the network and the store work
-// together. Each costs a part's buffer (PartSize).
+// PartsInFlight is how many parts of one upload are held at once, at most: while the part
+// before it goes to the store, the next is read from the client, so the network and the store
+// work together. Each costs a part's buffer (PartSize); the second is one of the proxy's
+// SpareParts, when one is spare.
 const PartsInFlight = 2
+
+// storeTimeout bounds storing one part and saving the state after it. It runs apart from the
+// request's context, which the server ends at the body's first failed read (a cut, a client
+// too slow, a later request taking over): a part read whole is stored all the same.
+const storeTimeout = 2 * time.Minute
 
 // parts stores an upload's parts as the request reads them. Each part goes to the store
 // as soon as it is read, beside the parts before it; they are committed in order — hashed,
 // added to the state, the state saved — so the saved offset is always a prefix the store
 // holds, as a resumed upload needs.
 type parts struct {
-	ctx  context.Context
-	s    *Server
-	u    *upload
-	free chan []byte
-	jobs chan *partJob
-	done chan struct{}
-	next int // the number of the next part read
+	ctx  context.Context // the request's: reading waits on it
+	bg   context.Context // storing's: the request's values, not its end
+	stop context.CancelFunc
+	// spare says the upload holds one of the proxy's spare parts, given back at close.
+	spare bool
+	s     *Server
+	u     *upload
+	free  chan []byte
+	jobs  chan *partJob
+	done  chan struct{}
+	next  int // the number of the next part read
 
 	closing sync.Once
 	mu      sync.Mutex
-	err error // the first failure to store or commit a part
+	err     error // the first failure to store or commit a part
 }
 
 type partJob struct {
@@ -40,33 +51,17 @@ type partJob struct {
 	etag   string
 }
 
-// partBuffers keeps part buffers between requests: a browser sends a file in many pieces, a
-// request each, which would otherwise each leave PartsInFlight buffers to the collector.
-var partBuffers sync.Map // part size → *sync.Pool of []byte
-
-func partBuffer(size int64) []byte {
-	pool, _ := partBuffers.LoadOrStore(size, &sync.Pool{})
-	if b, ok := pool.(*sync.Pool).Get().([]byte); ok {
-		return b
-	}
-	return make([]byte, size)
-}
-
-func releasePartBuffer(b []byte) {
-	if b == nil {
-		return
-	}
-	if pool, ok := partBuffers.Load(int64(cap(b))); ok {
-		pool.(*sync.Pool).Put(b[:cap(b)]) //nolint:staticcheck // a slice header's allocation is nothing beside the part it holds
-	}
-}
-
 // storeParts begins storing u's parts after those it has; close ends it.
 func (s *Server) storeParts(ctx context.Context, u *upload) *parts {
-	p := &parts{ctx: ctx, s: s, u: u, free: make(chan []byte, PartsInFlight), jobs: make(chan *partJob, PartsInFlight),
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	p := &parts{ctx: ctx, bg: bg, stop: stop, s: s, u: u, free: make(chan []byte, PartsInFlight), jobs: make(chan *partJob, PartsInFlight),
 		done: make(chan struct{}), next: len(u.Parts) + 1}
-	for range PartsInFlight {
-		p.free <- nil // a buffer is made when first needed
+	p.free <- nil // a buffer is taken when first needed
+	select {
+	case s.spare <- struct{}{}:
+		p.spare = true
+		p.free <- nil
+	default: // none spare: one part at a time
 	}
 	go p.commit()
 	return p
@@ -81,7 +76,7 @@ func (p *parts) buffer() []byte {
 			return nil
 		}
 		if b == nil {
-			b = partBuffer(p.u.PartSize)
+			b = make([]byte, p.u.PartSize)
 		}
 		return b
 	case <-p.done:
@@ -97,7 +92,9 @@ func (p *parts) store(b []byte) {
 	p.next++
 	core := minio.Core{Client: p.s.Store.Client}
 	go func() {
-		part, err := core.PutObjectPart(p.ctx, uploads.Bucket, p.u.key, p.u.UploadID, j.number, bytes.NewReader(b), int64(len(b)), minio.PutObjectPartOptions{})
+		ctx, cancel := context.WithTimeout(p.bg, storeTimeout)
+		defer cancel()
+		part, err := core.PutObjectPart(ctx, uploads.Bucket, p.u.key, p.u.UploadID, j.number, bytes.NewReader(b), int64(len(b)), minio.PutObjectPartOptions{})
 		j.etag = part.ETag
 		j.stored <- err
 	}()
@@ -114,7 +111,9 @@ func (p *parts) commit() {
 			u.sum.Hash.Write(j.buf)
 			u.Parts = append(u.Parts, part{Number: j.number, ETag: j.etag, Size: int64(len(j.buf))})
 			u.Offset += int64(len(j.buf))
-			err = p.s.save(p.ctx, u)
+			ctx, cancel := context.WithTimeout(p.bg, storeTimeout)
+			err = p.s.save(ctx, u)
+			cancel()
 		}
 		if err != nil {
 			p.mu.Lock()
@@ -122,6 +121,9 @@ func (p *parts) commit() {
 				p.err = err
 			}
 			p.mu.Unlock()
+			// A failed PUT's transport may read its body still: that buffer is not reused.
+			p.free <- nil
+			continue
 		}
 		p.free <- j.buf[:cap(j.buf)]
 	}
@@ -139,13 +141,9 @@ func (p *parts) close() error {
 	p.closing.Do(func() {
 		close(p.jobs)
 		<-p.done
-		for { // the buffers back from the store (one the request read into and kept is let go)
-			select {
-			case b := <-p.free:
-				releasePartBuffer(b)
-			default:
-				return
-			}
+		p.stop()
+		if p.spare {
+			<-p.s.spare
 		}
 	})
 	<-p.done

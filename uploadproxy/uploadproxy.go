@@ -67,6 +67,9 @@ const (
 
 // Server is the upload proxy.
 type Server struct {
+	// spare holds a token for each spare part in use (SpareParts).
+	spare chan struct{}
+
 	// Kube reviews tokens and access, and reads images.
 	Kube client.Client
 	// Store holds the uploads.
@@ -80,6 +83,10 @@ type Server struct {
 	// under its memory limit, and one namespace cannot take every slot. A request over either
 	// is answered 503 with Retry-After.
 	MaxWriters, MaxWritersPerNamespace int
+	// SpareParts are the parts' buffers, across the proxy, that let a writer read its next
+	// part while the last goes to the store (default 4): a writer that finds none spare reads
+	// and stores one part at a time, so the proxy holds at most MaxWriters + SpareParts parts.
+	SpareParts int
 	// MinBytesPerSecond is the least rate of an upload's body, over each BodyWindow of
 	// waiting for it (defaults 64 KiB/s, 30 s; see internal/pace): a request slower holds a
 	// writer's slot and a part's memory from others, so it is ended (408), and may resume.
@@ -182,6 +189,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if s.MaxWritersPerNamespace == 0 {
 			s.MaxWritersPerNamespace = 4
 		}
+		if s.SpareParts == 0 {
+			s.SpareParts = 4
+		}
+		s.spare = make(chan struct{}, s.SpareParts)
 		if s.MinBytesPerSecond == 0 {
 			s.MinBytesPerSecond = DefaultMinBytesPerSecond
 		}
