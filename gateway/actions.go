@@ -113,4 +113,6 @@ func (h *hints) named(ctx context.Context, ns, verb string, k kind, name string)
 }
 
 // anyOf says whether a rule's list holds v, or RBAC's wildcard.
-func anyOf(list []string, v string) bool { return slices.Contains(list, v) || slices.Contains(list, "*") }
+func anyOf(list []string, v string) bool {
+	return slices.Contains(list, v) || slices.Contains(list, "*")
+}

@@ -91,6 +91,8 @@ func newMember(name string, data []byte) (*Cluster, error) {
 			return nil, fmt.Errorf("its user %q runs a command or an auth provider for its credentials: give a token or a client certificate inline", n)
 		case a.TokenFile != "" || a.ClientCertificate != "" || a.ClientKey != "":
 			return nil, fmt.Errorf("its user %q names files (tokenFile, client-certificate, client-key): give their contents inline (token, client-certificate-data, client-key-data)", n)
+		case a.Impersonate != "" || a.ImpersonateUID != "" || len(a.ImpersonateGroups) > 0 || len(a.ImpersonateUserExtra) > 0:
+			return nil, fmt.Errorf("its user %q impersonates: the gateway impersonates each caller there, and only them", n)
 		}
 	}
 	for n, c := range kc.Clusters {
@@ -117,6 +119,16 @@ func (s *Server) members() map[string]*Cluster {
 	return out
 }
 
+// brokenMembers are KubeSphere's Clusters not served, each with why, but for names a member
+// registered with the gateway serves.
+func (s *Server) brokenMembers() map[string]string {
+	out := s.KubeSphere.brokenAll()
+	for n := range s.Members {
+		delete(out, n)
+	}
+	return out
+}
+
 // clusterNames are the host's and the members', sorted after the host.
 func (s *Server) clusterNames() []string {
 	names := []string{HostCluster}
@@ -129,14 +141,13 @@ func (s *Server) clusterNames() []string {
 
 // clusterOf is the cluster of ?cluster=: the host when none is named.
 func (s *Server) clusterOf(name string) (*Cluster, error) {
-	switch {
-	case name == "" || name == HostCluster:
+	if name == "" || name == HostCluster {
 		return s.Host, nil
 	}
 	if m := s.members()[name]; m != nil {
 		return m, nil
 	}
-	if why := s.KubeSphere.broken(name); why != "" {
+	if why := s.brokenMembers()[name]; why != "" {
 		return nil, fail(http.StatusServiceUnavailable, "ServiceUnavailable", "the cluster %q is KubeSphere's but cannot be reached from this gateway: %s", name, why)
 	}
 	return nil, fail(http.StatusNotFound, "NotFound", "the cluster %q is not registered with this gateway, which serves %s (and %s for all of them, in a list)",

@@ -1,8 +1,11 @@
 package gateway_test
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -21,7 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/diskpipe/diskpipe/gateway"
+	"github.com/diskpipe/diskpipe/internal/authn"
 	"github.com/diskpipe/diskpipe/test/testenv"
+	"github.com/diskpipe/diskpipe/uploadproxy"
 )
 
 // TestMemberClusters: a second apiserver as a member cluster. A caller reviewed on the host is
@@ -226,7 +231,7 @@ func TestKubeSphereClusters(t *testing.T) {
 		t.Errorf("the editor's disks across KubeSphere's clusters: %d %v %q", a.status, got, a.Message)
 	}
 	for name, why := range map[string]string{
-		"ks-agent":     `its connection (type "proxy") holds no kubeconfig`,
+		"ks-agent":     "reached through KubeSphere's agent (connection type proxy)",
 		"ks-exec":      "runs a command or an auth provider",
 		"ks-tokenfile": "names files (tokenFile",
 	} {
@@ -279,6 +284,16 @@ current-context: c
 	if _, err := gateway.LoadMembers(dir); err == nil || !strings.Contains(err.Error(), "names a CA file") {
 		t.Errorf("a member kubeconfig naming a CA file: %v", err)
 	}
+	must(t, os.WriteFile(filepath.Join(dir, "m.kubeconfig"), []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x, as-groups: [system:masters]}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600))
+	if _, err := gateway.LoadMembers(dir); err == nil || !strings.Contains(err.Error(), `its user "u" impersonates`) {
+		t.Errorf("a member kubeconfig that impersonates: %v", err)
+	}
 }
 
 // TestKubeSphereTokens: behind KubeSphere's APIService a request carries the KubeSphere user's
@@ -306,7 +321,8 @@ func TestKubeSphereTokens(t *testing.T) {
 			"status": map[string]any{"authenticated": true, "user": map[string]any{"username": name, "uid": ""}}})
 	}))
 	t.Cleanup(ks.Close)
-	f := newFixture(t, func(s *gateway.Server) { s.Reviews.Also = &gateway.KubeSphereTokens{URL: ks.URL, Client: ks.Client()} })
+	review := &authn.KubeSphere{URL: ks.URL, Client: ks.Client()}
+	f := newFixture(t, func(s *gateway.Server) { s.Reviews.Also = review }, withUploads(t, func(p *uploadproxy.Server) { p.Tokens = review }))
 	ns := f.ns
 	// What KubeSphere's rolebinding controller writes for a project member: a RoleBinding to
 	// the user's name.
@@ -350,6 +366,33 @@ func TestKubeSphereTokens(t *testing.T) {
 	// whatever X-Remote-User says.
 	if a := do("jwt-nobody", "GET", "/projects/"+ns+"/disks", "", "", "X-Remote-User", "alice", "X-Remote-Group", "system:masters"); a.status != 401 {
 		t.Errorf("a forged X-Remote-User: %d %s", a.status, a.Message)
+	}
+	// alice's upload through the gateway: the proxy has KubeSphere vouch for her too, and
+	// checks her own right to upload.
+	must(t, env.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "upload", Namespace: ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"hypercloud.tmaxanc.com"}, Resources: []string{"virtualmachineimages/upload"}, Verbs: []string{"create"}}}}))
+	must(t, env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "alice-upload", Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "upload"},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "alice"}}}))
+	if a := do("jwt-alice", "POST", "/projects/"+ns+"/uploads", "application/json", uploadImage(ns, "alices-upload")); a.status != 201 {
+		t.Fatalf("alice starts an upload: %d %s", a.status, a.Message)
+	}
+	data := []byte("a KubeSphere user's disk")
+	sum := sha256.Sum256(data)
+	var up answer
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) { // the binding reaches the authorizer a moment later
+		up = do("jwt-alice", "PUT", "/projects/"+ns+"/uploads/alices-upload?kind=VirtualMachineImage", "application/octet-stream", string(data),
+			"Content-Range", fmt.Sprintf("bytes 0-%d/%d", len(data)-1, len(data)), "Upload-Digest", "sha256:"+hex.EncodeToString(sum[:]))
+		if up.status != 403 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if up.status != 201 || !strings.Contains(string(up.Data), `"complete":true`) {
+		t.Errorf("alice's upload: %d %s %s", up.status, up.Message, up.Data)
+	}
+	if b := do("jwt-bob", "PUT", "/projects/"+ns+"/uploads/alices-upload?kind=VirtualMachineImage", "application/octet-stream", string(data),
+		"Content-Range", fmt.Sprintf("bytes 0-%d/%d", len(data)-1, len(data))); b.status != 403 {
+		t.Errorf("bob's piece of alice's upload: %d %s", b.status, b.Message)
 	}
 	// What another site's page could make a browser send: a form, or text/plain.
 	for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", ""} {

@@ -1,30 +1,21 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
-	"net/http"
-	"regexp"
-	"strings"
 	"sync"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-
-	"github.com/diskpipe/diskpipe/internal/authn"
 )
 
 // KubeSphere registers its member clusters as Cluster objects (cluster.kubesphere.io/v1alpha1,
@@ -39,6 +30,9 @@ const KubeSphereHostLabel = "cluster-role.kubesphere.io/host"
 // when the host does not serve it, and after a failed watch.
 var kubesphereRetry = time.Minute
 
+// kubesphereRelist is the least time between two lists of the Clusters.
+const kubesphereRelist = time.Second
+
 // KubeSphereClusters are the member clusters of KubeSphere's Cluster objects, kept up to date
 // by a watch (WatchKubeSphere): a Cluster added is served at once under its name, one
 // deleted is gone. A Cluster the gateway cannot reach itself (an agent's, type proxy, holds
@@ -50,7 +44,6 @@ type KubeSphereClusters struct {
 	members map[string]*Cluster
 	sums    map[string][sha256.Size]byte // of each member's kubeconfig, to keep its clients while it stays
 	why     map[string]string            // the Clusters not served, and why
-	synced  bool
 }
 
 // WatchKubeSphere follows KubeSphere's Cluster objects on the cluster of cfg, read with the
@@ -103,13 +96,39 @@ func (k *KubeSphereClusters) once(ctx context.Context, res dynamic.ResourceInter
 		return err
 	}
 	defer w.Stop()
-	for range w.ResultChan() {
+	began := time.Now()
+	events := w.ResultChan()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-events:
+			if !ok {
+				if time.Since(began) < kubesphereRelist { // a watch that ends at once is not followed at once
+					time.Sleep(kubesphereRelist)
+				}
+				return nil
+			}
+		}
+		// Changes come in bursts (KubeSphere writes a Cluster's status often): one list for all
+		// that come within kubesphereRelist.
+		for quiet := time.After(kubesphereRelist); ; {
+			select {
+			case _, ok := <-events:
+				if ok {
+					continue
+				}
+			case <-quiet:
+			case <-ctx.Done():
+				return nil
+			}
+			break
+		}
 		if list, err = res.List(ctx, metav1.ListOptions{}); err != nil {
 			return err
 		}
 		k.take(list.Items)
 	}
-	return nil
 }
 
 // take makes the members those of items.
@@ -141,7 +160,7 @@ func (k *KubeSphereClusters) take(items []unstructured.Unstructured) {
 			k.log.Warn("KubeSphere member cluster not served", "cluster", n, "reason", w)
 		}
 	}
-	k.members, k.sums, k.why, k.synced = members, sums, why, true
+	k.members, k.sums, k.why = members, sums, why
 	k.mu.Unlock()
 }
 
@@ -149,13 +168,17 @@ func (k *KubeSphereClusters) take(items []unstructured.Unstructured) {
 // kubeconfig stays the same, or a new one.
 func memberOf(it unstructured.Unstructured, was *Cluster, wasSum [sha256.Size]byte) (*Cluster, [sha256.Size]byte, error) {
 	kc, _, _ := unstructured.NestedString(it.Object, "spec", "connection", "kubeconfig")
-	if kc == "" {
-		typ, _, _ := unstructured.NestedString(it.Object, "spec", "connection", "type")
-		return nil, wasSum, fmt.Errorf("its connection (type %q) holds no kubeconfig: a member reached through KubeSphere's agent is reached by ks-apiserver only", typ)
+	switch typ, _, _ := unstructured.NestedString(it.Object, "spec", "connection", "type"); {
+	case typ == "proxy":
+		// Its kubeconfig, which KubeSphere's agent writes, names the member's apiserver as the
+		// member sees it, which from here is another server, or none.
+		return nil, wasSum, fmt.Errorf("it is reached through KubeSphere's agent (connection type proxy), by ks-apiserver only")
+	case kc == "":
+		return nil, wasSum, fmt.Errorf("its connection (type %q) holds no kubeconfig", typ)
 	}
 	data, err := base64.StdEncoding.DecodeString(kc)
 	if err != nil {
-		return nil, wasSum, fmt.Errorf("spec.connection.kubeconfig is not base64: %v", err)
+		return nil, wasSum, fmt.Errorf("spec.connection.kubeconfig is not base64: %w", err)
 	}
 	sum := sha256.Sum256(data)
 	if was != nil && sum == wasSum {
@@ -180,16 +203,6 @@ func (k *KubeSphereClusters) clusters() map[string]*Cluster {
 	return out
 }
 
-// broken is why the Cluster name is not served; "" when it is, or is none.
-func (k *KubeSphereClusters) broken(name string) string {
-	if k == nil {
-		return ""
-	}
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	return k.why[name]
-}
-
 // brokenAll are the Clusters not served, each with why.
 func (k *KubeSphereClusters) brokenAll() map[string]string {
 	out := map[string]string{}
@@ -200,75 +213,4 @@ func (k *KubeSphereClusters) brokenAll() map[string]string {
 	defer k.mu.RUnlock()
 	maps.Copy(out, k.why)
 	return out
-}
-
-// Synced says the Clusters have been read once.
-func (k *KubeSphereClusters) Synced() bool {
-	k.mu.RLock()
-	defer k.mu.RUnlock()
-	return k.synced
-}
-
-// KubeSphereTokens reviews KubeSphere's own tokens (the JWTs ks-apiserver issues its users,
-// which it forwards unchanged to an extension's APIService, and which the Kubernetes
-// apiserver does not know) with ks-apiserver's token review, POST /oauth/authenticate. A user
-// it vouches for is impersonated under their KubeSphere name: KubeSphere writes its project
-// roles as Kubernetes RoleBindings to that name (kind User), so Kubernetes' RBAC decides, as
-// for any caller. The gateway never trusts ks-apiserver's X-Remote-User headers, which any
-// client that reaches the gateway could send.
-type KubeSphereTokens struct {
-	// URL is ks-apiserver's (http://ks-apiserver.kubesphere-system.svc).
-	URL    string
-	Client *http.Client
-}
-
-// kubesphereName is what a KubeSphere user's name is (KubeSphere's own rule); any other name
-// it vouched for — above all system:… or one with a colon, which name Kubernetes' own
-// users, groups and service accounts — is refused rather than impersonated.
-var kubesphereName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,62}[a-z0-9])?$`)
-
-// Review asks ks-apiserver who bears token.
-func (k *KubeSphereTokens) Review(ctx context.Context, token string) (authenticationv1.UserInfo, bool, error) {
-	body, err := json.Marshal(map[string]any{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": map[string]string{"token": token}})
-	if err != nil {
-		return authenticationv1.UserInfo{}, false, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, memberTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(k.URL, "/")+"/oauth/authenticate", bytes.NewReader(body))
-	if err != nil {
-		return authenticationv1.UserInfo{}, false, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := k.Client.Do(req)
-	if err != nil {
-		return authenticationv1.UserInfo{}, false, fmt.Errorf("asking KubeSphere: %w", err)
-	}
-	defer resp.Body.Close()
-	var tr struct {
-		Status struct {
-			Authenticated bool `json:"authenticated"`
-			User          struct {
-				Username string `json:"username"`
-			} `json:"user"`
-		} `json:"status"`
-	}
-	switch {
-	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnauthorized:
-		return authenticationv1.UserInfo{}, false, nil // ks-apiserver's answer to a token it did not issue, or one expired
-	case resp.StatusCode != http.StatusOK:
-		return authenticationv1.UserInfo{}, false, fmt.Errorf("KubeSphere's token review answered %s", resp.Status)
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&tr); err != nil {
-		return authenticationv1.UserInfo{}, false, fmt.Errorf("KubeSphere's token review: %w", err)
-	}
-	name := tr.Status.User.Username
-	if !tr.Status.Authenticated {
-		return authenticationv1.UserInfo{}, false, nil
-	}
-	if !kubesphereName.MatchString(name) {
-		return authenticationv1.UserInfo{}, false, &authn.Error{Status: http.StatusUnauthorized,
-			Message: fmt.Sprintf("KubeSphere vouches for the user %q, a name the gateway does not act as: a KubeSphere user's name is lowercase letters, digits, '-' and '.', and any other (system:…, or one with a colon) would name a Kubernetes user, group or service account", name)}
-	}
-	return authenticationv1.UserInfo{Username: name, Groups: []string{"system:authenticated"}}, true, nil
 }

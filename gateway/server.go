@@ -275,7 +275,7 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 			clusters = append(clusters, m)
 		}
 		slices.SortFunc(clusters[1:], func(a, b *Cluster) int { return strings.Compare(a.Name, b.Name) })
-		maps.Copy(unreachable, s.KubeSphere.brokenAll())
+		maps.Copy(unreachable, s.brokenMembers())
 	}
 	var items []item
 	var left []string
@@ -290,7 +290,7 @@ func (s *Server) list(ctx context.Context, c *call) (int, envelope, error) {
 		case err != nil && !c.all:
 			return 0, envelope{}, err
 		case err != nil:
-			unreachable[cl.Name] = err.Error()
+			unreachable[cl.Name] = clip(err.Error())
 			failed++
 			continue
 		case refusal != nil:
@@ -622,4 +622,14 @@ func kindOr(c *call) kind {
 		return c.kinds[0]
 	}
 	return kind{}
+}
+
+// clip is a member's error as callers see it: what a member's server answered is its own, at
+// most a line's worth.
+func clip(msg string) string {
+	const most = 300
+	if len(msg) <= most {
+		return msg
+	}
+	return strings.ToValidUTF8(msg[:most], "") + "…"
 }

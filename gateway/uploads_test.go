@@ -35,10 +35,13 @@ const partSize = 5 << 20
 
 // withUploads gives the gateway an upload proxy (the real one, on a real store), and lets the
 // editor of the first namespace upload.
-func withUploads(t *testing.T) func(*gateway.Server) {
+func withUploads(t *testing.T, configure ...func(*uploadproxy.Server)) func(*gateway.Server) {
 	t.Helper()
 	store := objectstoretest.Start(t)
 	proxy := &uploadproxy.Server{Kube: env.Client, Store: store.Client(), PartSize: partSize}
+	for _, c := range configure {
+		c(proxy)
+	}
 	srv := httptest.NewServer(proxy)
 	t.Cleanup(srv.Close)
 	return func(s *gateway.Server) { s.Uploads = &gateway.UploadProxy{URL: srv.URL, Client: srv.Client()} }

@@ -103,7 +103,7 @@ func (s *Server) authorize(ctx context.Context, r *http.Request, ns, resource, n
 	if bearer == "" {
 		return caller{}, Fail(http.StatusUnauthorized, "an upload token (%s header, from kubectl diskpipe upload or an UploadTokenRequest) or an Authorization: Bearer <token> header with a Kubernetes token is required", uploadtoken.Header)
 	}
-	s.reviewsOnce.Do(func() { s.reviews = newReviews(s.Kube) })
+	s.reviewsOnce.Do(func() { s.reviews = newReviews(s.Kube, s.Tokens) })
 	user, err := s.reviews.user(ctx, bearer)
 	if err != nil {
 		return caller{}, err

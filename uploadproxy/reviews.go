@@ -21,8 +21,10 @@ const (
 	reviewBurst = authn.DefaultBurst
 )
 
-func newReviews(kube client.Client) *reviews {
-	return &reviews{authn.New(kube, "the proxy")}
+func newReviews(kube client.Client, also authn.Authority) *reviews {
+	r := &reviews{authn.New(kube, "the proxy")}
+	r.Also = also
+	return r
 }
 
 // user is the user bearer authenticates as, or an error that says why not (401), or that the

@@ -34,7 +34,7 @@ func TestReviewsBounded(t *testing.T) {
 			}
 			return nil
 		}}).Build()
-	v := newReviews(c)
+	v := newReviews(c, nil)
 	for range 100 {
 		if u, err := v.user(t.Context(), "good"); err != nil || u.Username != "alice" {
 			t.Fatalf("good: %v %v", u, err)

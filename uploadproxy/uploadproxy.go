@@ -48,6 +48,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/diskpipe/diskpipe/internal/authn"
 	"github.com/diskpipe/diskpipe/internal/pace"
 	"github.com/diskpipe/diskpipe/internal/transfer"
 	"github.com/diskpipe/diskpipe/internal/uploadproto"
@@ -72,6 +73,9 @@ type Server struct {
 
 	// Kube reviews tokens and access, and reads images.
 	Kube client.Client
+	// Tokens, when set, reviews the bearer tokens the apiserver does not know: KubeSphere's
+	// (authn.KubeSphere), whose users upload from the console framed in KubeSphere's.
+	Tokens authn.Authority
 	// Store holds the uploads.
 	Store *objectstore.Client
 	// TokenKey verifies upload tokens; nil accepts only Kubernetes tokens.

@@ -6,10 +6,8 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -25,6 +23,7 @@ import (
 
 	"github.com/diskpipe/diskpipe/gateway"
 	"github.com/diskpipe/diskpipe/gateway/web"
+	"github.com/diskpipe/diskpipe/internal/authn"
 )
 
 // options are the gateway's flags.
@@ -88,11 +87,11 @@ func run(o options, log *slog.Logger) error {
 		}
 	}
 	if o.kubesphereURL != "" {
-		hc, err := httpsClient("--kubesphere-url", o.kubesphereURL, o.kubesphereCA, o.kubesphereHTTP)
+		hc, err := authn.TokenClient("--kubesphere-url", o.kubesphereURL, o.kubesphereCA, o.kubesphereHTTP)
 		if err != nil {
 			return err
 		}
-		s.Reviews.Also = &gateway.KubeSphereTokens{URL: o.kubesphereURL, Client: hc}
+		s.Reviews.Also = &authn.KubeSphere{URL: o.kubesphereURL, Client: hc}
 	}
 	if o.uploadURL != "" {
 		if s.Uploads, err = uploadProxy(o.uploadURL, o.uploadCA, o.uploadHTTP); err != nil {
@@ -151,33 +150,9 @@ func run(o options, log *slog.Logger) error {
 // uploadProxy is the upload proxy at url, its certificate verified with the CA in caFile. The
 // gateway gives it each caller's own token.
 func uploadProxy(url, caFile string, allowHTTP bool) (*gateway.UploadProxy, error) {
-	hc, err := httpsClient("--upload-proxy-url", url, caFile, allowHTTP)
+	hc, err := authn.TokenClient("--upload-proxy-url", url, caFile, allowHTTP)
 	if err != nil {
 		return nil, err
 	}
 	return &gateway.UploadProxy{URL: url, Client: hc}, nil
-}
-
-// httpsClient is a client of the server at url (the flag's), to which the gateway sends its
-// callers' tokens: its certificate verified with the CA in caFile (none: the system's), plain
-// HTTP refused unless allowed, and no redirect followed (the token would go wherever it points).
-func httpsClient(flagName, url, caFile string, allowHTTP bool) (*http.Client, error) {
-	if !strings.HasPrefix(url, "https://") && (!allowHTTP || !strings.HasPrefix(url, "http://")) {
-		return nil, fmt.Errorf("%s %q: the gateway sends it its callers' tokens, so it must be https:// (or http:// with %s-allow-http)", flagName, url, strings.TrimSuffix(flagName, "-url"))
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, err
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s holds no PEM certificate", caFile)
-		}
-		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
-	}
-	return &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
-		return fmt.Errorf("%s answered with a redirect, which the gateway does not follow with its callers' tokens", url)
-	}}, nil
 }

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/diskpipe/diskpipe/internal/authn"
 	"github.com/diskpipe/diskpipe/internal/scheme"
 	"github.com/diskpipe/diskpipe/internal/uploadtoken"
 	"github.com/diskpipe/diskpipe/objectstore"
@@ -37,6 +38,9 @@ func main() {
 		tokenKey  = flag.String("token-secret", "", "NAMESPACE/NAME of the Secret with the key upload tokens are signed with (empty: only Kubernetes tokens are accepted)")
 		minRate   = flag.Int64("min-bytes-per-second", uploadproxy.DefaultMinBytesPerSecond, "the least rate of an upload's body, over each 30 s of waiting for it (slower: ended with 408, to resume)")
 		nsBytes   = flag.String("max-bytes-per-namespace", "0", "bytes a namespace's uploads may keep in the store, as a quantity (\"50Gi\"; 0: only the namespace's ResourceQuotas bound them)")
+		ksURL     = flag.String("kubesphere-url", "", "ks-apiserver's URL, whose token review (/oauth/authenticate) vouches for KubeSphere's tokens, which the apiserver does not know (none: only Kubernetes and upload tokens are taken)")
+		ksCA      = flag.String("kubesphere-ca-file", "", "the PEM CA ks-apiserver's certificate is verified with (none: the system's)")
+		ksHTTP    = flag.Bool("kubesphere-allow-http", false, "allow an http:// --kubesphere-url: every KubeSphere token reviewed then crosses the network in the clear")
 	)
 	var (
 		store    objectstore.ClientConfig
@@ -52,6 +56,14 @@ func main() {
 	}
 	srv := &uploadproxy.Server{PartSize: *partBytes, MaxBytesPerNamespace: limit.Value(), MinBytesPerSecond: *minRate, Log: log}
 	srv.Doors = cdiupload.Doors(srv)
+	if *ksURL != "" {
+		hc, err := authn.TokenClient("--kubesphere-url", *ksURL, *ksCA, *ksHTTP)
+		if err != nil {
+			log.Error("Bad --kubesphere-url", "err", err)
+			os.Exit(2)
+		}
+		srv.Tokens = &authn.KubeSphere{URL: *ksURL, Client: hc}
+	}
 	if err := run(srv, *listen, *certFile, *keyFile, store, credsDir, *tokenKey); err != nil {
 		log.Error("Upload proxy stopped", "err", err)
 		os.Exit(1)

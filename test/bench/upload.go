@@ -98,7 +98,7 @@ func benchUpload(root, work string) error {
 		}
 		// The same file from the console's page in Chromium, through the gateway.
 		name = fmt.Sprintf("bench-browser-%d", i)
-		m, err := page.upload(ctx, name, raw)
+		m, err := page.upload(name, raw)
 		if err != nil {
 			return err
 		}
@@ -186,7 +186,7 @@ subjects: [{kind: ServiceAccount, name: console}]
 // upload uploads file from the page as the image name, and answers the upload's wall time
 // (from the click to the page's "done", which follows the proxy's check of the page's digest)
 // and the peak RSS of the tab's renderer process.
-func (p *consolePage) upload(ctx context.Context, name, file string) (measurement, error) {
+func (p *consolePage) upload(name, file string) (measurement, error) {
 	m := measurement{name: "console page in Chromium", bytes: fileSize(file)}
 	tab := rendererHWM(p.dir)
 	dropCaches()

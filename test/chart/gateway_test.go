@@ -143,7 +143,7 @@ func TestKubeSphere(t *testing.T) {
 	if err := env.InstallKubeSphereCRDs(); err != nil {
 		t.Fatal(err)
 	}
-	objs := render(t, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.kubesphere.enabled=true")
+	objs := render(t, "diskpipe-system", "--set", "gateway.enabled=true", "--set", "gateway.kubesphere.enabled=true", "--set", "gateway.kubesphere.clusters=true")
 	byKind := map[string]*unstructured.Unstructured{}
 	var bundle string
 	for _, o := range objs {
@@ -223,6 +223,11 @@ console.log(JSON.stringify({ deps: registered.deps, path: config.routes[0].path,
 		if !slices.Contains(gw, want) {
 			t.Errorf("no %s in the gateway's %v", want, gw)
 		}
+	}
+	// The upload proxy takes KubeSphere's tokens too: the console's uploads carry them.
+	proxy := deployment(t, objs, "diskpipe-uploadproxy").Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(proxy, "--kubesphere-url=http://ks-apiserver.kubesphere-system.svc") {
+		t.Errorf("the upload proxy reviews no KubeSphere token: %v", proxy)
 	}
 	mgr := deployment(t, objs, "diskpipe-manager").Spec.Template.Spec.Containers[0].Args
 	if !slices.Contains(mgr, "--kubesphere-ca-objects=APIService/v1beta1.virtualization.kubesphere.io,ReverseProxy/diskpipe") {

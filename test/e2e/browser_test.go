@@ -468,8 +468,10 @@ var _ = Describe("the console in a browser", Ordered, func() {
 		DeferCleanup(con.Close)
 		b := newBrowser(shots)
 		// The console's sign-in sets its session cookie; its page frames /proxy/diskpipe/.
-		b.run(chromedp.Navigate(con.URL+"/login?token="+tokens["uploader"]+"&namespace="+ns))
-		inFrame := func(expr string) string { return `(() => { const d = document.querySelector('iframe').contentDocument; return ` + expr + `; })()` }
+		b.run(chromedp.Navigate(con.URL + "/login?token=" + tokens["uploader"] + "&namespace=" + ns))
+		inFrame := func(expr string) string {
+			return `(() => { const d = document.querySelector('iframe').contentDocument; return ` + expr + `; })()`
+		}
 		Eventually(func() string {
 			v, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](inFrame(`d && d.querySelector('header .who') ? d.querySelector('header .who').textContent : ''`)))
 			return v

@@ -266,3 +266,43 @@ sees nothing and renders.
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* KubeSphere's token review, for the servers that take KubeSphere users' tokens (the
+gateway, and the upload proxy its uploads go to): their flags, and the mount and volume of
+ks-apiserver's CA. */}}
+{{- define "diskpipe.kubesphere.reviews" -}}
+{{- if and .Values.gateway.enabled .Values.gateway.kubesphere.enabled .Values.gateway.kubesphere.apiserverURL -}}
+true
+{{- end -}}
+{{- end }}
+
+{{- define "diskpipe.kubesphere.args" -}}
+{{- $ks := .Values.gateway.kubesphere -}}
+{{- if include "diskpipe.kubesphere.reviews" . }}
+- --kubesphere-url={{ $ks.apiserverURL }}
+{{- if hasPrefix "http://" $ks.apiserverURL }}
+- --kubesphere-allow-http
+{{- end }}
+{{- if $ks.apiserverCASecret }}
+- --kubesphere-ca-file=/var/run/diskpipe/kubesphere-ca/ca.crt
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "diskpipe.kubesphere.volumeMounts" -}}
+{{- if and (include "diskpipe.kubesphere.reviews" .) .Values.gateway.kubesphere.apiserverCASecret }}
+- name: kubesphere-ca
+  mountPath: /var/run/diskpipe/kubesphere-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "diskpipe.kubesphere.volumes" -}}
+{{- if and (include "diskpipe.kubesphere.reviews" .) .Values.gateway.kubesphere.apiserverCASecret }}
+- name: kubesphere-ca
+  secret:
+    secretName: {{ .Values.gateway.kubesphere.apiserverCASecret }}
+    items:
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
+{{- end }}

@@ -11,8 +11,17 @@ export const tokenHeader = 'X-Diskpipe-Token';
 // base is where the page was served from: the gateway's root, or a proxy's path to it.
 const base = new URL('.', document.baseURI);
 
+// segment is what each part of a route's path is: a word of the API, or a Kubernetes name.
+// Anything else (a '..', a '%2e', a '?', from a link's ?namespace= or an object's name) would
+// point the request at another path of the page's origin, with the cookie of a console in
+// front: it is refused.
+const segment = /^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$/;
+
 // url is a route's address, in the signed-in cluster (?cluster=; none: the host).
 export function url(path, query) {
+  if (!path.split('/').every((p) => segment.test(p) && !p.includes('..'))) {
+    throw new ApiError(400, `"${path}" is not a path of the gateway's API`, 'BadRequest');
+  }
   const u = new URL(`${prefix}/${path}`, base);
   const cluster = sessionStorage.getItem('diskpipe.cluster');
   for (const [k, v] of Object.entries({ cluster: cluster === 'host' ? '' : cluster, ...(query || {}) })) {
@@ -39,7 +48,7 @@ export class ApiError extends Error {
 
 // A console that frames the pages may name the project: ?namespace=.
 const asked = new URLSearchParams(location.search).get('namespace');
-if (asked) sessionStorage.setItem('diskpipe.namespace', asked);
+if (asked && /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/.test(asked)) sessionStorage.setItem('diskpipe.namespace', asked);
 
 export function session() {
   return { token: sessionStorage.getItem('diskpipe.token') || '', ns: sessionStorage.getItem('diskpipe.namespace') || 'default' };
