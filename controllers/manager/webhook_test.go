@@ -261,13 +261,7 @@ func TestLeafFailureKeepsBundle(t *testing.T) {
 	ctx := t.Context()
 	ns, err := env.CreateNamespace(ctx, "leaf")
 	g.Expect(err).NotTo(HaveOccurred())
-	cfg := admission.Configuration(ns, "diskpipe-manager", nil)
-	cfg.Name = "diskpipe-leaf-" + ns
-	for i := range cfg.Webhooks {
-		cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/none")}
-		cfg.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"no-such": "namespace"}}
-	}
-	g.Expect(env.Client.Create(ctx, cfg)).To(Succeed())
+	cfg := inertConfiguration(t, ns, "diskpipe-leaf-"+ns)
 	held := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "held", Namespace: ns}, Immutable: ptr.To(true), Data: map[string][]byte{"other": []byte("x")}}
 	g.Expect(env.Client.Create(ctx, held)).To(Succeed())
 	keeper := admission.CertKeeper{Client: env.Client, Reader: env.Client, Namespace: ns, SecretName: "webhook-cert",
@@ -291,13 +285,7 @@ func TestKubeSphereCABundle(t *testing.T) {
 	g.Expect(env.InstallKubeSphereCRDs()).To(Succeed())
 	ns, err := env.CreateNamespace(ctx, "ks")
 	g.Expect(err).NotTo(HaveOccurred())
-	cfg := admission.Configuration(ns, "diskpipe-manager", nil)
-	cfg.Name = "diskpipe-ks-" + ns
-	for i := range cfg.Webhooks {
-		cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/none")}
-		cfg.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"no-such": "namespace"}}
-	}
-	g.Expect(env.Client.Create(ctx, cfg)).To(Succeed())
+	cfg := inertConfiguration(t, ns, "diskpipe-ks-"+ns)
 	objs := map[string]string{
 		"APIService": `{"apiVersion":"extensions.kubesphere.io/v1alpha1","kind":"APIService","metadata":{"name":"v1beta1.virtualization.kubesphere.io"},
 			"spec":{"group":"virtualization.kubesphere.io","version":"v1beta1","url":"https://diskpipe-gateway.diskpipe-system.svc:443"}}`,
@@ -335,4 +323,18 @@ func TestKubeSphereCABundle(t *testing.T) {
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: "diskpipe"}, rp)).To(Succeed())
 	url, _, _ := unstructured.NestedString(rp.Object, "spec", "upstream", "url")
 	g.Expect(url).To(Equal("https://diskpipe-gateway.diskpipe-system.svc:443"))
+}
+
+// inertConfiguration is a webhook configuration of the manager's webhooks, named name, that
+// calls nothing: only its caBundle is kept.
+func inertConfiguration(t *testing.T, ns, name string) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	t.Helper()
+	cfg := admission.Configuration(ns, "diskpipe-manager", nil)
+	cfg.Name = name
+	for i := range cfg.Webhooks {
+		cfg.Webhooks[i].ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/none")}
+		cfg.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"no-such": "namespace"}}
+	}
+	NewWithT(t).Expect(env.Client.Create(t.Context(), cfg)).To(Succeed())
+	return cfg
 }
