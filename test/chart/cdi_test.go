@@ -7,10 +7,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -245,4 +249,67 @@ func cdiv1hook(ns, service string) *admissionregistrationv1.MutatingWebhookConfi
 		want.Webhooks[i].ClientConfig.Service.Port = ptr.To[int32](443)
 	}
 	return want
+}
+
+// TestCloneSourcer: CDI's clone-sourcer ClusterRole (CDI v1.66's
+// pkg/operator/resources/cluster/rbac.go), which manifests written for CDI bind in a source's
+// namespace, is there with CDI's API: create on datavolumes/source and nothing else, aggregated
+// nowhere; bound in a namespace it consents to clones from there only.
+func TestCloneSourcer(t *testing.T) {
+	ctx := t.Context()
+	for _, o := range render(t, "diskpipe-system") {
+		if o.GetName() == "cdi.kubevirt.io:clone-sourcer" {
+			t.Error("the default values render CDI's clone-sourcer role")
+		}
+	}
+	var role *rbacv1.ClusterRole
+	for _, o := range render(t, "diskpipe-system", "--set", "cdi.compatibility.enabled=true") {
+		if o.GetKind() == "ClusterRole" && o.GetName() == "cdi.kubevirt.io:clone-sourcer" {
+			role = &rbacv1.ClusterRole{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, role); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if role == nil {
+		t.Fatal("no ClusterRole cdi.kubevirt.io:clone-sourcer with cdi.compatibility.enabled")
+	}
+	want := []rbacv1.PolicyRule{{APIGroups: []string{"cdi.kubevirt.io"}, Resources: []string{"datavolumes/source"}, Verbs: []string{"create"}}}
+	if !reflect.DeepEqual(role.Rules, want) {
+		t.Errorf("the clone-sourcer's rules: %+v", role.Rules)
+	}
+	for k := range role.Labels {
+		if strings.HasPrefix(k, "rbac.authorization.k8s.io/aggregate-to-") {
+			t.Errorf("the clone-sourcer is aggregated: %s", k)
+		}
+	}
+	role.ResourceVersion = ""
+	if err := env.Client.Create(ctx, role); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"golden", "elsewhere"} {
+		if err := env.EnsureNamespace(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := env.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "sam-clone-sourcer", Namespace: "golden"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "sam"}}}); err != nil {
+		t.Fatal(err)
+	}
+	may := func(ns string) bool {
+		attrs := authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Group: "cdi.kubevirt.io", Resource: "datavolumes", Subresource: "source", Name: "golden-disk"}
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: "sam", ResourceAttributes: &attrs}}
+		if err := env.Client.Create(ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		return sar.Status.Allowed
+	}
+	deadline := time.Now().Add(10 * time.Second) // RBAC learns a binding a moment after it is made
+	for !may("golden") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !may("golden") || may("elsewhere") {
+		t.Errorf("sam, bound to the clone-sourcer in golden, may clone from golden: %v, from elsewhere: %v", may("golden"), may("elsewhere"))
+	}
 }
