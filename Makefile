@@ -112,9 +112,9 @@ IMAGE_BINS    := manager importer exporter uploadproxy objectstore gateway
 IMAGE_GOARCH  ?= $(shell go env GOARCH)
 
 # The importer links libdeflate (Debian's libdeflate-dev) through cgo to inflate compressed qcow2
-# clusters. Every binary is linked statically, with Go's own resolver and user lookup, so the
-# image holds nothing but the binaries; they are built as the tests' are (GOFLAGS above), so a
-# fresh machine compiles the dependencies once.
+# clusters, and liblzma (liblzma-dev) to decode xz. Every binary is linked statically, with Go's
+# own resolver and user lookup, so the image holds nothing but the binaries; they are built as
+# the tests' are (GOFLAGS above), so a fresh machine compiles the dependencies once.
 .PHONY: image
 image: setup web $(BIN)/image ## Build diskpipe's image (no Docker, no base image; reproducible) as an OCI archive: bin/diskpipe-image.tar.
 	CGO_ENABLED=1 GOOS=linux GOARCH=$(IMAGE_GOARCH) go build -trimpath -tags netgo,osusergo \
@@ -202,7 +202,7 @@ fuzz: setup ## Run each fuzz target for FUZZTIME (default 60000x executions); fo
 	done
 
 .PHONY: bench-import
-bench-import: setup build ## Import a 4 GiB qcow2 over HTTP beside curl and qemu-img; prints the ratios.
+bench-import: setup build ## Import a 4 GiB qcow2 (and gzip, xz, zstd, a VM artifact) over HTTP beside curl and qemu-img; prints the ratios.
 	go run ./test/bench import
 
 .PHONY: bench-copy

@@ -10,13 +10,13 @@ set -euo pipefail
 # qemu-system-x86, syslinux, mtools and dosfstools make and boot the tests' bootable disk (test/bootdisk);
 # its kernel and busybox are fetched as .deb files (apt-get download), never installed. tmux runs
 # kubectl diskpipe in a real terminal in the end-to-end suite.
-# gcc, libc6-dev and libdeflate-dev build the importer's libdeflate inflater (cgo; `file` checks
-# the image's importer is static); nginx-light serves `make bench-import`'s image as a mirror would; getcap (libcap2-bin) reads
+# gcc, libc6-dev, libdeflate-dev and liblzma-dev build the importer's libdeflate inflater and
+# liblzma xz decoder (cgo; `file` checks the image's importer is static); nginx-light serves `make bench-import`'s image as a mirror would; getcap (libcap2-bin) reads
 # the file capabilities hack/image gives. chromium (and a font) runs the console's pages in the
 # browser tests, headless.
 packages=(qemu-utils awscli e2fsprogs xz-utils zstd curl util-linux docker-registry ca-certificates
   qemu-system-x86 syslinux syslinux-common mtools dosfstools tmux
-  gcc libc6-dev libdeflate-dev file nginx-light libcap2-bin chromium fonts-dejavu-core)
+  gcc libc6-dev libdeflate-dev liblzma-dev file nginx-light libcap2-bin chromium fonts-dejavu-core)
 if [ "${1:-}" = cluster ]; then
   packages+=(containerd runc iptables conntrack iproute2 socat ethtool xfsprogs ipset)
 fi

@@ -45,7 +45,7 @@ func benchExport(root, work string) error {
 		{"qcow2", "none", []string{"-O", "qcow2"}},
 		{"qcow2 compressed (zlib)", "zlib", []string{"-O", "qcow2", "-c"}},
 	} {
-		if only := os.Getenv("BENCH_ONLY"); only != "" && only != v.compression {
+		if !benchOnly(v.compression) {
 			continue
 		}
 		fmt.Printf("\n%s:\n", v.name)
