@@ -104,5 +104,7 @@ func golden(pvc *corev1.PersistentVolumeClaim) bool {
 	case !goldenimage.IsPVCName(pvc.Name):
 		return false
 	}
-	return ref == nil || (ref.Kind != "DiskVolume" && ref.Kind != "VirtualMachinePvc") || !owned.Marked("PersistentVolumeClaim", pvc, ref.UID)
+	// A disk's claim is marked for the disk, which controls it or owns it beside its own
+	// controller (a DataVolume's claim).
+	return owned.MadeFor("PersistentVolumeClaim", pvc, "DiskVolume", "VirtualMachinePvc") == nil
 }

@@ -149,6 +149,8 @@ func setupDataSources(mgr ctrl.Manager) error {
 	r := &SourceReconciler{Client: mgr.GetClient()}
 	return ctrl.NewControllerManagedBy(mgr).Named("datasource").For(&cdiv1.DataSource{}).
 		Watches(&corev1.PersistentVolumeClaim{}, enqueue(r, &cdiv1.DataSourceList{}, indexSource, "PersistentVolumeClaim/")).
+		// A DataVolume's claim, of its name, is ready once the DataVolume has Succeeded.
+		Watches(&cdiv1.DataVolume{}, enqueue(r, &cdiv1.DataSourceList{}, indexSource, "PersistentVolumeClaim/")).
 		Watches(&snapshotv1.VolumeSnapshot{}, enqueue(r, &cdiv1.DataSourceList{}, indexSource, "VolumeSnapshot/")).
 		Watches(&cdiv1.DataSource{}, enqueue(r, &cdiv1.DataSourceList{}, indexSource, "DataSource/")).Complete(r)
 }

@@ -479,6 +479,8 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	switch {
 	case owner != nil && owner.Kind == "DiskVolume" && owner.Name == dv.Name:
 		return false, nil // diskpipe makes it for this DataVolume (its DiskVolume waits for an earlier one's)
+	case owner != nil && owner.UID == dv.UID && madeByDisk(pvc, dv):
+		return false, nil // the DataVolume's DiskVolume makes it, under the DataVolume
 	case owner != nil && owner.UID == dv.UID:
 		return !cdiclaims.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
 	case !pvc.DeletionTimestamp.IsZero():
@@ -500,6 +502,13 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	}
 	r.Events.Eventf(dv, pvc, corev1.EventTypeNormal, "ClaimAdopted", "Adopt", "Took PVC %s, which exists already, as the DataVolume's disk", pvc.Name)
 	return true, nil
+}
+
+// madeByDisk says whether pvc is the claim dv's DiskVolume makes (or made): it is marked for a
+// DiskVolume of dv's name that owns it.
+func madeByDisk(pvc *corev1.PersistentVolumeClaim, dv *cdiv1.DataVolume) bool {
+	ref := owned.MadeFor("PersistentVolumeClaim", pvc, "DiskVolume")
+	return ref != nil && ref.Name == dv.Name
 }
 
 // prePopulated looks at the claim of a DataVolume whose claim is already whole, and takes it

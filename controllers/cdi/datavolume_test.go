@@ -18,6 +18,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -144,10 +145,50 @@ func TestDataVolume(t *testing.T) {
 	pvc := &corev1.PersistentVolumeClaim{}
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "data"}, pvc)).To(Succeed())
 	g.Expect(pvc.Status.Phase).NotTo(Equal(corev1.ClaimBound), "the claim waits, unbound, for the whole disk")
+	// As under CDI, the DataVolume controls its claim (KubeVirt finds the DataVolume of a VM's
+	// claim so); its DiskVolume owns it beside, and goes first. The prime is the DiskVolume's.
+	g.Expect(metav1.IsControlledBy(pvc, dv)).To(BeTrue(), "the DataVolume controls its claim: %v", pvc.OwnerReferences)
+	g.Expect(pvc.OwnerReferences).To(ContainElement(metav1.OwnerReference{APIVersion: diskvolume.GroupVersion.String(), Kind: "DiskVolume",
+		Name: "data", UID: d.UID, BlockOwnerDeletion: ptr.To(true)}))
+	prime := &corev1.PersistentVolumeClaim{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: disk.PrimeName(d.UID)}, prime)).To(Succeed())
+	g.Expect(metav1.IsControlledBy(prime, d)).To(BeTrue(), "the DiskVolume controls the prime it fills: %v", prime.OwnerReferences)
+	// A DataSource of the DataVolume's claim is ready once the DataVolume has succeeded.
+	ds := &cdiv1.DataSource{ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: ns},
+		Spec: cdiv1.DataSourceSpec{Source: cdiv1.DataSourceSource{PVC: &cdiv1.DataVolumeSourcePVC{Namespace: ns, Name: "data"}}}}
+	g.Expect(env.Client.Create(ctx, ds)).To(Succeed())
+	dsReady := func() string {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(ds), ds); err != nil || len(ds.Status.Conditions) == 0 {
+			return fmt.Sprint(err)
+		}
+		return string(ds.Status.Conditions[0].Status) + " " + ds.Status.Conditions[0].Reason
+	}
+	g.Eventually(dsReady, 20*time.Second).Should(Equal("False NotReady"))
 	ctrltest.Fill(t, env, ns, disk.PrimeName(d.UID), pod, "data", transfer.Result{Format: "raw", VirtualSize: 1 << 30})
 	g.Eventually(dvState(t, dv), 20*time.Second).Should(Equal("Succeeded 100.0% Bound=True:Bound Ready=True: Running=False:Completed"))
+	g.Eventually(dsReady, 20*time.Second).Should(Equal("True Ready"))
 	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "data"}, pvc)).To(Succeed())
 	g.Expect(pvc.Status.Phase).To(Equal(corev1.ClaimBound))
+
+	// The DiskVolume deleted on its own: the claim stays with the DataVolume, and with its data;
+	// the DiskVolume the DataVolume makes again says so, and does not touch it.
+	g.Expect(env.Client.Delete(ctx, d)).To(Succeed())
+	again := &diskvolume.DiskVolume{}
+	g.Eventually(func() bool {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "data"}, again) == nil && again.UID != d.UID
+	}, 20*time.Second).Should(BeTrue(), "the DataVolume makes its DiskVolume again")
+	g.Eventually(func() string {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(again), again)).To(Succeed())
+		if c := meta.FindStatusCondition(again.Status.Conditions, common.ConditionReady); c != nil {
+			return string(again.Status.Phase) + " " + c.Reason + ": " + c.Message
+		}
+		return string(again.Status.Phase)
+	}, 20*time.Second).Should(Equal("Failed NameTaken: the PVC data of DataVolume data was made by an earlier DiskVolume of this name, deleted on its own, " +
+		"and is kept with its data: delete the DataVolume to delete its PVC with it, or delete the PVC to have the disk made again"))
+	kept := &corev1.PersistentVolumeClaim{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "data"}, kept)).To(Succeed())
+	g.Expect(kept.UID).To(Equal(pvc.UID))
+	g.Expect(kept.Spec.VolumeName).To(Equal(pvc.Spec.VolumeName))
 
 	exact := dataVolume(ns, "exact", &cdiv1.DataVolumeSource{Blank: &cdiv1.DataVolumeBlankImage{}}, "2Gi")
 	exact.Spec.PVC, exact.Spec.Storage = &corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},

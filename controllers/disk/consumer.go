@@ -81,7 +81,7 @@ func (r *Reconciler) deferToConsumer(ctx context.Context, d *vmDisk, p *plan, pv
 	// an upgrade, or before its bind-immediately annotation was removed, is not deferred midway).
 	for _, name := range []string{pvcName, PrimeName(d.obj.GetUID())} {
 		pvc := &corev1.PersistentVolumeClaim{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err == nil && metav1.IsControlledBy(pvc, d.obj) {
+		if err := r.Get(ctx, client.ObjectKey{Namespace: d.obj.GetNamespace(), Name: name}, pvc); err == nil && owned.Controls(d.obj, pvc) {
 			if name == pvcName && Deferred(pvc) {
 				p.deferredHow = deferredHow(d, p, byPod)
 				return true, nil

@@ -124,7 +124,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			return err
 		}
 		err = ctrl.NewControllerManagedBy(mgr).Named(k.name).For(k.kind).
-			Owns(&corev1.Pod{}).Owns(&corev1.PersistentVolumeClaim{}).
+			// A disk hears of its PVCs, its own claim too where that is controlled by the
+			// disk's controller (claimController).
+			Owns(&corev1.Pod{}).Watches(&corev1.PersistentVolumeClaim{}, handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), k.kind)).
 			Watches(&corev1.Pod{}, hostcopy.Wakes(gvk.Kind)).
 			Watches(&hypercloud.VirtualMachineImage{}, toDisks(func(o client.Object) string {
 				return imageKey(goldenimage.KindVirtualMachineImage, o.GetNamespace(), o.GetName())

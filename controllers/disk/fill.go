@@ -39,13 +39,13 @@ func (r *Reconciler) fill(ctx context.Context, d *vmDisk, p *plan, spec importpo
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
-	if final != nil && !metav1.IsControlledBy(final, d.obj) {
+	if final != nil && !owned.Controls(d.obj, final) {
 		// Not this disk's, and never used: an earlier disk's of the name, still being deleted
 		// (a pod still uses it), or another's.
 		if final.DeletionTimestamp != nil {
 			return r.nameTaken(d, &owned.ErrTerminating{Kind: "PersistentVolumeClaim", Name: name})
 		}
-		return r.nameTaken(d, &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: name})
+		return r.nameTaken(d, notOwnedClaim(d, final))
 	}
 	primeName := PrimeName(d.obj.GetUID())
 	switch {
@@ -125,7 +125,7 @@ func (r *Reconciler) ensurePreBound(ctx context.Context, d *vmDisk, prime *corev
 		Labels: maps.Clone(prime.Labels), Annotations: map[string]string{AnnotationPrime: prime.Name}},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: prime.Spec.AccessModes, Resources: prime.Spec.Resources,
 			StorageClassName: prime.Spec.StorageClassName, VolumeMode: prime.Spec.VolumeMode, VolumeName: prime.Spec.VolumeName}}
-	if err := owned.Create(ctx, r.Client, d.obj, pvc); err != nil {
+	if err := r.createClaim(ctx, d, pvc); err != nil {
 		return nil, err
 	}
 	return pvc, nil

@@ -1,12 +1,15 @@
 package disk
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	common "github.com/diskpipe/diskpipe/apis/common/v1alpha1"
 	diskvolume "github.com/diskpipe/diskpipe/apis/diskvolume/v1alpha1"
 	hypercloud "github.com/diskpipe/diskpipe/apis/hypercloud/v1alpha1"
 	"github.com/diskpipe/diskpipe/controllers/goldenimage"
+	"github.com/diskpipe/diskpipe/controllers/internal/owned"
 	"github.com/diskpipe/diskpipe/controllers/internal/status"
 )
 
@@ -54,6 +57,26 @@ func fromDiskVolume(o client.Object) *vmDisk {
 		d.blank = true
 	}
 	return d
+}
+
+// claimsGoUnder are the kinds whose DiskVolumes' claims they control, as CDI's DataVolume
+// controls its claim (KubeVirt reads a claim's controller to find its DataVolume: whether the
+// disk is populated, its content type, its in-place restore).
+var claimsGoUnder = map[schema.GroupKind]bool{{Group: "cdi.kubevirt.io", Kind: "DataVolume"}: true}
+
+// claimController is the controller of the disk's own claim other than the disk: the disk's
+// controller, when the disk is a DiskVolume made (and marked) for an object of claimsGoUnder;
+// nil when the disk controls its claim itself.
+func (d *vmDisk) claimController() *metav1.OwnerReference {
+	ref := metav1.GetControllerOf(d.obj)
+	if _, ok := d.obj.(*diskvolume.DiskVolume); !ok || ref == nil {
+		return nil
+	}
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	if err != nil || !claimsGoUnder[gv.WithKind(ref.Kind).GroupKind()] || !owned.Marked("DiskVolume", d.obj, ref.UID) {
+		return nil
+	}
+	return ref
 }
 
 func retryOf(r *common.RetryLimit) common.RetryLimit {

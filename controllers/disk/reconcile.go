@@ -207,10 +207,38 @@ func (r *Reconciler) ensurePVC(ctx context.Context, d *vmDisk, name string, p *p
 	if node := d.obj.GetAnnotations()[storage.AnnotationSelectedNode]; node != "" {
 		pvc.Annotations = map[string]string{storage.AnnotationSelectedNode: node}
 	}
-	if err := owned.Create(ctx, r.Client, d.obj, pvc); err != nil {
+	if err := r.createClaim(ctx, d, pvc); err != nil {
 		return nil, err
 	}
 	return pvc, nil
+}
+
+// createClaim makes pvc, one of the disk's PVCs, unless it exists (owned.Create); the disk's
+// own claim goes under its claimController, where it has one.
+func (r *Reconciler) createClaim(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
+	if above := d.claimController(); above != nil && pvc.Name == d.obj.GetName() {
+		err := owned.CreateUnder(ctx, r.Client, d.obj, *above, pvc)
+		if errors.As(err, new(*owned.ErrNotOwned)) {
+			return notOwnedClaim(d, pvc)
+		}
+		return err
+	}
+	return owned.Create(ctx, r.Client, d.obj, pvc)
+}
+
+// notOwnedClaim is the refusal of pvc, which holds the name of the disk's own claim and is not
+// the disk's. A claim under the disk's controller that an earlier disk of its name made (a
+// DataVolume's DiskVolume deleted on its own, which the DataVolume made again) is kept, with
+// whatever its VM wrote: the refusal says so, and what to do.
+func notOwnedClaim(d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
+	err := &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name}
+	above, ctl := d.claimController(), metav1.GetControllerOf(pvc)
+	if earlier := owned.MadeFor("PersistentVolumeClaim", pvc, "DiskVolume"); above != nil && ctl != nil && ctl.UID == above.UID &&
+		earlier != nil && earlier.Name == d.obj.GetName() && earlier.UID != d.obj.GetUID() {
+		err.Why = fmt.Sprintf("the PVC %s of %s %s was made by an earlier DiskVolume of this name, deleted on its own, and is kept with its data: "+
+			"delete the %s to delete its PVC with it, or delete the PVC to have the disk made again", pvc.Name, above.Kind, above.Name, above.Kind)
+	}
+	return err
 }
 
 // waitForBinding finishes a disk the storage system makes: Ready once its PVC is bound, or

@@ -27,8 +27,8 @@ func (r *Reconciler) clones(ctx context.Context, g *goldenImage) ([]corev1.Persi
 	}
 	var out []corev1.PersistentVolumeClaim
 	for _, pvc := range list.Items {
-		ref := metav1.GetControllerOf(&pvc)
-		if ref == nil || !owned.Marked("PersistentVolumeClaim", &pvc, ref.UID) {
+		ref := owned.MadeFor("PersistentVolumeClaim", &pvc, "VirtualMachinePvc", "DiskVolume")
+		if ref == nil {
 			continue
 		}
 		kind, ns, name, err := r.diskInProgress(ctx, pvc.Namespace, ref)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -126,7 +127,31 @@ func Marked(kind string, obj client.Object, owner types.UID) bool {
 }
 
 // Mine reports whether obj, of kind, read from the cluster, is a child diskpipe made for
-// owner: controlled by owner, and Marked for it.
+// owner: Controlled by owner, and Marked for it.
 func Mine(kind string, obj, owner client.Object) bool {
-	return metav1.IsControlledBy(obj, owner) && Marked(kind, obj, owner.GetUID())
+	return Controls(owner, obj) && Marked(kind, obj, owner.GetUID())
+}
+
+// Controls reports whether owner controls obj: as its controller, or as an owner of obj beside
+// obj's controller when that is owner's own controller (a child made with CreateUnder).
+func Controls(owner, obj client.Object) bool {
+	if metav1.IsControlledBy(obj, owner) {
+		return true
+	}
+	above, ctl := metav1.GetControllerOf(owner), metav1.GetControllerOf(obj)
+	return above != nil && ctl != nil && above.UID == ctl.UID && slices.ContainsFunc(obj.GetOwnerReferences(), func(r metav1.OwnerReference) bool {
+		return r.UID == owner.GetUID()
+	})
+}
+
+// MadeFor is the owner, among obj's ownerReferences (its controller or another), of one of
+// kinds that obj, of kind, is Marked for: the object diskpipe made obj for; nil when there is
+// none.
+func MadeFor(kind string, obj client.Object, kinds ...string) *metav1.OwnerReference {
+	for _, r := range obj.GetOwnerReferences() {
+		if slices.Contains(kinds, r.Kind) && Marked(kind, obj, r.UID) {
+			return &r
+		}
+	}
+	return nil
 }

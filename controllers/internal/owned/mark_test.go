@@ -68,3 +68,50 @@ func TestMarks(t *testing.T) {
 		t.Error("a mark under another key is taken")
 	}
 }
+
+// TestUnderController: a child made under its owner's controller (CreateUnder's) is its
+// owner's, when it lists the owner beside that controller and carries the owner's mark; not
+// when its controller is another, when it does not list the owner, or when it is unmarked.
+// MadeFor finds the marked owner among its references.
+func TestUnderController(t *testing.T) {
+	since := time.Now()
+	UseKey([]byte("the key of this test"), since)
+	controller := metav1.OwnerReference{APIVersion: "cdi.kubevirt.io/v1beta1", Kind: "DataVolume", Name: "root", UID: "dv-uid", Controller: ptr.To(true)}
+	disk := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: "a", UID: "disk-uid",
+		OwnerReferences: []metav1.OwnerReference{controller}}}
+	plain := metav1.OwnerReference{APIVersion: "v1", Kind: "PersistentVolumeClaim", Name: "root", UID: "disk-uid"}
+	claim := func(refs ...metav1.OwnerReference) *corev1.PersistentVolumeClaim {
+		c := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "root", Namespace: "a", CreationTimestamp: metav1.NewTime(since.Add(time.Minute)),
+			OwnerReferences: refs}}
+		Stamp("PersistentVolumeClaim", c, disk.UID)
+		return c
+	}
+	if c := claim(controller, plain); !Controls(disk, c) || !Mine("PersistentVolumeClaim", c, disk) {
+		t.Fatal("a claim under the disk's controller, owned by the disk, is not the disk's")
+	}
+	if ref := MadeFor("PersistentVolumeClaim", claim(controller, plain), "PersistentVolumeClaim"); ref == nil || ref.UID != disk.UID {
+		t.Fatalf("MadeFor answers %v, not the disk", ref)
+	}
+	another := controller
+	another.UID = "another-dv"
+	for what, c := range map[string]*corev1.PersistentVolumeClaim{
+		"controlled by another object":        claim(another, plain),
+		"not listing the disk":                claim(controller),
+		"listing the disk with no controller": claim(plain),
+	} {
+		if Controls(disk, c) || Mine("PersistentVolumeClaim", c, disk) {
+			t.Errorf("a claim %s is taken as the disk's", what)
+		}
+	}
+	unmarked := claim(controller, plain)
+	unmarked.Annotations = nil
+	if !Controls(disk, unmarked) || Mine("PersistentVolumeClaim", unmarked, disk) {
+		t.Error("an unmarked claim under the disk's controller is taken as the disk's (or not seen as under it)")
+	}
+	if MadeFor("PersistentVolumeClaim", unmarked, "PersistentVolumeClaim") != nil {
+		t.Error("MadeFor names the owner of an unmarked claim")
+	}
+	if MadeFor("PersistentVolumeClaim", claim(controller, plain), "DiskVolume") != nil {
+		t.Error("MadeFor names an owner of a kind it was not asked for")
+	}
+}

@@ -6,15 +6,24 @@ import (
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 )
 
 // ErrNotOwned means an object of the child's name exists and diskpipe did not make it for
 // this owner (another controls it, or it carries no mark of diskpipe's).
-type ErrNotOwned struct{ Kind, Name string }
+type ErrNotOwned struct {
+	Kind, Name string
+	// Why, when set, says what the object is and what to do, instead of the default words.
+	Why string
+}
 
 func (e *ErrNotOwned) Error() string {
+	if e.Why != "" {
+		return e.Why
+	}
 	return fmt.Sprintf("a %s named %s already exists and was not made by diskpipe for this object; delete it and diskpipe makes it again", e.Kind, e.Name)
 }
 
@@ -55,12 +64,34 @@ func Put(ctx context.Context, c client.Client, owner, obj client.Object) error {
 	return nil
 }
 
+// CreateUnder is Create for a child that goes with owner's controller, above, as under CDI
+// (a DataVolume's claim, made by its DiskVolume): the child is controlled by above, and owned
+// by owner beside it; it is marked for owner, and Controls (mark.go) takes it as owner's.
+func CreateUnder(ctx context.Context, c client.Client, owner client.Object, above metav1.OwnerReference, obj client.Object) error {
+	if ctl := metav1.GetControllerOf(owner); ctl == nil || ctl.UID != above.UID {
+		return fmt.Errorf("%s is not controlled by %s %s", owner.GetName(), above.Kind, above.Name)
+	}
+	if err := controllerutil.SetOwnerReference(owner, obj, c.Scheme(), controllerutil.WithBlockOwnerDeletion(true)); err != nil {
+		return err
+	}
+	above.Controller, above.BlockOwnerDeletion = ptr.To(true), ptr.To(true)
+	obj.SetOwnerReferences(append([]metav1.OwnerReference{above}, obj.GetOwnerReferences()...))
+	_, err := ensure(ctx, c, owner, obj)
+	return err
+}
+
 // Ensure is Create that also says whether this call created obj. A child it creates is
 // marked as diskpipe's (mark.go); one it finds is taken only if it is Mine.
 func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (bool, error) {
 	if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
 		return false, err
 	}
+	return ensure(ctx, c, owner, obj)
+}
+
+// ensure creates obj, its owners set, marked for owner, unless it exists; an existing obj is
+// taken only if it is Mine.
+func ensure(ctx context.Context, c client.Client, owner, obj client.Object) (bool, error) {
 	gvk, err := c.GroupVersionKindFor(obj)
 	if err != nil {
 		return false, err
