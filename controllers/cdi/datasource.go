@@ -100,7 +100,7 @@ func (r *SourceReconciler) ready(ctx context.Context, src cdiv1.DataSourceSource
 		}
 		if owner := metav1.GetControllerOf(pvc); owner != nil && owner.Kind == "DataVolume" {
 			dv := &cdiv1.DataVolume{}
-			if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: owner.Name}, dv); err == nil && dv.Status.Phase != cdiv1.Succeeded {
+			if err := r.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: owner.Name}, dv); err == nil && dv.UID == owner.UID && dv.Status.Phase != cdiv1.Succeeded {
 				return corev1.ConditionFalse, ReasonNotReady, fmt.Sprintf("DataVolume %s/%s is %s", pvc.Namespace, dv.Name, dv.Status.Phase), nil
 			}
 		}

@@ -38,6 +38,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	cdiv1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
@@ -475,12 +476,12 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	if err := r.Get(ctx, client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}, pvc); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
-	owner := metav1.GetControllerOf(pvc)
+	owner, madeFor := metav1.GetControllerOf(pvc), disk.ClaimMadeFor(pvc)
 	switch {
 	case owner != nil && owner.Kind == "DiskVolume" && owner.Name == dv.Name:
 		return false, nil // diskpipe makes it for this DataVolume (its DiskVolume waits for an earlier one's)
-	case owner != nil && owner.UID == dv.UID && madeByDisk(pvc, dv):
-		return false, nil // the DataVolume's DiskVolume makes it, under the DataVolume
+	case madeFor != "" && pvc.DeletionTimestamp.IsZero() && (owner == nil && len(pvc.OwnerReferences) > 0 || owner != nil && owner.UID == dv.UID):
+		return r.diskClaim(ctx, dv, pvc, madeFor)
 	case owner != nil && owner.UID == dv.UID:
 		return !cdiclaims.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
 	case !pvc.DeletionTimestamp.IsZero():
@@ -504,11 +505,63 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	return true, nil
 }
 
-// madeByDisk says whether pvc is the claim dv's DiskVolume makes (or made): it is marked for a
-// DiskVolume of dv's name that owns it.
-func madeByDisk(pvc *corev1.PersistentVolumeClaim, dv *cdiv1.DataVolume) bool {
-	ref := owned.MadeFor("PersistentVolumeClaim", pvc, "DiskVolume")
-	return ref != nil && ref.Name == dv.Name
+// diskClaim settles pvc, of dv's name, which diskpipe made for the disk of UID madeFor, as
+// adopt: false while that disk is dv's DiskVolume (it makes the claim), or a DiskVolume left
+// by an earlier DataVolume (ensureChild refuses it); a refusal while the claim goes with an
+// earlier DataVolume's disk (Kubernetes' garbage collector deletes it once its last owner is
+// gone). A claim of dv that outlived the DiskVolume that made it (deleted on its own) is kept
+// as dv's disk if it is whole, bound, with what a VM wrote on it; one never bound holds
+// nothing and is deleted, and the DiskVolume is made again. Both are read uncached first: a
+// DiskVolume just made may not be in the cache yet.
+func (r *Reconciler) diskClaim(ctx context.Context, dv *cdiv1.DataVolume, pvc *corev1.PersistentVolumeClaim, madeFor types.UID) (bool, error) {
+	current := &diskvolume.DiskVolume{}
+	key := client.ObjectKey{Namespace: dv.Namespace, Name: dv.Name}
+	if err := r.Get(ctx, key, current); err == nil && current.UID == madeFor {
+		return false, nil // the common case, from the cache
+	}
+	err := r.API.Get(ctx, key, current)
+	if client.IgnoreNotFound(err) != nil {
+		return false, err
+	}
+	found := err == nil
+	switch owner := metav1.GetControllerOf(pvc); {
+	case found && current.UID == madeFor:
+		return false, nil // its DiskVolume's, which makes it (or an orphaned DiskVolume's, which ensureChild refuses)
+	case owner == nil:
+		return false, &refusal{reason: owned.ReasonNameTerminating, message: fmt.Sprintf("PVC %s, made for an earlier DataVolume %s, "+
+			"is being deleted with its DiskVolume: this DataVolume is made once it is gone", pvc.Name, dv.Name)}
+	}
+	fresh := &corev1.PersistentVolumeClaim{}
+	if err := r.API.Get(ctx, client.ObjectKeyFromObject(pvc), fresh); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if fresh.UID != pvc.UID || disk.ClaimMadeFor(fresh) != madeFor || !metav1.IsControlledBy(fresh, dv) {
+		return false, nil // changed meanwhile: the next pass looks again
+	}
+	if fresh.Status.Phase != corev1.ClaimBound {
+		if err := r.Delete(ctx, fresh, client.Preconditions{UID: &fresh.UID}); client.IgnoreNotFound(err) != nil {
+			return false, err
+		}
+		r.Events.Eventf(dv, fresh, corev1.EventTypeWarning, "ClaimRemade", "Delete", "PVC %s outlived the DiskVolume that was making it, "+
+			"deleted on its own, and held nothing yet: it is deleted and the disk is made again", fresh.Name)
+		return false, &refusal{reason: owned.ReasonNameTerminating, message: fmt.Sprintf("PVC %s, left unfinished by a DiskVolume deleted on "+
+			"its own, is being deleted: the disk is made again once it is gone", fresh.Name)}
+	}
+	// The claim becomes the DataVolume's own, no disk's: the next pass adopts it as such.
+	patch := client.MergeFromWithOptions(fresh.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	delete(fresh.Labels, disk.LabelDisk)
+	if err := r.Patch(ctx, fresh, patch); err != nil {
+		return false, err
+	}
+	r.Events.Eventf(dv, fresh, corev1.EventTypeNormal, "ClaimKept", "Adopt", "PVC %s outlived the DiskVolume that made it, deleted on "+
+		"its own: the DataVolume keeps it, whole, as its disk", fresh.Name)
+	if found && metav1.IsControlledBy(current, dv) {
+		// The DiskVolume made again meanwhile waits for this claim (disk.notOwnedClaim).
+		if err := r.Delete(ctx, current, client.Preconditions{UID: &current.UID}); client.IgnoreNotFound(err) != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // prePopulated looks at the claim of a DataVolume whose claim is already whole, and takes it

@@ -115,7 +115,7 @@ func deferredHow(d *vmDisk, p *plan, byPod bool) string {
 // populator's disk of its claim (PopulateName) is Failed, and says why. The VM's claim would
 // otherwise wait for ever behind a disk that says Ready.
 func (r *Reconciler) fillFailed(ctx context.Context, d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
-	if !Deferred(pvc) || pvc.Status.Phase == corev1.ClaimBound || !owned.Mine("PersistentVolumeClaim", pvc, d.obj) {
+	if !Deferred(pvc) || pvc.Status.Phase == corev1.ClaimBound || !owned.MineUnder("PersistentVolumeClaim", pvc, d.obj) {
 		return nil
 	}
 	inner := &diskvolume.DiskVolume{}

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,6 +44,18 @@ const Finalizer = "diskpipe.io/disk"
 
 // LabelDisk marks a disk's children with its UID.
 const LabelDisk = "diskpipe.io/disk"
+
+// ClaimMadeFor is the UID of the disk diskpipe made pvc for, its own claim or its prime; ""
+// when diskpipe made it for none. The mark (owned.Marked) proves it, whatever pvc's owners say
+// now: Kubernetes' garbage collector removes the reference to a disk deleted on its own from a
+// claim that has another owner (a DataVolume's).
+func ClaimMadeFor(pvc *corev1.PersistentVolumeClaim) types.UID {
+	uid := types.UID(pvc.Labels[LabelDisk])
+	if uid == "" || !owned.Marked("PersistentVolumeClaim", pvc, uid) {
+		return ""
+	}
+	return uid
+}
 
 // indexSource indexes disks by what they are made from: imageKey, or snapshotKey.
 const indexSource = "diskpipe.io/source"

@@ -228,17 +228,16 @@ func (r *Reconciler) createClaim(ctx context.Context, d *vmDisk, pvc *corev1.Per
 
 // notOwnedClaim is the refusal of pvc, which holds the name of the disk's own claim and is not
 // the disk's. A claim under the disk's controller that an earlier disk of its name made (a
-// DataVolume's DiskVolume deleted on its own, which the DataVolume made again) is kept, with
-// whatever its VM wrote: the refusal says so, and what to do.
+// DataVolume's DiskVolume deleted on its own, which the DataVolume made again) is the
+// controller's to settle: it keeps the claim as its disk if it is whole, or deletes it
+// (controllers/cdi); the disk waits for that.
 func notOwnedClaim(d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
-	err := &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name}
 	above, ctl := d.claimController(), metav1.GetControllerOf(pvc)
-	if earlier := owned.MadeFor("PersistentVolumeClaim", pvc, "DiskVolume"); above != nil && ctl != nil && ctl.UID == above.UID &&
-		earlier != nil && earlier.Name == d.obj.GetName() && earlier.UID != d.obj.GetUID() {
-		err.Why = fmt.Sprintf("the PVC %s of %s %s was made by an earlier DiskVolume of this name, deleted on its own, and is kept with its data: "+
-			"delete the %s to delete its PVC with it, or delete the PVC to have the disk made again", pvc.Name, above.Kind, above.Name, above.Kind)
+	if earlier := ClaimMadeFor(pvc); above != nil && ctl != nil && ctl.UID == above.UID && earlier != "" && earlier != d.obj.GetUID() {
+		return &owned.ErrTerminating{Kind: "PersistentVolumeClaim", Name: pvc.Name, Why: fmt.Sprintf("the PVC %s was made by an earlier DiskVolume of this "+
+			"name, deleted on its own: %s %s keeps it as its disk if it is whole, or deletes it and this disk is made", pvc.Name, above.Kind, above.Name)}
 	}
-	return err
+	return &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name}
 }
 
 // waitForBinding finishes a disk the storage system makes: Ready once its PVC is bound, or

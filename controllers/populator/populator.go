@@ -228,7 +228,7 @@ func (r *Reconciler) deferredSpec(ctx context.Context, pvc *corev1.PersistentVol
 		spec = &diskvolume.DiskVolumeSpec{PVCTemplate: *v.Spec.PVC.DeepCopy(), CloneStrategy: v.Spec.CloneStrategy, Retry: v.Spec.Retry,
 			Source: diskvolume.DiskVolumeSource{Image: &diskvolume.ImageSource{Name: common.LocalName(v.Spec.VirtualMachineImageName), Kind: diskvolume.ImageKindVirtualMachineImage}}}
 	}
-	if !owned.Mine("PersistentVolumeClaim", pvc, obj) { // an owner reference is anyone's to write; the mark is diskpipe's
+	if !owned.MineUnder("PersistentVolumeClaim", pvc, obj) { // an owner reference is anyone's to write; the mark is diskpipe's
 		return nil, nil, fmt.Sprintf("the claim's dataSourceRef names %s %s, which did not make it: a claim is filled from a disk only by the disk that made it "+
 			"(name an image instead)", ref.Kind, ref.Name), nil
 	}

@@ -127,8 +127,14 @@ func Marked(kind string, obj client.Object, owner types.UID) bool {
 }
 
 // Mine reports whether obj, of kind, read from the cluster, is a child diskpipe made for
-// owner: Controlled by owner, and Marked for it.
+// owner: controlled by owner, and Marked for it.
 func Mine(kind string, obj, owner client.Object) bool {
+	return metav1.IsControlledBy(obj, owner) && Marked(kind, obj, owner.GetUID())
+}
+
+// MineUnder is Mine for a child owner may have made with CreateUnder: Controls, rather than
+// controlled by owner.
+func MineUnder(kind string, obj, owner client.Object) bool {
 	return Controls(owner, obj) && Marked(kind, obj, owner.GetUID())
 }
 

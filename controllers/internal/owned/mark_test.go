@@ -86,8 +86,8 @@ func TestUnderController(t *testing.T) {
 		Stamp("PersistentVolumeClaim", c, disk.UID)
 		return c
 	}
-	if c := claim(controller, plain); !Controls(disk, c) || !Mine("PersistentVolumeClaim", c, disk) {
-		t.Fatal("a claim under the disk's controller, owned by the disk, is not the disk's")
+	if c := claim(controller, plain); !Controls(disk, c) || !MineUnder("PersistentVolumeClaim", c, disk) || Mine("PersistentVolumeClaim", c, disk) {
+		t.Fatal("a claim under the disk's controller, owned by the disk, is not the disk's by MineUnder (or is by Mine, which asks for the disk as controller)")
 	}
 	if ref := MadeFor("PersistentVolumeClaim", claim(controller, plain), "PersistentVolumeClaim"); ref == nil || ref.UID != disk.UID {
 		t.Fatalf("MadeFor answers %v, not the disk", ref)
@@ -99,13 +99,13 @@ func TestUnderController(t *testing.T) {
 		"not listing the disk":                claim(controller),
 		"listing the disk with no controller": claim(plain),
 	} {
-		if Controls(disk, c) || Mine("PersistentVolumeClaim", c, disk) {
+		if Controls(disk, c) || MineUnder("PersistentVolumeClaim", c, disk) {
 			t.Errorf("a claim %s is taken as the disk's", what)
 		}
 	}
 	unmarked := claim(controller, plain)
 	unmarked.Annotations = nil
-	if !Controls(disk, unmarked) || Mine("PersistentVolumeClaim", unmarked, disk) {
+	if !Controls(disk, unmarked) || MineUnder("PersistentVolumeClaim", unmarked, disk) {
 		t.Error("an unmarked claim under the disk's controller is taken as the disk's (or not seen as under it)")
 	}
 	if MadeFor("PersistentVolumeClaim", unmarked, "PersistentVolumeClaim") != nil {

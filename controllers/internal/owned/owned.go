@@ -31,9 +31,16 @@ func (e *ErrNotOwned) Error() string {
 // deleted: most often the child of an earlier object of the owner's name, deleted and made
 // again before all of its children were gone (a PVC a pod still uses, a snapshot a restore
 // still reads). Not a failure: the child is made once the name is free (ReasonNameTerminating).
-type ErrTerminating struct{ Kind, Name string }
+type ErrTerminating struct {
+	Kind, Name string
+	// Why, when set, says what the object is and what is awaited, instead of the default words.
+	Why string
+}
 
 func (e *ErrTerminating) Error() string {
+	if e.Why != "" {
+		return e.Why
+	}
 	return fmt.Sprintf("a %s named %s, not made for this object (most often an earlier object's of the same name), is still being deleted: this object's is made once it is gone", e.Kind, e.Name)
 }
 
@@ -76,7 +83,7 @@ func CreateUnder(ctx context.Context, c client.Client, owner client.Object, abov
 	}
 	above.Controller, above.BlockOwnerDeletion = ptr.To(true), ptr.To(true)
 	obj.SetOwnerReferences(append([]metav1.OwnerReference{above}, obj.GetOwnerReferences()...))
-	_, err := ensure(ctx, c, owner, obj)
+	_, err := ensure(ctx, c, owner, obj, MineUnder)
 	return err
 }
 
@@ -86,12 +93,12 @@ func Ensure(ctx context.Context, c client.Client, owner, obj client.Object) (boo
 	if err := controllerutil.SetControllerReference(owner, obj, c.Scheme()); err != nil {
 		return false, err
 	}
-	return ensure(ctx, c, owner, obj)
+	return ensure(ctx, c, owner, obj, Mine)
 }
 
 // ensure creates obj, its owners set, marked for owner, unless it exists; an existing obj is
-// taken only if it is Mine.
-func ensure(ctx context.Context, c client.Client, owner, obj client.Object) (bool, error) {
+// taken only if it is mine.
+func ensure(ctx context.Context, c client.Client, owner, obj client.Object, mine func(string, client.Object, client.Object) bool) (bool, error) {
 	gvk, err := c.GroupVersionKindFor(obj)
 	if err != nil {
 		return false, err
@@ -110,7 +117,7 @@ func ensure(ctx context.Context, c client.Client, owner, obj client.Object) (boo
 	if err != nil {
 		return false, err
 	}
-	if !Mine(gvk.Kind, obj, owner) {
+	if !mine(gvk.Kind, obj, owner) {
 		if obj.GetDeletionTimestamp() != nil {
 			return false, &ErrTerminating{Kind: gvk.Kind, Name: obj.GetName()}
 		}
