@@ -480,7 +480,11 @@ func (r *Reconciler) adopt(ctx context.Context, dv *cdiv1.DataVolume) (bool, err
 	switch {
 	case owner != nil && owner.Kind == "DiskVolume" && owner.Name == dv.Name:
 		return false, nil // diskpipe makes it for this DataVolume (its DiskVolume waits for an earlier one's)
-	case madeFor != "" && pvc.DeletionTimestamp.IsZero() && (owner == nil && len(pvc.OwnerReferences) > 0 || owner != nil && owner.UID == dv.UID):
+	case !pvc.DeletionTimestamp.IsZero() && (madeFor != "" || owner != nil && owner.UID == dv.UID && !cdiclaims.IsUploadPVC(pvc)):
+		// The DataVolume's disk is going: it is no disk until it is made again.
+		return false, &refusal{reason: owned.ReasonNameTerminating, message: fmt.Sprintf("PVC %s is being deleted: the DataVolume's disk is made "+
+			"again once it is gone", pvc.Name)}
+	case madeFor != "" && (owner == nil && len(pvc.OwnerReferences) > 0 || owner != nil && owner.UID == dv.UID):
 		return r.diskClaim(ctx, dv, pvc, madeFor)
 	case owner != nil && owner.UID == dv.UID:
 		return !cdiclaims.IsUploadPVC(pvc), nil // an upload's claim is filled by its upload
@@ -533,13 +537,20 @@ func (r *Reconciler) diskClaim(ctx context.Context, dv *cdiv1.DataVolume, pvc *c
 	}
 	fresh := &corev1.PersistentVolumeClaim{}
 	if err := r.API.Get(ctx, client.ObjectKeyFromObject(pvc), fresh); err != nil {
-		return false, client.IgnoreNotFound(err)
+		return false, client.IgnoreNotFound(err) // gone: the disk is made
 	}
-	if fresh.UID != pvc.UID || disk.ClaimMadeFor(fresh) != madeFor || !metav1.IsControlledBy(fresh, dv) {
-		return false, nil // changed meanwhile: the next pass looks again
+	switch {
+	case metav1.IsControlledBy(fresh, dv) && fresh.DeletionTimestamp.IsZero() && disk.ClaimMadeFor(fresh) == "":
+		return true, nil // kept already (the cache has not seen it yet)
+	case fresh.UID != pvc.UID || disk.ClaimMadeFor(fresh) != madeFor || !metav1.IsControlledBy(fresh, dv) || !fresh.DeletionTimestamp.IsZero():
+		// Changed meanwhile: the next pass, woken by the change, looks again; nothing is made
+		// over it before.
+		return false, &refusal{reason: owned.ReasonNameTerminating, message: fmt.Sprintf("PVC %s changed while the DataVolume looked at it: "+
+			"it looks again", pvc.Name)}
 	}
 	if fresh.Status.Phase != corev1.ClaimBound {
-		if err := r.Delete(ctx, fresh, client.Preconditions{UID: &fresh.UID}); client.IgnoreNotFound(err) != nil {
+		// With its version: a claim bound meanwhile (its volume handed over) is not deleted.
+		if err := r.Delete(ctx, fresh, client.Preconditions{UID: &fresh.UID, ResourceVersion: &fresh.ResourceVersion}); client.IgnoreNotFound(err) != nil {
 			return false, err
 		}
 		r.Events.Eventf(dv, fresh, corev1.EventTypeWarning, "ClaimRemade", "Delete", "PVC %s outlived the DiskVolume that was making it, "+

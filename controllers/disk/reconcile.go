@@ -237,6 +237,10 @@ func notOwnedClaim(d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
 		return &owned.ErrTerminating{Kind: "PersistentVolumeClaim", Name: pvc.Name, Why: fmt.Sprintf("the PVC %s was made by an earlier DiskVolume of this "+
 			"name, deleted on its own: %s %s keeps it as its disk if it is whole, or deletes it and this disk is made", pvc.Name, above.Kind, above.Name)}
 	}
+	if above != nil && ctl != nil && ctl.UID == above.UID && ClaimMadeFor(pvc) == "" {
+		return &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name, Why: fmt.Sprintf("the PVC %s is %s %s's own disk (kept from an "+
+			"earlier DiskVolume of this name, deleted on its own): this DiskVolume is not needed; delete it, not the PVC", pvc.Name, above.Kind, above.Name)}
+	}
 	return &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name}
 }
 
