@@ -482,7 +482,13 @@ var _ = Describe("the console in a browser", Ordered, func() {
 			v, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](inFrame(`d && d.querySelector('header .who') ? d.querySelector('header .who').textContent : ''`)))
 			return v
 		}, time.Minute, 200*time.Millisecond).Should(ContainSubstring("system:serviceaccount:"+ns+":uploader"), "signed in by the console, with no sign-in of the page's")
-		Expect(eval[bool](b, inFrame(`!!d.querySelector('#images tr[data-name="from-browser"]') && !d.querySelector('#sign-in') && ![...d.querySelectorAll('header button')].some((x) => x.textContent === 'Sign out')`))).To(BeTrue())
+		// The header comes before the images' list, which the page fetches next.
+		Eventually(func() bool {
+			v, _ := chromedp.Run(b.ctx, chromedp.Evaluate[bool](inFrame(`!!d.querySelector('#images tr[data-name="from-browser"]')`)))
+			return v
+		}, time.Minute, 200*time.Millisecond).Should(BeTrue(), "the framed page lists the images")
+		Expect(eval[bool](b, inFrame(`!d.querySelector('#sign-in') && ![...d.querySelectorAll('header button')].some((x) => x.textContent === 'Sign out')`))).To(BeTrue(),
+			"no sign-in and no sign-out of the page's, framed")
 		// A change from the frame: a blank disk, sent with the console's cookie alone.
 		eval[bool](b, inFrame(`(d.defaultView.location.hash = '#/disks', true)`))
 		Eventually(func() bool {
