@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -292,7 +294,17 @@ func TestQuotaInFlight(t *testing.T) {
 	if err := tenant.MakeBucket(ctx, "quota-f", minio.MakeBucketOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	put := func(key string, body io.Reader) (int, string) {
+	// The first is sent through a socket whose send buffer is small (4 KiB, which also stops
+	// the kernel from growing it): what it has written past the store's receive window has
+	// been read by the store's handler, which has then reserved the first's size.
+	small := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) { err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF, 4<<10) }); cerr != nil {
+			return cerr
+		}
+		return err
+	}}).DialContext}}
+	put := func(client *http.Client, key string, body io.Reader) (int, string) {
 		u, err := tenant.PresignedPutObject(ctx, "quota-f", key, time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -302,7 +314,7 @@ func TestQuotaInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.ContentLength = 600 << 10
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			return 0, err.Error()
 		}
@@ -312,17 +324,15 @@ func TestQuotaInFlight(t *testing.T) {
 	}
 	r, w := io.Pipe()
 	first := make(chan int, 1)
-	go func() { code, _ := put("first", r); first <- code }()
-	if _, err := w.Write(make([]byte, 100<<10)); err != nil { // the first is being written
+	go func() { code, _ := put(small, "first", r); first <- code }()
+	// 500 KiB of the first's body: more than the socket's buffers hold (a store that reads
+	// nothing offers a window of some 64 KiB to 256 KiB), so its handler has started. (With
+	// the default buffers, which grow to megabytes, a loaded machine once took the second
+	// first.)
+	if _, err := w.Write(make([]byte, 500<<10)); err != nil {
 		t.Fatal(err)
 	}
-	// The client has sent those bytes, but they may sit in the socket's buffers before the
-	// store's handler starts (and reserves the first's size): on a loaded machine the second
-	// was once taken first. Its handler has started once the store reads more of its body.
-	if _, err := w.Write(make([]byte, 400<<10)); err != nil {
-		t.Fatal(err)
-	}
-	code, msg := put("second", bytes.NewReader(make([]byte, 600<<10)))
+	code, msg := put(http.DefaultClient, "second", bytes.NewReader(make([]byte, 600<<10)))
 	if code != http.StatusForbidden || !strings.Contains(msg, "QuotaExceeded") || !strings.Contains(msg, "614400 more are being written") {
 		t.Errorf("a second write beside the first: %d %s", code, msg)
 	}
