@@ -233,15 +233,19 @@ func (r *Reconciler) createClaim(ctx context.Context, d *vmDisk, pvc *corev1.Per
 // (controllers/cdi); the disk waits for that.
 func notOwnedClaim(d *vmDisk, pvc *corev1.PersistentVolumeClaim) error {
 	above, ctl := d.claimController(), metav1.GetControllerOf(pvc)
-	if earlier := ClaimMadeFor(pvc); above != nil && ctl != nil && ctl.UID == above.UID && earlier != "" && earlier != d.obj.GetUID() {
+	if above == nil || ctl == nil || ctl.UID != above.UID {
+		return &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name}
+	}
+	switch earlier := ClaimMadeFor(pvc); earlier {
+	case "":
+		return &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name, Why: fmt.Sprintf("the PVC %s is %s %s's own disk (kept from an "+
+			"earlier DiskVolume of this name, deleted on its own): this DiskVolume is not needed; delete it, not the PVC", pvc.Name, above.Kind, above.Name)}
+	case d.obj.GetUID():
+		return &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name}
+	default:
 		return &owned.ErrTerminating{Kind: "PersistentVolumeClaim", Name: pvc.Name, Why: fmt.Sprintf("the PVC %s was made by an earlier DiskVolume of this "+
 			"name, deleted on its own: %s %s keeps it as its disk if it is whole, or deletes it and this disk is made", pvc.Name, above.Kind, above.Name)}
 	}
-	if above != nil && ctl != nil && ctl.UID == above.UID && ClaimMadeFor(pvc) == "" {
-		return &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name, Why: fmt.Sprintf("the PVC %s is %s %s's own disk (kept from an "+
-			"earlier DiskVolume of this name, deleted on its own): this DiskVolume is not needed; delete it, not the PVC", pvc.Name, above.Kind, above.Name)}
-	}
-	return &owned.ErrNotOwned{Kind: "PersistentVolumeClaim", Name: pvc.Name}
 }
 
 // waitForBinding finishes a disk the storage system makes: Ready once its PVC is bound, or
